@@ -1,0 +1,33 @@
+"""One reader per source kind. A reader turns a raw corpus into an ordered list of records.
+
+Contract: ``read(...) -> ReadResult``. Readers look at file names, manifests and caption files,
+never at media bytes (the writer decodes). Order is deterministic (source order or sorted paths).
+A missing input path raises :class:`InputError` (the CLI turns it into exit status 2); a bad
+*entry* becomes a :class:`~converters.records.Problem` and the run goes on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(Exception):
+    """The input as a whole cannot be read (missing path, unreadable top-level file)."""
+
+
+def existing_file(path, what: str) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{what} not found: {p}")
+    return p
+
+
+def existing_dir(path, what: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise InputError(f"{what} is not a directory: {p}")
+    return p
+
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+AUDIO_EXTENSIONS = {".flac", ".wav", ".mp3", ".ogg", ".opus", ".m4a"}

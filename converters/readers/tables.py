@@ -1,0 +1,111 @@
+"""Row iteration for manifest files: JSONL, CSV, TSV and Parquet.
+
+``iter_rows(path)`` yields ``(row_number, dict)`` for good rows and ``(row_number, Problem)`` for
+malformed ones, in file order. Parquet rows are read without their binary columns (those stay on
+disk and are read by the writer through ``Media.parquet_cell``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Iterator
+
+from converters.readers import InputError
+from converters.records import Problem
+
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
+
+
+def detect_format(path: Path, fmt: str | None) -> str:
+    fmt = fmt or FORMATS.get(path.suffix.lower())
+    if fmt not in set(FORMATS.values()):
+        raise InputError(f"{path}: cannot tell the manifest format from {path.suffix!r}; pass --format jsonl|csv|tsv|parquet")
+    return fmt
+
+
+def binary_columns(path: Path) -> set[str]:
+    """Columns of a Parquet file holding bytes (``binary``, or a struct with a ``bytes`` field)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    out = set()
+    for f in schema:
+        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+            out.add(f.name)
+        elif pa.types.is_struct(f.type) and any(c.name == "bytes" for c in f.type):
+            out.add(f.name)
+    return out
+
+
+def _iter_jsonl(path: Path):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield n, Problem("invalid_utf8", f"line {n}", str(e))
+                continue
+            except ValueError as e:
+                yield n, Problem("malformed_line", f"line {n}", str(e)[:200])
+                continue
+            yield n, row if isinstance(row, dict) else Problem("malformed_line", f"line {n}", "not a JSON object")
+
+
+def _iter_delimited(path: Path, delimiter: str):
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 ({e})") from e
+    reader = csv.DictReader(text.splitlines(), delimiter=delimiter)
+    if not reader.fieldnames:
+        raise InputError(f"{path}: no header row")
+    for n, row in enumerate(reader, 2):
+        if None in row or any(v is None for v in row.values()):
+            yield n, Problem("malformed_line", f"line {n}", f"expected {len(reader.fieldnames)} fields")
+        else:
+            yield n, row
+
+
+def _iter_parquet(path: Path):
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    skip = binary_columns(path)
+    columns = [n for n in pf.schema_arrow.names if n not in skip]
+    n = 0
+    for batch in pf.iter_batches(columns=columns or None, batch_size=4096):
+        for row in batch.to_pylist():
+            yield n, row
+            n += 1
+
+
+def iter_rows(path: Path, fmt: str) -> Iterator[tuple[int, "dict | Problem"]]:
+    if fmt == "jsonl":
+        return _iter_jsonl(path)
+    if fmt in ("csv", "tsv"):
+        return _iter_delimited(path, "," if fmt == "csv" else "\t")
+    try:
+        return _iter_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a non-parquet file
+        raise InputError(f"{path}: cannot read as Parquet ({e})") from e
+
+
+def require_columns(path: Path, fmt: str, columns: list[str]) -> None:
+    """Fail early, naming the columns, when a manifest lacks a required column."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        names = set(pq.read_schema(path).names)
+    elif fmt in ("csv", "tsv"):
+        with path.open(encoding="utf-8", errors="replace") as f:
+            names = set(next(csv.reader(f, delimiter="," if fmt == "csv" else "\t"), []))
+    else:
+        return  # JSONL rows may differ; missing fields become per-row problems
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise InputError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(sorted(names))})")

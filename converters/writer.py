@@ -1,0 +1,144 @@
+"""The writer: one work unit in, one deterministic tar shard out (plus its stats file).
+
+Bytes are a pure function of the unit and the options: members are written in record order, each
+sample's parts in sorted order, with mtime 0, uid/gid 0, fixed user/group names and mode 0444. The
+tar goes to ``NAME.tmp`` first and is renamed when complete and flushed; the stats file, written
+the same way, is what marks the unit done. A killed writer leaves at most a ``.tmp`` file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import webdataset as wds
+
+from converters.media import AudioOptions, ImageOptions, MediaError, encode_audio, encode_image
+from converters.records import Media, Problem, Record
+from converters.units import WorkUnit
+
+STATS_DIR = ".convert/units"
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    modality: str  #: "image" or "audio"
+    source_kind: str  #: reader name, stored as provenance
+    image: ImageOptions = field(default_factory=ImageOptions)
+    audio: AudioOptions = field(default_factory=AudioOptions)
+
+
+class _ParquetCells:
+    """Reads image bytes out of a Parquet column, one row group at a time (units are contiguous)."""
+
+    def __init__(self):
+        self._file, self._bounds, self._cached = None, [], (None, None, None)
+
+    def get(self, path: str, column: str, row: int) -> bytes:
+        import pyarrow.parquet as pq
+
+        if self._file is None or self._file[0] != path:
+            pf = pq.ParquetFile(path)
+            starts, n = [], 0
+            for g in range(pf.num_row_groups):
+                starts.append(n)
+                n += pf.metadata.row_group(g).num_rows
+            self._file, self._bounds = (path, pf), starts
+        group = max(i for i, s in enumerate(self._bounds) if s <= row)
+        if self._cached[:2] != (path, group):
+            self._cached = (path, group, self._file[1].read_row_group(group, columns=[column]).column(0).to_pylist())
+        value = self._cached[2][row - self._bounds[group]]
+        if isinstance(value, dict):
+            value = value.get("bytes")
+        return value or b""
+
+
+def _read_media(media: Media, cells: _ParquetCells) -> bytes:
+    if media.data is not None:
+        return media.data
+    if media.parquet_cell is not None:
+        return cells.get(media.path, *media.parquet_cell)
+    try:
+        return Path(media.path).read_bytes()
+    except FileNotFoundError as e:
+        raise MediaError("missing_file", f"{media.name}: not found") from e
+    except OSError as e:
+        raise MediaError("missing_file", f"{media.name}: {e.strerror}") from e
+
+
+def encode_record(rec: Record, opts: WriteOptions, cells: _ParquetCells) -> dict:
+    """Record → the sample dict for ``TarWriter`` (``__key__`` plus bytes parts)."""
+    data = _read_media(rec.media, cells)
+    source = {"kind": opts.source_kind, "id": rec.source_id, "file": rec.media.name, **rec.extra}
+    if opts.modality == "image":
+        ext, payload, info = encode_image(data, opts.image)
+        text = {"caption": rec.texts[0], "captions": list(rec.texts), "source": {**source, **info}}
+        part = "image"
+    else:
+        ext, payload, info = encode_audio(data, Path(rec.media.name).suffix, opts.audio)
+        text = {"text": rec.texts[0], "source": {**source, **info}}
+        part = "audio"
+    return {
+        "__key__": rec.key,
+        f"{part}.{ext}": payload,
+        "text.json": json.dumps(text, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+    }
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_unit(unit: WorkUnit, out_dir: str, opts: WriteOptions) -> dict:
+    """Write one shard and its stats file; return the stats.
+
+    Stats: ``shard``, ``samples``, ``bytes``, ``sha256``, ``extensions`` (part names written, e.g.
+    ``["image.png"]``) and ``problems`` (one dict per skipped record). A unit whose records are all
+    bad writes no tar (Energon rejects empty shards) and has ``samples == 0``.
+    """
+    out = Path(out_dir)
+    cells = _ParquetCells()
+    samples, problems = [], []
+    for rec in unit.records:
+        try:
+            samples.append(encode_record(rec, opts, cells))
+        except MediaError as e:
+            problems.append(Problem(e.reason, rec.source_id, str(e)[:300]).to_json())
+    stats = {"shard": unit.name, "samples": len(samples), "bytes": 0, "sha256": None,
+             "extensions": sorted({k for s in samples for k in s if k != "__key__"}), "problems": problems}
+    if samples:
+        shard = out / unit.name
+        shard.parent.mkdir(parents=True, exist_ok=True)
+
+        def write_tar(f):
+            with wds.TarWriter(f, user="energon", group="energon", mtime=0, encoder=False) as tw:
+                for s in samples:
+                    tw.write(s)
+
+        _atomic_write_bytes(shard, write_tar)
+        stats["bytes"] = shard.stat().st_size
+        stats["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    stats_path = out / STATS_DIR / unit.stats_name
+    stats_path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write_bytes(stats_path, lambda f: f.write(json.dumps(stats, sort_keys=True).encode()))
+    return stats
+
+
+def load_stats(out_dir: str, unit: WorkUnit) -> dict | None:
+    """The stats of a finished unit, or None when the unit still has to run."""
+    out = Path(out_dir)
+    path = out / STATS_DIR / unit.stats_name
+    if not path.is_file():
+        return None
+    stats = json.loads(path.read_text())
+    if stats["samples"] and not (out / unit.name).is_file():
+        return None
+    return stats

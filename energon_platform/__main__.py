@@ -1,0 +1,5 @@
+import sys
+
+from energon_platform.cli import main
+
+sys.exit(main())
