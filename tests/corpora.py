@@ -97,3 +97,48 @@ def make_coco(root: Path, n_good: int = 20, bad: bool = False) -> tuple[Path, Pa
     ann_path = root / "captions.json"
     ann_path.write_text(json.dumps({"images": img_rows, "annotations": anns}))
     return ann_path, images, expected
+
+
+def make_librispeech(root: Path, speakers=(19, 26), chapters=(198, 227), utts=3, bad: bool = False) -> tuple[Path, dict]:
+    """LibriSpeech layout with flac tones. With ``bad``: an undecodable flac, a transcript line
+    without audio, an audio file without transcript, an empty transcript, a zero-byte file."""
+    n = 0
+    for spk in speakers:
+        for chap in chapters:
+            d = root / str(spk) / str(chap)
+            d.mkdir(parents=True, exist_ok=True)
+            lines = []
+            for u in range(utts):
+                utt = f"{spk}-{chap}-{u:04d}"
+                (d / f"{utt}.flac").write_bytes(tone_bytes(n))
+                lines.append(f"{utt} TONE NUMBER {n}")
+                n += 1
+            (d / f"{spk}-{chap}.trans.txt").write_text("\n".join(lines) + "\n")
+    expected = {}
+    if bad:
+        d = root / str(speakers[0]) / str(chapters[0])
+        trans = d / f"{speakers[0]}-{chapters[0]}.trans.txt"
+        extra = []
+        (d / f"{speakers[0]}-{chapters[0]}-0100.flac").write_bytes(b"fLaC" + b"\x00" * 50)
+        extra.append(f"{speakers[0]}-{chapters[0]}-0100 BROKEN AUDIO")
+        extra.append(f"{speakers[0]}-{chapters[0]}-0101 NO AUDIO FILE")
+        (d / f"{speakers[0]}-{chapters[0]}-0102.flac").write_bytes(tone_bytes(1))  # no transcript line
+        (d / f"{speakers[0]}-{chapters[0]}-0103.flac").write_bytes(tone_bytes(2))
+        extra.append(f"{speakers[0]}-{chapters[0]}-0103 ")
+        (d / f"{speakers[0]}-{chapters[0]}-0104.flac").write_bytes(b"")
+        extra.append(f"{speakers[0]}-{chapters[0]}-0104 EMPTY FILE")
+        trans.write_text(trans.read_text() + "\n".join(extra) + "\n")
+        expected = {"undecodable_audio": 1, "missing_file": 1, "empty_text": 2, "empty_file": 1}
+    return root, expected
+
+
+def make_image_files(root: Path, n: int, fmt: str = "PNG") -> list[str]:
+    """``n`` image files under ``root/img``; returns their paths relative to ``root``."""
+    (root / "img").mkdir(parents=True, exist_ok=True)
+    ext = {"PNG": "png", "JPEG": "jpg"}[fmt]
+    rels = []
+    for i in range(n):
+        rel = f"img/{i:05d}.{ext}"
+        (root / rel).write_bytes(image_bytes(i, fmt=fmt))
+        rels.append(rel)
+    return rels
