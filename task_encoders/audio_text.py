@@ -1,0 +1,62 @@
+"""Utterance + transcript → log-mel features + transcript tokens (``encoder: audio_text``).
+
+Input: :class:`converters.sample_types.AudioTextSample` (``audio``: Energon ``AVDecoder``, ``text``).
+Per sample: decode (Energon's ``AVDecoder``, the file's own rate) → mono float → resample to ``audio.sample_rate`` →
+log-mel → SpecAugment masks drawn from the sample's generator (training only) →
+:class:`AudioTextBatch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from megatron.energon import edataclass
+
+from task_encoders.audio_features import AudioConfig, LogMel, decode_audio, spec_augment, to_float_mono
+from task_encoders.config import EncoderConfig
+from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.registry import register
+from task_encoders.sequences import pad_stack
+
+
+@dataclass(frozen=True)
+class AudioTextConfig(EncoderConfig):
+    encoder: str = "audio_text"
+    audio: AudioConfig = field(default_factory=AudioConfig)
+
+
+@edataclass
+class AudioTextBatch(TextBatch):
+    """:class:`task_encoders.documents.TextBatch` plus ``features``: float32 ``(D, n_mels, T)``
+    log-mel, zero-padded along time to the longest utterance, and ``feature_lengths``: int64 ``(D,)``
+    valid frames per utterance (``D == N`` without packing)."""
+
+    features: torch.Tensor
+    feature_lengths: torch.Tensor
+
+
+@register("audio_text")
+class AudioTextTaskEncoder(DocumentTaskEncoder):
+    """``AudioTextTaskEncoder(config=None, *, seed=None, training=True)``; ``training=False`` skips
+    SpecAugment."""
+
+    config_class = AudioTextConfig
+    batch_type = AudioTextBatch
+
+    def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
+        super().__init__(config, seed=seed, training=training)
+        self.log_mel = LogMel(self.config.audio)
+
+    def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
+        clip, rate = decode_audio(sample.audio)
+        features = self.log_mel(to_float_mono(clip), rate)
+        augment = self.config.audio.spec_augment
+        if self.training and augment.enabled:
+            features = spec_augment(features, augment, self.sample_generator(sample, "spec_augment"))
+        return {"features": features}
+
+    def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
+        features, lengths = pad_stack([d.media["features"] for d in docs])
+        return {"features": features, "feature_lengths": lengths}

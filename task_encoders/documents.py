@@ -1,0 +1,158 @@
+"""``DocumentTaskEncoder``: text documents (with optional per-document media) → LM batches.
+
+Pipeline (Energon hooks, all map functions ``@stateless``):
+
+1. ``encode_sample`` → :meth:`DocumentTaskEncoder.encode`: ``sample_text`` → token ids
+   (:mod:`task_encoders.tokenization`), ``encode_media`` → per-document tensors; gives an
+   :class:`EncodedDoc`.
+2. With ``packing.enabled`` (and Energon's ``packing_buffer_size``): ``select_samples_to_pack``
+   groups a buffer of documents by first-fit decreasing into rows of ``text.seq_len`` tokens, and
+   ``pack_selected_samples`` lays each group out as a :class:`Pack`. Without packing every document is
+   its own row.
+3. ``batch``: rows → :class:`TextBatch` (or the encoder's ``batch_type``), with the modality's
+   tensors from ``collate_media``.
+
+A modality subclass overrides ``encode_media``/``collate_media`` (and ``sample_text`` if its
+samples keep text elsewhere) and sets ``batch_type``; see ``docs/adding_a_modality.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from megatron.energon import Batch, Sample, edataclass, stateless
+
+from task_encoders.base import ConfigLike, SeededTaskEncoder
+from task_encoders.seeding import sample_key
+from task_encoders.sequences import collate_rows, first_fit_decreasing, layout_row
+from task_encoders.tokenization import TextTokenizer
+
+
+@edataclass
+class EncodedDoc(Sample):
+    """One encoded document. ``tokens``: int64 ``(L,)``, ``[BOS, ..., EOS]``, ``2 <= L <= seq_len``.
+    ``media``: the encoder's per-document tensors by name (e.g. ``{"image": (C, H, W)}``)."""
+
+    tokens: torch.Tensor
+    media: dict
+
+
+@edataclass
+class Pack(Sample):
+    """Documents that share one row, with the row laid out (:func:`task_encoders.sequences.layout_row`)."""
+
+    docs: list
+    row: dict
+
+
+@edataclass
+class TextBatch(Batch):
+    """A batch of ``N`` rows of ``S = text.seq_len`` tokens holding ``D >= N`` documents.
+
+    Fields (conventions in :mod:`task_encoders.sequences`):
+
+    * ``keys``: list[str] ``(D,)``, sample keys in document order (row by row); also ``__key__``.
+    * ``tokens``: int64 ``(N, S)``; ``labels``: int64 ``(N, S)``, next-token targets;
+      ``loss_mask``: float32 ``(N, S)``, 1.0 where ``labels`` is a real target;
+      ``position_ids``: int64 ``(N, S)``, restarting at every document.
+    * ``cu_seqlens``: int32 ``(D + 1,)``, document boundaries in the flattened ``N * S`` tokens (row
+      padding belongs to the row's last document), ``cu_seqlens[-1] == N * S``; ``max_seqlen``: int,
+      longest segment.
+    * ``num_docs``: int32 ``(N,)``, documents per row; ``doc_lengths``: int32 ``(D,)``, unpadded.
+
+    Without packing ``D == N``, ``num_docs`` is all ones and row ``i`` is ``keys[i]``.
+    """
+
+    keys: list
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    num_docs: torch.Tensor
+    doc_lengths: torch.Tensor
+
+
+class DocumentTaskEncoder(SeededTaskEncoder):
+    """Tokenization, packing and batching for document-per-sample modalities (module doc).
+
+    Deterministic: the rows and batches depend only on the documents Energon hands in; packing
+    decisions depend on the buffer's (length, key) multiset, not on arrival order.
+    """
+
+    #: The batch dataclass; subclasses add their media fields.
+    batch_type: ClassVar[type[TextBatch]] = TextBatch
+
+    def __init__(self, config: ConfigLike = None, *, seed: int | None = None, training: bool = True):
+        super().__init__(config, seed=seed, training=training)
+        self.tokenizer = TextTokenizer(self.config.text, self.config_at)
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.text.seq_len
+
+    @property
+    def packing_buffer_size(self) -> int | None:
+        """What to pass as Energon's ``packing_buffer_size``: None unless ``packing.enabled``."""
+        packing = self.config.packing
+        return packing.buffer_size if packing.enabled else None
+
+    # --- per sample ----------------------------------------------------------------------------
+
+    def encode(self, sample: Any) -> EncodedDoc:
+        media = self.encode_media(sample)
+        tokens = self.tokenizer.encode(self.sample_text(sample))
+        return EncodedDoc.derive_from(sample, tokens=tokens, media=media)
+
+    def sample_text(self, sample: Any) -> str:
+        """The document text: ``caption`` (CaptioningSample) or ``text`` (TextSample, AudioTextSample)."""
+        for name in ("caption", "text"):
+            text = getattr(sample, name, None)
+            if isinstance(text, str):
+                return text
+        raise TypeError(f"{type(sample).__name__} has no str 'caption' or 'text' field")
+
+    def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
+        """Per-document tensors of the modality (none for plain text)."""
+        return {}
+
+    def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
+        """Batch fields built from the documents' media, in document order (none for plain text)."""
+        return {}
+
+    # --- packing and batching ------------------------------------------------------------------
+
+    def build_batch(self, dataset: Any, *, packing_buffer_size: int | None = None, **kwargs: Any) -> Any:
+        """Energon's batching stage; refuses a packing setting that contradicts the config."""
+        if (packing_buffer_size is not None) != self.config.packing.enabled:
+            raise ValueError(
+                f"{self.config_at.source}: packing.enabled is {self.config.packing.enabled} but Energon got "
+                f"packing_buffer_size={packing_buffer_size}; pass the encoder's packing_buffer_size "
+                f"({self.packing_buffer_size}) to get_train_dataset/get_val_dataset")
+        return super().build_batch(dataset, packing_buffer_size=packing_buffer_size, **kwargs)
+
+    def select_samples_to_pack(self, samples: list[EncodedDoc]) -> list[list[EncodedDoc]]:
+        groups = first_fit_decreasing([int(d.tokens.numel()) for d in samples], [sample_key(d) for d in samples],
+                                      self.seq_len, self.config.packing.max_docs)
+        return [[samples[i] for i in group] for group in groups]
+
+    @stateless
+    def pack_selected_samples(self, samples: list[EncodedDoc]) -> Pack:
+        return self._pack(samples)
+
+    def _pack(self, docs: list[EncodedDoc]) -> Pack:
+        row = layout_row([d.tokens for d in docs], self.seq_len, self.tokenizer.special.pad)
+        return Pack.derive_from(docs[0], __key__="+".join(sample_key(d) for d in docs), docs=list(docs), row=row,
+                                __sources__=tuple(s for d in docs for s in d.__sources__ or ()))
+
+    @stateless
+    def batch(self, samples: list[EncodedDoc] | list[Pack]) -> TextBatch:
+        packs = [s if isinstance(s, Pack) else self._pack([s]) for s in samples]
+        docs = [d for p in packs for d in p.docs]
+        keys = [sample_key(d) for d in docs]
+        return self.batch_type(
+            __key__=keys, __restore_key__=(), __subflavors__=[d.__subflavors__ for d in docs],
+            __sources__=tuple(s for p in packs for s in p.__sources__ or ()),
+            keys=keys, **collate_rows([p.row for p in packs]), **self.collate_media(docs))

@@ -1,0 +1,88 @@
+"""Modality name → encoder class, and building an encoder from a name, config file or config.
+
+    @register("my_modality")
+    class MyTaskEncoder(DocumentTaskEncoder): ...
+
+    encoder = get_encoder("configs/encoders/image_text.yaml")   # YAML path: its ``encoder:`` picks the class
+    encoder = get_encoder("image_text", seed=3)                 # name: the class with default config
+    encoder = get_encoder({"encoder": "text", "text": {...}})   # dict, like a YAML file
+
+The built-in encoders (``text``, ``image_text``, ``audio_text``) register on first lookup; others
+register when their module is imported, which a config can ask for with ``module: package.module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from task_encoders.config import At, ConfigError, EncoderConfig, read_yaml
+
+_BUILTIN_MODULES = ("task_encoders.text", "task_encoders.image_text", "task_encoders.audio_text")
+_REGISTRY: dict[str, type] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: make an encoder class available under ``name`` (sets ``cls.name``)."""
+    def decorate(cls: type) -> type:
+        if _REGISTRY.get(name, cls) is not cls:
+            raise ValueError(f"encoder name {name!r} is taken by {_REGISTRY[name].__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return decorate
+
+
+def available() -> list[str]:
+    """Registered encoder names (built-ins included)."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def encoder_class(name: str, at: At | None = None) -> type:
+    """The class registered as ``name``; ``ConfigError`` listing the known names otherwise."""
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise (at or At()).child("encoder").error(f"unknown encoder {name!r}", "one of " + ", ".join(sorted(_REGISTRY)))
+    return _REGISTRY[name]
+
+
+def get_encoder(name_or_config: str | Path | Mapping | EncoderConfig, **kwargs: Any) -> Any:
+    """An encoder from a registered name, a YAML path, a dict or an :class:`EncoderConfig`.
+
+    ``kwargs`` go to the constructor (``seed``, ``training``).
+    """
+    if isinstance(name_or_config, EncoderConfig):
+        _import_module(name_or_config.module, At())
+        return encoder_class(name_or_config.encoder)(name_or_config, **kwargs)
+    if isinstance(name_or_config, Mapping):
+        data, at, config = dict(name_or_config), At(), name_or_config
+    elif isinstance(name_or_config, str) and not name_or_config.endswith((".yaml", ".yml")) and "/" not in name_or_config:
+        return encoder_class(name_or_config)(**kwargs)
+    else:
+        data, at = read_yaml(name_or_config)
+        config = name_or_config
+    _import_module(data.get("module"), at)
+    name = data.get("encoder")
+    if not isinstance(name, str):
+        raise at.child("encoder").error("missing", "the name of a registered encoder")
+    return encoder_class(name, at)(config, **kwargs)
+
+
+def _import_module(module: Any, at: At) -> None:
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except (ImportError, TypeError) as e:
+        raise at.child("module").error(f"cannot import {module!r}: {e}", "an importable module") from None
+
+
+def _load_builtins() -> None:
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+__all__ = ["ConfigError", "available", "encoder_class", "get_encoder", "register"]

@@ -1,0 +1,78 @@
+"""Text → token ids through any local Hugging Face tokenizer folder.
+
+Contract of :meth:`TextTokenizer.encode`: int64 tensor ``[BOS, t1, ..., tk, EOS]`` of length
+``2 <= L <= seq_len``; text past ``seq_len - 2`` content tokens is cut, EOS is kept. Deterministic
+(no randomness, no worker state).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from task_encoders.config import At, TextConfig
+
+# Tokenizing single texts gains nothing from Rust threads, and a tokenizer used before the
+# DataLoader forks its workers would otherwise warn in every worker.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+#: The tokenizer the repository ships (built offline by ``scripts/build_tokenizer.py``).
+DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "tokenizer"
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    bos: int
+    eos: int
+
+
+class TextTokenizer:
+    """Wraps ``transformers.AutoTokenizer`` for one :class:`TextConfig`.
+
+    Construction loads the tokenizer and resolves BOS/EOS/PAD; any problem is a
+    :class:`task_encoders.config.ConfigError` naming ``text.tokenizer`` or the token key.
+    """
+
+    def __init__(self, config: TextConfig, at: At | None = None):
+        from transformers import AutoTokenizer
+
+        at = (at or At()).child("text")
+        self.path = Path(config.tokenizer) if config.tokenizer is not None else DEFAULT_TOKENIZER_DIR
+        self.seq_len = config.seq_len
+        if not self.path.is_dir():
+            raise at.child("tokenizer").error(f"no directory {self.path}", "a local Hugging Face tokenizer directory")
+        try:
+            self.hf = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+        except Exception as e:  # transformers raises OSError/ValueError/... for broken folders
+            raise at.child("tokenizer").error(f"cannot load {self.path}: {e}", "a Hugging Face tokenizer") from None
+        bos = self._token_id(config.bos_token, self.hf.bos_token_id, at.child("bos_token"))
+        eos = self._token_id(config.eos_token, self.hf.eos_token_id, at.child("eos_token"))
+        pad_default = self.hf.pad_token_id if self.hf.pad_token_id is not None else eos
+        self.special = SpecialIds(pad=self._token_id(config.pad_token, pad_default, at.child("pad_token")), bos=bos, eos=eos)
+
+    def _token_id(self, token: str | None, default: int | None, at: At) -> int:
+        if token is None:
+            if default is None:
+                raise at.error(f"tokenizer {self.path} defines none", "a token string in the config")
+            return int(default)
+        token_id = self.hf.convert_tokens_to_ids(token)
+        if token_id is None or (token_id == self.hf.unk_token_id and token != self.hf.unk_token):
+            raise at.error(f"{token!r} is not in the vocabulary of {self.path}", "a token of the tokenizer")
+        return int(token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """int64 ``(L,)``: BOS, content ids (cut to ``seq_len - 2``), EOS."""
+        ids = self.hf(text, add_special_tokens=False)["input_ids"][: self.seq_len - 2]
+        return torch.tensor([self.special.bos, *ids, self.special.eos], dtype=torch.int64)
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        """Text of ``ids`` without special tokens (round trip of :meth:`encode`'s content)."""
+        return self.hf.decode(ids, skip_special_tokens=True)
