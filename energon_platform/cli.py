@@ -177,8 +177,10 @@ def _add_check_resume(sub) -> None:
     p.add_argument("--num-workers", type=int, help="loader workers per rank (default: the config's)")
     p.add_argument("--resume-nproc", type=_positive, help="ranks for the resumed part (default: --nproc)")
     p.add_argument("--resume-workers", type=int, help="workers per rank for the resumed part")
-    p.add_argument("--tolerance", type=float, default=0.0,
-                   help="allowed |loss difference| (default 0: bit-exact, right on CPU with the same layout)")
+    p.add_argument("--tolerance", type=float,
+                   help="allowed |loss difference|. Default 0 (bit-exact, right on CPU with the same world size); "
+                        "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
+                        "sums in another order. Keys and tensors must match exactly in every case")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for both runs")
     p.add_argument("--out", default="out/check-resume", help="where runs, report.json and loss.png go")
     p.set_defaults(func=cmd_check_resume)
@@ -188,6 +190,8 @@ def cmd_check_resume(args) -> int:
     from energon_platform.resume_check import RunSpec, check_resume, verdict
 
     spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
+    if args.tolerance is None:
+        args.tolerance = 1e-5 if args.resume_nproc not in (None, args.nproc) else 0.0
     if not 2 <= args.kill_at <= args.steps:
         raise UsageError(f"--kill-at must be between 2 and --steps ({args.steps})")
     try:

@@ -37,13 +37,16 @@ def attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
 
 
 class CaptionModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int, seq_len: int, n_mels: int = 80):
+    """``media``: "image", "audio" or None (text only); only that modality's embedding exists, so
+    every parameter gets a gradient (DistributedDataParallel requires it)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, seq_len: int, media: str | None = None, n_mels: int = 80):
         super().__init__()
         d = cfg.dim
         self.tokens = nn.Embedding(vocab_size, d)
         self.positions = nn.Embedding(seq_len, d)
-        self.patches = nn.Conv2d(3, d, kernel_size=cfg.patch, stride=cfg.patch)
-        self.audio = nn.Linear(n_mels, d)
+        self.patches = nn.Conv2d(3, d, kernel_size=cfg.patch, stride=cfg.patch) if media == "image" else None
+        self.audio = nn.Linear(n_mels, d) if media == "audio" else None
         self.blocks = nn.ModuleList(
             nn.TransformerEncoderLayer(d, cfg.heads, 4 * d, cfg.dropout, batch_first=True, norm_first=True)
             for _ in range(cfg.layers)
@@ -53,9 +56,9 @@ class CaptionModel(nn.Module):
 
     def media_vectors(self, batch: Any) -> torch.Tensor | None:
         """float ``(D, dim)``: one conditioning vector per document, or None for text-only batches."""
-        if getattr(batch, "images", None) is not None:
+        if self.patches is not None:
             return self.patches(batch.images).flatten(2).mean(dim=2)
-        if getattr(batch, "features", None) is not None:
+        if self.audio is not None:
             frames = self.audio(batch.features.transpose(1, 2))  # (D, T, dim)
             lengths = batch.feature_lengths.clamp(min=1)
             valid = (torch.arange(frames.shape[1], device=frames.device)[None, :] < lengths[:, None]).float()
@@ -63,7 +66,9 @@ class CaptionModel(nn.Module):
         return None
 
     def forward(self, batch: Any) -> torch.Tensor:
-        """The mean LM loss over ``batch.loss_mask`` (a scalar float32 tensor)."""
+        """The *summed* LM loss over ``batch.loss_mask`` (float32 scalar). The trainer divides by
+        the number of target tokens of the whole global batch, so the objective does not depend on
+        how the global batch is split over ranks and micro-batches."""
         pos = batch.position_ids.clamp(max=self.positions.num_embeddings - 1)
         x = self.tokens(batch.tokens) + self.positions(pos)
         media = self.media_vectors(batch)
@@ -76,5 +81,4 @@ class CaptionModel(nn.Module):
             x = block(x, src_mask=mask)
         logits = self.head(self.norm(x))
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="none")
-        weights = batch.loss_mask.flatten()
-        return (loss * weights).sum() / weights.sum().clamp(min=1.0)
+        return (loss * batch.loss_mask.flatten()).sum()

@@ -13,7 +13,6 @@ on CPU, same layout, the loss must be bit-identical).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -44,15 +43,37 @@ def trainer_command(spec: RunSpec, out: Path, resume: bool = False) -> list[str]
     return cmd + (["--resume"] if resume else [])
 
 
-def read_log(path: Path) -> dict[int, dict]:
-    """Rows by step; a step logged twice (before a kill and after the resume) keeps the last."""
+def read_log(path: Path, skip_lines: int = 0) -> dict[int, dict]:
+    """Rows by step, from line ``skip_lines`` on; a step logged twice keeps the last."""
     rows = {}
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for line in path.read_text().splitlines()[skip_lines:]:
             if line.strip():
                 row = json.loads(line)
                 rows[row["step"]] = row
     return rows
+
+
+def _count_lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once, like a node failure. (torchrun starts
+    its workers in sessions of their own, so killing its process group is not enough.)"""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
 
 
 def _run(cmd: list[str], log: Path) -> None:
@@ -78,7 +99,7 @@ def run_killed(spec: RunSpec, out: Path, kill_at: int, timeout: float = 900) -> 
             time.sleep(0.002)
         if proc.poll() is not None:
             raise RuntimeError(f"the run ended (exit {proc.returncode}) before step {kill_at - 1}; see {out / 'stdout.txt'}")
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         proc.wait()
     return max(read_log(log_path), default=0)
 
@@ -157,15 +178,17 @@ def check_resume(spec: RunSpec, kill_at: int, out: Path, resume_nproc: int | Non
     log(f"      killed after step {last_logged} was logged; latest checkpoint: step {resume_step}")
     log(f"[3/3] resume on {resume_spec.nproc} rank(s)"
         + (f" x {resume_workers} worker(s)" if resume_workers is not None else ""))
+    lines_before = _count_lines(killed_dir / "log.jsonl")
     _run(trainer_command(resume_spec, killed_dir, resume=True), killed_dir / "stdout.txt")
-    straight, resumed = read_log(straight_dir / "log.jsonl"), read_log(killed_dir / "log.jsonl")
+    # only rows the resumed process wrote count: nothing may have survived the kill
+    straight, resumed = read_log(straight_dir / "log.jsonl"), read_log(killed_dir / "log.jsonl", lines_before)
     result = compare(straight, resumed, resume_step + 1, spec.steps, tolerance)
     result.update({"kill_at": kill_at, "killed_after_logged_step": last_logged,
                    "kill_landed_mid_step": last_logged == kill_at - 1 and kill_at not in before,
                    "resume_step": resume_step, "layout": {"nproc": spec.nproc, "num_workers": spec.num_workers},
                    "resume_layout": {"nproc": resume_spec.nproc, "num_workers": resume_spec.num_workers}})
     (out / "report.json").write_text(json.dumps(result, indent=1))
-    plot(straight, resumed, resume_step, out / "loss.png")
+    plot(straight, {**before, **resumed}, resume_step, out / "loss.png")
     return result
 
 

@@ -33,19 +33,33 @@ from energon_platform.config import RunConfig
 from energon_platform.loader import TrainLoader
 from energon_platform.model import CaptionModel
 
-HASHED_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "images", "features", "feature_lengths", "cu_seqlens")
-
-
-def batch_digest(batch: Any) -> str:
-    """sha256 over the batch's tensors (shape, dtype and bytes), in a fixed field order."""
-    h = hashlib.sha256()
-    for name in HASHED_FIELDS:
-        t = getattr(batch, name, None)
-        if isinstance(t, torch.Tensor):
+def batch_digest(batch: Any) -> list[str]:
+    """One sha256 per row: its tokens, labels, loss_mask and position_ids plus the media of the
+    row's documents (images, or audio features cut to their valid length). Independent of how a
+    global batch is split into micro-batches: the lists of the parts concatenate to the list of
+    the whole."""
+    images = getattr(batch, "images", None)
+    features = getattr(batch, "features", None)
+    doc = 0
+    rows = []
+    for i, n_docs in enumerate(batch.num_docs.tolist()):
+        d = hashlib.sha256()
+        tensors = [batch.tokens[i], batch.labels[i], batch.loss_mask[i], batch.position_ids[i]]
+        for j in range(doc, doc + n_docs):
+            if isinstance(images, torch.Tensor):
+                tensors.append(images[j])
+            if isinstance(features, torch.Tensor):
+                tensors.append(features[j, :, : int(batch.feature_lengths[j])])
+        doc += n_docs
+        for t in tensors:
             t = t.detach().cpu().contiguous()
-            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-            h.update(t.numpy().tobytes())
-    return h.hexdigest()
+            d.update(f"{tuple(t.shape)}:{t.dtype}".encode())
+            d.update(t.numpy().tobytes())
+        rows.append(d.hexdigest())
+    return rows
+
+
+TENSOR_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "images", "features", "feature_lengths", "cu_seqlens")
 
 
 def _init_distributed() -> tuple[int, int, torch.device]:
@@ -72,7 +86,7 @@ def _seed_everything(seed: int) -> None:
 def _to(batch: Any, device: torch.device) -> Any:
     if device.type == "cpu":
         return batch
-    for f in HASHED_FIELDS:
+    for f in TENSOR_FIELDS:
         t = getattr(batch, f, None)
         if isinstance(t, torch.Tensor):
             setattr(batch, f, t.to(device, non_blocking=True))
@@ -85,6 +99,12 @@ def _gather(obj: Any, world: int) -> list:
     out = [None] * world
     dist.all_gather_object(out, obj)
     return out
+
+
+def _all_reduce(t: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        dist.all_reduce(t)
+    return t
 
 
 def _lr_lambda(warmup: int, steps: int):
@@ -107,8 +127,9 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
 
     loader = TrainLoader(cfg, rank=rank, world_size=world, num_workers=num_workers)
     tok = loader.encoder.tokenizer
-    n_mels = getattr(getattr(loader.encoder.config, "audio", None), "n_mels", 80)
-    model = CaptionModel(cfg.model, tok.vocab_size, tok.seq_len, n_mels=n_mels).to(device)
+    audio = getattr(loader.encoder.config, "audio", None)
+    media = "image" if hasattr(loader.encoder.config, "image") else "audio" if audio is not None else None
+    model = CaptionModel(cfg.model, tok.vocab_size, tok.seq_len, media, getattr(audio, "n_mels", 80)).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps))
@@ -136,24 +157,26 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
     t0 = time.perf_counter()
     while step < total_steps:
         global_batch = loader.global_batch
-        keys, digests, local_loss = [], [], 0.0
-        for micro in range(loader.accumulation):
-            batch = _to(next(loader), device)
-            keys += list(batch.keys)
-            digests.append(batch_digest(batch))
-            sync = ddp.no_sync() if world > 1 and micro < loader.accumulation - 1 else nullcontext()
+        micro_batches = [_to(next(loader), device) for _ in range(loader.accumulation)]
+        keys = [k for b in micro_batches for k in b.keys]
+        digests = [d for b in micro_batches for d in batch_digest(b)]
+        # token-weighted mean over the whole global batch, whatever its split over ranks
+        targets = _all_reduce(sum(b.loss_mask.sum() for b in micro_batches).detach().double(), world)
+        local_loss = torch.zeros((), dtype=torch.float64, device=device)
+        for micro, batch in enumerate(micro_batches):
+            sync = ddp.no_sync() if world > 1 and micro < len(micro_batches) - 1 else nullcontext()
             with sync:
-                loss = ddp(batch) / loader.accumulation
-                loss.backward()
-            local_loss += loss.item()
+                loss_sum = ddp(batch)
+                (loss_sum * (world / targets.clamp(min=1.0)).float()).backward()
+            local_loss += loss_sum.detach().double()
+        loss_value = float(_all_reduce(local_loss, world) / targets.clamp(min=1.0))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        gathered = _gather((keys, digests, local_loss), world)
+        gathered = _gather((keys, digests), world)
         if rank == 0:
-            loss_value = float(np.mean([g[2] for g in gathered]))
             row = {"step": step, "loss": loss_value, "keys": [k for g in gathered for k in g[0]],
                    "batch_sha256": hashlib.sha256("".join(d for g in gathered for d in g[1]).encode()).hexdigest(),
                    "global_batch": global_batch, "epoch": round(loader.schedule.epoch_of_batch(global_batch), 4),
