@@ -1,0 +1,1 @@
+"""Worked examples of new modalities (see ``docs/adding_a_modality.md``)."""
