@@ -34,7 +34,8 @@ class LoaderConfig:
     ``global_batch_size``: items per training step over all data-parallel ranks (samples, or pack
     groups with packing); fixed for the life of a run. ``micro_batch_size``: items per ``next()``
     on a rank (None: the rank's whole share, i.e. no gradient accumulation). ``pack_group``:
-    samples handed to the encoder's packer together (1: no packing). ``shuffle_buffer``: None for
+    samples handed to the encoder's packer together; None: the encoder's ``packing.buffer_size``
+    when its packing is enabled, else 1 (no packing). ``shuffle_buffer``: None for
     a full permutation per epoch, K for a windowed shuffle of K (shard-local reads).
     ``num_workers`` may change between save and restore; the others may not.
     """
@@ -44,7 +45,7 @@ class LoaderConfig:
     num_workers: int = 2
     seed: int = 1234
     shuffle_buffer: int | None = None
-    pack_group: int = 1
+    pack_group: int | None = None
     prefetch_factor: int = 2
 
     def check(self, at: At) -> None:
@@ -54,7 +55,8 @@ class LoaderConfig:
         require(self.num_workers >= 0, at.child("num_workers"), f"got {self.num_workers}", ">= 0")
         require(self.shuffle_buffer is None or self.shuffle_buffer >= 1, at.child("shuffle_buffer"),
                 f"got {self.shuffle_buffer}", ">= 1 or null")
-        require(self.pack_group >= 1, at.child("pack_group"), f"got {self.pack_group}", ">= 1")
+        require(self.pack_group is None or self.pack_group >= 1, at.child("pack_group"), f"got {self.pack_group}",
+                ">= 1 or null")
         require(self.prefetch_factor >= 1, at.child("prefetch_factor"), f"got {self.prefetch_factor}", ">= 1")
 
 

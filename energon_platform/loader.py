@@ -49,7 +49,8 @@ class TrainLoader:
         self.prefetch_factor = lc.prefetch_factor
         self.source = SampleSource(str(cfg.data.path), cfg.data.train_split)
         self.encoder = build_encoder(cfg)
-        self.schedule = Schedule(self.source.shard_counts, lc.seed, lc.global_batch_size, lc.pack_group,
+        pack_group = _pack_group(lc.pack_group, self.encoder, cfg.source)
+        self.schedule = Schedule(self.source.shard_counts, lc.seed, lc.global_batch_size, pack_group,
                                  lc.shuffle_buffer)
         per_rank = self.schedule.check_world_size(world_size)
         micro = lc.micro_batch_size or per_rank
@@ -62,7 +63,7 @@ class TrainLoader:
             "encoder": {"name": type(self.encoder).__name__, "config_sha": _digest(_encoder_config(self.encoder))},
             "seed": lc.seed,
             "global_batch_size": lc.global_batch_size,
-            "pack_group": lc.pack_group,
+            "pack_group": pack_group,
             "shuffle_buffer": lc.shuffle_buffer,
         }
         self.next_microbatch = 0
@@ -125,6 +126,24 @@ class TrainLoader:
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0)
         self._iter = None
+
+
+def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
+    """Samples per pack group; checks that loader and encoder agree on whether to pack."""
+    packs = getattr(encoder, "packing_buffer_size", None)
+    if configured is None:
+        return packs or 1
+    if configured > 1 and not packs:
+        from task_encoders.config import ConfigError
+
+        raise ConfigError(source, "loader.pack_group", f"{configured} asks for packing, but the encoder's "
+                          "packing.enabled is false (set it, or pack_group: 1)")
+    if configured == 1 and packs:
+        from task_encoders.config import ConfigError
+
+        raise ConfigError(source, "loader.pack_group", "1 disables packing, but the encoder's packing.enabled is "
+                          "true (use pack_group >= 2 or null)")
+    return configured
 
 
 def _encoder_config(encoder: Any) -> Any:
