@@ -4,11 +4,17 @@ Input: any sample with a ``caption`` (Energon ``CaptioningSample``: the caption 
 ``text`` field (``TextSample``, ``AudioTextSample``). Packing is on by default: give Energon's
 ``get_train_dataset`` the encoder's ``packing_buffer_size``. Batches are
 :class:`task_encoders.documents.TextBatch`. No randomness.
+
+The encoder's Energon ``decoder`` decodes text parts only: images and audio of the samples stay
+undecoded bytes, since a text model never looks at them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import webdataset
+from megatron.energon import SampleDecoder
 
 from task_encoders.config import EncoderConfig, PackingConfig
 from task_encoders.documents import DocumentTaskEncoder
@@ -21,8 +27,19 @@ class TextEncoderConfig(EncoderConfig):
     packing: PackingConfig = field(default_factory=lambda: PackingConfig(enabled=True))
 
 
+class TextOnlyDecoder(SampleDecoder):
+    """Energon's ``SampleDecoder`` without media handlers: JSON and text parts are decoded,
+    images, audio and video are left as bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self._decoder = webdataset.autodecode.Decoder([])
+        self._config = {**self._config, "media": "not decoded"}
+
+
 @register("text")
 class TextTaskEncoder(DocumentTaskEncoder):
     """``TextTaskEncoder(config=None, *, seed=None, training=True)``: tokenization + packing."""
 
     config_class = TextEncoderConfig
+    decoder = TextOnlyDecoder()

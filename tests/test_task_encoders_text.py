@@ -70,3 +70,10 @@ def test_restoring_a_saved_packing_state_continues_with_identical_batches(make_e
     resumed = train_loader(encoder, image_text_shards, shuffle=6)
     resumed.restore_state_rank(state)
     assert [doc_digests(b) for b in itertools.islice(iter(resumed), 4)] == expected
+
+
+def test_text_encoder_leaves_media_undecoded(make_encoder):
+    decoder = make_encoder("text").decoder
+    png = b"\x89PNG\r\n\x1a\n not decoded"
+    assert decoder.decode("k.image.png", png) == png
+    assert decoder.decode("k.text.json", b'{"caption": "hi"}') == {"caption": "hi"}
