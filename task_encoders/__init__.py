@@ -1,0 +1,16 @@
+"""Energon task encoders: decoded samples → training batches, one class per modality.
+
+Modules (each with one job; contracts in their docstrings):
+
+* ``seeding``: per-sample seeds from (run seed, sample key, epoch); ``sample_key``, ``sample_epoch``.
+* ``config``: YAML → validated dataclasses, ``ConfigError`` naming file, key and expectation.
+* ``tokenization``: text → ``[BOS, ..., EOS]`` through any local Hugging Face tokenizer.
+* ``sequences``: packing choice (first-fit decreasing), row layout, ``cu_seqlens``, collation.
+* ``skipping``: ``SkipPolicy``, Energon's error handler with limits for bad samples.
+* ``base``: ``SeededTaskEncoder``; ``documents``: ``DocumentTaskEncoder`` and ``TextBatch``.
+* ``text``, ``image_text`` (+ ``image_transforms``), ``audio_text`` (+ ``audio_features``): the encoders.
+* ``registry``: name → encoder class, ``get_encoder(name | YAML path | dict | config)``.
+* ``preview``: a batch as readable text; ``examples``: a worked new modality.
+
+Nothing is imported here, so ``import task_encoders.config`` stays light.
+"""

@@ -172,12 +172,14 @@ def caption_of():
 
 @pytest.fixture(scope="session")
 def one_pass():
-    """``one_pass(encoder, path, num_workers=0, batch_size=4)``: every batch of one ordered pass over
-    the train split through Energon's savable loader (val-style: no shuffle, no repeat)."""
+    """``one_pass(encoder, path, num_workers=0, batch_size=4, rank=0, world_size=1)``: every batch of
+    one ordered pass over the rank's part of the train split through Energon's savable loader
+    (val-style: no shuffle, no repeat)."""
     from megatron.energon import get_savable_loader, get_val_dataset
 
-    def run(encoder, path, num_workers: int = 0, batch_size: int = 4, split: str = "train") -> list:
-        dataset = get_val_dataset(path, split_part=split, worker_config=encoder.worker_config(num_workers=num_workers),
+    def run(encoder, path, num_workers: int = 0, batch_size: int = 4, rank: int = 0, world_size: int = 1) -> list:
+        worker_config = encoder.worker_config(rank=rank, world_size=world_size, num_workers=num_workers)
+        dataset = get_val_dataset(path, split_part="train", worker_config=worker_config,
                                   batch_size=batch_size, packing_buffer_size=encoder.packing_buffer_size,
                                   task_encoder=encoder)
         return list(get_savable_loader(dataset))

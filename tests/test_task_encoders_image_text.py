@@ -39,13 +39,16 @@ def test_all_samples_seen_once_and_every_map_function_is_stateless(image_text_en
         assert getattr(getattr(image_text_encoder, hook), "__stateless__", False), hook
 
 
-@pytest.mark.parametrize("num_workers", [1, 2])
-def test_augmented_tensors_per_key_do_not_depend_on_workers(image_text_encoder, image_text_shards, one_pass,
-                                                           doc_digests, num_workers):
-    def digests(workers):
-        return {k: v for b in one_pass(image_text_encoder, image_text_shards, num_workers=workers) for k, v in doc_digests(b).items()}
+@pytest.mark.parametrize("world_size, num_workers", [(1, 1), (1, 2), (2, 1)])
+def test_augmented_tensors_per_key_do_not_depend_on_the_layout(image_text_encoder, image_text_shards, one_pass,
+                                                               doc_digests, world_size, num_workers):
+    def digests(world_size, workers):
+        return {k: v for rank in range(world_size)
+                for b in one_pass(image_text_encoder, image_text_shards, num_workers=workers, rank=rank, world_size=world_size)
+                for k, v in doc_digests(b).items()}
 
-    assert digests(num_workers) == digests(0)
+    reference = digests(1, 0)
+    assert len(reference) == 24 and digests(world_size, num_workers) == reference
 
 
 def test_augmentation_depends_on_seed_and_epoch_only(make_encoder, raw_samples):
@@ -99,3 +102,12 @@ def test_packing_setting_must_match_the_config(image_text_encoder, image_text_sh
         get_train_dataset(image_text_shards, worker_config=image_text_encoder.worker_config(), batch_size=2,
                           shuffle_buffer_size=None, max_samples_per_sequence=None, task_encoder=image_text_encoder,
                           packing_buffer_size=8)
+
+
+def test_preview_lists_fields_and_decodes_tokens(image_text_encoder, image_text_shards, one_pass, caption_of):
+    from task_encoders.preview import preview_batch
+
+    batch = one_pass(image_text_encoder, image_text_shards)[0]
+    text = preview_batch(image_text_encoder, batch, max_chars=1000)
+    assert "images: float32 (4, 3, 16, 16)" in text and "cu_seqlens: int32 (5,)" in text and "max_seqlen: 32" in text
+    assert f"{batch.keys[0]}: {caption_of(batch.keys[0])!r}" in text
