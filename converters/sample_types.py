@@ -20,8 +20,8 @@ class AudioTextSample(Sample):
 
     ``audio`` is what Energon's decoder returns for an audio part: by default an
     ``megatron.energon.av.AVDecoder`` (call ``get_audio()`` for an ``AVData`` whose
-    ``audio_clips[0]`` is a float tensor ``(channels, samples)`` at ``audio_timestamps``' rate, the
-    file's own sample rate; no resampling). ``text`` is the transcript. ``meta`` is the whole
+    ``audio_clips[0]`` is a tensor ``(channels, samples)`` at the file's own sample rate, no
+    resampling; its dtype is the file's sample format, e.g. int16 for 16-bit FLAC). ``text`` is the transcript. ``meta`` is the whole
     ``text.json`` (provenance: source id, file name, duration, sample rate).
     """
 

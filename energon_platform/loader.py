@@ -102,7 +102,10 @@ class TrainLoader:
         return batch
 
     def close(self) -> None:
-        """Stop the worker processes (a new ``next()`` restarts them at the current position)."""
+        """Stop the worker processes now (a new ``next()`` restarts them at the current position)."""
+        shutdown = getattr(self._iter, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
         self._iter = None
 
     # --- Stateful ---------------------------------------------------------------------------
