@@ -13,7 +13,7 @@ Pipeline (Energon hooks, all map functions ``@stateless``):
    tensors from ``collate_media``.
 
 A modality subclass overrides ``encode_media``/``collate_media`` (and ``sample_text`` if its
-samples keep text elsewhere) and sets ``batch_type``; see ``docs/adding_a_modality.md``.
+samples keep text elsewhere) and sets ``batch_type``; see the README, section "Adding a modality".
 """
 
 from __future__ import annotations

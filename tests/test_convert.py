@@ -379,6 +379,22 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path):
     assert not list(out.rglob("*.tmp"))
 
 
+def test_energon_info_and_our_info_describe_the_output(tmp_path, coco60):
+    import shutil
+
+    ann, images, _ = coco60
+    out = tmp_path / "out"
+    convert("coco", out, reader={"annotations": str(ann), "images": str(images)}, val_fraction=0.2)
+    energon = shutil.which("energon", path=str(Path(sys.executable).parent))
+    r = subprocess.run([energon, "info", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0 and "CaptioningSample" in r.stdout and "60 samples" in r.stdout
+    r = run_cli("info", out)
+    assert r.returncode == 0 and "sample type: CaptioningSample" in r.stdout
+    assert "skipped missing_file: 1" in r.stdout and "train:" in r.stdout and "val:" in r.stdout
+    r = run_cli("info", tmp_path / "nothing")
+    assert r.returncode == 2 and "not an Energon dataset" in r.stderr
+
+
 def test_plain_webdataset_reads_the_shards(tmp_path, coco60):
     import webdataset as wds
 

@@ -98,9 +98,11 @@ def test_torchrun_two_ranks_across_epoch_boundary(config_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_elastic_two_ranks_to_one_rank_more_workers(config_file, tmp_path):
+def test_elastic_two_ranks_to_one_rank_more_workers_with_packing(config_file, tmp_path):
+    packed = REPO / "configs/encoders/image_text_small_packed.yaml"  # pack groups of 16 samples
     r = check_resume_cli(config_file, tmp_path, "--steps", 16, "--kill-at", 12, "--nproc", 2, "--num-workers", 1,
-                         "--resume-nproc", 1, "--resume-workers", 2)
+                         "--resume-nproc", 1, "--resume-workers", 2,
+                         "--set", f"encoder={packed}", "--set", "loader.global_batch_size=2")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["keys_identical"] and report["tensors_identical"] and report["tolerance"] == 1e-5

@@ -1,1 +1,1 @@
-"""Worked examples of new modalities (see ``docs/adding_a_modality.md``)."""
+"""Worked examples of new modalities (see the README, section "Adding a modality")."""
