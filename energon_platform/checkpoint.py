@@ -78,7 +78,7 @@ def set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def _step_dir(root: Path, step: int) -> str:
+def _step_dir(step: int) -> str:
     return f"step_{step:06d}"
 
 
@@ -88,7 +88,7 @@ def save(root: str | Path, step: int, rank: int, world_size: int, *, model_state
     (replicated under data parallelism), renames the folder and marks it latest, after
     ``barrier()`` (``torch.distributed.barrier`` in multi-rank runs)."""
     root = Path(root)
-    name = _step_dir(root, step)
+    name = _step_dir(step)
     tmp = root / f".tmp-{name}"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -42,7 +42,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import sys

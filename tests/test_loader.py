@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from demo_datasets import REPO, coco_dataset, librispeech_dataset
 from energon_platform.config import load_config
