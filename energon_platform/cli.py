@@ -189,6 +189,11 @@ def _add_check_resume(sub) -> None:
 def cmd_check_resume(args) -> int:
     from energon_platform.resume_check import RunSpec, check_resume, verdict
 
+    from energon_platform.config import load_config
+    from energon_platform.source import SampleSource
+
+    cfg = load_config(args.config, _overrides(args.set))  # fail here, in one line, not in a child
+    SampleSource(str(cfg.data.path), cfg.data.train_split)
     spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
     if args.tolerance is None:
         args.tolerance = 1e-5 if args.resume_nproc not in (None, args.nproc) else 0.0
