@@ -126,9 +126,9 @@ class TrainLoader:
         if state.mid_step and (state.accumulation != self.accumulation or state.layout.get("world_size") != self.world_size):
             raise LayoutError("the state was saved in the middle of a global batch (gradient accumulation); "
                               "resume it with the same world size and micro-batch size, or save at a step boundary")
+        self.close()  # workers already started would produce the old position
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0)
-        self._iter = None
 
 
 def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
