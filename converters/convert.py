@@ -23,7 +23,7 @@ from converters.media import AudioOptions, ImageOptions
 from converters.readers import audio_manifest, coco, folder, librispeech, manifest
 from converters.records import ReadResult, drop_duplicates
 from converters.units import WorkUnit, plan_units
-from converters.writer import WriteOptions, load_stats
+from converters.writer import WriteOptions, atomic_write_bytes, load_stats
 
 READERS: dict[str, Callable[..., ReadResult]] = {
     "coco": coco.read,
@@ -67,11 +67,24 @@ class Outcome:
     ok: bool  #: False when the skipped fraction exceeds ``max_error_fraction``
 
 
+def _write_json(path: Path, obj: dict) -> None:
+    atomic_write_bytes(path, lambda f: f.write((json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()))
+
+
+def _media_stat(path: str | None) -> list[int]:
+    """Size and modification time: a changed file is a different input (content is not hashed)."""
+    try:
+        st = os.stat(path)
+        return [st.st_size, st.st_mtime_ns]
+    except (OSError, TypeError):
+        return [-1, -1]
+
+
 def _records_digest(result: ReadResult) -> str:
     h = hashlib.sha256()
     for r in result.records:
-        size = os.path.getsize(r.media.path) if r.media.path and os.path.isfile(r.media.path) else -1
-        h.update(json.dumps([r.key, r.source_id, r.media.name, r.media.parquet_cell, size, r.texts]).encode())
+        h.update(json.dumps([r.key, r.source_id, r.media.name, r.media.parquet_cell, _media_stat(r.media.path),
+                             r.texts]).encode())
     for p in result.problems:
         h.update(json.dumps(p.to_json()).encode())
     return h.hexdigest()
@@ -111,7 +124,7 @@ def _check_output(out: Path, state: dict, overwrite: bool) -> bool:
             + (f" (found {', '.join(foreign[:3])}); choose an empty --out" if foreign else "; pass --overwrite to replace it")
         )
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(json.dumps(state, indent=1, sort_keys=True))
+    _write_json(state_path, state)
     return False
 
 
@@ -199,12 +212,15 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
     shards = [s["shard"] for s in report["shards"]]
     if shards:
         media_parts = sorted({e for u in units for e in stats[u.name]["extensions"] if e != "text.json"})
-        prepare(opts.out, shards, result.modality, media_parts, state["records"])
-    with open(out / "skipped.jsonl", "w") as f:
-        for p in read_problems + [p for u in units for p in stats[u.name]["problems"]]:
-            f.write(json.dumps(p, sort_keys=True) + "\n")
-    (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    (out / STATE_FILE).write_text(json.dumps({**state, "finished": True}, indent=1, sort_keys=True))
+        # the dataset's identity is its content: options and every shard's checksum
+        identity = hashlib.sha256(json.dumps([state["options"], [[s["shard"], s["sha256"]] for s in report["shards"]]],
+                                             sort_keys=True).encode()).hexdigest()
+        prepare(opts.out, shards, result.modality, media_parts, identity)
+    skipped = read_problems + [p for u in units for p in stats[u.name]["problems"]]
+    atomic_write_bytes(out / "skipped.jsonl", lambda f: f.write("".join(
+        json.dumps(p, sort_keys=True) + "\n" for p in skipped).encode()))
+    _write_json(out / "report.json", report)
+    _write_json(out / STATE_FILE, {**state, "finished": True})
     return Outcome(report, already_done=False, ok=report["status"] == "ok")
 
 

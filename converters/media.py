@@ -7,7 +7,6 @@ bad input. Encoding is deterministic: fixed encoder settings, no timestamps, no 
 from __future__ import annotations
 
 import io
-import warnings
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -34,21 +33,23 @@ class ImageOptions:
 def _open_image(data: bytes, max_pixels: int) -> Image.Image:
     if not data:
         raise MediaError("empty_file", "zero bytes")
+    pil_limit = Image.MAX_IMAGE_PIXELS
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            if img.width * img.height > max_pixels:
-                raise MediaError("decompression_bomb", f"{img.width}x{img.height} > {max_pixels} pixels")
-            img.load()
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise MediaError("decompression_bomb", str(e)) from e
+        # Image.open reads only the header; PIL's own limit is lifted so that ``max_pixels`` (checked
+        # before any pixel is decoded) decides, above or below PIL's default alike
+        Image.MAX_IMAGE_PIXELS = None
+        img = Image.open(io.BytesIO(data))
+        if img.width * img.height > max_pixels:
+            raise MediaError("decompression_bomb", f"{img.width}x{img.height} > {max_pixels} pixels")
+        img.load()
     except UnidentifiedImageError as e:
         raise MediaError("not_an_image", "not a recognised image format") from e
     except MediaError:
         raise
     except Exception as e:  # truncated files raise OSError, broken headers SyntaxError/ValueError
         raise MediaError("undecodable_image", f"{type(e).__name__}: {e}") from e
+    finally:
+        Image.MAX_IMAGE_PIXELS = pil_limit
     return img
 
 

@@ -88,7 +88,8 @@ def encode_record(rec: Record, opts: WriteOptions, cells: _ParquetCells) -> dict
     }
 
 
-def _atomic_write_bytes(path: Path, write) -> None:
+def atomic_write_bytes(path: Path, write) -> None:
+    """Write through ``write(file)`` to ``PATH.tmp``, fsync, rename: readers see all or nothing."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         write(f)
@@ -123,12 +124,12 @@ def write_unit(unit: WorkUnit, out_dir: str, opts: WriteOptions) -> dict:
                 for s in samples:
                     tw.write(s)
 
-        _atomic_write_bytes(shard, write_tar)
+        atomic_write_bytes(shard, write_tar)
         stats["bytes"] = shard.stat().st_size
         stats["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
     stats_path = out / STATS_DIR / unit.stats_name
     stats_path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(stats_path, lambda f: f.write(json.dumps(stats, sort_keys=True).encode()))
+    atomic_write_bytes(stats_path, lambda f: f.write(json.dumps(stats, sort_keys=True).encode()))
     return stats
 
 

@@ -117,11 +117,14 @@ def save(root: str | Path, step: int, rank: int, world_size: int, *, model_state
 
 
 def prune(root: str | Path, keep: int) -> None:
-    """Remove all but the newest ``keep`` complete checkpoints (never the latest)."""
+    """Remove all but the newest ``keep`` checkpoints by step number; never the one ``latest`` names."""
     root = Path(root)
-    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
+    current = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+    steps = sorted((p for p in root.glob("step_*") if p.is_dir() and p.name.split("_")[1].isdigit()),
+                   key=lambda p: int(p.name.split("_")[1]))
     for p in steps[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
+        if p.name != current:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def latest(root: str | Path) -> Path | None:

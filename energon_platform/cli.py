@@ -28,6 +28,13 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _non_negative(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return v
+
+
 def _positive(text: str) -> int:
     v = int(text)
     if v < 1:
@@ -149,7 +156,7 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in OUT")
     p.add_argument("--out", help="output folder (default: train.out of the config)")
     p.add_argument("--steps", type=_positive, help="total steps (default: train.steps of the config)")
-    p.add_argument("--num-workers", type=int, help="loader workers per rank (may differ from the saved run)")
+    p.add_argument("--num-workers", type=_non_negative, help="loader workers per rank (may differ from the saved run)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_train)
@@ -174,9 +181,9 @@ def _add_check_resume(sub) -> None:
     p.add_argument("--steps", type=_positive, required=True, help="steps of both runs")
     p.add_argument("--kill-at", type=_positive, required=True, help="the step during which the second run is killed")
     p.add_argument("--nproc", type=_positive, default=1, help="data-parallel ranks (torchrun) of both runs")
-    p.add_argument("--num-workers", type=int, help="loader workers per rank (default: the config's)")
+    p.add_argument("--num-workers", type=_non_negative, help="loader workers per rank (default: the config's)")
     p.add_argument("--resume-nproc", type=_positive, help="ranks for the resumed part (default: --nproc)")
-    p.add_argument("--resume-workers", type=int, help="workers per rank for the resumed part")
+    p.add_argument("--resume-workers", type=_non_negative, help="workers per rank for the resumed part")
     p.add_argument("--tolerance", type=float,
                    help="allowed |loss difference|. Default 0 (bit-exact, right on CPU with the same world size); "
                         "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
@@ -192,8 +199,12 @@ def cmd_check_resume(args) -> int:
     from energon_platform.config import load_config
     from energon_platform.source import SampleSource
 
+    from energon_platform.loader import check_layout
+
     cfg = load_config(args.config, _overrides(args.set))  # fail here, in one line, not in a child
     SampleSource(str(cfg.data.path), cfg.data.train_split)
+    for world in {args.nproc, args.resume_nproc or args.nproc}:
+        check_layout(cfg, world)
     spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
     if args.tolerance is None:
         args.tolerance = 1e-5 if args.resume_nproc not in (None, args.nproc) else 0.0
@@ -230,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from converters.convert import ConvertError
     from converters.readers import InputError
+    from energon_platform.checkpoint import CheckpointError
     from energon_platform.schedule import LayoutError
     from energon_platform.source import DatasetError
     from energon_platform.state import StateMismatchError
@@ -239,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (InputError, ConvertError, UsageError, FileNotFoundError, ConfigError, DatasetError,
-            StateMismatchError, LayoutError) as e:
+            StateMismatchError, LayoutError, CheckpointError) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -52,11 +52,8 @@ class TrainLoader:
         pack_group = _pack_group(lc.pack_group, self.encoder, cfg.source)
         self.schedule = Schedule(self.source.shard_counts, lc.seed, lc.global_batch_size, pack_group,
                                  lc.shuffle_buffer)
-        per_rank = self.schedule.check_world_size(world_size)
+        per_rank = self.schedule.check_world_size(world_size, lc.micro_batch_size)
         micro = lc.micro_batch_size or per_rank
-        if per_rank % micro:
-            raise LayoutError(f"{per_rank} items per rank (global batch {lc.global_batch_size} over {world_size} "
-                              f"ranks) cannot be cut into micro-batches of {micro}")
         self.maker = MicroBatchMaker(self.source, self.encoder, self.schedule, rank, world_size, micro)
         self.fingerprint = {
             "dataset": self.source.identity(),
@@ -86,8 +83,11 @@ class TrainLoader:
         kwargs = {}
         if self.num_workers > 0:
             kwargs = {"prefetch_factor": self.prefetch_factor, "multiprocessing_context": "fork"}
+        # a private generator: creating the iterator would otherwise draw from the global torch RNG
+        # (its base seed), which the trainer's dropout uses and a resume restores
         loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=self.num_workers,
-                                             pin_memory=torch.cuda.is_available(), **kwargs)
+                                             pin_memory=torch.cuda.is_available(), generator=torch.Generator(),
+                                             **kwargs)
         return iter(loader)
 
     def __iter__(self):
@@ -129,6 +129,12 @@ class TrainLoader:
         self.close()  # workers already started would produce the old position
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0)
+
+
+def check_layout(cfg: RunConfig, world_size: int) -> None:
+    """Refuse, before anything runs, a world size that cannot reproduce the run's global batches."""
+    Schedule((1,), cfg.loader.seed, cfg.loader.global_batch_size).check_world_size(world_size,
+                                                                                  cfg.loader.micro_batch_size)
 
 
 def _pack_group(configured: int | None, encoder: Any, source: str) -> int:

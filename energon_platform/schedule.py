@@ -99,17 +99,23 @@ class Schedule:
         per_rank = self.check_world_size(world_size)
         return range(rank * per_rank, (rank + 1) * per_rank)
 
-    def check_world_size(self, world_size: int) -> int:
-        """Items per rank; :class:`LayoutError` naming the world sizes that work otherwise."""
-        if world_size < 1 or self.items_per_batch % world_size:
-            ok = [d for d in range(1, self.items_per_batch + 1) if self.items_per_batch % d == 0]
+    def check_world_size(self, world_size: int, micro_items: int | None = None) -> int:
+        """Items per rank; :class:`LayoutError` naming the world sizes that work otherwise.
+        ``micro_items``: the micro-batch size, which must divide each rank's share."""
+        g = self.items_per_batch
+
+        def fits(d: int) -> bool:
+            return d >= 1 and g % d == 0 and (micro_items is None or (g // d) % micro_items == 0)
+
+        if not fits(world_size):
+            ok = [d for d in range(1, g + 1) if fits(d)]
             unit = "pack groups" if self.group_size > 1 else "samples"
+            micro = f" in micro-batches of {micro_items}" if micro_items else ""
             raise LayoutError(
-                f"a global batch of {self.items_per_batch} {unit} cannot be split over {world_size} "
-                f"data-parallel ranks; world sizes that keep the same global batches: {ok} "
-                f"(any number of workers per rank works)"
+                f"a global batch of {g} {unit} cannot be split over {world_size} data-parallel ranks{micro}; "
+                f"world sizes that keep the same global batches: {ok} (any number of workers per rank works)"
             )
-        return self.items_per_batch // world_size
+        return g // world_size
 
     def epoch_of_batch(self, batch: int) -> float:
         """Fractional epoch at the start of ``batch`` (for logs)."""

@@ -136,6 +136,9 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
     barrier = (lambda: dist.barrier()) if world > 1 else (lambda: None)
 
     step = 0
+    if not resume and checkpoint.latest(ckpt_dir) is not None:
+        raise checkpoint.CheckpointError(f"{ckpt_dir} already holds checkpoints of a run; pass --resume to continue "
+                                         f"it, or choose another --out")
     found = checkpoint.latest(ckpt_dir) if resume else None
     if found is not None:
         ck = checkpoint.load(found, rank)

@@ -407,3 +407,51 @@ def test_plain_webdataset_reads_the_shards(tmp_path, coco60):
     key, img, text = samples[0]
     assert key == "000000000001" and img.mode == "RGB" and img.size == (40, 32)
     assert text["caption"] == caption(1)
+
+
+def test_manifest_edge_cases_multiline_csv_and_not_parquet(tmp_path):
+    root = tmp_path / "raw"
+    rels = make_image_files(root, 2)
+    path = root / "m.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["image", "caption"])
+        w.writerow([rels[0], "A dog.\nA cat."])
+        w.writerow([rels[1], "plain"])
+    out = tmp_path / "out"
+    convert("manifest", out, reader={"manifest": str(path)})
+    texts = sorted(json.loads(v)["caption"] for k, v in members(out).items() if k.endswith("text.json"))
+    assert texts == ["A dog.\nA cat.", "plain"]
+    fake = root / "fake.parquet"
+    fake.write_text("not parquet")
+    r = run_cli("convert", "manifest", "--manifest", fake, "--out", tmp_path / "o2")
+    assert r.returncode == 2 and "cannot read as Parquet" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_coco_malformed_image_rows_are_counted_not_fatal(tmp_path):
+    ann, images, _ = make_coco(tmp_path / "raw", n_good=30)
+    doc = json.loads(ann.read_text())
+    doc["images"] += [{"file_name": "img_0001.png"}, "not an object", {"id": "x", "file_name": 3}]
+    ann.write_text(json.dumps(doc))
+    outcome = convert("coco", tmp_path / "out", reader={"annotations": str(ann), "images": str(images)})
+    assert reason_counts(outcome.report) == {"malformed_line": 3} and outcome.report["totals"]["written"] == 30
+
+
+def test_max_pixels_above_pil_default_is_honoured(tmp_path, monkeypatch):
+    from converters.media import encode_image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # stands in for PIL's default limit
+    ext, _, info = encode_image(image_bytes(1, size=(50, 50)), ImageOptions(max_pixels=10_000))
+    assert ext == "png" and info["width"] == 50 and Image.MAX_IMAGE_PIXELS == 1000
+
+
+def test_other_options_give_another_dataset_identity(tmp_path, coco60):
+    from energon_platform.source import SampleSource
+
+    ann, images, _ = coco60
+    reader = {"annotations": str(ann), "images": str(images)}
+    convert("coco", tmp_path / "a", reader=reader)
+    convert("coco", tmp_path / "b", reader=reader, image=ImageOptions(max_side=16))
+    assert SampleSource(str(tmp_path / "a")).identity() != SampleSource(str(tmp_path / "b")).identity()
+    convert("coco", tmp_path / "c", reader=reader)
+    assert SampleSource(str(tmp_path / "a")).identity() == SampleSource(str(tmp_path / "c")).identity()

@@ -86,7 +86,7 @@ def test_killed_twice_in_a_row(config_file, tmp_path):
 def test_torchrun_two_ranks_across_epoch_boundary(config_file, tmp_path):
     # 286 training samples, 8 per step: epoch 1 starts during step 36; resume from step 35
     r = check_resume_cli(config_file, tmp_path, "--steps", 40, "--kill-at", 38, "--nproc", 2, "--num-workers", 1,
-                         "--set", "train.checkpoint_every=35")
+                         "--set", "train.checkpoint_every=35", "--set", "model.dropout=0.1")  # RNG restored too
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["passed"] and report["resume_step"] == 35 and report["steps_compared"] == 5
@@ -143,3 +143,19 @@ def test_checkpoint_killed_mid_write_is_ignored(tmp_path):
     (latest / "loader_rank0.json").write_text('{"pos": 6}')  # a corrupted file is detected
     with pytest.raises(checkpoint.CheckpointError, match="checksum"):
         checkpoint.load(latest, 0)
+
+
+def test_layout_refused_before_training_and_checkpoints_protected(config_file, tmp_path):
+    r = check_resume_cli(config_file, tmp_path, "--steps", 8, "--kill-at", 4, "--resume-nproc", 3)
+    assert r.returncode == 2 and "[1, 2, 4, 8]" in r.stderr and not (tmp_path / "straight").exists()
+    root = tmp_path / "ckpt"
+    for step in (10, 20, 30, 40, 10):
+        checkpoint.save(root, step, 0, 1, model_state={}, loader_state={"step": step})
+        checkpoint.prune(root, 3)
+    assert checkpoint.latest(root).name == "step_000010" and checkpoint.load(checkpoint.latest(root), 0)
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    checkpoint.save(out / "checkpoints", 5, 0, 1, model_state={}, loader_state={})
+    r = subprocess.run([*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "6", "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr

@@ -27,15 +27,24 @@ def read(annotations: str, images: str) -> ReadResult:
         raise InputError(f"{ann_path}: not a COCO captions file ({type(e).__name__}: {e})") from e
 
     captions = defaultdict(list)
-    for ann in sorted(ann_rows, key=lambda a: (str(a.get("image_id")), a.get("id", 0))):
+    def ann_order(a: dict):  # annotation-id order; ints before anything else, never a TypeError
+        i = a.get("id")
+        return str(a.get("image_id")), (0, i, "") if isinstance(i, int) else (1, 0, str(i))
+
+    for ann in sorted((a for a in ann_rows if isinstance(a, dict)), key=ann_order):
         captions[ann.get("image_id")].append(ann.get("caption"))
 
-    records, problems = [], []
-    for row in sorted(image_rows, key=lambda r: (isinstance(r.get("id"), str), r.get("id"))):
-        image_id, file_name = row.get("id"), row.get("file_name")
-        if image_id is None or not isinstance(file_name, str):
-            problems.append(Problem("malformed_line", str(image_id), f"image entry without id/file_name: {row}"))
-            continue
+    records, problems, good = [], [], []
+    for row in image_rows:
+        ok = isinstance(row, dict) and isinstance(row.get("id"), (int, str)) and not isinstance(row.get("id"), bool) \
+            and isinstance(row.get("file_name"), str)
+        if ok:
+            good.append(row)
+        else:
+            problems.append(Problem("malformed_line", str(row.get("id") if isinstance(row, dict) else row)[:80],
+                                    f"image entry without an id and a file_name: {str(row)[:200]}"))
+    for row in sorted(good, key=lambda r: (isinstance(r["id"], str), r["id"])):
+        image_id, file_name = row["id"], row["file_name"]
         texts = clean_texts(captions.get(image_id, ()))
         if not texts:
             problems.append(Problem("empty_text", str(image_id), "image has no non-empty caption"))

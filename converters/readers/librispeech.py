@@ -16,7 +16,15 @@ def read(root: str) -> ReadResult:
     records, problems = [], []
     for trans in sorted(base.rglob("*.trans.txt")):
         chapter_dir = trans.parent
-        audio = {p.name.split(".")[0]: p for p in chapter_dir.iterdir() if p.suffix.lower() in AUDIO_EXTENSIONS}
+        audio = {}
+        for p in sorted(chapter_dir.iterdir()):
+            if p.suffix.lower() not in AUDIO_EXTENSIONS:
+                continue
+            utt = p.name.split(".")[0]
+            if utt in audio:
+                problems.append(Problem("duplicate_id", utt, f"{p.name}: {audio[utt].name} has the same utterance id"))
+            else:
+                audio[utt] = p
         listed = set()
         for lineno, raw in enumerate(trans.read_bytes().splitlines(), 1):
             try:

@@ -8,6 +8,7 @@ disk and are read by the writer through ``Media.parquet_cell``).
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Iterator
@@ -25,12 +26,20 @@ def detect_format(path: Path, fmt: str | None) -> str:
     return fmt
 
 
+def _parquet_schema(path: Path):
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path)
+    except Exception as e:  # pyarrow raises several types for a file that is not Parquet
+        raise InputError(f"{path}: cannot read as Parquet ({e})") from e
+
+
 def binary_columns(path: Path) -> set[str]:
     """Columns of a Parquet file holding bytes (``binary``, or a struct with a ``bytes`` field)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
+    schema = _parquet_schema(path)
     out = set()
     for f in schema:
         if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
@@ -61,7 +70,7 @@ def _iter_delimited(path: Path, delimiter: str):
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 ({e})") from e
-    reader = csv.DictReader(text.splitlines(), delimiter=delimiter)
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     if not reader.fieldnames:
         raise InputError(f"{path}: no header row")
     for n, row in enumerate(reader, 2):
@@ -74,14 +83,17 @@ def _iter_delimited(path: Path, delimiter: str):
 def _iter_parquet(path: Path):
     import pyarrow.parquet as pq
 
+    skip = binary_columns(path)  # raises InputError for a file that is not Parquet
     pf = pq.ParquetFile(path)
-    skip = binary_columns(path)
     columns = [n for n in pf.schema_arrow.names if n not in skip]
-    n = 0
-    for batch in pf.iter_batches(columns=columns or None, batch_size=4096):
-        for row in batch.to_pylist():
-            yield n, row
-            n += 1
+
+    def rows():
+        n = 0
+        for batch in pf.iter_batches(columns=columns or None, batch_size=4096):
+            for row in batch.to_pylist():
+                yield n, row
+                n += 1
+    return rows()
 
 
 def iter_rows(path: Path, fmt: str) -> Iterator[tuple[int, "dict | Problem"]]:
@@ -89,18 +101,13 @@ def iter_rows(path: Path, fmt: str) -> Iterator[tuple[int, "dict | Problem"]]:
         return _iter_jsonl(path)
     if fmt in ("csv", "tsv"):
         return _iter_delimited(path, "," if fmt == "csv" else "\t")
-    try:
-        return _iter_parquet(path)
-    except Exception as e:  # pyarrow raises several types for a non-parquet file
-        raise InputError(f"{path}: cannot read as Parquet ({e})") from e
+    return _iter_parquet(path)
 
 
 def require_columns(path: Path, fmt: str, columns: list[str]) -> None:
     """Fail early, naming the columns, when a manifest lacks a required column."""
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        names = set(pq.read_schema(path).names)
+        names = set(_parquet_schema(path).names)
     elif fmt in ("csv", "tsv"):
         with path.open(encoding="utf-8", errors="replace") as f:
             names = set(next(csv.reader(f, delimiter="," if fmt == "csv" else "\t"), []))
