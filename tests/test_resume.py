@@ -159,3 +159,17 @@ def test_layout_refused_before_training_and_checkpoints_protected(config_file, t
     r = subprocess.run([*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "6", "--quiet"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_audio_text_training_resumes_bit_exact(tmp_path, tmp_path_factory):
+    from demo_datasets import librispeech_dataset
+
+    config = yaml.safe_load((REPO / "configs/train_audio_text.yaml").read_text())
+    config["data"]["path"] = str(librispeech_dataset(tmp_path_factory.getbasetemp()))
+    path = tmp_path / "audio.yaml"
+    path.write_text(yaml.safe_dump(config))
+    r = check_resume_cli(path, tmp_path / "check", "--steps", 13, "--kill-at", 12, "--set", "train.checkpoint_every=5")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    report = json.loads((tmp_path / "check" / "report.json").read_text())
+    assert report["passed"] and report["steps_compared"] == 3 and report["max_abs_loss_diff"] == 0.0
