@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -169,7 +170,10 @@ def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size:
     """Energon's own validation loader over ``data.val_split`` (no shuffling, no state), or None."""
     from megatron.energon import get_loader, get_val_dataset
 
-    if not cfg.data.val_split:
+    import yaml
+
+    split = Path(cfg.data.path) / ".nv-meta" / "split.yaml"
+    if not cfg.data.val_split or not yaml.safe_load(split.read_text())["split_parts"].get(cfg.data.val_split):
         return None
     encoder = build_encoder(cfg, training=False)
     wc = encoder.worker_config(rank=rank, world_size=world_size, num_workers=0)

@@ -10,7 +10,8 @@ schedule, and rank 0 appends one JSON line to ``OUT/log.jsonl``::
 Every ``checkpoint_every`` steps it saves model, optimizer, scheduler, RNG and every rank's
 loader state atomically (:mod:`energon_platform.checkpoint`). ``--resume`` continues from the
 latest complete checkpoint; the loader continues at the same global batch, on any world size that
-divides the global batch and any number of workers.
+divides the global batch and any number of workers. At every checkpoint it also logs ``val_loss``
+over the dataset's validation split (Energon's own deterministic validation loader).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from energon_platform import checkpoint
 from energon_platform.config import RunConfig
-from energon_platform.loader import TrainLoader
+from energon_platform.loader import TrainLoader, build_val_loader
 from energon_platform.model import CaptionModel
 
 def batch_digest(batch: Any) -> list[str]:
@@ -107,6 +108,24 @@ def _all_reduce(t: torch.Tensor, world: int) -> torch.Tensor:
     return t
 
 
+def evaluate(model: torch.nn.Module, cfg: RunConfig, rank: int, world: int, device: torch.device) -> float | None:
+    """Token-weighted mean loss over the validation split (each rank its share, Energon's
+    deterministic val loader, no augmentation, no dropout); None when there is no val split."""
+    val = build_val_loader(cfg, max(1, cfg.loader.global_batch_size // world), rank, world)
+    if val is None:
+        return None
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    targets = torch.zeros((), dtype=torch.float64, device=device)
+    model.eval()
+    with torch.no_grad():
+        for batch in val:
+            batch = _to(batch, device)
+            total += model(batch).double()
+            targets += batch.loss_mask.sum().double()
+    model.train()
+    return float(_all_reduce(total, world) / _all_reduce(targets, world).clamp(min=1.0))
+
+
 def _lr_lambda(warmup: int, steps: int):
     def f(step: int) -> float:
         if step < warmup:
@@ -178,6 +197,8 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
         sched.step()
         opt.zero_grad(set_to_none=True)
         step += 1
+        save = step % cfg.train.checkpoint_every == 0 or step == total_steps
+        val_loss = evaluate(model, cfg, rank, world, device) if save else None
         gathered = _gather((keys, digests), world)
         if rank == 0:
             row = {"step": step, "loss": loss_value, "keys": [k for g in gathered for k in g[0]],
@@ -185,11 +206,14 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
                    "global_batch": global_batch, "epoch": round(loader.schedule.epoch_of_batch(global_batch), 4),
                    "world_size": world, "num_workers": loader.num_workers,
                    "lr": sched.get_last_lr()[0], "elapsed_s": round(time.perf_counter() - t0, 3)}
+            if val_loss is not None:
+                row["val_loss"] = val_loss
             log.write(json.dumps(row) + "\n")
             log.flush()
             if not quiet:
-                print(f"step {step:5d}  loss {loss_value:.4f}  epoch {row['epoch']:.2f}", flush=True)
-        if step % cfg.train.checkpoint_every == 0 or step == total_steps:
+                val = f"  val loss {val_loss:.4f}" if val_loss is not None else ""
+                print(f"step {step:5d}  loss {loss_value:.4f}  epoch {row['epoch']:.2f}{val}", flush=True)
+        if save:
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
             checkpoint.save(ckpt_dir, step, rank, world, model_state=state if rank == 0 else None,
                             loader_state=loader.state_dict(), barrier=barrier)
