@@ -146,18 +146,23 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
+def _add_run_args(p, workers_help: str) -> None:
+    """Arguments every command that runs the trainer takes."""
+    p.add_argument("--config", required=True, help="run config YAML (see configs/train_*.yaml)")
+    p.add_argument("--num-workers", type=_non_negative, help=workers_help)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="the reference trainer (also under torchrun)",
                        description="Train the reference captioning model on a config. Under `torchrun "
                                    "--nproc-per-node N` every process is one data-parallel rank (gloo on CPU, "
                                    "nccl on GPU). Logs JSON lines to OUT/log.jsonl and checkpoints model, "
                                    "optimizer, RNG and data-loader state atomically.")
-    p.add_argument("--config", required=True, help="run config YAML (see configs/train_*.yaml)")
+    _add_run_args(p, "loader workers per rank (may differ from the saved run)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in OUT")
     p.add_argument("--out", help="output folder (default: train.out of the config)")
     p.add_argument("--steps", type=_positive, help="total steps (default: train.steps of the config)")
-    p.add_argument("--num-workers", type=_non_negative, help="loader workers per rank (may differ from the saved run)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_train)
 
@@ -177,18 +182,16 @@ def _add_check_resume(sub) -> None:
                                    "then resumed from its latest checkpoint (optionally on another layout). "
                                    "Compares sample keys, tensor hashes and loss of every step after the resume "
                                    "point; writes OUT/report.json and OUT/loss.png; exits 1 on any difference.")
-    p.add_argument("--config", required=True)
+    _add_run_args(p, "loader workers per rank (default: the config's)")
     p.add_argument("--steps", type=_positive, required=True, help="steps of both runs")
     p.add_argument("--kill-at", type=_positive, required=True, help="the step during which the second run is killed")
     p.add_argument("--nproc", type=_positive, default=1, help="data-parallel ranks (torchrun) of both runs")
-    p.add_argument("--num-workers", type=_non_negative, help="loader workers per rank (default: the config's)")
     p.add_argument("--resume-nproc", type=_positive, help="ranks for the resumed part (default: --nproc)")
     p.add_argument("--resume-workers", type=_non_negative, help="workers per rank for the resumed part")
     p.add_argument("--tolerance", type=float,
                    help="allowed |loss difference|. Default 0 (bit-exact, right on CPU with the same world size); "
                         "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
                         "sums in another order. Keys and tensors must match exactly in every case")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for both runs")
     p.add_argument("--out", default="out/check-resume", help="where runs, report.json and loss.png go")
     p.set_defaults(func=cmd_check_resume)
 

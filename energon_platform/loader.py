@@ -140,17 +140,15 @@ def check_layout(cfg: RunConfig, world_size: int) -> None:
 
 def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
     """Samples per pack group; checks that loader and encoder agree on whether to pack."""
+    from task_encoders.config import ConfigError
+
     packs = getattr(encoder, "packing_buffer_size", None)
     if configured is None:
         return packs or 1
     if configured > 1 and not packs:
-        from task_encoders.config import ConfigError
-
         raise ConfigError(source, "loader.pack_group", f"{configured} asks for packing, but the encoder's "
                           "packing.enabled is false (set it, or pack_group: 1)")
     if configured == 1 and packs:
-        from task_encoders.config import ConfigError
-
         raise ConfigError(source, "loader.pack_group", "1 disables packing, but the encoder's packing.enabled is "
                           "true (use pack_group >= 2 or null)")
     return configured

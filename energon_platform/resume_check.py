@@ -84,13 +84,13 @@ def _run(cmd: list[str], log: Path) -> None:
                            + log.read_text()[-3000:])
 
 
-def run_killed(spec: RunSpec, out: Path, kill_at: int, timeout: float = 900) -> int:
-    """Start a run and SIGKILL its whole process group once step ``kill_at - 1`` is logged.
-    Returns the last step logged before the kill."""
+def run_killed(spec: RunSpec, out: Path, kill_at: int, timeout: float = 900, resume: bool = False) -> int:
+    """Start a run (``resume``: continue from its latest checkpoint) and SIGKILL its whole process
+    tree once step ``kill_at - 1`` is logged. Returns the last step logged before the kill."""
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "log.jsonl"
     with open(out / "stdout.txt", "ab") as f:
-        proc = subprocess.Popen(trainer_command(spec, out), stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(trainer_command(spec, out, resume), stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline and proc.poll() is None:

@@ -108,12 +108,9 @@ def _all_reduce(t: torch.Tensor, world: int) -> torch.Tensor:
     return t
 
 
-def evaluate(model: torch.nn.Module, cfg: RunConfig, rank: int, world: int, device: torch.device) -> float | None:
-    """Token-weighted mean loss over the validation split (each rank its share, Energon's
-    deterministic val loader, no augmentation, no dropout); None when there is no val split."""
-    val = build_val_loader(cfg, max(1, cfg.loader.global_batch_size // world), rank, world)
-    if val is None:
-        return None
+def evaluate(model: torch.nn.Module, val: Any, world: int, device: torch.device) -> float:
+    """Token-weighted mean loss over the validation loader ``val`` (each rank its share of the
+    split, Energon's deterministic val loader: no augmentation; no dropout)."""
     total = torch.zeros((), dtype=torch.float64, device=device)
     targets = torch.zeros((), dtype=torch.float64, device=device)
     model.eval()
@@ -153,6 +150,7 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps))
     barrier = (lambda: dist.barrier()) if world > 1 else (lambda: None)
+    val = build_val_loader(cfg, max(1, cfg.loader.global_batch_size // world), rank, world)  # re-iterable
 
     step = 0
     if not resume and checkpoint.latest(ckpt_dir) is not None:
@@ -198,7 +196,7 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
         opt.zero_grad(set_to_none=True)
         step += 1
         save = step % cfg.train.checkpoint_every == 0 or step == total_steps
-        val_loss = evaluate(model, cfg, rank, world, device) if save else None
+        val_loss = evaluate(model, val, world, device) if save and val is not None else None
         gathered = _gather((keys, digests), world)
         if rank == 0:
             row = {"step": step, "loss": loss_value, "keys": [k for g in gathered for k in g[0]],

@@ -314,6 +314,15 @@ def child_main(spec: dict) -> dict:
     return result
 
 
+def failed(result: dict, errors: list) -> bool:
+    """True when a child run failed; its error is recorded and printed with the log's tail."""
+    if "error" not in result:
+        return False
+    errors.append(result["error"])
+    print(f"  ERROR: {result['error']}\n{result['log_tail']}", flush=True)
+    return True
+
+
 def run_child(spec: dict, log_dir: Path, name: str, timeout: float) -> dict:
     """Run ``child_main(spec)`` in a new Python process; its output goes to ``log_dir/name.log``."""
     out = log_dir / f"{name}.json"
@@ -544,10 +553,7 @@ def _run(args, work: Path, t_start: float) -> int:
         print(f"[save] {s}: iterating {args.positions[-1] + 1} batches, saving after {args.positions} ...", flush=True)
         r = run_child({**base, "mode": "save", "setting": s, "positions": args.positions, "state_dir": str(state_dir)},
                       log_dir, f"save-{s}", args.child_timeout)
-        if "error" in r:
-            errors.append(r["error"])
-            print(f"  ERROR: {r['error']}\n{r['log_tail']}", flush=True)
-        else:
+        if not failed(r, errors):
             print(f"  {r['seconds']:.1f} s", flush=True)
         saves[s] = r
 
@@ -578,9 +584,7 @@ def _run(args, work: Path, t_start: float) -> int:
                 runs.setdefault((s, p, "fresh"), {})[rep] = f
                 runs.setdefault((s, p, "restore"), {})[rep] = r
                 for x in (f, r):
-                    if "error" in x:
-                        errors.append(x["error"])
-                        print(f"  ERROR: {x['error']}\n{x['log_tail']}", flush=True)
+                    failed(x, errors)
                 fr = f.get("seconds")
                 rr = r.get("seconds")
                 ok = r.get("keys") == info.get("ref_keys")
@@ -610,10 +614,7 @@ def _run(args, work: Path, t_start: float) -> int:
             for s in args.loaders:
                 r = run_child({**base, "mode": "throughput", "setting": s, "throughput_batches": args.throughput_batches},
                               log_dir, f"throughput-{s}-r{rep}", args.child_timeout)
-                if "error" in r:
-                    errors.append(r["error"])
-                    print(f"  ERROR: {r['error']}\n{r['log_tail']}", flush=True)
-                else:
+                if not failed(r, errors):
                     print(f"[throughput {rep + 1}/{args.throughput_repeats}] {s:<17} {r['samples_per_s']:.1f} samples/s", flush=True)
                 throughput.setdefault(s, {"runs": []})["runs"].append(r)
         for s, t in throughput.items():

@@ -66,16 +66,7 @@ def test_killed_twice_in_a_row(config_file, tmp_path):
     out = tmp_path / "twice"
     run_killed(spec, out, 8)
     # the second run resumes from step 5 and is killed again during step 17
-    from energon_platform.resume_check import kill_tree
-
-    import time
-
-    with open(out / "stdout.txt", "ab") as f:
-        proc = subprocess.Popen(trainer_command(spec, out, resume=True), stdout=f, stderr=subprocess.STDOUT)
-        while 16 not in read_log(out / "log.jsonl") and proc.poll() is None:
-            time.sleep(0.002)
-        kill_tree(proc.pid)
-        proc.wait()
+    assert run_killed(spec, out, 17, resume=True) == 16
     lines = _count_lines(out / "log.jsonl")
     _run(trainer_command(spec, out, resume=True), out / "stdout.txt")
     result = compare(read_log(tmp_path / "straight" / "log.jsonl"), read_log(out / "log.jsonl", lines), 16, 24, 0.0)
