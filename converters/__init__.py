@@ -9,14 +9,17 @@ prepare, ``dataset.yaml``).
 Shard contract (what ``task_encoders`` and ``energon_platform`` rely on):
 
 * Output layout: ``OUT/train/shard-000000.tar``, ``OUT/val/shard-000000.tar``, ``OUT/.nv-meta/``
-  (Energon index, ``split.yaml``, ``dataset.yaml``), ``OUT/report.json``.
+  (Energon index, ``split.yaml``, ``dataset.yaml``), ``OUT/report.json``; ``OUT/.convert/`` holds
+  the resume state and the lock (see :mod:`converters.output` for what ``--overwrite`` removes).
 * Tar members: ``KEY.image.<ext>`` (``png`` by default) or ``KEY.audio.<ext>`` (``flac`` by
-  default), plus ``KEY.text.json``. Keys match ``[A-Za-z0-9_-]+`` (no dots: Energon splits member
-  names at the first dot), are unique per dataset and stable across reconversions.
+  default, at the source's 16 or 24 bits; ``wav`` for 32-bit integer and float PCM, which FLAC
+  cannot hold), plus ``KEY.text.json``. ``<ext>`` always names the detected format, never the
+  source file's name; a text-only sample (``convert text``) has ``KEY.text.json`` alone. Keys match ``[A-Za-z0-9_-]+`` (no dots: Energon splits member names at the
+  first dot), are at most 100 characters, unique per dataset and stable across reconversions.
 * ``text.json`` of an image sample: ``{"caption": str, "captions": [str, ...], "source": {...}}``;
-  of an audio sample: ``{"text": str, "source": {...}}``. ``source`` carries provenance: the
-  reader kind, source id, original file name and ``width``/``height`` or ``duration`` and
-  ``sample_rate``.
+  of an audio sample or a text document: ``{"text": str, "source": {...}}``. ``source`` carries
+  provenance: the reader kind, source id, original file name and ``width``/``height`` or
+  ``duration`` and ``sample_rate`` (a document: ``manifest_row``).
 * Image datasets load as Energon's ``CaptioningSample``; audio datasets as
-  :class:`converters.sample_types.AudioTextSample`.
+  :class:`converters.sample_types.AudioTextSample`; text datasets as Energon's ``TextSample``.
 """

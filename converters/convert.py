@@ -1,9 +1,13 @@
 """One conversion end to end: read → plan units → run the pending ones → finish.
 
-Resume contract: ``OUT/.convert/state.json`` holds the fingerprint of (source, options, records).
-Running again with the same arguments skips every unit whose stats file exists and ends with the
-same bytes as an uninterrupted run; a finished output is left untouched; a different input or
-option on an existing output is refused (:class:`ConvertError`) unless ``overwrite``.
+Resume contract: ``OUT/.convert/state.json`` holds the fingerprint of (source, options, records:
+ids, captions, media names and each media file's size and modification time). Running again with
+the same arguments skips every unit whose stats file exists and whose shard has its recorded size,
+and ends with the same bytes as an uninterrupted run. A finished output is left untouched when all
+its shards and index files are there; a missing or resized shard is rewritten (and reported), never
+"nothing to do". A different input or option on an existing output is refused
+(:class:`ConvertError`) unless ``overwrite``, which removes only what a conversion wrote
+(:mod:`converters.output`). The whole run holds OUT's lock.
 """
 
 from __future__ import annotations
@@ -11,19 +15,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from converters import executor
-from converters.energon_meta import prepare
-from converters.media import AudioOptions, ImageOptions
-from converters.readers import audio_manifest, coco, folder, librispeech, manifest
+from converters import executor, remote
+from converters.energon_meta import META, prepare
+from converters.media import AudioOptions, ImageOptions, VideoOptions
+from converters.output import (STATE_FILE, ConvertError, OutputLock, check_not_foreign, check_target, remove,
+                               removal_plan, stale_tmp_files)
+from converters.readers import InputError, audio_manifest, coco, folder, librispeech, llava, manifest, text, video
 from converters.records import ReadResult, drop_duplicates
 from converters.units import WorkUnit, plan_units
-from converters.writer import WriteOptions, atomic_write_bytes, load_stats
+from converters.writer import WriteOptions, atomic_write_bytes, load_stats, write_unit
+
+__all__ = ["ConvertError", "ConvertOptions", "Outcome", "run_conversion", "summarize", "reason_counts"]
 
 READERS: dict[str, Callable[..., ReadResult]] = {
     "coco": coco.read,
@@ -31,13 +38,16 @@ READERS: dict[str, Callable[..., ReadResult]] = {
     "manifest": manifest.read,
     "librispeech": librispeech.read,
     "audio-manifest": audio_manifest.read,
+    "video": video.read,
+    "text": text.read,
+    "llava": llava.read,
 }
-STATE_FILE = ".convert/state.json"
+#: Reader arguments that are input paths (resolved in the state; never inside OUT).
+INPUT_ARGS = ("annotations", "images", "root", "manifest", "json_file")
+#: Files a finished output has besides its shards (the shards' ``.tar.idx`` are checked too).
+FINISHED_FILES = ("report.json", "skipped.jsonl")
+META_FILES = ("index.sqlite", "index.uuid", ".info.json", "split.yaml", "dataset.yaml")
 N_EXAMPLES = 5
-
-
-class ConvertError(Exception):
-    """The conversion cannot start (output holds something else); a one-line message."""
 
 
 @dataclass
@@ -47,17 +57,21 @@ class ConvertOptions:
     val_fraction: float = 0.0
     image: ImageOptions = field(default_factory=ImageOptions)
     audio: AudioOptions = field(default_factory=AudioOptions)
+    video: VideoOptions = field(default_factory=VideoOptions)
     workers: int = 1
     executor: str = "local"  #: "local" or "ray"
     ray_address: str | None = None
     max_error_fraction: float = 0.1
     overwrite: bool = False
     progress: bool = True
+    upload_url: str | None = None  #: set by ``run_conversion`` for ``out=msc://...``: units upload their shards
 
     def output_affecting(self) -> dict:
         """Options that change output bytes (workers and executor do not)."""
         return {"samples_per_shard": self.samples_per_shard, "val_fraction": self.val_fraction,
-                "image": asdict(self.image), "audio": asdict(self.audio)}
+                "image": asdict(self.image), "audio": asdict(self.audio),
+                # only when set: the fingerprints of image/audio conversions stay what they were
+                **({"video": asdict(self.video)} if self.video != VideoOptions() else {})}
 
 
 @dataclass
@@ -65,6 +79,8 @@ class Outcome:
     report: dict
     already_done: bool
     ok: bool  #: False when the skipped fraction exceeds ``max_error_fraction``
+    repaired: list[str] = field(default_factory=list)  #: shards of a finished output found missing/changed
+    uploaded_to: str | None = None  #: the object-storage prefix the conversion was copied to
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -90,26 +106,28 @@ def _records_digest(result: ReadResult) -> str:
     return h.hexdigest()
 
 
-#: Everything a conversion writes into OUT; ``--overwrite`` removes these and nothing else.
-OUTPUT_ENTRIES = ("train", "val", ".nv-meta", ".convert", "report.json", "skipped.jsonl")
+def _read(kind: str, reader_args: dict) -> ReadResult:
+    try:
+        result = READERS[kind](**reader_args)
+    except OSError as e:  # e.g. an unreadable folder met while listing the input
+        raise InputError(f"cannot read the input{f' {e.filename}' if e.filename else ''}: {e.strerror or e}") from e
+    result.records, dup_problems = drop_duplicates(result.records)
+    result.problems += dup_problems
+    return result
 
 
-def remove_conversion(out: Path) -> None:
-    for name in OUTPUT_ENTRIES:
-        p = out / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-
-
-def _check_output(out: Path, state: dict, overwrite: bool) -> bool:
-    """Prepare ``out`` for this conversion; True when it already holds this finished conversion."""
-    state_path = out / STATE_FILE
+def _open_state(out: Path, state: dict, overwrite: bool, lock: OutputLock) -> bool:
+    """Under the lock: make ``out`` hold this conversion's state; True when it holds it finished."""
     if overwrite:
-        remove_conversion(out)
+        plan = removal_plan(out)  # decides everything first; removes nothing unless all is ours
+        lock.announce()
+        remove(plan)
+    state_path = out / STATE_FILE
     if state_path.is_file():
-        old = json.loads(state_path.read_text())
+        try:
+            old = json.loads(state_path.read_text())
+        except ValueError:
+            old = {}
         diff = [k for k in ("source", "options", "records") if old.get(k) != state[k]]
         if diff:
             raise ConvertError(
@@ -117,15 +135,16 @@ def _check_output(out: Path, state: dict, overwrite: bool) -> bool:
                 f"use another --out or pass --overwrite to replace it"
             )
         return bool(old.get("finished"))
-    if out.exists() and any(out.iterdir()):
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in OUTPUT_ENTRIES)
-        raise ConvertError(
-            f"{out} is not empty and holds no energon-platform conversion"
-            + (f" (found {', '.join(foreign[:3])}); choose an empty --out" if foreign else "; pass --overwrite to replace it")
-        )
-    state_path.parent.mkdir(parents=True, exist_ok=True)
+    lock.announce()
     _write_json(state_path, state)
     return False
+
+
+def _finish_files_present(out: Path, stats: dict[str, dict]) -> bool:
+    shards = [s["shard"] for s in stats.values() if s["samples"]]
+    needed = [out / n for n in FINISHED_FILES] + [out / (s + ".idx") for s in shards]
+    needed += [out / META / n for n in META_FILES] if shards else []
+    return all(p.is_file() for p in needed)
 
 
 def _progress(opts: ConvertOptions, total_samples: int, n_units: int, done_units: int, done_samples: int):
@@ -170,27 +189,66 @@ def build_report(result_modality: str, state: dict, units: list[WorkUnit], stats
 
 def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcome:
     """Convert one corpus. Raises ``InputError``/``ConvertError`` before writing anything when the
-    input or output is unusable; bad records never raise."""
-    result = READERS[kind](**reader_args)
-    result.records, dup_problems = drop_duplicates(result.records)
-    result.problems += dup_problems
+    input or output is unusable (and ``ConvertError`` when writing fails); bad records never raise.
+
+    ``opts.out`` may be ``msc://PROFILE/prefix``: the conversion is written to a local staging
+    folder (:func:`converters.remote.staging_dir`, where a killed run resumes), every work unit
+    uploads the shard it wrote (local processes and Ray tasks alike), and the metadata goes up last,
+    so a half-uploaded prefix never looks like a dataset."""
+    if remote.is_remote(opts.out):
+        return _convert_to_object_storage(kind, reader_args, opts)
     out = Path(opts.out)
+    check_target(out, [Path(v) for k, v in reader_args.items() if k in INPUT_ARGS and v])
+    if opts.executor == "ray":
+        executor.check_ray_address(opts.ray_address)
+    result = _read(kind, reader_args)
     state = {
-        "source": {"kind": kind, **{k: (str(Path(v).resolve()) if k in ("annotations", "images", "root", "manifest") else v)
+        "source": {"kind": kind, **{k: (str(Path(v).resolve()) if k in INPUT_ARGS and v else v)
                                     for k, v in reader_args.items()}},
         "options": opts.output_affecting(),
         "records": _records_digest(result),
         "modality": result.modality,
     }
-    finished = _check_output(out, state, opts.overwrite)
-    if finished:
-        report = json.loads((out / "report.json").read_text())
-        return Outcome(report, already_done=True, ok=report["status"] == "ok")
+    check_not_foreign(out)
+    try:
+        with OutputLock(out) as lock:
+            return _convert(out, kind, result, state, opts, lock)
+    except OSError as e:
+        raise ConvertError(f"cannot write to --out {out}: {e.strerror or e}"
+                           + (f" ({e.filename})" if e.filename else "")) from e
 
+
+def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcome:
+    from dataclasses import replace
+
+    url = opts.out.rstrip("/")
+    local = remote.staging_dir(url)
+    outcome = run_conversion(kind, reader_args, replace(opts, out=str(local), upload_url=url))
+    try:
+        remote.upload_dataset(local, url)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ConvertError(f"cannot upload the conversion to {url}: {type(e).__name__}: {e} "
+                           f"(it is kept in {local}; run the same command again to resume)") from e
+    outcome.uploaded_to = url
+    return outcome
+
+
+def _convert(out: Path, kind: str, result: ReadResult, state: dict, opts: ConvertOptions,
+             lock: OutputLock) -> Outcome:
+    finished = _open_state(out, state, opts.overwrite, lock)
     units = plan_units(result.records, opts.samples_per_shard, opts.val_fraction)
     stats = {u.name: s for u in units if (s := load_stats(opts.out, u)) is not None}
     pending = [u for u in units if u.name not in stats]
-    write_opts = WriteOptions(result.modality, kind, opts.image, opts.audio)
+    if finished and not pending and _finish_files_present(out, stats):
+        report = json.loads((out / "report.json").read_text())
+        return Outcome(report, already_done=True, ok=report["status"] == "ok")
+    lock.announce()
+    remove(stale_tmp_files(out))
+    repaired = [u.name for u in pending] if finished else []
+    if finished:  # a kill while repairing must not leave it marked finished
+        _write_json(out / STATE_FILE, state)
+
+    write_opts = WriteOptions(result.modality, kind, opts.image, opts.audio, opts.video)
     bar = _progress(opts, len(result.records), len(units), len(stats),
                     sum(len(u.records) for u in units if u.name in stats))
 
@@ -200,10 +258,11 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
         bar.set_postfix_str(f"shards {len(stats)}/{len(units)}")
 
     try:
+        writer = remote.UploadingWriter(opts.upload_url) if opts.upload_url else write_unit
         if opts.executor == "ray":
-            executor.run_ray(pending, opts.out, write_opts, on_done, opts.workers, opts.ray_address)
+            executor.run_ray(pending, opts.out, write_opts, on_done, opts.workers, opts.ray_address, writer)
         else:
-            executor.run_local(pending, opts.out, write_opts, on_done, opts.workers)
+            executor.run_local(pending, opts.out, write_opts, on_done, opts.workers, writer)
     finally:
         bar.close()
 
@@ -221,7 +280,7 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
         json.dumps(p, sort_keys=True) + "\n" for p in skipped).encode()))
     _write_json(out / "report.json", report)
     _write_json(out / STATE_FILE, {**state, "finished": True})
-    return Outcome(report, already_done=False, ok=report["status"] == "ok")
+    return Outcome(report, already_done=False, ok=report["status"] == "ok", repaired=repaired)
 
 
 def summarize(report: dict) -> str:

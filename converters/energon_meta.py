@@ -1,7 +1,8 @@
 """Make an output folder Energon-ready: Energon's own prepare API plus ``dataset.yaml``.
 
 After :func:`prepare`, ``energon info OUT`` works and ``megatron.energon.get_train_dataset(OUT,
-...)`` yields decoded samples: ``CaptioningSample`` for images, ``AudioTextSample`` for audio.
+...)`` yields decoded samples: ``CaptioningSample`` for images, ``AudioTextSample`` for audio,
+``TextSample`` for text documents (no media part).
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ META = ".nv-meta"
 _SAMPLE_TYPES = {
     "image": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
     "audio": {"__module__": "converters.sample_types", "__class__": "AudioTextSample"},
+    "video": {"__module__": "converters.sample_types", "__class__": "VideoTextSample"},
+    "text": {"__module__": "megatron.energon", "__class__": "TextSample"},
 }
 _FIELDS = {  # sample field -> how to get it, per modality (MEDIA is the media part name)
     "image": {"image": "MEDIA", "caption": "text.json[caption]"},
     "audio": {"audio": "MEDIA", "text": "text.json[text]", "meta": "text.json"},
+    "video": {"video": "MEDIA", "text": "text.json[text]", "meta": "text.json"},
+    "text": {"text": "text.json[text]"},
 }
 
 #: Written to .nv-meta/sample_loader.py when a dataset mixes media extensions (``keep`` mode):
@@ -41,6 +46,10 @@ def part_filter(part):
 
 def dataset_yaml(modality: str, media_parts: list[str]) -> tuple[dict, str | None]:
     """The ``dataset.yaml`` document, and the sample-loader source when one is needed."""
+    if modality == "conversation":  # ConversationSample: image<N> parts + conversation.json
+        from converters.readers.llava import dataset_yaml as conversation_yaml
+
+        return conversation_yaml()
     fields = _FIELDS[modality]
     doc = {"sample_type": _SAMPLE_TYPES[modality]}
     if len(media_parts) <= 1:
@@ -60,10 +69,14 @@ def dataset_yaml(modality: str, media_parts: list[str]) -> tuple[dict, str | Non
 def prepare(out_dir: str, shards: list[str], modality: str, media_parts: list[str], identity: str) -> None:
     """Index the shards with Energon, write the split (``train/``, ``val/`` prefixes) and
     ``dataset.yaml``. ``identity`` (the conversion fingerprint) makes ``index.uuid`` a function
-    of the content instead of a random value, so two conversions of the same input are identical."""
+    of the content instead of a random value, so two conversions of the same input are identical.
+    The index is always built into a fresh ``index.sqlite``: Energon reuses an existing file (left
+    by an interrupted or earlier run) and its bytes would then depend on that file's history."""
     from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 
     out = Path(out_dir)
+    for stale in (out / META).glob("index.sqlite*"):
+        stale.unlink()
     with contextlib.redirect_stdout(io.StringIO()):  # Energon prints progress lines of its own
         BaseWebdatasetFactory.prepare_dataset(
             out,

@@ -27,7 +27,15 @@ REASONS = (
     "invalid_utf8",
     "malformed_line",
     "duplicate_id",
+    "unknown_image_id",  #: a COCO annotation whose image_id names no image (or has another type)
+    "not_a_video",  #: video input that is no media file, or an image
+    "no_video_stream",  #: a media file without a video stream (e.g. audio only)
+    "truncated_video",  #: a video container cut short: unreadable, or fewer frames/seconds than declared
+    "undecodable_video",  #: no decoder for the video codec, or its frames (or audio track) fail to decode
 )
+
+#: Longest key kept verbatim; longer ids are cut and get the hash suffix (``tar x`` needs short names).
+MAX_KEY_LENGTH = 100
 
 
 def stable_hash(text: str, n_hex: int = 16) -> str:
@@ -38,11 +46,13 @@ def stable_hash(text: str, n_hex: int = 16) -> str:
 def make_key(source_id: str) -> str:
     """Map a source id to a sample key matching ``KEY_PATTERN``.
 
-    Ids that already match are kept as they are. Others have every run of disallowed characters
-    replaced by ``_`` and the hash of the *original* id appended, so two ids that differ only in
-    disallowed characters (``a.b`` and ``a_b``) still get different keys. Pure function of the id.
+    Ids that already match and are at most ``MAX_KEY_LENGTH`` characters are kept as they are.
+    Others have every run of disallowed characters replaced by ``_``, are cut to 80 characters and
+    get the hash of the *original* id appended, so two ids that differ only in disallowed characters
+    (``a.b`` and ``a_b``) or after the cut still get different keys (at most 89 characters). Pure
+    function of the id.
     """
-    if KEY_PATTERN.match(source_id):
+    if KEY_PATTERN.match(source_id) and len(source_id) <= MAX_KEY_LENGTH:
         return source_id
     cleaned = _DISALLOWED.sub("_", source_id).strip("_")[:80] or "id"
     return f"{cleaned}-{stable_hash(source_id, 8)}"
@@ -89,22 +99,33 @@ class Problem:
 class ReadResult:
     """A reader's output: records in their final order and problems found while reading."""
 
-    modality: str  #: "image" or "audio"
+    modality: str  #: "image", "audio" or "text" (no media: ``Media.name`` only, for provenance)
     records: list[Record]
     problems: list[Problem]
 
 
+def id_text(value) -> str | None:
+    """A source id read from a manifest or annotation field: ``None`` when there is none (missing,
+    ``null``, empty or not a string/number), so that it never becomes the key ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    text = str(value)
+    return text if text.strip() else None
+
+
 def drop_duplicates(records: list[Record]) -> tuple[list[Record], list[Problem]]:
-    """Keep the first record of each key; every later one becomes a ``duplicate_id`` problem."""
-    seen: dict[str, str] = {}
+    """Keep the first record of each key; every later one becomes a ``duplicate_id`` problem whose
+    detail names both ids and both files."""
+    seen: dict[str, Record] = {}
     kept, problems = [], []
     for rec in records:
-        if rec.key in seen:
-            problems.append(
-                Problem("duplicate_id", rec.source_id, f"key {rec.key!r} already used by {seen[rec.key]!r}")
-            )
+        first = seen.get(rec.key)
+        if first is not None:
+            problems.append(Problem("duplicate_id", rec.source_id,
+                                    f"{rec.media.name}: key {rec.key!r} already used by {first.source_id!r} "
+                                    f"({first.media.name})"))
         else:
-            seen[rec.key] = rec.source_id
+            seen[rec.key] = rec
             kept.append(rec)
     return kept, problems
 

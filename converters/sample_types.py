@@ -21,10 +21,45 @@ class AudioTextSample(Sample):
     ``audio`` is what Energon's decoder returns for an audio part: by default an
     ``megatron.energon.av.AVDecoder`` (call ``get_audio()`` for an ``AVData`` whose
     ``audio_clips[0]`` is a tensor ``(channels, samples)`` at the file's own sample rate, no
-    resampling; its dtype is the file's sample format, e.g. int16 for 16-bit FLAC). ``text`` is the transcript. ``meta`` is the whole
+    resampling; its dtype is the file's sample format: int16 for 16-bit FLAC, int32 for 24-bit FLAC,
+    float32 for float WAV). ``text`` is the transcript. ``meta`` is the whole
     ``text.json`` (provenance: source id, file name, duration, sample rate).
     """
 
     audio: Any
     text: str
+    meta: dict
+
+
+@edataclass
+class VideoTextSample(Sample):
+    """One video and its caption (``energon-platform convert video``).
+
+    ``video`` is what Energon's decoder returns for a ``video.mp4``/``.webm``/``.mkv`` part: by
+    default an ``megatron.energon.av.AVDecoder``, which decodes only what is asked for
+    (``get_video_clips(ranges)`` seeks to the keyframe before each range; frames come out as uint8
+    ``(T, 3, H, W)``; ``get_audio_clips`` for the audio track). ``text`` is the caption (the first
+    one; ``meta["captions"]`` has them all). ``meta`` is the whole ``text.json``; its ``source``
+    has the provenance the converter measured: ``frames``, ``fps``, ``duration``, ``width``,
+    ``height``, ``codec``, ``audio`` (bool), ``container``.
+    """
+
+    video: Any
+    text: str
+    meta: dict
+
+
+@edataclass
+class ConversationSample(Sample):
+    """One instruction conversation (``energon-platform convert llava``).
+
+    ``images``: the sample's images in placeholder order, each what Energon's decoder gives for an
+    image part (float32 (C, H, W) in [0, 1]); empty for a text-only conversation.
+    ``conversation``: the turns as written in the source, ``[{"from": "human" | "gpt" | "system",
+    "value": str}, ...]``, with ``<image>`` placeholders in the text. ``meta``: the whole
+    ``conversation.json`` (provenance: source id, image file names and sizes).
+    """
+
+    images: list
+    conversation: list
     meta: dict

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import webdataset as wds
 
-from converters.media import AudioOptions, ImageOptions, MediaError, encode_audio, encode_image
+from converters.media import (AudioOptions, ImageOptions, MediaError, VideoOptions, encode_audio, encode_image,
+                              encode_video)
 from converters.records import Media, Problem, Record
 from converters.units import WorkUnit
 
@@ -25,10 +26,11 @@ STATS_DIR = ".convert/units"
 
 @dataclass(frozen=True)
 class WriteOptions:
-    modality: str  #: "image" or "audio"
+    modality: str  #: "image", "audio", "video" or "text"
     source_kind: str  #: reader name, stored as provenance
     image: ImageOptions = field(default_factory=ImageOptions)
     audio: AudioOptions = field(default_factory=AudioOptions)
+    video: VideoOptions = field(default_factory=VideoOptions)
 
 
 class _ParquetCells:
@@ -70,15 +72,27 @@ def _read_media(media: Media, cells: _ParquetCells) -> bytes:
 
 
 def encode_record(rec: Record, opts: WriteOptions, cells: _ParquetCells) -> dict:
-    """Record → the sample dict for ``TarWriter`` (``__key__`` plus bytes parts)."""
-    data = _read_media(rec.media, cells)
+    """Record → the sample dict for ``TarWriter`` (``__key__`` plus bytes parts). A ``text``
+    record has no media: its only part is ``text.json`` = ``{"text", "source"}``."""
+    if opts.modality == "conversation":  # LLaVA-style: several images + conversation.json
+        from converters.readers.llava import encode_record as encode_conversation
+
+        return encode_conversation(rec, opts, lambda media: _read_media(media, cells))
     source = {"kind": opts.source_kind, "id": rec.source_id, "file": rec.media.name, **rec.extra}
+    if opts.modality == "text":
+        doc = {"text": rec.texts[0], "source": source}
+        return {"__key__": rec.key, "text.json": json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")}
+    data = _read_media(rec.media, cells)
     if opts.modality == "image":
         ext, payload, info = encode_image(data, opts.image)
         text = {"caption": rec.texts[0], "captions": list(rec.texts), "source": {**source, **info}}
         part = "image"
+    elif opts.modality == "video":
+        ext, payload, info = encode_video(data, opts.video)
+        text = {"text": rec.texts[0], "captions": list(rec.texts), "source": {**source, **info}}
+        part = "video"
     else:
-        ext, payload, info = encode_audio(data, Path(rec.media.name).suffix, opts.audio)
+        ext, payload, info = encode_audio(data, opts.audio)
         text = {"text": rec.texts[0], "source": {**source, **info}}
         part = "audio"
     return {
@@ -133,13 +147,25 @@ def write_unit(unit: WorkUnit, out_dir: str, opts: WriteOptions) -> dict:
     return stats
 
 
+def shard_problem(out_dir, shard: str, size: int) -> str | None:
+    """Why a written shard is no longer what was written (missing, other size), or None.
+    Cheap: existence and size only, never the content. ``out_dir``: a path or an Energon ``EPath``."""
+    path = Path(out_dir) / shard if isinstance(out_dir, (str, Path)) else out_dir / shard  # or an EPath
+    try:
+        actual = path.stat().st_size if isinstance(path, Path) else path.size()
+    except OSError:
+        return f"{shard}: missing"
+    return None if actual == size else f"{shard}: {actual} bytes, {size} written"
+
+
 def load_stats(out_dir: str, unit: WorkUnit) -> dict | None:
-    """The stats of a finished unit, or None when the unit still has to run."""
-    out = Path(out_dir)
-    path = out / STATS_DIR / unit.stats_name
-    if not path.is_file():
+    """The stats of a finished unit, or None when the unit still has to run (no stats, or its
+    shard is missing or changed size since it was written)."""
+    path = Path(out_dir) / STATS_DIR / unit.stats_name
+    try:
+        stats = json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
-    stats = json.loads(path.read_text())
-    if stats["samples"] and not (out / unit.name).is_file():
+    if stats["samples"] and shard_problem(out_dir, unit.name, stats["bytes"]):
         return None
     return stats

@@ -17,6 +17,10 @@ EXAMPLES = """examples:
   energon-platform convert manifest --manifest laion.parquet --image-column jpg --text-column caption --out shards/
   energon-platform convert librispeech --root LibriSpeech/train-clean-100 --out speech/ --workers 8
   energon-platform convert audio-manifest --manifest train.jsonl --out speech/ --executor ray
+  energon-platform convert text --manifest data/text_mini/documents.jsonl --id-column id --out docs/
+  energon-platform convert video --root clips/ --out shards/ --max-side 256 --max-seconds 10
+  energon-platform convert video --manifest webvid.csv --out shards/   # videoid, name, path columns
+  energon-platform convert llava --json llava_instruct.json --images coco/ --out sft/
   energon-platform info shards/
 """
 
@@ -35,6 +39,20 @@ def _non_negative(text: str) -> int:
     return v
 
 
+def _non_negative_float(text: str) -> float:
+    v = float(text)
+    if not v >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return v
+
+
 def _positive(text: str) -> int:
     v = int(text)
     if v < 1:
@@ -45,30 +63,38 @@ def _positive(text: str) -> int:
 def _add_convert(sub) -> None:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("output")
-    g.add_argument("--out", required=True, help="output folder (created; resumable; refused if it holds other data)")
+    g.add_argument("--out", required=True,
+                   help="output folder (created; resumable; refused if it holds other data), or object storage "
+                        "msc://PROFILE/prefix (MSC_CONFIG profile; written to a local staging folder, shards "
+                        "uploaded as they finish, metadata last)")
     g.add_argument("--samples-per-shard", type=_positive, default=512, help="samples per tar shard (default 512)")
     g.add_argument("--val-fraction", type=_fraction, default=0.0,
                    help="fraction of keys (chosen by a hash of the key) written as the val split (default 0)")
     g.add_argument("--image-format", choices=["png", "keep"], default="png",
                    help="png: lossless RGB re-encode with EXIF orientation applied (default); "
                         "keep: original JPEG/PNG/WebP bytes, validated by decoding")
-    g.add_argument("--max-side", type=_positive, help="downscale images whose longest side exceeds this")
+    g.add_argument("--max-side", type=_positive, help="downscale images (convert video: re-encode videos) whose longest side exceeds this")
     g.add_argument("--max-pixels", type=_positive, default=89_478_485,
                    help="reject larger images as decompression bombs (default: PIL's limit)")
     g.add_argument("--audio-format", choices=["flac", "keep"], default="flac",
-                   help="flac: FLAC (FLAC sources kept as they are, others re-encoded; default); keep: original bytes")
+                   help="flac: FLAC at the source's bit depth (16/24; FLAC sources kept; 32-bit and float "
+                        "PCM kept as WAV; default); keep: original FLAC/WAV/MP3 bytes, others as flac. "
+                        "The part is named by the detected format, never the file name")
     g.add_argument("--max-error-fraction", type=_fraction, default=0.1,
                    help="exit non-zero when more than this fraction of samples is skipped (default 0.1)")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing conversion in --out")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an existing conversion in --out; removes only what a conversion wrote and "
+                        "refuses (removing nothing) if --out holds anything else or is being written")
     g = common.add_argument_group("execution")
     g.add_argument("--workers", type=_positive, default=1, help="parallel work units (processes or Ray CPUs)")
     g.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local processes (default) or Ray tasks; same output bytes either way")
-    g.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
+    g.add_argument("--ray-address", help="Ray cluster address HOST:PORT, ray://HOST:PORT or auto (default: start a "
+                                         "local Ray instance); an unreachable one fails within 10 s")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("convert", help="repack a raw corpus into Energon-ready WebDataset shards",
-                       description="Repack a raw image-text or audio-text corpus into deterministic, "
+                       description="Repack a raw image-text, audio-text or text-only corpus into deterministic, "
                                    "Energon-ready WebDataset shards. Bad records are skipped and counted "
                                    "in OUT/report.json and OUT/skipped.jsonl; a killed run resumes where it stopped.",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,7 +103,8 @@ def _add_convert(sub) -> None:
     k.add_argument("--annotations", required=True, help="captions_*.json")
     k.add_argument("--images", required=True, help="folder the json's file_name entries are relative to")
     k = kinds.add_parser("folder", parents=[common], help="images with .txt/.json caption sidecars")
-    k.add_argument("--root", required=True)
+    k.add_argument("--root", required=True,
+                   help="folder searched recursively for images; captions from IMG.txt or IMG.json beside each")
     k = kinds.add_parser("manifest", parents=[common], help="JSONL/CSV/TSV/Parquet image-text manifest")
     k.add_argument("--manifest", required=True, help="paths in it resolve relative to its folder")
     k.add_argument("--image-column", default="image", help="image path, or image bytes in Parquet (default: image)")
@@ -85,9 +112,34 @@ def _add_convert(sub) -> None:
     k.add_argument("--id-column", help="stable sample id (default: the image path, else the row number)")
     k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
     k = kinds.add_parser("librispeech", parents=[common], help="SPK/CHAP/SPK-CHAP-UTT.flac + SPK-CHAP.trans.txt")
-    k.add_argument("--root", required=True)
+    k.add_argument("--root", required=True,
+                   help="LibriSpeech split folder holding SPK/CHAP/ chapters, e.g. LibriSpeech/train-clean-100")
     k = kinds.add_parser("audio-manifest", parents=[common], help='NeMo JSONL {"audio_filepath", "text", "duration"}')
-    k.add_argument("--manifest", required=True)
+    k.add_argument("--manifest", required=True, help="JSONL manifest; audio paths resolve relative to its folder")
+    k = kinds.add_parser("llava", parents=[common], help="LLaVA-style instruction JSON + image folder (conversations)",
+                         description='LLaVA-style instruction data: a JSON array (or JSON lines) of {"id", "image" or '
+                                     '"images", "conversations": [{"from": "human"|"gpt"|"system", "value"}]} with '
+                                     '<image> placeholders; one sample per entry (several images, or none, allowed).')
+    k.add_argument("--json", dest="json_file", required=True, help="the instruction JSON (.json array or .jsonl)")
+    k.add_argument("--images", required=True, help="folder the entries' image paths are relative to")
+    k = kinds.add_parser("text", parents=[common], help="JSONL/Parquet/CSV/TSV of text documents (Energon TextSample)")
+    k.add_argument("--manifest", required=True, help="one document per JSONL line or table row")
+    k.add_argument("--text-column", default="text", help="the document text, a string (default: text)")
+    k.add_argument("--id-column", help="stable document id (default: the row number)")
+    k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
+    k = kinds.add_parser("video", parents=[common], help="videos with .txt/.json sidecars, or a WebVid-style manifest",
+                         description="Videos (MP4/MOV, WebM/MKV kept as their bytes after a full decode check; "
+                                     "other containers re-encoded as MP4) with captions, from a folder or a manifest. "
+                                     "--max-side/--max-seconds re-encode videos that exceed them (H.264, fixed settings).")
+    src = k.add_mutually_exclusive_group(required=True)
+    src.add_argument("--root", help="folder searched recursively for videos; captions from VID.txt or VID.json beside each")
+    src.add_argument("--manifest", help="JSONL/CSV/TSV/Parquet; video paths resolve relative to its folder")
+    k.add_argument("--video-column", default="path", help="video path, or video bytes in Parquet (default: path)")
+    k.add_argument("--text-column", default="name", help="caption or list of captions (default: name, as in WebVid)")
+    k.add_argument("--id-column", default="videoid",
+                   help="stable sample id (default: videoid; '' for the video path without extension)")
+    k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
+    k.add_argument("--max-seconds", type=_positive_float, help="re-encode longer videos, keeping their first seconds")
     p.set_defaults(func=cmd_convert)
 
 
@@ -97,30 +149,41 @@ READER_ARGS = {
     "manifest": ("manifest", "image_column", "text_column", "id_column", "fmt"),
     "librispeech": ("root",),
     "audio-manifest": ("manifest",),
+    "text": ("manifest", "text_column", "id_column", "fmt"),
+    "llava": ("json_file", "images"),
+    "video": ("root", "manifest", "video_column", "text_column", "id_column", "fmt"),
 }
 
 
 def cmd_convert(args) -> int:
     from converters.convert import ConvertOptions, run_conversion, summarize
-    from converters.media import AudioOptions, ImageOptions
+    from converters.media import AudioOptions, ImageOptions, VideoOptions
 
+    video = args.kind == "video"  # --max-side re-encodes videos there, and leaves the image options alone
     opts = ConvertOptions(
         out=args.out, samples_per_shard=args.samples_per_shard, val_fraction=args.val_fraction,
-        image=ImageOptions(args.image_format, args.max_side, args.max_pixels),
+        image=ImageOptions(args.image_format, None if video else args.max_side, args.max_pixels),
         audio=AudioOptions(args.audio_format), workers=args.workers, executor=args.executor,
+        video=VideoOptions(args.max_side, args.max_seconds) if video else VideoOptions(),
         ray_address=args.ray_address, max_error_fraction=args.max_error_fraction,
         overwrite=args.overwrite, progress=not args.no_progress,
     )
     outcome = run_conversion(args.kind, {a: getattr(args, a) for a in READER_ARGS[args.kind]}, opts)
     if outcome.already_done:
         print(f"{args.out}: already converted with these inputs and options; nothing to do")
+    if outcome.repaired:
+        print(f"{args.out}: rewrote {len(outcome.repaired)} shard(s) found missing or changed: "
+              f"{', '.join(outcome.repaired[:5])}{', ...' if len(outcome.repaired) > 5 else ''}")
     print(summarize(outcome.report))
-    print(f"shards: {Path(args.out).resolve()}\nreport: {Path(args.out).resolve() / 'report.json'}")
+    where = outcome.uploaded_to or Path(args.out).resolve()
+    print(f"shards: {where}\nreport: {where}/report.json")
     return 0 if outcome.ok else 1
 
 
 def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="shards, samples per split, modalities and the conversion report of a dataset")
+    p = sub.add_parser("info", help="shards, samples per split, modalities and the conversion report of a dataset",
+                       description="Describe a converted dataset and check that it is whole: exits 1, naming "
+                                   "them, when shards are missing or changed size since the conversion.")
     p.add_argument("path", help="a folder written by `energon-platform convert`")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_info)
@@ -131,7 +194,33 @@ def cmd_info(args) -> int:
 
     info = dataset_info(args.path)
     print(json.dumps(info, indent=1, sort_keys=True) if args.json else info["text"])
-    return 0
+    return 0 if info["healthy"] else 1
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="check every shard of a converted dataset against its recorded sha256",
+                       description="Read every shard of a dataset written by `energon-platform convert` (a folder "
+                                   "or msc://PROFILE/prefix) and compare it with the sha256 its conversion "
+                                   "recorded in report.json. Exits 1 naming each missing or changed shard.")
+    p.add_argument("path", help="the dataset folder or msc:// URL")
+    p.add_argument("--json", action="store_true", help="print the per-shard result as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args) -> int:
+    from converters.verify import verify_dataset
+
+    result = verify_dataset(args.path, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(result, indent=1, sort_keys=True))
+    else:
+        n = len(result["shards"])
+        for name in result["bad"]:
+            print(f"  {result['shards'][name]}: {name}")
+        print(f"{n - len(result['bad'])} of {n} shards intact ({result['bytes'] / 1e6:.1f} MB read)"
+              + ("" if result["ok"] else "; restore them or run the same convert command again"))
+    return 0 if result["ok"] else 1
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -142,13 +231,16 @@ def _overrides(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep:
             raise UsageError(f"--set expects KEY=VALUE, got {pair!r}")
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {pair}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") from None
     return out
 
 
-def _add_run_args(p, workers_help: str) -> None:
+def _add_run_args(p, workers_help: str, config_required: bool = True) -> None:
     """Arguments every command that runs the trainer takes."""
-    p.add_argument("--config", required=True, help="run config YAML (see configs/train_*.yaml)")
+    p.add_argument("--config", required=config_required, help="run config YAML (see configs/train_*.yaml)")
     p.add_argument("--num-workers", type=_non_negative, help=workers_help)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
 
@@ -163,65 +255,167 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in OUT")
     p.add_argument("--out", help="output folder (default: train.out of the config)")
     p.add_argument("--steps", type=_positive, help="total steps (default: train.steps of the config)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="print no per-step lines (warnings and errors still print)")
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args) -> int:
     from energon_platform.config import load_config
-    from energon_platform.train import train
+    from energon_platform.training.train import train
 
     cfg = load_config(args.config, _overrides(args.set))
     train(cfg, resume=args.resume, num_workers=args.num_workers, out=args.out, steps=args.steps, quiet=args.quiet)
     return 0
 
 
+CHECK_RESUME_EXAMPLES = """examples:
+  energon-platform check-resume --config configs/train_image_text.yaml --steps 30 --kill-at 17
+  energon-platform check-resume --steps 12 --kill-at 8 \\
+      --cmd "torchrun --standalone --nproc-per-node 2 scripts/examples/torchtitan_style_loop.py --config run.yaml --out {out} --steps 12" \\
+      --resume-cmd "torchrun --standalone --nproc-per-node 2 scripts/examples/torchtitan_style_loop.py --config run.yaml --out {out} --steps 12 --resume"
+  energon-platform check-resume --steps 12 --kill-at 8 --log-format megatron \\
+      --cmd "python scripts/examples/megatron_style_loop.py --config run.yaml --save {out} --train-iters 12" \\
+      --resume-cmd "python scripts/examples/megatron_style_loop.py --config run.yaml --save {out} --load {out} --train-iters 12"
+  ... --log-format regex --regex 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\deE]+)'   # any other trainer's lines
+"""
+
+
 def _add_check_resume(sub) -> None:
     p = sub.add_parser("check-resume", help="kill a run with SIGKILL mid-step, resume it, compare with an uninterrupted run",
-                       description="Run the trainer twice: straight through, and killed with SIGKILL during step K "
-                                   "then resumed from its latest checkpoint (optionally on another layout). "
-                                   "Compares sample keys, tensor hashes and loss of every step after the resume "
-                                   "point; writes OUT/report.json and OUT/loss.png; exits 1 on any difference.")
-    _add_run_args(p, "loader workers per rank (default: the config's)")
+                       description="Run a trainer twice: straight through, and killed with SIGKILL (its whole "
+                                   "process tree) during step K, then resumed from its latest checkpoint. Compares "
+                                   "every step after the resume point; writes OUT/report.json and OUT/loss.png; "
+                                   "exits 1 on any difference. Two forms: --config runs the reference trainer "
+                                   "(optionally resumed on another layout) and compares sample keys, tensor hashes "
+                                   "and loss; --cmd/--resume-cmd run any training command, {out} in them being each "
+                                   "run's own folder, and read its steps from a log (--log-format): exact (keys, "
+                                   "digests, loss) where the log carries keys and batch digests (StepLog), else "
+                                   "|Δloss| <= 0.01 at every compared step.",
+                       epilog=CHECK_RESUME_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_args(p, "loader workers per rank (default: the config's)", config_required=False)
     p.add_argument("--steps", type=_positive, required=True, help="steps of both runs")
-    p.add_argument("--kill-at", type=_positive, required=True, help="the step during which the second run is killed")
-    p.add_argument("--nproc", type=_positive, default=1, help="data-parallel ranks (torchrun) of both runs")
+    p.add_argument("--kill-at", type=_positive, required=True,
+                   help="the step during which the second run is killed; after the first checkpoint "
+                        "(> train.checkpoint_every), so that there is a state to restore")
+    p.add_argument("--nproc", type=_positive, help="data-parallel ranks (torchrun) of both runs (default 1)")
     p.add_argument("--resume-nproc", type=_positive, help="ranks for the resumed part (default: --nproc)")
     p.add_argument("--resume-workers", type=_non_negative, help="workers per rank for the resumed part")
-    p.add_argument("--tolerance", type=float,
+    p.add_argument("--tolerance", type=_non_negative_float,
                    help="allowed |loss difference|. Default 0 (bit-exact, right on CPU with the same world size); "
                         "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
-                        "sums in another order. Keys and tensors must match exactly in every case")
+                        "sums in another order. Keys and tensors must match exactly in every case. With --cmd: "
+                        "0 when the log carries keys and batch digests, else 0.01")
     p.add_argument("--out", default="out/check-resume", help="where runs, report.json and loss.png go")
+    g = p.add_argument_group("any training command (instead of --config)")
+    g.add_argument("--cmd", help="the training command (a shell command line) that runs --steps steps and "
+                                 "checkpoints into {out}; e.g. \"torchrun ... train.py --out {out}\"")
+    g.add_argument("--resume-cmd", help="the command that continues a run from its latest checkpoint in {out}")
+    g.add_argument("--log", help="the steps' log, with {out} (default: {out}/steps.jsonl for jsonl, else the "
+                                 "command's own output)")
+    g.add_argument("--log-format", choices=["jsonl", "megatron", "torchtitan", "regex"],
+                   help="jsonl (default): StepLog's JSON lines; megatron: Megatron-LM's 'iteration N/ M | ... | "
+                        "lm loss: X |' lines (--log-interval 1); torchtitan: its 'step: N  loss: X' lines; "
+                        "regex: --regex")
+    g.add_argument("--regex", help="with --log-format regex: a Python regex with named groups step and loss")
+    g.add_argument("--timeout", type=_positive_float, default=3600, help="seconds each run may take (default 3600)")
     p.set_defaults(func=cmd_check_resume)
 
 
-def cmd_check_resume(args) -> int:
-    from energon_platform.resume_check import RunSpec, check_resume, verdict
+def _check_resume_cmd(args) -> int:
+    """``check-resume --cmd ... --resume-cmd ...`` (any training command)."""
+    from energon_platform.training.resume_check import CommandSpec, RunFailed, check_resume_cmd, verdict
 
-    from energon_platform.config import load_config
-    from energon_platform.source import SampleSource
-
-    from energon_platform.loader import check_layout
-
-    cfg = load_config(args.config, _overrides(args.set))  # fail here, in one line, not in a child
-    SampleSource(str(cfg.data.path), cfg.data.train_split)
-    for world in {args.nproc, args.resume_nproc or args.nproc}:
-        check_layout(cfg, world)
-    spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
-    if args.tolerance is None:
-        args.tolerance = 1e-5 if args.resume_nproc not in (None, args.nproc) else 0.0
+    if args.config is not None:
+        raise UsageError("--config and --cmd are two forms of the check: give one of them")
+    if not args.cmd or not args.resume_cmd:
+        raise UsageError("--cmd and --resume-cmd go together: the command, and the one that continues it from its "
+                         "latest checkpoint in {out}")
+    for flag, value in (("--nproc", args.nproc), ("--resume-nproc", args.resume_nproc),
+                        ("--resume-workers", args.resume_workers), ("--num-workers", args.num_workers),
+                        ("--set", args.set)):
+        if value is not None:
+            raise UsageError(f"{flag} goes with --config (the reference trainer); with --cmd, put the layout and "
+                             f"settings in the commands themselves")
     if not 2 <= args.kill_at <= args.steps:
         raise UsageError(f"--kill-at must be between 2 and --steps ({args.steps})")
+    spec = CommandSpec(args.cmd, args.resume_cmd, args.steps, args.log, args.log_format or "jsonl", args.regex,
+                       args.tolerance, args.timeout)
     try:
-        result = check_resume(spec, args.kill_at, Path(args.out), args.resume_nproc, args.resume_workers,
-                              args.tolerance)
-    except RuntimeError as e:  # a trainer process failed: its output tail is in the message
+        spec.reader()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        result = check_resume_cmd(spec, args.kill_at, Path(args.out))
+    except RunFailed as e:  # a run failed, or logged nothing we can read: its output tail is in the message
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
         return 1
     print(verdict(result))
     print(f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}")
     return 0 if result["passed"] else 1
+
+
+def cmd_check_resume(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.loader.train_loader import check_layout
+    from energon_platform.training.preflight import preflight
+    from energon_platform.training.resume_check import RunFailed, RunSpec, check_resume, verdict
+
+    if args.cmd is not None or args.resume_cmd is not None:
+        return _check_resume_cmd(args)
+    if args.config is None:
+        raise UsageError("give --config FILE (the reference trainer) or --cmd and --resume-cmd (any training command)")
+    for flag, value in (("--log", args.log), ("--log-format", args.log_format), ("--regex", args.regex)):
+        if value is not None:
+            raise UsageError(f"{flag} goes with --cmd; the reference trainer (--config) logs its own steps")
+    args.nproc = args.nproc or 1
+    cfg = load_config(args.config, _overrides(args.set))  # fail here, in one line, not in a child
+    for world in {args.nproc, args.resume_nproc or args.nproc}:
+        check_layout(cfg, world)
+    if not 2 <= args.kill_at <= args.steps:
+        raise UsageError(f"--kill-at must be between 2 and --steps ({args.steps})")
+    first_checkpoint = min(cfg.train.checkpoint_every, args.steps)
+    if args.kill_at <= first_checkpoint:
+        raise UsageError(f"--kill-at {args.kill_at} is at or before the first checkpoint (step {first_checkpoint}, "
+                         f"train.checkpoint_every): the resumed run would restore no state and prove nothing; use "
+                         f"--kill-at > {first_checkpoint} or a smaller train.checkpoint_every")
+    preflight(cfg)  # the dataset, encoder and model fit: refused here rather than in a child's log
+    spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
+    if args.tolerance is None:
+        args.tolerance = 1e-5 if args.resume_nproc not in (None, args.nproc) else 0.0
+    try:
+        result = check_resume(spec, args.kill_at, Path(args.out), args.resume_nproc, args.resume_workers,
+                              args.tolerance)
+    except RunFailed as e:  # a trainer process failed: its output tail is in the message
+        print(f"energon-platform check-resume: {e}", file=sys.stderr)
+        return 1
+    print(verdict(result))
+    print(f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}")
+    return 0 if result["passed"] else 1
+
+
+def _add_preview(sub) -> None:
+    p = sub.add_parser("preview", help="draw a contact sheet of encoded training samples (PNG)",
+                       description="Encode the first training samples of a run config (any encoder, blends "
+                                   "included) or of a dataset with energon-platform's loader and draw them: "
+                                   "augmented images and tiles with their decoded text, a video clip's frames in a "
+                                   "row, an audio sample's mel spectrogram with its transcript.")
+    p.add_argument("target", metavar="CONFIG_OR_DATASET",
+                   help="a run config (data + encoder), a dataset folder or a metadataset YAML")
+    p.add_argument("--out", required=True, help="the PNG to write")
+    p.add_argument("--n", type=_positive, default=16, help="documents on the sheet (default 16)")
+    p.add_argument("--encoder", help="encoder config YAML (default: the run config's, or chosen by the dataset's "
+                                     "sample type; a metadataset needs one)")
+    p.set_defaults(func=cmd_preview)
+
+
+def cmd_preview(args) -> int:
+    from task_encoders.preview import preview
+
+    if not Path(args.target).exists():
+        raise UsageError(f"{args.target}: no such run config, dataset or metadataset")
+    info = preview(args.target, args.out, n=args.n, encoder=args.encoder)
+    print(f"{info['path']}: {info['documents']} documents, {info['width']}x{info['height']} px")
+    return 0
 
 
 class UsageError(Exception):
@@ -236,18 +430,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_convert(sub)
     _add_info(sub)
+    _add_verify(sub)
     _add_train(sub)
     _add_check_resume(sub)
+    _add_preview(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from converters.convert import ConvertError
     from converters.readers import InputError
-    from energon_platform.checkpoint import CheckpointError
-    from energon_platform.schedule import LayoutError
-    from energon_platform.source import DatasetError
-    from energon_platform.state import StateMismatchError
+    from energon_platform.training.checkpoint import CheckpointError
+    from energon_platform.loader.schedule import LayoutError
+    from energon_platform.loader.source import DatasetError
+    from energon_platform.loader.state import StateMismatchError
     from task_encoders.config import ConfigError
 
     args = build_parser().parse_args(argv)

@@ -8,9 +8,11 @@ resolve against the YAML file's folder.
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from task_encoders.config import At, ConfigError, parse, read_yaml, require
 
@@ -20,11 +22,26 @@ __all__ = ["ConfigError", "RunConfig", "load_config"]
 @dataclass(frozen=True)
 class DataConfig:
     """``data:``: ``path`` of a dataset written by ``energon-platform convert`` (or any Energon
-    webdataset); ``train_split``/``val_split`` name its splits (``val_split: null`` for none)."""
+    webdataset), a local folder or ``msc://PROFILE/prefix`` on object storage (then kept as that
+    string); ``train_split``/``val_split`` name its splits (``val_split: null`` for none)."""
 
     path: Path
     train_split: str = "train"
     val_split: str | None = "val"
+
+
+@dataclass(frozen=True)
+class BlendStep:
+    """One entry of ``loader.blend_schedule``: from global step ``step`` on, the blend uses
+    ``weights`` (dataset name → weight; names as ``energon-platform`` logs them, datasets not
+    named get weight 0)."""
+
+    step: int
+    weights: dict[str, float]
+
+    def check(self, at: At) -> None:
+        require(all(w >= 0 for w in self.weights.values()) and sum(self.weights.values()) > 0,
+                at.child("weights"), f"got {self.weights}", "weights >= 0 with a positive sum")
 
 
 @dataclass(frozen=True)
@@ -36,8 +53,16 @@ class LoaderConfig:
     on a rank (None: the rank's whole share, i.e. no gradient accumulation). ``pack_group``:
     samples handed to the encoder's packer together; None: the encoder's ``packing.buffer_size``
     when its packing is enabled, else 1 (no packing). ``shuffle_buffer``: None for
-    a full permutation per epoch, K for a windowed shuffle of K (shard-local reads).
+    a full permutation per epoch, K for a windowed shuffle of K (shard-local reads);
+    ``shuffle_run``: with ``shuffle_buffer``, runs of this many consecutive samples stay together
+    (one read each on object storage; see :mod:`energon_platform.loader.orders`).
     ``num_workers`` may change between save and restore; the others may not.
+
+    Blends (``data.path`` an Energon metadataset): ``blend_unit``: ``sample`` (datasets interleave
+    sample by sample) or ``batch`` (every micro-batch from one dataset; needs ``micro_batch_size``).
+    ``blend_schedule``: weights from given steps (a curriculum), overriding the metadataset's
+    weights from each entry's step on. Weights may change at resume and datasets may be added; the
+    history is kept in the loader state.
     """
 
     global_batch_size: int = 8
@@ -47,22 +72,24 @@ class LoaderConfig:
     shuffle_buffer: int | None = None
     pack_group: int | None = None
     prefetch_factor: int = 2
+    shuffle_run: int = 1
+    blend_unit: Literal["sample", "batch"] = "sample"
+    blend_schedule: tuple[BlendStep, ...] = ()
 
     def check(self, at: At) -> None:
-        require(self.global_batch_size >= 1, at.child("global_batch_size"), f"got {self.global_batch_size}", ">= 1")
-        require(self.micro_batch_size is None or self.micro_batch_size >= 1, at.child("micro_batch_size"),
-                f"got {self.micro_batch_size}", ">= 1 or null")
-        require(self.num_workers >= 0, at.child("num_workers"), f"got {self.num_workers}", ">= 0")
-        require(self.shuffle_buffer is None or self.shuffle_buffer >= 1, at.child("shuffle_buffer"),
-                f"got {self.shuffle_buffer}", ">= 1 or null")
-        require(self.pack_group is None or self.pack_group >= 1, at.child("pack_group"), f"got {self.pack_group}",
-                ">= 1 or null")
-        require(self.prefetch_factor >= 1, at.child("prefetch_factor"), f"got {self.prefetch_factor}", ">= 1")
+        _at_least(self, at, global_batch_size=1, num_workers=0, prefetch_factor=1, seed=0, shuffle_run=1)
+        require(self.shuffle_run == 1 or self.shuffle_buffer is not None, at.child("shuffle_run"),
+                f"got {self.shuffle_run} with shuffle_buffer null", "1 unless shuffle_buffer is set")
+        steps = [b.step for b in self.blend_schedule]
+        require(steps == sorted(set(steps)) and all(s >= 0 for s in steps), at.child("blend_schedule"),
+                f"steps {steps}", "increasing steps >= 0")
+        require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
+        _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """``model:``: the reference captioning model (see :mod:`energon_platform.model`)."""
+    """``model:``: the reference captioning model (see :mod:`energon_platform.training.model`)."""
 
     dim: int = 64
     layers: int = 2
@@ -71,8 +98,10 @@ class ModelConfig:
     dropout: float = 0.0
 
     def check(self, at: At) -> None:
+        _at_least(self, at, dim=1, layers=0, heads=1, patch=1)
         require(self.dim % self.heads == 0, at.child("dim"), f"{self.dim} is not divisible by heads={self.heads}",
                 "a multiple of heads")
+        require(0.0 <= self.dropout < 1.0, at.child("dropout"), f"got {self.dropout}", "a number in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -89,9 +118,18 @@ class TrainConfig:
     out: Path = Path("out/train")
 
     def check(self, at: At) -> None:
-        require(self.steps >= 1, at.child("steps"), f"got {self.steps}", ">= 1")
-        require(self.checkpoint_every >= 1, at.child("checkpoint_every"), f"got {self.checkpoint_every}", ">= 1")
-        require(self.keep_checkpoints >= 1, at.child("keep_checkpoints"), f"got {self.keep_checkpoints}", ">= 1")
+        _at_least(self, at, steps=1, warmup=0, checkpoint_every=1, keep_checkpoints=1, weight_decay=0.0)
+        require(self.lr > 0 and math.isfinite(self.lr), at.child("lr"), f"got {self.lr}", "a finite number > 0")
+
+
+def _at_least(section: Any, at: At, null_ok: bool = False, **lowest: float) -> None:
+    """ConfigError naming the key unless every ``section.<key> >= lowest[key]`` (or null if ``null_ok``)."""
+    for name, low in lowest.items():
+        value = getattr(section, name)
+        if value is None and null_ok:
+            continue
+        require(value is not None and value >= low, at.child(name), f"got {value}",
+                f">= {low}" + (" or null" if null_ok else ""))
 
 
 @dataclass(frozen=True)
@@ -113,14 +151,26 @@ class RunConfig:
 def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) -> RunConfig:
     """Read and validate a run config. ``overrides``: ``{"train.steps": 10, ...}`` applied first."""
     if isinstance(path_or_dict, dict):
-        data, at = dict(path_or_dict), At()
+        data, at = copy.deepcopy(path_or_dict), At()  # overrides never touch the caller's sections
     else:
         data, at = read_yaml(path_or_dict)
     for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+        _set_dotted(data, dotted, value, at)
     data["source"] = at.source
     return parse(RunConfig, data, at)
+
+
+def _set_dotted(data: dict, dotted: str, value: Any, at: At) -> None:
+    """``data["train"]["steps"] = value`` for ``dotted="train.steps"``; ConfigError naming the key
+    when a part is empty or a parent is a value, not a section."""
+    *parents, leaf = dotted.split(".")
+    if not all(parents) or not leaf:
+        raise ConfigError(at.source, dotted, "not a key (expected SECTION.KEY, e.g. train.steps)")
+    node = data
+    for i, name in enumerate(parents):
+        if node.get(name) is None:
+            node[name] = {}
+        node = node[name]
+        if not isinstance(node, dict):
+            raise ConfigError(at.source, ".".join(parents[: i + 1]), f"is {node!r}, not a section; cannot set {dotted}")
+    node[leaf] = value

@@ -15,6 +15,10 @@ DataLoader workers each:
   ``random`` per sample);
 * (d) ``schedule``: the same encoder through energon_platform's ``TrainLoader`` (global schedule,
   O(1) restore, elastic layouts) at the same physical layout as (a). Target: d/a >= 0.95.
+* (e) ``blend``: our ``TrainLoader`` over an Energon metadataset blending the dataset with itself
+  at weights 3:1 (two independent streams, exact ratios), against (f) ``energon_blend``: Energon's
+  own blend of the same metadataset (``get_train_dataset`` → ``get_savable_loader``), same
+  encoder, same layout. Target: e/f >= 1.0.
 
 Each is timed over ``--batches`` batches after ``--warmup`` batches, ``--rounds`` times in
 alternation; the table shows the median round, as samples per wall-clock second and as samples per
@@ -127,12 +131,21 @@ def time_batches(make: Callable[[], Any], warmup: int, batches: int, batch_size:
     return batches * batch_size / wall, batches * batch_size / cpu
 
 
+def blend_metadataset(dataset: Path, out: Path) -> Path:
+    """A ``MetadatasetV2`` blending ``dataset`` with itself at weights 3:1."""
+    import yaml
+
+    out.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
+        "train": {"blend": [{"weight": 3, "path": str(dataset)}, {"weight": 1, "path": str(dataset)}]}}}))
+    return out
+
+
 def schedule_loader(config: Path, dataset: Path, workers: int, batch_size: int) -> Any:
     """energon_platform's TrainLoader: one rank, ``workers`` workers, global batch = batch size."""
     from energon_platform.config import load_config
-    from energon_platform.loader import TrainLoader
+    from energon_platform.loader.train_loader import TrainLoader
 
-    return TrainLoader(load_config({"data": {"path": str(dataset)}, "encoder": str(config),
+    return TrainLoader(load_config({"data": {"path": str(dataset), "val_split": None}, "encoder": str(config),
                                     "loader": {"global_batch_size": batch_size, "num_workers": workers,
                                                "shuffle_buffer": SHUFFLE}}))
 
@@ -154,6 +167,8 @@ def throughput(dataset: Path, config: Path, args: argparse.Namespace) -> dict:
         "webdataset": lambda: webdataset_loader(ours, dataset, args.workers, args.batch_size),
         "restore_seeds": lambda: energon_loader(theirs, dataset, args.workers, args.batch_size),
         "schedule": lambda: schedule_loader(config, dataset, args.workers, args.batch_size),
+        "blend": lambda: schedule_loader(config, args.blend, args.workers, args.batch_size),
+        "energon_blend": lambda: energon_loader(ours, args.blend, args.workers, args.batch_size),
     }
     rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
     for r in range(args.rounds):
@@ -171,6 +186,8 @@ def throughput(dataset: Path, config: Path, args: argparse.Namespace) -> dict:
         "cpu_ratio_a_c": cpu["ours"] / cpu["restore_seeds"],
         "ratio_d_a": wall["schedule"] / wall["ours"],
         "cpu_ratio_d_a": cpu["schedule"] / cpu["ours"],
+        "ratio_e_f": wall["blend"] / wall["energon_blend"],
+        "cpu_ratio_e_f": cpu["blend"] / cpu["energon_blend"],
     }
 
 
@@ -239,7 +256,9 @@ def report(result: dict) -> str:
     names = {"ours": "(a) ours: Energon savable loader, per-key seeds",
              "webdataset": "(b) plain webdataset + DataLoader",
              "restore_seeds": "(c) Energon savable loader, @stateless(restore_seeds=True)",
-             "schedule": "(d) ours: energon_platform TrainLoader (elastic schedule)"}
+             "schedule": "(d) ours: energon_platform TrainLoader (elastic schedule)",
+             "blend": "(e) ours: TrainLoader over a 3:1 metadataset blend",
+             "energon_blend": "(f) Energon's own blend of the same metadataset"}
     lines = [f"dataset {result['dataset']}: {result['settings']}",
              f"load average before/after: {result['load_before']} / {result['load_after']} on {os.cpu_count()} CPUs", "",
              f"{'loader':<62} {'samples/s':>10} {'per CPU-s':>10}", "-" * 84]
@@ -247,7 +266,9 @@ def report(result: dict) -> str:
     lines += ["", f"samples/s:         a/b = {t['ratio_a_b']:.3f} (target >= 0.95)   a/c = {t['ratio_a_c']:.3f} (target >= 1.0)",
               f"samples per CPU-s: a/b = {t['cpu_ratio_a_b']:.3f}                  a/c = {t['cpu_ratio_a_c']:.3f}",
               f"elastic schedule vs plain Energon, same layout: d/a = {t['ratio_d_a']:.3f} (target >= 0.95), "
-              f"per CPU-s {t['cpu_ratio_d_a']:.3f}", "",
+              f"per CPU-s {t['cpu_ratio_d_a']:.3f}",
+              f"blend, ours vs Energon's, same metadataset and layout: e/f = {t['ratio_e_f']:.3f} (target >= 1.0), "
+              f"per CPU-s {t['cpu_ratio_e_f']:.3f}", "",
               f"padding at seq_len={p['seq_len']} over {p['documents']} captions "
               f"({p['mean_doc_tokens']:.1f} tokens each): packed {100 * p['padding_packed']:.2f}% "
               f"in {p['rows']} rows (buffer {p['packing_buffer_size']}; target <= 3%), "
@@ -272,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         dataset = args.dataset or generated_dataset(tmp, args.images)
+        args.blend = blend_metadataset(dataset, tmp / "blend.yaml")
         coco = REPO / "data" / "coco_mini"
         captions = convert_coco(coco / "captions.json", coco / "images", tmp / "coco_mini")
         settings = {k: getattr(args, k) for k in ("workers", "batch_size", "warmup", "batches", "rounds")}

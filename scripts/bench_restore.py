@@ -144,7 +144,7 @@ def build_dataset(workdir: Path, n: int, workers: int) -> tuple[Path, dict]:
 
 
 def dataset_facts(path: Path) -> dict:
-    from energon_platform.source import SampleSource
+    from energon_platform.loader.source import SampleSource
 
     src = SampleSource(str(path), "train")
     return {"path": str(path), "num_samples": len(src), "num_shards": len(src.shard_counts)}
@@ -160,7 +160,7 @@ def _import_all() -> None:
     from transformers import AutoTokenizer  # noqa: F401  (lazy module: this attribute access imports it)
     from megatron.energon import get_savable_loader, get_train_dataset  # noqa: F401
 
-    import energon_platform.loader  # noqa: F401
+    import energon_platform.loader.train_loader  # noqa: F401
     from energon_platform.config import load_config  # noqa: F401
     from task_encoders.registry import available
 
@@ -174,7 +174,7 @@ class Loader:
         self.setting = setting
         if setting == "ours":
             from energon_platform.config import load_config
-            from energon_platform.loader import TrainLoader
+            from energon_platform.loader.train_loader import TrainLoader
 
             cfg = load_config({
                 "data": {"path": spec["dataset"], "train_split": "train", "val_split": None},

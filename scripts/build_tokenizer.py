@@ -15,6 +15,13 @@ back exactly for any string (all 256 bytes are in the base alphabet; ``<unk>`` i
 produced). Special tokens: ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, ``<unk>``=3. Encoding does NOT
 insert ``<bos>``/``<eos>`` by itself: task encoders add them explicitly where they want them.
 
+Added special tokens (``ADDED_SPECIAL_TOKENS``): ``<image>``, the image placeholder of
+vision-language encoders and of megatron-core's ``LLaVAModel`` (``IMAGE_TOKEN``). BPE is trained to
+``--vocab-size`` minus their number, and they are appended after it, as Megatron-LM's
+``--special-tokens`` appends them to a tokenizer folder: ``<image>`` = 2047, the vocabulary stays
+2048 in all. Adding it this way kept every other id of the earlier 2048-token tokenizer; only its
+last merge (``Ġteacher``, in none of the corpora's captions or transcripts) is gone.
+
 Output (``--out``, default ``task_encoders/assets/tokenizer/``): ``tokenizer.json``,
 ``tokenizer_config.json`` (``tokenizer_class`` ``PreTrainedTokenizerFast``,
 ``model_max_length`` 4096) and ``special_tokens_map.json``, loadable offline with
@@ -41,6 +48,7 @@ DEFAULT_OUT = REPO_ROOT / "task_encoders" / "assets" / "tokenizer"
 
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0, 1, 2, 3
+ADDED_SPECIAL_TOKENS = ["<image>"]  # appended after the BPE vocabulary: id 2047
 MODEL_MAX_LENGTH = 4096
 
 ENGLISH_TEXT = [
@@ -143,6 +151,10 @@ def train(lines: list[str], vocab_size: int):
     tok.train_from_iterator(lines, trainer=trainer, length=len(lines))
     for i, t in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
+    base = tok.get_vocab_size()
+    tok.add_special_tokens(ADDED_SPECIAL_TOKENS)
+    for i, t in enumerate(ADDED_SPECIAL_TOKENS):
+        assert tok.token_to_id(t) == base + i, (t, tok.token_to_id(t))
     return tok
 
 
@@ -169,9 +181,9 @@ def save(tok, out: Path) -> None:
         "clean_up_tokenization_spaces": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": True}
-            for i, t in enumerate(SPECIAL_TOKENS)
+            str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                      "single_word": False, "special": True}
+            for t in SPECIAL_TOKENS + ADDED_SPECIAL_TOKENS
         },
         **special,
     }
@@ -186,6 +198,10 @@ def check(out: Path, probes: list[str]) -> None:
     t = AutoTokenizer.from_pretrained(str(out))
     assert t.is_fast, type(t)
     assert (t.pad_token_id, t.bos_token_id, t.eos_token_id, t.unk_token_id) == (0, 1, 2, 3)
+    for token in ADDED_SPECIAL_TOKENS:
+        token_id = t.convert_tokens_to_ids(token)
+        assert t.encode(f"{token}\nA photo.", add_special_tokens=False)[0] == token_id, token
+        assert t.decode([token_id], skip_special_tokens=True) == ""
     for s in probes:
         ids = t.encode(s, add_special_tokens=False)
         back = t.decode(ids, skip_special_tokens=True)
@@ -209,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     lines = read_corpus(args.data)
-    tok = train(lines, args.vocab_size)
+    tok = train(lines, args.vocab_size - len(ADDED_SPECIAL_TOKENS))
     save(tok, args.out)
     probes = ["a large red circle on a light blue background", "NOTE C NOTE E NOTE G",
               "A smiling astronaut in an orange spacesuit.", "  two  spaces, tabs\tand ünïcödé ✓"]
@@ -217,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         check(args.out, probes)
     n_words = sum(len(x.split()) for x in lines)
     example = tok.encode(probes[0]).tokens
-    print(f"tokenizer: vocab {tok.get_vocab_size()} (target {args.vocab_size}), trained on "
+    print(f"tokenizer: vocab {tok.get_vocab_size()} (target {args.vocab_size}, added {ADDED_SPECIAL_TOKENS}), trained on "
           f"{len(lines)} lines / {n_words} words; wrote {args.out}")
     print(f"  {probes[0]!r} -> {len(example)} tokens {example}")
     return 0

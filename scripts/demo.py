@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """The main job end to end on the embedded default data (what `make demo` runs).
 
-1. convert the embedded COCO-style corpus and LibriSpeech-style corpus into Energon-ready shards;
-2. show one decoded, augmented batch per modality (image-text, packed text, audio-text);
-3. train the reference model, kill it with SIGKILL in the middle of a step, resume it, and check
-   that every step after the resume matches an uninterrupted run bit for bit.
+1. convert the embedded COCO-style, LibriSpeech-style and video corpora into Energon-ready shards;
+2. show one decoded, augmented batch per modality (image-text, packed text, audio-text, video-text)
+   and draw a contact sheet of video clips (``preview-video.png``);
+3. train the reference model on a three-modality blend (``configs/blend_demo.yaml``: image-text,
+   audio-text and text-only, an Energon metadataset), kill it with SIGKILL in the middle of a step,
+   resume it, and check that every step after the resume matches an uninterrupted run bit for bit.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ def sh(*args: str) -> None:
 
 def show_batch(title: str, data: Path, encoder, global_batch: int) -> None:
     from energon_platform.config import load_config
-    from energon_platform.loader import TrainLoader
+    from energon_platform.loader.train_loader import TrainLoader
 
     loader = TrainLoader(load_config({"data": {"path": str(data)}, "encoder": encoder,
                                       "loader": {"global_batch_size": global_batch, "num_workers": 0}}))
     b = next(loader)
     print(f"\n== {title}: one batch from {data.name} ==")
-    for name in ("images", "features", "feature_lengths", "tokens", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+    for name in ("images", "features", "feature_lengths", "videos", "num_frames", "tokens", "labels", "loss_mask", "position_ids", "cu_seqlens"):
         t = getattr(b, name, None)
         if t is not None:
             print(f"  {name:16s} {str(tuple(t.shape)):18s} {str(t.dtype):14s}")
@@ -42,19 +44,36 @@ def show_batch(title: str, data: Path, encoder, global_batch: int) -> None:
     print(f"  row 0 decoded    {tok.decode(b.tokens[0][: int(b.doc_lengths[0])])!r}")
 
 
+def _blend_file(out: Path, coco: Path, speech: Path, text: Path) -> Path:
+    """``configs/blend_demo.yaml`` pointed at this demo's shards (it names ``out/demo/...``)."""
+    import yaml
+
+    mds = yaml.safe_load((REPO / "configs/blend_demo.yaml").read_text())
+    for entry, path in zip(mds["splits"]["train"]["blend"], (coco, speech, text)):
+        entry["path"] = str(path)
+    mds["splits"]["val"]["blend"][0]["path"] = str(coco)
+    blend = out / "blend.yaml"
+    blend.write_text(yaml.safe_dump(mds, sort_keys=False))
+    return blend
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/demo", help="where shards and runs go (default out/demo)")
     ap.add_argument("--steps", type=int, default=30, help="training steps of the resume check (default 30)")
     args = ap.parse_args()
     out = (REPO / args.out).resolve()
-    coco, speech = out / "coco", out / "librispeech"
+    coco, speech, video, text = out / "coco", out / "librispeech", out / "video", out / "text"
 
     print("== 1. convert the embedded corpora ==", flush=True)
     sh("convert", "coco", "--annotations", "data/coco_mini/captions.json", "--images", "data/coco_mini/images",
        "--out", str(coco), "--samples-per-shard", "64", "--val-fraction", "0.1", "--workers", "2")
     sh("convert", "librispeech", "--root", "data/librispeech_mini", "--out", str(speech),
        "--samples-per-shard", "16", "--val-fraction", "0.1", "--workers", "2")
+    sh("convert", "video", "--root", "data/video_mini/clips", "--out", str(video),
+       "--samples-per-shard", "16", "--val-fraction", "0.1", "--workers", "2")
+    sh("convert", "text", "--manifest", "data/text_mini/documents.jsonl", "--id-column", "id", "--out", str(text),
+       "--samples-per-shard", "32")
     sh("info", str(coco))
 
     print("\n== 2. task encoders: one augmented batch per modality ==", flush=True)
@@ -62,10 +81,16 @@ def main() -> int:
     show_batch("text, packed", coco, {"encoder": "text", "text": {"seq_len": 64},
                                       "packing": {"enabled": True, "buffer_size": 16}}, 2)
     show_batch("audio-text", speech, str(REPO / "configs/encoders/audio_text.yaml"), 2)
+    show_batch("video-text", video, str(REPO / "configs/encoders/video_text_small.yaml"), 2)
+    sh("preview", str(video), "--encoder", str(REPO / "configs/encoders/video_text.yaml"), "--n", "8",
+       "--out", str(out / "preview-video.png"))
 
-    print("\n== 3. train, SIGKILL mid-step, resume, compare ==", flush=True)
+    blend = _blend_file(out, coco, speech, text)
+    show_batch("three-modality blend", blend, str(REPO / "configs/encoders/multimodal.yaml"), 8)
+
+    print("\n== 3. train on the blend, SIGKILL mid-step, resume, compare ==", flush=True)
     kill_at = max(2, args.steps // 2 + 2)
-    sh("check-resume", "--config", "configs/train_image_text.yaml", "--set", f"data.path={coco}",
+    sh("check-resume", "--config", "configs/train_blend.yaml", "--set", f"data.path={blend}",
        "--steps", str(args.steps), "--kill-at", str(kill_at), "--out", str(out / "check-resume"))
     return 0
 

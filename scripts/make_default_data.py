@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the project's embedded default corpora, byte for byte.
 
-Writes two small corpora under ``--out`` (default: ``<repo>/data``):
+Writes four small corpora under ``--out`` (default: ``<repo>/data``):
 
 ``coco_mini/``
     COCO-captions layout: ``images/`` plus ``captions.json`` with ``info``, ``licenses``,
@@ -22,6 +22,11 @@ Writes two small corpora under ``--out`` (default: ``<repo>/data``):
       stripe/checker pattern, drawn from a seeded RNG, each with 2 captions computed from the
       drawing itself (colour, shape, size class and the third of the image the shape's centre
       lies in), so every caption is true of its picture.
+    * ``conversations.json``: 27 hand-written conversations about the photos in LLaVA's instruction
+      format (``{"id", "image" | "images", "conversations": [{"from": "human" | "gpt" | "system",
+      "value"}]}``, image paths relative to ``images/``): single- and multi-turn questions, two
+      with two photos, two text only (``CONVERSATIONS`` below). ``energon-platform convert llava
+      --json data/coco_mini/conversations.json --images data/coco_mini/images`` converts it.
 
 ``librispeech_mini/``
     LibriSpeech layout ``SPK/CHAP/SPK-CHAP-UTT.flac`` + ``SPK/CHAP/SPK-CHAP.trans.txt``:
@@ -29,6 +34,24 @@ Writes two small corpora under ``--out`` (default: ``<repo>/data``):
     (PCM_16), 0.6-2.5 s each. The transcript spells out what is played ("NOTE C NOTE E NOTE G",
     "THREE RISING NOTES C E G", "A C MAJOR CHORD", "NOTE A PAUSE NOTE D", ...). A speaker is a
     timbre (its harmonic mix) and an octave; a chapter is a tempo.
+
+``text_mini/``
+    ``documents.jsonl``: one JSON object ``{"id", "topic", "text"}`` per line, about 80 short
+    plain-English documents (1-5 sentences) built from fixed templates and word lists: what the
+    coco_mini photos and generated shapes show, the notes, speakers, chapters, chords and
+    transcripts of librispeech_mini (frequencies and chord spellings computed, not typed), and
+    how shards, loaders and checkpoints work. Converted with ``energon-platform convert text
+    --manifest data/text_mini/documents.jsonl --id-column id``. No RNG, no network, no model.
+
+``video_mini/``
+    36 generated videos of moving shapes, 96x72 at 12 fps, 2-3 s (four of 8 s):
+    ``clips/video_NNN.mp4`` (H.264) or ``.webm`` (VP9, every sixth) with ``video_NNN.txt`` (two
+    captions, one per line), and ``manifest.csv`` with WebVid's ``videoid,name,path`` columns. A
+    circle, square or triangle of a named colour crosses a plain background left to right, right
+    to left, down, up or along a diagonal; in some a second shape travels the opposite way, some
+    carry a steady 440 Hz tone (AAC or Opus). The captions are computed from those choices, so they
+    say truthfully what moves, its colour and its direction. Encoded with one thread, fixed
+    settings and bitexact muxing (no dates, no random ids).
 
 Everything is deterministic: fixed seeds, fixed lists, no timestamps in any file (JPEG carries
 no EXIF except the single orientation tag, PNG has no tIME chunk, FLAC has no date). Output is
@@ -516,8 +539,126 @@ def make_coco(out: Path) -> dict:
     }
     (root / "captions.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n",
                                         encoding="utf-8")
+    n_conv = write_conversations(root, images)
     return {"photos": used, "n_generated": n_gen, "n_images": len(images),
-            "n_captions": len(annotations)}
+            "n_captions": len(annotations), "n_conversations": n_conv}
+
+
+# --------------------------------------------------------------------------------------------
+# Conversations about the photos (LLaVA instruction format)
+# --------------------------------------------------------------------------------------------
+# (id, photo ids, turns). Written by hand while looking at each photo; answers say only what the
+# photo shows. "<image>" marks where an image goes; an entry with fewer placeholders than images
+# (conv-0025) gets them in front of its first question, one entry has a system turn, and two
+# are text only.
+CONVERSATIONS: list[tuple[str, list[int], list[tuple[str, str]]]] = [
+    ("conv-0001", [1], [("human", "<image>\nWhat is the person wearing?"),
+                        ("gpt", "An orange spacesuit with mission patches on it."),
+                        ("human", "Is there a flag in the picture?"),
+                        ("gpt", "Yes, an American flag on the left."),
+                        ("human", "What is behind her on the right?"),
+                        ("gpt", "A model of the space shuttle. A white helmet is in front of her.")]),
+    ("conv-0002", [2], [("human", "<image>\nWhat surface is shown here?"),
+                        ("gpt", "A brick wall, seen close up in black and white."),
+                        ("human", "How are the bricks laid?"),
+                        ("gpt", "In staggered rows of long, narrow bricks with light mortar between them.")]),
+    ("conv-0003", [3], [("human", "<image>\nWhat is the man doing?"),
+                        ("gpt", "He is looking through a camera mounted on a tripod."),
+                        ("human", "Where is he standing?"),
+                        ("gpt", "On a grassy field, with buildings far away in the background.")]),
+    ("conv-0004", [4], [("human", "<image>\nHow many cells can you see?"),
+                        ("gpt", "One round, bright cell."),
+                        ("human", "Where is it in the frame?"),
+                        ("gpt", "A little right of the centre, on a plain gray background.")]),
+    ("conv-0005", [5], [("human", "<image>\nWhat animal is this?"),
+                        ("gpt", "A tabby cat, seen close up."),
+                        ("human", "What colour are its eyes?"),
+                        ("gpt", "Green.")]),
+    ("conv-0006", [6], [("human", "<image>\nIs the object in focus?"),
+                        ("gpt", "No. It is a round wall clock, blurred sideways by motion.")]),
+    ("conv-0007", [7], [("human", "<image>\nWhat drink is in the cup?"),
+                        ("gpt", "An espresso with golden crema."),
+                        ("human", "What colour is the saucer?"),
+                        ("gpt", "Red, like the cup."),
+                        ("human", "Is there a spoon?"),
+                        ("gpt", "Yes, a small metal spoon lies on the saucer.")]),
+    ("conv-0008", [8], [("human", "<image>\nHow many coins are there?"),
+                        ("gpt", "Twenty four, in four rows of six.")]),
+    ("conv-0009", [9], [("human", "<image>\nWhat colour is the centre of the wheel?"),
+                        ("gpt", "White."),
+                        ("human", "And the background?"),
+                        ("gpt", "Black.")]),
+    ("conv-0010", [10], [("human", "<image>\nIs this photo in colour?"),
+                         ("gpt", "No, it is a grayscale close-up of grass and small leaves.")]),
+    ("conv-0011", [11], [("human", "What is shown in this picture?\n<image>"),
+                         ("gpt", "Many small gravel stones, in grayscale.")]),
+    ("conv-0012", [12], [("human", "<image>\nWhat animal is shown?"),
+                         ("gpt", "A horse, drawn as a black silhouette on a white background."),
+                         ("human", "Which way is it facing?"),
+                         ("gpt", "To the right.")]),
+    ("conv-0013", [13], [("human", "<image>\nWhat does this image show?"),
+                         ("gpt", "A deep space telescope image full of distant galaxies.")]),
+    ("conv-0014", [14], [("human", "<image>\nWhat kind of image is this?"),
+                         ("gpt", "A microscope image of stained tissue."),
+                         ("human", "Which colours does the stain show?"),
+                         ("gpt", "Brown and blue.")]),
+    ("conv-0015", [15], [("human", "<image>\nWhat is drawn inside the circle?"),
+                         ("gpt", "A snake."),
+                         ("human", "Which colours does the logo use?"),
+                         ("gpt", "Green and orange.")]),
+    ("conv-0016", [16], [("human", "<image>\nWhat part of the body is this?"),
+                         ("gpt", "A small grayscale crop of a retina, with blood vessels and two dark spots.")]),
+    ("conv-0017", [17], [("human", "<image>\nWhat surface is this?"),
+                         ("gpt", "The surface of the moon, with small craters.")]),
+    ("conv-0018", [18], [("human", "<image>\nWhat vehicle is this?"),
+                         ("gpt", "A motorcycle."),
+                         ("human", "What colour is it?"),
+                         ("gpt", "Red, with a black seat."),
+                         ("human", "Where is it parked?"),
+                         ("gpt", "In a garage, in front of shelves with boxes.")]),
+    ("conv-0019", [19], [("human", "<image>\nWhat is the heading of the page?"),
+                         ("gpt", "Region-based segmentation.")]),
+    ("conv-0020", [20], [("human", "<image>\nWhat does this photo show?"),
+                         ("gpt", "The back of a human eye, with red blood vessels spreading from a bright spot.")]),
+    ("conv-0021", [21], [("human", "<image>\nWhat stands on the launch pad?"),
+                         ("gpt", "A rocket, between tall towers."),
+                         ("human", "Is it day or night?"),
+                         ("gpt", "Dusk: the sky is dark blue and the lights are on.")]),
+    ("conv-0022", [22], [("human", "<image>\nIs the writing printed or handwritten?"),
+                         ("gpt", "Handwritten. It looks like mathematical notes, photographed at an angle.")]),
+    ("conv-0023", [5, 12], [("human", "<image>\n<image>\nWhich of the two pictures shows a cat?"),
+                            ("gpt", "The first one. The second shows the silhouette of a horse.")]),
+    ("conv-0024", [7, 18], [("human", "<image>\n<image>\nWhat colour do the saucer in the first picture and "
+                                      "the motorcycle in the second share?"),
+                            ("gpt", "Both are red.")]),
+    ("conv-0025", [13, 17], [("human", "Which picture shows distant galaxies, the first or the second?"),
+                             ("gpt", "The first. The second shows the surface of the moon.")]),
+    ("conv-0026", [], [("human", "What does a tripod do for a camera?"),
+                       ("gpt", "It holds the camera steady on three legs.")]),
+    ("conv-0027", [], [("system", "Answer in one short sentence."),
+                       ("human", "What is an espresso?"),
+                       ("gpt", "A small, strong coffee made by forcing hot water through ground beans.")]),
+]
+
+
+def write_conversations(root: Path, images: list) -> int:
+    """``conversations.json`` (LLaVA instruction format, paths relative to ``images/``) for the
+    photos that were written; an entry whose photo is missing is left out."""
+    files = {im["id"]: im["file_name"] for im in images if im.get("kind") != "generated"}
+    entries = []
+    for conv_id, photo_ids, turns in CONVERSATIONS:
+        if not all(i in files for i in photo_ids):
+            continue
+        entry = {"id": conv_id}
+        if len(photo_ids) == 1:
+            entry["image"] = files[photo_ids[0]]
+        elif photo_ids:
+            entry["images"] = [files[i] for i in photo_ids]
+        entry["conversations"] = [{"from": who, "value": text} for who, text in turns]
+        entries.append(entry)
+    (root / "conversations.json").write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n",
+                                             encoding="utf-8")
+    return len(entries)
 
 
 # --------------------------------------------------------------------------------------------
@@ -640,6 +781,372 @@ def make_librispeech(out: Path) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
+# A small text corpus: short factual documents about the other two corpora and the platform
+# --------------------------------------------------------------------------------------------
+TEXT_FILE = "documents.jsonl"
+
+# file inside skimage/data -> a few true sentences about what the photo shows
+PHOTO_FACTS = {
+    "astronaut.png": "Astronauts train for years before a spaceflight. The bright orange suit is worn for "
+                     "launch and landing, and its colour makes a crew member easy to find after a landing at sea.",
+    "brick.png": "Bricks are blocks of fired clay. Laying each row offset by half a brick from the row below "
+                 "spreads the load and makes the wall stronger.",
+    "camera.png": "This cameraman picture is one of the classic test images of image processing. A tripod holds "
+                  "a camera steady, so long exposures and slow pans stay sharp.",
+    "cell.png": "Cells are the smallest units of living things. A light microscope magnifies them enough to show "
+                "their outline and, with staining, parts such as the nucleus.",
+    "chelsea.png": "Tabby is not a breed of cat but a coat pattern of stripes, swirls or spots. In coco_mini this "
+                   "photo is stored sideways with an EXIF orientation tag of 6, so a reader must rotate it to "
+                   "show the cat upright.",
+    "clock_motion.png": "Motion blur appears when the camera or the subject moves while the shutter is open. "
+                        "Here the round face of the clock is smeared sideways into a streak.",
+    "coffee.png": "Espresso is made by forcing hot water through finely ground coffee under pressure. The "
+                  "golden foam on top is called crema.",
+    "coins.png": "People have struck coins from metal for more than two and a half thousand years. This photo "
+                 "is often used to test how well a program separates objects from their background.",
+    "color.png": "A colour wheel arranges the hues in a circle, with red, yellow, green, cyan, blue and magenta "
+                 "following each other. Two colours opposite each other on the wheel are called complementary.",
+    "grass.png": "Grass grows from the base of its leaves rather than from the tips, so a lawn keeps growing "
+                 "after it is mowed. A texture image like this one has no single object, only a repeating pattern.",
+    "gravel.png": "Gravel is made of loose rock fragments, larger than grains of sand and smaller than cobbles. "
+                  "Crushed gravel has sharp edges, while river gravel is rounded by water.",
+    "horse.png": "A silhouette shows only the outline of a shape, filled with one colour. Binary images like "
+                 "this horse are used to test shape analysis such as skeletonization.",
+    "hubble_deep_field.jpg": "The Hubble Deep Field was made from many exposures of one tiny patch of sky, taken "
+                             "by the Hubble Space Telescope in 1995. Almost every point of light in it is a galaxy.",
+    "ihc.png": "Immunohistochemistry uses antibodies to stain chosen proteins in a tissue sample. In this slide "
+               "the brown stain marks the protein and the blue stain marks the cell nuclei.",
+    "logo.png": "scikit-image is an open source library of image processing algorithms for Python. Its logo "
+                "includes a snake, the usual symbol of the Python language.",
+    "microaneurysms.png": "Microaneurysms are tiny bulges in the walls of small blood vessels of the retina. "
+                          "They show up as small dark dots and are an early sign of diabetic retinopathy.",
+    "moon.png": "The surface of the Moon is covered with craters left by asteroids and comets. Since the Moon "
+                "has almost no air and no weather, its craters stay sharp for a very long time.",
+    "motorcycle_left.png": "This photo is the left view of a stereo pair, the same scene taken from two nearby "
+                           "positions. Comparing the two views lets a program estimate how far away each point is.",
+    "page.png": "The page photo shows printed text under uneven lighting. It is used to test thresholding, where "
+                "a program decides for every pixel whether it belongs to the ink or to the paper.",
+    "retina.jpg": "The retina is the light-sensitive layer at the back of the eye. The bright disc is where the "
+                  "optic nerve leaves the eye; it has no light receptors, which makes a blind spot.",
+    "rocket.jpg": "A rocket carries both its fuel and the oxygen to burn it, so it can fly where there is no "
+                  "air. Towers next to a launch pad carry fuel lines and cables, and some protect the rocket "
+                  "from lightning.",
+    "text.png": "Handwriting recognition turns pictures of written characters into text that a computer can "
+                "search. A page photographed at an angle, like this one, is usually straightened first.",
+}
+SHAPE_FACTS = {
+    "circle": "A circle is the set of points at the same distance from its centre. Its circumference is pi "
+              "times its diameter, a little more than three times.",
+    "square": "A square has four equal sides and four right angles. Its two diagonals have the same length and "
+              "cross at right angles.",
+    "triangle": "The triangles are equilateral and point up: all three sides have the same length and every "
+                "angle is 60 degrees.",
+    "star": "The stars have five points. Their outline has ten corners, alternating between the tips and the "
+            "inner corners, which are 42 percent as far from the centre as the tips.",
+    "diamond": "A diamond here is a rhombus standing on one corner, taller than it is wide. All four of its "
+               "sides have the same length.",
+    "hexagon": "A regular hexagon has six equal sides and six angles of 120 degrees. Bees build the cells of "
+               "their honeycomb in this shape.",
+    "cross": "The crosses are plus signs: two bars of the same length crossing at their middles at a right "
+             "angle.",
+    "ring": "A ring is a disc with a round hole in the middle. In these images the hole is a little more than "
+            "half as wide as the ring and shows the background colour.",
+}
+PATTERN_FACTS = {
+    "horizontal stripes": "Horizontal stripes run from the left edge of the image to the right edge.",
+    "vertical stripes": "Vertical stripes run from the top of the image to the bottom.",
+    "checkerboard": "A checkerboard alternates squares of two colours in rows and columns, so that no two "
+                    "squares sharing a side have the same colour.",
+}
+# What the platform does, in plain words: (id, text). Each entry is a short paragraph.
+PLATFORM_FACTS = [
+    ("shard", "A shard is a tar file that holds many samples one after the other. Reading a few large files "
+              "is much faster than reading millions of small ones, on local disks and on object storage alike."),
+    ("sample-key", "Every sample in a shard has a key, and all files of one sample share it, such as KEY.image.png "
+                   "and KEY.text.json. A key never contains a dot, because the loader splits file names at the "
+                   "first dot."),
+    ("text-json", "The text.json part of a sample holds its caption, transcript or document text together with "
+                  "provenance: the source kind, the source id and the original file name."),
+    ("energon-index", "The .nv-meta folder of a dataset holds the index that Energon builds over its shards. With "
+                      "the index, the loader can read any sample directly, without scanning the shards before it."),
+    ("dataset-yaml", "The dataset.yaml file names the sample type of a dataset and says which part of each sample "
+                     "fills which field. A text dataset maps the text field to the text entry of text.json."),
+    ("work-unit", "A conversion is cut into work units, one unit for each output shard. Units are independent, "
+                  "so they can run in local processes or as Ray tasks and still write the same bytes."),
+    ("atomic-write", "Each shard is first written under a temporary name and renamed once it is complete. A "
+                     "reader therefore sees either the whole shard or no shard at all."),
+    ("convert-resume", "A conversion that is killed can be run again with the same arguments. It writes only the "
+                       "shards that are missing, and the result is byte for byte the same as an uninterrupted run."),
+    ("bad-input", "Bad input is skipped and counted, never silently dropped. The report lists each reason, such "
+                  "as empty text or invalid UTF-8, with examples, and skipped.jsonl lists every skipped record."),
+    ("val-split", "The validation split is chosen by a hash of each sample key. A sample therefore lands in the "
+                  "same split whatever else is in the corpus."),
+    ("data-loader", "A data loader reads samples, turns them into tensors and groups them into batches while the "
+                    "model trains. Worker processes prepare the next batches in the background."),
+    ("global-batch", "A global batch is everything one training step consumes across all data-parallel ranks. "
+                     "Each rank takes its own part of every global batch."),
+    ("micro-batch", "When a rank cannot fit its whole share in memory, it splits it into micro-batches and adds "
+                    "up their gradients before the optimizer step."),
+    ("epoch", "An epoch visits every sample of a dataset once. Here the order of each epoch is a permutation "
+              "computed from the seed and the epoch number, so every epoch is shuffled differently but "
+              "reproducibly."),
+    ("seeded-augmentation", "Random augmentations, such as crops and flips, are drawn from a generator seeded by "
+                            "the run seed, the sample key and the epoch. The same sample in the same epoch always "
+                            "gets the same tensors, whichever worker encodes it."),
+    ("packing", "Packing places several short documents into one sequence, so fewer tokens are wasted on "
+                "padding. Position ids restart at every document and cu_seqlens marks where each one begins."),
+    ("checkpoint", "A checkpoint stores the model, the optimizer, the learning rate schedule, the random number "
+                   "generators and the state of the data loader. It is written to a temporary folder and renamed, "
+                   "so a crash never leaves half a checkpoint behind."),
+    ("loader-state", "The state of the loader is a small JSON document: mainly the number of the next global "
+                     "batch. Restoring it takes as long as starting fresh, because nothing is replayed."),
+    ("fingerprint", "The loader state carries a fingerprint of the dataset, the encoder configuration, the seed "
+                    "and the batch size. A state restored into a different setup is refused with an error that "
+                    "names the difference."),
+    ("exact-resume", "After a crash, training resumes from the latest checkpoint with the same samples in the same "
+                     "order. On a CPU the loss after the resume matches an uninterrupted run bit for bit."),
+    ("elastic-resume", "A run may resume with another number of workers, or another number of ranks that divides "
+                       "the global batch. The global batches stay the same, because they do not depend on the layout."),
+    ("blend", "A blend mixes several datasets in one run with given weights. A text corpus such as this one can "
+              "join a blend with image-text and audio-text data."),
+]
+SEMITONE_NAMES = {0: "C", 2: "D", 4: "E", 5: "F", 7: "G", 9: "A", 11: "B"}
+ACCIDENTALS = {-1: " flat", 0: "", 1: " sharp"}
+TRANSCRIPT_KINDS = [
+    ("sequence", "NOTE C NOTE E NOTE G", "A transcript such as {ex} names each note in the order it is played."),
+    ("rising", "THREE RISING NOTES C E G", "A transcript such as {ex} says how many notes are played and that each "
+                                           "one is higher than the one before."),
+    ("falling", "FOUR FALLING NOTES B G E C", "A transcript such as {ex} lists notes that each sound lower than the "
+                                              "one before."),
+    ("repeat", "NOTE D THREE TIMES", "A transcript such as {ex} means that one note is played several times in a "
+                                     "row."),
+    ("pause", "NOTE A PAUSE NOTE D", "A transcript such as {ex} marks a silence of {pause} seconds between two "
+                                     "groups of notes."),
+]
+
+
+def _join(items) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _article_text(word: str) -> str:
+    return "An" if word[0] in "AEFaeiou" else "A"  # letter names said aloud: "an A", "an E", "an F"
+
+
+def spell_interval(root: str, letters_up: int, semitones: int) -> str:
+    """The name of the note ``semitones`` above ``root`` written ``letters_up`` letters higher
+    (a third is two letters up, a fifth four), with the sharp or flat that makes it exact."""
+    letter = NOTE_ORDER[(NOTE_ORDER.index(root) + letters_up) % 7]
+    diff = (NOTE_SEMITONES[root] + semitones - NOTE_SEMITONES[letter]) % 12
+    return letter + ACCIDENTALS[diff - 12 if diff > 6 else diff]
+
+
+def text_documents() -> list[dict]:
+    """All documents, in their fixed order: ``{"id", "topic", "text"}``."""
+    docs = []
+
+    def add(doc_id: str, topic: str, *sentences: str) -> None:
+        docs.append({"id": doc_id, "topic": topic, "text": " ".join(sentences)})
+
+    kinds = {"photo": "a photograph", "graphic": "a drawn image"}
+    for image_id, fname, kind, captions in PHOTOS:
+        add(f"photo-{Path(fname).stem.replace('_', '-')}", "coco_mini photos", captions[0],
+            f"It is image {image_id} of coco_mini, {kinds[kind]} from the sample data of scikit-image.",
+            PHOTO_FACTS[fname])
+    for shape in SHAPES:
+        add(f"shape-{shape}", "coco_mini shapes",
+            f"Many generated images of coco_mini show {_article(shape)} {shape} in one of {len(COLOURS)} colours on "
+            f"one of {len(BACKGROUNDS)} plain backgrounds.", SHAPE_FACTS[shape])
+    for pattern in PATTERNS:
+        add(f"pattern-{pattern.replace(' ', '-')}", "coco_mini shapes",
+            f"Some generated images of coco_mini are covered by {'a ' if pattern == 'checkerboard' else ''}"
+            f"{pattern}, with three to six "
+            f"{'squares along each side' if pattern == 'checkerboard' else 'stripes'}.", PATTERN_FACTS[pattern])
+    octaves = {spk: octave for spk, (octave, _) in SPEAKERS.items()}
+    for name in NOTE_ORDER:
+        freqs = _join(f"{note_freq(name, o):.2f} Hz in octave {o}" for o in sorted(set(octaves.values())))
+        add(f"note-{name}", "librispeech_mini notes",
+            f"The note {name} has a frequency of {freqs}.",
+            "Going up one octave doubles the frequency of a note.",
+            f"In librispeech_mini, speakers {_join(sorted(octaves))} play their notes in octaves "
+            f"{_join(octaves[s] for s in sorted(octaves))}, in that order.")
+    for spk, (octave, harmonics) in sorted(SPEAKERS.items()):
+        present = [k for k, a in enumerate(harmonics, start=1) if a]
+        odd = all(k % 2 for k in present)
+        add(f"speaker-{spk}", "librispeech_mini speakers",
+            f"Speaker {spk} of librispeech_mini is not a person but a synthesised timbre.",
+            f"It plays notes in octave {octave} and mixes {len(present)} harmonics of each note"
+            + (", only odd ones, which gives a hollow sound." if odd and len(present) > 1 else "."),
+            f"The strongest is the fundamental; the weakest has {min(a for a in harmonics if a):.2f} of its "
+            f"amplitude.")
+    for chap, note_s in sorted(CHAPTERS.items()):
+        add(f"chapter-{chap}", "librispeech_mini chapters",
+            f"Chapter {chap} of every speaker in librispeech_mini holds each note for {note_s:.2f} seconds, "
+            f"about {1 / note_s:.1f} notes per second.",
+            f"Each chapter has {UTTERANCES_PER_CHAPTER} utterances, and every utterance lasts between 0.6 and "
+            f"2.5 seconds.")
+    for root in NOTE_ORDER:
+        for quality in sorted(CHORDS):
+            _, third, fifth = CHORDS[quality]
+            notes = [root, spell_interval(root, 2, third), spell_interval(root, 4, fifth)]
+            add(f"chord-{root}-{quality.lower()}", "librispeech_mini chords",
+                f"{_article_text(root)} {root} {quality.lower()} chord is made of the notes {notes[0]}, {notes[1]} "
+                f"and {notes[2]}.",
+                f"Its third is {third} semitones above the root and its fifth is {fifth} semitones above it.",
+                f"In librispeech_mini a chord is held for 0.8 seconds, and its transcript reads "
+                f"{_article_text(root).upper()} {root} {quality} CHORD.")
+    for kind, example, template in TRANSCRIPT_KINDS:
+        add(f"transcript-{kind}", "librispeech_mini transcripts",
+            "The transcripts of librispeech_mini are written in capital letters and spell out what is played.",
+            template.format(ex=example, pause=PAUSE_S))
+    for doc_id, text in PLATFORM_FACTS:
+        add(f"platform-{doc_id}", "data platform", text)
+    return docs
+
+
+def make_text(out: Path) -> dict:
+    root = out / "text_mini"
+    root.mkdir(parents=True)
+    docs = text_documents()
+    (root / TEXT_FILE).write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    return {"n_documents": len(docs), "n_words": sum(len(d["text"].split()) for d in docs)}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Generated videos: moving shapes, captions computed from the motion
+# --------------------------------------------------------------------------------------------
+VIDEO_W, VIDEO_H, VIDEO_FPS = 96, 72, 12
+VIDEO_BITEXACT = {"fflags": "+bitexact"}  # no random Matroska segment id, no date, no encoder tag
+VIDEO_COLOURS = {"red": (220, 40, 40), "green": (40, 190, 60), "blue": (50, 90, 230), "yellow": (240, 220, 40),
+                 "white": (245, 245, 245), "orange": (245, 140, 30), "purple": (150, 60, 200)}
+VIDEO_BACKGROUNDS = {"black": (10, 10, 10), "grey": (110, 110, 110), "dark blue": (15, 20, 70),
+                     "dark green": (15, 60, 25)}
+# name -> (start (x, y) and end (x, y) as fractions of the frame, how the caption says it)
+VIDEO_MOTIONS = {
+    "right": ((0.15, 0.5), (0.85, 0.5), "moves from left to right"),
+    "left": ((0.85, 0.5), (0.15, 0.5), "moves from right to left"),
+    "down": ((0.5, 0.18), (0.5, 0.82), "moves down from the top to the bottom"),
+    "up": ((0.5, 0.82), (0.5, 0.18), "moves up from the bottom to the top"),
+    "diagonal": ((0.15, 0.18), (0.85, 0.82), "moves diagonally from the top left to the bottom right"),
+    "anti-diagonal": ((0.15, 0.82), (0.85, 0.18), "moves diagonally from the bottom left to the top right"),
+}
+VIDEO_SHAPES = ("circle", "square", "triangle")
+
+
+def _video_plan(rng: random.Random) -> list[dict]:
+    """36 videos: every motion with every shape twice (colours and backgrounds drawn from ``rng``);
+    every 6th is WebM (VP9) instead of MP4 (H.264); 6 carry a tone; 4 are 8 s long (the rest 2-3 s);
+    6 have a second shape moving the opposite way."""
+    plan = []
+    for i, (motion, shape) in enumerate((m, s) for _ in range(2) for m in VIDEO_MOTIONS for s in VIDEO_SHAPES):
+        bg = rng.choice(sorted(VIDEO_BACKGROUNDS))
+        colour = rng.choice(sorted(VIDEO_COLOURS))
+        second = None
+        if i % 6 == 5:
+            second = (rng.choice(sorted(set(VIDEO_COLOURS) - {colour})), rng.choice(VIDEO_SHAPES))
+        plan.append({
+            "id": f"video_{i:03d}", "motion": motion, "shape": shape, "colour": colour, "background": bg,
+            "second": second, "webm": i % 6 == 3, "tone": i % 6 == 1,
+            "frames": 96 if i % 9 == 4 else rng.choice((24, 30, 36))})
+    return plan
+
+
+def _video_captions(v: dict) -> list[str]:
+    what = f"{_article(v['colour'])} {v['colour']} {v['shape']}"
+    text = f"{what[0].upper()}{what[1:]} {VIDEO_MOTIONS[v['motion']][2]} on a {v['background']} background"
+    if v["second"]:
+        colour, shape = v["second"]
+        text += f", while {_article(colour)} {colour} {shape} moves the opposite way"
+    if v["tone"]:
+        text += ", with a steady tone playing"
+    seconds = v["frames"] / VIDEO_FPS
+    short = (f"{v['colour']} {v['shape']} moving {v['motion'].replace('-', ' ')}, "
+             f"{seconds:g} seconds, {v['background']} background")
+    return [text + ".", short]
+
+
+def _draw_video_frame(v: dict, t: float) -> np.ndarray:
+    img = Image.new("RGB", (VIDEO_W, VIDEO_H), VIDEO_BACKGROUNDS[v["background"]])
+    d = ImageDraw.Draw(img)
+    r = 9.0
+    (x0, y0), (x1, y1), _ = VIDEO_MOTIONS[v["motion"]]
+    shapes = [(v["shape"], v["colour"], x0 + (x1 - x0) * t, y0 + (y1 - y0) * t)]
+    if v["second"]:  # the same path backwards
+        shapes.append((v["second"][1], v["second"][0], x1 + (x0 - x1) * t, y1 + (y0 - y1) * t))
+    for shape, colour, fx, fy in shapes:
+        draw_shape(d, shape, fx * VIDEO_W, fy * VIDEO_H, r, VIDEO_COLOURS[colour], VIDEO_BACKGROUNDS[v["background"]])
+    return np.asarray(img)
+
+
+def encode_video_file(v: dict) -> bytes:
+    """One video: H.264 in MP4 (or VP9 in WebM), one thread, fixed settings, bitexact muxing
+    (x264's macroblock tree is off: with it the bytes vary from run to run at these sizes);
+    a 440 Hz tone as AAC (MP4) or Opus (WebM) when ``v["tone"]``."""
+    import io
+
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="webm" if v["webm"] else "mp4", options=VIDEO_BITEXACT) as out:
+        out.metadata.clear()
+        vs = out.add_stream("libvpx-vp9" if v["webm"] else "libx264", rate=VIDEO_FPS)
+        vs.width, vs.height, vs.pix_fmt = VIDEO_W, VIDEO_H, "yuv420p"
+        vs.codec_context.thread_count = 1
+        vs.codec_context.gop_size = VIDEO_FPS  # a keyframe every second: clips seek close to their start
+        vs.options = ({"threads": "1", "crf": "32", "b": "0", "deadline": "good", "cpu-used": "4"} if v["webm"]
+                      else {"preset": "medium", "crf": "26", "threads": "1", "x264-params": "mbtree=0"})
+        if v["tone"]:
+            rate = 48000 if v["webm"] else 16000
+            aus = out.add_stream("libopus" if v["webm"] else "aac", rate=rate, layout="mono")
+            aus.bit_rate = 24000
+        for i in range(v["frames"]):
+            frame = av.VideoFrame.from_ndarray(_draw_video_frame(v, i / (v["frames"] - 1)), format="rgb24")
+            frame.pts = i
+            for packet in vs.encode(frame):
+                out.mux(packet)
+        for packet in vs.encode(None):
+            out.mux(packet)
+        if v["tone"]:
+            n = int(v["frames"] / VIDEO_FPS * rate)
+            wave = (0.3 * np.sin(2 * np.pi * 440.0 * np.arange(n) / rate)).astype(np.float32)[None]
+            frame = av.AudioFrame.from_ndarray(wave, format="flt", layout="mono")
+            frame.sample_rate, frame.pts = rate, 0
+            for packet in [*aus.encode(frame), *aus.encode(None)]:
+                out.mux(packet)
+    return buf.getvalue()
+
+
+def make_video_mini(out: Path) -> dict:
+    """``video_mini/clips/video_NNN.{mp4,webm}`` + ``video_NNN.txt`` (two captions, one per line)
+    and ``video_mini/manifest.csv`` with WebVid's ``videoid,name,path`` columns for the same clips."""
+    import csv
+    import io
+
+    root = out / "video_mini"
+    (root / "clips").mkdir(parents=True)
+    rows = []
+    plan = _video_plan(random.Random(SEED + 3))
+    for v in plan:
+        name = f"{v['id']}.{'webm' if v['webm'] else 'mp4'}"
+        (root / "clips" / name).write_bytes(encode_video_file(v))
+        captions = _video_captions(v)
+        (root / "clips" / f"{v['id']}.txt").write_text("\n".join(captions) + "\n", encoding="utf-8")
+        rows.append({"videoid": v["id"], "name": captions[0], "path": f"clips/{name}"})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=["videoid", "name", "path"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    (root / "manifest.csv").write_text(text.getvalue(), encoding="utf-8")
+    return {"n_videos": len(plan), "n_webm": sum(v["webm"] for v in plan), "n_tone": sum(v["tone"] for v in plan),
+            "seconds": sum(v["frames"] for v in plan) / VIDEO_FPS}
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def _dir_size(p: Path) -> tuple[int, int]:
@@ -651,13 +1158,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] + "\n\nWrites coco_mini/ (scikit-image photos + "
         "300 generated shape images, COCO captions json) and librispeech_mini/ (48 synthesised "
-        "note sequences, FLAC + trans.txt) under --out. Deterministic: two runs give "
+        "note sequences, FLAC + trans.txt) and text_mini/ (short documents, JSONL) and video_mini/ (36 generated videos of "
+        "moving shapes with captions) under --out. "
+        "Deterministic: two runs give "
         "byte-identical files. See the module docstring for details.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help=f"output folder (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/ in the repo)")
-    ap.add_argument("--only", choices=["coco", "librispeech"], default=None,
-                    help="regenerate only one of the two corpora")
+    ap.add_argument("--only", choices=["coco", "librispeech", "text", "video"], default=None,
+                    help="regenerate only one of the corpora")
     args = ap.parse_args(argv)
 
     out: Path = args.out
@@ -671,6 +1180,15 @@ def main(argv: list[str] | None = None) -> int:
         if (out / "librispeech_mini").exists():
             shutil.rmtree(out / "librispeech_mini")
         summary["librispeech"] = make_librispeech(out)
+    if args.only in (None, "text"):
+        if (out / "text_mini").exists():
+            shutil.rmtree(out / "text_mini")
+        summary["text"] = make_text(out)
+
+    if args.only in (None, "video"):
+        if (out / "video_mini").exists():
+            shutil.rmtree(out / "video_mini")
+        summary["video"] = make_video_mini(out)
 
     if "coco" in summary:
         c = summary["coco"]
@@ -679,12 +1197,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['n_generated']} generated), {c['n_captions']} captions, "
               f"{n} files, {size / 1e6:.2f} MB")
         print(f"  photos: {', '.join(c['photos'])}")
+        print(f"  conversations.json: {c['n_conversations']} hand-written conversations about the photos")
     if "librispeech" in summary:
         s = summary["librispeech"]
         n, size = _dir_size(out / "librispeech_mini")
         print(f"librispeech_mini: {s['n_utterances']} utterances, {s['total_seconds']:.1f} s "
               f"({s['min_seconds']:.2f}-{s['max_seconds']:.2f} s each), {n} files, "
               f"{size / 1e6:.2f} MB")
+    if "text" in summary:
+        t = summary["text"]
+        print(f"text_mini: {t['n_documents']} documents, {t['n_words']} words, "
+              f"{(out / 'text_mini' / TEXT_FILE).stat().st_size / 1e3:.1f} kB")
+    if "video" in summary:
+        v = summary["video"]
+        n, size = _dir_size(out / "video_mini")
+        print(f"video_mini: {v['n_videos']} videos ({v['n_webm']} WebM, {v['n_tone']} with a tone), "
+              f"{v['seconds']:.1f} s in all, {n} files, {size / 1e6:.2f} MB")
     n, size = _dir_size(out)
     print(f"total under {out}: {n} files, {size / 1e6:.2f} MB")
     return 0

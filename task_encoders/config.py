@@ -13,7 +13,8 @@ dataclass's ``check(at)`` for rules between values. A section's keys that a file
 the encoder's defaults for that section (``packing: {buffer_size: 64}`` in a text config keeps
 packing enabled). A dataclass may take over its own parsing
 with a classmethod ``from_config_value(value, at)``. Relative paths are resolved against the YAML
-file's folder (the working directory for dicts).
+file's folder (the working directory for dicts); a ``Path`` key given a URL (``msc://...``) keeps
+it as a string.
 
 The sections every encoder shares live here (:class:`EncoderConfig`); an encoder adds its own
 by subclassing it (see ``task_encoders.image_text.ImageTextConfig``). Which subclass reads a file
@@ -120,6 +121,8 @@ def _parse_scalar(tp: Any, value: Any, at: At) -> Any:
         return float(value)
     if tp is str and isinstance(value, str):
         return value
+    if tp is Path and isinstance(value, str) and "://" in value:
+        return value  # a URL (``msc://PROFILE/prefix``): kept as written, a string, never resolved
     if tp is Path and isinstance(value, str) and value:
         path = Path(value).expanduser()
         return path if path.is_absolute() else (at.base_dir / path).resolve()

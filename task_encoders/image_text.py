@@ -4,23 +4,54 @@ Input: Energon ``CaptioningSample`` (``image`` float (C, H, W) in [0, 1], ``capt
 Per sample: the ``image.transforms`` pipeline (``image.eval_transforms`` with ``training=False``)
 seeded by (seed, key, epoch); the caption as ``[BOS, ..., EOS]``. With ``packing.enabled`` several
 image-caption documents share a row; the images stay one per document, in document order.
+
+Vision-language mode (``prompt.enabled: true``, opt-in; what megatron-core's ``LLaVAModel`` needs):
+
+* **Text from a prompt template.** A document is ``[BOS] + prompt + caption + [EOS]`` where the
+  prompt is ``prompt.template`` with ``{image}`` replaced by ``prompt.image_token`` (``<image>``,
+  one placeholder per image) and ``{instruction}`` by one of ``prompt.instructions``, chosen with
+  the sample's own generator (stream ``"prompt"``). The default gives ``"<image>\\n" + instruction +
+  "\\n" + caption``. The loss covers the answer only: ``loss_mask`` is 1 exactly where ``labels``
+  is a caption token or the final EOS.
+* **The placeholder is a special token** (``prompt.special_tokens``, Megatron's
+  ``--special-tokens``, added to the tokenizer as Megatron adds them,
+  :meth:`task_encoders.tokenization.TextTokenizer.add_special_tokens`); its id is
+  :attr:`ImageTextTaskEncoder.image_token_index` and every batch's ``image_token_index``.
+* **Tiles** (``image.tiling``, :mod:`task_encoders.tiling`): each image is augmented whole (the
+  ``image.transforms`` then may only hold ``RandomHorizontalFlip``, ``ColorJitter`` and
+  ``Normalize``; the seeded draws happen here) and cut into ``num_tiles`` tiles of
+  ``vision.image_size``; without tiling every image is one tile of the pipeline's output size.
+* **Lengths the language model sees.** A document's length is its *spliced* length, Megatron's
+  ``total_len``: ``tokens + num_tiles * E - num_images`` with ``E`` =
+  :attr:`ImageTextTaskEncoder.tokens_per_tile` (``vision``). ``text.seq_len`` bounds that length
+  (captions are cut to fit, EOS kept; a document whose prompt and images alone do not fit is
+  skipped), and packing fills rows up to ``text.seq_len`` spliced positions, so a packed row never
+  overflows after the image embeddings are put in. Token rows keep ``text.seq_len`` columns (a row
+  with images uses fewer of them; the rest is padding).
+* Batches are :class:`VisionLanguageBatch`: every image's tiles stacked in document order,
+  ``num_tiles`` per image, ``num_images`` and ``spliced_lengths`` per document.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from string import Formatter
 from typing import Any
 
 import torch
 from megatron.energon import edataclass
 
-from task_encoders.config import At, EncoderConfig
-from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.config import At, EncoderConfig, require
+from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, Pack, TextBatch
 from task_encoders.image_transforms import TransformSpec, build_pipeline, default_eval_specs, output_size
 from task_encoders.registry import register
-from task_encoders.seeding import seeded_global_torch
+from task_encoders.seeding import sample_key, seeded_global_torch
+from task_encoders.sequences import first_fit_decreasing
+from task_encoders.tiling import TilingConfig, VisionConfig, tile_image
 
 _IMAGENET_MEAN = {"name": "Normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+#: Transforms allowed with tiling: they keep the image's size, so they can run before the tiles are cut.
+WHOLE_IMAGE_TRANSFORMS = ("RandomHorizontalFlip", "ColorJitter", "Normalize")
 
 
 def _default_transforms() -> tuple[TransformSpec, ...]:
@@ -33,12 +64,22 @@ def _default_transforms() -> tuple[TransformSpec, ...]:
 @dataclass(frozen=True)
 class ImageConfig:
     """``image:``: ``transforms`` (training) and ``eval_transforms`` (default: Resize + CenterCrop
-    to the training size + the training Normalize); see :mod:`task_encoders.image_transforms`."""
+    to the training size + the training Normalize); see :mod:`task_encoders.image_transforms`.
+    ``tiling`` (:class:`task_encoders.tiling.TilingConfig`): with ``tiling.enabled`` both lists may
+    only hold :data:`WHOLE_IMAGE_TRANSFORMS` (eval default: the training Normalize steps)."""
 
     transforms: tuple[TransformSpec, ...] = field(default_factory=_default_transforms)
     eval_transforms: tuple[TransformSpec, ...] | None = None
+    tiling: TilingConfig = field(default_factory=TilingConfig)
 
     def check(self, at: At) -> None:
+        if self.tiling.enabled:
+            for key, specs in (("transforms", self.transforms), ("eval_transforms", self.eval_transforms or ())):
+                for i, spec in enumerate(specs):
+                    require(spec.name in WHOLE_IMAGE_TRANSFORMS, at.child(key).item(i).child("name"),
+                            f"{spec.name} with image.tiling.enabled (tiles are cut after the transforms, "
+                            f"at vision.image_size)", "one of " + ", ".join(WHOLE_IMAGE_TRANSFORMS))
+            return
         size = output_size(self.transforms, at.child("transforms"))
         if self.eval_transforms is not None:
             eval_size = output_size(self.eval_transforms, at.child("eval_transforms"))
@@ -47,19 +88,77 @@ class ImageConfig:
 
     @property
     def size(self) -> tuple[int, int]:
-        """Output (height, width)."""
+        """Output (height, width) without tiling."""
         return output_size(self.transforms, At())
 
     def pipeline_specs(self, training: bool) -> tuple[TransformSpec, ...]:
         if training:
             return self.transforms
-        return self.eval_transforms or default_eval_specs(self.transforms, self.size)
+        if self.eval_transforms is not None:
+            return self.eval_transforms
+        if self.tiling.enabled:
+            return tuple(s for s in self.transforms if s.name == "Normalize")
+        return default_eval_specs(self.transforms, self.size)
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """``prompt:``: vision-language mode (module doc). ``enabled``: off by default (plain captions,
+    no placeholder). ``image_token``: the placeholder; ``special_tokens``: Megatron's
+    ``--special-tokens`` list, in its order, holding ``image_token``. ``template``: the text before
+    the caption, with ``{image}`` (once) and optionally ``{instruction}``; ``instructions``: one is
+    picked per sample (seeded)."""
+
+    enabled: bool = False
+    image_token: str = "<image>"
+    special_tokens: tuple[str, ...] = ("<image>",)
+    template: str = "{image}\n{instruction}\n"
+    instructions: tuple[str, ...] = ("Give a short description of the image.",)
+
+    def check(self, at: At) -> None:
+        require(self.image_token in self.special_tokens, at.child("special_tokens"),
+                f"{list(self.special_tokens)} lacks image_token {self.image_token!r}", "a list holding prompt.image_token")
+        try:
+            names = [name for _, name, _, _ in Formatter().parse(self.template) if name is not None]
+        except ValueError as e:
+            raise at.child("template").error(f"{self.template!r}: {e}", "a template with {image} and {instruction}") from None
+        require(names.count("image") == 1 and set(names) <= {"image", "instruction"}, at.child("template"),
+                f"{self.template!r} has fields {names}", "{image} exactly once and {instruction} at most once")
+        require(bool(self.instructions) or "instruction" not in names, at.child("instructions"), "empty",
+                "at least one instruction for the template's {instruction}")
+
+    def user_text(self, instruction: str, num_images: int = 1) -> str:
+        return self.template.format(image=self.image_token * num_images, instruction=instruction)
 
 
 @dataclass(frozen=True)
 class ImageTextConfig(EncoderConfig):
     encoder: str = "image_text"
     image: ImageConfig = field(default_factory=ImageConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
+
+    def check(self, at: At) -> None:
+        super().check(at)
+        if self.image.tiling.enabled:
+            require(self.prompt.enabled, at.child("prompt").child("enabled"), "false with image.tiling.enabled",
+                    "true: tiles need image placeholders and num_tiles (vision-language mode)")
+            require(self.vision.image_size is not None, at.child("vision").child("image_size"), "missing with tiling",
+                    "the vision encoder's image size (Megatron --img-h), the tile side")
+        elif self.prompt.enabled:
+            height, width = self.image.size
+            require(height == width, at.child("image").child("transforms"), f"output size {[height, width]}",
+                    "square images (the vision encoder's img_h = img_w)")
+            require(self.vision.image_size in (None, height), at.child("vision").child("image_size"),
+                    f"{self.vision.image_size} but image.transforms give {height}",
+                    "the image pipeline's output size (or none)")
+            require(height % self.vision.patch_dim == 0, at.child("vision").child("patch_dim"),
+                    f"{self.vision.patch_dim} does not divide the image size {height}", "a divisor of the image size")
+
+    @property
+    def tile_size(self) -> int:
+        """The side of one tile (the vision encoder's image size)."""
+        return self.vision.image_size if self.vision.image_size is not None else self.image.size[0]
 
 
 @edataclass
@@ -70,10 +169,39 @@ class ImageTextBatch(TextBatch):
     images: torch.Tensor
 
 
+@edataclass
+class VisionLanguageBatch(TextBatch):
+    """A vision-language batch (module doc): :class:`task_encoders.documents.TextBatch` (``loss_mask``
+    1 on answer tokens only) plus
+
+    * ``images``: float32 ``(T, C, t, t)``, every tile of every image, images in document order and
+      each image's tiles together (megatron-core's ``imgs``); ``(0, C, t, t)`` with no image.
+    * ``num_tiles``: int32 ``(I,)``, tiles per image; ``num_images``: int32 ``(D,)``, images (and
+      placeholders) per document.
+    * ``spliced_lengths``: int32 ``(D,)``, each document's length in the language model after the
+      image embeddings replace the placeholders (``tokens + tiles * tokens_per_tile - images``).
+    * ``image_token_index``: int, the placeholder's id; ``tokens_per_tile``: int, image embeddings
+      per tile.
+    """
+
+    images: torch.Tensor
+    num_tiles: torch.Tensor
+    num_images: torch.Tensor
+    spliced_lengths: torch.Tensor
+    image_token_index: int
+    tokens_per_tile: int
+
+    @property
+    def image_docs(self) -> torch.Tensor:
+        """int64 ``(I,)``: the document index of each image."""
+        return torch.repeat_interleave(torch.arange(len(self.num_images)), self.num_images.long())
+
+
 @register("image_text")
 class ImageTextTaskEncoder(DocumentTaskEncoder):
     """``ImageTextTaskEncoder(config=None, *, seed=None, training=True)``; batches are
-    :class:`ImageTextBatch`. ``training=False`` uses ``image.eval_transforms``."""
+    :class:`ImageTextBatch` (:class:`VisionLanguageBatch` with ``prompt.enabled``).
+    ``training=False`` uses ``image.eval_transforms``."""
 
     config_class = ImageTextConfig
     batch_type = ImageTextBatch
@@ -81,16 +209,135 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
     def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
         super().__init__(config, seed=seed, training=training)
         self.pipeline = build_pipeline(self.config.image.pipeline_specs(training))
+        self.vision_language = bool(self.config.prompt.enabled)
+        self.image_token_index: int | None = None
+        self.special_token_ids: dict[str, int] = {}
+        if self.vision_language:
+            prompt = self.config.prompt
+            self.special_token_ids = self.tokenizer.add_special_tokens(
+                prompt.special_tokens, self.config_at.child("prompt").child("special_tokens"))
+            self.image_token_index = self.special_token_ids[prompt.image_token]
+            self.batch_type = VisionLanguageBatch
+            self.tile_size = self.config.tile_size
+            self.tokens_per_tile = self.config.vision.embeddings_per_tile(self.tile_size)
+
+    # --- per sample ----------------------------------------------------------------------------
+
+    def encode(self, sample: Any) -> EncodedDoc:
+        if not self.vision_language:
+            return super().encode(sample)
+        images = self.sample_images(sample)
+        media = self.encode_images(sample, images)
+        pieces = self.text_pieces(sample, len(images))
+        tokens, targets = self.fit_document(pieces, media["num_tiles"], sample)
+        return EncodedDoc.derive_from(sample, tokens=tokens, media={**media, "targets": targets})
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
-        image = sample.image
-        if not isinstance(image, torch.Tensor) or image.ndim != 3:
-            raise TypeError(f"expected a (C, H, W) image tensor, got {type(image).__name__}")
-        if not image.is_floating_point():
-            image = image.float() / 255.0
+        image = self._float_image(sample.image)
         with seeded_global_torch(self.sample_seed(sample, "image")):
             image = self.pipeline(image)
         return {"image": image.to(torch.float32).contiguous()}
 
+    @staticmethod
+    def _float_image(image: Any) -> torch.Tensor:
+        if not isinstance(image, torch.Tensor) or image.ndim != 3:
+            raise TypeError(f"expected a (C, H, W) image tensor, got {type(image).__name__}")
+        return image if image.is_floating_point() else image.float() / 255.0
+
+    def sample_images(self, sample: Any) -> list:
+        """The sample's images, in placeholder order (a captioning sample has one)."""
+        return [sample.image]
+
+    def encode_images(self, sample: Any, images: list) -> dict[str, torch.Tensor]:
+        """``{"images": (T, C, t, t), "num_tiles": int32 (I,)}``: each image augmented whole with its
+        own seed (stream ``"image"``, then ``"image1"``, ...) and tiled (or one tile)."""
+        tiles, counts = [], []
+        tiling = self.config.image.tiling
+        for i, raw in enumerate(images):
+            image = self._float_image(raw)
+            with seeded_global_torch(self.sample_seed(sample, "image" if i == 0 else f"image{i}")):
+                image = self.pipeline(image)
+            image = tile_image(image, self.tile_size, tiling) if tiling.enabled else image[None].to(torch.float32)
+            tiles.append(image)
+            counts.append(int(image.shape[0]))
+        channels = 3 if not tiles else tiles[0].shape[1]
+        stacked = torch.cat(tiles) if tiles else torch.zeros((0, channels, self.tile_size, self.tile_size))
+        return {"images": stacked.contiguous(), "num_tiles": torch.tensor(counts, dtype=torch.int32)}
+
+    def text_pieces(self, sample: Any, num_images: int) -> list[tuple[str, bool]]:
+        """The document's text as ``(text, is_answer)`` pieces, without BOS/EOS."""
+        prompt = self.config.prompt
+        generator = self.sample_generator(sample, "prompt")
+        instruction = prompt.instructions[int(torch.randint(len(prompt.instructions), (1,), generator=generator))] \
+            if prompt.instructions else ""
+        return [(prompt.user_text(instruction, num_images), False), (self.sample_text(sample).strip(), True)]
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer.hf(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def fit_document(self, pieces: list[tuple[str, bool]], num_tiles: torch.Tensor, sample: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[BOS] + pieces + [EOS]`` as int64 tokens and bool ``targets`` (answer tokens and EOS),
+        cut at the end (EOS kept) so the spliced length fits ``text.seq_len``. Raises ``ValueError``
+        (the sample is skipped and counted) when the placeholders do not match the images, or when
+        the cut would drop a placeholder or every answer token."""
+        special = self.tokenizer.special
+        ids, targets = [special.bos], [False]
+        for text, is_answer in pieces:
+            piece = self._ids(text)
+            if is_answer and self.image_token_index in piece:
+                raise ValueError(f"sample {sample_key(sample)!r}: an answer holds the image placeholder "
+                                 f"{self.config.prompt.image_token!r}")
+            ids += piece
+            targets += [is_answer] * len(piece)
+        num_images = int(num_tiles.numel())
+        found = ids.count(self.image_token_index)
+        if found != num_images:
+            raise ValueError(f"sample {sample_key(sample)!r}: {found} image placeholder(s) for {num_images} image(s)")
+        extra = int(num_tiles.sum()) * self.tokens_per_tile - num_images
+        room = self.seq_len - extra - 1  # tokens before EOS
+        if len(ids) > room:
+            ids, targets = ids[:max(room, 0)], targets[:max(room, 0)]
+            if ids.count(self.image_token_index) != num_images or not any(targets):
+                raise ValueError(f"sample {sample_key(sample)!r}: {num_images} image(s) of {int(num_tiles.sum())} "
+                                 f"tile(s) x {self.tokens_per_tile} embeddings leave no room for its answer in "
+                                 f"text.seq_len {self.seq_len}")
+        ids.append(special.eos)
+        targets.append(True)
+        return torch.tensor(ids, dtype=torch.int64), torch.tensor(targets, dtype=torch.bool)
+
+    def spliced_length(self, doc: EncodedDoc) -> int:
+        """The document's length in the language model (Megatron's ``total_len``)."""
+        if not self.vision_language:
+            return int(doc.tokens.numel())
+        tiles = doc.media["num_tiles"]
+        return int(doc.tokens.numel()) + int(tiles.sum()) * self.tokens_per_tile - int(tiles.numel())
+
+    # --- packing and batching ------------------------------------------------------------------
+
+    def select_samples_to_pack(self, samples: list[EncodedDoc]) -> list[list[EncodedDoc]]:
+        if not self.vision_language:
+            return super().select_samples_to_pack(samples)
+        groups = first_fit_decreasing([self.spliced_length(d) for d in samples], [sample_key(d) for d in samples],
+                                      self.seq_len, self.config.packing.max_docs)
+        return [[samples[i] for i in group] for group in groups]
+
+    def _pack(self, docs: list[EncodedDoc]) -> Pack:
+        pack = super()._pack(docs)
+        if self.vision_language:
+            loss_mask, start = pack.row["loss_mask"], 0
+            for doc in docs:
+                length = int(doc.tokens.numel())
+                loss_mask[start:start + length - 1] = doc.media["targets"][1:].to(torch.float32)
+                start += length
+        return pack
+
     def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
-        return {"images": torch.stack([d.media["image"] for d in docs])}
+        if not self.vision_language:
+            return {"images": torch.stack([d.media["image"] for d in docs])}
+        images = [d.media["images"] for d in docs]
+        return {"images": torch.cat(images).contiguous(),
+                "num_tiles": torch.cat([d.media["num_tiles"] for d in docs]),
+                "num_images": torch.tensor([d.media["num_tiles"].numel() for d in docs], dtype=torch.int32),
+                "spliced_lengths": torch.tensor([self.spliced_length(d) for d in docs], dtype=torch.int32),
+                "image_token_index": int(self.image_token_index), "tokens_per_tile": int(self.tokens_per_tile)}

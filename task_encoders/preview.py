@@ -1,9 +1,13 @@
-"""Human-readable summary of a batch: field shapes and dtypes, and a few documents decoded back
-to text (for ``make demo`` and debugging)."""
+"""What the model sees: a batch summarised as text (:func:`preview_batch`: field shapes and dtypes,
+documents decoded back to text, for ``make demo`` and debugging), and a contact sheet of encoded
+training samples as a PNG (:func:`preview`, ``energon-platform preview``): augmented images and
+tiles with their decoded text, a video clip's frames in a row, an audio sample's mel spectrogram
+with its transcript, for any encoder or blend."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,3 +31,244 @@ def preview_batch(encoder: Any, batch: Any, max_docs: int = 2, max_chars: int = 
         text = encoder.tokenizer.decode(flat[start:start + int(batch.doc_lengths[j])])
         lines.append(f"  {key}: {text[:max_chars]!r}")
     return "\n".join(lines)
+
+
+# --- contact sheets ------------------------------------------------------------------------------
+
+#: Default encoders for ``preview DATASET`` without ``--encoder``, by the dataset's sample class.
+DEFAULT_ENCODERS = {
+    "CaptioningSample": {"encoder": "image_text"},
+    "AudioTextSample": {"encoder": "audio_text"},
+    "VideoTextSample": {"encoder": "video_text"},
+    "TextSample": {"encoder": "text"},
+}
+TILE = 96  #: pixel height of an image, a video frame or a spectrogram on the sheet
+MAX_TILES = 8  #: images / frames drawn per document
+TEXT_WIDTH = 360  #: pixels of the text column
+PAD = 6
+
+
+def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
+    """Per document, its media as ``(kind, tensor)``: ``("image", (C, h, w))``, ``("tiles",
+    (n, C, h, w))``, ``("video", (T, C, h, w))`` (real frames only) or ``("mel", (n_mels, T))``
+    (valid frames only). Reads any batch of this package: one medium per document (``image_text``,
+    ``audio_text``, ``video_text``), media with per-document counts (``multimodal``), tiles
+    (``tiles`` + ``num_tiles``), images of shape ``(D, n, C, h, w)``."""
+    n_docs = len(batch.keys)
+    out: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(n_docs)]
+
+    def owners(count_name: str, n_items: int) -> list[int]:
+        counts = getattr(batch, count_name, None)
+        if isinstance(counts, torch.Tensor) and counts.numel() == n_docs:
+            return torch.repeat_interleave(torch.arange(n_docs), counts.long()).tolist()
+        return list(range(n_items)) if n_items == n_docs else []
+
+    images = getattr(batch, "images", None)
+    if isinstance(images, torch.Tensor) and images.ndim in (4, 5):
+        for i, j in enumerate(owners("num_images", images.shape[0])):
+            out[j].append(("image", images[i]) if images.ndim == 4 else ("tiles", images[i]))
+    tiles, num_tiles = getattr(batch, "tiles", None), getattr(batch, "num_tiles", None)
+    if isinstance(tiles, torch.Tensor) and isinstance(num_tiles, torch.Tensor) and num_tiles.numel() == n_docs:
+        start = 0
+        for j, n in enumerate(num_tiles.tolist()):
+            if n:
+                out[j].append(("tiles", tiles[start:start + n]))
+            start += n
+    videos = getattr(batch, "videos", None)
+    if isinstance(videos, torch.Tensor) and videos.ndim == 5:
+        frames = batch.num_frames.tolist()
+        for i, j in enumerate(owners("num_videos", videos.shape[0])):
+            out[j].append(("video", videos[i, : frames[i]]))
+    for name, lengths_name, count_name in (("features", "feature_lengths", "num_audio"),
+                                           ("audio_features", "audio_lengths", "")):
+        feats = getattr(batch, name, None)
+        if isinstance(feats, torch.Tensor) and feats.ndim == 3 and feats.shape[1] and feats.shape[2]:
+            lengths = getattr(batch, lengths_name).tolist()
+            for i, j in enumerate(owners(count_name, feats.shape[0]) if count_name else range(feats.shape[0])):
+                if lengths[i]:
+                    out[j].append(("mel", feats[i, :, : lengths[i]]))
+    return out
+
+
+def doc_texts(encoder: Any, batch: Any) -> list[str]:
+    """Each document's tokens decoded with the encoder's tokenizer."""
+    flat = batch.tokens.flatten()
+    return [encoder.tokenizer.decode(flat[int(batch.cu_seqlens[j]):int(batch.cu_seqlens[j]) + int(batch.doc_lengths[j])])
+            for j in range(len(batch.keys))]
+
+
+def _normalize_of(encoder: Any, modality: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (mean, std) of the last ``Normalize`` of the encoder's image/frame pipeline, if any."""
+    from torchvision.transforms import v2
+
+    if modality is not None and hasattr(encoder, "encoders"):
+        encoder = encoder.encoders.get(modality, encoder)
+    pipeline = getattr(encoder, "pipeline", None)
+    steps = [t for t in getattr(pipeline, "transforms", []) if isinstance(t, v2.Normalize)]
+    if not steps:
+        return None
+    return torch.tensor(steps[-1].mean).view(-1, 1, 1), torch.tensor(steps[-1].std).view(-1, 1, 1)
+
+
+def _to_pil(image: torch.Tensor, norm) -> Any:
+    """float ``(C, h, w)`` → an RGB picture ``TILE`` pixels high: the pipeline's Normalize undone
+    when known, else stretched from its own min..max."""
+    from PIL import Image
+
+    x = image.detach().float().cpu()
+    if norm is not None and x.shape[0] == norm[0].shape[0]:
+        x = x * norm[1] + norm[0]
+    else:
+        lo, hi = float(x.min()), float(x.max())
+        x = (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
+    if x.shape[0] == 1:
+        x = x.expand(3, -1, -1)
+    arr = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+    pic = Image.fromarray(arr[:, :, :3], "RGB")
+    return pic.resize((max(1, round(pic.width * TILE / pic.height)), TILE), Image.Resampling.NEAREST)
+
+
+def _mel_to_pil(mel: torch.Tensor, width: int) -> Any:
+    """log-mel ``(n_mels, T)`` → a viridis picture, low frequencies at the bottom, ``TILE`` high."""
+    import numpy as np
+    from matplotlib import colormaps
+    from PIL import Image
+
+    x = mel.detach().float().cpu().numpy()[::-1]
+    lo, hi = float(np.percentile(x, 2)), float(np.percentile(x, 98))
+    x = np.clip((x - lo) / (hi - lo), 0, 1) if hi > lo else np.zeros_like(x)
+    rgb = (colormaps["viridis"](x)[:, :, :3] * 255).astype(np.uint8)
+    return Image.fromarray(rgb, "RGB").resize((max(1, min(width, x.shape[1] * 4)), TILE), Image.Resampling.BILINEAR)
+
+
+def _wrap(text: str, font: Any, width: int, max_lines: int) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        trial = f"{line} {word}".strip()
+        if font.getlength(trial) <= width:
+            line = trial
+            continue
+        if line:
+            lines.append(line)
+        line = word
+        if len(lines) == max_lines:
+            break
+    if line and len(lines) < max_lines:
+        lines.append(line)
+    return lines
+
+
+def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = "") -> Any:
+    """A PIL picture of the first ``n`` documents of ``batches``, one row each: its media (images,
+    tiles, up to :data:`MAX_TILES` frames of a clip in a row, a mel spectrogram) on the left, its
+    key, modality and decoded text on the right."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=13)
+    small = ImageFont.load_default(size=11)
+    rows = []
+    for batch in batches:
+        modalities = getattr(batch, "modalities", None) or [type(encoder).name] * len(batch.keys)
+        for key, modality, media, text in zip(batch.keys, modalities, doc_media(batch), doc_texts(encoder, batch)):
+            norm = _normalize_of(encoder, modality)
+            pics = []
+            for kind, tensor in media:
+                if kind == "image":
+                    pics.append(_to_pil(tensor, norm))
+                elif kind in ("tiles", "video"):
+                    step = max(1, -(-tensor.shape[0] // MAX_TILES))
+                    pics += [_to_pil(frame, norm) for frame in tensor[::step]]
+                else:
+                    pics.append(_mel_to_pil(tensor, MAX_TILES * (TILE + 2)))
+            label = f"{key}  [{modality}" + "".join(f", {k} {tuple(t.shape)}" for k, t in media) + "]"
+            rows.append((pics, label, text))
+            if len(rows) == n:
+                break
+        if len(rows) == n:
+            break
+    media_width = max([sum(p.width + 2 for p in pics) for pics, _, _ in rows] + [TILE])
+    width = PAD + media_width + PAD + TEXT_WIDTH + PAD
+    head = 24 if title else 0
+    height = head + PAD + len(rows) * (TILE + PAD)
+    sheet = Image.new("RGB", (width, height), (250, 250, 248))
+    draw = ImageDraw.Draw(sheet)
+    if title:
+        draw.text((PAD, 5), title, fill=(0, 0, 0), font=font)
+    y = head + PAD
+    for pics, label, text in rows:
+        x = PAD
+        for pic in pics:
+            sheet.paste(pic, (x, y))
+            x += pic.width + 2
+        tx = PAD + media_width + PAD
+        draw.text((tx, y), label[:70], fill=(90, 90, 90), font=small)
+        for i, line in enumerate(_wrap(text, font, TEXT_WIDTH, 5)):
+            draw.text((tx, y + 16 + 16 * i), line, fill=(0, 0, 0), font=font)
+        draw.line([(PAD, y + TILE + PAD // 2), (width - PAD, y + TILE + PAD // 2)], fill=(220, 220, 220))
+        y += TILE + PAD
+    return sheet
+
+
+def _dataset_sample_class(path: Path) -> str | None:
+    import yaml
+
+    try:
+        doc = yaml.safe_load((path / ".nv-meta" / "dataset.yaml").read_text())
+        return doc["sample_type"]["__class__"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+
+
+def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
+    """The run config ``preview`` draws from: ``target`` is a run config (``data`` + ``encoder``,
+    blends included) or a dataset folder / metadataset YAML, then encoded with ``encoder`` (a
+    config path, dict or name; default: :data:`DEFAULT_ENCODERS` of the dataset's sample class).
+    Loader: the run config's, with no workers; a dataset gets one batch of ``n`` samples."""
+    import yaml
+
+    from energon_platform.config import load_config
+    from task_encoders.config import ConfigError
+
+    path = Path(target)
+    doc = None
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        doc = yaml.safe_load(path.read_text())
+    if isinstance(doc, dict) and "data" in doc and "encoder" in doc:
+        overrides = {"loader.num_workers": 0}
+        if encoder is not None:
+            overrides["encoder"] = encoder
+        return load_config(path, overrides)
+    if encoder is None:
+        sample_class = _dataset_sample_class(path) if path.is_dir() else None
+        if sample_class not in DEFAULT_ENCODERS:
+            raise ConfigError(str(path), "--encoder", f"cannot choose an encoder for {path} "
+                              f"(sample type {sample_class or 'unknown'})", "--encoder CONFIG (e.g. configs/encoders/multimodal.yaml)")
+        encoder = DEFAULT_ENCODERS[sample_class]
+    return load_config({"data": {"path": str(path.resolve()), "val_split": None}, "encoder": encoder,
+                        "loader": {"global_batch_size": n, "num_workers": 0}})
+
+
+def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = None) -> dict:
+    """Encode the first training samples of ``target`` (:func:`preview_config`) with
+    energon_platform's train loader (epoch 0, training augmentation, per-sample seeds) and write
+    their :func:`contact_sheet` to ``out`` (PNG). Returns ``{"path", "width", "height", "documents"}``."""
+    from energon_platform.loader.train_loader import TrainLoader
+
+    cfg = preview_config(target, encoder, n)
+    loader = TrainLoader(cfg)
+    try:
+        batches, docs = [], 0
+        while docs < n:
+            batch = next(loader)
+            batches.append(batch)
+            docs += len(batch.keys)
+            if len(batches) > 4 * n:
+                break
+        title = f"{Path(target).name}: {type(loader.encoder).__name__} ({type(loader.encoder).name}), training samples, epoch 0"
+        sheet = contact_sheet(loader.encoder, batches, n, title)
+    finally:
+        loader.close()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sheet.save(out, format="PNG")
+    return {"path": str(out), "width": sheet.width, "height": sheet.height, "documents": min(n, docs)}

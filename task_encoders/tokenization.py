@@ -3,6 +3,14 @@
 Contract of :meth:`TextTokenizer.encode`: int64 tensor ``[BOS, t1, ..., tk, EOS]`` of length
 ``2 <= L <= seq_len``; text past ``seq_len - 2`` content tokens is cut, EOS is kept. Deterministic
 (no randomness, no worker state).
+
+Special tokens such as the image placeholder ``<image>``: :meth:`TextTokenizer.add_special_tokens`
+adds them the way Megatron-LM's multimodal tokenizer does for ``--special-tokens``
+(``AutoTokenizer.add_tokens(tokens, special_tokens=True)``: a token the folder already has keeps its
+id, a new one is appended after the vocabulary, in the order given). The shipped tokenizer has
+``<image>`` already (id 2047); a user's own folder gets it appended, exactly as Megatron does when
+it loads the same folder with the same ``--special-tokens`` list, so both sides agree on
+``image_token_index``. The text of a special token always encodes to its one id.
 """
 
 from __future__ import annotations
@@ -63,6 +71,27 @@ class TextTokenizer:
         if token_id is None or (token_id == self.hf.unk_token_id and token != self.hf.unk_token):
             raise at.error(f"{token!r} is not in the vocabulary of {self.path}", "a token of the tokenizer")
         return int(token_id)
+
+    def add_special_tokens(self, tokens: tuple[str, ...] | list[str], at: At | None = None) -> dict[str, int]:
+        """Add ``tokens`` as special tokens (module doc); returns ``{token: id}``. A token that the
+        vocabulary has as an ordinary (non-special) token is refused (its text would then also be
+        part of ordinary words): ``ConfigError`` at ``at``."""
+        at = at or At()
+        tokens = list(tokens)
+        if len(set(tokens)) != len(tokens) or not all(isinstance(t, str) and t for t in tokens):
+            raise at.error(f"got {tokens!r}", "distinct non-empty token strings")
+        special = set(self.hf.all_special_tokens) | {t.content for t in self.hf.added_tokens_decoder.values() if t.special}
+        vocab = self.hf.get_vocab()
+        for token in tokens:
+            if token in vocab and token not in special:
+                raise at.error(f"{token!r} is an ordinary token of {self.path}", "a token the tokenizer does not have, "
+                               "or has as a special token")
+        self.hf.add_tokens(tokens, special_tokens=True)
+        ids = {t: int(self.hf.convert_tokens_to_ids(t)) for t in tokens}
+        for token, token_id in ids.items():
+            if self.hf(token, add_special_tokens=False)["input_ids"] != [token_id]:
+                raise at.error(f"{token!r} does not encode to its own id {token_id}", "a token the tokenizer keeps whole")
+        return ids
 
     @property
     def vocab_size(self) -> int:

@@ -23,8 +23,10 @@ def test_bench_restore_toy(tmp_path):
     report = json.loads(out.read_text())
     assert report["dataset"]["num_samples"] == 600 and not report["errors"]
     cell = report["positions"]["3"]["ours"]
+    # timings are only reported here (a ratio > 0 proves nothing): that a restore builds only the
+    # requested micro-batches is tests/test_loader_bites.py::test_restore_builds_only_the_requested_micro_batches
     for key in ("restore_s", "fresh_s", "ratio"):
-        assert isinstance(cell[key], float) and cell[key] > 0, (key, cell)
+        assert isinstance(cell[key], float), (key, cell)
     assert cell["state_bytes"] > 0
     assert cell["restored_batch_matches"] and cell["restored_tensors_match"], cell
     assert "target" in report and "position" in proc.stdout

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 COCO = DATA / "coco_mini"
 LIBRI = DATA / "librispeech_mini"
+TEXT = DATA / "text_mini" / "documents.jsonl"
 TOKENIZER = REPO / "task_encoders" / "assets" / "tokenizer"
 
 
@@ -145,6 +146,59 @@ def test_librispeech_layout_consistent():
     speakers = {u.split("-")[0] for u in trans}
     chapters = {tuple(u.split("-")[:2]) for u in trans}
     assert len(speakers) == 3 and len(chapters) == 6
+
+
+# --------------------------------------------------------------------------- text_mini
+
+
+def _documents() -> list[dict]:
+    return [json.loads(line) for line in TEXT.read_text(encoding="utf-8").splitlines()]
+
+
+def test_text_mini_documents_are_short_plain_prose():
+    import re
+
+    from converters.records import KEY_PATTERN
+
+    docs = _documents()
+    assert 60 <= len(docs) <= 120
+    assert len({d["id"] for d in docs}) == len(docs) and all(KEY_PATTERN.match(d["id"]) for d in docs)
+    for d in docs:
+        assert list(d) == ["id", "topic", "text"], d
+        text = d["text"]
+        assert text == text.strip() and text.isascii() and text.isprintable() and "  " not in text, d
+        assert text[0].isupper() and text.endswith("."), d
+        assert 1 <= len(re.findall(r"[.!?](?:\s|$)", text)) <= 5, d
+    topics = {d["topic"] for d in docs}
+    assert {"coco_mini photos", "librispeech_mini notes", "data platform"} <= topics
+
+
+def test_text_mini_facts_match_the_other_corpora():
+    """The documents' numbers and names are computed from the generator's own tables."""
+    docs = {d["id"]: d["text"] for d in _documents()}
+    photo_ids = {im["file_name"]: im["id"] for im in _coco()["images"] if im["kind"] != "generated"}
+    assert sum(k.startswith("photo-") for k in docs) == len(photo_ids)
+    assert "It is image 5 of coco_mini" in docs["photo-chelsea"] and "EXIF orientation tag of 6" in docs["photo-chelsea"]
+    assert "440.00 Hz in octave 4" in docs["note-A"] and "261.63 Hz in octave 4" in docs["note-C"]
+    assert "B, D sharp and F sharp" in docs["chord-B-major"] and "C, E flat and G" in docs["chord-C-minor"]
+    quoted = {text.rsplit("reads ", 1)[1].rstrip(".") for key, text in docs.items() if key.startswith("chord-")}
+    chords = {t for t in _transcripts().values() if t.endswith("CHORD")}
+    assert len(quoted) == 14 and chords and chords <= quoted  # every chord the corpus plays, as its transcript says it
+
+
+def test_text_mini_is_what_the_script_writes(tmp_path):
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_default_data.py"), "--only", "text",
+                    "--out", str(tmp_path)], check=True, cwd=tmp_path, capture_output=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text_mini"]  # the other corpora untouched
+    assert (tmp_path / "text_mini" / "documents.jsonl").read_bytes() == TEXT.read_bytes()
+    assert _tree(tmp_path / "text_mini") == _tree(TEXT.parent)
+
+
+def test_text_mini_round_trips_through_the_tokenizer(hf_tokenizer):
+    for d in _documents():
+        ids = hf_tokenizer.encode(d["text"], add_special_tokens=False)
+        assert hf_tokenizer.unk_token_id not in ids
+        assert hf_tokenizer.decode(ids, skip_special_tokens=True) == d["text"]
 
 
 def test_default_data_is_small():

@@ -8,10 +8,10 @@ import pytest
 
 from demo_datasets import REPO, coco_dataset, librispeech_dataset
 from energon_platform.config import load_config
-from energon_platform.loader import TrainLoader
-from energon_platform.schedule import LayoutError, Schedule
-from energon_platform.state import StateMismatchError
-from energon_platform.train import batch_digest
+from energon_platform.loader.train_loader import TrainLoader
+from energon_platform.loader.schedule import LayoutError, Schedule
+from energon_platform.loader.state import StateMismatchError
+from energon_platform.training.train import batch_digest
 from task_encoders.config import ConfigError
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
@@ -37,38 +37,47 @@ def cfg(path, encoder=IMAGE, **loader):
                         "loader": {"global_batch_size": 8, "num_workers": 0, **loader}})
 
 
-def global_batches(config, ranks: int, workers: int, steps: int, state: dict | None = None) -> list[tuple]:
-    """``steps`` global batches as (keys, row digests), ranks simulated in this process."""
+def run_layout(config, ranks: int, workers: int, steps: int, states: list[dict] | None = None) -> tuple[list, list]:
+    """``steps`` global batches as (keys, row digests), ranks simulated in this process, each rank
+    taking its ``accumulation`` micro-batches per step (rank order, then micro-batch order, as the
+    trainer logs them); then every rank's ``state_dict()``. ``states``: the saved ranks' states to
+    restore first; a rank beyond the saved ones gets rank 0's (as ``checkpoint.load`` does)."""
     loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
-    if state is not None:
-        for loader in loaders:
-            loader.load_state_dict(state)
+    for r, loader in enumerate(loaders):
+        if states is not None:
+            loader.load_state_dict(states[r] if r < len(states) else states[0])
     out = []
     for _ in range(steps):
-        parts = [next(loader) for loader in loaders]
+        parts = [next(loader) for loader in loaders for _ in range(loader.accumulation)]
         out.append(([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)]))
+    saved = [json.loads(json.dumps(loader.state_dict())) for loader in loaders]  # travels as JSON
     for loader in loaders:
         loader.close()
-    return out
+    return out, saved
+
+
+def global_batches(config, ranks: int, workers: int, steps: int, state: dict | None = None) -> list[tuple]:
+    """:func:`run_layout`'s batches, every rank restored from ``state`` first (when given)."""
+    return run_layout(config, ranks, workers, steps, None if state is None else [state])[0]
 
 
 # ---------------------------------------------------------------- schedule
 
 
 def test_schedule_every_sample_once_per_epoch_and_epochs_differ():
-    s = Schedule((5, 7, 3), seed=3, items_per_batch=4)
+    s = Schedule.for_dataset(15, seed=3, items_per_batch=4)
     e0 = [s.sample_at(p) for p in range(15)]
     e1 = [s.sample_at(p) for p in range(15, 30)]
-    assert sorted(i for _, i in e0) == list(range(15)) == sorted(i for _, i in e1)
-    assert {e for e, _ in e0} == {0} and {e for e, _ in e1} == {1}
-    assert [i for _, i in e0] != [i for _, i in e1]
-    windowed = Schedule((5, 7, 3), seed=3, items_per_batch=4, shuffle_buffer=4)
-    assert sorted(windowed.sample_at(p)[1] for p in range(15)) == list(range(15))
-    assert Schedule((5, 7, 3), seed=3, items_per_batch=4).sample_at(9) == s.sample_at(9)
+    assert sorted(i for _, _, i in e0) == list(range(15)) == sorted(i for _, _, i in e1)
+    assert {e for _, e, _ in e0} == {0} and {e for _, e, _ in e1} == {1}
+    assert [i for _, _, i in e0] != [i for _, _, i in e1]
+    windowed = Schedule.for_dataset(15, seed=3, items_per_batch=4, shuffle_buffer=4)
+    assert sorted(windowed.sample_at(p)[2] for p in range(15)) == list(range(15))
+    assert Schedule.for_dataset(15, seed=3, items_per_batch=4).sample_at(9) == s.sample_at(9)
 
 
 def test_schedule_refuses_world_size_that_cannot_split_the_batch():
-    s = Schedule((10,), seed=0, items_per_batch=6)
+    s = Schedule.for_dataset(10, seed=0, items_per_batch=6)
     with pytest.raises(LayoutError, match=r"world sizes that keep the same global batches: \[1, 2, 3, 6\]"):
         s.check_world_size(4)
 
@@ -119,37 +128,40 @@ def test_per_sample_augmentation_differs_between_epochs(coco):
 # ---------------------------------------------------------------- elastic resume
 
 LAYOUTS = [
-    # (encoder, packed, saved ranks x workers, resumed ranks x workers)
-    ("image", False, (1, 2), (2, 1)),
-    ("image", False, (2, 2), (4, 0)),
-    ("image", True, (2, 1), (1, 0)),
-    ("image", True, (1, 0), (2, 2)),
-    ("audio", False, (2, 0), (1, 2)),
-    ("audio", True, (1, 1), (2, 0)),
-    ("image", False, (4, 1), (2, 0)),
+    # (encoder, packed, saved ranks x workers, resumed ranks x workers, micro_batch_size)
+    ("image", False, (1, 2), (2, 1), None),
+    ("image", False, (2, 2), (4, 0), None),
+    ("image", True, (2, 1), (1, 0), None),
+    ("image", True, (1, 0), (2, 2), None),
+    ("audio", False, (2, 0), (1, 2), None),
+    ("audio", True, (1, 1), (2, 0), None),
+    ("image", False, (4, 1), (2, 0), None),
+    # gradient accumulation: 2 micro-batches per step on each of 2 ranks, then 4 on one rank
+    ("image", False, (2, 1), (1, 2), 2),
+    ("image", True, (1, 1), (2, 0), 1),  # packed: 4 pack groups per step, 4 then 2 micro-batches per rank
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("modality,packed,saved,resumed", LAYOUTS,
-                         ids=[f"{m}{'-packed' if p else ''}-{a[0]}x{a[1]}-to-{b[0]}x{b[1]}" for m, p, a, b in LAYOUTS])
-def test_layout_change_keeps_global_batches_and_exactly_once(coco, speech, modality, packed, saved, resumed):
+@pytest.mark.parametrize("modality,packed,saved,resumed,micro", LAYOUTS,
+                         ids=[f"{m}{'-packed' if p else ''}-{a[0]}x{a[1]}-to-{b[0]}x{b[1]}{f'-micro{u}' if u else ''}"
+                              for m, p, a, b, u in LAYOUTS])
+def test_layout_change_keeps_global_batches_and_exactly_once(coco, speech, modality, packed, saved, resumed, micro):
     if modality == "image":
         data, encoder, gb = coco, IMAGE_PACKED if packed else IMAGE, 4 if packed else 8
     else:
         data, encoder, gb = speech, AUDIO_PACKED if packed else AUDIO, 2 if packed else 4
-    config = cfg(data, encoder, global_batch_size=gb)
+    config = cfg(data, encoder, global_batch_size=gb, micro_batch_size=micro)
     n = TrainLoader(config).source.__len__()
     group = TrainLoader(config).schedule.group_size
     steps_per_epoch = -(-n // (gb * group))
     stop = steps_per_epoch // 2
     reference = global_batches(config, 1, 0, steps_per_epoch)
-    before = global_batches(config, *saved, stop)
+    before, states = run_layout(config, *saved, stop)  # the saving loaders' own states
     assert before == reference[:stop]
-    loader = TrainLoader(config, rank=0, world_size=saved[0])
-    loader.next_microbatch = stop  # what a rank of the saved layout holds after `stop` steps
-    state = loader.state_dict()
-    after = global_batches(config, *resumed, steps_per_epoch - stop, state)
+    if micro:
+        assert TrainLoader(config, rank=0, world_size=saved[0]).accumulation > 1, "the layout must accumulate"
+    after, _ = run_layout(config, *resumed, steps_per_epoch - stop, states)
     assert after == reference[stop:], "the resumed layout must produce the same global batches"
     # exactly once: every sample of the epoch appears, and repeats are only the next epoch's
     # samples that complete the last batch (packs reorder keys within a batch, so count, not slice)

@@ -1,4 +1,4 @@
-"""energon_platform.megatron against a loop that makes Megatron-LM's calls in Megatron's order.
+"""energon_platform.integrations.megatron against a loop that makes Megatron-LM's calls in Megatron's order.
 
 megatron-core needs CUDA, so ``megatron_run`` plays ``pretrain()`` on CPU: every data-parallel rank
 calls the provider (``is_distributed``), the iterators are wrapped like ``RerunDataIterator``
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from energon_platform.config import load_config
-from energon_platform.megatron import (
+from energon_platform.integrations.megatron import (
     IGNORE_INDEX, LayoutError, MegatronTrainIterator, StateMismatchError, is_dataloader_rank, latest_iteration,
     load_dataloader_state, make_provider, make_provider_from_args, provider_kwargs_from_args, save_dataloader_state,
     state_file, to_megatron_batch)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from demo_datasets import REPO, coco_dataset
-from energon_platform import checkpoint
-from energon_platform.resume_check import RunSpec, _count_lines, _run, compare, read_log, run_killed, trainer_command
+from energon_platform.training import checkpoint
+from energon_platform.training.resume_check import RunSpec, _count_lines, _run, compare, read_log, run_killed, trainer_command
 
 CLI = [sys.executable, "-m", "energon_platform"]
 
@@ -117,11 +117,14 @@ def test_resume_with_other_config_is_refused(config_file, tmp_path):
 def test_checkpoint_killed_mid_write_is_ignored(tmp_path):
     root = tmp_path / "ckpt"
     checkpoint.save(root, 5, 0, 1, model_state={"w": 1}, loader_state={"pos": 5})
+    # the barrier after every rank's files are written (the kill at every later step, up to and
+    # past the rename and the marker, is tests/test_loader_bites.py's)
     script = (
-        "import sys, time\n"
-        "from energon_platform import checkpoint\n"
+        "import os, sys, time\n"
+        "from energon_platform.training import checkpoint\n"
+        "tmp = sys.argv[1] + '/.tmp-step_000010/'\n"
         "def hang():\n"
-        "    if (sys.argv[1] + '/.tmp-step_000010/loader_rank0.json') and __import__('os').path.exists(sys.argv[1] + '/.tmp-step_000010/model.pt'):\n"
+        "    if all(os.path.exists(tmp + f) for f in ('loader_rank0.json', 'rng_rank0.pt', 'model.pt')):\n"
         "        print('written', flush=True); time.sleep(60)\n"
         "checkpoint.save(sys.argv[1], 10, 0, 1, model_state={'w': 2}, loader_state={'pos': 10}, barrier=hang)\n"
     )

@@ -1,7 +1,7 @@
 """NeMo-style audio manifests: JSONL lines ``{"audio_filepath", "text", "duration"}``.
 
-Paths resolve relative to the manifest's folder. Key = the ``id`` field if present, else the
-audio path without extension. ``duration`` is kept as declared provenance; the writer measures the
+Paths resolve relative to the manifest's folder. Key = the ``id`` field if present (``0`` is an
+id; a missing, ``null`` or empty one is not), else the audio path without extension. ``duration`` is kept as declared provenance; the writer measures the
 real duration when it decodes.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from converters.readers import existing_file
 from converters.readers.tables import iter_rows
-from converters.records import Media, Problem, ReadResult, Record, clean_texts, make_key
+from converters.records import Media, Problem, ReadResult, Record, clean_texts, id_text, make_key
 
 
 def read(manifest: str) -> ReadResult:
@@ -25,7 +25,7 @@ def read(manifest: str) -> ReadResult:
         if not isinstance(audio, str) or not audio:
             problems.append(Problem("malformed_line", f"line {n}", "no 'audio_filepath'"))
             continue
-        source_id = str(row.get("id") or Path(audio).with_suffix(""))
+        source_id = id_text(row.get("id")) or str(Path(audio).with_suffix(""))
         texts = clean_texts([row.get("text")])
         if not texts:
             problems.append(Problem("empty_text", source_id, f"line {n}: empty 'text'"))

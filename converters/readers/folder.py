@@ -1,52 +1,92 @@
 """An image folder with caption sidecars: ``a/b/img.jpg`` + ``a/b/img.txt`` or ``a/b/img.json``.
 
 ``.txt``: one caption per non-empty line. ``.json``: ``caption`` (str), ``captions`` (list) or
-``text``. Key = the relative path without extension (made key-safe). Images are visited in sorted
-path order.
+``text``. Sidecar extensions match in any case (``.TXT``); the first sidecar that yields a caption
+wins (``.txt`` before ``.json``), so an empty ``.txt`` does not hide a good ``.json``. Key = the
+relative path without extension (made key-safe). Images are visited in sorted path order; an image
+name that is a dangling symlink or a symlink loop is a ``missing_file``, never skipped silently.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from collections import defaultdict
 from pathlib import Path
 
-from converters.readers import IMAGE_EXTENSIONS, existing_dir
+from converters.readers import IMAGE_EXTENSIONS, decode_text, existing_dir
 from converters.records import Media, Problem, ReadResult, Record, clean_texts, make_key
 
-
-def _sidecar_texts(image: Path) -> tuple[tuple[str, ...], Problem | None]:
-    rel = image.stem
-    for ext in (".txt", ".json"):
-        side = image.with_suffix(ext)
-        if not side.is_file():
-            continue
-        try:
-            text = side.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            return (), Problem("invalid_utf8", rel, f"{side.name}: {e}")
-        if ext == ".txt":
-            return clean_texts(text.splitlines()), None
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            return (), Problem("malformed_line", rel, f"{side.name}: {e}")
-        if isinstance(doc, str):
-            return clean_texts([doc]), None
-        if not isinstance(doc, dict):
-            return (), Problem("malformed_line", rel, f"{side.name}: expected an object")
-        captions = doc.get("captions") or [doc.get("caption") or doc.get("text")]
-        return clean_texts(captions if isinstance(captions, list) else [captions]), None
-    return (), None
+SIDECAR_EXTENSIONS = (".txt", ".json")
 
 
-def read(root: str) -> ReadResult:
-    base = existing_dir(root, "image folder")
+def _parse_sidecar(side: Path, source_id: str) -> tuple[tuple[str, ...], Problem | None]:
+    try:
+        text = decode_text(side.read_bytes())
+    except UnicodeDecodeError as e:
+        return (), Problem("invalid_utf8", source_id, f"{side.name}: {e}")
+    except OSError as e:
+        return (), Problem("missing_file", source_id, f"{side.name}: {e.strerror or e}")
+    if side.suffix.lower() == ".txt":
+        return clean_texts(text.splitlines()), None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        return (), Problem("malformed_line", source_id, f"{side.name}: {e}")
+    if isinstance(doc, str):
+        return clean_texts([doc]), None
+    if not isinstance(doc, dict):
+        return (), Problem("malformed_line", source_id, f"{side.name}: expected an object")
+    captions = doc.get("captions") or [doc.get("caption") or doc.get("text")]
+    return clean_texts(captions if isinstance(captions, list) else [captions]), None
+
+
+def _sidecar_texts(sidecars: list[Path], source_id: str) -> tuple[tuple[str, ...], Problem | None]:
+    """Captions from the first sidecar that has any; else the first problem met, if any."""
+    first_problem = None
+    for side in sidecars:
+        texts, problem = _parse_sidecar(side, source_id)
+        if texts:
+            return texts, None
+        first_problem = first_problem or problem
+    return (), first_problem
+
+
+def _broken_link(path: Path) -> str | None:
+    """Why a directory entry that is a symlink cannot be read (None when it can, or is no link)."""
+    if not path.is_symlink():
+        return None
+    try:
+        os.stat(path)
+    except OSError as e:
+        return "symlink loop" if e.errno == errno.ELOOP else f"dangling symlink ({e.strerror})"
+    return None
+
+
+def read(root: str, extensions=IMAGE_EXTENSIONS, modality: str = "image", what: str = "image folder") -> ReadResult:
+    """Records of the media files under ``root`` (``extensions``, lower case with the dot; images by
+    default, as ``convert folder`` reads them) with their sidecars; ``modality`` names the result."""
+    base = existing_dir(root, what)
+    entries = sorted(base.rglob("*"))
+    sidecars = defaultdict(list)  # (folder, stem) -> sidecar files, .txt first
+    for p in entries:
+        if p.suffix.lower() in SIDECAR_EXTENSIONS and p.is_file():
+            sidecars[p.parent, p.stem].append(p)
+    for files in sidecars.values():
+        files.sort(key=lambda p: (SIDECAR_EXTENSIONS.index(p.suffix.lower()), p.name))
     records, problems = [], []
-    for image in sorted(p for p in base.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()):
+    for image in (p for p in entries if p.suffix.lower() in extensions):
         source_id = image.relative_to(base).with_suffix("").as_posix()
-        texts, problem = _sidecar_texts(image)
+        broken = _broken_link(image)
+        if broken:
+            problems.append(Problem("missing_file", source_id, f"{image.name}: {broken}"))
+            continue
+        if not image.is_file():
+            continue  # a folder named like an image
+        texts, problem = _sidecar_texts(sidecars.get((image.parent, image.stem), []), source_id)
         if problem is not None:
-            problems.append(Problem(problem.reason, source_id, problem.detail))
+            problems.append(problem)
             continue
         if not texts:
             problems.append(Problem("empty_text", source_id, "no caption sidecar (.txt/.json) or it is empty"))
@@ -59,4 +99,4 @@ def read(root: str) -> ReadResult:
                 texts=texts,
             )
         )
-    return ReadResult("image", records, problems)
+    return ReadResult(modality, records, problems)

@@ -2,7 +2,8 @@
 
 ``--image-column`` holds a path (resolved relative to the manifest's folder) or, in Parquet, the
 image bytes (``binary`` or an HF ``{"bytes", "path"}`` struct). ``--text-column`` holds a caption or
-a list of captions. Key = ``--id-column`` if given, else the image path without extension, else
+a list of captions. Key = ``--id-column`` if given (a row whose id is missing, ``null`` or empty
+is a ``malformed_line``, never the key ``None``), else the image path without extension, else
 ``row-<n>``.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from converters.readers import existing_file
 from converters.readers.tables import binary_columns, detect_format, iter_rows, require_columns
-from converters.records import Media, Problem, ReadResult, Record, clean_texts, make_key
+from converters.records import Media, Problem, ReadResult, Record, clean_texts, id_text, make_key
 
 
 def read(manifest: str, image_column: str = "image", text_column: str = "caption",
@@ -27,8 +28,9 @@ def read(manifest: str, image_column: str = "image", text_column: str = "caption
             problems.append(row)
             continue
         image = None if inline else row.get(image_column)
+        declared = id_text(row.get(id_column)) if id_column else None
         if id_column:
-            source_id = str(row.get(id_column, ""))
+            source_id = declared or f"row {n}"
         elif isinstance(image, str) and image:
             source_id = str(Path(image).with_suffix(""))
         else:
@@ -40,6 +42,9 @@ def read(manifest: str, image_column: str = "image", text_column: str = "caption
         texts = clean_texts(caption if isinstance(caption, list) else [caption])
         if not texts:
             problems.append(Problem("empty_text", source_id, f"row {n}: empty {text_column!r}"))
+            continue
+        if id_column and declared is None:
+            problems.append(Problem("malformed_line", source_id, f"row {n}: no {id_column!r} (missing, null or empty)"))
             continue
         media = (
             Media(path=str(path), name=f"{path.name}[{n}].{image_column}", parquet_cell=(image_column, n))

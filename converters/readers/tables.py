@@ -1,7 +1,8 @@
 """Row iteration for manifest files: JSONL, CSV, TSV and Parquet.
 
 ``iter_rows(path)`` yields ``(row_number, dict)`` for good rows and ``(row_number, Problem)`` for
-malformed ones, in file order. Parquet rows are read without their binary columns (those stay on
+malformed ones, in file order. A UTF-8 byte-order mark (CSV header, first JSONL line) is dropped.
+Parquet rows are read without their binary columns (those stay on
 disk and are read by the writer through ``Media.parquet_cell``).
 """
 
@@ -13,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from converters.readers import InputError
+from converters.readers import InputError, decode_text, open_input, read_input
 from converters.records import Problem
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
@@ -50,12 +51,12 @@ def binary_columns(path: Path) -> set[str]:
 
 
 def _iter_jsonl(path: Path):
-    with path.open("rb") as f:
+    with open_input(path, "manifest") as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw.decode("utf-8"))
+                row = json.loads(decode_text(raw))
             except UnicodeDecodeError as e:
                 yield n, Problem("invalid_utf8", f"line {n}", str(e))
                 continue
@@ -65,12 +66,15 @@ def _iter_jsonl(path: Path):
             yield n, row if isinstance(row, dict) else Problem("malformed_line", f"line {n}", "not a JSON object")
 
 
-def _iter_delimited(path: Path, delimiter: str):
+def _delimited_text(path: Path) -> str:
     try:
-        text = path.read_bytes().decode("utf-8")
+        return decode_text(read_input(path, "manifest"))
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 ({e})") from e
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+
+
+def _iter_delimited(path: Path, delimiter: str):
+    reader = csv.DictReader(io.StringIO(_delimited_text(path), newline=""), delimiter=delimiter)
     if not reader.fieldnames:
         raise InputError(f"{path}: no header row")
     for n, row in enumerate(reader, 2):
@@ -80,10 +84,10 @@ def _iter_delimited(path: Path, delimiter: str):
             yield n, row
 
 
-def _iter_parquet(path: Path):
+def _iter_parquet(path: Path, keep_binary: tuple[str, ...] = ()):
     import pyarrow.parquet as pq
 
-    skip = binary_columns(path)  # raises InputError for a file that is not Parquet
+    skip = binary_columns(path) - set(keep_binary)  # raises InputError for a file that is not Parquet
     pf = pq.ParquetFile(path)
     columns = [n for n in pf.schema_arrow.names if n not in skip]
 
@@ -96,12 +100,13 @@ def _iter_parquet(path: Path):
     return rows()
 
 
-def iter_rows(path: Path, fmt: str) -> Iterator[tuple[int, "dict | Problem"]]:
+def iter_rows(path: Path, fmt: str, keep_binary: tuple[str, ...] = ()) -> Iterator[tuple[int, "dict | Problem"]]:
+    """``keep_binary``: Parquet binary columns read into the rows anyway (as ``bytes``)."""
     if fmt == "jsonl":
         return _iter_jsonl(path)
     if fmt in ("csv", "tsv"):
         return _iter_delimited(path, "," if fmt == "csv" else "\t")
-    return _iter_parquet(path)
+    return _iter_parquet(path, keep_binary)
 
 
 def require_columns(path: Path, fmt: str, columns: list[str]) -> None:
@@ -109,8 +114,9 @@ def require_columns(path: Path, fmt: str, columns: list[str]) -> None:
     if fmt == "parquet":
         names = set(_parquet_schema(path).names)
     elif fmt in ("csv", "tsv"):
-        with path.open(encoding="utf-8", errors="replace") as f:
-            names = set(next(csv.reader(f, delimiter="," if fmt == "csv" else "\t"), []))
+        with open_input(path, "manifest") as f:
+            header = f.readline().decode("utf-8-sig", errors="replace")
+        names = set(next(csv.reader([header], delimiter="," if fmt == "csv" else "\t"), []))
     else:
         return  # JSONL rows may differ; missing fields become per-row problems
     missing = [c for c in columns if c not in names]

@@ -1,0 +1,192 @@
+"""Making one micro-batch: schedule positions → Energon samples → task encoder → batch.
+
+Runs the task encoder's hooks in Energon's order: ``encode_sample`` (or ``preencode_sample``),
+with packing ``select_samples_to_pack`` → ``postencode_sample`` → ``pack_selected_samples``, then
+``batch`` → ``encode_batch``. A sample that fails to load or encode is reported to the encoder's
+error handler (``task_encoders.skipping.SkipPolicy``, which counts it by key and stops a flood)
+and replaced by its first stand-in that loads (a keyed draw of the same dataset and epoch,
+:meth:`~energon_platform.loader.orders.DatasetOrder.replacement`), so every micro-batch stays
+full. Failures are a function of the sample and stand-ins a function of the failed sample, so the
+batches are the same on every layout and every resume. A failing *store* (``StorageError``) is
+never skipped: it stops the run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Iterable
+
+import torch
+
+from energon_platform.loader.schedule import Schedule
+from energon_platform.loader.source import StorageError
+
+log = logging.getLogger(__name__)
+
+#: Micro-batches a worker reads ahead on object storage (their bytes only; encoding stays in order).
+LOOKAHEAD = 2
+#: Stand-ins tried for one failed sample before the micro-batch fails.
+MAX_REPLACEMENTS = 16
+
+
+def _overridden(encoder: Any, name: str) -> bool:
+    from megatron.energon import DefaultTaskEncoder
+
+    return getattr(type(encoder), name) is not getattr(DefaultTaskEncoder, name)
+
+
+def _as_list(result: Any) -> list:
+    return list(result) if inspect.isgenerator(result) else [result]
+
+
+class MicroBatchMaker:
+    """``maker(c)`` builds micro-batch ``c`` of one data-parallel rank (a pure function of ``c``).
+
+    Micro-batch ``c`` is part ``c % accumulation`` of the rank's share of global batch
+    ``c // accumulation``. With packing (``schedule.group_size > 1``) each item is a group of
+    samples that the encoder packs into one or more sequences.
+
+    ``datasets``: the run's :class:`~energon_platform.loader.datasets.DatasetSet`, in schedule
+    order. A sample of a metadataset run gets the key ``"{dataset name}:{key}"`` (so logs, batches
+    and per-sample seeds say which dataset it came from) and the entry's subflavors.
+    """
+
+    def __init__(self, datasets: Any, encoder: Any, schedule: Schedule, rank: int, world_size: int,
+                 micro_items: int):
+        self.datasets, self.encoder, self.schedule = datasets, encoder, schedule
+        self.sources = [e.source for e in datasets.entries]
+        self.items = schedule.rank_items(rank, world_size)
+        if len(self.items) % micro_items:
+            raise ValueError(f"{len(self.items)} items per rank cannot be cut into micro-batches of {micro_items}")
+        self.micro_items = micro_items
+        self.accumulation = len(self.items) // micro_items
+        self.packing = schedule.group_size > 1
+        encode_name = "preencode_sample" if _overridden(encoder, "preencode_sample") else "encode_sample"
+        self._encode = getattr(encoder, encode_name)
+        self._postencode = encoder.postencode_sample if _overridden(encoder, "postencode_sample") else None
+        self._handler = getattr(encoder, "skip_policy", None)
+        self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
+
+    def _skip(self, exc: Exception, what: Any) -> None:
+        if self._handler is not None:
+            self._handler(exc, what)
+        else:
+            log.warning("skipped %s: %s: %s", getattr(what, "__key__", what), type(exc).__name__, exc)
+
+    def _load_encoded(self, dataset: int, epoch: int, index: int) -> list:
+        entry = self.datasets.entries[dataset]
+        prefix = f"{entry.name}:" if self.datasets.metadataset else ""
+        try:
+            sample = self.sources[dataset][index]
+        except StorageError:  # the store failed, not the sample: skipping would change this run's batches
+            raise
+        except Exception as e:  # undecodable media, missing member: skip and count
+            self._skip(e, {"__key__": prefix + (getattr(e, "sample_key", None) or f"#{index}")})
+            return []
+        sample.__key__ = prefix + sample.__key__
+        sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": entry.name}
+        try:
+            return _as_list(self._encode(sample))
+        except Exception as e:
+            from megatron.energon.errors import FatalSampleError
+
+            if isinstance(e, FatalSampleError):
+                raise
+            self._skip(e, sample)
+            return []
+
+    def _load_or_replace(self, c: int, dataset: int, epoch: int, index: int) -> list:
+        """The encoded sample, or, when it fails (counted by the skip policy), its first stand-in
+        that loads (:meth:`DatasetOrder.replacement`): micro-batches stay full (fixed shapes for
+        Megatron, CUDA graphs, compiled models), the same on every layout and every resume."""
+        encoded = self._load_encoded(dataset, epoch, index)
+        attempt = 0
+        while not encoded:
+            attempt += 1
+            if attempt > MAX_REPLACEMENTS:
+                raise RuntimeError(f"micro-batch {c}: sample {index} of dataset "
+                                   f"{self.datasets.entries[dataset].name!r} and {MAX_REPLACEMENTS} stand-ins "
+                                   f"failed; see the skipped samples in the log")
+            stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
+            encoded = self._load_encoded(dataset, epoch, stand_in)
+            if encoded:
+                self.replaced.append({"micro_batch": c, "dataset": self.datasets.entries[dataset].name,
+                                      "failed_index": index, "epoch": epoch, "stand_in": stand_in,
+                                      "key": getattr(encoded[0], "__key__", None)})
+                log.warning("micro-batch %d: sample %d failed; replaced by sample %d (%s)", c, index, stand_in,
+                            self.replaced[-1]["key"])
+        return encoded
+
+    def _pack(self, encoded: list) -> list:
+        packs = []
+        for selected in self.encoder.select_samples_to_pack(encoded):
+            if self._postencode is not None:
+                selected = [s for x in selected for s in _as_list(self._postencode(x))]
+            packs.append(self.encoder.pack_selected_samples(selected))
+        return packs
+
+    def prefetch(self, c: int) -> None:
+        """Start the storage reads of micro-batch ``c`` (object storage; a no-op on local disk)."""
+        self._prefetch(self.schedule.items(*self.item_ids(c)))
+
+    def _prefetch(self, items: list) -> None:
+        for d, source in enumerate(self.sources):
+            source.prefetch([idx for item in items for dd, _, idx in item if dd == d])
+
+    def item_ids(self, c: int) -> tuple[int, Iterable[int]]:
+        """``(global batch, item ids)`` of micro-batch ``c``."""
+        batch, part = divmod(c, self.accumulation)
+        first = self.items.start + part * self.micro_items
+        return batch, range(first, first + self.micro_items)
+
+    def __call__(self, c: int) -> Any:
+        """Encoding runs with one intra-op thread, as in DataLoader workers (PyTorch sets 1 there):
+        float kernels split work by thread count, so this keeps tensors bit-identical with 0 or N
+        workers."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._make(c)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _make(self, c: int) -> Any:
+        batch, item_ids = self.item_ids(c)
+        items = self.schedule.items(batch, item_ids)
+        self._prefetch(items)
+        samples = []
+        for item in items:
+            encoded = [e for d, epoch, idx in item for e in self._load_or_replace(c, d, epoch, idx)]
+            samples += self._pack(encoded) if self.packing and encoded else encoded
+        if not samples:
+            raise RuntimeError(f"micro-batch {c} (global batch {batch}): every sample failed; see the log")
+        out = self.encoder.batch(samples)
+        out = self.encoder.encode_batch(out)
+        return next(out) if inspect.isgenerator(out) else out
+
+
+class MicroBatchStream(torch.utils.data.IterableDataset):
+    """Micro-batches ``start, start+1, ...`` of one rank, split over DataLoader workers.
+
+    Worker ``w`` of ``W`` yields ``start + w``, ``start + w + W``, ...; the DataLoader reads its
+    workers round-robin, so the main process sees them in order. Infinite: training streams
+    cross epochs (see :mod:`energon_platform.loader.schedule`).
+    """
+
+    def __init__(self, maker: MicroBatchMaker, start: int):
+        super().__init__()
+        self.maker, self.start = maker, start
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        c = self.start + w
+        remote = any(s.remote for s in self.maker.sources)
+        for k in range(LOOKAHEAD if remote else 0):  # reads of the next micro-batches overlap this one's work
+            self.maker.prefetch(c + k * n)
+        while True:
+            if remote:
+                self.maker.prefetch(c + LOOKAHEAD * n)
+            yield c, self.maker(c)
+            c += n

@@ -1,0 +1,127 @@
+"""One dataset's epochs: which sample index stands at position ``i`` of epoch ``e``.
+
+Two shuffle modes, both computed per position in O(1) time and memory (no epoch array):
+
+``permutation`` (default for corpora that fit a random-access reader well, i.e. local disk)
+    epoch ``e`` is the keyed bijection ``KeyedPermutation(N, key(e))``: every sample once, any
+    sample next to any other.
+
+``locality`` (``shuffle_buffer: K``; for object storage and very large corpora)
+    The dataset's index space ``[0, N)`` (shards concatenated in order) is cut into *blocks* of
+    ``block`` consecutive samples (each block lies in one shard or straddles two). Each epoch
+    shuffles the order of the full blocks with a keyed bijection, groups consecutive blocks into
+    *windows* of ``window = ceil(K / block)`` blocks and shuffles the samples inside each window
+    with another keyed bijection; the partial tail block (``N mod block`` samples) closes the epoch,
+    shuffled within itself. So a window of ``window × block ≈ K`` consecutive positions reads from
+    at most ``window`` blocks (``2 × window`` shards), like Energon's slices plus a shuffle
+    buffer of ``K``, but computable at any position. With ``shuffle_run: R`` the window shuffles
+    runs of ``R`` consecutive samples instead of single samples: ``R`` neighbouring positions are
+    then one contiguous byte range of one shard, read with one request (object storage).
+
+The trade-off, measured by ``scripts/bench_scale.py``: ``locality`` touches few shards per window
+(good for sequential reads and caches) at the price of correlation between neighbouring positions
+(samples of a window come from the same few blocks); ``permutation`` has no such correlation and
+touches ``min(window, shards)`` shards per window. A state saved with one mode never restores into
+the other: the mode and its parameters are part of the loader fingerprint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from energon_platform.loader.permutation import KeyedPermutation, derive_key
+
+SHUFFLE_MODES = ("permutation", "locality")
+#: Default blocks per window in ``locality`` mode: a window of ``K`` samples reads 16 blocks of
+#: ``ceil(K / 16)`` consecutive samples (at most 32 shards).
+DEFAULT_WINDOW_BLOCKS = 16
+
+
+@dataclass(frozen=True)
+class DatasetOrder:
+    """The epochs of one dataset of ``num_samples`` samples, keyed by ``key`` (64 bit).
+
+    ``shuffle_buffer``: None for ``permutation``; ``K`` for ``locality`` with windows of about
+    ``K`` samples. ``block``: samples per block in ``locality`` mode (default ``ceil(K / 16)``).
+    """
+
+    num_samples: int
+    key: int
+    shuffle_buffer: int | None = None
+    block: int | None = None
+    run: int = 1  #: ``locality``: consecutive samples kept together inside a window
+
+    def __post_init__(self):
+        if self.num_samples < 1:
+            raise ValueError("a dataset split with no samples has no order")
+        if self.shuffle_buffer is not None and self.shuffle_buffer < 1:
+            raise ValueError(f"shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
+        if self.run < 1 or (self.run > 1 and self.shuffle_buffer is None):
+            raise ValueError("shuffle_run > 1 needs the locality mode (shuffle_buffer)")
+
+    @property
+    def mode(self) -> str:
+        return "permutation" if self.shuffle_buffer is None else "locality"
+
+    @property
+    def block_size(self) -> int:
+        block = self.block or max(1, -(-(self.shuffle_buffer or 1) // DEFAULT_WINDOW_BLOCKS))
+        return -(-block // self.run) * self.run  # whole runs per block
+
+    @property
+    def window_blocks(self) -> int:
+        return max(1, -(-(self.shuffle_buffer or 1) // self.block_size))
+
+    def describe(self) -> dict:
+        """The parameters that decide the order (part of the loader fingerprint)."""
+        if self.mode == "permutation":
+            return {"mode": "permutation"}
+        return {"mode": "locality", "shuffle_buffer": self.shuffle_buffer, "block": self.block_size, "run": self.run}
+
+    def indices(self, epoch: int, positions) -> np.ndarray:
+        """Sample indices (``int64``) at ``positions`` (array of ints in ``[0, num_samples)``) of ``epoch``."""
+        pos = np.asarray(positions, dtype=np.int64)
+        if self.mode == "permutation":
+            return KeyedPermutation(self.num_samples, derive_key(self.key, epoch))(pos)
+        return self._locality(epoch, pos)
+
+    def _locality(self, epoch: int, pos: np.ndarray) -> np.ndarray:
+        s, w = self.block_size, self.window_blocks
+        n_full = self.num_samples // s
+        span = w * s
+        out = np.empty_like(pos)
+        tail = pos >= n_full * s
+        if tail.any():  # the partial last block closes the epoch, shuffled within itself
+            n_tail = self.num_samples - n_full * s
+            perm = KeyedPermutation(n_tail, derive_key(self.key, epoch, 1))
+            out[tail] = n_full * s + perm(pos[tail] - n_full * s)
+        body = ~tail
+        if body.any():
+            blocks = KeyedPermutation(n_full, derive_key(self.key, epoch, 2))
+            p = pos[body]
+            win = p // span
+            slot = np.empty_like(p)
+            for wi in np.unique(win):  # a micro-batch spans one or two windows
+                sel = win == wi
+                size = min(w, n_full - int(wi) * w) * s
+                inner = KeyedPermutation(size // self.run, derive_key(self.key, epoch, 3, int(wi)))
+                r = p[sel] - int(wi) * span
+                slot[sel] = int(wi) * span + inner(r // self.run) * self.run + r % self.run
+            out[body] = blocks(slot // s) * s + slot % s
+        return out
+
+    def replacement(self, epoch: int, index: int, attempt: int) -> int:
+        """The ``attempt``-th (1, 2, ...) stand-in for sample ``index`` of ``epoch`` when it fails to
+        load or encode: a keyed draw of the same dataset, a pure function of its arguments (so the
+        same on every layout and every resume). Never ``index`` itself unless the dataset has one sample."""
+        perm = KeyedPermutation(self.num_samples, derive_key(self.key, epoch, 4, index))
+        candidate = perm((attempt - 1) % self.num_samples)
+        return candidate if candidate != index or self.num_samples == 1 else perm(attempt % self.num_samples)
+
+    def shards_per_window(self, shard_counts) -> int:
+        """The most shards one window of ``locality`` mode can touch (``permutation``: all)."""
+        if self.mode == "permutation":
+            return len(shard_counts)
+        return min(len(shard_counts), 2 * self.window_blocks)

@@ -1,0 +1,212 @@
+"""Random access to an Energon dataset split: index → decoded Energon sample.
+
+Uses Energon's own pieces: ``get_dataset_from_config`` (reads ``.nv-meta``, ``dataset.yaml``,
+split), its ``.tar.idx`` tar index and the factory's ``load_sample`` (decoder and field map / sample
+loader), the path Energon's ``restore_sample`` takes. Two things are ours: the order in which
+indices are asked for (:mod:`energon_platform.loader.schedule`) and the byte reads
+(:mod:`energon_platform.loader.shard_reader`: one ranged read per sample, the index read once per
+shard), which give Energon's raw samples without its re-reads and whole-object fetches.
+
+The path is a local folder or ``msc://PROFILE/prefix`` (object storage through multi-storage-client,
+profile from ``MSC_CONFIG``): every read goes through Energon's ``EPath``. Failures of the storage
+itself (credentials refused, connection lost after the client's retries, an object gone) raise
+:class:`StorageError`, at open or mid-run, and are never skipped as bad samples: a skip caused by
+the store would change the global batches on one run and not another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from typing import Any
+
+from megatron.energon import WorkerConfig
+from megatron.energon.epathlib import EPath
+
+
+class DatasetError(ValueError):
+    """The dataset path is not a usable Energon dataset (one line, names the path)."""
+
+
+class StorageError(DatasetError):
+    """The dataset's storage failed a read (one line, names the path and the cause).
+
+    Raised in a DataLoader worker, PyTorch re-raises it in the main process with the worker's
+    traceback as its message; ``str()`` gives back the one line (``args[0]`` keeps the traceback).
+    """
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if "Original Traceback" not in text:
+            return text
+        return text.rstrip().splitlines()[-1].partition(": ")[2] + " (in a DataLoader worker)"
+
+
+@contextlib.contextmanager
+def storage_errors(path: str, what: str):
+    """Turn what the storage client raises inside the block into :class:`StorageError`: ``OSError``
+    (permission, missing object, I/O), MSC's ``RuntimeError`` (connection failed after botocore's
+    retries) and ``RetryableError`` (MSC's own retries used up). ``DatasetError`` passes through."""
+    from multistorageclient.types import RetryableError
+
+    try:
+        yield
+    except DatasetError:
+        raise
+    except (OSError, RuntimeError, RetryableError) as e:
+        hint = ""
+        if isinstance(e, PermissionError) and path.startswith("msc://"):
+            hint = f"; check the credentials of MSC profile {EPath(path).profile!r} (MSC_CONFIG)"
+        raise StorageError(f"{path}: cannot read {what} ({type(e).__name__}: {e}){hint}") from e
+
+
+def dataset_root(path: str) -> EPath:
+    """``EPath`` of a dataset folder or ``msc://PROFILE/...`` URL; an unknown MSC profile is a
+    :class:`DatasetError`."""
+    try:
+        return EPath(path)
+    except ValueError as e:  # MSC: profile not in MSC_CONFIG / ~/.msc_config.yaml
+        raise DatasetError(f"{path}: {e}") from None
+
+
+def _factory(path: str, split: str, subflavors: dict | None = None):
+    with storage_errors(path, "the dataset's metadata"):
+        return _factory_unchecked(path, split, subflavors)
+
+
+def _factory_unchecked(path: str, split: str, subflavors: dict | None):
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+    from megatron.energon.dataset_config import get_dataset_from_config
+
+    if not (dataset_root(path) / ".nv-meta" / "dataset.yaml").is_file():
+        raise DatasetError(f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml); "
+                           f"convert it with `energon-platform convert ...` first")
+    splits = split_parts(path)
+    if split not in splits:
+        raise DatasetError(f"{path}: no split {split!r} (the dataset has: {', '.join(splits) or 'none'}); "
+                           f"set data.train_split / data.val_split to one of them")
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    factory = get_dataset_from_config(dataset_root(path), split_part=split, training=False, worker_config=wc,
+                                      subflavors=subflavors)
+    if not isinstance(factory, BaseWebdatasetFactory):
+        raise DatasetError(f"{path}: a metadataset or non-webdataset source is not supported here yet")
+    if not factory.shards:
+        raise DatasetError(f"{path}: split {split!r} has no shards")
+    if not sum(s.count for s in factory.shards):
+        raise DatasetError(f"{path}: split {split!r} has no samples")
+    return factory
+
+
+def split_parts(path: str) -> list[str]:
+    """Names of the split parts in ``.nv-meta/split.yaml`` that list at least one shard."""
+    import yaml
+
+    try:
+        parts = yaml.safe_load((dataset_root(path) / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+        return [name for name, shards in parts.items() if shards]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+        raise DatasetError(f"{path}: .nv-meta/split.yaml is missing or unreadable ({type(e).__name__}: {e})") from None
+
+
+class SampleSource:
+    """``source[i]`` is the decoded Energon sample with dataset index ``i`` of one split.
+
+    Cheap to construct on the main process (reads metadata only); the tar reader opens lazily, so
+    a pickled copy sent to a DataLoader worker opens its own file handles.
+    """
+
+    def __init__(self, path: str, split: str = "train", subflavors: dict | None = None):
+        self._open(str(path), split, subflavors)
+        self.check_shards()
+
+    def _open(self, path: str, split: str, subflavors: dict | None = None) -> None:
+        self.path, self.split, self.subflavors = path, split, subflavors
+        self._factory = _factory(self.path, split, subflavors)
+        self.shard_counts = tuple(s.count for s in self._factory.shards)
+        self._reader = None
+        self._prefetched: dict = {}  #: index → the future of its background read (:meth:`prefetch`)
+        self._lookahead = None
+        self._pid = os.getpid()
+
+    def check_shards(self) -> None:
+        """:class:`DatasetError` naming the first shard of the split that is not a file
+        (deleted, moved, replaced by a folder): caught when the dataset is opened, not mid-run as a
+        flood of bad samples. One ``is_file`` per shard through Energon's ``EPath`` (on object
+        storage one HEAD request each); a store that refuses or fails: :class:`StorageError`."""
+        with storage_errors(self.path, "the shard list"):
+            self._check_shards()
+
+    def _check_shards(self) -> None:
+        for shard in self._factory.shards:
+            if not shard.path.is_file():
+                missing = sum(not s.path.is_file() for s in self._factory.shards)
+                raise DatasetError(f"{self.path}: shard {shard.name} of split {self.split!r} is missing "
+                                   f"({missing} of {len(self._factory.shards)} shards missing); the dataset is "
+                                   f"incomplete: restore the shard or convert the dataset again")
+
+    def __getstate__(self):
+        return {"path": self.path, "split": self.split, "subflavors": self.subflavors}
+
+    def __setstate__(self, state):
+        self._open(state["path"], state["split"], state.get("subflavors"))  # the shards were checked where it was built
+
+    def __len__(self) -> int:
+        return sum(self.shard_counts)
+
+    @property
+    def remote(self) -> bool:
+        return "://" in self.path
+
+    def _ensure_reader(self) -> None:
+        if self._pid != os.getpid() and self.remote:  # a forked DataLoader worker must not share
+            self._open(self.path, self.split, self.subflavors)  # the parent's S3 client and its connections
+        if self._reader is None:
+            from energon_platform.loader.shard_reader import ShardReader
+
+            f = self._factory
+            self._reader = ShardReader(f.path, f.shards, part_filter=f.part_filter, sample_filter=f.sample_filter)
+
+    def prefetch(self, indices) -> None:
+        """Start reading the raw bytes of ``indices`` in the background (object storage only; a
+        local read is a ``pread`` and gains nothing); ``source[i]`` waits for its read. Reading
+        ahead of the micro-batch being encoded hides the store's latency behind the decoding."""
+        if not self.remote:
+            return
+        self._ensure_reader()
+        todo = sorted({int(i) for i in indices} - set(self._prefetched))
+        if todo:
+            if self._lookahead is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._lookahead = ThreadPoolExecutor(2, thread_name_prefix="prefetch")
+            future = self._lookahead.submit(self._reader.fetch_many, todo)
+            self._prefetched.update({i: future for i in todo})
+
+    def __getitem__(self, index: int) -> Any:
+        self._ensure_reader()
+        with storage_errors(self.path, f"sample {index}"):
+            future = self._prefetched.pop(index, None)
+            raw = future.result()[index] if future is not None else self._reader[index]
+            if isinstance(raw, Exception):
+                raise raw
+        if raw is None:
+            raise KeyError(f"sample {index} is excluded from the dataset")
+        try:
+            return self._factory.load_sample(raw)
+        except Exception as e:  # a bad sample (undecodable media): the caller skips it, logged by its key
+            e.sample_key = raw.get("__key__")
+            raise
+
+    def identity(self) -> dict:
+        """What makes this data *this* data: Energon's index uuid, the split and its shard list."""
+        meta = dataset_root(self.path) / ".nv-meta"
+        shards = [[s.name, s.count] for s in self._factory.shards]
+        return {
+            "index_uuid": (meta / "index.uuid").read_text().strip() if (meta / "index.uuid").is_file() else None,
+            "split": self.split,
+            "num_shards": len(shards),
+            "num_samples": len(self),
+            "shards_sha256": hashlib.sha256(json.dumps(shards).encode()).hexdigest(),
+        }

@@ -1,0 +1,301 @@
+"""Train and validation loaders built from a run config.
+
+:class:`TrainLoader` is an iterator of micro-batches with the ``Stateful`` protocol of
+``torch.distributed.checkpoint`` (``state_dict``/``load_state_dict``). Its state is a
+:class:`~energon_platform.loader.state.LoaderState` as a plain dict. Restoring costs the same as starting
+(no replay), works with another number of workers, and with another data-parallel world size when
+that world size divides the global batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from energon_platform.config import RunConfig
+from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
+from energon_platform.loader.blend import Blend
+from energon_platform.loader.blend_history import plan_segments, resume_segments
+from energon_platform.loader.datasets import open_datasets
+from energon_platform.loader.orders import DatasetOrder
+from energon_platform.loader.permutation import derive_key
+from energon_platform.loader.schedule import LayoutError, Schedule
+from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError, check_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+def build_encoder(cfg: RunConfig, training: bool = True) -> Any:
+    """The task encoder named by the config, seeded with the loader's seed."""
+    from task_encoders.registry import get_encoder
+
+    return get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class TrainLoader:
+    """Micro-batches of one data-parallel rank; infinite (epochs follow each other).
+
+    Args:
+        cfg: run config (``data``, ``encoder``, ``loader``).
+        rank, world_size: this rank's data-parallel coordinates.
+        num_workers: overrides ``cfg.loader.num_workers`` (may differ from the saved run).
+    """
+
+    def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1, num_workers: int | None = None):
+        lc = self.config = cfg.loader
+        self.rank, self.world_size = rank, world_size
+        self.num_workers = lc.num_workers if num_workers is None else num_workers
+        self.prefetch_factor = lc.prefetch_factor
+        self.datasets = open_datasets(str(cfg.data.path), cfg.data.train_split)
+        self.source = self.datasets.entries[0].source  # the first (for one-dataset runs: the) dataset
+        self.encoder = build_encoder(cfg)
+        pack_group = _pack_group(lc.pack_group, self.encoder, cfg.source)
+        self.pack_group = pack_group
+        per_rank = Schedule.check_split(lc.global_batch_size, pack_group, world_size, lc.micro_batch_size)
+        self.micro_items = lc.micro_batch_size or per_rank
+        if lc.blend_unit == "batch" and lc.micro_batch_size is None:
+            from task_encoders.config import ConfigError
+
+            raise ConfigError(cfg.source, "loader.micro_batch_size", "blend_unit: batch takes whole micro-batches "
+                              "from one dataset, so the micro-batch size must be fixed (set micro_batch_size)")
+        self.unit = self.micro_items * pack_group if lc.blend_unit == "batch" else 1
+        self.orders = tuple(DatasetOrder(len(e.source), derive_key(lc.seed, *_stream_id(e.name)), lc.shuffle_buffer,
+                                         run=lc.shuffle_run)
+                            for e in self.datasets.entries)  # stream ids by name: entries are independent
+        self._set_blend(plan_segments(self.datasets, lc.blend_schedule, self._units_per_batch))
+        self.fingerprint = {
+            "encoder": {"name": type(self.encoder).__name__, "config_sha": _digest(_encoder_config(self.encoder))},
+            "seed": lc.seed,
+            "global_batch_size": lc.global_batch_size,
+            "pack_group": pack_group,
+            "shuffle": self.orders[0].describe(),
+            "blend_unit": lc.blend_unit,
+            "blend_unit_samples": self.unit,
+            "schedule": "feistel-chairman-v1",
+        }
+        self.next_microbatch = 0
+        self.blend_changes: list[str] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
+        self._iter = None
+
+    @property
+    def _units_per_batch(self) -> int:
+        return self.config.global_batch_size * self.pack_group // self.unit
+
+    def _set_blend(self, segments) -> None:
+        """(Re)build the schedule and micro-batch maker for the blend ``segments``."""
+        self.blend = Blend(segments, len(self.datasets.entries))
+        self.schedule = Schedule(self.orders, self.config.global_batch_size, self.pack_group, self.blend, self.unit)
+        self.maker = MicroBatchMaker(self.datasets, self.encoder, self.schedule, self.rank, self.world_size,
+                                     self.micro_items)
+
+    def dataset_identities(self) -> dict:
+        """Per dataset name: what makes it *this* data (may not change at resume)."""
+        return {e.name: e.source.identity() for e in self.datasets.entries}
+
+    def consumed(self) -> dict:
+        """Per dataset name: ``{"samples", "epochs"}`` taken before the next global batch."""
+        return dict(zip(self.datasets.names, self.schedule.consumed(self.global_batch)))
+
+    # --- iteration --------------------------------------------------------------------------
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per global batch on this rank (gradient-accumulation steps)."""
+        return self.maker.accumulation
+
+    @property
+    def global_batch(self) -> int:
+        """Index of the global batch the next micro-batch belongs to."""
+        return self.next_microbatch // self.accumulation
+
+    def _start(self):
+        self._start_microbatch = self.next_microbatch
+        stream = MicroBatchStream(self.maker, self.next_microbatch)
+        kwargs = {}
+        if self.num_workers > 0:
+            kwargs = {"prefetch_factor": self.prefetch_factor, "multiprocessing_context": "fork"}
+        # a private generator: creating the iterator would otherwise draw from the global torch RNG
+        # (its base seed), which the trainer's dropout uses and a resume restores
+        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=self.num_workers,
+                                             pin_memory=torch.cuda.is_available(), generator=torch.Generator(),
+                                             **kwargs)
+        return _without_sigchld_handler(lambda: iter(loader))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Any:
+        if self._iter is None:
+            self._iter = self._start()
+        try:
+            c, batch = next(self._iter)
+        except (RuntimeError, ConnectionError, EOFError) as e:
+            dead = self._dead_workers(wait=0 if isinstance(e, RuntimeError) else 1.0)
+            if not (self.num_workers and (dead or "DataLoader worker" in str(e))):
+                raise
+            # killed (the kernel's OOM killer), or exited: PyTorch says so in a RuntimeError, or the
+            # kill cut a tensor's transfer (ConnectionResetError)
+            worker, pid = dead[0] if dead else ((self.next_microbatch - self._start_microbatch) % self.num_workers, "?")
+            self.close()
+            raise LoaderWorkerError(
+                f"loader worker {worker} (pid {pid}) of rank {self.rank} died while making micro-batch "
+                f"{self.next_microbatch} (global batch {self.global_batch}): {str(e).splitlines()[0] or type(e).__name__}. "
+                f"Out of memory? Lower loader.num_workers or prefetch_factor; resume from the latest "
+                f"checkpoint and the data continues exactly") from None
+        assert c == self.next_microbatch, f"micro-batch {c} arrived where {self.next_microbatch} was due"
+        self.next_microbatch += 1
+        return batch
+
+    def _dead_workers(self, wait: float) -> list[tuple[int, int]]:
+        """``(worker id, pid)`` of the DataLoader workers that have exited; waits up to ``wait``
+        seconds for one (a transfer cut by a kill can surface just before the exit is visible)."""
+        import time
+
+        deadline = time.monotonic() + wait
+        while True:
+            dead = [(i, w.pid) for i, w in enumerate(getattr(self._iter, "_workers", [])) if not w.is_alive()]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """Stop the worker processes now (a new ``next()`` restarts them at the current position)."""
+        shutdown = getattr(self._iter, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._iter = None
+
+    # --- Stateful ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return LoaderState(
+            version=STATE_VERSION, fingerprint={**self.fingerprint, "datasets": self.dataset_identities()},
+            next_microbatch=self.next_microbatch, accumulation=self.accumulation,
+            layout={"rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
+                    "micro_items": self.maker.micro_items},
+            datasets=self.datasets.names, blend=self.blend.to_json(),
+            consumed=[self.consumed()[n] for n in self.datasets.names],
+        ).to_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Continue from a saved position. Raises :class:`StateMismatchError` for other data or
+        config, :class:`LayoutError` for a layout that cannot continue the same global batches."""
+        state = LoaderState.from_dict(state_dict)
+        current = self.dataset_identities()
+        missing = [n for n in state.datasets if n not in current]
+        if missing:
+            raise StateMismatchError(f"the checkpoint's blend has dataset(s) {missing} that this run does not "
+                                     f"(this run: {self.datasets.names}); datasets may be added at resume, not removed")
+        # every saved dataset must be the same data; datasets added since are not compared
+        check_fingerprint(state.fingerprint, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}})
+        if state.mid_step and (state.accumulation != self.accumulation or state.layout.get("world_size") != self.world_size):
+            raise LayoutError("the state was saved in the middle of a global batch (gradient accumulation); "
+                              "resume it with the same world size and micro-batch size, or save at a step boundary")
+        self.close()  # workers already started would produce the old position
+        segments, changes = resume_segments(state, self.datasets, self.config.blend_schedule,
+                                            state.next_global_batch, self._units_per_batch)
+        for change in changes:
+            log.warning("blend changed at resume: %s", change)
+        self.blend_changes = changes
+        self._set_blend(segments)
+        self.next_microbatch = state.next_global_batch * self.accumulation + (
+            state.next_microbatch % state.accumulation if state.mid_step else 0)
+
+
+def _without_sigchld_handler(start):
+    """Start DataLoader workers but keep the SIGCHLD handler that was there before. PyTorch's own
+    handler raises "DataLoader worker ... is killed" at whatever line the main process is running
+    (inside the model, the optimizer, a checkpoint write); without it a dead worker is found by
+    the iterator itself within seconds, inside :meth:`TrainLoader.__next__`, which names the worker
+    and the micro-batch (:class:`LoaderWorkerError`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return start()
+    previous = signal.getsignal(signal.SIGCHLD)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+class LoaderWorkerError(RuntimeError):
+    """A DataLoader worker process died (e.g. killed for memory); names the worker and micro-batch."""
+
+
+def check_layout(cfg: RunConfig, world_size: int) -> None:
+    """Refuse, before anything runs, a world size that cannot reproduce the run's global batches."""
+    Schedule.check_split(cfg.loader.global_batch_size, 1, world_size, cfg.loader.micro_batch_size)
+
+
+def _stream_id(name: str) -> tuple[int, int]:
+    """Two 64-bit integers from a dataset name: the key of its sample order (independent per entry)."""
+    h = hashlib.blake2b(name.encode(), digest_size=16).digest()
+    return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little")
+
+
+def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
+    """Samples per pack group; checks that loader and encoder agree on whether to pack."""
+    from task_encoders.config import ConfigError
+
+    packs = getattr(encoder, "packing_buffer_size", None)
+    if configured is None:
+        return packs or 1
+    if configured > 1 and not packs:
+        raise ConfigError(source, "loader.pack_group", f"{configured} asks for packing, but the encoder's "
+                          "packing.enabled is false (set it, or pack_group: 1)")
+    if configured == 1 and packs:
+        raise ConfigError(source, "loader.pack_group", "1 disables packing, but the encoder's packing.enabled is "
+                          "true (use pack_group >= 2 or null)")
+    return configured
+
+
+def _encoder_config(encoder: Any) -> Any:
+    from task_encoders.config import to_plain
+
+    config = to_plain(getattr(encoder, "config", {}))
+    if isinstance(config, dict):
+        config.pop("seed", None)  # the loader's seed is fingerprinted on its own
+        config.pop("errors", None)  # skip limits do not change the data
+    return config
+
+
+def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size: int = 1):
+    """Energon's own validation loader over ``data.val_split`` (no shuffling, no state), or None
+    when the dataset has no such split. A metadataset validates over its own ``val_split`` split
+    (Energon concatenates its datasets, weights ignored), when it defines one."""
+    from megatron.energon import get_loader, get_val_dataset
+
+    import yaml
+
+    from energon_platform.loader.datasets import is_metadataset
+    from energon_platform.loader.source import dataset_root
+
+    if not cfg.data.val_split:
+        return None
+    if is_metadataset(str(cfg.data.path)):
+        splits = (yaml.safe_load(Path(cfg.data.path).read_text()) or {}).get("splits", {})
+        if cfg.data.val_split not in splits:
+            return None
+    else:
+        split = dataset_root(str(cfg.data.path)) / ".nv-meta" / "split.yaml"  # a folder or msc:// URL
+        if not yaml.safe_load(split.read_text())["split_parts"].get(cfg.data.val_split):
+            return None
+    encoder = build_encoder(cfg, training=False)
+    wc = encoder.worker_config(rank=rank, world_size=world_size, num_workers=0)
+    ds = get_val_dataset(str(cfg.data.path), split_part=cfg.data.val_split, batch_size=batch_size,
+                         worker_config=wc, task_encoder=encoder, packing_buffer_size=encoder.packing_buffer_size)
+    return get_loader(ds)
+
+
+__all__ = ["TrainLoader", "build_val_loader", "build_encoder", "LayoutError", "StateMismatchError"]

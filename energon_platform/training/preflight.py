@@ -1,0 +1,82 @@
+"""Checks a run makes before its first step, so that a mistake costs one line, not a crashed run.
+
+:func:`preflight` (``train`` and ``check-resume`` call it) refuses, with the error types the CLI
+prints as one line:
+
+* a dataset the loader cannot use: missing split, missing shard (``SampleSource`` checks the
+  train split when the loader opens it; the validation split is checked here too);
+* an encoder that cannot encode this dataset's samples (an image encoder on audio shards, the
+  reverse, a field map without the fields the encoder reads): it encodes the first samples in
+  dataset order and fails when as many fail in a row as the encoder's ``errors`` section allows;
+* a model that does not fit the encoded media (an image patch larger than the images).
+
+It leaves every global RNG (torch, numpy, python) as it found it, so a run that calls it draws
+the same numbers as one that does not.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from energon_platform.config import ModelConfig, RunConfig
+from energon_platform.loader.source import DatasetError, SampleSource, StorageError, dataset_root, split_parts
+from energon_platform.training import checkpoint
+from task_encoders.config import ConfigError
+
+
+@contextmanager
+def _rng_untouched() -> Iterator[None]:
+    saved = checkpoint.rng_state()
+    try:
+        yield
+    finally:
+        checkpoint.set_rng_state(saved)
+
+
+def check_encoder_fits(source: SampleSource, encoder: Any) -> Any:
+    """The first sample of ``source`` that ``encoder`` encodes (an ``EncodedDoc``), trying up to
+    ``errors.max_consecutive_failures`` samples; :class:`DatasetError` naming the dataset, its
+    sample type and the encoder's error when every one fails. Counts nothing in the encoder's
+    skip policy."""
+    from task_encoders.skipping import _reason
+
+    limit = getattr(getattr(encoder, "config", None), "errors", None)
+    tries = min(len(source), getattr(limit, "max_consecutive_failures", 8))
+    kind, error = "samples", None
+    with _rng_untouched():
+        for index in range(tries):
+            try:
+                sample = source[index]
+                kind = f"{type(sample).__name__} samples"
+                return encoder.encode(sample)
+            except (StorageError, ImportError):  # the store or the installation failed, not the sample
+                raise
+            except Exception as e:  # noqa: BLE001 - the sample's failure; reported below
+                error = e
+    raise DatasetError(f"{source.path}: the {getattr(encoder, 'name', type(encoder).__name__)!s} encoder cannot "
+                       f"encode the {kind} of split {source.split!r} ({tries} of {tries} tried failed; first: "
+                       f"{_reason(error).splitlines()[0]}); use an encoder for this dataset's modality")
+
+
+def check_model_fits(model: ModelConfig, encoded: Any, source: str) -> None:
+    """:class:`ConfigError` naming ``model.patch`` when it is larger than the encoded images."""
+    image = getattr(encoded, "media", {}).get("image")
+    if image is not None and model.patch > min(image.shape[-2:]):
+        raise ConfigError(source, "model.patch", f"{model.patch} is larger than the encoder's images "
+                          f"({image.shape[-2]}x{image.shape[-1]}) (expected <= {min(image.shape[-2:])})")
+
+
+def preflight(cfg: RunConfig, loader: Any = None) -> None:
+    """Every check of the module doc, for every dataset of the run (each entry of a metadataset).
+    ``loader``: the run's ``TrainLoader`` (built here, on one rank without workers, if not given)."""
+    if loader is None:
+        from energon_platform.loader.train_loader import TrainLoader
+
+        loader = TrainLoader(cfg, num_workers=0)
+    for source in [e.source for e in loader.datasets.entries]:
+        check_model_fits(cfg.model, check_encoder_fits(source, loader.encoder), cfg.source)
+    path = str(cfg.data.path)
+    if cfg.data.val_split and (dataset_root(path) / ".nv-meta" / "split.yaml").is_file() \
+            and cfg.data.val_split in split_parts(path):  # no val split: the run logs no val_loss
+        SampleSource(path, cfg.data.val_split)  # its shards are checked when opened

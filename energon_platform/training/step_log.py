@@ -1,0 +1,153 @@
+"""A step log any training loop can write, for ``energon-platform check-resume --cmd``.
+
+::
+
+    from energon_platform.training.step_log import StepLog
+
+    log = StepLog(f"{out}/steps.jsonl")           # rank 0 writes; other ranks' calls do nothing
+    for step in range(start + 1, steps + 1):
+        batch = next(loader)
+        loss = train_step(batch)
+        log.write(step, loss.item(), keys=batch.keys, batch=[batch.tokens, batch.images])
+
+Each call appends one JSON line and flushes and fsyncs it, so a SIGKILL loses at most the line
+being written::
+
+    {"step": 7, "loss": 5.91, "keys": ["000000000189", ...], "batch_sha256": "8fb7d776..."}
+
+``keys`` (the sample keys of the step's global batch) and ``batch`` (its tensors: a tensor, or a
+dict, list or tuple of them, nested; or digests already computed, see :func:`batch_digest`) are
+optional. With both, ``check-resume`` judges exactly (same keys, same digests, loss identical);
+without them, by the loss only (|Δloss| <= 0.01). Opening a log that a kill left with an
+unterminated last line cuts that line first, so the next row starts on a line of its own; the
+readers skip such a torn line as well.
+
+Under ``torch.distributed`` only rank 0 writes (``rank=`` overrides; without an initialised
+process group, the ``RANK`` environment variable torchrun sets). Rank 0 sees its own part of the
+batch only: to log the global batch, gather each rank's keys and :func:`batch_digest` first (see
+``scripts/examples/torchtitan_style_loop.py``).
+
+Only ``torch`` (for tensors) and the standard library are imported: the helper drops into any loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StepLog", "batch_digest", "open_for_append"]
+
+
+def _update(h: "hashlib._Hash", obj: Any) -> None:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, str):
+        h.update(f"S{len(obj)};".encode() + obj.encode())
+    elif isinstance(obj, (bytes, bytearray)):
+        h.update(f"B{len(obj)};".encode() + bytes(obj))
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)};".encode())
+        for key in sorted(obj, key=str):
+            _update(h, str(key))
+            _update(h, obj[key])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)};".encode())
+        for item in obj:
+            _update(h, item)
+    elif obj is None or isinstance(obj, (bool, int, float)):
+        h.update(f"V{obj!r};".encode())
+    else:
+        raise TypeError(f"batch_digest: cannot digest a {type(obj).__name__}; pass tensors, or a dict, list or "
+                        f"tuple of them")
+
+
+def batch_digest(batch: Any) -> str:
+    """sha256 (hex) of ``batch``: a tensor (shape, dtype and bytes, on any device), or a dict
+    (by sorted key), list or tuple of tensors, nested; strings count as their text, so the
+    digests every rank computed of its own part, gathered in rank order, digest to one value
+    for the global batch."""
+    h = hashlib.sha256()
+    _update(h, batch)
+    return h.hexdigest()
+
+
+def open_for_append(path: str | os.PathLike):
+    """``path`` opened for appending (text), after cutting a last line a kill left unterminated."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        with open(path, "rb+") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end and (f.seek(end - 1), f.read(1))[1] != b"\n":
+                while True:  # back to the last newline, a block at a time
+                    start = max(0, end - 65536)
+                    f.seek(start)
+                    block = f.read(end - start)
+                    if b"\n" in block or start == 0:
+                        f.truncate(start + block.rfind(b"\n") + 1)
+                        break
+                    end = start
+    return open(path, "a", encoding="utf-8")
+
+
+def _this_rank(rank: int | None) -> int:
+    if rank is not None:
+        return rank
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", "0"))
+
+
+class StepLog:
+    """``StepLog(path, rank=None)``: append one JSON line per step (module doc). Opened lazily at
+    the first :meth:`write`, so building it costs nothing; a context manager; :meth:`close` when done."""
+
+    def __init__(self, path: str | os.PathLike, rank: int | None = None):
+        self.path = Path(path)
+        self.enabled = _this_rank(rank) == 0
+        self._file = None
+
+    def write(self, step: int, loss: float, keys: list[str] | None = None, batch: Any = None, **extra: Any) -> None:
+        """Log ``step`` (an int, the count of optimizer steps done, 1 for the first) and its
+        ``loss`` (a float or a one-element tensor); ``keys``: sample keys of the step's batch;
+        ``batch``: tensors to digest (:func:`batch_digest`); ``extra``: more JSON fields (e.g.
+        ``resumed_from=step`` on the first row after a restore, which check-resume then verifies)."""
+        if not self.enabled:
+            return
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"StepLog.write: step must be an integer >= 0, got {step!r}")
+        loss = float(loss.item() if hasattr(loss, "item") else loss)
+        row: dict[str, Any] = {"step": step, "loss": loss}  # NaN/Infinity as Python's json writes them
+        if keys is not None:
+            row["keys"] = [str(k) for k in keys]
+        if batch is not None:
+            row["batch_sha256"] = batch_digest(batch)
+        row.update(extra)
+        if self._file is None:
+            self._file = open_for_append(self.path)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "StepLog":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,309 @@
+"""The reference trainer: ``energon-platform train --config FILE [--resume]``.
+
+Single process, or one process per rank under ``torchrun`` (gloo on CPU, nccl on GPU). Each step
+takes one global batch (``loader.accumulation`` micro-batches per rank), does AdamW with a warmup
+schedule, and rank 0 appends one JSON line to ``OUT/log.jsonl``::
+
+    {"step": 7, "loss": 5.91..., "keys": [...global batch keys, rank order...],
+     "batch_sha256": "...", "global_batch": 6, "epoch": 0.19, "world_size": 2, "num_workers": 2,
+     "datasets": {"coco": {"samples": 56, "epochs": 0.19}, ...}}
+
+``datasets``: per dataset of the blend (one entry, ``dataset``, without a metadataset), samples
+and epochs consumed up to and including this step. A resume whose blend differs from the saved
+one (new weights, an added dataset) logs ``blend_changes`` on its first row.
+
+Every ``checkpoint_every`` steps it saves model, optimizer, scheduler, RNG and every rank's
+loader state atomically (:mod:`energon_platform.training.checkpoint`). ``--resume`` continues from the
+newest complete checkpoint (falling back past corrupt ones, and saying so); the loader continues
+at the same global batch, on any world size that divides the global batch and any number of
+workers. At every checkpoint it also logs ``val_loss`` over the dataset's validation split
+(Energon's own deterministic validation loader). The first row a process logs also says where it
+started: ``"resumed_from": <step>`` (0 for a fresh start), plus ``"skipped_checkpoints"`` when it
+fell back.
+
+Before the first step it refuses, as one-line errors: an unusable dataset or encoder/model
+mismatch (:mod:`energon_platform.training.preflight`), an output or checkpoint folder it cannot
+write, checkpoints of another run in a fresh run's folder, and checkpoints none of which is usable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from energon_platform.training import checkpoint
+from energon_platform.config import RunConfig
+from energon_platform.loader.train_loader import TrainLoader, build_val_loader
+from energon_platform.training.model import CaptionModel, media_of
+from energon_platform.training.preflight import preflight
+
+def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
+    """Document index → its media tensors (images; audio features cut to their valid length).
+    Single-modality batches hold one medium per document; mixed batches say where each one goes
+    (``image_docs``/``audio_docs``)."""
+    out: dict[int, list[torch.Tensor]] = {}
+    images, features = getattr(batch, "images", None), getattr(batch, "features", None)
+    if isinstance(images, torch.Tensor):
+        docs = getattr(batch, "image_docs", None)
+        for i, j in enumerate(docs.tolist() if docs is not None else range(len(images))):
+            out.setdefault(j, []).append(images[i])
+    if isinstance(features, torch.Tensor):
+        docs = getattr(batch, "audio_docs", None)
+        for i, j in enumerate(docs.tolist() if docs is not None else range(len(features))):
+            out.setdefault(j, []).append(features[i, :, : int(batch.feature_lengths[i])])
+    return out
+
+
+def batch_digest(batch: Any) -> list[str]:
+    """One sha256 per row: its tokens, labels, loss_mask and position_ids plus the media of the
+    row's documents (images, or audio features cut to their valid length). Independent of how a
+    global batch is split into micro-batches: the lists of the parts concatenate to the list of
+    the whole."""
+    media = _media_by_doc(batch)
+    doc = 0
+    rows = []
+    for i, n_docs in enumerate(batch.num_docs.tolist()):
+        d = hashlib.sha256()
+        tensors = [batch.tokens[i], batch.labels[i], batch.loss_mask[i], batch.position_ids[i]]
+        for j in range(doc, doc + n_docs):
+            tensors += media.get(j, [])
+        doc += n_docs
+        for t in tensors:
+            t = t.detach().cpu().contiguous()
+            d.update(f"{tuple(t.shape)}:{t.dtype}".encode())
+            d.update(t.numpy().tobytes())
+        rows.append(d.hexdigest())
+    return rows
+
+
+def _n_mels(encoder: Any) -> int:
+    configs = list(getattr(encoder.config, "modalities", {}).values()) or [encoder.config]
+    return next((c.audio.n_mels for c in configs if getattr(c, "audio", None) is not None), 80)
+
+
+TENSOR_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "images", "features", "feature_lengths", "cu_seqlens")
+
+
+def _init_distributed() -> tuple[int, int, torch.device]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return rank, world, torch.device("cuda", local)
+    return rank, world, torch.device("cpu")
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if device.type == "cpu":
+        return batch
+    for f in TENSOR_FIELDS:
+        t = getattr(batch, f, None)
+        if isinstance(t, torch.Tensor):
+            setattr(batch, f, t.to(device, non_blocking=True))
+    return batch
+
+
+def _gather(obj: Any, world: int) -> list:
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _all_reduce(t: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def evaluate(model: torch.nn.Module, val: Any, world: int, device: torch.device) -> float:
+    """Token-weighted mean loss over the validation loader ``val`` (each rank its share of the
+    split, Energon's deterministic val loader: no augmentation; no dropout)."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    targets = torch.zeros((), dtype=torch.float64, device=device)
+    model.eval()
+    with torch.no_grad():
+        for batch in val:
+            batch = _to(batch, device)
+            total += model(batch).double()
+            targets += batch.loss_mask.sum().double()
+    model.train()
+    return float(_all_reduce(total, world) / _all_reduce(targets, world).clamp(min=1.0))
+
+
+def _lr_lambda(warmup: int, steps: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return float(0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, progress))))
+    return f
+
+
+def _open_log(path: Path):
+    """``path`` opened for appending, after cutting a last line a kill left unterminated (so the
+    next row starts on a line of its own)."""
+    if path.is_file():
+        with open(path, "rb+") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end and (f.seek(end - 1), f.read(1))[1] != b"\n":
+                while True:  # back to the last newline, a block at a time
+                    start = max(0, end - 65536)
+                    f.seek(start)
+                    block = f.read(end - start)
+                    if b"\n" in block or start == 0:
+                        f.truncate(start + block.rfind(b"\n") + 1)
+                        break
+                    end = start
+    return open(path, "a")
+
+
+def _resume(ckpt_dir: Path, rank: int, quiet: bool) -> tuple[dict | None, dict]:
+    """The checkpoint to continue from (None: none there) and what the first log row records."""
+    found = checkpoint.load_newest(ckpt_dir, rank)
+    if found is None:
+        if rank == 0 and not quiet:
+            print(f"no checkpoint in {ckpt_dir}; starting from step 0", flush=True)
+        return None, {"resumed_from": 0}
+    note = {"resumed_from": found.content["step"], "checkpoint": found.path.name}
+    if found.skipped:
+        note["skipped_checkpoints"] = list(found.skipped)
+        if rank == 0:  # loud whatever --quiet says: the run does not continue where it stopped
+            print(f"warning: resuming from the older checkpoint {found.path} (step {found.content['step']}); "
+                  f"skipped: {'; '.join(found.skipped)}", file=sys.stderr, flush=True)
+    return found.content, note
+
+
+def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = None, out: str | None = None,
+          steps: int | None = None, quiet: bool = False) -> dict:
+    """Run (or continue) training; returns ``{"step", "loss", "out"}`` of the last step. Rank 0
+    holds the checkpoint folder's :class:`~energon_platform.training.checkpoint.RunLock` for the
+    whole run: a second run pointed at the same folder is refused."""
+    ckpt_dir = Path(out or cfg.train.out) / "checkpoints"
+    lock = checkpoint.RunLock(ckpt_dir) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+    with lock:
+        return _train(cfg, resume=resume, num_workers=num_workers, out=out, steps=steps, quiet=quiet)
+
+
+def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | None, steps: int | None,
+           quiet: bool) -> dict:
+    rank, world, device = _init_distributed()
+    out_dir = Path(out or cfg.train.out)
+    ckpt_dir = out_dir / "checkpoints"
+    total_steps = steps or cfg.train.steps
+    loader = TrainLoader(cfg, rank=rank, world_size=world, num_workers=num_workers)
+    preflight(cfg, loader)  # before any global state is touched: a refused run changes nothing
+    _seed_everything(cfg.loader.seed)
+    tok = loader.encoder.tokenizer
+    model = CaptionModel(cfg.model, tok.vocab_size, tok.seq_len, media_of(loader.encoder), _n_mels(loader.encoder)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps))
+    barrier = (lambda: dist.barrier()) if world > 1 else (lambda: None)
+    val = build_val_loader(cfg, max(1, cfg.loader.global_batch_size // world), rank, world)  # re-iterable
+
+    step = 0
+    if not resume and checkpoint.exists(ckpt_dir):
+        raise checkpoint.CheckpointError(f"{ckpt_dir} already holds checkpoints of a run; pass --resume to continue "
+                                         f"it, or choose another --out")
+    ck, start_note = _resume(ckpt_dir, rank, quiet) if resume else (None, {"resumed_from": 0})
+    if ck is not None:
+        try:
+            model.load_state_dict(ck["model_state"]["model"])
+            opt.load_state_dict(ck["model_state"]["optimizer"])
+            sched.load_state_dict(ck["model_state"]["scheduler"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another model config (model.dim, ...)
+            raise checkpoint.CheckpointError(f"{ckpt_dir / start_note['checkpoint']}: does not fit this model and "
+                                             f"optimizer ({type(e).__name__}: {str(e).splitlines()[0]}); resume "
+                                             f"with the model config it was saved with") from None
+        loader.load_state_dict(ck["loader_state"])
+        if loader.blend_changes:  # new blend weights or datasets from this step on: logged with the step
+            start_note["blend_changes"] = loader.blend_changes
+            if rank == 0:
+                print("\n".join(f"blend changed at resume: {c}" for c in loader.blend_changes), file=sys.stderr)
+        checkpoint.set_rng_state(ck["rng"])
+        step = ck["step"]
+        if rank == 0 and not quiet:
+            print(f"resumed from {ckpt_dir / start_note['checkpoint']} (step {step}, saved on {ck['world_size']} "
+                  f"rank(s)) on {world} rank(s) x {loader.num_workers} worker(s)", flush=True)
+    checkpoint.writable_dir(ckpt_dir, "checkpoints")  # every rank writes its files there
+    if rank == 0:
+        checkpoint.writable_dir(out_dir, "the training log")
+    log = _open_log(out_dir / "log.jsonl") if rank == 0 else None
+    loss_value = float("nan")
+    t0 = time.perf_counter()
+    while step < total_steps:
+        global_batch = loader.global_batch
+        micro_batches = [_to(next(loader), device) for _ in range(loader.accumulation)]
+        keys = [k for b in micro_batches for k in b.keys]
+        digests = [d for b in micro_batches for d in batch_digest(b)]
+        # token-weighted mean over the whole global batch, whatever its split over ranks
+        targets = _all_reduce(sum(b.loss_mask.sum() for b in micro_batches).detach().double(), world)
+        local_loss = torch.zeros((), dtype=torch.float64, device=device)
+        for micro, batch in enumerate(micro_batches):
+            sync = ddp.no_sync() if world > 1 and micro < len(micro_batches) - 1 else nullcontext()
+            with sync:
+                loss_sum = ddp(batch)
+                (loss_sum * (world / targets.clamp(min=1.0)).float()).backward()
+            local_loss += loss_sum.detach().double()
+        loss_value = float(_all_reduce(local_loss, world) / targets.clamp(min=1.0))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        save = step % cfg.train.checkpoint_every == 0 or step == total_steps
+        val_loss = evaluate(model, val, world, device) if save and val is not None else None
+        gathered = _gather((keys, digests), world)
+        if rank == 0:
+            row = {"step": step, "loss": loss_value, "keys": [k for g in gathered for k in g[0]],
+                   "batch_sha256": hashlib.sha256("".join(d for g in gathered for d in g[1]).encode()).hexdigest(),
+                   "global_batch": global_batch, "epoch": round(loader.schedule.epoch_of_batch(global_batch), 4),
+                   "world_size": world, "num_workers": loader.num_workers,
+                   "lr": sched.get_last_lr()[0], "elapsed_s": round(time.perf_counter() - t0, 3),
+                   "datasets": dict(zip(loader.datasets.names, loader.schedule.consumed(global_batch + 1)))}
+            if val_loss is not None:
+                row["val_loss"] = val_loss
+            row.update(start_note)  # the first row only: where this process started
+            start_note = {}
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            if not quiet:
+                shown = f"  val loss {val_loss:.4f}" if val_loss is not None else ""
+                print(f"step {step:5d}  loss {loss_value:.4f}  epoch {row['epoch']:.2f}{shown}", flush=True)
+        if save:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+            checkpoint.save(ckpt_dir, step, rank, world, model_state=state if rank == 0 else None,
+                            loader_state=loader.state_dict(), barrier=barrier)
+            if rank == 0:
+                checkpoint.prune(ckpt_dir, cfg.train.keep_checkpoints)
+    if log:
+        log.close()
+    loader.close()
+    if world > 1:
+        dist.destroy_process_group()
+    return {"step": step, "loss": loss_value, "out": str(out_dir)}

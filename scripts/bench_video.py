@@ -1,0 +1,258 @@
+#!/usr/bin/env python
+"""Video clips per second through energon-platform's loader against a plain PyAV loop that decodes
+the same clips, and decode time per clip on short and long videos (seek, not decode-from-start).
+
+What it does, all in one run on generated videos (H.264 MP4 and VP9 WebM, ``--size``, 30 fps, a
+keyframe every second): converts them with ``energon-platform convert video`` (original bytes
+kept), then
+
+1. **loader vs PyAV**: ``TrainLoader`` (``video_text``: ``--frames`` frames at stride 2, a random
+   crop to 112 px, caption tokens; ``num_workers=0``) for ``--epochs`` epochs, against a loop that
+   opens each of the same videos with PyAV, seeks to the keyframe before the same clip (same
+   sample, same epoch, so the same frame indices) and decodes its frames to RGB arrays. Both run in
+   this process on one core; the ratio is loader clips/s over PyAV clips/s (target >= 0.9).
+2. **seek**: the encoder's decode step (:func:`task_encoders.video_text.decode_frames`) for clips
+   at the start, middle and end of short and long videos: ms per clip, and the long/short ratio
+   (about 1 when decoding starts at the keyframe before the clip). For contrast, the same clips
+   decoded from the first frame, and on WebM through Energon's plain ``get_video_clips`` (whose
+   Matroska index is empty until a first seek, so it decodes from the start).
+
+Prints a table and writes ``--json``. No figure is hard-coded: every number is measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+FPS = 30
+
+
+def make_video(path: Path, seconds: float, size: tuple[int, int], fmt: str, seed: int) -> None:
+    """A moving gradient with a bouncing square (so inter frames carry real motion)."""
+    import av
+    import numpy as np
+
+    w, h = size
+    rng = np.random.default_rng(seed)
+    base = np.add.outer(np.arange(h), np.arange(w)) % 256
+    colour = rng.integers(0, 255, 3)
+    with av.open(str(path), "w", format="webm" if fmt == "webm" else "mp4", options={"fflags": "+bitexact"}) as out:
+        vs = out.add_stream("libvpx-vp9" if fmt == "webm" else "libx264", rate=FPS)
+        vs.width, vs.height, vs.pix_fmt = w, h, "yuv420p"
+        vs.codec_context.gop_size = FPS
+        vs.codec_context.thread_count = 1
+        vs.options = ({"threads": "1", "crf": "34", "b": "0", "deadline": "realtime", "cpu-used": "8"} if fmt == "webm"
+                      else {"preset": "veryfast", "crf": "26", "threads": "1", "x264-params": "mbtree=0"})
+        for i in range(int(seconds * FPS)):
+            img = np.stack([(base + 3 * i) % 256, base, (base * 2 - i) % 256], axis=-1).astype(np.uint8)
+            x = int((i * 4) % (2 * (w - 40)))
+            x = x if x < w - 40 else 2 * (w - 40) - x
+            img[h // 3:h // 3 + 40, x:x + 40] = colour
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            frame.pts = i
+            for p in vs.encode(frame):
+                out.mux(p)
+        for p in vs.encode(None):
+            out.mux(p)
+
+
+def pyav_clip(data: bytes, indices: list[int], fps: float) -> list:
+    """The plain PyAV baseline: open, seek to the keyframe before the clip, decode to its last frame,
+    keep the wanted frames as RGB arrays (single-threaded decoding, as Energon configures it)."""
+    import av
+
+    wanted = set(indices)
+    out = []
+    with av.open(io.BytesIO(data)) as c:
+        s = c.streams.video[0]
+        s.codec_context.thread_type = "NONE"
+        s.codec_context.thread_count = 0
+        tb, start = s.time_base, s.start_time or 0
+        c.seek(int(indices[0] / fps / tb) + start, stream=s, backward=True)
+        for frame in c.decode(s):
+            i = round(float((frame.pts - start) * tb) * fps)
+            if i in wanted:
+                out.append(frame.to_ndarray(format="rgb24"))
+            if i >= indices[-1]:
+                break
+    return out
+
+
+def from_start_clip(data: bytes, indices: list[int]) -> list:
+    """The same frames decoded from the first frame on (no seek): what a seek saves."""
+    import av
+
+    out, wanted = [], set(indices)
+    with av.open(io.BytesIO(data)) as c:
+        s = c.streams.video[0]
+        s.codec_context.thread_type = "NONE"
+        for i, frame in enumerate(c.decode(s)):
+            if i in wanted:
+                out.append(frame.to_ndarray(format="rgb24"))
+            if i >= indices[-1]:
+                break
+    return out
+
+
+def loader_vs_pyav(data_dir: Path, frames: int, epochs: int, batch: int) -> dict:
+    from types import SimpleNamespace
+
+    from energon_platform.config import load_config
+    from energon_platform.loader.train_loader import TrainLoader
+
+    n = len(list((data_dir / "raw").glob("*.mp4")))
+    cfg = load_config({"data": {"path": str(data_dir / "shards"), "val_split": None},
+                       "encoder": {"encoder": "video_text", "text": {"seq_len": 32},
+                                   "video": {"num_frames": frames, "stride": 2,
+                                             "transforms": [{"name": "RandomResizedCrop", "size": 112, "scale": [0.5, 1.0]}]}},
+                       "loader": {"global_batch_size": batch, "num_workers": 0, "seed": 3}})
+    loader = TrainLoader(cfg)
+    steps = epochs * n // batch
+    next(loader)  # warm-up: opens the shards, builds the pipeline
+    seen = []
+    t0 = time.perf_counter()
+    for step in range(1, steps):
+        b = next(loader)
+        seen += [(k, step * batch // n) for k in b.keys]
+    t_loader = time.perf_counter() - t0
+    encoder = loader.encoder
+    loader.close()
+    meta = {p.stem: json.loads((data_dir / "meta" / f"{p.stem}.json").read_text()) for p in (data_dir / "raw").glob("*.mp4")}
+    blobs = {p.stem: p.read_bytes() for p in (data_dir / "raw").glob("*.mp4")}
+    clips = []
+    for key, epoch in seen:  # the loader's clips: same key, same epoch, hence the same frame indices
+        sample = SimpleNamespace(__key__=key, __subflavors__={"epoch": epoch}, meta=meta[key])
+        clips.append((key, encoder.clip_of(sample), meta[key]["source"]["fps"]))
+    t0 = time.perf_counter()
+    for key, indices, fps in clips:
+        got = pyav_clip(blobs[key], indices, fps)
+        assert len(got) == len(indices), (key, indices, len(got))
+    t_pyav = time.perf_counter() - t0
+    return {"clips": len(clips), "frames_per_clip": frames, "loader_s": t_loader, "pyav_s": t_pyav,
+            "loader_clips_per_s": len(clips) / t_loader, "pyav_clips_per_s": len(clips) / t_pyav,
+            "ratio": (len(clips) / t_loader) / (len(clips) / t_pyav)}
+
+
+def seek_table(files: dict[str, Path], frames: int, repeats: int) -> dict:
+    from megatron.energon.av import AVDecoder
+
+    from task_encoders.video_text import decode_frames
+
+    out = {}
+    for name, path in files.items():
+        data = path.read_bytes()
+        import av
+
+        with av.open(io.BytesIO(data)) as c:
+            total = sum(1 for p in c.demux(video=0) if p.pts is not None)
+        row = {"frames_in_video": total}
+        for where, start in (("start", 0), ("middle", total // 2), ("end", total - 2 * frames)):
+            indices = [start + 2 * i for i in range(frames)]
+            for method, fn in (("ours_ms", lambda: decode_frames(AVDecoder(io.BytesIO(data)), indices, FPS)),
+                               ("from_start_ms", lambda: from_start_clip(data, indices)),
+                               ("energon_get_video_clips_ms", lambda: AVDecoder(io.BytesIO(data)).get_video_clips(
+                                   [((i + 0.5) / FPS, (i + 0.5) / FPS) for i in indices], video_unit="seconds"))):
+                if method == "energon_get_video_clips_ms" and not name.endswith("webm"):
+                    continue
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+                row.setdefault(method, {})[where] = 1000 * statistics.median(times)
+        out[name] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--size", type=int, nargs=2, default=[320, 240], metavar=("W", "H"), help="video size (320 240)")
+    ap.add_argument("--short", type=float, default=3.0, help="seconds of a short video (3)")
+    ap.add_argument("--long", type=float, default=60.0, help="seconds of a long video (60)")
+    ap.add_argument("--videos", type=int, default=16, help="videos in the loader comparison, half short, half long (16)")
+    ap.add_argument("--frames", type=int, default=8, help="frames per clip (8)")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs of the loader comparison (3)")
+    ap.add_argument("--repeats", type=int, default=5, help="repeats per seek measurement, median taken (5)")
+    ap.add_argument("--workdir", type=Path, help="keep the generated videos and shards here (default: a temp dir)")
+    args = ap.parse_args(argv)
+
+    from converters.convert import ConvertOptions, run_conversion
+
+    tmp = tempfile.TemporaryDirectory() if args.workdir is None else None
+    work = Path(tmp.name) if tmp else args.workdir
+    raw = work / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for i in range(args.videos):
+        path = raw / f"v{i:03d}.mp4"
+        if not path.exists():
+            make_video(path, args.long if i % 2 else args.short, tuple(args.size), "mp4", i)
+            path.with_suffix(".txt").write_text(f"video {i}, a square bouncing over a moving gradient\n")
+    seek_files = {"short.mp4": raw / "v000.mp4", "long.mp4": raw / "v001.mp4"}
+    for name, seconds in (("short.webm", args.short), ("long.webm", args.long)):
+        seek_files[name] = work / name
+        if not seek_files[name].exists():
+            make_video(seek_files[name], seconds, tuple(args.size), "webm", 99)
+    generated = time.perf_counter() - t0
+    outcome = run_conversion("video", {"root": str(raw)}, ConvertOptions(out=str(work / "shards"), samples_per_shard=4,
+                                                                         progress=False))
+    assert outcome.ok, outcome.report
+    (work / "meta").mkdir(exist_ok=True)
+    import tarfile
+
+    for shard in (work / "shards").glob("*/shard-*.tar"):
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                if m.name.endswith(".text.json"):
+                    (work / "meta" / m.name.replace(".text.json", ".json")).write_bytes(tar.extractfile(m).read())
+
+    lvp = loader_vs_pyav(work, args.frames, args.epochs, batch=4)
+    seek = seek_table(seek_files, args.frames, args.repeats)
+    result = {"config": {"size": args.size, "fps": FPS, "gop_frames": FPS, "short_s": args.short, "long_s": args.long,
+                         "videos": args.videos, "frames_per_clip": args.frames, "stride": 2, "epochs": args.epochs,
+                         "num_workers": 0, "generate_s": round(generated, 2)},
+              "loader_vs_pyav": lvp, "seek": seek}
+
+    print(f"\nclips/s, {args.size[0]}x{args.size[1]} H.264, {args.frames} frames at stride 2, one process "
+          f"({lvp['clips']} clips, half from {args.short:g} s, half from {args.long:g} s videos)")
+    print(f"  {'energon-platform TrainLoader (video_text)':44s} {lvp['loader_clips_per_s']:8.1f}")
+    print(f"  {'plain PyAV loop, same clips':44s} {lvp['pyav_clips_per_s']:8.1f}")
+    print(f"  {'ratio (target >= 0.9)':44s} {lvp['ratio']:8.2f}")
+    print(f"\nms per clip decode (median of {args.repeats}); clip at start / middle / end of the video")
+    print(f"  {'video':12s} {'frames':>6s}  {'ours (seek)':>24s}  {'from the first frame':>24s}  {'Energon get_video_clips':>24s}")
+    for name, row in seek.items():
+        cells = []
+        for method in ("ours_ms", "from_start_ms", "energon_get_video_clips_ms"):
+            r = row.get(method)
+            cells.append(" / ".join(f"{r[w]:6.1f}" for w in ("start", "middle", "end")) if r else "-")
+        print(f"  {name:12s} {row['frames_in_video']:6d}  {cells[0]:>24s}  {cells[1]:>24s}  {cells[2]:>24s}")
+    for fmt in ("mp4", "webm"):
+        ours = lambda n: statistics.mean(seek[f"{n}.{fmt}"]["ours_ms"].values())
+        result.setdefault("seek_long_over_short", {})[fmt] = ours("long") / ours("short")
+    print("  long/short decode time per clip (ours, mean over positions): "
+          + ", ".join(f"{k} {v:.2f}x" for k, v in result["seek_long_over_short"].items()))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"\nwrote {args.json}")
+    if tmp:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

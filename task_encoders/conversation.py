@@ -1,0 +1,175 @@
+"""Instruction conversations and VQA → vision-language batches (``encoder: conversation``).
+
+Input:
+
+* :class:`converters.sample_types.ConversationSample` (what ``energon-platform convert llava``
+  writes): ``images`` (a list, possibly empty, of float (C, H, W) tensors) and ``conversation``, a
+  list of turns ``{"from": "human" | "gpt" | "system", "value": str}`` (LLaVA) or
+  ``{"role": "user" | "assistant" | "system", "content": str}``.
+* Energon's ``VQASample``: ``image``, ``context`` (the question) and ``answers`` (with optional
+  ``answer_weights``): one user turn and one assistant turn; with several answers one is drawn from
+  the sample's own generator (stream ``"answer"``), by weight when weights are given.
+
+Everything of the vision-language mode of :mod:`task_encoders.image_text` applies (``prompt``,
+``vision``, ``image.tiling``, spliced lengths, packing, :class:`VisionLanguageBatch`); the config is
+that encoder's plus ``chat:``. ``prompt.enabled`` is always on here (``prompt.template`` and
+``prompt.instructions`` are not used).
+
+Placeholders: each ``<image>`` in a turn stands for the next image, in order. With fewer
+placeholders than images the missing ones go, each followed by ``"\\n"``, in front of the first user
+turn (as Megatron-LM's ``encode_llava_sft`` does); more placeholders than images, or a placeholder
+in an assistant turn, skips the sample (counted). A conversation without images is text only.
+
+The chat template (``chat:``, :class:`ChatConfig`) renders a document as::
+
+    [BOS] system.prefix + system + system.suffix        (only with a system turn or chat.system)
+          user.prefix + content + user.suffix
+          assistant.prefix + content + assistant.suffix  ... one pair per exchange ...
+          [EOS]
+
+The shipped template is plain text the shipped tokenizer knows (``"User: "``, ``"Assistant: "``,
+each turn ending in ``"\\n"``)::
+
+    <bos>User: <image>
+    What animal is this?
+    Assistant: A tabby cat.
+    User: What colour are its eyes?
+    Assistant: Green.
+    <eos>
+
+Loss on assistant turns only: ``loss_mask`` is 1 exactly where ``labels`` is a token of an
+assistant turn's content or suffix, or the final EOS; prefixes, system and user turns are context.
+Each piece is tokenized on its own and the ids are concatenated, so the answer spans are exact.
+A conversation longer than ``text.seq_len`` (spliced) is cut at the end (EOS kept); it is skipped
+if that would drop an image placeholder or leave no answer token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from megatron.energon import VQASample
+
+from task_encoders.config import At, require
+from task_encoders.image_text import ImageTextConfig, ImageTextTaskEncoder, PromptConfig
+from task_encoders.registry import register
+from task_encoders.seeding import sample_key
+
+#: Role names accepted in a turn, mapped to the template's roles.
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+@dataclass(frozen=True)
+class TurnTemplate:
+    """How one turn of a role is written: ``prefix + content + suffix``."""
+
+    prefix: str = ""
+    suffix: str = "\n"
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """``chat:``: the chat template (module doc). ``system``: a system message used when a
+    conversation has none (None: no system turn). ``system_turn``, ``user_turn``,
+    ``assistant_turn``: each a ``{prefix, suffix}``."""
+
+    system: str | None = None
+    system_turn: TurnTemplate = field(default_factory=lambda: TurnTemplate("System: ", "\n"))
+    user_turn: TurnTemplate = field(default_factory=lambda: TurnTemplate("User: ", "\n"))
+    assistant_turn: TurnTemplate = field(default_factory=lambda: TurnTemplate("Assistant: ", "\n"))
+
+    def turn(self, role: str) -> TurnTemplate:
+        return {"system": self.system_turn, "user": self.user_turn, "assistant": self.assistant_turn}[role]
+
+
+@dataclass(frozen=True)
+class ConversationConfig(ImageTextConfig):
+    encoder: str = "conversation"
+    prompt: PromptConfig = field(default_factory=lambda: PromptConfig(enabled=True))
+    chat: ChatConfig = field(default_factory=ChatConfig)
+
+    def check(self, at: At) -> None:
+        require(self.prompt.enabled, at.child("prompt").child("enabled"), "false",
+                "true (the conversation encoder always puts image placeholders in the text)")
+        super().check(at)
+        for role in ("system", "user", "assistant"):
+            turn = self.chat.turn(role)
+            for name in ("prefix", "suffix"):
+                require(self.prompt.image_token not in getattr(turn, name), at.child("chat").child(f"{role}_turn"),
+                        f"{name} holds the image placeholder", "template text without prompt.image_token")
+
+
+def normalize_turns(conversation: Any, key: str) -> list[tuple[str, str]]:
+    """``[(role, content)]`` with roles ``system``/``user``/``assistant``; ``ValueError`` naming the
+    sample for anything else (not a list, a turn without text, an unknown role, no assistant turn)."""
+    if not isinstance(conversation, list) or not conversation:
+        raise ValueError(f"sample {key!r}: conversation is {type(conversation).__name__}, not a non-empty list of turns")
+    turns = []
+    for i, turn in enumerate(conversation):
+        if not isinstance(turn, dict):
+            raise ValueError(f"sample {key!r}: turn {i} is {type(turn).__name__}, not an object")
+        role = turn.get("from", turn.get("role"))
+        content = turn.get("value", turn.get("content"))
+        if role not in ROLES or not isinstance(content, str):
+            raise ValueError(f"sample {key!r}: turn {i} has role {role!r} and {type(content).__name__} content "
+                             f"(expected one of {sorted(ROLES)} and a string)")
+        turns.append((ROLES[role], content.strip()))
+    if not any(role == "assistant" and content for role, content in turns):
+        raise ValueError(f"sample {key!r}: no assistant turn with text (nothing to learn)")
+    return turns
+
+
+@register("conversation")
+class ConversationTaskEncoder(ImageTextTaskEncoder):
+    """``ConversationTaskEncoder(config=None, *, seed=None, training=True)``: batches are
+    :class:`task_encoders.image_text.VisionLanguageBatch`; see the module doc."""
+
+    config_class = ConversationConfig
+
+    def sample_images(self, sample: Any) -> list:
+        if isinstance(sample, VQASample):
+            return [sample.image]
+        images = getattr(sample, "images", None)
+        if not isinstance(images, (list, tuple)):
+            raise TypeError(f"{type(sample).__name__} has no 'images' list (expected a ConversationSample or VQASample)")
+        return list(images)
+
+    def sample_turns(self, sample: Any) -> list[tuple[str, str]]:
+        """The conversation as ``[(role, content)]`` (VQA: question and one answer)."""
+        key = sample_key(sample)
+        if isinstance(sample, VQASample):
+            answers = sample.answers
+            if isinstance(answers, str):
+                answers = [answers]
+            if not answers:
+                raise ValueError(f"sample {key!r}: a VQASample without answers has nothing to learn")
+            index = 0
+            if len(answers) > 1:
+                generator = self.sample_generator(sample, "answer")
+                weights = sample.answer_weights
+                weights = torch.as_tensor(weights, dtype=torch.float64) if weights is not None else torch.ones(len(answers))
+                index = int(torch.multinomial(weights.double(), 1, generator=generator))
+            return normalize_turns([{"from": "human", "value": sample.context},
+                                    {"from": "gpt", "value": answers[index]}], key)
+        return normalize_turns(getattr(sample, "conversation", None), key)
+
+    def text_pieces(self, sample: Any, num_images: int) -> list[tuple[str, bool]]:
+        chat, token = self.config.chat, self.config.prompt.image_token
+        turns = self.sample_turns(sample)
+        found = sum(content.count(token) for _, content in turns)
+        if found < num_images:
+            first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), None)
+            if first_user is None:
+                raise ValueError(f"sample {sample_key(sample)!r}: {num_images} image(s) and no user turn to put them in")
+            role, content = turns[first_user]
+            turns[first_user] = (role, (token + "\n") * (num_images - found) + content)
+        if turns[0][0] != "system" and chat.system is not None:
+            turns.insert(0, ("system", chat.system))
+        pieces = []
+        for role, content in turns:
+            template = chat.turn(role)
+            answer = role == "assistant"
+            pieces += [(template.prefix, False), (content, answer), (template.suffix, answer)]
+        return pieces

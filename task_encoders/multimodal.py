@@ -1,0 +1,311 @@
+"""Several modalities in one batch (``encoder: multimodal``): each sample goes to the encoder of
+its modality, and every batch is one :class:`MultimodalBatch`.
+
+Config (``configs/encoders/multimodal.yaml``)::
+
+    encoder: multimodal
+    seed: 1234                  # shared: every modality encodes with this run seed
+    text: {seq_len: 128}        # shared: one tokenizer and seq_len for every modality
+    packing: {enabled: false}   # the multimodal encoder's; documents of all modalities share rows
+    dispatch: sample_type       # or: subflavor
+    subflavor_key: modality     # dispatch: subflavor reads sample.__subflavors__[subflavor_key]
+    sample_types: {}            # optional, sample class name -> modality, checked before the rules below
+    modalities:                 # modality name -> the config of its encoder: a mapping or a YAML path
+      image_text: {image: {transforms: [...]}}     # `encoder:` defaults to the modality name
+      audio_text: {audio: {n_mels: 80}}
+      video_text: {video: {num_frames: 8}}
+      text: {}
+
+Contracts:
+
+* **Shared sections.** A modality's config may leave out ``seed`` and ``text`` (they are the top
+  level's) or give them equal to the top level's; a different value is a ``ConfigError``, since the
+  sample would no longer encode as in that encoder. Its ``packing`` and ``errors`` sections are
+  replaced by the top level's: packing and the skip policy belong to the multimodal encoder.
+* **Dispatch** (:meth:`MultimodalTaskEncoder.modality_of`). ``sample_type``: the class (or a base
+  class) named in ``sample_types``; else ``CaptioningSample`` → ``image_text``, a sample with an
+  ``video`` field → ``video_text``, a sample with an ``audio`` field → ``audio_text``,
+  ``TextSample`` → ``text``. ``subflavor``: the modality named by
+  ``__subflavors__[subflavor_key]`` (set per blend entry in an Energon metadataset,
+  ``subflavors: {modality: image_text}``). A sample whose modality is not configured raises
+  :class:`UnknownModality` (fatal, not skipped: it is a configuration error, not bad data).
+* **Same tensors as the modality's own encoder.** Encoding is the modality encoder's own
+  ``encode`` (same seed, key, epoch and config), so a document's tokens and media are bit-identical
+  to what that encoder gives the same sample.
+* **Supported modality encoders**: those whose batch is exactly ``TextBatch`` (text),
+  ``ImageTextBatch`` (one image per document), ``AudioTextBatch`` (log-mel features) or
+  ``VideoTextBatch`` (one clip per document, without ``video.audio``). Modalities of one kind must
+  agree on the image size / ``n_mels`` / clip shape, since their media are stacked in one tensor.
+  Media are collated by the modality encoders' own ``collate_media``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from megatron.energon import CaptioningSample, TextSample, edataclass
+from megatron.energon.errors import FatalSampleError
+
+from task_encoders.audio_text import AudioTextBatch
+from task_encoders.config import At, EncoderConfig, TextConfig, parse, read_yaml, to_plain
+from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.image_text import ImageTextBatch
+from task_encoders.registry import _import_module, encoder_class, register
+from task_encoders.seeding import sample_key
+from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR
+from task_encoders.video_text import VideoTextBatch
+
+#: Media kind of a modality encoder, by its batch type.
+_KINDS = {TextBatch: "text", ImageTextBatch: "image", AudioTextBatch: "audio", VideoTextBatch: "video"}
+
+
+class UnknownModality(FatalSampleError):
+    """A sample whose modality (by type or subflavor) has no encoder in ``modalities``."""
+
+
+def media_kind(cls: type, at: At) -> str:
+    """``"text"``, ``"image"``, ``"audio"`` or ``"video"`` for a modality encoder class; ``ConfigError`` otherwise."""
+    if not isinstance(cls, type) or not issubclass(cls, DocumentTaskEncoder) or issubclass(cls, MultimodalTaskEncoder):
+        raise at.error(f"{getattr(cls, '__name__', cls)} cannot be a modality", "a document encoder (not multimodal)")
+    kind = _KINDS.get(cls.batch_type)
+    if kind is None:
+        raise at.error(f"{cls.name!r} makes {cls.batch_type.__name__}",
+                       "an encoder whose batch is TextBatch, ImageTextBatch, AudioTextBatch or VideoTextBatch "
+                       "(e.g. text, image_text, audio_text, video_text)")
+    return kind
+
+
+def _same_text(a: TextConfig, b: TextConfig) -> bool:
+    norm = lambda t: dataclasses.replace(t, tokenizer=Path(t.tokenizer or DEFAULT_TOKENIZER_DIR).resolve())
+    return norm(a) == norm(b)
+
+
+@dataclass(frozen=True)
+class _MultimodalSections(EncoderConfig):
+    """The top level without its modalities (read first: they inherit its shared sections)."""
+
+    encoder: str = "multimodal"
+    modalities: dict[str, Any] = field(default_factory=dict)
+    dispatch: Literal["sample_type", "subflavor"] = "sample_type"
+    subflavor_key: str = "modality"
+    sample_types: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MultimodalConfig(_MultimodalSections):
+    """Top level of a multimodal config (module doc). ``modalities`` holds each modality's parsed
+    config (an :class:`EncoderConfig` subclass), with the shared sections filled in."""
+
+    @classmethod
+    def from_config_value(cls, value: Any, at: At) -> MultimodalConfig:
+        if not isinstance(value, Mapping):
+            raise at.error(f"got {type(value).__name__}", "a mapping of sections")
+        data = dict(value)
+        specs = data.pop("modalities", None)
+        top = parse(_MultimodalSections, data, at)
+        mods_at = at.child("modalities")
+        if not isinstance(specs, Mapping) or not specs:
+            raise mods_at.error("missing" if specs is None else f"got {specs!r}",
+                                "a mapping of modality name -> encoder config (a mapping or a YAML path)")
+        modalities = {str(name): _modality_config(str(name), spec, top, mods_at.child(str(name)))
+                      for name, spec in specs.items()}
+        shared = {f.name: getattr(top, f.name) for f in dataclasses.fields(top) if f.name != "modalities"}
+        return cls(**shared, modalities=modalities)
+
+    def check(self, at: At) -> None:
+        super().check(at)
+        for class_name, name in self.sample_types.items():
+            if name not in self.modalities:
+                raise at.child("sample_types").child(class_name).error(
+                    f"unknown modality {name!r}", "one of " + ", ".join(self.modalities))
+        first: dict[str, tuple[str, Any]] = {}  # kind -> (modality, media shape) of its first modality
+        for name, sub in self.modalities.items():
+            kind = media_kind(encoder_class(sub.encoder), at.child("modalities").child(name).child("encoder"))
+            if kind == "text":
+                continue
+            if kind == "video" and sub.video.audio is not None:
+                raise at.child("modalities").child(name).child("video").child("audio").error(
+                    "audio features of videos", "null: a multimodal batch carries video clips, not their audio")
+            if kind == "image":
+                key, shape, what = "image", list(sub.image.size), "image size"
+            elif kind == "audio":
+                key, shape, what = "audio.n_mels", sub.audio.n_mels, "n_mels"
+            else:
+                key, shape, what = "video", [sub.video.num_frames, *sub.video.size], "[num_frames, h, w]"
+            other, other_shape = first.setdefault(kind, (name, shape))
+            if shape != other_shape:
+                raise at.child("modalities").child(name).child(key).error(
+                    f"{shape} differs from modality {other!r}'s {other_shape}",
+                    f"the same {what} in every {kind} modality (their media share one tensor)")
+
+
+def _modality_config(name: str, spec: Any, top: _MultimodalSections, at: At) -> EncoderConfig:
+    """One modality's config: ``spec`` (a mapping, or a YAML path relative to the top file) with the
+    top level's shared sections (module doc)."""
+    if isinstance(spec, str):
+        path = Path(spec).expanduser()
+        data, at = read_yaml(path if path.is_absolute() else at.base_dir / path)
+    elif isinstance(spec, Mapping) or spec is None:
+        data = dict(spec or {})
+    else:
+        raise at.error(f"got {type(spec).__name__}", "a mapping (the modality's encoder config) or a YAML path")
+    _import_module(data.get("module"), at)
+    data.setdefault("encoder", name)
+    if not isinstance(data["encoder"], str):
+        raise at.child("encoder").error(f"got {data['encoder']!r}", "the name of a registered encoder")
+    cls = encoder_class(data["encoder"], at)
+    media_kind(cls, at.child("encoder"))
+    if "seed" in data and data["seed"] != top.seed:
+        raise at.child("seed").error(f"{data['seed']!r} differs from the shared seed {top.seed}",
+                                     "the top-level seed or none here: every modality encodes with the run seed")
+    if "text" in data and not _same_text(parse(TextConfig, data["text"], at.child("text")), top.text):
+        raise at.child("text").error(f"{data['text']!r} differs from the shared text section {to_plain(top.text)}",
+                                     "the top-level text section or none here: every modality shares one tokenizer and seq_len")
+    shared = {key: to_plain(getattr(top, key)) for key in ("text", "packing", "errors")}
+    return parse(cls.config_class, {**data, "seed": top.seed, **shared}, at)
+
+
+@edataclass
+class MultimodalBatch(TextBatch):
+    """:class:`task_encoders.documents.TextBatch` (every text field, for every row and document)
+    plus the media of its documents, in document (``keys``) order:
+
+    * ``modalities``: list[str] ``(D,)``, each document's modality name.
+    * ``images``: float32 ``(N_img, 3, h, w)``, the image documents' images in document order;
+      ``num_images``: int32 ``(D,)``, images per document (1 for image-text, 0 otherwise); image
+      ``i`` belongs to document ``image_docs[i]`` (``repeat_interleave(arange(D), num_images)``).
+    * ``features``: float32 ``(N_aud, n_mels, T_max)`` log-mel, zero-padded along time;
+      ``feature_lengths``: int64 ``(N_aud,)`` valid frames (as in ``AudioTextBatch``);
+      ``num_audio``: int32 ``(D,)``, utterances per document (1 for audio-text, 0 otherwise);
+      utterance ``i`` belongs to document ``audio_docs[i]``.
+    * ``videos``: float32 ``(N_vid, T, 3, h, w)`` clips (as in ``VideoTextBatch``); ``num_frames``:
+      int32 ``(N_vid,)`` real frames per clip; ``num_videos``: int32 ``(D,)``, clips per document
+      (1 for video-text, 0 otherwise); clip ``i`` belongs to document ``video_docs[i]``.
+
+    Absent media are empty tensors: ``(0, 3, h, w)``, ``(0, n_mels, 0)``, ``(0, T, 3, h, w)``
+    (sizes 0 when no modality of that kind is configured).
+    """
+
+    modalities: list
+    images: torch.Tensor
+    num_images: torch.Tensor
+    features: torch.Tensor
+    feature_lengths: torch.Tensor
+    num_audio: torch.Tensor
+    videos: torch.Tensor
+    num_frames: torch.Tensor
+    num_videos: torch.Tensor
+
+    @property
+    def image_docs(self) -> torch.Tensor:
+        """int64 ``(N_img,)``: the document index of each image."""
+        return torch.repeat_interleave(torch.arange(len(self.num_images)), self.num_images.long())
+
+    @property
+    def audio_docs(self) -> torch.Tensor:
+        """int64 ``(N_aud,)``: the document index of each utterance's features."""
+        return torch.repeat_interleave(torch.arange(len(self.num_audio)), self.num_audio.long())
+
+    @property
+    def video_docs(self) -> torch.Tensor:
+        """int64 ``(N_vid,)``: the document index of each clip."""
+        return torch.repeat_interleave(torch.arange(len(self.num_videos)), self.num_videos.long())
+
+
+@edataclass
+class MultimodalDoc(EncodedDoc):
+    """An :class:`EncodedDoc` from modality ``modality``'s encoder."""
+
+    modality: str
+
+
+@register("multimodal")
+class MultimodalTaskEncoder(DocumentTaskEncoder):
+    """``MultimodalTaskEncoder(config=None, *, seed=None, training=True)``: one encoder per modality
+    (built with this seed and ``training``), dispatch per sample, :class:`MultimodalBatch` batches.
+    Tokenization of rows, packing and batching are :class:`DocumentTaskEncoder`'s; the Energon
+    decoder is the default one (images and audio decoded), as for ``image_text``/``audio_text``."""
+
+    config_class = MultimodalConfig
+    batch_type = MultimodalBatch
+
+    def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
+        super().__init__(config, seed=seed, training=training)
+        self.encoders = {name: encoder_class(sub.encoder)(sub, seed=self.seed, training=training)
+                         for name, sub in self.config.modalities.items()}
+        self.kinds = {name: _KINDS[type(enc).batch_type] for name, enc in self.encoders.items()}
+        self._by_type: dict[type, str | None] = {}
+
+    def modality_of(self, sample: Any) -> str:
+        """The configured modality of ``sample`` (module doc); :class:`UnknownModality` if none."""
+        cfg = self.config
+        if cfg.dispatch == "subflavor":
+            name = (getattr(sample, "__subflavors__", None) or {}).get(cfg.subflavor_key)
+            why = f"__subflavors__[{cfg.subflavor_key!r}] is {name!r}"
+        else:
+            kind = type(sample)
+            if kind not in self._by_type:
+                self._by_type[kind] = self._type_rule(kind)
+            name = self._by_type[kind]
+            why = f"dispatch by sample type gives {name!r}" if name else "dispatch by sample type has no rule for it"
+        if not isinstance(name, str) or name not in self.encoders:
+            raise UnknownModality(
+                f"{self.config_at.source}: sample {sample_key(sample)!r} of type {type(sample).__name__}: {why}; "
+                f"configured modalities: {', '.join(self.encoders)} (dispatch: {cfg.dispatch})")
+        return name
+
+    def _type_rule(self, kind: type) -> str | None:
+        for klass in kind.__mro__:
+            if klass.__name__ in self.config.sample_types:
+                return self.config.sample_types[klass.__name__]
+        if issubclass(kind, CaptioningSample):
+            return "image_text"
+        fields = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set()
+        if "video" in fields:
+            return "video_text"
+        if "audio" in fields:
+            return "audio_text"
+        if issubclass(kind, TextSample):
+            return "text"
+        return None
+
+    def encode(self, sample: Any) -> MultimodalDoc:
+        """The modality encoder's own ``encode`` (same tokens and media), tagged with the modality."""
+        name = self.modality_of(sample)
+        doc = self.encoders[name].encode(sample)
+        return MultimodalDoc.derive_from(doc, tokens=doc.tokens, media=doc.media, modality=name)
+
+    def collate_media(self, docs: list[MultimodalDoc]) -> dict[str, Any]:
+        """Each kind's documents (in document order) through the ``collate_media`` of the first
+        modality encoder of that kind; counts per document; empty tensors for absent kinds."""
+        kinds = [self.kinds[d.modality] for d in docs]
+        out: dict[str, Any] = {"modalities": [d.modality for d in docs]}
+        for kind, count in (("image", "num_images"), ("audio", "num_audio"), ("video", "num_videos")):
+            out[count] = torch.tensor([k == kind for k in kinds], dtype=torch.int32)
+            group = [d for d, k in zip(docs, kinds) if k == kind]
+            media = self._collator(kind).collate_media(group) if group else self._empty(kind)
+            if kind == "video":  # the clips' (empty) audio fields: video.audio is refused by the config check
+                media = {name: media[name] for name in ("videos", "num_frames")}
+            out.update(media)
+        return out
+
+    def _collator(self, kind: str) -> DocumentTaskEncoder:
+        return next(enc for name, enc in self.encoders.items() if self.kinds[name] == kind)
+
+    def _empty(self, kind: str) -> dict[str, torch.Tensor]:
+        subs = [self.encoders[n].config for n, k in self.kinds.items() if k == kind]
+        if kind == "image":
+            h, w = subs[0].image.size if subs else (0, 0)
+            return {"images": torch.zeros((0, 3, h, w), dtype=torch.float32)}
+        if kind == "video":
+            t, (h, w) = (subs[0].video.num_frames, subs[0].video.size) if subs else (0, (0, 0))
+            return {"videos": torch.zeros((0, t, 3, h, w), dtype=torch.float32),
+                    "num_frames": torch.zeros(0, dtype=torch.int32)}
+        n_mels = subs[0].audio.n_mels if subs else 0
+        return {"features": torch.zeros((0, n_mels, 0), dtype=torch.float32),
+                "feature_lengths": torch.zeros(0, dtype=torch.int64)}
