@@ -44,6 +44,28 @@ def show_batch(title: str, data: Path, encoder, global_batch: int) -> None:
     print(f"  row 0 decoded    {tok.decode(b.tokens[0][: int(b.doc_lengths[0])])!r}")
 
 
+def show_vlm_batch(title: str, data: Path, encoder: str, global_batch: int) -> None:
+    """One micro-batch as Megatron-LM's multimodal get_batch receives it from our provider."""
+    from energon_platform.config import load_config
+    from energon_platform.integrations.megatron import make_provider, megatron_requirements
+
+    cfg = load_config({"data": {"path": str(data)}, "encoder": encoder,
+                       "loader": {"global_batch_size": global_batch, "num_workers": 0}})
+    train = make_provider(cfg, dp_rank=0, dp_size=1, build_valid=False)(None)[0]
+    d, b = next(train), train.last_batch
+    train.close()
+    req = megatron_requirements(cfg)
+    print(f"\n== {title}: one Megatron micro-batch from {data.name} (image_token_index {train.image_token_index}, "
+          f"{req['tokens_per_tile']} embeddings per tile) ==")
+    for name in ("tokens", "labels", "imgs", "num_tiles", "cu_lengths", "max_lengths"):
+        print(f"  {name:16s} {str(tuple(d[name].shape)):18s} {str(d[name].dtype):14s}")
+    tok = train.loader.encoder.tokenizer.hf
+    row = b.tokens[0][: int(b.doc_lengths[0])]
+    print(f"  num_tiles        {b.num_tiles.tolist()} (per image), images/doc {b.num_images.tolist()}")
+    print(f"  row 0            {tok.decode(row)!r}")
+    print(f"  loss on          {tok.decode(b.labels[0][b.loss_mask[0] > 0])!r}")
+
+
 def _blend_file(out: Path, coco: Path, speech: Path, text: Path) -> Path:
     """``configs/blend_demo.yaml`` pointed at this demo's shards (it names ``out/demo/...``)."""
     import yaml
@@ -74,6 +96,8 @@ def main() -> int:
        "--samples-per-shard", "16", "--val-fraction", "0.1", "--workers", "2")
     sh("convert", "text", "--manifest", "data/text_mini/documents.jsonl", "--id-column", "id", "--out", str(text),
        "--samples-per-shard", "32")
+    sh("convert", "llava", "--json", "data/coco_mini/conversations.json", "--images", "data/coco_mini/images",
+       "--out", str(out / "conversations"), "--samples-per-shard", "16")
     sh("info", str(coco))
 
     print("\n== 2. task encoders: one augmented batch per modality ==", flush=True)
@@ -82,6 +106,8 @@ def main() -> int:
                                       "packing": {"enabled": True, "buffer_size": 16}}, 2)
     show_batch("audio-text", speech, str(REPO / "configs/encoders/audio_text.yaml"), 2)
     show_batch("video-text", video, str(REPO / "configs/encoders/video_text_small.yaml"), 2)
+    show_vlm_batch("vision-language captions, tiled", coco, str(REPO / "configs/encoders/image_text_vlm_small.yaml"), 2)
+    show_vlm_batch("conversations, tiled", out / "conversations", str(REPO / "configs/encoders/conversation_small.yaml"), 2)
     sh("preview", str(video), "--encoder", str(REPO / "configs/encoders/video_text.yaml"), "--n", "8",
        "--out", str(out / "preview-video.png"))
 

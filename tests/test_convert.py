@@ -351,6 +351,30 @@ def test_missing_input_raises_input_error(tmp_path):
         convert("librispeech", tmp_path / "o", reader={"root": str(tmp_path / "absent")})
 
 
+def assert_kill_and_rerun_is_byte_identical(args: list, tmp_path: Path, kill_after_units: int,
+                                            total_units: int) -> None:
+    """Convert with ``args`` straight through, and again with a SIGKILL once ``kill_after_units``
+    work units are done, then rerun: the output must equal the uninterrupted one byte for byte."""
+    ref = tmp_path / "ref"
+    assert run_cli(*args, "--out", ref).returncode == 0
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([*CLI, *map(str, args), "--out", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    units = out / ".convert" / "units"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(units.glob("*.json"))) < kill_after_units:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_at_kill = len(list(units.glob("*.json")))
+    assert kill_after_units <= done_at_kill < total_units, "the kill must land in the middle of the conversion"
+    assert not (out / "report.json").exists()
+    r = run_cli(*args, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert tree_digest(out) == tree_digest(ref)
+    assert not list(out.rglob("*.tmp"))
+
+
 @pytest.mark.slow
 def test_sigkill_then_rerun_is_byte_identical(tmp_path):
     root = tmp_path / "raw"
@@ -359,24 +383,7 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path):
         (root / f"{i:04d}.png").write_bytes(image_bytes(i, size=(160, 120)))
         (root / f"{i:04d}.txt").write_text(caption(i))
     args = ["convert", "folder", "--root", root, "--samples-per-shard", 3, "--no-progress", "--val-fraction", 0.1]
-    ref = tmp_path / "ref"
-    assert run_cli(*args, "--out", ref).returncode == 0
-    out = tmp_path / "killed"
-    proc = subprocess.Popen([*CLI, *map(str, args), "--out", str(out)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    units = out / ".convert" / "units"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(units.glob("*.json"))) < 10:
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done_at_kill = len(list(units.glob("*.json")))
-    assert 10 <= done_at_kill < 80, "the kill must land in the middle of the conversion"
-    assert not (out / "report.json").exists()
-    r = run_cli(*args, "--out", out)
-    assert r.returncode == 0, r.stderr
-    assert tree_digest(out) == tree_digest(ref)
-    assert not list(out.rglob("*.tmp"))
+    assert_kill_and_rerun_is_byte_identical(args, tmp_path, kill_after_units=10, total_units=80)
 
 
 def test_energon_info_and_our_info_describe_the_output(tmp_path, coco60):

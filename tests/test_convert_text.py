@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +18,7 @@ import yaml
 from converters.convert import ConvertError, reason_counts
 from converters.readers import InputError
 from converters.records import KEY_PATTERN
-from test_convert import CLI, convert, members, run_cli, tree_digest
+from test_convert import assert_kill_and_rerun_is_byte_identical, convert, members, run_cli, tree_digest
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT_MINI = REPO / "data" / "text_mini" / "documents.jsonl"
@@ -282,24 +278,7 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path):
     path = write_docs(tmp_path / "raw" / "docs.jsonl", [{"id": f"d{i:05d}", "text": doc(i)} for i in range(3000)])
     args = ["convert", "text", "--manifest", path, "--id-column", "id", "--samples-per-shard", 1,
             "--val-fraction", 0.1, "--no-progress"]
-    ref = tmp_path / "ref"
-    assert run_cli(*args, "--out", ref).returncode == 0
-    out = tmp_path / "killed"
-    proc = subprocess.Popen([*CLI, *map(str, args), "--out", str(out)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    units = out / ".convert" / "units"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(units.glob("*.json"))) < 20:
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done_at_kill = len(list(units.glob("*.json")))
-    assert 20 <= done_at_kill < 3000, "the kill must land in the middle of the conversion"
-    assert not (out / "report.json").exists()
-    r = run_cli(*args, "--out", out)
-    assert r.returncode == 0, r.stderr
-    assert tree_digest(out) == tree_digest(ref)
-    assert not list(out.rglob("*.tmp"))
+    assert_kill_and_rerun_is_byte_identical(args, tmp_path, kill_after_units=20, total_units=3000)
 
 
 @pytest.mark.slow

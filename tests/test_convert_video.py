@@ -5,12 +5,9 @@ deterministic re-encoding, worker/executor independence, SIGKILL + rerun, Energo
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 from converters.convert import ConvertOptions, reason_counts, run_conversion
 from converters.media import VideoOptions
 from converters.readers import InputError
+from test_convert import assert_kill_and_rerun_is_byte_identical
 from video_corpus import (audio_only_mp4, caption, make_video, read_index, tree_digest, unknown_codec_mkv,
                           write_folder)
 
@@ -231,21 +229,4 @@ def test_ray_executor_same_bytes_as_local(tmp_path):
 def test_sigkill_then_rerun_is_byte_identical(tmp_path):
     root = write_folder(tmp_path / "raw", 60, lengths=(24,))
     args = ["convert", "video", "--root", root, "--samples-per-shard", 1, "--max-side", 64, "--no-progress"]
-    ref = tmp_path / "ref"
-    assert run_cli(*args, "--out", ref).returncode == 0
-    out = tmp_path / "killed"
-    proc = subprocess.Popen([*CLI, *map(str, args), "--out", str(out)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    units = out / ".convert" / "units"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(units.glob("*.json"))) < 8:
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done_at_kill = len(list(units.glob("*.json")))
-    assert 8 <= done_at_kill < 60, "the kill must land in the middle of the conversion"
-    assert not (out / "report.json").exists()
-    r = run_cli(*args, "--out", out)
-    assert r.returncode == 0, r.stderr
-    assert tree_digest(out) == tree_digest(ref)
-    assert not list(out.rglob("*.tmp"))
+    assert_kill_and_rerun_is_byte_identical(args, tmp_path, kill_after_units=8, total_units=60)

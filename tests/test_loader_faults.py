@@ -153,9 +153,9 @@ def test_a_killed_loader_worker_is_named_and_the_run_resumes_exactly(clean_datas
     loader = TrainLoader(config, num_workers=2)
     assert list(next(loader).keys) == reference[0]
     state = loader.state_dict()
-    workers = psutil.Process(os.getpid()).children()
-    assert len(workers) == 2
-    os.kill(workers[1].pid, signal.SIGKILL)  # what the kernel's OOM killer does
+    workers = [w.pid for w in loader._iter._workers]  # the DataLoader's worker processes
+    assert len(workers) == 2 and all(psutil.pid_exists(p) for p in workers)
+    os.kill(workers[1], signal.SIGKILL)  # what the kernel's OOM killer does
     with pytest.raises(LoaderWorkerError, match=r"loader worker \d \(pid \S+\) of rank 0 died while making micro-batch \d+"):
         for _ in range(4):
             next(loader)

@@ -391,7 +391,8 @@ class MegatronTrainIterator:
 
     ``next()`` → the next micro-batch as :func:`to_megatron_batch` dict; ``save_state()`` → the
     loader's plain state dict. Infinite: epochs follow each other. ``loader`` is the
-    :class:`TrainLoader`; ``last_keys`` the sample keys of the last micro-batch (for logs).
+    :class:`TrainLoader`; ``last_keys`` the sample keys of the last micro-batch (for logs),
+    ``last_batch`` the encoder's batch it was made from.
     """
 
     def __init__(self, loader: TrainLoader, batch_format: BatchFormat = "multimodal", packed: bool | None = None,
@@ -402,6 +403,7 @@ class MegatronTrainIterator:
         self.packed = loader.schedule.group_size > 1 if packed is None else packed
         self.max_sequence_length = max_sequence_length
         self.last_keys: list[str] = []
+        self.last_batch: Any = None
 
     @property
     def image_token_index(self) -> int | None:
@@ -419,7 +421,7 @@ class MegatronTrainIterator:
 
     def __next__(self) -> dict:
         batch = next(self.loader)
-        self.last_keys = list(batch.keys)
+        self.last_keys, self.last_batch = list(batch.keys), batch
         data = to_megatron_batch(batch, self.batch_format, packed=self.packed)
         if self.max_sequence_length and self.packed and self.batch_format == "multimodal":
             length = int(data["cu_lengths"][0, -1])

@@ -41,6 +41,41 @@ FD_CACHE = 64
 FETCH_THREADS = 16
 
 
+def _members(data: bytes):
+    """``(name, read)`` of each regular file in a tar byte range, in order (``read()`` gives its bytes).
+
+    Fast path for what tar writers produce for samples (ustar/v7 headers, regular files: a header
+    parsed by slicing costs microseconds where :mod:`tarfile` costs ~0.2 ms per sample); a range
+    with any other header (GNU long names, pax) is handed to :mod:`tarfile` whole."""
+    out, pos, end = [], 0, len(data)
+    while pos + 512 <= end:
+        header = data[pos:pos + 512]
+        if header.count(0) == 512:  # end-of-archive blocks
+            break
+        kind = header[156:157]
+        if kind not in (b"0", b"\0"):
+            if kind == b"5":  # a directory: no data
+                pos += 512
+                continue
+            return _members_tarfile(data)
+        try:
+            size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        except ValueError:  # base-256 sizes and other exotica
+            return _members_tarfile(data)
+        member = header[0:100].split(b"\0", 1)[0].decode()
+        if header[257:262] == b"ustar" and header[345:500].strip(b"\0"):
+            member = header[345:500].split(b"\0", 1)[0].decode() + "/" + member
+        start = pos + 512
+        out.append((member, lambda a=start, b=start + size: data[a:b]))
+        pos = start + -(-size // 512) * 512
+    return out
+
+
+def _members_tarfile(data: bytes):
+    tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+    return [(info.name, lambda info=info: tar.extractfile(info).read()) for info in tar if info.isfile()]
+
+
 class CorruptShardError(ValueError):
     """A shard's bytes disagree with its index (truncated or changed after conversion): the
     sample is bad data, handled like an undecodable sample, not a failure of the store."""
@@ -174,23 +209,22 @@ class ShardReader:
 
         name = self.shards[shard].name
         base, parts, files = None, {}, []
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            for info in tar:
-                if not info.isfile() or skip_meta_re.match(info.name):
-                    continue
-                m = split_name_re.match(info.name)
-                if not m:
-                    continue
-                cur_base, ext = m.groups()
-                if base is None:
-                    base = cur_base
-                    if self.sample_filter is not None and not self.sample_filter(f"{name}/{cur_base}"):
-                        return None
-                elif cur_base != base:
-                    raise ValueError(f"{name}: inconsistent sample base name: {base} vs {cur_base}")
-                if self.part_filter is None or self.part_filter(ext):
-                    parts[ext] = tar.extractfile(info).read()
-                    files.append(info.name)
+        for member, content in _members(data):
+            if skip_meta_re.match(member):
+                continue
+            m = split_name_re.match(member)
+            if not m:
+                continue
+            cur_base, ext = m.groups()
+            if base is None:
+                base = cur_base
+                if self.sample_filter is not None and not self.sample_filter(f"{name}/{cur_base}"):
+                    return None
+            elif cur_base != base:
+                raise ValueError(f"{name}: inconsistent sample base name: {base} vs {cur_base}")
+            if self.part_filter is None or self.part_filter(ext):
+                parts[ext] = content()
+                files.append(member)
         if base is None:
             raise ValueError(f"{name}: no valid files in sample {index}")
         return FilteredSample(

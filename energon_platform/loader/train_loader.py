@@ -5,6 +5,12 @@
 :class:`~energon_platform.loader.state.LoaderState` as a plain dict. Restoring costs the same as starting
 (no replay), works with another number of workers, and with another data-parallel world size when
 that world size divides the global batch.
+
+``data.path`` is one Energon dataset or a metadataset (:mod:`~energon_platform.loader.datasets`).
+The state records the blend's history (:mod:`~energon_platform.loader.blend_history`); its
+fingerprint splits into what must match (encoder config, seed, global batch, pack group, shuffle
+mode, blend unit, schedule version) and the identity of each saved dataset by name, which must be
+the same data now; datasets may be added at resume, not removed.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class TrainLoader:
             "schedule": "feistel-chairman-v1",
         }
         self.next_microbatch = 0
+        self._identities = None
         self.blend_changes: list[str] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
         self._iter = None
 
@@ -98,8 +105,10 @@ class TrainLoader:
                                      self.micro_items)
 
     def dataset_identities(self) -> dict:
-        """Per dataset name: what makes it *this* data (may not change at resume)."""
-        return {e.name: e.source.identity() for e in self.datasets.entries}
+        """Per dataset name: what makes it *this* data (may not change at resume); read once."""
+        if self._identities is None:
+            self._identities = {e.name: e.source.identity() for e in self.datasets.entries}
+        return self._identities
 
     def consumed(self) -> dict:
         """Per dataset name: ``{"samples", "epochs"}`` taken before the next global batch."""
@@ -183,7 +192,7 @@ class TrainLoader:
             layout={"rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
                     "micro_items": self.maker.micro_items},
             datasets=self.datasets.names, blend=self.blend.to_json(),
-            consumed=[self.consumed()[n] for n in self.datasets.names],
+            consumed=list(self.consumed().values()),
         ).to_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:

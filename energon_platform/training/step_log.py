@@ -27,7 +27,8 @@ process group, the ``RANK`` environment variable torchrun sets). Rank 0 sees its
 batch only: to log the global batch, gather each rank's keys and :func:`batch_digest` first (see
 ``scripts/examples/torchtitan_style_loop.py``).
 
-Only ``torch`` (for tensors) and the standard library are imported: the helper drops into any loop.
+Only the standard library is imported (and ``torch``'s tensors used when the loop has imported
+torch): the helper drops into any loop.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,8 @@ __all__ = ["StepLog", "batch_digest", "open_for_append"]
 
 
 def _update(h: "hashlib._Hash", obj: Any) -> None:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
+    torch = sys.modules.get("torch")  # no tensor exists unless torch was imported
+    if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         h.update(f"T{tuple(t.shape)}:{t.dtype};".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -100,13 +101,9 @@ def open_for_append(path: str | os.PathLike):
 def _this_rank(rank: int | None) -> int:
     if rank is not None:
         return rank
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except ImportError:
-        pass
+    dist = sys.modules.get("torch.distributed")  # a process group exists only if the loop imported it
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
 
 

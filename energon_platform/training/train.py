@@ -46,6 +46,7 @@ from energon_platform.training import checkpoint
 from energon_platform.config import RunConfig
 from energon_platform.loader.train_loader import TrainLoader, build_val_loader
 from energon_platform.training.model import CaptionModel, media_of
+from energon_platform.training.step_log import open_for_append
 from energon_platform.training.preflight import preflight
 
 def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
@@ -164,24 +165,6 @@ def _lr_lambda(warmup: int, steps: int):
     return f
 
 
-def _open_log(path: Path):
-    """``path`` opened for appending, after cutting a last line a kill left unterminated (so the
-    next row starts on a line of its own)."""
-    if path.is_file():
-        with open(path, "rb+") as f:
-            end = f.seek(0, os.SEEK_END)
-            if end and (f.seek(end - 1), f.read(1))[1] != b"\n":
-                while True:  # back to the last newline, a block at a time
-                    start = max(0, end - 65536)
-                    f.seek(start)
-                    block = f.read(end - start)
-                    if b"\n" in block or start == 0:
-                        f.truncate(start + block.rfind(b"\n") + 1)
-                        break
-                    end = start
-    return open(path, "a")
-
-
 def _resume(ckpt_dir: Path, rank: int, quiet: bool) -> tuple[dict | None, dict]:
     """The checkpoint to continue from (None: none there) and what the first log row records."""
     found = checkpoint.load_newest(ckpt_dir, rank)
@@ -253,7 +236,7 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
     checkpoint.writable_dir(ckpt_dir, "checkpoints")  # every rank writes its files there
     if rank == 0:
         checkpoint.writable_dir(out_dir, "the training log")
-    log = _open_log(out_dir / "log.jsonl") if rank == 0 else None
+    log = open_for_append(out_dir / "log.jsonl") if rank == 0 else None
     loss_value = float("nan")
     t0 = time.perf_counter()
     while step < total_steps:
