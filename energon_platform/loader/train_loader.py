@@ -157,7 +157,7 @@ class TrainLoader:
             self.close()
             raise LoaderWorkerError(
                 f"loader worker {worker} (pid {pid}) of rank {self.rank} died while making micro-batch "
-                f"{self.next_microbatch} (global batch {self.global_batch}): {str(e).splitlines()[0] or type(e).__name__}. "
+                f"{self.next_microbatch} (global batch {self.global_batch}): {(str(e).splitlines() or [type(e).__name__])[0]}. "
                 f"Out of memory? Lower loader.num_workers or prefetch_factor; resume from the latest "
                 f"checkpoint and the data continues exactly") from None
         assert c == self.next_microbatch, f"micro-batch {c} arrived where {self.next_microbatch} was due"
