@@ -66,10 +66,11 @@ class ConvertOptions:
     progress: bool = True
     upload_url: str | None = None  #: set by ``run_conversion`` for ``out=msc://...``: units upload their shards
 
-    def output_affecting(self) -> dict:
-        """Options that change output bytes (workers and executor do not)."""
-        return {"samples_per_shard": self.samples_per_shard, "val_fraction": self.val_fraction,
-                "image": asdict(self.image), "audio": asdict(self.audio),
+    def output_affecting(self, modality: str) -> dict:
+        """Options that change the output bytes of a ``modality`` conversion (workers and executor
+        do not; a text conversion writes no media, so the media options are not among them)."""
+        media = {} if modality == "text" else {"image": asdict(self.image), "audio": asdict(self.audio)}
+        return {"samples_per_shard": self.samples_per_shard, "val_fraction": self.val_fraction, **media,
                 # only when set: the fingerprints of image/audio conversions stay what they were
                 **({"video": asdict(self.video)} if self.video != VideoOptions() else {})}
 
@@ -205,7 +206,7 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
     state = {
         "source": {"kind": kind, **{k: (str(Path(v).resolve()) if k in INPUT_ARGS and v else v)
                                     for k, v in reader_args.items()}},
-        "options": opts.output_affecting(),
+        "options": opts.output_affecting(result.modality),
         "records": _records_digest(result),
         "modality": result.modality,
     }

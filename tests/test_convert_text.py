@@ -259,6 +259,8 @@ def test_rerun_does_nothing_and_changed_documents_are_refused(tmp_path, docs120)
             "--samples-per-shard", 16, "--out", out, "--no-progress"]
     r = run_cli(*args)
     assert r.returncode == 0 and "nothing to do" in r.stdout
+    r = run_cli(*args, "--image-format", "keep", "--audio-format", "keep")  # no media: not a change of settings
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
     changed = tmp_path / "changed.jsonl"
     changed.write_text(docs120.read_text().replace(doc(5), doc(5) + " One more sentence."))
     with pytest.raises(ConvertError, match="different source and records"):
