@@ -217,8 +217,9 @@ def run_config(tmp_path_factory) -> Path:
 def check(tmp_path, *args):
     r = subprocess.run([*CLI, "check-resume", "--out", str(tmp_path / "check"), *map(str, args)],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
-    report = json.loads((tmp_path / "check" / "report.json").read_text()) if r.returncode in (0, 1) else None
-    return r, report
+    path = tmp_path / "check" / "report.json"
+    assert path.exists(), f"check-resume exited {r.returncode} without a report:\n{r.stdout}\n{r.stderr[-4000:]}"
+    return r, json.loads(path.read_text())
 
 
 def loop(script: str, config: Path, *args: str, nproc: int = 1) -> str:
