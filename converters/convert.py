@@ -129,6 +129,8 @@ def _open_state(out: Path, state: dict, overwrite: bool, lock: OutputLock) -> bo
             old = json.loads(state_path.read_text())
         except ValueError:
             old = {}
+        if state["modality"] == "text" and isinstance(old.get("options"), dict):  # written before text outputs
+            old["options"] = {k: v for k, v in old["options"].items() if k not in ("image", "audio")}  # left them out
         diff = [k for k in ("source", "options", "records") if old.get(k) != state[k]]
         if diff:
             raise ConvertError(

@@ -261,6 +261,12 @@ def test_rerun_does_nothing_and_changed_documents_are_refused(tmp_path, docs120)
     assert r.returncode == 0 and "nothing to do" in r.stdout
     r = run_cli(*args, "--image-format", "keep", "--audio-format", "keep")  # no media: not a change of settings
     assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+    state_path = next(out.rglob("state.json"))  # an output of the release that counted media options for text
+    old_state = json.loads(state_path.read_text())
+    old_state["options"].update(image={"image_format": "png"}, audio={"audio_format": "flac"})
+    state_path.write_text(json.dumps(old_state))
+    r = run_cli(*args)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
     changed = tmp_path / "changed.jsonl"
     changed.write_text(docs120.read_text().replace(doc(5), doc(5) + " One more sentence."))
     with pytest.raises(ConvertError, match="different source and records"):
