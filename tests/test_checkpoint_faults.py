@@ -48,6 +48,49 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_latest(tmp_path, monke
             subprocess.run(["umount", str(root)], check=False)
 
 
+RANKS_SCRIPT = """
+import errno, os, sys
+from datetime import timedelta
+import torch.distributed as dist
+from energon_platform.training import checkpoint
+from energon_platform.training.train import all_ranks_ok
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+rank, root = dist.get_rank(), sys.argv[1]
+save = lambda step: checkpoint.save(root, step, rank, 2, model_state={"w": step} if rank == 0 else None,
+                                    loader_state={"pos": step}, barrier=dist.barrier,
+                                    all_ok=lambda ok: all_ranks_ok(ok, 2))
+save(5)
+if rank == 1:  # rank 1's disk is full
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    os.fsync = full
+try:
+    save(10)
+    print(f"rank {rank}: saved", flush=True)
+except checkpoint.CheckpointError as e:
+    print(f"rank {rank}: CheckpointError: {e}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_disk_full_on_one_rank_stops_every_rank_at_once(tmp_path):
+    """The rank that cannot write raises; the others raise too, at once, rather than waiting at a
+    barrier until the process group times out (120 s here; the run below gets 90 s)."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    root = tmp_path / "ckpt"
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(script), str(root)], capture_output=True, text=True, timeout=90)
+    out = r.stdout + r.stderr[-3000:]
+    assert "rank 1: CheckpointError: " in out and "no space left on the device" in out, out
+    assert "rank 0: CheckpointError: " in out and "another rank could not write its part" in out, out
+    assert time.time() - t0 < 60, out
+    assert (root / "latest").read_text() == "step_000005"
+    assert not list(root.glob(".tmp-*")), "nothing half-written stays behind"
+
+
 def test_a_second_run_on_the_same_checkpoint_folder_is_refused(tmp_path):
     with RunLock(tmp_path / "ckpt"):
         with pytest.raises(CheckpointError, match=rf"another training run is using .*pid {os.getpid()}"):

@@ -157,10 +157,16 @@ def _step_dir(step: int) -> str:
 
 
 def save(root: str | Path, step: int, rank: int, world_size: int, *, model_state: dict | None,
-         loader_state: dict, barrier=lambda: None) -> Path:
+         loader_state: dict, barrier=lambda: None, all_ok=lambda ok: ok) -> Path:
     """Write one checkpoint. Every rank calls it; rank 0 also writes the model/optimizer file
     (replicated under data parallelism), renames the folder and marks it latest, after
-    ``barrier()`` (``torch.distributed.barrier`` in multi-rank runs)."""
+    ``barrier()`` (``torch.distributed.barrier`` in multi-rank runs).
+
+    ``all_ok(ok)``: whether every rank wrote its part (a collective in multi-rank runs, see
+    :func:`energon_platform.training.train.all_ranks_ok`). A rank whose write fails (a full disk)
+    raises its own :class:`CheckpointError`; every other rank raises one too, at once, instead of
+    waiting at the next barrier for the process group to time out. The previous checkpoint stays
+    the latest; the half-written folder is removed."""
     root = Path(root)
     name = _step_dir(step)
     tmp = root / f".tmp-{name}"
@@ -168,15 +174,19 @@ def save(root: str | Path, step: int, rank: int, world_size: int, *, model_state
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
+    error = None
     try:
         _fsync_write(tmp / f"rng_rank{rank}.pt", _torch_bytes(rng_state()))
         _fsync_write(tmp / f"loader_rank{rank}.json", json.dumps(loader_state, sort_keys=True).encode())
         if rank == 0:
             _fsync_write(tmp / "model.pt", _torch_bytes(model_state))
-    except CheckpointError:  # disk full: nothing half-written stays behind (nor is ever loaded)
+    except Exception as e:  # a full disk, or any other failed write: every rank must hear of it
+        error = e
+    if not all_ok(error is None):  # disk full somewhere: nothing half-written stays behind (nor is ever loaded)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    barrier()
+        raise error or CheckpointError(f"{tmp}: another rank could not write its part of checkpoint {name} (its "
+                                       f"error names the file and the space needed); {root / 'latest'} still "
+                                       f"names the previous checkpoint")
     if rank == 0:
         files = sorted(p.name for p in tmp.iterdir())
         meta = {"step": step, "world_size": world_size,

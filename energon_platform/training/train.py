@@ -135,6 +135,16 @@ def _gather(obj: Any, world: int) -> list:
     return out
 
 
+def all_ranks_ok(ok: bool, world: int, device: torch.device = torch.device("cpu")) -> bool:
+    """Whether ``ok`` holds on every rank (a collective: every rank calls it; ``device``: where the
+    backend reduces, the rank's GPU under nccl)."""
+    if world == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def _all_reduce(t: torch.Tensor, world: int) -> torch.Tensor:
     if world > 1:
         dist.all_reduce(t)
@@ -281,7 +291,8 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
         if save:
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
             checkpoint.save(ckpt_dir, step, rank, world, model_state=state if rank == 0 else None,
-                            loader_state=loader.state_dict(), barrier=barrier)
+                            loader_state=loader.state_dict(), barrier=barrier,
+                            all_ok=lambda ok: all_ranks_ok(ok, world, device))
             if rank == 0:
                 checkpoint.prune(ckpt_dir, cfg.train.keep_checkpoints)
     if log:
