@@ -187,6 +187,7 @@ def save(root: str | Path, step: int, rank: int, world_size: int, *, model_state
         raise error or CheckpointError(f"{tmp}: another rank could not write its part of checkpoint {name} (its "
                                        f"error names the file and the space needed); {root / 'latest'} still "
                                        f"names the previous checkpoint")
+    barrier()
     if rank == 0:
         files = sorted(p.name for p in tmp.iterdir())
         meta = {"step": step, "world_size": world_size,
