@@ -71,15 +71,15 @@ def make_video(path: Path, seconds: float, size: tuple[int, int], fmt: str, seed
             out.mux(p)
 
 
-def pyav_clip(path: Path, indices: list[int], fps: float) -> list:
-    """The plain PyAV baseline: open the file, seek to the keyframe before the clip, decode to its
-    last frame, keep the wanted frames as RGB arrays (single-threaded decoding, as Energon
-    configures it)."""
+def pyav_clip(source: Path | io.BytesIO, indices: list[int], fps: float) -> list:
+    """The plain PyAV baseline: open the file (or in-memory bytes), seek to the keyframe before the
+    clip, decode to its last frame, keep the wanted frames as RGB arrays (single-threaded decoding,
+    as Energon configures it)."""
     import av
 
     wanted = set(indices)
     out = []
-    with av.open(str(path)) as c:
+    with av.open(str(source) if isinstance(source, Path) else source) as c:
         s = c.streams.video[0]
         s.codec_context.thread_type = "NONE"
         s.codec_context.thread_count = 0
@@ -115,7 +115,6 @@ def same_work_clip(member: tuple[Path, int, int], indices: list[int], fps: float
     ``(T, 3, H, W)`` and the same torchvision pipeline run under the same seed: float32
     ``(T, 3, h, w)``, the tensor the loader puts in its batch. Seconds spent reading, decoding and
     transforming are added to ``parts``."""
-    import av
     import numpy as np
     import torch
     from torchvision import tv_tensors
@@ -128,19 +127,7 @@ def same_work_clip(member: tuple[Path, int, int], indices: list[int], fps: float
         f.seek(offset)
         data = f.read(size)
     t1 = time.perf_counter()
-    wanted, frames = set(indices), []
-    with av.open(io.BytesIO(data)) as c:
-        s = c.streams.video[0]
-        s.codec_context.thread_type = "NONE"
-        s.codec_context.thread_count = 0
-        tb, start = s.time_base, s.start_time or 0
-        c.seek(int(indices[0] / fps / tb) + start, stream=s, backward=True)
-        for frame in c.decode(s):
-            i = round(float((frame.pts - start) * tb) * fps)
-            if i in wanted:
-                frames.append(frame.to_ndarray(format="rgb24"))
-            if i >= indices[-1]:
-                break
+    frames = pyav_clip(io.BytesIO(data), indices, fps)
     clip = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
     t2 = time.perf_counter()
     with seeded_global_torch(seed):
