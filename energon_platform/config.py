@@ -30,6 +30,10 @@ class DataConfig:
     val_split: str | None = "val"
 
 
+#: The largest ``blend_schedule`` step (no run takes this many; the schedule's positions stay exact).
+MAX_STEP = 10**12
+
+
 @dataclass(frozen=True)
 class BlendStep:
     """One entry of ``loader.blend_schedule``: from global step ``step`` on, the blend uses
@@ -40,8 +44,15 @@ class BlendStep:
     weights: dict[str, float]
 
     def check(self, at: At) -> None:
-        require(all(w >= 0 for w in self.weights.values()) and sum(self.weights.values()) > 0,
-                at.child("weights"), f"got {self.weights}", "weights >= 0 with a positive sum")
+        from energon_platform.loader.blend import weight_problem
+
+        require(0 <= self.step <= MAX_STEP, at.child("step"), f"got {self.step}", f"a step in [0, {MAX_STEP}]")
+        for name, w in self.weights.items():
+            problem = weight_problem(w)
+            if problem:
+                raise at.child("weights").child(name).error(problem)
+        require(sum(self.weights.values()) > 0, at.child("weights"), f"got {self.weights}",
+                "weights >= 0 with a positive sum")
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,16 @@ class LoaderConfig:
     ``blend_schedule``: weights from given steps (a curriculum), overriding the metadataset's
     weights from each entry's step on. Weights may change at resume and datasets may be added; the
     history is kept in the loader state.
+
+    Balance (:mod:`~energon_platform.loader.planner`): ``balance``: ``none`` (the above),
+    ``tokens`` (equal Σ L per rank), ``attention`` (equal Σ L² + ``balance_linear``·L; None: the
+    encoder's ``seq_len``) or ``encoder`` (the encoder's own ``balance_cost(length)``). With a
+    packing encoder every micro-batch is then exactly ``micro_batch_size`` rows of ``seq_len``
+    (``global_batch_size`` counts rows), packed globally from a look-ahead of at most
+    ``balance_window`` samples; samples that do not fit wait for the next global batch.
+    Unpacked, ``global_batch_tokens`` makes a global batch a cost budget (``global_batch_size``
+    samples at least). Lengths come from a cached length index (``length_cache``: its folder;
+    None: ``$ENERGON_PLATFORM_CACHE/lengths`` or ``~/.cache/energon-platform/lengths``).
     """
 
     global_batch_size: int = 8
@@ -75,6 +96,11 @@ class LoaderConfig:
     shuffle_run: int = 1
     blend_unit: Literal["sample", "batch"] = "sample"
     blend_schedule: tuple[BlendStep, ...] = ()
+    balance: Literal["none", "tokens", "attention", "encoder"] = "none"
+    global_batch_tokens: int | None = None
+    balance_window: int = 4096
+    balance_linear: float | None = None
+    length_cache: str | None = None
 
     def check(self, at: At) -> None:
         _at_least(self, at, global_batch_size=1, num_workers=0, prefetch_factor=1, seed=0, shuffle_run=1)
@@ -85,6 +111,15 @@ class LoaderConfig:
                 f"steps {steps}", "increasing steps >= 0")
         require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
         _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
+        _at_least(self, at, balance_window=16)
+        _at_least(self, at, null_ok=True, global_batch_tokens=1, balance_linear=0)
+        if self.balance != "none":
+            require(not self.blend_schedule, at.child("blend_schedule"), "set with balance "
+                    f"{self.balance!r}", "no blend_schedule with balance (change weights at resume instead)")
+            require(self.blend_unit == "sample", at.child("blend_unit"), f"{self.blend_unit!r} with balance "
+                    f"{self.balance!r}", "sample (the planner interleaves samples)")
+        require(self.global_batch_tokens is None or self.balance != "none", at.child("global_batch_tokens"),
+                f"{self.global_batch_tokens} with balance 'none'", "null unless balance is set")
 
 
 @dataclass(frozen=True)

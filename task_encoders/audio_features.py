@@ -9,6 +9,8 @@
 * :class:`LogMel`: resample (``torchaudio.functional.resample``) to ``audio.sample_rate``, cut to
   ``audio.max_seconds``, ``torchaudio.transforms.MelSpectrogram`` → ``log(mel + 1e-6)``, float32
   ``(n_mels, frames)`` with ``frames = samples // hop_length + 1``. Deterministic.
+* :func:`audio_header`: ``(samples, sample rate)`` of an audio file's bytes from its header (no
+  samples decoded); :meth:`LogMel.num_frames` turns them into the frames :class:`LogMel` makes.
 * :func:`spec_augment`: frequency and time masks whose widths and positions come from the caller's
   ``torch.Generator`` (not torchaudio's masking, which draws from the global RNG). Masked cells get
   the utterance's mean feature value.
@@ -16,8 +18,11 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from typing import Any
+
+import math
 
 import av
 import numpy as np
@@ -100,6 +105,24 @@ def _decode_front_to_back(stream: Any) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(arrays, axis=-1))
 
 
+def audio_header(audio: Any) -> tuple[int, int]:
+    """``(samples per channel, sample rate)`` of an audio part: file bytes (WAV, FLAC, OGG, ... read by
+    libsndfile from the header) or an Energon ``AVDecoder`` (its stream's bytes). ``ValueError`` for a
+    format libsndfile cannot read."""
+    import soundfile
+
+    if hasattr(audio, "stream"):
+        audio.stream.seek(0)
+        audio = audio.stream.read()
+    if not isinstance(audio, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected audio bytes or an AVDecoder, got {type(audio).__name__}")
+    try:
+        info = soundfile.info(io.BytesIO(bytes(audio)))
+    except RuntimeError as e:  # soundfile's LibsndfileError
+        raise ValueError(f"cannot read the audio header: {e}") from None
+    return int(info.frames), int(info.samplerate)
+
+
 def to_float_mono(clip: torch.Tensor) -> torch.Tensor:
     """``(channels, samples)`` of any dtype → float32 ``(samples,)`` in [-1, 1] (channel mean)."""
     if clip.dtype == torch.uint8:
@@ -118,12 +141,30 @@ class LogMel:
             sample_rate=config.sample_rate, n_fft=config.n_fft, win_length=config.win_length,
             hop_length=config.hop_length, n_mels=config.n_mels, power=2.0)
 
+    @property
+    def max_samples(self) -> int:
+        """Samples kept at ``audio.sample_rate`` (``audio.max_seconds``)."""
+        return int(self.config.max_seconds * self.config.sample_rate)
+
+    def num_frames(self, num_samples: int, sample_rate: int) -> int:
+        """Frames of ``self(waveform, sample_rate)`` for a waveform of ``num_samples`` samples, without
+        it: torchaudio's resampled length (``ceil(new * n / orig)`` after dividing both rates by their
+        gcd, in float32 as torchaudio computes it), the cut, then the centred STFT's frame count."""
+        n = num_samples
+        if sample_rate != self.config.sample_rate:
+            gcd = math.gcd(int(sample_rate), int(self.config.sample_rate))
+            orig, new = int(sample_rate) // gcd, int(self.config.sample_rate) // gcd
+            n = int(torch.ceil(torch.as_tensor(new * n / orig)).long())
+        n = min(n, self.max_samples)
+        n_fft = self.config.n_fft
+        return 1 + (n + 2 * (n_fft // 2) - n_fft) // self.config.hop_length
+
     def __call__(self, waveform: torch.Tensor, sample_rate: int) -> torch.Tensor:
         if waveform.numel() == 0:
             raise ValueError("empty audio")
         if sample_rate != self.config.sample_rate:
             waveform = torchaudio.functional.resample(waveform, sample_rate, self.config.sample_rate)
-        waveform = waveform[: int(self.config.max_seconds * self.config.sample_rate)]
+        waveform = waveform[: self.max_samples]
         with torch.no_grad():
             return torch.log(self.mel(waveform) + 1e-6).to(torch.float32)
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from megatron.energon import edataclass
 
-from task_encoders.audio_features import AudioConfig, LogMel, decode_audio, spec_augment, to_float_mono
+from task_encoders.audio_features import AudioConfig, LogMel, audio_header, decode_audio, spec_augment, to_float_mono
 from task_encoders.config import EncoderConfig
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.registry import register
@@ -48,6 +48,22 @@ class AudioTextTaskEncoder(DocumentTaskEncoder):
     def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
         super().__init__(config, seed=seed, training=training)
         self.log_mel = LogMel(self.config.audio)
+
+    # --- lengths without decoding (DocumentTaskEncoder's contract): work adds the log-mel frames ----
+
+    facts_width = 3
+
+    def sample_facts(self, sample: Any) -> tuple[int, ...]:
+        """``(transcript tokens, audio samples, sample rate)`` (the audio file's header)."""
+        return (*super().sample_facts(sample), *audio_header(sample.audio))
+
+    def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
+        row, _ = super().sample_length(facts[:1], key, epoch)
+        return row, row + self.log_mel.num_frames(facts[1], facts[2])
+
+    def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
+        row, _ = super().encoded_length(doc)
+        return row, row + int(doc.media["features"].shape[-1])
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
         clip, rate = decode_audio(sample.audio)

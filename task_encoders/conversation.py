@@ -46,6 +46,7 @@ if that would drop an image placeholder or leave no answer token.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,10 @@ class ConversationTaskEncoder(ImageTextTaskEncoder):
 
     config_class = ConversationConfig
 
+    def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
+        super().__init__(config, seed=seed, training=training)
+        self.facts_width = 5  # (id layout of 3, images, tiles): see sample_facts
+
     def sample_images(self, sample: Any) -> list:
         if isinstance(sample, VQASample):
             return [sample.image]
@@ -173,3 +178,24 @@ class ConversationTaskEncoder(ImageTextTaskEncoder):
             answer = role == "assistant"
             pieces += [(template.prefix, False), (content, answer), (template.suffix, answer)]
         return pieces
+
+    # --- lengths without decoding (DocumentTaskEncoder's contract) ------------------------------
+
+    def sample_facts(self, sample: Any) -> tuple[int, ...]:
+        """``(ids, end of the last placeholder, first answer id, images, tiles)`` of the whole document
+        (:meth:`fitted_length`), uncut: a conversation draws nothing per epoch. A VQA sample's answer is
+        drawn per epoch, so one whose answers differ in layout raises ``NotImplementedError``."""
+        if isinstance(sample, VQASample) and not isinstance(sample.answers, str) and len(sample.answers) > 1:
+            facts = {self.sample_facts(dataclasses.replace(sample, answers=[a], answer_weights=None))
+                     for a in sample.answers}
+            if len(facts) > 1:
+                raise NotImplementedError(f"sample {sample_key(sample)!r}: VQA answers of different lengths are drawn "
+                                          f"per epoch; fixed-width facts cannot hold every answer's length")
+            return facts.pop()
+        images = self.sample_images(sample)
+        ids, targets = self.document_ids(self.text_pieces(sample, len(images)), sample)
+        self.check_placeholders(ids, len(images), sample)
+        return (*self.id_layout(ids, targets, self.image_token_index), *self.image_facts(images))
+
+    def document_layout(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[tuple[int, int, int], int, int]:
+        return tuple(facts[:3]), facts[3], facts[4]

@@ -13,11 +13,12 @@ Pipeline (Energon hooks, all map functions ``@stateless``):
    tensors from ``collate_media``.
 
 A modality subclass overrides ``encode_media``/``collate_media`` (and ``sample_text`` if its
-samples keep text elsewhere) and sets ``batch_type``; see the README, section "Adding a modality".
+samples keep text elsewhere) and sets ``batch_type``; see docs/encoders.md, "Adding a modality".
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -75,6 +76,12 @@ class TextBatch(Batch):
     doc_lengths: torch.Tensor
 
 
+def length_probe(key: str, epoch: int) -> Any:
+    """A stand-in for the sample of ``key`` at ``epoch`` that :meth:`SeededTaskEncoder.sample_generator`
+    seeds exactly as it seeds the real sample (it reads only ``__key__`` and ``__subflavors__["epoch"]``)."""
+    return SimpleNamespace(__key__=key, __subflavors__={"epoch": epoch})
+
+
 class DocumentTaskEncoder(SeededTaskEncoder):
     """Tokenization, packing and batching for document-per-sample modalities (module doc).
 
@@ -121,6 +128,53 @@ class DocumentTaskEncoder(SeededTaskEncoder):
     def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
         """Batch fields built from the documents' media, in document order (none for plain text)."""
         return {}
+
+    # --- lengths without decoding (issue 19) ---------------------------------------------------
+    #
+    # Contract shared by every document encoder:
+    #
+    # * ``sample_facts(light)``: ``facts_width`` ints >= 0, independent of the epoch, from a *light*
+    #   sample (:func:`energon_platform.loader.light_sample.light_sample`: the sample type built through
+    #   the field map with media parts left as file bytes; decoded samples work too). Reads media headers
+    #   and tokenizes text; never decodes pixels or audio. Raises (``ValueError``) when ``encode`` would
+    #   reject the sample at every epoch.
+    # * ``sample_length(facts, key, epoch)``: ``(row_length, work_length)`` equal to
+    #   ``encoded_length(encode(sample))`` for the sample of that final key (as the loader sets it,
+    #   ``"{dataset}:"`` prefix included) at that epoch; seeded draws that change lengths are redrawn
+    #   from :func:`length_probe`. Raises ``ValueError`` when ``encode`` would reject the sample at that
+    #   epoch, ``NotImplementedError`` (one line) for a config whose lengths need decoded media.
+    # * ``row_length``: the positions the document takes in a packed row (what
+    #   ``select_samples_to_pack`` counts); ``work_length``: ``row_length`` plus what the model
+    #   processes outside the row for it (audio feature frames, video frames); equal for text and for
+    #   images spliced into the row.
+    #
+    # The base implementation is for text documents (:meth:`sample_text` tokenized and cut to
+    # ``text.seq_len``); a subclass that changes the tokens or adds work outside the row overrides all
+    # three and ``facts_width``.
+
+    #: How many ints :meth:`sample_facts` returns (fixed per encoder instance).
+    facts_width: int = 1
+
+    def sample_facts(self, sample: Any) -> tuple[int, ...]:
+        """``(content tokens of sample_text, uncut,)``."""
+        return (self.count_tokens(self.sample_text(sample)),)
+
+    def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
+        row = self.text_row_length(facts[0])
+        return row, row
+
+    def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
+        row = int(doc.tokens.numel())
+        return row, row
+
+    def count_tokens(self, text: str) -> int:
+        """Content tokens of ``text`` (no BOS/EOS, no cut), as :meth:`TextTokenizer.encode` makes them."""
+        return len(self.tokenizer.hf(text, add_special_tokens=False)["input_ids"])
+
+    def text_row_length(self, content_tokens: int) -> int:
+        """Length of ``TextTokenizer.encode`` of a text of ``content_tokens`` tokens: BOS + content cut
+        to ``seq_len - 2`` + EOS."""
+        return min(content_tokens, self.seq_len - 2) + 2
 
     # --- packing and batching ------------------------------------------------------------------
 

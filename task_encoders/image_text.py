@@ -34,6 +34,7 @@ Vision-language mode (``prompt.enabled: true``, opt-in; what megatron-core's ``L
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from string import Formatter
 from typing import Any
@@ -42,16 +43,29 @@ import torch
 from megatron.energon import edataclass
 
 from task_encoders.config import At, EncoderConfig, require
-from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, Pack, TextBatch
+from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, Pack, TextBatch, length_probe
 from task_encoders.image_transforms import TransformSpec, build_pipeline, default_eval_specs, output_size
 from task_encoders.registry import register
 from task_encoders.seeding import sample_key, seeded_global_torch
 from task_encoders.sequences import first_fit_decreasing
-from task_encoders.tiling import TilingConfig, VisionConfig, tile_image
+from task_encoders.tiling import TilingConfig, VisionConfig, tile_count, tile_image
 
 _IMAGENET_MEAN = {"name": "Normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 #: Transforms allowed with tiling: they keep the image's size, so they can run before the tiles are cut.
 WHOLE_IMAGE_TRANSFORMS = ("RandomHorizontalFlip", "ColorJitter", "Normalize")
+
+
+def image_size(image: Any) -> tuple[int, int]:
+    """``(width, height)`` of an image part: file bytes (read from the header, no pixels decoded) or a
+    decoded ``(C, H, W)`` tensor."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        from PIL import Image
+
+        with Image.open(io.BytesIO(bytes(image))) as img:
+            return img.size
+    if isinstance(image, torch.Tensor) and image.ndim == 3:
+        return int(image.shape[-1]), int(image.shape[-2])
+    raise TypeError(f"expected image bytes or a (C, H, W) tensor, got {type(image).__name__}")
 
 
 def _default_transforms() -> tuple[TransformSpec, ...]:
@@ -220,6 +234,8 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
             self.batch_type = VisionLanguageBatch
             self.tile_size = self.config.tile_size
             self.tokens_per_tile = self.config.vision.embeddings_per_tile(self.tile_size)
+            self.facts_width = 3  # (answer tokens, images, tiles): see sample_facts
+            self._prompt_layouts: dict[tuple[int, int], tuple[int, int]] = {}
 
     # --- per sample ----------------------------------------------------------------------------
 
@@ -266,23 +282,25 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
 
     def text_pieces(self, sample: Any, num_images: int) -> list[tuple[str, bool]]:
         """The document's text as ``(text, is_answer)`` pieces, without BOS/EOS."""
-        prompt = self.config.prompt
-        generator = self.sample_generator(sample, "prompt")
-        instruction = prompt.instructions[int(torch.randint(len(prompt.instructions), (1,), generator=generator))] \
-            if prompt.instructions else ""
-        return [(prompt.user_text(instruction, num_images), False), (self.sample_text(sample).strip(), True)]
+        instruction = self.config.prompt.instructions[self.instruction_index(sample)] \
+            if self.config.prompt.instructions else ""
+        return [(self.config.prompt.user_text(instruction, num_images), False), (self.sample_text(sample).strip(), True)]
+
+    def instruction_index(self, sample: Any) -> int:
+        """The index of the sample's instruction in ``prompt.instructions`` (its own generator, stream
+        ``"prompt"``: a pure function of seed, key and epoch); 0 without instructions."""
+        count = len(self.config.prompt.instructions)
+        if not count:
+            return 0
+        return int(torch.randint(count, (1,), generator=self.sample_generator(sample, "prompt")))
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.hf(text, add_special_tokens=False)["input_ids"] if text else []
 
-    def fit_document(self, pieces: list[tuple[str, bool]], num_tiles: torch.Tensor, sample: Any
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[BOS] + pieces + [EOS]`` as int64 tokens and bool ``targets`` (answer tokens and EOS),
-        cut at the end (EOS kept) so the spliced length fits ``text.seq_len``. Raises ``ValueError``
-        (the sample is skipped and counted) when the placeholders do not match the images, or when
-        the cut would drop a placeholder or every answer token."""
-        special = self.tokenizer.special
-        ids, targets = [special.bos], [False]
+    def document_ids(self, pieces: list[tuple[str, bool]], sample: Any) -> tuple[list[int], list[bool]]:
+        """``[BOS] + pieces`` as ids and answer flags, uncut; ``ValueError`` when an answer holds the
+        image placeholder."""
+        ids, targets = [self.tokenizer.special.bos], [False]
         for text, is_answer in pieces:
             piece = self._ids(text)
             if is_answer and self.image_token_index in piece:
@@ -290,20 +308,51 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
                                  f"{self.config.prompt.image_token!r}")
             ids += piece
             targets += [is_answer] * len(piece)
-        num_images = int(num_tiles.numel())
+        return ids, targets
+
+    def check_placeholders(self, ids: list[int], num_images: int, sample: Any) -> None:
+        """``ValueError`` unless ``ids`` hold one placeholder per image."""
         found = ids.count(self.image_token_index)
         if found != num_images:
             raise ValueError(f"sample {sample_key(sample)!r}: {found} image placeholder(s) for {num_images} image(s)")
-        extra = int(num_tiles.sum()) * self.tokens_per_tile - num_images
-        room = self.seq_len - extra - 1  # tokens before EOS
-        if len(ids) > room:
-            ids, targets = ids[:max(room, 0)], targets[:max(room, 0)]
-            if ids.count(self.image_token_index) != num_images or not any(targets):
-                raise ValueError(f"sample {sample_key(sample)!r}: {num_images} image(s) of {int(num_tiles.sum())} "
-                                 f"tile(s) x {self.tokens_per_tile} embeddings leave no room for its answer in "
-                                 f"text.seq_len {self.seq_len}")
-        ids.append(special.eos)
-        targets.append(True)
+
+    def extra_positions(self, num_images: int, num_tiles: int) -> int:
+        """Positions the image embeddings add to a document's tokens when they replace its placeholders."""
+        return num_tiles * self.tokens_per_tile - num_images
+
+    def fitted_length(self, layout: tuple[int, int, int], num_images: int, num_tiles: int, key: str) -> int:
+        """How many of a document's ids (``[BOS] + pieces``, before EOS) survive the cut to
+        ``text.seq_len`` spliced positions. ``layout``: ``(ids, end of the last placeholder, index of
+        the first answer id or ids)``. ``ValueError`` (the sample is skipped and counted) when the cut
+        would drop a placeholder or every answer id."""
+        length, placeholder_end, first_answer = layout
+        room = self.seq_len - self.extra_positions(num_images, num_tiles) - 1  # ids before EOS
+        if length <= room:
+            return length
+        keep = max(room, 0)
+        if placeholder_end > keep or first_answer >= keep:
+            raise ValueError(f"sample {key!r}: {num_images} image(s) of {num_tiles} tile(s) x {self.tokens_per_tile} "
+                             f"embeddings leave no room for its answer in text.seq_len {self.seq_len}")
+        return keep
+
+    @staticmethod
+    def id_layout(ids: list[int], targets: list[bool], placeholder: int) -> tuple[int, int, int]:
+        """``(len(ids), end of the last placeholder (0: none), first answer index (len(ids): none))``."""
+        placeholder_end = max((i + 1 for i, t in enumerate(ids) if t == placeholder), default=0)
+        return len(ids), placeholder_end, next((i for i, t in enumerate(targets) if t), len(ids))
+
+    def fit_document(self, pieces: list[tuple[str, bool]], num_tiles: torch.Tensor, sample: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[BOS] + pieces + [EOS]`` as int64 tokens and bool ``targets`` (answer tokens and EOS),
+        cut at the end (EOS kept) so the spliced length fits ``text.seq_len`` (:meth:`fitted_length`).
+        Raises ``ValueError`` (the sample is skipped and counted) when the placeholders do not match
+        the images, or when the cut would drop a placeholder or every answer token."""
+        ids, targets = self.document_ids(pieces, sample)
+        num_images = int(num_tiles.numel())
+        self.check_placeholders(ids, num_images, sample)
+        keep = self.fitted_length(self.id_layout(ids, targets, self.image_token_index), num_images,
+                                  int(num_tiles.sum()), sample_key(sample))
+        ids, targets = ids[:keep] + [self.tokenizer.special.eos], targets[:keep] + [True]
         return torch.tensor(ids, dtype=torch.int64), torch.tensor(targets, dtype=torch.bool)
 
     def spliced_length(self, doc: EncodedDoc) -> int:
@@ -311,7 +360,45 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         if not self.vision_language:
             return int(doc.tokens.numel())
         tiles = doc.media["num_tiles"]
-        return int(doc.tokens.numel()) + int(tiles.sum()) * self.tokens_per_tile - int(tiles.numel())
+        return int(doc.tokens.numel()) + self.extra_positions(int(tiles.numel()), int(tiles.sum()))
+
+    # --- lengths without decoding (DocumentTaskEncoder's contract) ------------------------------
+
+    def image_facts(self, images: list) -> tuple[int, int]:
+        """``(images, tiles)`` of image parts (bytes: header only), as :meth:`encode_images` cuts them."""
+        if not self.config.image.tiling.enabled:
+            return len(images), len(images)
+        return len(images), sum(tile_count(*image_size(im), self.tile_size, self.config.image.tiling) for im in images)
+
+    def sample_facts(self, sample: Any) -> tuple[int, ...]:
+        """Plain captions: the text document's facts. Vision-language: ``(caption tokens, images,
+        tiles)``; the prompt is drawn per epoch in :meth:`sample_length`."""
+        if not self.vision_language:
+            return super().sample_facts(sample)
+        caption, _ = self.document_ids([(self.sample_text(sample).strip(), True)], sample)
+        return (len(caption) - 1, *self.image_facts(self.sample_images(sample)))
+
+    def document_layout(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[tuple[int, int, int], int, int]:
+        """``(id layout (see fitted_length), images, tiles)`` of the sample's document at ``epoch``."""
+        caption, num_images, num_tiles = facts
+        index = self.instruction_index(length_probe(key, epoch))
+        if (index, num_images) not in self._prompt_layouts:
+            instruction = self.config.prompt.instructions[index] if self.config.prompt.instructions else ""
+            ids, targets = self.document_ids([(self.config.prompt.user_text(instruction, num_images), False)], None)
+            self._prompt_layouts[index, num_images] = self.id_layout(ids, targets, self.image_token_index)[:2]
+        prompt, placeholder_end = self._prompt_layouts[index, num_images]
+        return (prompt + caption, placeholder_end, prompt if caption else prompt + caption), num_images, num_tiles
+
+    def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
+        if not self.vision_language:
+            return super().sample_length(facts, key, epoch)
+        layout, num_images, num_tiles = self.document_layout(facts, key, epoch)
+        row = self.fitted_length(layout, num_images, num_tiles, key) + 1 + self.extra_positions(num_images, num_tiles)
+        return row, row
+
+    def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
+        row = self.spliced_length(doc)
+        return row, row
 
     # --- packing and batching ------------------------------------------------------------------
 

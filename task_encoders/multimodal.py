@@ -240,6 +240,7 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
                          for name, sub in self.config.modalities.items()}
         self.kinds = {name: _KINDS[type(enc).batch_type] for name, enc in self.encoders.items()}
         self._by_type: dict[type, str | None] = {}
+        self.facts_width = 1 + max(enc.facts_width for enc in self.encoders.values())
 
     def modality_of(self, sample: Any) -> str:
         """The configured modality of ``sample`` (module doc); :class:`UnknownModality` if none."""
@@ -279,6 +280,21 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         name = self.modality_of(sample)
         doc = self.encoders[name].encode(sample)
         return MultimodalDoc.derive_from(doc, tokens=doc.tokens, media=doc.media, modality=name)
+
+    # --- lengths without decoding (DocumentTaskEncoder's contract), dispatched like encode -----
+
+    def sample_facts(self, sample: Any) -> tuple[int, ...]:
+        """``(modality index in modalities, *that encoder's facts, zeros up to facts_width)``."""
+        name = self.modality_of(sample)
+        facts = tuple(self.encoders[name].sample_facts(sample))
+        return (list(self.encoders).index(name), *facts) + (0,) * (self.facts_width - 1 - len(facts))
+
+    def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
+        encoder = list(self.encoders.values())[facts[0]]
+        return encoder.sample_length(tuple(facts[1:1 + encoder.facts_width]), key, epoch)
+
+    def encoded_length(self, doc: MultimodalDoc) -> tuple[int, int]:
+        return self.encoders[doc.modality].encoded_length(doc)
 
     def collate_media(self, docs: list[MultimodalDoc]) -> dict[str, Any]:
         """Each kind's documents (in document order) through the ``collate_media`` of the first

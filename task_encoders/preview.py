@@ -239,10 +239,16 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
             overrides["encoder"] = encoder
         return load_config(path, overrides)
     if encoder is None:
+        if path.is_dir() and not (path / ".nv-meta" / "dataset.yaml").is_file():
+            from energon_platform.loader.source import DatasetError
+
+            raise DatasetError(f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml) nor a run config; "
+                               f"convert it with `energon-platform convert ...` first")
         sample_class = _dataset_sample_class(path) if path.is_dir() else None
         if sample_class not in DEFAULT_ENCODERS:
-            raise ConfigError(str(path), "--encoder", f"cannot choose an encoder for {path} "
-                              f"(sample type {sample_class or 'unknown'})", "--encoder CONFIG (e.g. configs/encoders/multimodal.yaml)")
+            what = f"sample type {sample_class or 'unknown'}" if path.is_dir() else "a metadataset: its datasets may hold different sample types"
+            raise ConfigError(str(path), "--encoder", f"cannot choose an encoder for {path} ({what}); pass "
+                              f"--encoder CONFIG (e.g. configs/encoders/multimodal.yaml)")
         encoder = DEFAULT_ENCODERS[sample_class]
     return load_config({"data": {"path": str(path.resolve()), "val_split": None}, "encoder": encoder,
                         "loader": {"global_batch_size": n, "num_workers": 0}})

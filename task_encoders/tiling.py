@@ -128,6 +128,18 @@ def choose_grid(width: int, height: int, tile: int, cfg: TilingConfig) -> tuple[
     return best
 
 
+def _thumbnail(cfg: TilingConfig, grid_tiles: int) -> bool:
+    """Whether a thumbnail follows a grid of ``grid_tiles`` tiles."""
+    return cfg.use_thumbnail and grid_tiles > 1
+
+
+def tile_count(width: int, height: int, tile: int, cfg: TilingConfig) -> int:
+    """How many tiles :func:`tile_image` makes of an image of ``width`` x ``height`` pixels (no pixels
+    needed: the grid depends on the size only)."""
+    cols, rows = choose_grid(width, height, tile, cfg)
+    return cols * rows + int(_thumbnail(cfg, cols * rows))
+
+
 def tile_image(image: torch.Tensor, tile: int, cfg: TilingConfig) -> torch.Tensor:
     """float ``(C, H, W)`` → float32 ``(T, C, tile, tile)``: the grid's tiles row by row, then the
     thumbnail (module doc). Deterministic."""
@@ -136,6 +148,6 @@ def tile_image(image: torch.Tensor, tile: int, cfg: TilingConfig) -> torch.Tenso
     mode = _INTERPOLATION[cfg.interpolation]
     resized = F.resize(image, [rows * tile, cols * tile], interpolation=mode, antialias=True)
     tiles = [resized[:, r * tile:(r + 1) * tile, c * tile:(c + 1) * tile] for r in range(rows) for c in range(cols)]
-    if cfg.use_thumbnail and len(tiles) > 1:
+    if _thumbnail(cfg, len(tiles)):
         tiles.append(F.resize(image, [tile, tile], interpolation=mode, antialias=True))
     return torch.stack(tiles).to(torch.float32).contiguous()

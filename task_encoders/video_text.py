@@ -137,14 +137,22 @@ def clip_indices(total: int, native_fps: float, cfg: VideoConfig, training: bool
 
 def video_facts(sample: Any) -> tuple[int, float, bool | None]:
     """(frame count, fps, has audio or None if unknown): from the converter's provenance in
-    ``sample.meta`` when there (no file access), else from Energon's decoder (a demux pass)."""
+    ``sample.meta`` when there (no file access), else from Energon's decoder (a demux pass; video
+    bytes of a light sample are wrapped in one)."""
     source = ((getattr(sample, "meta", None) or {}).get("source") or {})
     frames, fps = source.get("frames"), source.get("fps")
     if isinstance(frames, int) and isinstance(fps, (int, float)) and frames > 0 and fps > 0:
         audio = source.get("audio")
         return frames, float(fps), audio if isinstance(audio, bool) else None
-    _, count = sample.video.get_video_duration(get_frame_count=True)
-    return int(count or 0), float(sample.video.get_video_fps()), None
+    video = sample.video
+    if isinstance(video, (bytes, bytearray, memoryview)):
+        import io
+
+        from megatron.energon.av import AVDecoder
+
+        video = AVDecoder(io.BytesIO(bytes(video)))
+    _, count = video.get_video_duration(get_frame_count=True)
+    return int(count or 0), float(video.get_video_fps()), None
 
 
 def decode_frames(decoder: Any, indices: list[int], fps: float) -> torch.Tensor:
@@ -259,6 +267,29 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
         """The sample's clip (source frame indices) in this epoch."""
         total, fps, _ = video_facts(sample)
         return clip_indices(total, fps, self.config.video, self.training, self.sample_generator(sample, "clip"))
+
+    # --- lengths without decoding (DocumentTaskEncoder's contract): work adds the clip's frames ---
+
+    facts_width = 2
+
+    def sample_facts(self, sample: Any) -> tuple[int, ...]:
+        """``(caption tokens, clip frames)``. A clip's frame count does not depend on its (seeded)
+        start: every start keeps the whole clip inside the video, or the video is shorter and the clip
+        starts at 0 (:func:`clip_indices`)."""
+        total, fps, _ = video_facts(sample)
+        return (*super().sample_facts(sample), len(clip_indices(total, fps, self.config.video, False, None)))
+
+    def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
+        if self.log_mel is not None:
+            raise NotImplementedError("video.audio: the clip's audio frames depend on how Energon's AV decoder "
+                                      "cuts the track; not derived from headers")
+        row, _ = super().sample_length(facts[:1], key, epoch)
+        return row, row + facts[1]
+
+    def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
+        row, _ = super().encoded_length(doc)
+        audio = doc.media.get("audio")
+        return row, row + int(doc.media["video"].shape[0]) + (int(audio.shape[-1]) if audio is not None else 0)
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
         total, fps, has_audio = video_facts(sample)

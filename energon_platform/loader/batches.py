@@ -53,15 +53,18 @@ class MicroBatchMaker:
     """
 
     def __init__(self, datasets: Any, encoder: Any, schedule: Schedule, rank: int, world_size: int,
-                 micro_items: int):
+                 micro_items: int, planner: Any = None):
         self.datasets, self.encoder, self.schedule = datasets, encoder, schedule
+        self.rank, self.world_size = rank, world_size
+        #: with ``loader.balance``: the :class:`~energon_platform.loader.planner.Planner` of the run
+        self.planner = planner
         self.sources = [e.source for e in datasets.entries]
         self.items = schedule.rank_items(rank, world_size)
         if len(self.items) % micro_items:
             raise ValueError(f"{len(self.items)} items per rank cannot be cut into micro-batches of {micro_items}")
         self.micro_items = micro_items
         self.accumulation = len(self.items) // micro_items
-        self.packing = schedule.group_size > 1
+        self.packing = schedule.group_size > 1 or bool(planner is not None and planner.capacity)
         encode_name = "preencode_sample" if _overridden(encoder, "preencode_sample") else "encode_sample"
         self._encode = getattr(encoder, encode_name)
         self._postencode = encoder.postencode_sample if _overridden(encoder, "postencode_sample") else None
@@ -96,19 +99,27 @@ class MicroBatchMaker:
             self._skip(e, sample)
             return []
 
-    def _load_or_replace(self, c: int, dataset: int, epoch: int, index: int) -> list:
+    def _load_or_replace(self, c: int, dataset: int, epoch: int, index: int, room: int | None = None) -> list:
         """The encoded sample, or, when it fails (counted by the skip policy), its first stand-in
         that loads (:meth:`DatasetOrder.replacement`): micro-batches stay full (fixed shapes for
-        Megatron, CUDA graphs, compiled models), the same on every layout and every resume."""
+        Megatron, CUDA graphs, compiled models), the same on every layout and every resume.
+        ``room``: in a planned row, stand-ins must be at most this long (by the length index); when
+        none of them fits, the row keeps its place empty (padding) and the sample is counted."""
         encoded = self._load_encoded(dataset, epoch, index)
         attempt = 0
         while not encoded:
             attempt += 1
             if attempt > MAX_REPLACEMENTS:
-                raise RuntimeError(f"micro-batch {c}: sample {index} of dataset "
-                                   f"{self.datasets.entries[dataset].name!r} and {MAX_REPLACEMENTS} stand-ins "
-                                   f"failed; see the skipped samples in the log")
+                if room is not None:
+                    log.warning("micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
+                                "its positions stay padding", c, index, self.datasets.entries[dataset].name)
+                    return []
+                raise self.sources[dataset].samples_failed(  # one line: names a corrupt shard, if one was read
+                    f"micro-batch {c}: sample {index} of dataset {self.datasets.entries[dataset].name!r} and "
+                    f"{MAX_REPLACEMENTS} stand-ins failed")
             stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
+            if room is not None and self.planner.length_of(dataset, epoch, stand_in)[0] > room:
+                continue  # would overflow the planned row
             encoded = self._load_encoded(dataset, epoch, stand_in)
             if encoded:
                 self.replaced.append({"micro_batch": c, "dataset": self.datasets.entries[dataset].name,
@@ -118,9 +129,10 @@ class MicroBatchMaker:
                             self.replaced[-1]["key"])
         return encoded
 
-    def _pack(self, encoded: list) -> list:
+    def _pack(self, encoded: list, one_row: bool = False) -> list:
+        """Packs of ``encoded``, chosen by the encoder (``one_row``: all of them, as planned)."""
         packs = []
-        for selected in self.encoder.select_samples_to_pack(encoded):
+        for selected in ([encoded] if one_row else self.encoder.select_samples_to_pack(encoded)):
             if self._postencode is not None:
                 selected = [s for x in selected for s in _as_list(self._postencode(x))]
             packs.append(self.encoder.pack_selected_samples(selected))
@@ -151,7 +163,41 @@ class MicroBatchMaker:
         finally:
             torch.set_num_threads(threads)
 
+    def planned_items(self, c: int) -> list[list[int]]:
+        """With a planner: the stream positions of each row (packed) or sample of micro-batch ``c``."""
+        from energon_platform.loader.planner import deal_plan
+
+        batch, part = divmod(c, self.accumulation)
+        plan = self.planner.plan(batch)
+        dealt = deal_plan(plan, self.world_size, self.accumulation, fixed=self.planner.fixed_counts)
+        return [plan.items[i] for i in dealt[self.rank][part]]
+
+    def _make_planned(self, c: int) -> Any:
+        items = [[tuple(int(x) for x in t) for t in zip(*self.schedule.samples(positions))]
+                 for positions in self.planned_items(c)]
+        self._prefetch(items)
+        samples = []
+        for item in items:
+            docs = []
+            for d, epoch, idx in item:
+                planned = self.planner.length_of(d, epoch, idx)
+                got = self._load_or_replace(c, d, epoch, idx, room=planned[0] if self.packing else None)
+                for doc in got:
+                    if self.packing and self.encoder.encoded_length(doc)[0] > planned[0]:
+                        raise RuntimeError(
+                            f"micro-batch {c}: sample {getattr(doc, '__key__', idx)} encodes to "
+                            f"{self.encoder.encoded_length(doc)[0]} positions, its length index says {planned[0]}: "
+                            f"{type(self.encoder).__name__}.sample_length is not exact")
+                docs += got
+            samples += self._pack(docs, one_row=True) if self.packing and docs else docs
+        if not samples:
+            raise RuntimeError(f"micro-batch {c}: every sample failed; see the log")
+        out = self.encoder.encode_batch(self.encoder.batch(samples))
+        return next(out) if inspect.isgenerator(out) else out
+
     def _make(self, c: int) -> Any:
+        if self.planner is not None:
+            return self._make_planned(c)
         batch, item_ids = self.item_ids(c)
         items = self.schedule.items(batch, item_ids)
         self._prefetch(items)

@@ -36,6 +36,9 @@ class LoaderState:
     datasets: list  #: dataset names in schedule order
     blend: list  #: segments ``[{"start": unit, "weights": ["1/4", ...]}, ...]`` (one weight per dataset)
     consumed: list  #: per dataset ``{"samples", "epochs"}`` before the next global batch (informational)
+    #: with ``loader.balance``: where planning of the next global batch starts,
+    #: ``{"batch", "position", "carried": [stream positions]}`` (:class:`~energon_platform.loader.planner.PlanState`)
+    plan: dict | None = None
 
     @property
     def next_global_batch(self) -> int:
@@ -90,7 +93,7 @@ class LoaderState:
         consumed = data.get("consumed", [])
         return cls(version=version, fingerprint=data["fingerprint"], next_microbatch=data["next_microbatch"],
                    accumulation=data["accumulation"], layout=data["layout"], datasets=list(data["datasets"]),
-                   blend=blend, consumed=consumed if isinstance(consumed, list) else [])
+                   blend=blend, consumed=consumed if isinstance(consumed, list) else [], plan=_plan(data.get("plan")))
 
     @classmethod
     def from_json(cls, text: str) -> "LoaderState":
@@ -98,7 +101,7 @@ class LoaderState:
 
 
 _REQUIRED = {"version", "fingerprint", "next_microbatch", "accumulation", "layout", "datasets", "blend"}
-_FIELDS = _REQUIRED | {"consumed"}
+_FIELDS = _REQUIRED | {"consumed", "plan"}
 #: No real run reaches this many micro-batches; a larger position is a corrupted or edited state.
 MAX_POSITION = 2**53
 
@@ -114,6 +117,21 @@ def _position(data: dict, key: str, low: int, where: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_POSITION:
         raise StateMismatchError(f"loader state is malformed: {where}{key} must be an integer in "
                                  f"[{low}, 2**53], got {value!r}")
+
+
+def _plan(plan: Any) -> dict | None:
+    """A saved plan state, checked: ``{"batch", "position", "carried"}`` of integers in range."""
+    if plan is None:
+        return None
+    if not isinstance(plan, dict) or set(plan) != {"batch", "position", "carried"}:
+        raise StateMismatchError("loader state is malformed: plan must be {batch, position, carried}")
+    _position(plan, "batch", low=0, where="plan.")
+    _position(plan, "position", low=0, where="plan.")
+    carried = plan["carried"]
+    if not isinstance(carried, list) or not all(isinstance(p, int) and not isinstance(p, bool) and
+                                                0 <= p < plan["position"] for p in carried):
+        raise StateMismatchError("loader state is malformed: plan.carried must list stream positions below plan.position")
+    return {"batch": plan["batch"], "position": plan["position"], "carried": list(carried)}
 
 
 def _is_weight(text: str) -> bool:

@@ -31,6 +31,7 @@ from energon_platform.loader.datasets import open_datasets
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import LayoutError, Schedule
+from energon_platform.loader.source import DatasetError
 from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError, check_fingerprint
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,9 @@ class TrainLoader:
         self.encoder = build_encoder(cfg)
         pack_group = _pack_group(lc.pack_group, self.encoder, cfg.source)
         self.pack_group = pack_group
+        #: ``loader.balance`` set: global batches are planned (:mod:`~energon_platform.loader.planner`)
+        self.planned = lc.balance != "none"
+        self.packed_rows = self.planned and pack_group > 1  # fixed rows of seq_len, packed globally
         per_rank = Schedule.check_split(lc.global_batch_size, pack_group, world_size, lc.micro_batch_size)
         self.micro_items = lc.micro_batch_size or per_rank
         if lc.blend_unit == "batch" and lc.micro_batch_size is None:
@@ -74,6 +78,10 @@ class TrainLoader:
             raise ConfigError(cfg.source, "loader.micro_batch_size", "blend_unit: batch takes whole micro-batches "
                               "from one dataset, so the micro-batch size must be fixed (set micro_batch_size)")
         self.unit = self.micro_items * pack_group if lc.blend_unit == "batch" else 1
+        self.planner = None
+        if self.planned:
+            _check_balance(cfg, self.encoder)
+        self.length_indexes = self._length_indexes(cfg) if self.planned else None
         self.orders = tuple(DatasetOrder(len(e.source), derive_key(lc.seed, *_stream_id(e.name)), lc.shuffle_buffer,
                                          run=lc.shuffle_run)
                             for e in self.datasets.entries)  # stream ids by name: entries are independent
@@ -88,6 +96,10 @@ class TrainLoader:
             "blend_unit_samples": self.unit,
             "schedule": "feistel-chairman-v1",
         }
+        if self.planned:  # what changes the rows and batches of a planned run
+            self.fingerprint["balance"] = {"mode": lc.balance, "window": lc.balance_window,
+                                           "global_batch_tokens": lc.global_batch_tokens, "linear": self._linear,
+                                           "planner": "pool-lpt-v1"}
         self.next_microbatch = 0
         self._identities = None
         self.blend_changes: list[str] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
@@ -97,12 +109,66 @@ class TrainLoader:
     def _units_per_batch(self) -> int:
         return self.config.global_batch_size * self.pack_group // self.unit
 
-    def _set_blend(self, segments) -> None:
-        """(Re)build the schedule and micro-batch maker for the blend ``segments``."""
+    @property
+    def _linear(self) -> float:
+        """The linear term's weight in ``balance: attention`` (default: the encoder's ``seq_len``)."""
+        linear = self.config.balance_linear
+        return float(linear if linear is not None else getattr(self.encoder, "seq_len", 0))
+
+    def _length_indexes(self, cfg: RunConfig) -> list:
+        """Each dataset's :class:`~energon_platform.loader.lengths.LengthIndex` (built if missing)."""
+        from energon_platform.loader.lengths import open_length_index
+
+        digest = _digest(_encoder_config(self.encoder))
+        cache = Path(cfg.loader.length_cache) if cfg.loader.length_cache else None
+        try:
+            return [open_length_index(e.source, self.encoder, digest, cache, workers=max(1, self.num_workers))
+                    for e in self.datasets.entries]
+        except NotImplementedError as e:  # the encoder cannot state this config's lengths
+            from task_encoders.config import ConfigError
+
+            raise ConfigError(cfg.source, "loader.balance", str(e)) from None
+
+    def _cost(self, work_length: int) -> float:
+        from energon_platform.loader.packer import sample_cost
+
+        if self.config.balance == "encoder":
+            return float(self.encoder.balance_cost(work_length))
+        return sample_cost(work_length, self.config.balance, self._linear)
+
+    def _set_blend(self, segments, plan_state=None) -> None:
+        """(Re)build the schedule, planner and micro-batch maker for the blend ``segments``;
+        a planned run continues from ``plan_state`` (None: where its planner is now, or the start)."""
         self.blend = Blend(segments, len(self.datasets.entries))
-        self.schedule = Schedule(self.orders, self.config.global_batch_size, self.pack_group, self.blend, self.unit)
+        group = 1 if self.planned else self.pack_group
+        self.schedule = Schedule(self.orders, self.config.global_batch_size, group, self.blend, self.unit)
+        if self.planned:
+            from energon_platform.loader.lengths import SampleLengths
+            from energon_platform.loader.planner import PlanState, Planner
+
+            if plan_state is None:
+                plan_state = self.planner.start if self.planner is not None else PlanState()
+            prefixes = [f"{e.name}:" if self.datasets.metadataset else "" for e in self.datasets.entries]
+            self.planner = Planner(SampleLengths(self.schedule, self.length_indexes, self.encoder, prefixes),
+                                   self._cost, self.config.global_batch_size,
+                                   capacity=self.encoder.seq_len if self.packed_rows else 0,
+                                   budget=self.config.global_batch_tokens, window=self.config.balance_window,
+                                   start=plan_state)
         self.maker = MicroBatchMaker(self.datasets, self.encoder, self.schedule, self.rank, self.world_size,
-                                     self.micro_items)
+                                     self.micro_items, planner=self.planner)
+
+    def balance_stats(self, batch: int) -> dict:
+        """Global batch ``batch`` of a planned run: per-rank cost max/mean, padding, samples and
+        carried samples (for logs and the resume check); ``{}`` unplanned."""
+        if not self.planned:
+            return {}
+        from energon_platform.loader.planner import deal_plan, rank_costs
+
+        plan = self.planner.plan(batch)
+        costs = rank_costs(plan, deal_plan(plan, self.world_size, self.accumulation, fixed=self.planner.fixed_counts))
+        mean = sum(costs) / len(costs)
+        return {"rank_cost": round(max(costs) / mean, 4) if mean else 1.0, "padding": round(plan.padding, 4),
+                "samples": sum(len(i) for i in plan.items), "carried": len(plan.next_state.carried)}
 
     def dataset_identities(self) -> dict:
         """Per dataset name: what makes it *this* data (may not change at resume); read once."""
@@ -112,6 +178,13 @@ class TrainLoader:
 
     def consumed(self) -> dict:
         """Per dataset name: ``{"samples", "epochs"}`` taken before the next global batch."""
+        if self.planned:  # positions read before the batch, less those still waiting (carried)
+            state = self.planner.state_at(self.global_batch)
+            taken = self.blend.consumed(state.position).astype(int)
+            for d in self.schedule.samples(list(state.carried))[0] if state.carried else ():
+                taken[int(d)] -= 1
+            return {n: {"samples": int(t), "epochs": round(int(t) / o.num_samples, 6)}
+                    for n, t, o in zip(self.datasets.names, taken, self.orders)}
         return dict(zip(self.datasets.names, self.schedule.consumed(self.global_batch)))
 
     # --- iteration --------------------------------------------------------------------------
@@ -149,7 +222,7 @@ class TrainLoader:
             c, batch = next(self._iter)
         except (RuntimeError, ConnectionError, EOFError) as e:
             dead = self._dead_workers(wait=0 if isinstance(e, RuntimeError) else 1.0)
-            if not (self.num_workers and (dead or "DataLoader worker" in str(e))):
+            if not (self.num_workers and (dead or "DataLoader worker (pid" in str(e))):  # not "Caught X in ..."
                 raise
             # killed (the kernel's OOM killer), or exited: PyTorch says so in a RuntimeError, or the
             # kill cut a tensor's transfer (ConnectionResetError)
@@ -160,6 +233,9 @@ class TrainLoader:
                 f"{self.next_microbatch} (global batch {self.global_batch}): {(str(e).splitlines() or [type(e).__name__])[0]}. "
                 f"Out of memory? Lower loader.num_workers or prefetch_factor; resume from the latest "
                 f"checkpoint and the data continues exactly") from None
+        except DatasetError:  # bad data or a failed store: stop the other workers, so this error is the last line
+            self.close()
+            raise
         assert c == self.next_microbatch, f"micro-batch {c} arrived where {self.next_microbatch} was due"
         self.next_microbatch += 1
         return batch
@@ -193,6 +269,7 @@ class TrainLoader:
                     "micro_items": self.maker.micro_items},
             datasets=self.datasets.names, blend=self.blend.to_json(),
             consumed=list(self.consumed().values()),
+            plan=self.planner.state_at(self.global_batch).to_json() if self.planned else None,
         ).to_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -205,17 +282,29 @@ class TrainLoader:
             raise StateMismatchError(f"the checkpoint's blend has dataset(s) {missing} that this run does not "
                                      f"(this run: {self.datasets.names}); datasets may be added at resume, not removed")
         # every saved dataset must be the same data; datasets added since are not compared
-        check_fingerprint(state.fingerprint, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}})
+        try:
+            check_fingerprint(state.fingerprint, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}})
+        except StateMismatchError as e:  # a dataset added with an existing entry's folder name: say so
+            raise StateMismatchError(f"{e}{self.datasets.clash_note(state.datasets)}") from None
         if state.mid_step and (state.accumulation != self.accumulation or state.layout.get("world_size") != self.world_size):
             raise LayoutError("the state was saved in the middle of a global batch (gradient accumulation); "
                               "resume it with the same world size and micro-batch size, or save at a step boundary")
         self.close()  # workers already started would produce the old position
+        plan_state = None
+        if self.planned:
+            from energon_platform.loader.planner import PlanState
+
+            if state.plan is None or state.plan["batch"] != state.next_global_batch:
+                raise StateMismatchError("the checkpoint's loader state has no plan for global batch "
+                                         f"{state.next_global_batch} (saved without loader.balance?)")
+            plan_state = PlanState.from_json(state.plan)
         segments, changes = resume_segments(state, self.datasets, self.config.blend_schedule,
-                                            state.next_global_batch, self._units_per_batch)
-        for change in changes:
+                                            state.next_global_batch, self._units_per_batch,
+                                            resume_unit=plan_state.position if plan_state else None)
+        for change in changes if self.rank == 0 else ():  # once per job, not once per rank
             log.warning("blend changed at resume: %s", change)
         self.blend_changes = changes
-        self._set_blend(segments)
+        self._set_blend(segments, plan_state)
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0)
 
@@ -251,6 +340,18 @@ def _stream_id(name: str) -> tuple[int, int]:
     """Two 64-bit integers from a dataset name: the key of its sample order (independent per entry)."""
     h = hashlib.blake2b(name.encode(), digest_size=16).digest()
     return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little")
+
+
+def _check_balance(cfg: RunConfig, encoder: Any) -> None:
+    """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost)."""
+    from task_encoders.config import ConfigError
+
+    if not callable(getattr(encoder, "sample_facts", None)):
+        raise ConfigError(cfg.source, "loader.balance", f"{cfg.loader.balance!r} needs lengths before decoding, but "
+                          f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)")
+    if cfg.loader.balance == "encoder" and not callable(getattr(encoder, "balance_cost", None)):
+        raise ConfigError(cfg.source, "loader.balance", f"'encoder' calls the encoder's balance_cost(length), "
+                          f"which {type(encoder).__name__} does not define")
 
 
 def _pack_group(configured: int | None, encoder: Any, source: str) -> int:

@@ -13,18 +13,26 @@ complete at the kill: ``"restored": false``), or it logged steps before the resu
 restarted from step 0, which on a deterministic run would otherwise pass unnoticed).
 
 :func:`check_resume_cmd` runs the same check on any training command (``check-resume --cmd``):
-``{out}`` in the commands becomes a folder per run, steps are read from the run's log in one of
-the formats of :mod:`energon_platform.training.step_logs`, the resume point is where the
-resumed command's log starts (it must be after step 0 and no later than the last step the killed
-run logged, and match the ``resumed_from`` the log states, if it states one). The verdict is
+``{out}`` in the commands becomes a folder per run (an absolute path, quoted for the shell where
+the placeholder stands: bare, in ``'...'`` or in ``"..."``), steps are read from the run's log in
+one of the formats of :mod:`energon_platform.training.step_logs`, counted from 1, or from 0 when
+the uninterrupted run's first logged step is 0 (then ``--steps N`` are steps 0..N-1). The resume
+point is where the resumed command's log starts: it must be after the first step, right after a
+step the killed run logged or earlier, and match the ``resumed_from`` the log states, if it
+states one (the steps done before its first row: that row's step, less 1 in a log counted from
+1). The verdict is
 exact (keys, batch digests, loss with tolerance 0) when every compared row carries ``keys`` and
 ``batch_sha256``, and by the loss alone (|Δloss| <= 0.01, the seed's criterion) otherwise.
+
+Both forms write only into an ``--out`` that is new, empty, or one an earlier check made
+(:func:`_claim_out`); anything else in it is refused before a run starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -89,15 +97,67 @@ def _count_lines(path: Path) -> int:
 RUN_FILES = {"log.jsonl", "stdout.txt", "checkpoints"}  #: what a trainer run writes in its folder
 
 
-def _fresh_run_dir(d: Path, run_files: set[str] = RUN_FILES) -> None:
-    """Empty ``d`` for a new run; refuses (CheckpointError) to delete anything a run did not write."""
-    if d.exists():
-        foreign = sorted(p.name for p in d.iterdir() if p.name not in run_files) if d.is_dir() else [d.name]
+#: what the check writes in ``--out`` (besides its two run folders); a leftover write probe is harmless
+OUT_FILES = {"report.json", ".report.json.tmp", "loss.png"}
+RUN_DIRS = ("straight", "killed")
+
+
+def _own_report(path: Path) -> bool:
+    """Whether ``path`` is a report check-resume wrote (a JSON object with its verdict's fields)."""
+    try:
+        report = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and {"steps_compared", "resume_step", "passed", "rows"} <= set(report)
+
+
+def _foreign(d: Path, allowed: set[str]) -> list[str]:
+    """The names in folder ``d`` that are not in ``allowed`` (none when ``d`` is no folder)."""
+    if not d.is_dir():
+        return []
+    return sorted(p.name for p in d.iterdir() if p.name not in allowed and not p.name.startswith(".write-test-"))
+
+
+def _claim_out(out: Path, run_files: set[str]) -> tuple[Path, Path]:
+    """Make ``out`` the check's folder, with its two run folders emptied for new runs; returns them.
+
+    Before anything is written or deleted, refuses (:class:`~checkpoint.CheckpointError`, one
+    line) an ``out`` that holds anything check-resume did not write: a name other than its run
+    folders, ``report.json`` and ``loss.png``; a ``report.json`` that is not a check-resume
+    report (a converted dataset's, say); a ``loss.png`` without one; a run folder holding more
+    than a run writes (``run_files``). A new or empty folder, or one an earlier check made, is fine."""
+    foreign = _foreign(out, OUT_FILES | set(RUN_DIRS))
+    report = out / "report.json"
+    if report.exists() and not _own_report(report):
+        foreign.insert(0, report.name)
+    elif (out / "loss.png").exists() and not report.exists():
+        foreign.insert(0, "loss.png")
+    if foreign:
+        raise checkpoint.CheckpointError(
+            f"{out}: holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}, which check-resume did not "
+            f"write; it writes only into a new or empty folder or one it made: choose another --out")
+    dirs = tuple(out / name for name in RUN_DIRS)
+    for d in dirs:  # a run folder is deleted whole: it must be a real folder holding only a run's files
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            raise checkpoint.CheckpointError(f"{d}: a {'link' if d.is_symlink() else 'file'} check-resume did not "
+                                             f"make; it deletes only its own runs: choose another --out")
+        foreign = _foreign(d, run_files)
         if foreign:
             raise checkpoint.CheckpointError(f"{d}: holds {', '.join(foreign[:3])}, which check-resume did not write; "
                                              f"it deletes only its own runs: choose another --out")
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
+    checkpoint.writable_dir(out, "the check's runs and report")
+    for d in dirs:
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+    return dirs
+
+
+def _write_report(out: Path, result: dict) -> None:
+    """``OUT/report.json``, replaced whole (a kill never leaves half a report, which a rerun would refuse)."""
+    tmp = out / ".report.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(out / "report.json")
 
 
 def kill_tree(pid: int) -> None:
@@ -314,6 +374,18 @@ def plot(straight: dict[int, dict], resumed: dict[int, dict], resume_step: int, 
     plt.close(fig)
 
 
+def balance_summary(rows: dict) -> dict:
+    """``{"balance": {...}}`` over the logged steps of a run with ``loader.balance`` (per-step
+    ``rank_cost``: max/mean of the ranks' costs, and ``padding``); ``{}`` for other runs."""
+    steps = [r for r in rows.values() if "rank_cost" in r]
+    if not steps:
+        return {}
+    costs, pads = [r["rank_cost"] for r in steps], [r.get("padding", 0.0) for r in steps]
+    return {"balance": {"steps": len(steps), "rank_cost_max": max(costs),
+                        "rank_cost_mean": round(sum(costs) / len(costs), 4),
+                        "padding_mean": round(sum(pads) / len(pads), 4), "rank_cost": costs}}
+
+
 def check_resume(spec: RunSpec, kill_at: int, out: Path, resume_nproc: int | None = None,
                  resume_workers: int | None = None, tolerance: float = 0.0, log=print) -> dict:
     """Run the check (module doc); returns the report (also written to ``OUT/report.json``)."""
@@ -321,10 +393,7 @@ def check_resume(spec: RunSpec, kill_at: int, out: Path, resume_nproc: int | Non
         raise ValueError(f"--kill-at must be between 2 and --steps ({spec.steps}), got {kill_at}")
     if not tolerance >= 0:
         raise ValueError(f"--tolerance must be >= 0, got {tolerance}")
-    checkpoint.writable_dir(out, "the check's runs and report")
-    straight_dir, killed_dir = out / "straight", out / "killed"
-    for d in (straight_dir, killed_dir):
-        _fresh_run_dir(d)
+    straight_dir, killed_dir = _claim_out(out, RUN_FILES)
     log(f"[1/3] uninterrupted run: {spec.steps} steps on {spec.nproc} rank(s)")
     _run(trainer_command(spec, straight_dir), straight_dir / "stdout.txt")
     log(f"[2/3] run killed with SIGKILL during step {kill_at}")
@@ -346,6 +415,7 @@ def check_resume(spec: RunSpec, kill_at: int, out: Path, resume_nproc: int | Non
     claimed = json.loads(first_row[0]).get("resumed_from") if first_row else None  # the trainer's own word
     result["restored"] = resume_step > 0 and claimed == resume_step
     result["passed"] = result["passed"] and result["restored"]
+    result.update(balance_summary(straight))
     result.update({"kill_at": kill_at, "killed_after_logged_step": last_logged,
                    "kill_landed_mid_step": last_logged == kill_at - 1 and kill_at not in before,
                    "resume_step": resume_step, "layout": {"nproc": spec.nproc, "num_workers": spec.num_workers},
@@ -353,7 +423,7 @@ def check_resume(spec: RunSpec, kill_at: int, out: Path, resume_nproc: int | Non
                    # per dataset of the blend: samples and epochs consumed by the end of each run
                    "datasets": straight.get(spec.steps, {}).get("datasets"),
                    "datasets_resumed": resumed.get(spec.steps, {}).get("datasets")})
-    (out / "report.json").write_text(json.dumps(result, indent=1))
+    _write_report(out, result)
     plot(straight, {**before, **resumed}, resume_step, out / "loss.png")
     return result
 
@@ -405,7 +475,30 @@ class CommandSpec:
 
 
 def _with_out(command: str, run_out: Path) -> str:
-    return command.replace("{out}", shlex.quote(str(run_out)))
+    """``command`` with each ``{out}`` replaced by ``run_out`` quoted for where the placeholder
+    stands: bare (``--out {out}``), inside single quotes (``'{out}'``) or inside double quotes
+    (``"{out}/log.txt"``); each way the shell sees exactly the path, spaces and quotes included."""
+    path, parts, quote, i = str(run_out), [], None, 0
+    while i < len(command):
+        if command.startswith("{out}", i):
+            if quote is None:
+                parts.append(shlex.quote(path))
+            elif quote == "'":
+                parts.append(path.replace("'", "'\\''"))  # close, an escaped quote, reopen
+            else:
+                parts.append(re.sub(r'([\\"$`])', r"\\\1", path))
+            i += len("{out}")
+            continue
+        c = command[i]
+        if c == "\\" and quote != "'":  # an escaped character: keep the pair, it quotes nothing
+            parts.append(command[i:i + 2])
+            i += 2
+            continue
+        if c in "'\"" and quote in (None, c):
+            quote = None if quote else c
+        parts.append(c)
+        i += 1
+    return "".join(parts)
 
 
 def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> dict:
@@ -414,10 +507,9 @@ def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> d
     fmt = spec.reader()
     if not 2 <= kill_at <= spec.steps:
         raise ValueError(f"--kill-at must be between 2 and --steps ({spec.steps}), got {kill_at}")
-    checkpoint.writable_dir(out, "the check's runs and report")
-    straight_dir, killed_dir = out / "straight", out / "killed"
+    out = Path(os.path.abspath(out))  # {out} must name the same folder wherever the command cds to
+    straight_dir, killed_dir = _claim_out(out, CMD_RUN_FILES)
     for d in (straight_dir, killed_dir):
-        _fresh_run_dir(d, CMD_RUN_FILES)
         (d / "out").mkdir()
     straight_log = spec.log_path(straight_dir / "out", straight_dir / "stdout.txt")
     killed_log = spec.log_path(killed_dir / "out", killed_dir / "stdout.txt")
@@ -427,11 +519,16 @@ def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> d
     if not straight:
         raise RunFailed(f"the uninterrupted run logged no step that --log-format {fmt.name} recognises in "
                         f"{straight_log}; a {fmt.name} line looks like: {_sample(fmt)}")
+    base = 0 if min(straight) == 0 else 1  # the log's first step: 0 or 1 (then --steps steps are base..last)
+    last = base + spec.steps - 1
+    if kill_at > last:
+        raise ValueError(f"the log counts steps from 0 (its last of --steps {spec.steps} is {last}): --kill-at must "
+                         f"be between 2 and {last}, got {kill_at}")
     log(f"[2/3] run killed with SIGKILL during step {kill_at}")
     _run_killed(_with_out(spec.cmd, killed_dir / "out"), killed_dir / "stdout.txt", killed_log, fmt, kill_at,
                 spec.timeout, spec.cwd)
     before = read_steps(killed_log, fmt)
-    last_logged = max(before, default=0)
+    last_logged = max(before, default=base - 1)
     data = killed_log.read_bytes() if killed_log.is_file() else b""
     kept = complete_length(data)
     log(f"      killed after step {last_logged} was logged")
@@ -442,15 +539,17 @@ def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> d
     after = killed_log.read_bytes() if killed_log.is_file() else b""
     start = len(data) if len(data) > kept and after[kept:len(data)] == data[kept:] else kept
     resumed = read_steps(killed_log, fmt, start)
-    resume_step = min(resumed) - 1 if resumed else 0
-    compared = [s for s in range(resume_step + 1, spec.steps + 1) if s in straight]
+    first = min(resumed) if resumed else base  # the resumed run's first step
+    resume_step = first - base  # steps done before it: what its resumed_from must say, if it logs one
+    compared = [s for s in range(first, last + 1) if s in straight]
     exact = bool(compared) and all("keys" in straight[s] and "batch_sha256" in straight[s] for s in compared)
     tolerance = spec.tolerance if spec.tolerance is not None else (0.0 if exact else SEED_TOLERANCE)
-    result = compare(straight, resumed, resume_step + 1, spec.steps, tolerance)
-    claimed = resumed[min(resumed)].get("resumed_from") if resumed else None  # the loop's own word, if it logs one
+    result = compare(straight, resumed, first, last, tolerance)
+    claimed = resumed[first].get("resumed_from") if resumed else None  # the loop's own word, if it logs one
     result.update({
-        "form": "cmd", "mode": "exact" if exact else "loss", "log_format": fmt.name,
-        "restored": 0 < resume_step <= last_logged and claimed in (None, resume_step),
+        "form": "cmd", "mode": "exact" if exact else "loss", "log_format": fmt.name, "first_step": base,
+        "first_resumed_step": first,
+        "restored": 0 < resume_step and first - 1 <= last_logged and claimed in (None, resume_step),
         "resumed_from_logged": claimed, "kill_at": kill_at, "killed_after_logged_step": last_logged,
         "kill_landed_mid_step": last_logged == kill_at - 1 and kill_at not in before, "resume_step": resume_step,
         "resumed_steps_logged": len(resumed),
@@ -460,8 +559,8 @@ def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> d
         "logs": {"straight": str(straight_log), "killed": str(killed_log)},
     })
     result["passed"] = result["passed"] and result["restored"]
-    (out / "report.json").write_text(json.dumps(result, indent=1))
-    plot(straight, {**before, **resumed}, resume_step, out / "loss.png")
+    _write_report(out, result)
+    plot(straight, {**before, **resumed}, first - 1, out / "loss.png")
     return result
 
 
@@ -481,8 +580,10 @@ def _judged(result: dict) -> str:
 
 def verdict(result: dict) -> str:
     head = "PASS" if result["passed"] else "FAIL"
+    base = result.get("first_step", 1)
     text = (f"{head}: {result['steps_compared']} steps compared after resuming from step {result['resume_step']} "
-            f"(killed during step {result['kill_at']}): {_judged(result)}")
+            f"(killed during step {result['kill_at']}{'; the log counts steps from 0' if base == 0 else ''}): "
+            f"{_judged(result)}")
     if result["missing_steps"]:
         sides = {r["missing"] for r in result["rows"] if "missing" in r}
         text += (f"; steps {result['missing_steps'][:3]}{'...' if len(result['missing_steps']) > 3 else ''} missing "
@@ -493,15 +594,17 @@ def verdict(result: dict) -> str:
     if result.get("form") == "cmd" and not result["restored"]:
         if not result["resumed_steps_logged"]:
             text += "; the resume command logged no step"
-        elif result["resume_step"] == 0:
-            text += "; the resume command started again from step 1: it restored nothing"
-        elif result["resume_step"] > result["killed_after_logged_step"]:
-            text += (f"; it resumed after step {result['resume_step']}, which the killed run never logged (it stopped "
-                     f"after step {result['killed_after_logged_step']}): does --resume-cmd read another run's "
-                     f"checkpoints?")
+        elif result["resume_step"] <= 0:
+            text += (f"; the resume command started again from step {result.get('first_resumed_step', base)}: it "
+                     f"restored nothing")
+        elif result["resume_step"] + base - 1 > result["killed_after_logged_step"]:
+            text += (f"; it resumed after step {result['resume_step'] + base - 1}, which the killed run never logged "
+                     f"(it stopped after step {result['killed_after_logged_step']}): does --resume-cmd read another "
+                     f"run's checkpoints?")
         else:
             text += (f"; its log says resumed_from={result['resumed_from_logged']}, but its first step is "
-                     f"{result['resume_step'] + 1}")
+                     f"{result['resume_step'] + base} (resumed_from={result['resume_step']} expected): it did not "
+                     f"continue from the checkpoint it names")
     elif not result.get("restored", True):
         text += ("; NO loader state was restored (no checkpoint was complete at the kill)" if not result["resume_step"]
                  else "; the resumed run did not report continuing from that checkpoint")

@@ -202,6 +202,18 @@ def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = Non
         return _train(cfg, resume=resume, num_workers=num_workers, out=out, steps=steps, quiet=quiet)
 
 
+def _what_changed(ck: dict, tok) -> str:
+    """Which config a checkpoint's model does not fit: the encoder's ``seq_len`` / tokenizer (they
+    size the model's position and token tables), else the model config."""
+    saved = ck.get("model_state", {}).get("model", {})
+    positions, tokens = saved.get("positions.weight"), saved.get("tokens.weight")
+    if positions is not None and positions.shape[0] != tok.seq_len:
+        return f"encoder's seq_len (the checkpoint's model takes {positions.shape[0]} tokens, this encoder {tok.seq_len})"
+    if tokens is not None and tokens.shape[0] != tok.vocab_size:
+        return f"encoder's tokenizer (vocabulary of {tokens.shape[0]} in the checkpoint, {tok.vocab_size} now)"
+    return "model config (model.*)"
+
+
 def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | None, steps: int | None,
            quiet: bool) -> dict:
     rank, world, device = _init_distributed()
@@ -232,12 +244,10 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
         except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another model config (model.dim, ...)
             raise checkpoint.CheckpointError(f"{ckpt_dir / start_note['checkpoint']}: does not fit this model and "
                                              f"optimizer ({type(e).__name__}: {str(e).splitlines()[0]}); resume "
-                                             f"with the model config it was saved with") from None
+                                             f"with the {_what_changed(ck, tok)} it was saved with") from None
         loader.load_state_dict(ck["loader_state"])
         if loader.blend_changes:  # new blend weights or datasets from this step on: logged with the step
-            start_note["blend_changes"] = loader.blend_changes
-            if rank == 0:
-                print("\n".join(f"blend changed at resume: {c}" for c in loader.blend_changes), file=sys.stderr)
+            start_note["blend_changes"] = loader.blend_changes  # printed by the loader's log, once
         checkpoint.set_rng_state(ck["rng"])
         step = ck["step"]
         if rank == 0 and not quiet:
@@ -273,12 +283,17 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
         val_loss = evaluate(model, val, world, device) if save and val is not None else None
         gathered = _gather((keys, digests), world)
         if rank == 0:
-            row = {"step": step, "loss": loss_value, "keys": [k for g in gathered for k in g[0]],
-                   "batch_sha256": hashlib.sha256("".join(d for g in gathered for d in g[1]).encode()).hexdigest(),
-                   "global_batch": global_batch, "epoch": round(loader.schedule.epoch_of_batch(global_batch), 4),
+            all_keys, all_digests = [k for g in gathered for k in g[0]], [d for g in gathered for d in g[1]]
+            if loader.planned:  # which rank holds which row depends on the world size: log a canonical order
+                all_keys, all_digests = sorted(all_keys), sorted(all_digests)
+            consumed = loader.consumed()  # before the next global batch: this step included
+            row = {"step": step, "loss": loss_value, "keys": all_keys,
+                   "batch_sha256": hashlib.sha256("".join(all_digests).encode()).hexdigest(),
+                   "global_batch": global_batch, "epoch": round(next(iter(consumed.values()))["epochs"] if loader.planned
+                                                 else loader.schedule.epoch_of_batch(global_batch), 4),
                    "world_size": world, "num_workers": loader.num_workers,
                    "lr": sched.get_last_lr()[0], "elapsed_s": round(time.perf_counter() - t0, 3),
-                   "datasets": dict(zip(loader.datasets.names, loader.schedule.consumed(global_batch + 1)))}
+                   "datasets": consumed, **loader.balance_stats(global_batch)}
             if val_loss is not None:
                 row["val_loss"] = val_loss
             row.update(start_note)  # the first row only: where this process started

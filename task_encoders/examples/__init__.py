@@ -1,1 +1,1 @@
-"""Worked examples of new modalities (see the README, section "Adding a modality")."""
+"""Worked examples of new modalities (see docs/encoders.md, "Adding a modality")."""

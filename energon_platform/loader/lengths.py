@@ -1,0 +1,198 @@
+"""The length index: every sample's length facts, without decoding its media, cached on disk.
+
+The global packer and balancer (:mod:`~energon_platform.loader.planner`) need each sample's
+length before its media are decoded. An encoder states which integers determine a sample's
+lengths (``sample_facts``: caption tokens, image size → tiles, audio duration → frames, ...;
+read from the index, ``text.json`` and media headers) and turns them into exact lengths at a
+given epoch (``sample_length``). This module computes the facts once per (dataset identity,
+encoder config) and keeps them in a cache folder:
+
+``{cache}/{digest}/``: ``meta.json`` (samples, width, identity, encoder digest), ``facts.i32``
+(``(N, K)`` int32, memory-mapped), ``keys.bin`` + ``keys.off`` (the sample keys, int64 offsets).
+
+Building is split into chunks of :data:`CHUNK` samples written atomically as they finish (a
+killed build resumes with the chunks it has), runs in ``workers`` processes, and shows a
+progress bar. Cost per sample: ``4·K`` bytes of facts plus the key and 8 bytes of offset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Samples per build chunk (one unit of work, of resume and of the progress bar).
+CHUNK = 2048
+FORMAT = "energon-platform-lengths-v1"
+
+
+def default_cache_dir() -> Path:
+    """``$ENERGON_PLATFORM_CACHE/lengths``, else ``~/.cache/energon-platform/lengths``."""
+    root = os.environ.get("ENERGON_PLATFORM_CACHE") or Path.home() / ".cache" / "energon-platform"
+    return Path(root) / "lengths"
+
+
+class LengthIndex:
+    """Read side: ``facts(i)`` (a tuple of ``width`` ints) and ``key(i)`` of sample ``i``."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        meta = json.loads((self.folder / "meta.json").read_text())
+        self.num_samples, self.width = int(meta["samples"]), int(meta["width"])
+        self._facts = np.memmap(self.folder / "facts.i32", dtype=np.int32, mode="r",
+                                shape=(self.num_samples, self.width)) if self.num_samples * self.width else \
+            np.zeros((self.num_samples, self.width), np.int32)
+        self._offsets = np.memmap(self.folder / "keys.off", dtype=np.int64, mode="r", shape=(self.num_samples + 1,))
+        self._keys = np.memmap(self.folder / "keys.bin", dtype=np.uint8, mode="r") \
+            if self._offsets[-1] else np.zeros(0, np.uint8)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def facts(self, index: int) -> tuple[int, ...]:
+        return tuple(int(x) for x in self._facts[index])
+
+    def key(self, index: int) -> str:
+        a, b = int(self._offsets[index]), int(self._offsets[index + 1])
+        return bytes(self._keys[a:b]).decode()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on disk (facts, keys, offsets)."""
+        return sum((self.folder / n).stat().st_size for n in ("facts.i32", "keys.bin", "keys.off"))
+
+
+def index_folder(source: Any, encoder: Any, encoder_digest: str, cache_dir: Path | None = None) -> Path:
+    """Where the index of ``source`` under ``encoder`` lives (a digest of both identities)."""
+    ident = {"format": FORMAT, "dataset": source.identity(), "path": str(source.path),
+             "encoder": type(encoder).__name__, "config": encoder_digest}
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return Path(cache_dir or default_cache_dir()) / digest
+
+
+def open_length_index(source: Any, encoder: Any, encoder_digest: str, cache_dir: Path | None = None,
+                      workers: int = 1, progress: bool = True) -> LengthIndex:
+    """The length index of ``source`` under ``encoder``; built (or its build finished) if missing."""
+    import fcntl
+
+    folder = index_folder(source, encoder, encoder_digest, cache_dir)
+    if not (folder / "meta.json").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / ".lock", "w") as lock:  # ranks of one job: one builds, the others wait
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (folder / "meta.json").is_file():
+                build(folder, source, encoder, workers, progress)
+    return LengthIndex(folder)
+
+
+# --- building ---------------------------------------------------------------------------------
+
+_WORK: dict = {}  # the build's (source, encoder) in a forked worker
+
+
+def _chunk(start: int) -> tuple[int, np.ndarray, list[str]]:
+    from energon_platform.loader.light_sample import light_sample
+    from energon_platform.loader.source import DatasetError
+
+    source, encoder, n = _WORK["source"], _WORK["encoder"], _WORK["n"]
+    width = encoder.facts_width
+    stop = min(start + CHUNK, n)
+    facts = np.zeros((stop - start, width), np.int32)
+    keys = []
+    for k, i in enumerate(range(start, stop)):
+        try:
+            sample = light_sample(source, i)
+            facts[k] = encoder.sample_facts(sample)
+            keys.append(sample.__key__)
+        except (OSError, DatasetError, NotImplementedError):  # not the sample's fault: never cached
+            raise
+        except Exception as e:  # an unreadable sample: facts -1; the loader replaces it when it fails
+            facts[k] = -1
+            keys.append(getattr(e, "sample_key", None) or f"#{i}")
+    return start, facts, keys
+
+
+def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: bool = True) -> None:
+    """Compute the facts of every sample into ``folder`` (chunked, resumable, ``workers`` processes)."""
+    import multiprocessing
+
+    from tqdm import tqdm
+
+    n = len(source)
+    parts = folder / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    todo = [s for s in range(0, n, CHUNK) if not (parts / f"{s:012d}.npz").is_file()]
+    _WORK.update(source=source, encoder=encoder, n=n)
+    bar = tqdm(total=n, initial=n - sum(min(CHUNK, n - s) for s in todo), unit="sample",
+               desc=f"length index {Path(str(source.path)).name}", disable=not progress or not todo)
+    try:
+        def save(result):
+            start, facts, keys = result
+            tmp = parts / f".{start:012d}.{os.getpid()}.tmp.npz"
+            np.savez(tmp, facts=facts, keys=np.frombuffer("\n".join(keys).encode(), np.uint8))  # keys have no newline
+            os.replace(tmp, parts / f"{start:012d}.npz")
+            bar.update(len(keys))
+
+        if workers > 1 and len(todo) > 1:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                for result in pool.imap_unordered(_chunk, todo):
+                    save(result)
+        else:
+            for start in todo:
+                save(_chunk(start))
+    finally:
+        bar.close()
+        _WORK.clear()
+    _assemble(folder, parts, n, encoder.facts_width)
+
+
+def _assemble(folder: Path, parts: Path, n: int, width: int) -> None:
+    facts = np.zeros((n, width), np.int32)
+    blobs: list[bytes] = []
+    for start in range(0, n, CHUNK):
+        with np.load(parts / f"{start:012d}.npz") as z:
+            facts[start:start + len(z["facts"])] = z["facts"]
+            blobs += z["keys"].tobytes().split(b"\n")
+    offsets = np.zeros(n + 1, np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in blobs])
+    for name, data in (("facts.i32", facts.tobytes()), ("keys.bin", b"".join(blobs)), ("keys.off", offsets.tobytes())):
+        tmp = folder / f".{name}.{os.getpid()}.tmp"  # ranks building at once write the same bytes
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / name)
+    tmp = folder / f".meta.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, "samples": n, "width": width}))
+    os.replace(tmp, folder / "meta.json")  # last: a folder with meta.json is complete
+    import shutil
+
+    shutil.rmtree(parts, ignore_errors=True)
+
+
+class SampleLengths:
+    """``(row_length, work_length)`` of stream positions: the schedule says which sample a position
+    is, the length index gives its facts, the encoder turns them into lengths at that epoch.
+    ``prefixes``: per dataset, what the loader puts before a key (``"name:"`` in a metadataset)."""
+
+    def __init__(self, schedule: Any, indexes: list[LengthIndex], encoder: Any, prefixes: list[str]):
+        self.schedule, self.indexes, self.encoder, self.prefixes = schedule, indexes, encoder, prefixes
+
+    def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, int]:
+        """Lengths of one sample; ``(0, 0)`` for a sample whose facts could not be read (it fails
+        when loaded too, and its stand-in must fit in no room: it becomes padding)."""
+        facts = self.indexes[dataset].facts(index)
+        if any(f < 0 for f in facts):
+            return 0, 0
+        key = self.prefixes[dataset] + self.indexes[dataset].key(index)
+        try:
+            return tuple(int(x) for x in self.encoder.sample_length(facts, key, epoch))
+        except ValueError:  # the encoder rejects this sample at this epoch: it fails when loaded too
+            return 0, 0
+
+    def __call__(self, positions: list[int]) -> list[tuple[int, int]]:
+        if not positions:
+            return []
+        d, e, i = self.schedule.samples(positions)
+        return [self.length_of(int(a), int(b), int(c)) for a, b, c in zip(d, e, i)]

@@ -1,0 +1,111 @@
+"""Pure functions of the global packer and balancer: costs, rows, dealing.
+
+Nothing here reads data: inputs are per-sample lengths (from the length index, see
+:mod:`~energon_platform.loader.lengths`) and stream positions; outputs are lists of positions.
+Every choice is deterministic (ties broken by position, row id, rank id), so the same inputs give
+the same rows on every process, layout and resume.
+
+* :func:`sample_cost`: the cost model of ``loader.balance`` (``tokens``: ``L``; ``attention``:
+  ``L² + c·L``, self-attention plus a linear term of weight ``c``).
+* :func:`pack_rows`: a pool of documents → exactly ``num_rows`` rows of at most ``capacity``
+  positions, longest first; what does not fit is carried (returned), never dropped.
+* :func:`fill_budget`: a pool of samples → the samples of one global batch within a cost budget
+  (unpacked models), the rest carried.
+* :func:`deal`: items → ``parts`` groups of equal count (rows) or free count (samples) with
+  balanced cost (longest processing time first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+BALANCE_MODES = ("none", "tokens", "attention", "encoder")
+
+
+def sample_cost(work_length: int, mode: str, linear: float) -> float:
+    """Cost of one document of ``work_length`` positions under ``mode`` (not ``encoder``/``none``)."""
+    if mode == "attention":
+        return float(work_length) * work_length + linear * work_length
+    return float(work_length)
+
+
+def pack_rows(lengths: Sequence[int], costs: Sequence[float], order: Sequence[int], num_rows: int,
+              capacity: int, balance: bool, first: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Place pool items into ``num_rows`` rows of ``capacity`` positions.
+
+    ``order``: a tiebreak per item (its stream position). The first ``first`` items (carried from
+    the previous batch) are placed before the others, so none waits more than a batch or two;
+    within each group items are placed longest first (ties: lower ``order``) into, with
+    ``balance``, the feasible row of least cost so far (rows come out of similar cost: longest
+    processing time with a capacity), else the feasible row with the least room left (best fit).
+    Returns ``(rows, carried)``: rows as lists of item indices in placement order, and the items
+    that fit nowhere, in ``order`` order. Every item is in exactly one of the two. An item longer
+    than ``capacity`` raises ``ValueError`` (the encoder's truncation makes that impossible).
+    """
+    rows: list[list[int]] = [[] for _ in range(num_rows)]
+    room = [capacity] * num_rows
+    cost = [0.0] * num_rows
+    carried = []
+    for i in sorted(range(len(lengths)), key=lambda i: (i >= first, -lengths[i], order[i])):
+        n = lengths[i]
+        if n > capacity:
+            raise ValueError(f"a document of {n} positions does not fit a row of {capacity}")
+        best = -1
+        for r in range(num_rows):
+            if room[r] < n:
+                continue
+            if best < 0 or (cost[r] < cost[best] if balance else room[r] < room[best]):
+                best = r
+        if best < 0:
+            carried.append(i)
+            continue
+        rows[best].append(i)
+        room[best] -= n
+        cost[best] += costs[i]
+    carried.sort(key=lambda i: order[i])
+    return rows, carried
+
+
+def fill_budget(costs: Sequence[float], budget: float, minimum: int) -> tuple[list[int], list[int]]:
+    """The pool items (in pool order) of one global batch under a cost ``budget``: each item is
+    taken if it still fits the budget (a later, smaller one may fit where an earlier did not);
+    the first ``minimum`` items are taken regardless (every micro-batch of every rank gets one).
+    Returns ``(taken, carried)`` as index lists in pool order."""
+    taken, carried, total = [], [], 0.0
+    for i, c in enumerate(costs):
+        if len(taken) < minimum or total + c <= budget:
+            taken.append(i)
+            total += c
+        else:
+            carried.append(i)
+    return taken, carried
+
+
+def deal(costs: Sequence[float], order: Sequence[int], parts: int, per_part: int | None) -> list[list[int]]:
+    """Deal items to ``parts`` groups, largest cost first, each to the group of least cost so far
+    (ties: lower group id) among those with fewer than ``per_part`` items (``None``: no limit on
+    counts, but every group gets at least one item when there are enough). Groups list item
+    indices in ``order`` order. With ``per_part``, ``len(costs)`` must equal ``parts * per_part``."""
+    if per_part is not None and len(costs) != parts * per_part:
+        raise ValueError(f"{len(costs)} items cannot be dealt as {parts} x {per_part}")
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    load = [0.0] * parts
+    ranked = sorted(range(len(costs)), key=lambda i: (-costs[i], order[i]))
+    empty = parts if per_part is None else 0  # groups still empty: the last items go to them first
+    for k, i in enumerate(ranked):
+        left = len(ranked) - k
+        best = -1
+        for g in range(parts):
+            if per_part is not None and len(groups[g]) >= per_part:
+                continue
+            if per_part is None and left <= empty and groups[g]:
+                continue  # as many items left as empty groups: fill those
+            if best < 0 or load[g] < load[best]:
+                best = g
+        if per_part is None and not groups[best]:
+            empty -= 1
+        groups[best].append(i)
+        load[best] += costs[i]
+    for g in groups:
+        g.sort(key=lambda i: order[i])
+    return groups

@@ -1,0 +1,408 @@
+"""Compute balance across data-parallel ranks: today, a naive sort-and-deal, Energon's packing, ours.
+
+    python scripts/bench_balance.py [--json PATH] [--quick] [--steps 500] [--ranks 8 64] [--rows-per-rank 2]
+
+A skewed synthetic blend of per-sample lengths (seeded NumPy, drawn lazily per position, so every
+variant reads the *same* stream): ``image_text`` = tiles (uniform 1..12) x ``--tokens-per-tile``
+plus a lognormal caption; ``audio`` = a duration uniform in 1..30 s x ``--audio-fps`` frames per
+second plus a lognormal transcript; ``text`` = a lognormal document. Every length is clipped to
+``--seq-len``; the kinds are mixed i.i.d. by ``--weights``. A sample's row length and work length
+are the same number here (image tiles and audio frames count as the positions the model sees).
+
+For each number of simulated ranks R (``--ranks``), K rows (packed) or samples (unpacked) per rank
+(``--rows-per-rank``), ``--steps`` steps and both cost models (``tokens``: cost = L; ``attention``:
+cost = L² + c·L, c = ``--linear``, default ``--seq-len``), the per-step max/mean of the ranks'
+summed cost (reported as p50/p90/max over steps) for:
+
+* ``none`` (today). Unpacked: R·K consecutive samples, sliced contiguously to ranks. Packed: R·K
+  pack groups of ``--pack-group`` consecutive samples, each packed first-fit decreasing (the
+  encoders' ``select_samples_to_pack``) into a variable number of rows, groups dealt contiguously
+  (K per rank), so rows per rank vary.
+* ``naive``: the same global batch of samples as ``none``, sorted by cost (longest first) and dealt
+  round-robin; packed, each rank then packs its samples first-fit decreasing (rows vary).
+* ``energon`` (packed only; unpacked it is ``none``: each rank batches its own consecutive
+  samples): Energon's ``PackingDataset`` at the same settings: each rank reads its own contiguous
+  blocks of ``--packing-buffer-size`` samples (block j to rank j mod R), packs each block first-fit
+  decreasing and batches the packs, K rows per step. Nothing is dropped; no rank sees another's
+  samples, so rows per rank are fixed but their cost is not balanced.
+* ``ours``: :class:`energon_platform.loader.planner.Planner`, then ``deal_plan``. Packed: R·K rows
+  of ``--seq-len`` per global batch, dealt with ``fixed=True``. Unpacked: ``ours`` plans R·K samples of
+  like cost around the oldest of a pool of 16 global batches (no budget) and deals them K per rank;
+  ``ours-budget`` plans with a cost budget (``budget=`` R·K x the blend's mean cost, measured on a
+  calibration draw) and deals with free counts. Also reported: padding (mean ``BatchPlan.padding``), the most carried samples, the
+  state size in bytes (``json.dumps(PlanState.to_json())`` after the last step), the planner's
+  time per global batch and ``bound``: per step, a lower bound of max/mean that any dealing of that
+  batch's rows (samples) must reach (the costliest item plus the K-1 cheapest on one rank), which
+  tells a planning limit (which samples and rows form the batch) from a dealing one.
+
+A rank's cost is the sum of its samples' costs (padding is not counted: the cost models measure
+useful work). Then ratios ours/none and ours/energon of the p90 max/mean, and whether the issue's
+targets are met (p90 max/mean <= 1.05 for 8 ranks x 2 rows or samples in both cost models; padding
+<= 2%). Every figure is measured in this run; nothing is typed in. ``--check`` exits 1 when a
+target is missed. Sections are listed in ``SECTIONS``: a later one (e.g. the reference model's
+tokens/s on 2 gloo ranks) adds a function there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from energon_platform.loader.packer import sample_cost  # noqa: E402
+from energon_platform.loader.planner import Planner, deal_plan, rank_costs  # noqa: E402
+
+KINDS = ("image_text", "audio", "text")
+CHUNK = 1 << 16
+TARGET_RATIO, TARGET_PADDING, TARGET_RANKS = 1.05, 0.02, 8
+
+
+class Blend:
+    """Per-position sample lengths of the synthetic blend, drawn lazily in seeded chunks (position
+    ``p`` always has the same length, whoever reads it first)."""
+
+    def __init__(self, args, seed: int | None = None):
+        self.args, self.seed = args, args.seed if seed is None else seed
+        w = np.array([args.weights[k] for k in KINDS], dtype=float)
+        self.p = w / w.sum()
+        self._chunks: dict[int, np.ndarray] = {}
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        a = self.args
+        kind = rng.choice(len(KINDS), size=n, p=self.p)
+        caption = rng.lognormal(a.caption_mu, a.caption_sigma, n)
+        tiles = rng.integers(1, 13, n) * a.tokens_per_tile
+        frames = rng.uniform(1.0, 30.0, n) * a.audio_fps
+        text = rng.lognormal(a.text_mu, a.text_sigma, n)
+        length = np.select([kind == 0, kind == 1], [tiles + caption, frames + caption], text)
+        return np.clip(length.astype(np.int64), 2, a.seq_len)
+
+    def __getitem__(self, positions) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.empty(len(positions), dtype=np.int64)
+        chunk = positions // CHUNK
+        for c in np.unique(chunk):
+            if c not in self._chunks:
+                self._chunks[c] = self.draw(np.random.default_rng([self.seed, int(c)]), CHUNK)
+            sel = chunk == c
+            out[sel] = self._chunks[c][positions[sel] % CHUNK]
+        return out
+
+    def lookup(self, positions) -> list[tuple[int, int]]:
+        """The planner's ``lengths(positions)``: ``(row_length, work_length)`` per position."""
+        return [(n, n) for n in self[positions].tolist()]
+
+
+def ffd(lengths: list[int], keys: list[int], capacity: int) -> list[list[int]]:
+    """The encoders' packer (``select_samples_to_pack``): first-fit decreasing, ties by key."""
+    from task_encoders.sequences import first_fit_decreasing
+
+    return first_fit_decreasing(lengths, [f"{k:012d}" for k in keys], capacity)
+
+
+def spread(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    return {"p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)), "max": float(v.max())}
+
+
+def ratio(costs) -> float:
+    """max/mean of one step's rank costs."""
+    return max(costs) / (sum(costs) / len(costs))
+
+
+class Recorder:
+    """Per-step rank costs, rows per rank and padding of one variant."""
+
+    def __init__(self, seq_len: int):
+        self.seq_len, self.ratios, self.row_counts, self.used, self.rows, self.samples = seq_len, [], [], 0, 0, 0
+
+    def step(self, costs, rows_per_rank=None, used: int = 0, samples: int = 0):
+        self.ratios.append(ratio(costs))
+        if rows_per_rank is not None:
+            self.row_counts.append(rows_per_rank)
+            self.rows += sum(rows_per_rank)
+            self.used += used
+        self.samples += samples
+
+    def result(self, **extra) -> dict:
+        out = {"max_over_mean": spread(self.ratios), "samples_per_step": self.samples / len(self.ratios)}
+        if self.row_counts:
+            counts = np.asarray(self.row_counts)
+            out.update(rows_per_rank_min=int(counts.min()), rows_per_rank_max=int(counts.max()),
+                       rows_max_over_min_per_step=spread(counts.max(1) / np.maximum(counts.min(1), 1)),
+                       padding=1.0 - self.used / (self.rows * self.seq_len))
+        return {**out, **extra}
+
+
+def packed_none_naive(blend: Blend, cost, ranks: int, k: int, args) -> dict[str, dict]:
+    """``none`` and ``naive`` packed: the same R·K·pack_group samples per step."""
+    group, seq_len = args.pack_group, args.seq_len
+    none, naive = Recorder(seq_len), Recorder(seq_len)
+    per_step = ranks * k * group
+    for s in range(args.steps):
+        pos = np.arange(s * per_step, (s + 1) * per_step)
+        lengths = blend[pos].tolist()
+        c = [cost(n) for n in lengths]
+        # none: group g = samples [g*group, (g+1)*group); rank r gets groups [r*k, (r+1)*k)
+        costs, rows = [], []
+        for r in range(ranks):
+            lo, hi = r * k * group, (r + 1) * k * group
+            costs.append(sum(c[lo:hi]))
+            rows.append(sum(len(ffd(lengths[g:g + group], pos[g:g + group].tolist(), seq_len))
+                            for g in range(lo, hi, group)))
+        none.step(costs, rows, sum(lengths), per_step)
+        # naive: sort by cost (ties: position), deal round-robin, each rank packs its own samples
+        ranked = sorted(range(per_step), key=lambda i: (-c[i], i))
+        costs, rows = [], []
+        for r in range(ranks):
+            mine = sorted(ranked[r::ranks])
+            costs.append(sum(c[i] for i in mine))
+            rows.append(len(ffd([lengths[i] for i in mine], [int(pos[i]) for i in mine], seq_len)))
+        naive.step(costs, rows, sum(lengths), per_step)
+    return {"none": none.result(), "naive": naive.result()}
+
+
+def packed_energon(blend: Blend, cost, ranks: int, k: int, args) -> dict:
+    """Energon's packing: per rank, blocks of ``packing_buffer_size`` own samples → FFD → K rows a step."""
+    buf, seq_len = args.packing_buffer_size, args.seq_len
+    rec = Recorder(seq_len)
+    queues: list[list[list[int]]] = [[] for _ in range(ranks)]  # rows of sample lengths
+    blocks = [0] * ranks  # blocks read per rank; block j of rank r is global block j*ranks + r
+    for _ in range(args.steps):
+        costs, used, samples = [], 0, 0
+        for r in range(ranks):
+            while len(queues[r]) < k:
+                start = (blocks[r] * ranks + r) * buf
+                blocks[r] += 1
+                pos = np.arange(start, start + buf)
+                lengths = blend[pos].tolist()
+                queues[r] += [[lengths[i] for i in row] for row in ffd(lengths, pos.tolist(), seq_len)]
+            mine, queues[r] = queues[r][:k], queues[r][k:]
+            costs.append(sum(cost(n) for row in mine for n in row))
+            used += sum(sum(row) for row in mine)
+            samples += sum(len(row) for row in mine)
+        rec.step(costs, [k] * ranks, used, samples)
+    return rec.result()
+
+
+def bound(costs: list[float], ranks: int, per_rank: int | None) -> float:
+    """A lower bound of max/mean for dealing ``costs`` to ``ranks`` (``per_rank`` items each, or any
+    count): the rank holding the costliest item holds it plus at least ``per_rank - 1`` of the
+    cheapest; no rank can hold less than the mean. Above 1, the batch's items, not the dealing,
+    cap the balance."""
+    mean = sum(costs) / ranks
+    heavy = max(costs) + (sum(sorted(costs)[:per_rank - 1]) if per_rank else 0.0)
+    return max(heavy, mean) / mean
+
+
+def run_ours(planner: Planner, ranks: int, fixed: bool, steps: int, seq_len: int, packed: bool) -> dict:
+    rec, pads, bounds, carried, seconds = Recorder(seq_len), [], [], 0, 0.0
+    for b in range(steps):
+        t = time.perf_counter()
+        plan = planner.plan(b)
+        seconds += time.perf_counter() - t
+        bounds.append(bound(plan.costs, ranks, len(plan.items) // ranks if fixed else None))
+        dealt = deal_plan(plan, ranks, 1, fixed=fixed)
+        rows = [sum(len(m) for m in rank) for rank in dealt] if packed else None
+        rec.step(rank_costs(plan, dealt), rows, sum(plan.used),
+                 sum(len(item) for item in plan.items))
+        pads.append(plan.padding)
+        carried = max(carried, len(plan.next_state.carried))
+    state = planner.state_at(steps)
+    return rec.result(plan_padding_mean=float(np.mean(pads)) if packed else None, carried_max=carried,
+                      batch_bound=spread(bounds),
+                      state_bytes=len(json.dumps(state.to_json())), planner_ms_per_batch=1000 * seconds / steps)
+
+
+def unpacked_none_naive(blend: Blend, cost, ranks: int, k: int, args) -> dict[str, dict]:
+    none, naive = Recorder(args.seq_len), Recorder(args.seq_len)
+    per_step = ranks * k
+    for s in range(args.steps):
+        c = [cost(n) for n in blend[np.arange(s * per_step, (s + 1) * per_step)].tolist()]
+        none.step([sum(c[r * k:(r + 1) * k]) for r in range(ranks)], samples=per_step)
+        ranked = sorted(range(per_step), key=lambda i: (-c[i], i))
+        naive.step([sum(c[i] for i in ranked[r::ranks]) for r in range(ranks)], samples=per_step)
+    return {"none": none.result(), "naive": naive.result()}
+
+
+def balance_section(args) -> dict:
+    """Part (1): per-step max/mean rank cost of every variant, packed and unpacked."""
+    blend = Blend(args)
+    calibration = Blend(args, seed=args.seed + 1).draw(np.random.default_rng([args.seed, 2**32 - 1]), 200_000)
+    mean_len = float(calibration.mean())
+    if args.pack_group is None:  # one pack group fills one row on average: K groups ≈ K rows
+        args.pack_group = max(2, int(round(args.seq_len / mean_len)))
+    if args.packing_buffer_size is None:
+        args.packing_buffer_size = args.pack_group
+    blend_info = {"mean_length": mean_len, "p50_length": float(np.median(calibration)),
+                  "p99_length": float(np.percentile(calibration, 99)),
+                  "clipped_share": float(np.mean(calibration == args.seq_len)),
+                  "pack_group": args.pack_group, "packing_buffer_size": args.packing_buffer_size}
+    results = []
+    for mode in ("tokens", "attention"):
+        def cost(n, mode=mode):
+            return sample_cost(n, mode, args.linear)
+
+        mean_cost = float(np.mean([cost(n) for n in calibration.tolist()]))
+        for ranks in args.ranks:
+            k = args.rows_per_rank
+            t = time.perf_counter()
+            packed = packed_none_naive(blend, cost, ranks, k, args)
+            packed["energon"] = packed_energon(blend, cost, ranks, k, args)
+            packed["ours"] = run_ours(Planner(blend.lookup, cost, ranks * k, capacity=args.seq_len,
+                                              window=args.window), ranks, True, args.steps, args.seq_len, True)
+            unpacked = unpacked_none_naive(blend, cost, ranks, k, args)
+            unpacked["ours"] = run_ours(Planner(blend.lookup, cost, ranks * k, window=args.window),
+                                        ranks, True, args.steps, args.seq_len, False)
+            unpacked["ours-budget"] = run_ours(Planner(blend.lookup, cost, ranks, budget=ranks * k * mean_cost,
+                                                       window=args.window), ranks, False, args.steps, args.seq_len,
+                                               False)
+            for layout, variants in (("packed", packed), ("unpacked", unpacked)):
+                results.append({"cost": mode, "ranks": ranks, "per_rank": k, "layout": layout, "variants": variants})
+            print(f"  [{mode}, {ranks} ranks: {time.perf_counter() - t:.1f} s]", file=sys.stderr)
+    return {"blend": blend_info, "results": results, "targets": targets(results)}
+
+
+def targets(results: list[dict]) -> list[dict]:
+    """The issue's targets, each with the measured value and whether it is met."""
+    out = []
+    for r in results:
+        if r["ranks"] != TARGET_RANKS or r["per_rank"] != 2:
+            continue
+        ours = r["variants"]["ours"]
+        p90 = ours["max_over_mean"]["p90"]
+        out.append({"target": f"{r['layout']} {r['cost']}: p90 max/mean <= {TARGET_RATIO}", "value": p90,
+                    "met": p90 <= TARGET_RATIO, "batch_bound_p90": ours["batch_bound"]["p90"]})
+        if r["layout"] == "packed":
+            pad = ours["plan_padding_mean"]
+            out.append({"target": f"packed {r['cost']}: padding <= {TARGET_PADDING:.0%}", "value": pad,
+                        "met": pad <= TARGET_PADDING})
+    return out
+
+
+def report_balance(section: dict, args) -> list[str]:
+    b = section["blend"]
+    lines = [f"blend: weights {args.weights}, seq_len {args.seq_len}, {args.tokens_per_tile} tokens/tile, "
+             f"{args.audio_fps:g} audio frames/s; mean length {b['mean_length']:.0f} (p50 {b['p50_length']:.0f}, "
+             f"p99 {b['p99_length']:.0f}, {100 * b['clipped_share']:.1f}% clipped); pack_group {b['pack_group']}, "
+             f"packing_buffer_size {b['packing_buffer_size']}; {args.steps} steps; attention c = {args.linear:g}", "",
+             f"{'cost':<9} {'ranks':>5} {'layout':<8} {'variant':<10} {'p50':>6} {'p90':>6} {'max':>6} "
+             f"{'rows/rank':>9} {'rows max/min':>12} {'padding':>8} {'samples/step':>12} {'carried':>7} "
+             f"{'state B':>7} {'plan ms':>7} {'bound p90':>9}", "-" * 132]
+    for r in section["results"]:
+        for name, v in r["variants"].items():
+            m = v["max_over_mean"]
+            rows = f"{v['rows_per_rank_min']}-{v['rows_per_rank_max']}" if "rows_per_rank_min" in v else "-"
+            rmm = f"{v['rows_max_over_min_per_step']['max']:.2f}" if "rows_max_over_min_per_step" in v else "-"
+            pad = v.get("plan_padding_mean", v.get("padding"))
+            pad = f"{100 * pad:.2f}%" if pad is not None else "-"
+            extra = (f"{v['carried_max']:>7} {v['state_bytes']:>7} {v['planner_ms_per_batch']:>7.2f} "
+                     f"{v['batch_bound']['p90']:>9.3f}" if "carried_max" in v else f"{'-':>7} {'-':>7} {'-':>7} {'-':>9}")
+            lines.append(f"{r['cost']:<9} {r['ranks']:>5} {r['layout']:<8} {name:<10} {m['p50']:>6.3f} "
+                         f"{m['p90']:>6.3f} {m['max']:>6.3f} {rows:>9} {rmm:>12} {pad:>8} "
+                         f"{v['samples_per_step']:>12.1f} {extra}")
+    lines += ["", "ratios of p90 max/mean (lower is better for ours):"]
+    for r in section["results"]:
+        v = r["variants"]
+        ours = v["ours"]["max_over_mean"]["p90"]
+        parts = [f"ours/{name} {ours / v[name]['max_over_mean']['p90']:.3f}" for name in ("none", "naive", "energon")
+                 if name in v]
+        lines.append(f"  {r['cost']:<9} {r['ranks']:>3} ranks x {r['per_rank']} {r['layout']:<8}: " + ", ".join(parts))
+    lines += ["", "targets (8 ranks x 2):"]
+    for t in section["targets"]:
+        why = ""
+        if not t["met"] and t.get("batch_bound_p90", 0) > TARGET_RATIO:
+            why = f" (the planned batches' own bound is {t['batch_bound_p90']:.3f} at p90: the batch, not the dealing)"
+        lines.append(f"  {t['target']:<45} {t['value']:.4f}  {'met' if t['met'] else 'NOT met'}{why}")
+    return lines
+
+
+#: name → (run(args) → dict, report(section, args) → lines); a later section (the reference model's
+#: tokens/s on 2 gloo ranks, balanced vs today) is one more entry.
+SECTIONS = {"balance": (balance_section, report_balance)}
+
+
+def weights(text: str) -> dict[str, float]:
+    out = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in KINDS or not value:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected KIND=WEIGHT with KIND one of {', '.join(KINDS)}")
+        out[name.strip()] = float(value)
+    if any(v < 0 for v in out.values()) or sum(out.values()) <= 0:
+        raise argparse.ArgumentTypeError("weights must be >= 0 with a positive sum")
+    return {k: out.get(k, 0.0) for k in KINDS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", type=Path, help="also write the results (with machine, date, load average) here")
+    p.add_argument("--quick", action="store_true", help="a few seconds: 40 steps, 8 ranks only")
+    p.add_argument("--steps", type=int, default=None, help="global batches per variant (default 500; --quick 40)")
+    p.add_argument("--ranks", type=int, nargs="+", default=None, help="simulated data-parallel ranks (default 8 64)")
+    p.add_argument("--rows-per-rank", type=int, default=2, help="K: rows (packed) or samples (unpacked) per rank")
+    p.add_argument("--seq-len", type=int, default=4096, help="row length; every sample is clipped to it")
+    p.add_argument("--linear", type=float, default=None, help="c of the attention cost L^2 + c*L (default seq_len)")
+    p.add_argument("--weights", type=weights, default=weights("image_text=0.4,audio=0.2,text=0.4"),
+                   help="blend weights, KIND=W,... over image_text, audio, text (default 0.4, 0.2, 0.4)")
+    p.add_argument("--tokens-per-tile", type=int, default=64, help="image tokens per tile (1-12 tiles per image)")
+    p.add_argument("--audio-fps", type=float, default=25.0,
+                   help="audio frames per second (25: a 100 Hz mel spectrogram subsampled 4x)")
+    p.add_argument("--caption-mu", type=float, default=3.5, help="log-mean of caption/transcript tokens")
+    p.add_argument("--caption-sigma", type=float, default=0.8, help="log-sd of caption/transcript tokens")
+    p.add_argument("--text-mu", type=float, default=5.5, help="log-mean of text document tokens")
+    p.add_argument("--text-sigma", type=float, default=1.2, help="log-sd of text document tokens")
+    p.add_argument("--pack-group", type=int, default=None,
+                   help="today's pack group (samples packed together); default: seq_len / mean length, so K "
+                        "groups fill about K rows")
+    p.add_argument("--packing-buffer-size", type=int, default=None,
+                   help="Energon's packing_buffer_size (default: the pack group, i.e. the same setting)")
+    p.add_argument("--window", type=int, default=4096, help="our planner's look-ahead (loader.balance_window)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
+    args = p.parse_args(argv)
+    args.steps = args.steps or (40 if args.quick else 500)
+    args.ranks = args.ranks or ([8] if args.quick else [8, 64])
+    args.linear = float(args.seq_len if args.linear is None else args.linear)
+    if min(args.steps, args.rows_per_rank, args.seq_len, *args.ranks) < 1 or args.window < 16:
+        print("error: --steps, --ranks, --rows-per-rank, --seq-len must be >= 1 and --window >= 16", file=sys.stderr)
+        return 2
+    for name in ("pack_group", "packing_buffer_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                          "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+              "load_before": [round(x, 2) for x in os.getloadavg()]}
+    t = time.perf_counter()
+    lines = []
+    for name, (run, report) in SECTIONS.items():
+        result[name] = run(args)
+        lines += report(result[name], args) + [""]
+    result["seconds"] = time.perf_counter() - t
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    result["settings"] = {k: v for k, v in vars(args).items() if k not in ("json", "check")}
+    print(f"{result['date']}, {result['machine']['cpus']} CPUs, load average before/after: "
+          f"{result['load_before']} / {result['load_after']}, {result['seconds']:.1f} s\n")
+    print("\n".join(lines).rstrip())
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    missed = [t for s in result.values() if isinstance(s, dict) for t in s.get("targets", []) if not t["met"]]
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

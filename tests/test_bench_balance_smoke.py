@@ -1,0 +1,39 @@
+"""``scripts/bench_balance.py --quick`` runs, prints the side-by-side table and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "bench_balance.py"
+
+
+def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--steps", "12", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for word in ("none", "naive", "energon", "ours-budget", "ours/none", "targets"):
+        assert word in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"date", "machine", "load_before", "load_after", "balance"} <= set(data)
+    results = data["balance"]["results"]
+    assert {(r["cost"], r["layout"]) for r in results} == {(c, l) for c in ("tokens", "attention")
+                                                           for l in ("packed", "unpacked")}
+    for r in results:
+        ours = r["variants"]["ours"]
+        assert ours["max_over_mean"]["p90"] >= ours["batch_bound"]["p90"] - 1e-9 >= 1 - 1e-9
+        if r["layout"] == "packed":
+            assert ours["rows_per_rank_min"] == ours["rows_per_rank_max"] == 2  # fixed shapes
+            assert r["variants"]["energon"]["rows_per_rank_max"] == 2
+    targets = data["balance"]["targets"]
+    assert len(targets) == 6 and all(isinstance(t["met"], bool) for t in targets)
+
+
+def test_bad_flag_value_is_a_one_line_user_error():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--seq-len", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
