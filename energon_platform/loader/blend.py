@@ -26,6 +26,7 @@ remainder, and the realised ratios are exact for the rounded weights.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence
@@ -33,6 +34,18 @@ from typing import Sequence
 import numpy as np
 
 MAX_PERIOD = 1 << 18
+#: Bounds of a non-zero weight (metadataset ``weight`` / ``repetitions``, ``blend_schedule``): within
+#: them every weight is an exact fraction of small integers and the periods stay computable.
+LOWEST_WEIGHT, HIGHEST_WEIGHT = 1e-9, 1e9
+
+
+def weight_problem(value) -> str | None:
+    """Why ``value`` is not a usable weight (``"is not a number"``, ``"is out of range ..."``), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a number (expected 0 or a number in [{LOWEST_WEIGHT:g}, {HIGHEST_WEIGHT:g}])"
+    if not math.isfinite(value) or value < 0 or (value != 0 and not LOWEST_WEIGHT <= value <= HIGHEST_WEIGHT):
+        return f"{value!r} is out of range (expected 0 or a number in [{LOWEST_WEIGHT:g}, {HIGHEST_WEIGHT:g}])"
+    return None
 
 
 def integer_counts(weights: Sequence[float | int | str | Fraction], max_period: int = MAX_PERIOD) -> tuple[int, ...]:
@@ -45,7 +58,7 @@ def integer_counts(weights: Sequence[float | int | str | Fraction], max_period: 
     shares = [f / total for f in fracs]
     q = 1
     for s in shares:
-        q = q * s.denominator // np.gcd(q, s.denominator)
+        q = q * s.denominator // math.gcd(q, s.denominator)  # Python ints: no overflow
         if q > max_period:
             break
     if q <= max_period:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Sequence
 
-from energon_platform.loader.blend import Segment
+from energon_platform.loader.blend import MAX_PERIOD, Segment, integer_counts
 from energon_platform.loader.source import DatasetError
 
 
@@ -38,6 +38,22 @@ def plan_segments(datasets: Any, blend_schedule: Sequence[Any], units_per_batch:
             segments[-1] = seg
         elif seg.weights != segments[-1].weights:
             segments.append(seg)
+    return _checked(segments, datasets, units_per_batch)
+
+
+def _checked(segments: list[Segment], datasets: Any, units_per_batch: int) -> list[Segment]:
+    """``segments``, after refusing one where a dataset of non-zero weight gets no unit at all
+    (weights so far apart that, rationalised to a period of at most ``MAX_PERIOD`` units, it rounds to 0)."""
+    for seg in segments:
+        counts = integer_counts(seg.weights)
+        for name, w, c in zip(datasets.names, seg.weights, counts):
+            if c == 0 and Fraction(w) > 0:
+                total = sum(Fraction(x) for x in seg.weights)
+                what = (f"{w} samples per blend epoch of {total}" if datasets.mode == "repetitions" else
+                        f"{float(Fraction(w) / total):.3g} of the blend")
+                raise DatasetError(f"blend from global batch {seg.start // units_per_batch}: dataset {name!r} has "
+                                   f"{what}, which rounds to 0 of the {sum(counts)} units of a blend period "
+                                   f"(at most {MAX_PERIOD}); raise its weight or set it to 0")
     return segments
 
 
@@ -46,7 +62,7 @@ def _active(segments: Sequence[Segment], unit: int) -> Segment:
 
 
 def resume_segments(state: Any, datasets: Any, blend_schedule: Sequence[Any], resume_batch: int,
-                    units_per_batch: int) -> tuple[list[Segment], list[str]]:
+                    units_per_batch: int, resume_unit: int | None = None) -> tuple[list[Segment], list[str]]:
     """``(segments, changes)`` continuing the saved history ``state.blend`` from ``resume_batch``."""
     names = datasets.names
     index = {n: i for i, n in enumerate(state.datasets)}
@@ -54,7 +70,8 @@ def resume_segments(state: Any, datasets: Any, blend_schedule: Sequence[Any], re
     def remap(weights: Sequence[str]) -> tuple[str, ...]:  # saved order → current order, new datasets 0
         return tuple(weights[index[n]] if n in index else "0" for n in names)
 
-    resume_unit = resume_batch * units_per_batch
+    if resume_unit is None:  # a planned run (loader.balance) says where its next batch starts reading
+        resume_unit = resume_batch * units_per_batch
     kept = [Segment(s["start"], remap(s["weights"])) for s in state.blend if s["start"] <= resume_unit]
     plan = plan_segments(datasets, blend_schedule, units_per_batch)
     now, changes = _active(plan, resume_unit), []
@@ -66,4 +83,4 @@ def resume_segments(state: Any, datasets: Any, blend_schedule: Sequence[Any], re
         else:
             kept.append(Segment(resume_unit, now.weights))
     kept += [s for s in plan if s.start > resume_unit]
-    return kept, changes
+    return _checked(kept, datasets, units_per_batch), changes

@@ -1,21 +1,26 @@
 """``data.path`` → the datasets of a run and their blend: one Energon dataset, or a metadataset.
 
 A metadataset YAML is read by Energon itself (``megatron.energon.load_dataset`` → its
-``get_datasets``): ``MetadatasetV2`` with ``blend`` (weights, nested weights multiplied down) or
-``blend_epochized`` (repetitions, fractional allowed: a dataset's units per blend epoch are
-``round(len × repetitions)``), ``subflavors``, ``split_part``, relative paths, and the older
-``Metadataset`` (``datasets:`` with ``weight``). Constructs whose meaning our schedule does not
-reproduce (``join``, ``subset``, ``shuffle_over_epochs_multiplier``) are refused at start with one
-line naming the file and the key.
+``traverse`` and ``get_datasets``): ``MetadatasetV2`` with ``blend`` (weights, nested weights
+multiplied down) or ``blend_epochized`` (repetitions, fractional allowed: a dataset's units per
+blend epoch are ``round(len × repetitions)``, refused when that rounds a non-zero repetitions to
+0), ``subflavors``, ``split_part``, relative paths, and the older ``Metadataset`` (``datasets:``
+with ``weight``). Constructs whose meaning our schedule does not reproduce (``join``, ``subset``,
+``shuffle_over_epochs_multiplier``) are refused at start with one line naming the file and the key.
+The weights are read from the YAML as written, checked and exact, before Energon parses them
+(:mod:`~energon_platform.loader.metadataset_weights`); every leaf's split is opened before
+Energon loads it, so a missing or empty split is one line naming the entry.
 
 Each leaf becomes a :class:`BlendEntry` with a *name* that is stable across runs (the dataset's
-folder name, ``@split`` unless ``train``, ``[key=value,...]`` subflavors; ``#2``, ``#3`` for repeated entries) and a stream id derived
-from that name, so two entries of the same dataset walk independent orders, and adding a dataset
-at resume leaves the other datasets' orders unchanged.
+folder name, ``@split`` unless ``train``, ``[key=value,...]`` subflavors; ``#2``, ``#3`` for entries
+sharing that name, numbered in the order of their paths, never of the list) and a stream id
+derived from that name, so two entries of the same dataset walk independent orders, and adding a
+dataset at resume leaves the other datasets' orders unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -23,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from energon_platform.loader.metadataset_weights import WrittenLeaf, read_metadataset, written_shares
 from energon_platform.loader.source import DatasetError, SampleSource
 
 #: Metadataset keys whose meaning our schedule does not reproduce.
@@ -38,6 +44,7 @@ class BlendEntry:
     source: SampleSource
     share: Fraction  #: weight (``blend``) or units per blend epoch (``blend_epochized``)
     subflavors: dict = field(default_factory=dict)
+    clash: list = field(default_factory=list)  #: the paths of every folder sharing this entry's folder name
 
 
 @dataclass
@@ -56,6 +63,20 @@ class DatasetSet:
     def weights(self) -> tuple[str, ...]:
         return tuple(str(e.share) for e in self.entries)
 
+    def clash_note(self, saved_names) -> str:
+        """For a refused resume: ``". Note: ..."`` explaining that entries of the checkpoint share a
+        folder name with other datasets of this run (numbered by path, so a dataset added at resume
+        may take an existing entry's name), or ``""``."""
+        clashes = {e.name.split("#")[0]: e.clash for e in self.entries if e.clash and e.name.split("#")[0] in
+                   {n.split("#")[0] for n in saved_names}}
+        if not clashes:
+            return ""
+        name, paths = next(iter(clashes.items()))
+        return (f". Note: this run has {len(paths)} datasets in folders named {name!r} ({', '.join(sorted(paths))}); "
+                f"entries that share a folder name are numbered {name!r}, {name + '#2'!r}, ... in the order of "
+                f"their paths, so a dataset added at resume can take the name of the one the checkpoint saved: "
+                f"give the added dataset a folder with another name (a symlink will do)")
+
 
 def is_metadataset(path: str) -> bool:
     p = Path(path)
@@ -72,20 +93,64 @@ def _refuse_unsupported(path: Path, node: Any, at: str = "") -> None:
             _refuse_unsupported(path, v, where)
             if k == "path" and isinstance(v, str) and is_metadataset(str(path.parent / v)):
                 nested = path.parent / v
-                _refuse_unsupported(nested, yaml.safe_load(nested.read_text()))
+                _refuse_unsupported(nested, read_metadataset(nested))
     elif isinstance(node, list):
         for i, v in enumerate(node):
             _refuse_unsupported(path, v, f"{at}[{i}]")
 
 
-def _entry_name(factory: Any, split: str, subflavors: dict, seen: dict) -> str:
-    base = Path(str(factory.path)).name or "dataset"
+def _base_name(path: Any, split: str, subflavors: dict | None) -> str:
+    base = Path(str(path)).name or "dataset"
     name = base if split == "train" else f"{base}@{split}"
     if subflavors:
         name += "[" + ",".join(f"{k}={v}" for k, v in sorted(subflavors.items())) + "]"
-    name = name.replace("/", "_").replace(":", "_")  # a key is "{name}:{sample key}"; keys never hold "/"
-    seen[name] = seen.get(name, 0) + 1
-    return name if seen[name] == 1 else f"{name}#{seen[name]}"
+    return name.replace("/", "_").replace(":", "_")  # a key is "{name}:{sample key}"; keys never hold "/"
+
+
+def _number_clashes(entries: list[BlendEntry]) -> None:
+    """Entries with the same base name get ``#2``, ``#3``, ... in the order of their dataset paths
+    (the YAML order only among entries of the same path): names do not depend on the list's order."""
+    groups: dict[str, list[BlendEntry]] = {}
+    for e in entries:
+        groups.setdefault(e.name, []).append(e)
+    for name, group in groups.items():
+        for n, e in enumerate(sorted(group, key=lambda e: str(e.source.path)), start=1):
+            e.name = name if n == 1 else f"{name}#{n}"
+            e.clash = [str(g.source.path) for g in group] if len({str(g.source.path) for g in group}) > 1 else []
+
+
+def _open_leaf(path: str, split: str, subflavors: dict, where: str) -> SampleSource:
+    """The leaf's split; a dataset without it (or with it empty) is refused naming the entry."""
+    try:
+        return SampleSource(path, split, subflavors=subflavors or None)
+    except DatasetError as e:
+        if type(e) is not DatasetError:  # a storage failure: as it is
+            raise
+        raise DatasetError(f"{where}: {e}") from None
+
+
+def _units_per_epoch(leaf: WrittenLeaf, source: SampleSource) -> Fraction:
+    """``round(len × repetitions)``; refuses repetitions > 0 that round to no sample at all."""
+    units = round(leaf.share * len(source))
+    if units == 0 and leaf.share > 0:
+        raise DatasetError(f"{leaf.where}: repetitions {leaf.written} x {len(source)} samples = "
+                           f"{float(leaf.share * len(source)):.4g} rounds to 0 samples per blend epoch; "
+                           f"use repetitions >= {float(Fraction(1, 2 * len(source))):.4g}, or 0 to leave it out")
+    return Fraction(units)
+
+
+@contextlib.contextmanager
+def _energon_errors(path: str):
+    """What Energon raises for a metadataset it cannot use, as one :class:`DatasetError` line."""
+    try:
+        yield
+    except DatasetError:
+        raise
+    except FileNotFoundError as e:  # Energon: a path that is neither a dataset nor a metadataset
+        raise DatasetError(f"{path}: {e}: not an Energon dataset (no .nv-meta) or metadataset; convert it with "
+                           f"`energon-platform convert ...` first") from None
+    except (ValueError, KeyError, TypeError, AssertionError, yaml.YAMLError) as e:
+        raise DatasetError(f"{path}: not a usable Energon metadataset: {type(e).__name__}: {e}") from None
 
 
 def open_datasets(path: str, split: str) -> DatasetSet:
@@ -98,31 +163,30 @@ def open_datasets(path: str, split: str) -> DatasetSet:
     from megatron.energon.metadataset.loader_interface import DatasetBlendMode
 
     mds_path = Path(path)
-    try:
-        _refuse_unsupported(mds_path, yaml.safe_load(mds_path.read_text()))
+    _refuse_unsupported(mds_path, read_metadataset(mds_path))
+    mode, written = written_shares(mds_path, split)  # checked before Energon parses them, exact as written
+    with _energon_errors(path):
         mds = load_dataset(path)
         leaves = mds.traverse(split_part=split)  # paths, split parts and subflavors, in blend order
+    if len(leaves) != len(written):
+        raise DatasetError(f"{path}: the metadataset's leaves and its weights as written disagree "
+                           f"({len(leaves)} against {len(written)})")
+    # each leaf's split opened first: a missing or empty split is refused naming the entry
+    sources = [_open_leaf(str(leaf.path), leaf.split_part or split, dict(leaf.subflavors or {}), w.where)
+               for leaf, w in zip(leaves, written)]
+    with _energon_errors(path):
         loaded = mds.get_datasets(training=False, split_part=split,
                                   worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
-    except DatasetError:
-        raise
-    except (ValueError, KeyError, TypeError, FileNotFoundError, AssertionError, yaml.YAMLError) as e:
-        raise DatasetError(f"{path}: not a usable Energon metadataset: {type(e).__name__}: {e}") from None
     repetitions = loaded.blend_mode == DatasetBlendMode.SAMPLE_REPETITIONS
-    entries, seen = [], {}
-    if len(leaves) != len(loaded.datasets):
+    if len(loaded.datasets) != len(leaves) or repetitions != (mode == "repetitions"):
         raise DatasetError(f"{path}: the metadataset's leaves and its loaded datasets disagree "
                            f"({len(leaves)} against {len(loaded.datasets)})")
-    for leaf, ld in zip(leaves, loaded.datasets):
-        f = ld.dataset
-        sub = dict(leaf.subflavors or {})
-        leaf_split = leaf.split_part or split
-        source = SampleSource(str(leaf.path), leaf_split, subflavors=sub or None)
-        if repetitions:
-            share = Fraction(round(Fraction(str(ld.repetitions)) * len(source)))
-        else:
-            share = Fraction(str(ld.weight)) if ld.weight is not None else Fraction(1)
-        entries.append(BlendEntry(_entry_name(f, leaf_split, sub, seen), source, share, sub))
+    entries = []
+    for leaf, source, w in zip(leaves, sources, written):
+        share = _units_per_epoch(w, source) if repetitions else w.share
+        entries.append(BlendEntry(_base_name(leaf.path, source.split, source.subflavors), source, share,
+                                  dict(leaf.subflavors or {})))
+    _number_clashes(entries)
     if not entries:
         raise DatasetError(f"{path}: the metadataset has no datasets for split {split!r}")
     if all(e.share == 0 for e in entries):

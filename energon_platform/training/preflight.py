@@ -4,7 +4,8 @@
 prints as one line:
 
 * a dataset the loader cannot use: missing split, missing shard (``SampleSource`` checks the
-  train split when the loader opens it; the validation split is checked here too);
+  train split when the loader opens it; the validation split is checked here too, for a
+  metadataset every entry of its validation split);
 * an encoder that cannot encode this dataset's samples (an image encoder on audio shards, the
   reverse, a field map without the fields the encoder reads): it encodes the first samples in
   dataset order and fails when as many fail in a row as the encoder's ``errors`` section allows;
@@ -17,9 +18,12 @@ the same numbers as one that does not.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from energon_platform.config import ModelConfig, RunConfig
+from energon_platform.loader.datasets import is_metadataset, open_datasets
+from energon_platform.loader.metadataset_weights import read_metadataset
 from energon_platform.loader.source import DatasetError, SampleSource, StorageError, dataset_root, split_parts
 from energon_platform.training import checkpoint
 from task_encoders.config import ConfigError
@@ -77,6 +81,11 @@ def preflight(cfg: RunConfig, loader: Any = None) -> None:
     for source in [e.source for e in loader.datasets.entries]:
         check_model_fits(cfg.model, check_encoder_fits(source, loader.encoder), cfg.source)
     path = str(cfg.data.path)
-    if cfg.data.val_split and (dataset_root(path) / ".nv-meta" / "split.yaml").is_file() \
+    if not cfg.data.val_split:
+        return
+    if is_metadataset(path):  # a metadataset's val split, when it has one: every entry's split is opened
+        if cfg.data.val_split in read_metadataset(Path(path))["splits"]:
+            open_datasets(path, cfg.data.val_split)
+    elif (dataset_root(path) / ".nv-meta" / "split.yaml").is_file() \
             and cfg.data.val_split in split_parts(path):  # no val split: the run logs no val_loss
         SampleSource(path, cfg.data.val_split)  # its shards are checked when opened
