@@ -1,4 +1,4 @@
-"""The worked example of README.md (section "Adding a modality"): importable, registered, and trains a batch
+"""The worked example of docs/encoders.md (section "Adding a modality"): importable, registered, and trains a batch
 through Energon's loader; the document shows the module's exact code."""
 
 import dataclasses
@@ -55,7 +55,7 @@ def test_gain_is_seeded_per_key_and_epoch(tokenizer_dir, raw_samples):
 
 
 def test_the_document_shows_the_example_module_verbatim():
-    doc = (ROOT / "README.md").read_text()
+    doc = (ROOT / "docs" / "encoders.md").read_text()
     source = (ROOT / "task_encoders" / "examples" / "waveform_text.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
-    assert source in blocks, "README.md, section 'Adding a modality', must show task_encoders/examples/waveform_text.py verbatim"
+    assert source in blocks, "docs/encoders.md, section 'Adding a modality', must show task_encoders/examples/waveform_text.py verbatim"
