@@ -112,3 +112,77 @@ def test_a_sigkilled_holder_does_not_leave_the_lock_stuck(tmp_path):
     time.sleep(0.1)
     with RunLock(tmp_path / "ckpt"):
         pass
+
+
+@pytest.fixture
+def fs_steps(monkeypatch, tmp_path):
+    """The file-system steps of this process under ``tmp_path``, in order: ``("write", name)`` (a
+    file opened for writing), ``("fsync", name)`` (a file or a folder), ``("rename", old, new)``;
+    names relative to ``tmp_path / "ckpt"`` (``"."`` is that folder itself)."""
+    import builtins
+
+    root = tmp_path / "ckpt"
+    steps, names = [], {}  # fd → name
+    real_open, real_os_open, real_fsync = builtins.open, os.open, os.fsync
+    real_replace, real_rename = os.replace, os.rename
+
+    def rel(path) -> str | None:
+        try:
+            return os.path.relpath(os.fspath(path), root) if os.fspath(path).startswith(str(root)) else None
+        except TypeError:  # a file descriptor
+            return None
+
+    def logged_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        if rel(file) is not None:
+            names[f.fileno()] = rel(file)
+            if "w" in mode or "a" in mode:
+                steps.append(("write", rel(file)))
+        return f
+
+    def logged_os_open(path, flags, *args, **kwargs):
+        fd = real_os_open(path, flags, *args, **kwargs)
+        if rel(path) is not None:
+            names[fd] = rel(path)
+        return fd
+
+    def logged_fsync(fd):
+        real_fsync(fd)
+        if fd in names:
+            steps.append(("fsync", names[fd]))
+
+    def logged(real):
+        def move(src, dst, *args, **kwargs):
+            real(src, dst, *args, **kwargs)
+            steps.append(("rename", rel(src), rel(dst)))
+        return move
+
+    monkeypatch.setattr(builtins, "open", logged_open)
+    monkeypatch.setattr(os, "open", logged_os_open)
+    monkeypatch.setattr(os, "fsync", logged_fsync)
+    monkeypatch.setattr(os, "replace", logged(real_replace))
+    monkeypatch.setattr(os, "rename", logged(real_rename))
+    return root, steps
+
+
+def test_checkpoint_save_makes_each_step_durable_before_the_next(fs_steps):
+    """Crash safety of ``save`` (module doc) is an order of file-system steps: every file written
+    and fsynced, the folder fsynced, renamed into place, the parent folder fsynced (else a crash
+    can persist ``latest`` but not the rename it names), and only then ``latest`` written, fsynced,
+    renamed and the parent fsynced again."""
+    root, steps = fs_steps
+    _save(root, 4, {"w": 1})
+    steps.clear()
+    final = _save(root, 5, {"w": 2})
+    tmp, name = ".tmp-step_000005", "step_000005"
+    files = sorted(p.name for p in final.iterdir())
+    assert files == ["loader_rank0.json", "meta.json", "model.pt", "rng_rank0.pt"]
+    cut = steps.index(("fsync", tmp)) if ("fsync", tmp) in steps else len(steps)
+    written = [s[1] for s in steps[:cut] if s[0] == "write"]
+    assert sorted(written) == [f"{tmp}/{f}" for f in files] and written[-1] == f"{tmp}/meta.json", steps
+    assert steps[:cut] == [step for f in written for step in (("write", f), ("fsync", f))], \
+        "each file fsynced right after it is written"
+    assert steps[cut:] == [("fsync", tmp), ("rename", tmp, name), ("fsync", "."),
+                           ("write", "latest.tmp"), ("fsync", "latest.tmp"), ("rename", "latest.tmp", "latest"),
+                           ("fsync", ".")], steps[cut:]
+    assert (root / "latest").read_text() == name

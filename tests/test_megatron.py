@@ -207,17 +207,20 @@ def test_restore_on_another_data_parallel_size_continues_the_same_global_batches
         want = [k for (i, r, m), (_, keys) in sorted(straight.items()) if i == iteration for k in keys]
         got = [k for (i, r, m), (_, keys) in sorted(one.items()) if i == iteration for k in keys]
         assert got == want
-    # Growing: ranks 2 and 3 had no file of their own and continue from rank 0's position.
-    four = make_provider(run_config(coco), dp_rank=3, dp_size=4, micro_batch_size=1, global_batch_size=GLOBAL,
-                         dataloader_save=tmp_path / "b", restore_iteration=2, build_valid=False)(None)[0]
-    assert four.loader.global_batch == 2
-    keys = []
-    for _ in range(four.accumulation):
-        next(four)
-        keys += four.last_keys
-    want = [k for (i, r, m), (_, ks) in sorted(straight.items()) if i == 3 for k in ks]
-    assert keys == want[6:8]
-    four.close()
+    # Growing to 4: ranks 0 and 1 continue from their own files, ranks 2 (the first without one)
+    # and 3 from rank 0's position; every rank takes its quarter of iterations 3 and 4.
+    for rank in range(4):
+        four = make_provider(run_config(coco), dp_rank=rank, dp_size=4, micro_batch_size=1, global_batch_size=GLOBAL,
+                             dataloader_save=tmp_path / "b", restore_iteration=2, build_valid=False)(None)[0]
+        assert four.loader.global_batch == 2 and four.accumulation == 2, rank
+        for iteration in (3, 4):
+            keys = []
+            for _ in range(four.accumulation):
+                next(four)
+                keys += four.last_keys
+            want = [k for (i, r, m), (_, ks) in sorted(straight.items()) if i == iteration for k in ks]
+            assert keys == want[2 * rank:2 * rank + 2], (rank, iteration)
+        four.close()
     # A state saved in the middle of an iteration (Megatron never does) continues only on its own layout.
     mid = make_provider(run_config(coco), dp_rank=0, dp_size=DP, micro_batch_size=MICRO, global_batch_size=GLOBAL,
                         build_valid=False)(None)[0]

@@ -45,3 +45,54 @@ def test_raw_samples_equal_energons_reader_in_a_random_order(image_text_shards):
     source[0]
     for i in np.random.default_rng(0).permutation(len(source)).tolist():
         assert source._reader[i] == energon[i], i
+
+
+@pytest.fixture
+def counted_reads(monkeypatch):
+    """Every ``open`` of a ``.tar.idx`` and every ``os.pread`` of this process, as they happen."""
+    import builtins
+    import os
+
+    reads = {"index": [], "range": []}
+    real_open, real_pread = builtins.open, os.pread
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith(".tar.idx"):
+            reads["index"].append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    def counting_pread(fd, size, offset):
+        reads["range"].append((fd, offset, size))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(os, "pread", counting_pread)
+    return reads
+
+
+def test_each_index_is_read_once_and_each_sample_is_one_ranged_read(image_text_shards, counted_reads):
+    """The reader's contract (module doc): a shard's .tar.idx is read once, not per sample, and a
+    sample is one byte range. A random order over every shard, twice."""
+    source = SampleSource(str(image_text_shards))
+    order = np.random.default_rng(1).permutation(len(source)).tolist() * 2
+    counted_reads["index"].clear()
+    for i in order:
+        assert source[i].__key__
+    assert len(counted_reads["index"]) <= len(source.shard_counts), counted_reads["index"]
+    assert len(set(counted_reads["index"])) == len(source.shard_counts)  # and it did count them
+    assert len(counted_reads["range"]) == len(order)
+
+
+def test_fetch_many_reads_each_index_once_and_one_range_per_run(image_text_shards, counted_reads):
+    """The object-storage read path, on local files: a batch of indices costs one index read per
+    shard (none once cached) and one ranged read per run of consecutive indices in one shard."""
+    source = SampleSource(str(image_text_shards))
+    source._ensure_reader()
+    reader = source._reader
+    wanted = [0, 1, 2, 9, 17, 23]  # runs: [0-2] in shard 0, [9] in shard 1, [17], [23] in shard 2
+    got = reader.fetch_many(wanted)
+    assert sorted(got) == wanted and not any(isinstance(v, Exception) for v in got.values())
+    assert len(counted_reads["index"]) == 3 and len(counted_reads["range"]) == 4
+    reader.fetch_many([5, 6, 12])
+    assert len(counted_reads["index"]) == 3, "the indices are cached"
+    assert len(counted_reads["range"]) == 6

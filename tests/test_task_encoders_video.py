@@ -134,37 +134,67 @@ def test_decoded_frames_are_the_chosen_ones_and_only_the_clip_is_decoded(fmt, mo
         assert torch.equal(frames, torch.cat([c[:1] for c in ref]))
 
 
-def test_one_transform_draw_for_all_frames_of_a_clip(tmp_path):
-    """A video whose frames are all the same picture gives identical output frames (same crop and
-    jitter for every frame), and different draws for different keys."""
+def test_one_transform_draw_for_all_frames_of_a_clip(monkeypatch):
+    """One crop and one colour jitter for the whole clip: each random step of the pipeline draws
+    its parameters once per clip (not per frame), and a clip whose decoded frames are made the same
+    picture on purpose (decoded video frames are never reliably identical: MJPEG is lossy, with
+    per-frame rate control) comes out as identical frames; another key draws other parameters."""
     import av
+    from torchvision.transforms import v2
 
     from megatron.energon.av import AVDecoder
 
+    import task_encoders.video_text as video_text
     from converters.sample_types import VideoTextSample
 
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as out:
-        s = out.add_stream("mjpeg", rate=12)  # intra-only: every decoded frame is the same picture
+        s = out.add_stream("mjpeg", rate=12)
         s.width, s.height, s.pix_fmt = 64, 48, "yuvj420p"
-        picture = torch.randint(0, 255, (48, 64, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).numpy()
         for i in range(20):
-            f = av.VideoFrame.from_ndarray(picture, format="rgb24")
+            picture = torch.randint(0, 255, (48, 64, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+            f = av.VideoFrame.from_ndarray(picture.numpy(), format="rgb24")
             f.pts = i
             for p in s.encode(f):
                 out.mux(p)
         for p in s.encode(None):
             out.mux(p)
+
+    draws = []  # (transform, parameters) of every draw, in order
+    for kind in (v2.RandomResizedCrop, v2.ColorJitter):
+        def make_params(self, flat_inputs, _real=kind.make_params):
+            params = _real(self, flat_inputs)
+            draws.append((type(self).__name__, repr(params)))
+            return params
+        monkeypatch.setattr(kind, "make_params", make_params)
+    real_decode = video_text.decode_frames
+    same_picture = {"on": False}
+
+    def decode(decoder, indices, fps):
+        frames = real_decode(decoder, indices, fps)
+        assert frames.shape[0] == 4
+        return frames[:1].expand_as(frames).clone() if same_picture["on"] else frames
+
+    monkeypatch.setattr(video_text, "decode_frames", decode)
     encoder = video_encoder()
-    clips = []
+    clips, params = {}, {}
+    for same in (False, True):
+        same_picture["on"] = same
+        for key in ("k1", "k2"):
+            sample = VideoTextSample(__key__=key, __restore_key__=(), __subflavors__={}, __sources__=(),
+                                     video=AVDecoder(io.BytesIO(buf.getvalue())), text="same", meta={})
+            draws.clear()
+            clip = encoder.encode_media(sample)["video"]
+            assert clip.shape == (4, 3, 24, 24)
+            assert [name for name, _ in draws] == ["RandomResizedCrop", "ColorJitter"], draws
+            clips[same, key], params[same, key] = clip, draws[:]
+    assert params[False, "k1"] == params[True, "k1"], "the draw depends on the key, not on the pixels"
+    assert params[True, "k1"] != params[True, "k2"]
+    assert not torch.equal(clips[False, "k1"][0], clips[False, "k1"][1]), "the real frames differ"
     for key in ("k1", "k2"):
-        sample = VideoTextSample(__key__=key, __restore_key__=(), __subflavors__={}, __sources__=(),
-                                 video=AVDecoder(io.BytesIO(buf.getvalue())), text="same", meta={})
-        clip = encoder.encode_media(sample)["video"]
-        assert clip.shape == (4, 3, 24, 24)
-        assert all(torch.equal(clip[0], clip[t]) for t in range(4))
-        clips.append(clip)
-    assert not torch.equal(clips[0], clips[1])
+        clip = clips[True, key]
+        assert all(torch.equal(clip[0], clip[t]) for t in range(4)), key
+    assert not torch.equal(clips[True, "k1"], clips[True, "k2"])
 
 
 def test_batch_fields_padding_and_audio_features(shards, tokenizer_dir):

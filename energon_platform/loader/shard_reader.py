@@ -78,7 +78,18 @@ def _members_tarfile(data: bytes):
 
 class CorruptShardError(ValueError):
     """A shard's bytes disagree with its index (truncated or changed after conversion): the
-    sample is bad data, handled like an undecodable sample, not a failure of the store."""
+    sample is bad data, handled like an undecodable sample, not a failure of the store.
+    ``shard``: the shard's name in the dataset (``train/shard-000000.tar``); ``detail``: what is
+    wrong, without the path."""
+
+    def __init__(self, message: str, shard: str | None = None, detail: str | None = None):
+        super().__init__(message)  # one argument: pickles and re-raises like a plain ValueError
+        self.shard, self.detail = shard, detail or message
+
+    @classmethod
+    def of(cls, reader: "ShardReader", shard: int, detail: str) -> "CorruptShardError":
+        return cls(f"{reader.shards[shard].path}: {detail} (check the dataset with `energon-platform verify`)",
+                   shard=reader.shards[shard].name, detail=detail)
 
 
 class ShardReader:
@@ -122,6 +133,15 @@ class ShardReader:
         return path.fs.read(path._internal_str_path)
 
     def _read_range(self, shard: int, offset: int, size: int) -> bytes:
+        """The bytes ``[offset, offset + size)`` of the shard; fewer of them (the shard was cut
+        short): :class:`CorruptShardError`."""
+        data = self._read_range_unchecked(shard, offset, size)
+        if len(data) != size:
+            raise CorruptShardError.of(self, shard, f"short read at byte {offset} ({len(data)} of {size} bytes): "
+                                       f"truncated after conversion")
+        return data
+
+    def _read_range_unchecked(self, shard: int, offset: int, size: int) -> bytes:
         path = self.shards[shard].path
         if not path.is_local():
             from multistorageclient.types import Range
@@ -135,11 +155,7 @@ class ShardReader:
                     os.close(self._fds.popitem(last=False)[1])
             else:
                 self._fds.move_to_end(shard)
-            data = os.pread(fd, size, offset)
-        if len(data) != size:
-            raise CorruptShardError(f"{path}: short read at byte {offset} ({len(data)} of {size} bytes): "
-                                    f"the shard was truncated after conversion (`energon-platform verify`)")
-        return data
+            return os.pread(fd, size, offset)
 
     def locate(self, index: int) -> tuple[int, int, int]:
         """``(shard, byte offset, byte size)`` of dataset index ``index``."""
@@ -149,8 +165,8 @@ class ShardReader:
         offsets = self._offsets(shard)
         i = index - self._starts[shard]
         if i + 1 >= len(offsets):
-            raise CorruptShardError(f"{self.shards[shard].path}: its .tar.idx has {len(offsets)} entries, "
-                          f"the dataset index promises {self.shards[shard].count} samples")
+            raise CorruptShardError.of(self, shard, f"its .tar.idx has {len(offsets)} entries, the dataset "
+                                       f"index promises {self.shards[shard].count} samples")
         return shard, int(offsets[i]), int(offsets[i + 1] - offsets[i])
 
     def __getitem__(self, index: int) -> Any:

@@ -11,7 +11,10 @@ The path is a local folder or ``msc://PROFILE/prefix`` (object storage through m
 profile from ``MSC_CONFIG``): every read goes through Energon's ``EPath``. Failures of the storage
 itself (credentials refused, connection lost after the client's retries, an object gone) raise
 :class:`StorageError`, at open or mid-run, and are never skipped as bad samples: a skip caused by
-the store would change the global batches on one run and not another.
+the store would change the global batches on one run and not another. A shard whose bytes disagree
+with its index (truncated after conversion) is bad data instead: its samples fail and are replaced
+like undecodable ones, and when a micro-batch cannot be filled the error names that shard and
+``energon-platform verify`` (:meth:`SampleSource.samples_failed`), never memory or the loader.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 from typing import Any
 
 from megatron.energon import WorkerConfig
@@ -27,11 +31,7 @@ from megatron.energon.epathlib import EPath
 
 
 class DatasetError(ValueError):
-    """The dataset path is not a usable Energon dataset (one line, names the path)."""
-
-
-class StorageError(DatasetError):
-    """The dataset's storage failed a read (one line, names the path and the cause).
+    """The dataset path is not a usable Energon dataset (one line, names the path).
 
     Raised in a DataLoader worker, PyTorch re-raises it in the main process with the worker's
     traceback as its message; ``str()`` gives back the one line (``args[0]`` keeps the traceback).
@@ -42,6 +42,15 @@ class StorageError(DatasetError):
         if "Original Traceback" not in text:
             return text
         return text.rstrip().splitlines()[-1].partition(": ")[2] + " (in a DataLoader worker)"
+
+
+class StorageError(DatasetError):
+    """The dataset's storage failed a read (one line, names the path and the cause)."""
+
+
+class SamplesFailedError(DatasetError):
+    """A sample and all its stand-ins failed (:meth:`SampleSource.samples_failed`): bad data, one
+    line; when a shard was found corrupt it names the shard and ``energon-platform verify``."""
 
 
 @contextlib.contextmanager
@@ -129,6 +138,7 @@ class SampleSource:
         self._prefetched: dict = {}  #: index → the future of its background read (:meth:`prefetch`)
         self._lookahead = None
         self._pid = os.getpid()
+        self._corrupt: dict[str, str] = {}  #: shard name → what is wrong, found by reads of this process
 
     def check_shards(self) -> None:
         """:class:`DatasetError` naming the first shard of the split that is not a file
@@ -185,12 +195,18 @@ class SampleSource:
             self._prefetched.update({i: future for i in todo})
 
     def __getitem__(self, index: int) -> Any:
+        from energon_platform.loader.shard_reader import CorruptShardError
+
         self._ensure_reader()
-        with storage_errors(self.path, f"sample {index}"):
-            future = self._prefetched.pop(index, None)
-            raw = future.result()[index] if future is not None else self._reader[index]
-            if isinstance(raw, Exception):
-                raise raw
+        try:
+            with storage_errors(self.path, f"sample {index}"):
+                future = self._prefetched.pop(index, None)
+                raw = future.result()[index] if future is not None else self._reader[index]
+                if isinstance(raw, Exception):
+                    raise raw
+        except CorruptShardError as e:  # bad data, skipped by the caller; remembered for samples_failed
+            self._corrupt.setdefault(e.shard, e.detail)
+            raise
         if raw is None:
             raise KeyError(f"sample {index} is excluded from the dataset")
         try:
@@ -198,6 +214,18 @@ class SampleSource:
         except Exception as e:  # a bad sample (undecodable media): the caller skips it, logged by its key
             e.sample_key = raw.get("__key__")
             raise
+
+    def samples_failed(self, what: str) -> SamplesFailedError:
+        """The error for ``what`` (samples that failed to load; the caller raises it): names the
+        first corrupt shard this process read, if any, and how to check the dataset, else points
+        to the log of skipped samples. Never blames memory or the loader: the data is bad."""
+        if not self._corrupt:
+            return SamplesFailedError(f"{what}; see the skipped samples in the log")
+        (shard, detail), others = next(iter(self._corrupt.items())), len(self._corrupt) - 1
+        more = f" (and {others} other shard{'s' * (others > 1)})" if others else ""
+        return SamplesFailedError(f"{what}: shard {shard} of {self.path} is corrupt{more} ({detail}); check the "
+                                  f"dataset with `energon-platform verify {shlex.quote(self.path)}`, then restore the shard or "
+                                  f"convert the dataset again")
 
     def identity(self) -> dict:
         """What makes this data *this* data: Energon's index uuid, the split and its shard list."""
