@@ -7,7 +7,11 @@ and ends with the same bytes as an uninterrupted run. A finished output is left 
 its shards and index files are there; a missing or resized shard is rewritten (and reported), never
 "nothing to do". A different input or option on an existing output is refused
 (:class:`ConvertError`) unless ``overwrite``, which removes only what a conversion wrote
-(:mod:`converters.output`). The whole run holds OUT's lock.
+(:mod:`converters.output`). The whole run holds OUT's lock. For ``--out msc://...`` the same
+contract holds with the prefix as OUT (:mod:`converters.remote_target`).
+
+A manifest or folder holding nothing is an ``InputError`` (not "0 skipped of 0"). Videos cut to
+``--max-seconds`` are counted in ``report.json`` (``cut_to_max_seconds``).
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from converters import executor, remote
-from converters.energon_meta import META, prepare
+from converters import executor, remote, remote_target
+from converters.energon_meta import META, META_FILES, prepare
 from converters.media import AudioOptions, ImageOptions, VideoOptions
 from converters.output import (STATE_FILE, ConvertError, OutputLock, check_not_foreign, check_target, remove,
-                               removal_plan, stale_tmp_files)
+                               removal_plan, stale_tmp_files, state_diff)
 from converters.readers import InputError, audio_manifest, coco, folder, librispeech, llava, manifest, text, video
 from converters.records import ReadResult, drop_duplicates
 from converters.units import WorkUnit, plan_units
@@ -46,7 +50,6 @@ READERS: dict[str, Callable[..., ReadResult]] = {
 INPUT_ARGS = ("annotations", "images", "root", "manifest", "json_file")
 #: Files a finished output has besides its shards (the shards' ``.tar.idx`` are checked too).
 FINISHED_FILES = ("report.json", "skipped.jsonl")
-META_FILES = ("index.sqlite", "index.uuid", ".info.json", "split.yaml", "dataset.yaml")
 N_EXAMPLES = 5
 
 
@@ -112,9 +115,22 @@ def _read(kind: str, reader_args: dict) -> ReadResult:
         result = READERS[kind](**reader_args)
     except OSError as e:  # e.g. an unreadable folder met while listing the input
         raise InputError(f"cannot read the input{f' {e.filename}' if e.filename else ''}: {e.strerror or e}") from e
+    if not result.records and not result.problems:
+        inputs = [str(v) for k, v in reader_args.items() if k in INPUT_ARGS and v]
+        raise InputError(f"{' and '.join(inputs) or 'the input'}: empty: no record to convert "
+                         f"(no line, row or file found)")
     result.records, dup_problems = drop_duplicates(result.records)
     result.problems += dup_problems
     return result
+
+
+def _load_state(path: Path) -> dict:
+    """A state file's content; ``{}`` when unreadable (then it matches no conversion)."""
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return old if isinstance(old, dict) else {}
 
 
 def _open_state(out: Path, state: dict, overwrite: bool, lock: OutputLock) -> bool:
@@ -125,13 +141,8 @@ def _open_state(out: Path, state: dict, overwrite: bool, lock: OutputLock) -> bo
         remove(plan)
     state_path = out / STATE_FILE
     if state_path.is_file():
-        try:
-            old = json.loads(state_path.read_text())
-        except ValueError:
-            old = {}
-        if state["modality"] == "text" and isinstance(old.get("options"), dict):  # written before text outputs
-            old["options"] = {k: v for k, v in old["options"].items() if k not in ("image", "audio")}  # left them out
-        diff = [k for k in ("source", "options", "records") if old.get(k) != state[k]]
+        old = _load_state(state_path)
+        diff = state_diff(old, state)
         if diff:
             raise ConvertError(
                 f"{out} holds a conversion of a different {' and '.join(diff)}; "
@@ -175,7 +186,11 @@ def build_report(result_modality: str, state: dict, units: list[WorkUnit], stats
         s["shards"] += stats[u.name]["samples"] > 0
         s["samples"] += stats[u.name]["samples"]
     ok = fraction <= opts.max_error_fraction and written > 0
+    cut = [i for u in units for i in stats[u.name].get("cut", [])]
+    cuts = {"cut_to_max_seconds": {"count": len(cut), "max_seconds": opts.video.max_seconds,
+                                   "examples": cut[:N_EXAMPLES]}} if opts.video.max_seconds else {}
     return {
+        **cuts,
         "modality": result_modality,
         "source": state["source"],
         "options": state["options"],
@@ -197,13 +212,20 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
     ``opts.out`` may be ``msc://PROFILE/prefix``: the conversion is written to a local staging
     folder (:func:`converters.remote.staging_dir`, where a killed run resumes), every work unit
     uploads the shard it wrote (local processes and Ray tasks alike), and the metadata goes up last,
-    so a half-uploaded prefix never looks like a dataset."""
+    so a half-uploaded prefix never looks like a dataset. The prefix itself, not the staging folder,
+    says whether it holds another conversion or this one finished (:mod:`converters.remote_target`)."""
     if remote.is_remote(opts.out):
         return _convert_to_object_storage(kind, reader_args, opts)
     out = Path(opts.out)
     check_target(out, [Path(v) for k, v in reader_args.items() if k in INPUT_ARGS and v])
     if opts.executor == "ray":
         executor.check_ray_address(opts.ray_address)
+    result, state = _read_with_state(kind, reader_args, opts)
+    return _convert_local(out, kind, result, state, opts)
+
+
+def _read_with_state(kind: str, reader_args: dict, opts: ConvertOptions) -> tuple[ReadResult, dict]:
+    """The input's records and the conversion's fingerprint (module doc)."""
     result = _read(kind, reader_args)
     state = {
         "source": {"kind": kind, **{k: (str(Path(v).resolve()) if k in INPUT_ARGS and v else v)
@@ -212,6 +234,10 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
         "records": _records_digest(result),
         "modality": result.modality,
     }
+    return result, state
+
+
+def _convert_local(out: Path, kind: str, result: ReadResult, state: dict, opts: ConvertOptions) -> Outcome:
     check_not_foreign(out)
     try:
         with OutputLock(out) as lock:
@@ -222,16 +248,31 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
 
 
 def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcome:
+    """The prefix decides (:mod:`converters.remote_target`): refused, done, or claimed before the
+    staging folder is written; the staging folder holding another conversion is only a stale cache
+    and is replaced. The prefix is marked finished after the last upload."""
     from dataclasses import replace
 
     url = opts.out.rstrip("/")
+    prefix = remote_target.open_prefix(url)
     local = remote.staging_dir(url)
-    outcome = run_conversion(kind, reader_args, replace(opts, out=str(local), upload_url=url))
+    check_target(local, [Path(v) for k, v in reader_args.items() if k in INPUT_ARGS and v])
+    if opts.executor == "ray":
+        executor.check_ray_address(opts.ray_address)
+    result, state = _read_with_state(kind, reader_args, opts)
+    done = remote_target.claim(prefix, state, opts.overwrite)
+    if done is not None:
+        return Outcome(done, already_done=True, ok=done.get("status") == "ok", uploaded_to=url)
+    stale = (local / STATE_FILE).is_file() and bool(state_diff(_load_state(local / STATE_FILE), state))
+    staged = replace(opts, out=str(local), upload_url=url, overwrite=opts.overwrite or stale)
+    outcome = _convert_local(local, kind, result, state, staged)
     try:
-        remote.upload_dataset(local, url)
+        sent = remote.upload_dataset(local, url)
     except (OSError, RuntimeError, ValueError) as e:
         raise ConvertError(f"cannot upload the conversion to {url}: {type(e).__name__}: {e} "
                            f"(it is kept in {local}; run the same command again to resume)") from e
+    remote_target.finish(prefix, state)
+    outcome.already_done = outcome.already_done and not sent.uploaded
     outcome.uploaded_to = url
     return outcome
 
@@ -295,6 +336,10 @@ def summarize(report: dict) -> str:
         lines.append(f"  {split}: {s['samples']} samples in {s['shards']} shards")
     for reason, r in report["skipped_by_reason"].items():
         lines.append(f"  skipped {reason}: {r['count']} (e.g. {', '.join(map(str, r['examples'][:3]))})")
+    if report.get("cut_to_max_seconds", {}).get("count"):
+        c = report["cut_to_max_seconds"]
+        lines.append(f"  cut to --max-seconds {c['max_seconds']:g}: {c['count']} "
+                     f"(e.g. {', '.join(map(str, c['examples'][:3]))}; original durations in their text.json)")
     lines.append(f"status: {report['status']}")
     return "\n".join(lines)
 

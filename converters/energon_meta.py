@@ -15,6 +15,9 @@ from pathlib import Path
 import yaml
 
 META = ".nv-meta"
+#: The files of ``.nv-meta`` every dataset :func:`prepare` wrote has (and the loader reads);
+#: ``sample_loader.py`` too when ``dataset.yaml`` names it.
+META_FILES = ("index.sqlite", "index.uuid", ".info.json", "split.yaml", "dataset.yaml")
 
 _SAMPLE_TYPES = {
     "image": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},

@@ -47,7 +47,12 @@ def _dataset_info(path: str) -> dict:
         for name, patterns in splits.items()
         for files in [[f for p in patterns for f in braceexpand(p)]]
     }
-    sizes = {s["shard"]: s["bytes"] for s in (report or {}).get("shards", [])}
+    try:  # a report.json edited or cut short: one line naming it, not a KeyError
+        sizes = {s["shard"]: s["bytes"] for s in report["shards"]} if report is not None else {}
+        report_text = summarize(report) if report is not None else None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"{out / 'report.json'}: corrupt conversion report ({type(e).__name__}: {str(e)[:200]}); "
+                         f"run the same convert command again to rewrite it") from None
     problems = []
     for shard in shard_counts:
         problem = shard_problem(out, shard, sizes[shard]) if shard in sizes else (
@@ -60,8 +65,8 @@ def _dataset_info(path: str) -> dict:
     parts = sorted({v.split("[")[0] for v in dataset.get("field_map", {}).values()}) or ["(sample_loader.py)"]
     lines = [f"dataset: {where}", f"sample type: {sample_type}   parts: {', '.join(parts)}"]
     lines += [f"  {n}: {s['samples']} samples in {s['shards']} shards" for n, s in sorted(per_split.items())]
-    if report:
-        lines += ["conversion report:", summarize(report)]
+    if report_text is not None:
+        lines += ["conversion report:", report_text]
     if problems:
         lines += [f"UNHEALTHY: {len(problems)} of {len(shard_counts)} shards missing or changed since the conversion "
                   f"(run the same convert command again to rewrite them):"] + [f"  {p}" for p in problems]

@@ -438,7 +438,8 @@ def encode_video(data: bytes, opts: VideoOptions) -> tuple[str, bytes, dict]:
     :data:`REENCODE_VIDEO`; audio as AAC) with fixed settings, one thread and no metadata: the same
     input gives the same bytes. Provenance: ``container``, ``codec``, ``width``/``height``, ``fps``,
     ``frames`` and ``duration`` (decoded), ``audio`` (bool) with ``audio_codec``/
-    ``audio_sample_rate``/``audio_channels`` when present, ``reencoded``.
+    ``audio_sample_rate``/``audio_channels`` when present, ``reencoded``; a video cut to
+    ``max_seconds`` also has ``original_duration`` (seconds, decoded) and ``cut_to_seconds``.
     """
     probe = _probe_video(data)
     too_big = bool(opts.max_side and max(probe.width, probe.height) > opts.max_side)
@@ -454,4 +455,7 @@ def encode_video(data: bytes, opts: VideoOptions) -> tuple[str, bytes, dict]:
         raise
     except Exception as e:
         raise MediaError("undecodable_video", f"cannot re-encode: {type(e).__name__}: {e}") from e
-    return "mp4", payload, _video_info(stored, True)
+    info = _video_info(stored, True)
+    if too_long:
+        info.update(original_duration=probe.duration, cut_to_seconds=opts.max_seconds)
+    return "mp4", payload, info

@@ -52,6 +52,19 @@ def check_target(out: Path, inputs: list[Path]) -> None:
             raise ConvertError(f"--out {out} is or holds the input {inp}; choose an --out outside the input")
 
 
+#: What identifies a conversion: a state or report differing in one of these is another conversion.
+FINGERPRINT = ("source", "options", "records")
+
+
+def state_diff(old: dict, state: dict, keys: tuple[str, ...] = FINGERPRINT) -> list[str]:
+    """The ``keys`` in which a recorded conversion ``old`` (a state, or a report for source and
+    options) differs from ``state``. A text conversion written before text outputs left the media
+    options out compares without them."""
+    if state.get("modality") == "text" and isinstance(old.get("options"), dict):
+        old = {**old, "options": {k: v for k, v in old["options"].items() if k not in ("image", "audio")}}
+    return [k for k in keys if old.get(k) != state[k]]
+
+
 def owned(out: Path) -> bool:
     return (out / STATE_FILE).is_file()
 

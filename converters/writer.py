@@ -116,19 +116,24 @@ def write_unit(unit: WorkUnit, out_dir: str, opts: WriteOptions) -> dict:
     """Write one shard and its stats file; return the stats.
 
     Stats: ``shard``, ``samples``, ``bytes``, ``sha256``, ``extensions`` (part names written, e.g.
-    ``["image.png"]``) and ``problems`` (one dict per skipped record). A unit whose records are all
-    bad writes no tar (Energon rejects empty shards) and has ``samples == 0``.
+    ``["image.png"]``), ``problems`` (one dict per skipped record) and ``cut`` (source ids of the
+    videos cut to ``--max-seconds``). A unit whose records are all bad writes no tar (Energon
+    rejects empty shards) and has ``samples == 0``.
     """
     out = Path(out_dir)
     cells = _ParquetCells()
-    samples, problems = [], []
+    samples, problems, cut = [], [], []
     for rec in unit.records:
         try:
             samples.append(encode_record(rec, opts, cells))
         except MediaError as e:
             problems.append(Problem(e.reason, rec.source_id, str(e)[:300]).to_json())
+            continue
+        if opts.modality == "video" and "cut_to_seconds" in json.loads(samples[-1]["text.json"])["source"]:
+            cut.append(rec.source_id)
     stats = {"shard": unit.name, "samples": len(samples), "bytes": 0, "sha256": None,
-             "extensions": sorted({k for s in samples for k in s if k != "__key__"}), "problems": problems}
+             "extensions": sorted({k for s in samples for k in s if k != "__key__"}), "problems": problems,
+             "cut": cut}
     if samples:
         shard = out / unit.name
         shard.parent.mkdir(parents=True, exist_ok=True)

@@ -70,16 +70,6 @@ def _add_convert(sub) -> None:
     g.add_argument("--samples-per-shard", type=_positive, default=512, help="samples per tar shard (default 512)")
     g.add_argument("--val-fraction", type=_fraction, default=0.0,
                    help="fraction of keys (chosen by a hash of the key) written as the val split (default 0)")
-    g.add_argument("--image-format", choices=["png", "keep"], default="png",
-                   help="png: lossless RGB re-encode with EXIF orientation applied (default); "
-                        "keep: original JPEG/PNG/WebP bytes, validated by decoding")
-    g.add_argument("--max-side", type=_positive, help="downscale images (convert video: re-encode videos) whose longest side exceeds this")
-    g.add_argument("--max-pixels", type=_positive, default=89_478_485,
-                   help="reject larger images as decompression bombs (default: PIL's limit)")
-    g.add_argument("--audio-format", choices=["flac", "keep"], default="flac",
-                   help="flac: FLAC at the source's bit depth (16/24; FLAC sources kept; 32-bit and float "
-                        "PCM kept as WAV; default); keep: original FLAC/WAV/MP3 bytes, others as flac. "
-                        "The part is named by the detected format, never the file name")
     g.add_argument("--max-error-fraction", type=_fraction, default=0.1,
                    help="exit non-zero when more than this fraction of samples is skipped (default 0.1)")
     g.add_argument("--overwrite", action="store_true",
@@ -92,6 +82,21 @@ def _add_convert(sub) -> None:
     g.add_argument("--ray-address", help="Ray cluster address HOST:PORT, ray://HOST:PORT or auto (default: start a "
                                          "local Ray instance); an unreachable one fails within 10 s")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # media options only where they apply: `convert video --help` lists no image or audio option
+    image = argparse.ArgumentParser(add_help=False)
+    g = image.add_argument_group("images")
+    g.add_argument("--image-format", choices=["png", "keep"], default="png",
+                   help="png: lossless RGB re-encode with EXIF orientation applied (default); "
+                        "keep: original JPEG/PNG/WebP bytes, validated by decoding")
+    g.add_argument("--max-side", type=_positive, help="downscale images whose longest side exceeds this")
+    g.add_argument("--max-pixels", type=_positive, default=89_478_485,
+                   help="reject larger images as decompression bombs (default: PIL's limit)")
+    audio = argparse.ArgumentParser(add_help=False)
+    audio.add_argument_group("audio").add_argument(
+        "--audio-format", choices=["flac", "keep"], default="flac",
+        help="flac: FLAC at the source's bit depth (16/24; FLAC sources kept; 32-bit and float "
+             "PCM kept as WAV; default); keep: original FLAC/WAV/MP3 bytes, others as flac. "
+             "The part is named by the detected format, never the file name")
 
     p = sub.add_parser("convert", help="repack a raw corpus into Energon-ready WebDataset shards",
                        description="Repack a raw image-text, audio-text or text-only corpus into deterministic, "
@@ -99,24 +104,24 @@ def _add_convert(sub) -> None:
                                    "in OUT/report.json and OUT/skipped.jsonl; a killed run resumes where it stopped.",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = p.add_subparsers(dest="kind", required=True, metavar="SOURCE-KIND")
-    k = kinds.add_parser("coco", parents=[common], help="COCO captions json + image folder")
+    k = kinds.add_parser("coco", parents=[common, image], help="COCO captions json + image folder")
     k.add_argument("--annotations", required=True, help="captions_*.json")
     k.add_argument("--images", required=True, help="folder the json's file_name entries are relative to")
-    k = kinds.add_parser("folder", parents=[common], help="images with .txt/.json caption sidecars")
+    k = kinds.add_parser("folder", parents=[common, image], help="images with .txt/.json caption sidecars")
     k.add_argument("--root", required=True,
                    help="folder searched recursively for images; captions from IMG.txt or IMG.json beside each")
-    k = kinds.add_parser("manifest", parents=[common], help="JSONL/CSV/TSV/Parquet image-text manifest")
+    k = kinds.add_parser("manifest", parents=[common, image], help="JSONL/CSV/TSV/Parquet image-text manifest")
     k.add_argument("--manifest", required=True, help="paths in it resolve relative to its folder")
     k.add_argument("--image-column", default="image", help="image path, or image bytes in Parquet (default: image)")
     k.add_argument("--text-column", default="caption", help="caption or list of captions (default: caption)")
     k.add_argument("--id-column", help="stable sample id (default: the image path, else the row number)")
     k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
-    k = kinds.add_parser("librispeech", parents=[common], help="SPK/CHAP/SPK-CHAP-UTT.flac + SPK-CHAP.trans.txt")
+    k = kinds.add_parser("librispeech", parents=[common, audio], help="SPK/CHAP/SPK-CHAP-UTT.flac + SPK-CHAP.trans.txt")
     k.add_argument("--root", required=True,
                    help="LibriSpeech split folder holding SPK/CHAP/ chapters, e.g. LibriSpeech/train-clean-100")
-    k = kinds.add_parser("audio-manifest", parents=[common], help='NeMo JSONL {"audio_filepath", "text", "duration"}')
+    k = kinds.add_parser("audio-manifest", parents=[common, audio], help='NeMo JSONL {"audio_filepath", "text", "duration"}')
     k.add_argument("--manifest", required=True, help="JSONL manifest; audio paths resolve relative to its folder")
-    k = kinds.add_parser("llava", parents=[common], help="LLaVA-style instruction JSON + image folder (conversations)",
+    k = kinds.add_parser("llava", parents=[common, image], help="LLaVA-style instruction JSON + image folder (conversations)",
                          description='LLaVA-style instruction data: a JSON array (or JSON lines) of {"id", "image" or '
                                      '"images", "conversations": [{"from": "human"|"gpt"|"system", "value"}]} with '
                                      '<image> placeholders; one sample per entry (several images, or none, allowed).')
@@ -139,7 +144,10 @@ def _add_convert(sub) -> None:
     k.add_argument("--id-column", default="videoid",
                    help="stable sample id (default: videoid; '' for the video path without extension)")
     k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
-    k.add_argument("--max-seconds", type=_positive_float, help="re-encode longer videos, keeping their first seconds")
+    g = k.add_argument_group("video")
+    g.add_argument("--max-side", type=_positive, help="re-encode videos whose longest side exceeds this")
+    g.add_argument("--max-seconds", type=_positive_float, help="re-encode longer videos, keeping their first seconds "
+                                                              "(counted in report.json; text.json keeps the original duration)")
     p.set_defaults(func=cmd_convert)
 
 
@@ -160,10 +168,12 @@ def cmd_convert(args) -> int:
     from converters.media import AudioOptions, ImageOptions, VideoOptions
 
     video = args.kind == "video"  # --max-side re-encodes videos there, and leaves the image options alone
+    image = ImageOptions(getattr(args, "image_format", "png"), None if video else getattr(args, "max_side", None),
+                         getattr(args, "max_pixels", ImageOptions().max_pixels))  # kinds without them: defaults
     opts = ConvertOptions(
         out=args.out, samples_per_shard=args.samples_per_shard, val_fraction=args.val_fraction,
-        image=ImageOptions(args.image_format, None if video else args.max_side, args.max_pixels),
-        audio=AudioOptions(args.audio_format), workers=args.workers, executor=args.executor,
+        image=image, audio=AudioOptions(getattr(args, "audio_format", "flac")), workers=args.workers,
+        executor=args.executor,
         video=VideoOptions(args.max_side, args.max_seconds) if video else VideoOptions(),
         ray_address=args.ray_address, max_error_fraction=args.max_error_fraction,
         overwrite=args.overwrite, progress=not args.no_progress,
@@ -218,7 +228,11 @@ def cmd_verify(args) -> int:
         n = len(result["shards"])
         for name in result["bad"]:
             print(f"  {result['shards'][name]}: {name}")
+        for name in result["missing_files"]:
+            print(f"  missing (the loader needs it): {name}")
+        gone = len(result["missing_files"])
         print(f"{n - len(result['bad'])} of {n} shards intact ({result['bytes'] / 1e6:.1f} MB read)"
+              + (f"; {gone} file(s) the loader needs missing" if gone else "")
               + ("" if result["ok"] else "; restore them or run the same convert command again"))
     return 0 if result["ok"] else 1
 
@@ -305,7 +319,9 @@ def _add_check_resume(sub) -> None:
                         "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
                         "sums in another order. Keys and tensors must match exactly in every case. With --cmd: "
                         "0 when the log carries keys and batch digests, else 0.01")
-    p.add_argument("--out", default="out/check-resume", help="where runs, report.json and loss.png go")
+    p.add_argument("--out", default="out/check-resume",
+                   help="where runs, report.json and loss.png go: a new or empty folder, or one an earlier check "
+                        "made (a folder holding anything else is refused)")
     g = p.add_argument_group("any training command (instead of --config)")
     g.add_argument("--cmd", help="the training command (a shell command line) that runs --steps steps and "
                                  "checkpoints into {out}; e.g. \"torchrun ... train.py --out {out}\"")
@@ -349,6 +365,8 @@ def _check_resume_cmd(args) -> int:
     except RunFailed as e:  # a run failed, or logged nothing we can read: its output tail is in the message
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # a --kill-at past the last step of a log counted from 0
+        raise UsageError(str(e)) from None
     print(verdict(result))
     print(f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}")
     return 0 if result["passed"] else 1

@@ -441,7 +441,8 @@ def test_long_ids_give_bounded_unique_stable_keys(tmp_path):
 def test_root_and_manifest_have_help():
     for kind, arg in (("folder", "--root"), ("librispeech", "--root"), ("audio-manifest", "--manifest")):
         r = run_cli("convert", kind, "--help")
-        line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith(arg))
+        options = r.stdout.split("\n\n", 1)[1]  # after the usage lines
+        line = next(ln for ln in options.splitlines() if ln.strip().startswith(arg))
         assert len(line.split()) > 2, (kind, line)  # more than "--root ROOT"
 
 

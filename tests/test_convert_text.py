@@ -259,8 +259,8 @@ def test_rerun_does_nothing_and_changed_documents_are_refused(tmp_path, docs120)
             "--samples-per-shard", 16, "--out", out, "--no-progress"]
     r = run_cli(*args)
     assert r.returncode == 0 and "nothing to do" in r.stdout
-    r = run_cli(*args, "--image-format", "keep", "--audio-format", "keep")  # no media: not a change of settings
-    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+    r = run_cli(*args, "--image-format", "keep", "--audio-format", "keep")  # no media: no media options
+    assert r.returncode == 2 and "unrecognized arguments: --image-format keep --audio-format keep" in r.stderr, r.stderr
     state_path = next(out.rglob("state.json"))  # an output of the release that counted media options for text
     old_state = json.loads(state_path.read_text())
     old_state["options"].update(image={"image_format": "png"}, audio={"audio_format": "flac"})

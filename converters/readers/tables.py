@@ -109,8 +109,22 @@ def iter_rows(path: Path, fmt: str, keep_binary: tuple[str, ...] = ()) -> Iterat
     return _iter_parquet(path, keep_binary)
 
 
+def _jsonl_fields(path: Path, columns: list[str]) -> set[str] | None:
+    """The fields of a JSONL manifest's objects, read until every one of ``columns`` was seen
+    (usually the first line); None when no line is a JSON object (then per-line problems say why)."""
+    names, seen = set(), False
+    for _, row in _iter_jsonl(path):
+        if isinstance(row, dict):
+            seen = True
+            names.update(row)
+            if all(c in names for c in columns):
+                break
+    return names if seen else None
+
+
 def require_columns(path: Path, fmt: str, columns: list[str]) -> None:
-    """Fail early, naming the columns, when a manifest lacks a required column."""
+    """Fail early, naming the columns, when a manifest lacks a required column. In JSONL a field
+    is missing when no line has it; a line without a field the others have is a per-row problem."""
     if fmt == "parquet":
         names = set(_parquet_schema(path).names)
     elif fmt in ("csv", "tsv"):
@@ -118,7 +132,9 @@ def require_columns(path: Path, fmt: str, columns: list[str]) -> None:
             header = f.readline().decode("utf-8-sig", errors="replace")
         names = set(next(csv.reader([header], delimiter="," if fmt == "csv" else "\t"), []))
     else:
-        return  # JSONL rows may differ; missing fields become per-row problems
+        names = _jsonl_fields(path, columns)
+        if names is None:
+            return
     missing = [c for c in columns if c not in names]
     if missing:
         raise InputError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(sorted(names))})")

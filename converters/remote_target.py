@@ -1,0 +1,144 @@
+"""The ``msc://PROFILE/prefix`` a conversion writes to is the authority on what it holds.
+
+The local staging folder (:func:`converters.remote.staging_dir`) is only a cache: another machine,
+or a cleared temp folder, has an empty one. So before anything is written, :func:`claim` reads the
+prefix itself: its conversion state ``.convert/state.json`` (put there before the first shard and
+marked ``finished`` after the last upload) or, for a prefix uploaded before that state existed,
+its ``report.json`` (``source`` and ``options``). Then:
+
+- a prefix holding a conversion of another input or options, or objects but no conversion, is
+  refused (:class:`ConvertError` naming the URL; nothing is written) unless ``overwrite``;
+- ``overwrite`` deletes only the objects a conversion writes (:func:`conversion_key`: shards and
+  their ``.tar.idx`` under ``train/``/``val/``, ``.nv-meta/*``, ``report.json``, ``skipped.jsonl``,
+  the state), the dataset's commit files first and the state last; any other object stays;
+- the same conversion, finished, with every file its report names present at its recorded size,
+  is returned as done (nothing to convert or upload);
+- otherwise the prefix is claimed: this conversion's state goes up (not finished) before any shard.
+
+Errors: an unknown profile or an unusable ``MSC_CONFIG`` is a one-line :class:`ConvertError`;
+the store refusing or failing is a ``StorageError`` (one line).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from converters.energon_meta import META, META_FILES
+from converters.output import STATE_FILE, ConvertError, state_diff
+from converters.remote import COMMIT_FILES
+from energon_platform.loader.source import storage_errors
+
+_CONVERSION_KEY = re.compile(r"^(?:(?:train|val)/shard-\d{6}\.tar(?:\.idx)?|\.nv-meta/[^/]+|report\.json|"
+                             r"skipped\.jsonl|" + re.escape(STATE_FILE) + r")$")
+#: What a finished dataset has besides its shards and their ``.tar.idx``.
+FINISHED_KEYS = ("report.json", "skipped.jsonl") + tuple(f"{META}/{n}" for n in META_FILES)
+
+
+def conversion_key(rel: str) -> bool:
+    """Whether an object (key relative to the prefix) is one a conversion writes."""
+    return bool(_CONVERSION_KEY.match(rel))
+
+
+@dataclass
+class Prefix:
+    """An object-storage prefix: the MSC client and the prefix's key (no trailing slash)."""
+
+    url: str
+    client: object
+    key: str
+
+    def objects(self) -> dict[str, int]:
+        """Every object under the prefix: relative key → size."""
+        with storage_errors(self.url, "the prefix's listing"):
+            return {o.key[len(self.key) + 1:]: o.content_length for o in self.client.list(self.key + "/")
+                    if o.key.startswith(self.key + "/")}
+
+    def read_json(self, rel: str) -> dict | None:
+        """The JSON object at ``rel``, None when there is none; an unreadable one is ``{}``."""
+        with storage_errors(self.url, rel):
+            try:
+                data = self.client.read(f"{self.key}/{rel}")
+            except FileNotFoundError:
+                return None
+        try:
+            value = json.loads(data)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def write_state(self, state: dict) -> None:
+        with storage_errors(self.url, STATE_FILE):
+            self.client.write(f"{self.key}/{STATE_FILE}",
+                              (json.dumps(state, indent=1, sort_keys=True) + "\n").encode())
+
+    def delete(self, rels: list[str]) -> None:
+        with storage_errors(self.url, "an object to replace"):
+            for rel in rels:
+                self.client.delete(f"{self.key}/{rel}")
+
+
+def open_prefix(url: str) -> Prefix:
+    """Resolve ``url`` through MSC (no request is sent). A missing or unknown profile, or an
+    ``MSC_CONFIG`` that names no readable config, is a one-line ``ConvertError``."""
+    import multistorageclient as msc
+
+    try:
+        client, key = msc.resolve_storage_client(url)
+    except (ValueError, OSError) as e:
+        message = " ".join(str(e).split())
+        raise ConvertError(f"--out {url}: {message} (set MSC_CONFIG to a config that defines the profile)") from None
+    return Prefix(url, client, key.rstrip("/"))
+
+
+def _finished_and_whole(objects: dict[str, int], report: dict | None) -> bool:
+    try:
+        shards = {s["shard"]: s["bytes"] for s in report["shards"]}
+    except (TypeError, KeyError):
+        return False
+    if not all(k in objects for k in FINISHED_KEYS):
+        return False
+    return all(objects.get(s) == size and s + ".idx" in objects for s, size in shards.items())
+
+
+def _listing(rels: list[str]) -> str:
+    return ", ".join(rels[:3]) + (", ..." if len(rels) > 3 else "")
+
+
+def claim(prefix: Prefix, state: dict, overwrite: bool) -> dict | None:
+    """Make the prefix this conversion's (module doc). Returns its ``report.json`` when the prefix
+    already holds this conversion finished and whole (nothing to do), else None once claimed."""
+    objects = prefix.objects()
+    if overwrite:
+        ours = sorted(k for k in objects if conversion_key(k))
+        commit = [k for k in COMMIT_FILES[::-1] if k in ours]
+        prefix.delete(commit + [k for k in ours if k not in commit and k != STATE_FILE]
+                      + [k for k in ours if k == STATE_FILE])
+        prefix.write_state(state)
+        return None
+    old = prefix.read_json(STATE_FILE) if STATE_FILE in objects else None
+    report = prefix.read_json("report.json") if "report.json" in objects else None
+    if old is not None:
+        diff = state_diff(old, state)
+    elif report is not None:  # uploaded before the state existed: its report names source and options
+        diff = state_diff(report, state, keys=("source", "options"))
+    elif objects:
+        raise ConvertError(f"{prefix.url} holds objects and no energon-platform conversion (found "
+                           f"{_listing(sorted(objects))}); nothing was changed; choose an empty prefix or pass "
+                           f"--overwrite (removes only objects a conversion writes)")
+    else:
+        diff = []
+    if diff:
+        raise ConvertError(f"{prefix.url} holds a conversion of a different {' and '.join(diff)}; nothing was "
+                           f"changed; use another --out or pass --overwrite to replace it")
+    if old is not None and old.get("finished") and _finished_and_whole(objects, report):
+        return report
+    if old is None or old.get("finished"):  # a repair must not leave it marked finished if killed
+        prefix.write_state(state)
+    return None
+
+
+def finish(prefix: Prefix, state: dict) -> None:
+    """After the last upload: mark the prefix's conversion finished."""
+    prefix.write_state({**state, "finished": True})
