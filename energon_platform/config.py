@@ -56,6 +56,26 @@ class BlendStep:
 
 
 @dataclass(frozen=True)
+class ExcludeRule:
+    """One entry of ``loader.exclude``: from global step ``step`` on (as ``blend_schedule``: the
+    steps after the first ``step``), skip ``keys`` (sample keys as logged, ``fnmatch`` patterns
+    allowed), every sample of ``shards`` (``train/shard-000003.tar``; in a blend
+    ``NAME:train/shard-000003.tar``; patterns allowed) and whole ``datasets`` of a blend (their
+    weight becomes 0). Skipped samples are replaced by keyed stand-ins
+    (:mod:`~energon_platform.loader.exclusions`); the rules are kept in the loader state."""
+
+    step: int
+    keys: tuple[str, ...] = ()
+    shards: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()
+
+    def check(self, at: At) -> None:
+        require(0 <= self.step <= MAX_STEP, at.child("step"), f"got {self.step}", f"a step in [0, {MAX_STEP}]")
+        require(bool(self.keys or self.shards or self.datasets), at, "nothing listed",
+                "at least one of keys, shards, datasets")
+
+
+@dataclass(frozen=True)
 class LoaderConfig:
     """``loader:``
 
@@ -79,8 +99,9 @@ class LoaderConfig:
     ``tokens`` (equal Σ L per rank), ``attention`` (equal Σ L² + ``balance_linear``·L; None: the
     encoder's ``seq_len``) or ``encoder`` (the encoder's own ``balance_cost(length)``). With a
     packing encoder every micro-batch is then exactly ``micro_batch_size`` rows of ``seq_len``
-    (``global_batch_size`` counts rows), packed globally from a look-ahead of at most
-    ``balance_window`` samples; samples that do not fit wait for the next global batch.
+    (``global_batch_size`` counts rows), packed globally from a pool of ``balance_lookahead``
+    global batches of positions (at most ``balance_window`` samples); samples that do not fit
+    wait for a later global batch.
     Unpacked, ``global_batch_tokens`` makes a global batch a cost budget (``global_batch_size``
     samples at least). Lengths come from a cached length index (``length_cache``: its folder;
     None: ``$ENERGON_PLATFORM_CACHE/lengths`` or ``~/.cache/energon-platform/lengths``).
@@ -99,8 +120,10 @@ class LoaderConfig:
     balance: Literal["none", "tokens", "attention", "encoder"] = "none"
     global_batch_tokens: int | None = None
     balance_window: int = 4096
+    balance_lookahead: float = 3.0
     balance_linear: float | None = None
     length_cache: str | None = None
+    exclude: tuple[ExcludeRule, ...] = ()  #: samples skipped from given steps on (see :class:`ExcludeRule`)
 
     def check(self, at: At) -> None:
         _at_least(self, at, global_batch_size=1, num_workers=0, prefetch_factor=1, seed=0, shuffle_run=1)
@@ -111,13 +134,16 @@ class LoaderConfig:
                 f"steps {steps}", "increasing steps >= 0")
         require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
         _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
-        _at_least(self, at, balance_window=16)
+        _at_least(self, at, balance_window=16, balance_lookahead=1.0)
         _at_least(self, at, null_ok=True, global_batch_tokens=1, balance_linear=0)
         if self.balance != "none":
             require(not self.blend_schedule, at.child("blend_schedule"), "set with balance "
                     f"{self.balance!r}", "no blend_schedule with balance (change weights at resume instead)")
             require(self.blend_unit == "sample", at.child("blend_unit"), f"{self.blend_unit!r} with balance "
                     f"{self.balance!r}", "sample (the planner interleaves samples)")
+        require(self.balance == "none" or not any(r.datasets for r in self.exclude), at.child("exclude"),
+                f"datasets listed with balance {self.balance!r}", "keys or shards (with balance, set a dataset's "
+                "weight to 0 at resume instead)")
         require(self.global_batch_tokens is None or self.balance != "none", at.child("global_batch_tokens"),
                 f"{self.global_batch_tokens} with balance 'none'", "null unless balance is set")
 

@@ -27,7 +27,7 @@ summed cost (reported as p50/p90/max over steps) for:
   samples, so rows per rank are fixed but their cost is not balanced.
 * ``ours``: :class:`energon_platform.loader.planner.Planner`, then ``deal_plan``. Packed: R·K rows
   of ``--seq-len`` per global batch, dealt with ``fixed=True``. Unpacked: ``ours`` plans R·K samples of
-  like cost around the oldest of a pool of 16 global batches (no budget) and deals them K per rank;
+  like cost around the oldest of a pool of 32 global batches (no budget) and deals them K per rank;
   ``ours-budget`` plans with a cost budget (``budget=`` R·K x the blend's mean cost, measured on a
   calibration draw) and deals with free counts. Also reported: padding (mean ``BatchPlan.padding``), the most carried samples, the
   state size in bytes (``json.dumps(PlanState.to_json())`` after the last step), the planner's

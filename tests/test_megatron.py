@@ -369,3 +369,23 @@ def test_layout_that_megatron_cannot_step_raises(coco):
                        build_valid=False)(None)[0]
     assert isinstance(it, MegatronTrainIterator) and it.accumulation == 1
     it.close()
+
+
+def test_balanced_packed_batches_have_one_shape_on_every_rank_and_resume_exactly(coco, tmp_path):
+    """``loader.balance``: the provider emits GPT dicts of exactly micro_batch_size rows of seq_len
+    (``cu_seqlens`` per row) on every data-parallel rank, every iteration, so Megatron with TP > 1,
+    pipeline parallelism or CUDA graphs gets the same shape everywhere; a restore continues exactly."""
+    cfg = run_config(coco, SMALL_PACKED, global_batch_size=4, balance="tokens",
+                     length_cache=str(tmp_path / "lengths"))
+    straight = megatron_run(cfg, tmp_path / "straight", start=0, stop=5, save_interval=100, gbs=4, mbs=1,
+                            batch_format="gpt")
+    shapes = {(tuple(b["tokens"].shape), tuple(b["cu_seqlens"].shape)) for b, _ in straight.values()}
+    seq_len = next(iter(straight.values()))[0]["tokens"].shape[1]
+    assert shapes == {((1, seq_len), (1, seq_len + 1))}
+    assert any(len(keys) > 1 for _, keys in straight.values()), "rows hold several documents"
+    save = tmp_path / "save"
+    megatron_run(cfg, save, start=0, stop=4, save_interval=2, crash_after=0, gbs=4, mbs=1, batch_format="gpt")
+    resumed = megatron_run(cfg, save, start=2, stop=5, save_interval=100, gbs=4, mbs=1, batch_format="gpt")
+    for where, (batch, keys) in resumed.items():
+        assert keys == straight[where][1], where
+        assert_same_batch(batch, straight[where][0], where)

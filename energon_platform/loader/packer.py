@@ -109,3 +109,41 @@ def deal(costs: Sequence[float], order: Sequence[int], parts: int, per_part: int
     for g in groups:
         g.sort(key=lambda i: order[i])
     return groups
+
+
+def pack_led_rows(lengths: Sequence[int], costs: Sequence[float], order: Sequence[int], num_rows: int,
+                  capacity: int, first: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Rows of like cost: ``num_rows`` *leads*, the pool items nearest in length around the oldest
+    item (least ``order``: it is always placed, so nothing waits for ever), one per row; then the
+    other items no longer than the shortest lead (or than a quarter row, whichever is more),
+    carried ones first, longest first, each into the feasible row of least cost. A batch's long
+    documents are thus all of one size and one per row, so every row costs about the same and
+    any dealing to any number of ranks is balanced. Returns ``(rows, carried)`` as
+    :func:`pack_rows` does; needs at least ``num_rows`` items."""
+    n = len(lengths)
+    if n < num_rows:
+        raise ValueError(f"{n} items cannot lead {num_rows} rows")
+    ranked = sorted(range(n), key=lambda i: (lengths[i], order[i]))
+    anchor = ranked.index(min(range(n), key=lambda i: order[i]))
+    lo, hi = max(0, anchor - num_rows + 1), min(anchor, n - num_rows)
+    start = min(range(lo, hi + 1), key=lambda s: (lengths[ranked[s + num_rows - 1]] - lengths[ranked[s]], s))
+    leads = ranked[start:start + num_rows]
+    limit = max(lengths[leads[0]], capacity // 4)
+    rows = [[i] for i in leads]
+    room = [capacity - lengths[i] for i in leads]
+    cost = [float(costs[i]) for i in leads]
+    chosen, carried = set(leads), []
+    for i in sorted((i for i in range(n) if i not in chosen), key=lambda i: (i >= first, -lengths[i], order[i])):
+        best = -1
+        if lengths[i] <= limit:
+            for r in range(num_rows):
+                if room[r] >= lengths[i] and (best < 0 or cost[r] < cost[best]):
+                    best = r
+        if best < 0:
+            carried.append(i)
+            continue
+        rows[best].append(i)
+        room[best] -= lengths[i]
+        cost[best] += costs[i]
+    carried.sort(key=lambda i: order[i])
+    return rows, carried

@@ -5,12 +5,16 @@ positions: it is *planned* from the stream (:class:`~energon_platform.loader.sch
 unchanged) with each sample's exact length from the length index, before any media is decoded.
 
 * **Packed** (an encoder with packing): every global batch is exactly ``global_batch_size`` rows
-  of ``seq_len`` positions. A pool of the carried samples plus the next stream samples (until the
-  pool holds ``fill`` times the batch's positions, at most ``window`` samples) is packed longest
-  first (:func:`~energon_platform.loader.packer.pack_rows`); what does not fit is carried to the
-  next global batch, first in line there: never dropped, never duplicated.
-* **Unpacked**: ``global_batch_size`` consecutive samples, or, with ``global_batch_tokens``, the
-  pool's samples that fit that cost budget (the rest carried).
+  of ``seq_len`` positions, from a pool of the carried samples plus the next stream samples (until
+  the pool holds ``fill`` batches of positions, at most ``window`` samples). Each row is led by
+  one of the pool's documents nearest in length around the oldest one, then filled with shorter
+  documents, each into the feasible row of least cost
+  (:func:`~energon_platform.loader.packer.pack_led_rows`): rows of like cost, on any world size.
+  What does not fit is carried to a later global batch, first in line there: never dropped, never
+  duplicated; the oldest sample is always placed.
+* **Unpacked**: ``global_batch_size`` samples of like cost around the oldest of a pool of
+  :data:`BUCKET_POOL` batches, or, with ``global_batch_tokens``, the pool's samples that fit that
+  cost budget (the rest carried).
 
 Then rows (samples) are dealt to ranks by cost, each rank its equal number of rows (or its share
 of samples), and each rank's share to its micro-batches the same way
@@ -23,15 +27,16 @@ so restore is O(1): planning batch ``b`` continues from the saved state.
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any
 
-from energon_platform.loader.packer import deal, fill_budget, pack_rows, sample_cost
+from energon_platform.loader.packer import deal, fill_budget, pack_led_rows, pack_rows
 
 #: Pool fill (positions or cost, relative to the batch's) the packer looks ahead.
-DEFAULT_FILL = 1.5
+DEFAULT_FILL = 3.0
 #: Unpacked without a budget: the pool holds this many global batches of samples (at most ``window``).
-BUCKET_POOL = 16
+BUCKET_POOL = 32
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Planner:
     budget: float | None = None  #: cost per global batch (unpacked with a token budget)
     window: int = 4096  #: most samples in the pool
     fill: float = DEFAULT_FILL
+    led: bool = True  #: packed: rows led by like-length documents (:func:`pack_led_rows`), else LPT rows
     start: PlanState = field(default_factory=PlanState)
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
@@ -156,7 +162,7 @@ class Planner:
         """Append stream positions to ``pool`` (and their lengths) until ``measure`` reaches
         ``target`` or the pool holds ``window`` samples; returns the next position."""
         total = sum(measure(x) for x in lengths)
-        while total < target and len(pool) < self.window:
+        while (total < target or len(pool) < self.items_per_batch) and len(pool) < self.window:
             step = max(1, min(self.window - len(pool), 64))
             new = list(range(position, position + step))
             got = self.lengths(new)
@@ -171,8 +177,9 @@ class Planner:
         position = self._grow(pool, position, lengths, self.fill * self.items_per_batch * self.capacity,
                               lambda x: x[0])
         costs = [self.cost(w) for _, w in lengths]
-        rows, carried = pack_rows([r for r, _ in lengths], costs, pool, self.items_per_batch, self.capacity,
-                                  balance=True, first=len(state.carried))
+        pack = pack_led_rows if self.led else partial(pack_rows, balance=True)
+        rows, carried = pack([r for r, _ in lengths], costs, pool, self.items_per_batch, self.capacity,
+                             first=len(state.carried))
         return BatchPlan([[pool[i] for i in row] for row in rows], [sum(costs[i] for i in row) for row in rows],
                          [sum(lengths[i][0] for i in row) for row in rows],
                          PlanState(state.batch + 1, position, tuple(pool[i] for i in carried)), self.capacity)

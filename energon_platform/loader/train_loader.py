@@ -98,8 +98,9 @@ class TrainLoader:
         }
         if self.planned:  # what changes the rows and batches of a planned run
             self.fingerprint["balance"] = {"mode": lc.balance, "window": lc.balance_window,
+                                           "lookahead": lc.balance_lookahead,
                                            "global_batch_tokens": lc.global_batch_tokens, "linear": self._linear,
-                                           "planner": "pool-lpt-v1"}
+                                           "planner": "pool-led-v1"}
         self.next_microbatch = 0
         self._identities = None
         self.blend_changes: list[str] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
@@ -153,7 +154,7 @@ class TrainLoader:
                                    self._cost, self.config.global_batch_size,
                                    capacity=self.encoder.seq_len if self.packed_rows else 0,
                                    budget=self.config.global_batch_tokens, window=self.config.balance_window,
-                                   start=plan_state)
+                                   fill=self.config.balance_lookahead, start=plan_state)
         self.maker = MicroBatchMaker(self.datasets, self.encoder, self.schedule, self.rank, self.world_size,
                                      self.micro_items, planner=self.planner)
 

@@ -358,7 +358,15 @@ def plot(straight: dict[int, dict], resumed: dict[int, dict], resume_step: int, 
     import matplotlib.pyplot as plt
 
     steps = sorted(straight)
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    balanced = [s for s in steps if "rank_cost" in straight[s]]  # loader.balance: a panel of per-rank cost
+    fig, axes = plt.subplots(3 if balanced else 2, 1, figsize=(8, 8 if balanced else 6), sharex=True,
+                             gridspec_kw={"height_ratios": [3, 1, 1] if balanced else [3, 1]})
+    ax, bx = axes[0], axes[1]
+    if balanced:
+        axes[2].plot(balanced, [straight[s]["rank_cost"] for s in balanced], color="teal", label="max/mean rank cost")
+        axes[2].axhline(1.0, color="gray", ls=":")
+        axes[2].set_ylabel("rank cost")
+        axes[2].legend()
     ax.plot(steps, [straight[s]["loss"] for s in steps], label="uninterrupted", lw=2)
     rs = sorted(resumed)
     ax.plot(rs, [resumed[s]["loss"] for s in rs], "--", label="killed + resumed", lw=1.5)
@@ -368,7 +376,7 @@ def plot(straight: dict[int, dict], resumed: dict[int, dict], resume_step: int, 
     common = [s for s in steps if s in resumed]
     bx.plot(common, [abs(straight[s]["loss"] - resumed[s]["loss"]) for s in common], color="crimson")
     bx.set_ylabel("|Δloss|")
-    bx.set_xlabel("step")
+    axes[-1].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
