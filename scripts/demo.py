@@ -66,6 +66,27 @@ def show_vlm_batch(title: str, data: Path, encoder: str, global_batch: int) -> N
     print(f"  loss on          {tok.decode(b.labels[0][b.loss_mask[0] > 0])!r}")
 
 
+def show_balance(blend: Path, out: Path, steps: int = 4) -> None:
+    """``loader.balance: attention`` on the packed blend, as 2 data-parallel ranks would see it:
+    every micro-batch the same shape, the ranks' costs within a few percent, little padding."""
+    from energon_platform.config import load_config
+    from energon_platform.loader.train_loader import TrainLoader
+
+    cfg = load_config({"data": {"path": str(blend), "val_split": None},
+                       "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+                       "loader": {"global_batch_size": 8, "micro_batch_size": 2, "num_workers": 0, "seed": 1,
+                                  "balance": "attention", "length_cache": str(out / "lengths")}})
+    ranks = [TrainLoader(cfg, rank=r, world_size=2) for r in range(2)]
+    print(f"\n-- balanced packing (balance: attention), 2 ranks x {ranks[0].accumulation} micro-batches --")
+    for step in range(steps):
+        shapes = {tuple(next(ld).tokens.shape) for ld in ranks for _ in range(ld.accumulation)}
+        stats = ranks[0].balance_stats(step)
+        print(f"  step {step}: shapes {sorted(shapes)}  max/mean rank cost {stats['rank_cost']:.3f}  "
+              f"padding {stats['padding']:.1%}  samples {stats['samples']}  carried {stats['carried']}")
+    for ld in ranks:
+        ld.close()
+
+
 def _blend_file(out: Path, coco: Path, speech: Path, text: Path) -> Path:
     """``configs/blend_demo.yaml`` pointed at this demo's shards (it names ``out/demo/...``)."""
     import yaml
@@ -113,6 +134,7 @@ def main() -> int:
 
     blend = _blend_file(out, coco, speech, text)
     show_batch("three-modality blend", blend, str(REPO / "configs/encoders/multimodal.yaml"), 8)
+    show_balance(blend, out)
 
     print("\n== 3. train on the blend, SIGKILL mid-step, resume, compare ==", flush=True)
     kill_at = max(2, args.steps // 2 + 2)

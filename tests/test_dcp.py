@@ -110,3 +110,24 @@ def test_dcp_checkpoint_from_two_ranks_resumes_on_one(blend, tmp_path):
     # the checkpoint holds the state once, as tensor data (no pickled loader object)
     meta = dcp.FileSystemReader(str(tmp_path / "ckpt")).read_metadata()
     assert any(KEY in k for k in meta.state_dict_metadata)
+
+
+def test_dcp_takes_balanced_fixed_shape_batches_unchanged(blend, tmp_path):
+    """``loader.balance`` through DCP: the plan (position and carried samples) rides in the same
+    byte tensor; the resumed loader continues with the same rows and shapes."""
+    cfg = load_config({**config(blend), "encoder": str(REPO / "configs/encoders/image_text_small_packed.yaml"),
+                       "loader": {"global_batch_size": 4, "micro_batch_size": 2, "num_workers": 0, "seed": 5,
+                                  "balance": "tokens", "length_cache": str(tmp_path / "lengths")}})
+    straight = TrainLoader(cfg)
+    reference = [next(straight) for _ in range(7)]
+    straight.close()
+    assert {tuple(b.tokens.shape) for b in reference} == {(2, reference[0].tokens.shape[1])}
+    loader = DCPLoader(TrainLoader(cfg))
+    for _ in range(4):
+        next(loader)
+    dcp.save({"dataloader": loader}, checkpoint_id=str(tmp_path / "ckpt"))
+    loader.close()
+    resumed = DCPLoader(TrainLoader(cfg, num_workers=1))
+    dcp.load({"dataloader": resumed}, checkpoint_id=str(tmp_path / "ckpt"))
+    assert [list(next(resumed).keys) for _ in range(3)] == [list(b.keys) for b in reference[4:]]
+    resumed.close()
