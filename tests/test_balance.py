@@ -132,17 +132,10 @@ def test_budgeted_unpacked_plan_stays_within_budget():
 @pytest.fixture(scope="module")
 def three_packed(tmp_path_factory):
     """The embedded image-text, audio-text and text corpora as a 2:1:1 metadataset, and a length cache."""
-    import yaml
-
-    from demo_datasets import coco_dataset, librispeech_dataset
-    from test_blend_training import text_dataset
+    from demo_datasets import three_modality_blend
 
     base = tmp_path_factory.mktemp("balance")
-    coco, speech, text = coco_dataset(base), librispeech_dataset(base), text_dataset(base)
-    mds = base / "blend.yaml"
-    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
-        "train": {"blend": [{"weight": 2, "path": str(coco)}, {"weight": 1, "path": str(speech)},
-                            {"weight": 1, "path": str(text)}]}}}))
+    mds = three_modality_blend(base)
     return mds, base / "lengths"
 
 

@@ -8,31 +8,14 @@ import json
 import pytest
 import yaml
 
-from demo_datasets import REPO, coco_dataset, librispeech_dataset
+from demo_datasets import REPO, three_modality_blend
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log
-
-
-def text_dataset(base):
-    from converters.convert import ConvertOptions, run_conversion
-
-    out = base / "text_mini"
-    run_conversion("text", {"manifest": str(REPO / "data/text_mini/documents.jsonl"), "text_column": "text",
-                            "id_column": "id", "fmt": None}, ConvertOptions(out=str(out), samples_per_shard=32,
-                                                                            progress=False))
-    return out
 
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
     """The embedded image-text, audio-text and text-only corpora, converted: a metadataset at 2:1:1."""
-    base = tmp_path_factory.mktemp("blend-train")
-    coco, speech, text = coco_dataset(base), librispeech_dataset(base), text_dataset(base)
-    mds = base / "blend.yaml"
-    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
-        "train": {"blend": [{"weight": 2, "path": str(coco)}, {"weight": 1, "path": str(speech)},
-                            {"weight": 1, "path": str(text)}]},
-        "val": {"blend": [{"weight": 1, "path": str(coco), "split_part": "val"}]}}}))
-    return mds
+    return three_modality_blend(tmp_path_factory.mktemp("blend-train"), val=True)
 
 
 def loader_config(mds, **loader):
