@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,10 +31,11 @@ from converters.energon_meta import META, META_FILES, prepare
 from converters.media import AudioOptions, ImageOptions, VideoOptions
 from converters.output import (STATE_FILE, ConvertError, OutputLock, check_not_foreign, check_target, remove,
                                removal_plan, stale_tmp_files, state_diff)
-from converters.readers import InputError, audio_manifest, coco, folder, librispeech, llava, manifest, text, video
+from converters.readers import (InputError, audio_manifest, coco, folder, librispeech, llava, manifest, shapes3d, text,
+                                video)
 from converters.records import ReadResult, drop_duplicates
 from converters.units import WorkUnit, plan_units
-from converters.writer import WriteOptions, atomic_write_bytes, load_stats, write_unit
+from converters.writer import STATS_DIR, WriteOptions, atomic_write_bytes, load_stats
 
 __all__ = ["ConvertError", "ConvertOptions", "Outcome", "run_conversion", "summarize", "reason_counts"]
 
@@ -45,6 +48,7 @@ READERS: dict[str, Callable[..., ReadResult]] = {
     "video": video.read,
     "text": text.read,
     "llava": llava.read,
+    "3d": shapes3d.read,
 }
 #: Reader arguments that are input paths (resolved in the state; never inside OUT).
 INPUT_ARGS = ("annotations", "images", "root", "manifest", "json_file")
@@ -67,7 +71,6 @@ class ConvertOptions:
     max_error_fraction: float = 0.1
     overwrite: bool = False
     progress: bool = True
-    upload_url: str | None = None  #: set by ``run_conversion`` for ``out=msc://...``: units upload their shards
 
     def output_affecting(self, modality: str) -> dict:
         """Options that change the output bytes of a ``modality`` conversion (workers and executor
@@ -209,11 +212,12 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
     """Convert one corpus. Raises ``InputError``/``ConvertError`` before writing anything when the
     input or output is unusable (and ``ConvertError`` when writing fails); bad records never raise.
 
-    ``opts.out`` may be ``msc://PROFILE/prefix``: the conversion is written to a local staging
-    folder (:func:`converters.remote.staging_dir`, where a killed run resumes), every work unit
-    uploads the shard it wrote (local processes and Ray tasks alike), and the metadata goes up last,
-    so a half-uploaded prefix never looks like a dataset. The prefix itself, not the staging folder,
-    says whether it holds another conversion or this one finished (:mod:`converters.remote_target`)."""
+    ``opts.out`` may be ``msc://PROFILE/prefix``: every work unit writes its shard into a local
+    staging folder, uploads and checks it with its index record, and deletes it (local disk stays
+    bounded by a shard per worker); the index is built from the records and goes up last, so a
+    half-uploaded prefix never looks like a dataset. The prefix itself, not the staging folder,
+    says whether it holds another conversion, which units are done, or that it is finished
+    (:mod:`converters.remote_target`); a killed conversion resumes from any machine."""
     if remote.is_remote(opts.out):
         return _convert_to_object_storage(kind, reader_args, opts)
     out = Path(opts.out)
@@ -248,11 +252,12 @@ def _convert_local(out: Path, kind: str, result: ReadResult, state: dict, opts: 
 
 
 def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcome:
-    """The prefix decides (:mod:`converters.remote_target`): refused, done, or claimed before the
-    staging folder is written; the staging folder holding another conversion is only a stale cache
-    and is replaced. The prefix is marked finished after the last upload."""
-    from dataclasses import replace
-
+    """Bounded staging (module :mod:`converters.remote`): the prefix decides (refused, done, or
+    claimed) before anything is written; the units it does not hold done
+    (:func:`remote_target.done_units`) are written, uploaded and deleted one by one by
+    :class:`remote.ShardUploader` (local processes or Ray tasks, each on its own machine's staging
+    folder); the driver keeps only the records, builds Energon's index from them, uploads it with
+    the report and marks the prefix finished. The staging folder is a cache, removed at the end."""
     url = opts.out.rstrip("/")
     prefix = remote_target.open_prefix(url)
     local = remote.staging_dir(url)
@@ -263,18 +268,70 @@ def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOption
     done = remote_target.claim(prefix, state, opts.overwrite)
     if done is not None:
         return Outcome(done, already_done=True, ok=done.get("status") == "ok", uploaded_to=url)
-    stale = (local / STATE_FILE).is_file() and bool(state_diff(_load_state(local / STATE_FILE), state))
-    staged = replace(opts, out=str(local), upload_url=url, overwrite=opts.overwrite or stale)
-    outcome = _convert_local(local, kind, result, state, staged)
     try:
-        sent = remote.upload_dataset(local, url)
+        with OutputLock(local) as lock:
+            lock.announce()
+            cached = _load_state(local / STATE_FILE) if (local / STATE_FILE).is_file() else {}
+            remove([p for p in sorted(local.iterdir()) if p.name != ".convert"]  # another conversion's cache
+                   + [p for p in sorted((local / ".convert").iterdir()) if p.name != "lock"]
+                   if state_diff(cached, state) else [p for p in (local / ".convert" / "work", local / META)])
+            _write_json(local / STATE_FILE, state)
+            report = _convert_units_to_prefix(local, url, prefix, kind, result, state, opts)
+    except OSError as e:
+        raise ConvertError(f"cannot write to the staging folder {local}: {e.strerror or e}"
+                           + (f" ({e.filename})" if e.filename else "")) from e
+    try:
+        remote.upload_dataset(local, url)
     except (OSError, RuntimeError, ValueError) as e:
-        raise ConvertError(f"cannot upload the conversion to {url}: {type(e).__name__}: {e} "
-                           f"(it is kept in {local}; run the same command again to resume)") from e
+        raise ConvertError(f"cannot upload the index and report to {url}: {type(e).__name__}: {e} "
+                           f"(run the same command again to resume)") from e
     remote_target.finish(prefix, state)
-    outcome.already_done = outcome.already_done and not sent.uploaded
-    outcome.uploaded_to = url
-    return outcome
+    shutil.rmtree(local, ignore_errors=True)
+    return Outcome(report, already_done=False, ok=report["status"] == "ok", uploaded_to=url)
+
+
+def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: ReadResult, state: dict,
+                             opts: ConvertOptions) -> dict:
+    """Run the units the prefix lacks; write the index, skipped list and report into ``local``."""
+    units = plan_units(result.records, opts.samples_per_shard, opts.val_fraction)
+    records_dir = local / STATS_DIR
+    stats = remote_target.done_units(prefix, units, records_dir)
+    pending = [u for u in units if u.name not in stats]
+    write_opts = WriteOptions(result.modality, kind, opts.image, opts.audio, opts.video)
+    bar = _progress(opts, len(result.records), len(units), len(stats),
+                    sum(len(u.records) for u in units if u.name in stats))
+    up = {"retries": 0, "bytes": 0, "shards": 0, "start": time.monotonic()}
+
+    def on_done(unit: WorkUnit, unit_stats: dict) -> None:
+        sent = unit_stats.pop("upload")
+        records_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(records_dir / unit.stats_name, lambda f: f.write(remote.record_bytes(unit_stats)))
+        unit_stats.pop("index", None)
+        stats[unit.name] = unit_stats
+        up["retries"] += sent["retries"]
+        up["bytes"] += sent["bytes"]
+        up["shards"] += 1
+        rate = up["bytes"] / max(time.monotonic() - up["start"], 1e-6) / 1e6
+        bar.update(len(unit.records))
+        bar.set_postfix_str(f"shards {len(stats)}/{len(units)} written+uploaded, {rate:.1f} MB/s up, "
+                            f"{up['retries']} upload retries")
+
+    writer = remote.ShardUploader(url)
+    try:
+        if opts.executor == "ray":
+            executor.run_ray(pending, str(local), write_opts, on_done, opts.workers, opts.ray_address, writer)
+        else:
+            executor.run_local(pending, str(local), write_opts, on_done, opts.workers, writer)
+    finally:
+        bar.close()
+
+    record_files = {u.name: records_dir / u.stats_name for u in units}
+
+    def record(shard: str) -> dict:
+        return json.loads(record_files[shard].read_text())["index"]
+
+    return _finish(local, result, state, units, stats, opts, records=record,
+                   extra={"uploads": {"retries": up["retries"]}})
 
 
 def _convert(out: Path, kind: str, result: ReadResult, state: dict, opts: ConvertOptions,
@@ -302,29 +359,36 @@ def _convert(out: Path, kind: str, result: ReadResult, state: dict, opts: Conver
         bar.set_postfix_str(f"shards {len(stats)}/{len(units)}")
 
     try:
-        writer = remote.UploadingWriter(opts.upload_url) if opts.upload_url else write_unit
         if opts.executor == "ray":
-            executor.run_ray(pending, opts.out, write_opts, on_done, opts.workers, opts.ray_address, writer)
+            executor.run_ray(pending, opts.out, write_opts, on_done, opts.workers, opts.ray_address)
         else:
-            executor.run_local(pending, opts.out, write_opts, on_done, opts.workers, writer)
+            executor.run_local(pending, opts.out, write_opts, on_done, opts.workers)
     finally:
         bar.close()
 
+    report = _finish(out, result, state, units, stats, opts)
+    return Outcome(report, already_done=False, ok=report["status"] == "ok", repaired=repaired)
+
+
+def _finish(out: Path, result: ReadResult, state: dict, units: list[WorkUnit], stats: dict[str, dict],
+            opts: ConvertOptions, records=None, extra: dict | None = None) -> dict:
+    """Energon's index (from the shards in ``out``, or from their ``records``), ``skipped.jsonl``,
+    ``report.json`` (with ``extra`` keys) and the state marked finished; returns the report."""
     read_problems = [p.to_json() for p in result.problems]
-    report = build_report(result.modality, state, units, stats, read_problems, opts)
+    report = {**build_report(result.modality, state, units, stats, read_problems, opts), **(extra or {})}
     shards = [s["shard"] for s in report["shards"]]
     if shards:
         media_parts = sorted({e for u in units for e in stats[u.name]["extensions"] if e != "text.json"})
         # the dataset's identity is its content: options and every shard's checksum
         identity = hashlib.sha256(json.dumps([state["options"], [[s["shard"], s["sha256"]] for s in report["shards"]]],
                                              sort_keys=True).encode()).hexdigest()
-        prepare(opts.out, shards, result.modality, media_parts, identity)
+        prepare(str(out), shards, result.modality, media_parts, identity, records)
     skipped = read_problems + [p for u in units for p in stats[u.name]["problems"]]
     atomic_write_bytes(out / "skipped.jsonl", lambda f: f.write("".join(
         json.dumps(p, sort_keys=True) + "\n" for p in skipped).encode()))
     _write_json(out / "report.json", report)
     _write_json(out / STATE_FILE, {**state, "finished": True})
-    return Outcome(report, already_done=False, ok=report["status"] == "ok", repaired=repaired)
+    return report
 
 
 def summarize(report: dict) -> str:

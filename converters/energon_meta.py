@@ -23,12 +23,14 @@ _SAMPLE_TYPES = {
     "image": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
     "audio": {"__module__": "converters.sample_types", "__class__": "AudioTextSample"},
     "video": {"__module__": "converters.sample_types", "__class__": "VideoTextSample"},
+    "pointcloud": {"__module__": "converters.sample_types", "__class__": "PointCloudTextSample"},
     "text": {"__module__": "megatron.energon", "__class__": "TextSample"},
 }
 _FIELDS = {  # sample field -> how to get it, per modality (MEDIA is the media part name)
     "image": {"image": "MEDIA", "caption": "text.json[caption]"},
     "audio": {"audio": "MEDIA", "text": "text.json[text]", "meta": "text.json"},
     "video": {"video": "MEDIA", "text": "text.json[text]", "meta": "text.json"},
+    "pointcloud": {"geometry": "MEDIA", "text": "text.json[text]", "meta": "text.json"},
     "text": {"text": "text.json[text]"},
 }
 
@@ -69,19 +71,28 @@ def dataset_yaml(modality: str, media_parts: list[str]) -> tuple[dict, str | Non
     return doc, _SAMPLE_LOADER.format(part=modality, fields=body)
 
 
-def prepare(out_dir: str, shards: list[str], modality: str, media_parts: list[str], identity: str) -> None:
+def prepare(out_dir: str, shards: list[str], modality: str, media_parts: list[str], identity: str,
+            records=None) -> None:
     """Index the shards with Energon, write the split (``train/``, ``val/`` prefixes) and
     ``dataset.yaml``. ``identity`` (the conversion fingerprint) makes ``index.uuid`` a function
     of the content instead of a random value, so two conversions of the same input are identical.
     The index is always built into a fresh ``index.sqlite``: Energon reuses an existing file (left
-    by an interrupted or earlier run) and its bytes would then depend on that file's history."""
+    by an interrupted or earlier run) and its bytes would then depend on that file's history.
+
+    ``records`` (``shard name -> record``, :mod:`converters.shard_index`): build the same index
+    from the shards' records, without the shards in ``out_dir`` (nor their ``.tar.idx`` written)."""
     from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 
+    preparator = BaseWebdatasetFactory
+    if records is not None:
+        from converters.shard_index import RecordPreparator
+
+        RecordPreparator.records, preparator = staticmethod(records), RecordPreparator
     out = Path(out_dir)
     for stale in (out / META).glob("index.sqlite*"):
         stale.unlink()
     with contextlib.redirect_stdout(io.StringIO()):  # Energon prints progress lines of its own
-        BaseWebdatasetFactory.prepare_dataset(
+        preparator.prepare_dataset(
             out,
             shards,
             split_parts_patterns=[("train", r"^train/.*"), ("val", r"^val/.*")],

@@ -14,7 +14,7 @@ from braceexpand import braceexpand
 from converters.convert import summarize
 from converters.readers import InputError
 from converters.writer import shard_problem
-from energon_platform.loader.source import dataset_root, storage_errors
+from storage import dataset_root, is_remote, storage_errors
 
 
 def dataset_info(path: str) -> dict:
@@ -29,7 +29,7 @@ def dataset_info(path: str) -> dict:
 
 def _dataset_info(path: str) -> dict:
     out = dataset_root(path)
-    where = str(out) if "://" in path else str(Path(path).resolve())
+    where = str(out) if is_remote(path) else str(Path(path).resolve())
     meta = out / ".nv-meta"
     if not (meta / ".info.json").is_file():
         raise InputError(f"{out}: not an Energon dataset (no .nv-meta/.info.json)")

@@ -32,6 +32,10 @@ REASONS = (
     "no_video_stream",  #: a media file without a video stream (e.g. audio only)
     "truncated_video",  #: a video container cut short: unreadable, or fewer frames/seconds than declared
     "undecodable_video",  #: no decoder for the video codec, or its frames (or audio track) fail to decode
+    "not_a_3d_file",  #: 3D input in no known mesh / point-cloud format (converters.mesh3d)
+    "truncated_3d",  #: a 3D file with fewer elements or bytes than its header (or its faces) declare
+    "no_geometry",  #: a 3D file without a vertex, or a mesh format without a face
+    "degenerate_3d",  #: non-finite coordinates, every point equal, or zero surface area
 )
 
 #: Longest key kept verbatim; longer ids are cut and get the hash suffix (``tar x`` needs short names).

@@ -1,4 +1,8 @@
-"""Copy a finished local conversion to object storage (``msc://PROFILE/prefix``) through MSC.
+"""Put a conversion on object storage (``msc://PROFILE/prefix``) through MSC.
+
+A conversion to a prefix uploads shard by shard (:class:`ShardUploader`: write, upload, check,
+delete; :func:`put_checked` retries with backoff), then the index and report with
+:func:`upload_dataset`, which also copies a whole finished local conversion:
 
 What goes up: every file under the output folder except the converter's own resume state
 (``.convert/``) and leftovers of an interrupted write (``*.tmp``): the shards and their
@@ -25,12 +29,15 @@ Storage failures (credentials, connection after MSC's and botocore's retries) ra
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from converters.output import ConvertError
-from energon_platform.loader.source import storage_errors
+from storage import storage_errors
 
 #: Uploaded last, in this order: their presence is what makes the prefix a dataset.
 COMMIT_FILES = (".nv-meta/.info.json", ".nv-meta/dataset.yaml")
@@ -125,26 +132,99 @@ def is_remote(path: str) -> bool:
 def staging_dir(url: str) -> Path:
     """The local folder a conversion to ``url`` is written to before upload: stable per URL, so a
     killed conversion resumes there (``ENERGON_PLATFORM_STAGING`` sets the parent folder)."""
-    import hashlib
-    import os
     import tempfile
 
     parent = Path(os.environ.get("ENERGON_PLATFORM_STAGING") or Path(tempfile.gettempdir()) / "energon-platform-staging")
     return parent / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-class UploadingWriter:
-    """A work unit's writer that also puts its shard on object storage: ``write_unit`` then
-    :func:`upload_file`. Picklable, so local processes and Ray tasks upload what they wrote (the
-    final :func:`upload_dataset` then finds those objects present and skips them)."""
+#: Tries per object before a conversion stops, and the first pause between tries (doubled each
+#: time); ``ENERGON_PLATFORM_UPLOAD_ATTEMPTS`` / ``ENERGON_PLATFORM_UPLOAD_BACKOFF`` override them.
+UPLOAD_ATTEMPTS = 5
+UPLOAD_BACKOFF_S = 1.0
+
+
+class UploadError(ConvertError):
+    """An object could not be put (and checked) after :data:`UPLOAD_ATTEMPTS` tries; names it."""
+
+
+def put_checked(local_path: str, url: str, name: str, attempts: int | None = None,
+                backoff: float | None = None) -> tuple[UploadResult, int]:
+    """:func:`upload_file`, then check the stored object's size and ``sha256`` against the local
+    file; a failure of either is retried after ``backoff``, ``2 * backoff``, ... seconds (a refused
+    credential is not). Returns the result and the number of retries; raises :class:`UploadError`
+    naming ``name`` when every try failed."""
+    import multistorageclient as msc
+
+    attempts = attempts or int(os.environ.get("ENERGON_PLATFORM_UPLOAD_ATTEMPTS") or UPLOAD_ATTEMPTS)
+    backoff = float(os.environ.get("ENERGON_PLATFORM_UPLOAD_BACKOFF") or UPLOAD_BACKOFF_S) if backoff is None else backoff
+    last = None
+    for attempt in range(attempts):
+        try:
+            result = upload_file(local_path, url)
+            with storage_errors(url, "the uploaded object"):
+                client, key = msc.resolve_storage_client(url)
+                meta = client.info(key)
+            if meta.content_length != result.size or (meta.metadata or {}).get("sha256") != result.sha256:
+                raise OSError(f"stored object has {meta.content_length} bytes and another checksum than "
+                              f"the {result.size} bytes written")
+            return result, attempt
+        except (OSError, RuntimeError, ValueError) as e:  # StorageError is an OSError
+            last = e
+            if isinstance(e.__cause__, PermissionError) or isinstance(e, PermissionError):
+                break
+            if attempt + 1 < attempts:
+                time.sleep(backoff * 2 ** attempt)
+    message = " ".join(str(last).split())
+    raise UploadError(f"cannot upload {name} to {url} after {attempt + 1} tries ({message}); the shards already "
+                      f"uploaded stay on the prefix: run the same command again to continue")
+
+
+def work_dir(url: str) -> Path:
+    """Where this process writes a shard before uploading it: under this machine's staging folder
+    for ``url`` (resolved where it runs, so each Ray node uses its own), one folder per process."""
+    import socket
+
+    return staging_dir(url) / ".convert" / "work" / f"{socket.gethostname()}-{os.getpid()}"
+
+
+def record_bytes(stats: dict) -> bytes:
+    """A unit's record as stored (``.convert/units/NAME.json``, locally and on the prefix)."""
+    return json.dumps(stats, sort_keys=True).encode()
+
+
+class ShardUploader:
+    """A work unit's writer for ``--out msc://...`` with bounded local disk: write the shard into
+    :func:`work_dir`, take its index record (:mod:`converters.shard_index`), put the shard, its
+    ``.tar.idx`` and then its record (stats plus ``index``) on the prefix, each checked
+    (:func:`put_checked`), and delete the local copies, so a process holds at most one shard.
+    The record goes last: on the prefix, a record whose shard has its recorded size marks the unit
+    done for any machine. Picklable (local processes and Ray tasks). Returns the stats with
+    ``index`` and ``upload`` (``retries``, ``bytes`` sent, ``seconds``) added."""
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
 
     def __call__(self, unit, out_dir: str, opts) -> dict:
-        from converters.writer import write_unit
+        from converters.shard_index import file_record, tar_idx_bytes
+        from converters.writer import STATS_DIR, write_unit
 
-        stats = write_unit(unit, out_dir, opts)
-        if stats["samples"]:
-            upload_file(str(Path(out_dir) / unit.name), f"{self.url}/{unit.name}")
-        return stats
+        work = work_dir(self.url)
+        stats = write_unit(unit, str(work), opts)
+        shard, record = work / unit.name, work / STATS_DIR / unit.stats_name
+        index = shard.with_name(shard.name + ".idx")
+        start, retries, sent = time.monotonic(), 0, 0
+        try:
+            puts = []
+            if stats["samples"]:
+                stats["index"] = file_record(shard)
+                index.write_bytes(tar_idx_bytes(stats["index"]))
+                puts = [(shard, unit.name), (index, unit.name + ".idx")]
+            record.write_bytes(record_bytes(stats))
+            for path, rel in puts + [(record, f"{STATS_DIR}/{unit.stats_name}")]:
+                result, tries = put_checked(str(path), f"{self.url}/{rel}", rel)
+                retries, sent = retries + tries, sent + (result.size if result.uploaded else 0)
+        finally:
+            for path in (shard, index, record):
+                path.unlink(missing_ok=True)
+        return {**stats, "upload": {"retries": retries, "bytes": sent, "seconds": time.monotonic() - start}}

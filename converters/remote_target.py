@@ -9,11 +9,16 @@ its ``report.json`` (``source`` and ``options``). Then:
 - a prefix holding a conversion of another input or options, or objects but no conversion, is
   refused (:class:`ConvertError` naming the URL; nothing is written) unless ``overwrite``;
 - ``overwrite`` deletes only the objects a conversion writes (:func:`conversion_key`: shards and
-  their ``.tar.idx`` under ``train/``/``val/``, ``.nv-meta/*``, ``report.json``, ``skipped.jsonl``,
-  the state), the dataset's commit files first and the state last; any other object stays;
+  their ``.tar.idx`` under ``train/``/``val/``, the per-shard records ``.convert/units/*.json``,
+  ``.nv-meta/*``, ``report.json``, ``skipped.jsonl``, the state), the dataset's commit files first
+  and the state last; any other object stays;
 - the same conversion, finished, with every file its report names present at its recorded size,
   is returned as done (nothing to convert or upload);
 - otherwise the prefix is claimed: this conversion's state goes up (not finished) before any shard.
+
+Progress lives on the prefix too: a unit is done (:func:`done_units`) when its record
+``.convert/units/NAME.json`` is there and names a shard present at its recorded size with its
+``.tar.idx``; so any machine, with an empty staging folder, converts only the missing units.
 
 Errors: an unknown profile or an unusable ``MSC_CONFIG`` is a one-line :class:`ConvertError`;
 the store refusing or failing is a ``StorageError`` (one line).
@@ -24,14 +29,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from converters.energon_meta import META, META_FILES
 from converters.output import STATE_FILE, ConvertError, state_diff
 from converters.remote import COMMIT_FILES
-from energon_platform.loader.source import storage_errors
+from converters.writer import STATS_DIR
+from storage import storage_errors
 
 _CONVERSION_KEY = re.compile(r"^(?:(?:train|val)/shard-\d{6}\.tar(?:\.idx)?|\.nv-meta/[^/]+|report\.json|"
-                             r"skipped\.jsonl|" + re.escape(STATE_FILE) + r")$")
+                             r"skipped\.jsonl|" + re.escape(STATE_FILE) + r"|"
+                             + re.escape(STATS_DIR) + r"/(?:train|val)-shard-\d{6}\.json)$")
 #: What a finished dataset has besides its shards and their ``.tar.idx``.
 FINISHED_KEYS = ("report.json", "skipped.jsonl") + tuple(f"{META}/{n}" for n in META_FILES)
 
@@ -142,3 +150,29 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> dict | None:
 def finish(prefix: Prefix, state: dict) -> None:
     """After the last upload: mark the prefix's conversion finished."""
     prefix.write_state({**state, "finished": True})
+
+
+def done_units(prefix: Prefix, units: list, cache: Path) -> dict[str, dict]:
+    """The units the prefix holds done (module doc): unit name → its stats (without ``index``).
+    Their records are fetched into ``cache`` (a folder; a cached file of the object's size is
+    reused), where the index is later built from them."""
+    objects = prefix.objects()
+    done = {}
+    for unit in units:
+        rel = f"{STATS_DIR}/{unit.stats_name}"
+        if rel not in objects:
+            continue
+        path = cache / unit.stats_name
+        if not path.is_file() or path.stat().st_size != objects[rel]:
+            with storage_errors(prefix.url, rel):
+                data = prefix.client.read(f"{prefix.key}/{rel}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        try:
+            stats = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if stats.get("samples") and (objects.get(unit.name) != stats.get("bytes") or unit.name + ".idx" not in objects):
+            continue
+        done[unit.name] = {k: v for k, v in stats.items() if k != "index"}
+    return done

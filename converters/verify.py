@@ -19,7 +19,7 @@ import json
 
 from converters.energon_meta import META, META_FILES
 from converters.readers import InputError
-from energon_platform.loader.source import dataset_root, storage_errors
+from storage import dataset_root, storage_errors
 
 CHUNK = 1 << 20
 

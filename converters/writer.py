@@ -91,6 +91,12 @@ def encode_record(rec: Record, opts: WriteOptions, cells: _ParquetCells) -> dict
         ext, payload, info = encode_video(data, opts.video)
         text = {"text": rec.texts[0], "captions": list(rec.texts), "source": {**source, **info}}
         part = "video"
+    elif opts.modality == "pointcloud":  # convert 3d: meshes and point clouds
+        from converters.mesh3d import encode_3d
+
+        ext, payload, info = encode_3d(data, rec.media.name, None if rec.media.parquet_cell else rec.media.path)
+        text = {"text": rec.texts[0], "captions": list(rec.texts), "source": {**source, **info}}
+        part = "pointcloud"
     else:
         ext, payload, info = encode_audio(data, opts.audio)
         text = {"text": rec.texts[0], "source": {**source, **info}}

@@ -1,0 +1,44 @@
+"""energon-platform's public Python API: import these names from ``energon_platform`` itself.
+
+Module paths below the package (``energon_platform.loader.train_loader`` ...) are internal and may
+move; the names in :data:`__all__` stay (``tests/test_public_api.py`` pins the list and
+``docs/reference/api.md`` documents it). Importing the package is cheap: each name is imported on
+first use (PEP 562), so ``import energon_platform`` does not load torch.
+
+The trainer integrations are imported as modules, because each needs its framework installed:
+``energon_platform.integrations.lightning``, ``.accelerate``, ``.deepspeed``, ``.dcp``, ``.megatron``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> module that defines it
+_NAMES = {
+    "load_config": "energon_platform.config",
+    "RunConfig": "energon_platform.config",
+    "TrainLoader": "energon_platform.loader.train_loader",
+    "build_val_loader": "energon_platform.loader.train_loader",
+    "build_encoder": "energon_platform.loader.train_loader",
+    "StateMismatchError": "energon_platform.loader.state",
+    "LayoutError": "energon_platform.loader.schedule",
+    "StepLog": "energon_platform.training.step_log",
+    "batch_digest": "energon_platform.training.step_log",
+    "to_device": "energon_platform.integrations.device",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'energon_platform' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   energon-platform convert text --manifest data/text_mini/documents.jsonl --id-column id --out docs/
   energon-platform convert video --root clips/ --out shards/ --max-side 256 --max-seconds 10
   energon-platform convert video --manifest webvid.csv --out shards/   # videoid, name, path columns
+  energon-platform convert 3d --root data/mesh_mini/shapes --out shapes/   # or --manifest cap3d.csv
   energon-platform convert llava --json llava_instruct.json --images coco/ --out sft/
   energon-platform info shards/
 """
@@ -148,6 +149,17 @@ def _add_convert(sub) -> None:
     g.add_argument("--max-side", type=_positive, help="re-encode videos whose longest side exceeds this")
     g.add_argument("--max-seconds", type=_positive_float, help="re-encode longer videos, keeping their first seconds "
                                                               "(counted in report.json; text.json keeps the original duration)")
+    k = kinds.add_parser("3d", parents=[common], help="meshes / point clouds with .txt/.json sidecars, or a Cap3D-style manifest",
+                         description="Meshes (OBJ, PLY, OFF, STL, GLB; glTF re-encoded as GLB) and point clouds (PLY, "
+                                     "NPY (N, 3|6)) with captions, from a folder or a manifest; each file is parsed in "
+                                     "full and kept as its bytes; text.json records counts, bounds and colours.")
+    src = k.add_mutually_exclusive_group(required=True)
+    src.add_argument("--root", help="folder searched recursively for 3D files; captions from NAME.txt or NAME.json beside each")
+    src.add_argument("--manifest", help="JSONL/CSV/TSV/Parquet; paths resolve relative to its folder")
+    k.add_argument("--path-column", default="path", help="3D file path, or its bytes in Parquet (default: path)")
+    k.add_argument("--text-column", default="caption", help="caption or list of captions (default: caption, as in Cap3D)")
+    k.add_argument("--id-column", default="uid", help="stable sample id (default: uid; '' for the path without extension)")
+    k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
     p.set_defaults(func=cmd_convert)
 
 
@@ -160,6 +172,7 @@ READER_ARGS = {
     "text": ("manifest", "text_column", "id_column", "fmt"),
     "llava": ("json_file", "images"),
     "video": ("root", "manifest", "video_column", "text_column", "id_column", "fmt"),
+    "3d": ("root", "manifest", "path_column", "text_column", "id_column", "fmt"),
 }
 
 
@@ -427,12 +440,74 @@ def _add_preview(sub) -> None:
 
 
 def cmd_preview(args) -> int:
-    from task_encoders.preview import preview
+    from energon_platform.tools.preview import preview
 
     if not Path(args.target).exists():
         raise UsageError(f"{args.target}: no such run config, dataset or metadataset")
     info = preview(args.target, args.out, n=args.n, encoder=args.encoder)
     print(f"{info['path']}: {info['documents']} documents, {info['width']}x{info['height']} px")
+    return 0
+
+
+def _add_trace(sub) -> None:
+    p = sub.add_parser("trace", help="which samples a step trained on, or which steps used a key (no logs needed)",
+                       description="Compute from the schedule (never from logs) the samples of global steps, "
+                                   "numbered as log.jsonl numbers them, with dataset, epoch, shard, rank and "
+                                   "micro-batch; or the steps that used one sample key (the inverse "
+                                   "permutation, O(1) per epoch). See docs/provenance.md.")
+    p.add_argument("--config", required=True, help="the run config YAML")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--step", type=_positive, help="one step (log.jsonl numbering, from 1)")
+    what.add_argument("--key", help="a sample key as logged (DATASET:KEY in a blend): the steps that used it")
+    p.add_argument("--steps", metavar="A:B|M", help="with --step omitted: steps A to B (both included); "
+                                                   "with --key: search the first M steps (default train.steps)")
+    p.add_argument("--world-size", type=_positive, help="data-parallel ranks (default: the checkpoint's, else 1)")
+    p.add_argument("--checkpoint", help="a checkpoint folder or a run's output folder: its blend and exclusion history")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
+    p.set_defaults(func=cmd_trace)
+
+
+def cmd_trace(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.loader.trace import TraceError, format_key, format_step, open_tracer
+
+    if args.step is None and args.key is None and not args.steps:
+        raise UsageError("say what to trace: --step N, --steps A:B or --key KEY")
+    cfg = load_config(args.config, _overrides(args.set))
+    try:
+        if args.key is None:
+            first, _, last = (args.steps or f"{args.step}:{args.step}").partition(":")
+            steps = range(int(first), int(last or first) + 1)
+        else:
+            within = int(args.steps) if args.steps else cfg.train.steps
+        tracer = open_tracer(cfg, args.world_size, args.checkpoint)
+        results = [tracer.step(s) for s in steps] if args.key is None else [tracer.find(args.key, within)]
+    except ValueError as e:  # TraceError, or --steps that are not numbers
+        if not isinstance(e, TraceError) and "invalid literal" not in str(e):
+            raise
+        raise UsageError(str(e) if isinstance(e, TraceError) else f"--steps {args.steps!r}: expected A:B or M") from None
+    for r in results:
+        print(json.dumps(r) if args.json else (format_step(r) if args.key is None else format_key(r)))
+    return 0
+
+
+def _add_prepare(sub) -> None:
+    p = sub.add_parser("prepare", help="index a WebDataset already on object storage (tar headers only)",
+                       description="Write Energon's index (.tar.idx per shard, .nv-meta) for the *.tar objects "
+                                   "under msc://PROFILE/prefix, reading only their headers with ranged requests.")
+    p.add_argument("url", help="msc://PROFILE/prefix holding *.tar shards (train/, val/ become splits)")
+    p.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args) -> int:
+    from converters.remote_prepare import prepare_prefix
+
+    r = prepare_prefix(args.url)
+    print(f"{r['url']}: {r['samples']} samples in {r['shards']} shards indexed; read {r['bytes_read']} bytes in "
+          f"{r['requests']} ranged requests ({100 * r['bytes_read'] / max(r['tar_bytes'], 1):.1f}% of "
+          f"{r['tar_bytes']} bytes of tars)"
+          + ("" if r["has_dataset_yaml"] else f"; write {r['url']}/.nv-meta/dataset.yaml to name the sample type"))
     return 0
 
 
@@ -448,10 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_convert(sub)
     _add_info(sub)
+    _add_prepare(sub)
     _add_verify(sub)
     _add_train(sub)
     _add_check_resume(sub)
     _add_preview(sub)
+    _add_trace(sub)
     return parser
 
 
@@ -460,8 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     from converters.readers import InputError
     from energon_platform.training.checkpoint import CheckpointError
     from energon_platform.loader.schedule import LayoutError
-    from energon_platform.loader.source import DatasetError
     from energon_platform.loader.state import StateMismatchError
+    from storage import DatasetError
     from task_encoders.config import ConfigError
 
     args = build_parser().parse_args(argv)

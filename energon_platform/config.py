@@ -135,6 +135,9 @@ class LoaderConfig:
         require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
         _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
         _at_least(self, at, balance_window=16, balance_lookahead=1.0)
+        require(self.balance == "none" or self.balance_window >= self.global_batch_size, at.child("balance_window"),
+                f"{self.balance_window} < global_batch_size {self.global_batch_size}",
+                "at least global_batch_size (the pool must hold a global batch)")
         _at_least(self, at, null_ok=True, global_batch_tokens=1, balance_linear=0)
         if self.balance != "none":
             require(not self.blend_schedule, at.child("blend_schedule"), "set with balance "

@@ -1,6 +1,7 @@
 """Compute balance across data-parallel ranks: today, a naive sort-and-deal, Energon's packing, ours.
 
     python scripts/bench_balance.py [--json PATH] [--quick] [--steps 500] [--ranks 8 64] [--rows-per-rank 2]
+        [--train | --sections balance train] [--train-steps 40] [--train-rounds 3]
 
 A skewed synthetic blend of per-sample lengths (seeded NumPy, drawn lazily per position, so every
 variant reads the *same* stream): ``image_text`` = tiles (uniform 1..12) x ``--tokens-per-tile``
@@ -41,6 +42,13 @@ targets are met (p90 max/mean <= 1.05 for 8 ranks x 2 rows or samples in both co
 <= 2%). Every figure is measured in this run; nothing is typed in. ``--check`` exits 1 when a
 target is missed. Sections are listed in ``SECTIONS``: a later one (e.g. the reference model's
 tokens/s on 2 gloo ranks) adds a function there.
+
+``--train`` (minutes) adds the ``train`` section: the issue's last figure, the reference model's
+tokens/s on 2 gloo ranks (``torchrun``, one rank per core, ``num_workers: 0``) on a skewed blend of
+the embedded corpora (converted into a temporary folder), today (``balance: none``: global batches
+of pack groups, rows per rank vary) against ours (``balance: attention``: fixed rows), each global
+batch about the same tokens; runs interleaved (today, ours, today, ours, ...) against load drift.
+``--sections train`` runs it alone.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -327,9 +336,186 @@ def report_balance(section: dict, args) -> list[str]:
     return lines
 
 
-#: name → (run(args) → dict, report(section, args) → lines); a later section (the reference model's
-#: tokens/s on 2 gloo ranks, balanced vs today) is one more entry.
-SECTIONS = {"balance": (balance_section, report_balance)}
+# --- the reference model's tokens/s on 2 gloo ranks (--train) -----------------------------------
+
+#: the embedded corpora as a skewed blend: short captions and utterances (about 14 and 9 tokens)
+#: mixed with long documents (about 94 of 128), so a pack group of 16 samples fills 2 to 12 rows.
+TRAIN_WEIGHTS = {"coco_mini": 2, "librispeech_mini": 1, "text_mini": 1}
+TRAIN_TARGET, TRAIN_WARMUP = 1.15, 2
+
+
+class TrainFailed(Exception):
+    """A training run of the ``train`` section exited non-zero (its last stderr line says why)."""
+
+
+def _train_data(base: Path) -> Path:
+    """Convert the embedded corpora (the tests' converters) under ``base``; the blend's metadataset."""
+    import yaml
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from demo_datasets import coco_dataset, librispeech_dataset
+    from demo_datasets import text_dataset
+
+    paths = {p.name: p for p in (coco_dataset(base), librispeech_dataset(base), text_dataset(base))}
+    mds = base / "blend.yaml"
+    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
+        "train": {"blend": [{"weight": w, "path": str(paths[n])} for n, w in TRAIN_WEIGHTS.items()]}}}))
+    return mds
+
+
+def _train_config(mds: Path, base: Path, balance: str, args) -> Path:
+    """A run config: the packing multimodal encoder, today (``none``: ``--train-groups`` pack groups
+    per step) or ours (``attention``: ``--train-rows`` rows per step), the same model and settings."""
+    import yaml
+
+    gbs = args.train_groups if balance == "none" else args.train_rows
+    cfg = {"data": {"path": str(mds), "val_split": None},
+           "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+           "loader": {"global_batch_size": gbs, "num_workers": 0, "seed": 1234, "balance": balance,
+                      "length_cache": str(base / "lengths")},
+           "model": {"dim": args.train_dim, "layers": args.train_layers, "heads": 4, "patch": 16},
+           "train": {"steps": args.train_steps, "lr": 0.003, "warmup": 2, "checkpoint_every": args.train_steps}}
+    path = base / f"run-{balance}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _train_once(config: Path, out: Path, args) -> dict:
+    """One ``torchrun --nproc-per-node 2`` training run; tokens/s after the warm-up steps."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "energon_platform", "train", "--config", str(config), "--out", str(out),
+           "--steps", str(args.train_steps), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise TrainFailed(f"{config.name}: training failed ({proc.returncode}): "
+                           f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    timed = rows[TRAIN_WARMUP:]
+    seconds = timed[-1]["elapsed_s"] - rows[TRAIN_WARMUP - 1]["elapsed_s"]
+    tokens = sum(r["targets"] for r in timed)
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "steps": len(timed),
+            "tokens_per_step": tokens / len(timed), "step_s": [r["elapsed_s"] for r in rows], "wall_s": wall,
+            "rank_cost": float(np.mean([r["rank_cost"] for r in timed])) if "rank_cost" in timed[0] else None,
+            "padding": float(np.mean([r["padding"] for r in timed])) if "padding" in timed[0] else None}
+
+
+def _today_stats(config: Path, args) -> dict:
+    """Today's per-step rank balance, which its log does not carry: the run's global batches read by
+    one loader per rank in this process (world size 2), after the warm-up steps: rows per rank,
+    padding (1 - real tokens / rows x seq_len) and max/mean of the ranks' attention cost, as
+    ``rank_cost`` in a balanced run's log."""
+    from energon_platform.config import load_config
+    from energon_platform.loader.train_loader import TrainLoader
+
+    cfg = load_config(str(config))
+    loaders = [TrainLoader(cfg, rank=r, world_size=2, num_workers=0) for r in range(2)]
+    seq_len = loaders[0].encoder.tokenizer.seq_len
+    ratios, rows, used, slots = [], [], 0, 0
+    try:
+        for step in range(args.train_steps):
+            costs, counts = [], []
+            for ld in loaders:
+                cost, count = 0.0, 0
+                for _ in range(ld.accumulation):
+                    b = next(ld)
+                    lengths = b.doc_lengths.view(-1).tolist()
+                    cost += sum(sample_cost(n, "attention", seq_len) for n in lengths)
+                    count += b.tokens.shape[0]
+                    if step >= TRAIN_WARMUP:
+                        used, slots = used + sum(lengths), slots + b.tokens.shape[0] * seq_len
+                costs.append(cost)
+                counts.append(count)
+            if step >= TRAIN_WARMUP:
+                ratios.append(ratio(costs))
+                rows.append(counts)
+    finally:
+        for ld in loaders:
+            ld.close()
+    counts = np.asarray(rows)
+    return {"rank_cost": float(np.mean(ratios)), "padding": 1.0 - used / slots,
+            "rows_per_rank_min": int(counts.min()), "rows_per_rank_max": int(counts.max())}
+
+
+def train_section(args) -> dict:
+    """The reference model (``model.dim`` ``--train-dim``, ``--train-layers`` layers) trained on 2
+    gloo ranks (one per core, ``num_workers: 0``) on the skewed blend, today (``balance: none``)
+    and ours (``balance: attention``), interleaved A, B, A, B (``--train-rounds`` rounds) against
+    load drift. Tokens/s = Σ targets / elapsed over the steps after the first ``TRAIN_WARMUP``;
+    per variant the total tokens over the total seconds of its runs."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-balance-train-") as tmp:
+        base = Path(tmp)
+        mds = _train_data(base)
+        configs = {"none": _train_config(mds, base, "none", args),
+                   "attention": _train_config(mds, base, "attention", args)}
+        today = _today_stats(configs["none"], args)
+        load = [os.getloadavg()[0]]  # 1-minute load average before each run: > ~2 means others compete
+        runs: dict[str, list[dict]] = {name: [] for name in configs}
+        for rnd in range(args.train_rounds):
+            for name, config in configs.items():
+                runs[name].append(_train_once(config, base / f"out-{name}-{rnd}", args))
+                load.append(os.getloadavg()[0])
+                r = runs[name][-1]
+                print(f"  [train {name} round {rnd}: {r['tokens_per_s']:.0f} tokens/s, {r['wall_s']:.1f} s]",
+                      file=sys.stderr)
+    variants = {}
+    for name, rs in runs.items():
+        tokens = sum(r["tokens_per_step"] * r["steps"] for r in rs)
+        seconds = sum(r["seconds"] for r in rs)
+        variants[name] = {"tokens_per_s": tokens / seconds, "tokens_per_step": tokens / sum(r["steps"] for r in rs),
+                          "steps_per_s": sum(r["steps"] for r in rs) / seconds,
+                          "rounds_tokens_per_s": [r["tokens_per_s"] for r in rs],
+                          "rows_per_rank_min": args.train_rows // 2, "rows_per_rank_max": args.train_rows // 2,
+                          **{k: None if rs[0][k] is None else float(np.mean([r[k] for r in rs]))
+                             for k in ("rank_cost", "padding")}, "runs": rs}
+        if name == "none":  # not in today's log: from the same batches, read in this process
+            variants[name].update(today)
+    speedup = variants["attention"]["tokens_per_s"] / variants["none"]["tokens_per_s"]
+    pairs = [b / a for a, b in zip(variants["none"]["rounds_tokens_per_s"],
+                                   variants["attention"]["rounds_tokens_per_s"])]
+    return {"round_ratios": pairs, "round_ratio_median": float(np.median(pairs)), "load_during": load,
+            "weights": TRAIN_WEIGHTS, "global_batch_size": {"none": args.train_groups, "attention": args.train_rows},
+            "steps": args.train_steps, "warmup": TRAIN_WARMUP, "rounds": args.train_rounds,
+            "model": {"dim": args.train_dim, "layers": args.train_layers}, "variants": variants,
+            "ratio": speedup, "targets": [{"target": f"2-rank tokens/s ours/today >= {TRAIN_TARGET}",
+                                           "value": speedup, "met": speedup >= TRAIN_TARGET}]}
+
+
+def report_train(section: dict, args) -> list[str]:
+    m = section["model"]
+    lines = [f"reference model (dim {m['dim']}, {m['layers']} layers) on 2 gloo ranks x 0 workers, blend "
+             f"{section['weights']}; {section['steps']} steps per run ({section['warmup']} warm-up skipped), "
+             f"{section['rounds']} interleaved rounds", "",
+             f"{'variant':<18} {'global batch':>16} {'tokens/step':>11} {'steps/s':>8} {'tokens/s':>9} "
+             f"{'per round':>18} {'rows/rank':>9} {'rank_cost':>9} {'padding':>8}", "-" * 114]
+    for name, v in section["variants"].items():
+        label = "today (none)" if name == "none" else "ours (attention)"
+        gbs = section["global_batch_size"][name]
+        gbs = f"{gbs} {'groups' if name == 'none' else 'rows'}"
+        rounds = " ".join(f"{x:.0f}" for x in v["rounds_tokens_per_s"])
+        rows = f"{v['rows_per_rank_min']}-{v['rows_per_rank_max']}"
+        lines.append(f"{label:<18} {gbs:>16} {v['tokens_per_step']:>11.0f} {v['steps_per_s']:>8.2f} "
+                     f"{v['tokens_per_s']:>9.0f} {rounds:>18} {rows:>9} {v['rank_cost']:>9.3f} "
+                     f"{100 * v['padding']:>7.2f}%")
+    t = section["targets"][0]
+    lines += ["(rank_cost: mean over steps of max/mean of the ranks' attention cost; today's rows/rank, rank_cost "
+              "and padding from the same batches read in this process, ours from its log)", "",
+              f"tokens/s ours/today: {section['ratio']:.3f} (all runs); per round "
+              f"{' '.join(f'{x:.3f}' for x in section['round_ratios'])}, median {section['round_ratio_median']:.3f}; "
+              f"1-minute load average around the runs {' '.join(f'{x:.1f}' for x in section['load_during'])} "
+              "(above ~2, other processes share the 2 cores and the ratio is noisy)",
+              f"  {t['target']:<45} {t['value']:.4f}  "
+              f"{'met' if t['met'] else 'NOT met'}"]
+    return lines
+
+
+#: name → (run(args) → dict, report(section, args) → lines), run in this order when selected
+#: (``--sections``; ``train`` takes minutes, so only when asked: ``--train``).
+SECTIONS = {"balance": (balance_section, report_balance), "train": (train_section, report_train)}
 
 
 def weights(text: str) -> dict[str, float]:
@@ -369,6 +555,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="Energon's packing_buffer_size (default: the pack group, i.e. the same setting)")
     p.add_argument("--window", type=int, default=4096, help="our planner's look-ahead (loader.balance_window)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=["balance"],
+                   help="what to measure (default: balance, the simulation)")
+    p.add_argument("--train", action="store_true",
+                   help="also measure the reference model's tokens/s on 2 gloo ranks, today vs ours (minutes)")
+    p.add_argument("--train-steps", type=int, default=40, help="steps per training run (the first 2 are warm-up)")
+    p.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of (today, ours) runs")
+    p.add_argument("--train-groups", type=int, default=4,
+                   help="today's global_batch_size: pack groups of 16 samples per step (about 4 rows each)")
+    p.add_argument("--train-rows", type=int, default=16, help="ours: global_batch_size in rows of 128 tokens")
+    p.add_argument("--train-dim", type=int, default=128, help="the reference model's model.dim")
+    p.add_argument("--train-layers", type=int, default=2, help="the reference model's model.layers")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
     args = p.parse_args(argv)
     args.steps = args.steps or (40 if args.quick else 500)
@@ -376,6 +573,13 @@ def main(argv: list[str] | None = None) -> int:
     args.linear = float(args.seq_len if args.linear is None else args.linear)
     if min(args.steps, args.rows_per_rank, args.seq_len, *args.ranks) < 1 or args.window < 16:
         print("error: --steps, --ranks, --rows-per-rank, --seq-len must be >= 1 and --window >= 16", file=sys.stderr)
+        return 2
+    if args.train and "train" not in args.sections:
+        args.sections.append("train")
+    if min(args.train_steps - TRAIN_WARMUP, args.train_rounds, args.train_groups - 1, args.train_rows - 1,
+           args.train_dim, args.train_layers) < 1 or args.train_groups % 2 or args.train_rows % 2:
+        print(f"error: --train-steps must be > {TRAIN_WARMUP}, --train-groups and --train-rows even (2 ranks), "
+              "the other --train-* >= 1", file=sys.stderr)
         return 2
     for name in ("pack_group", "packing_buffer_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -389,7 +593,13 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     lines = []
     for name, (run, report) in SECTIONS.items():
-        result[name] = run(args)
+        if name not in args.sections:
+            continue
+        try:
+            result[name] = run(args)
+        except TrainFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         lines += report(result[name], args) + [""]
     result["seconds"] = time.perf_counter() - t
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]

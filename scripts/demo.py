@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """The main job end to end on the embedded default data (what `make demo` runs).
 
-1. convert the embedded COCO-style, LibriSpeech-style and video corpora into Energon-ready shards;
-2. show one decoded, augmented batch per modality (image-text, packed text, audio-text, video-text)
-   and draw a contact sheet of video clips (``preview-video.png``);
+1. convert the embedded COCO-style, LibriSpeech-style, video and 3D corpora into Energon-ready shards;
+2. show one decoded, augmented batch per modality (image-text, packed text, audio-text, video-text,
+   point cloud-text) and draw contact sheets of video clips (``preview-video.png``) and of point
+   clouds, three views each (``preview-3d.png``);
 3. train the reference model on a three-modality blend (``configs/blend_demo.yaml``: image-text,
    audio-text and text-only, an Energon metadataset), kill it with SIGKILL in the middle of a step,
    resume it, and check that every step after the resume matches an uninterrupted run bit for bit.
@@ -34,7 +35,7 @@ def show_batch(title: str, data: Path, encoder, global_batch: int) -> None:
                                       "loader": {"global_batch_size": global_batch, "num_workers": 0}}))
     b = next(loader)
     print(f"\n== {title}: one batch from {data.name} ==")
-    for name in ("images", "features", "feature_lengths", "videos", "num_frames", "tokens", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+    for name in ("images", "features", "feature_lengths", "videos", "num_frames", "points", "tokens", "labels", "loss_mask", "position_ids", "cu_seqlens"):
         t = getattr(b, name, None)
         if t is not None:
             print(f"  {name:16s} {str(tuple(t.shape)):18s} {str(t.dtype):14s}")
@@ -115,6 +116,7 @@ def main() -> int:
        "--samples-per-shard", "16", "--val-fraction", "0.1", "--workers", "2")
     sh("convert", "video", "--root", "data/video_mini/clips", "--out", str(video),
        "--samples-per-shard", "16", "--val-fraction", "0.1", "--workers", "2")
+    sh("convert", "3d", "--root", "data/mesh_mini/shapes", "--out", str(out / "shapes"), "--samples-per-shard", "16")
     sh("convert", "text", "--manifest", "data/text_mini/documents.jsonl", "--id-column", "id", "--out", str(text),
        "--samples-per-shard", "32")
     sh("convert", "llava", "--json", "data/coco_mini/conversations.json", "--images", "data/coco_mini/images",
@@ -129,6 +131,9 @@ def main() -> int:
     show_batch("video-text", video, str(REPO / "configs/encoders/video_text_small.yaml"), 2)
     show_vlm_batch("vision-language captions, tiled", coco, str(REPO / "configs/encoders/image_text_vlm_small.yaml"), 2)
     show_vlm_batch("conversations, tiled", out / "conversations", str(REPO / "configs/encoders/conversation_small.yaml"), 2)
+    show_batch("point cloud-text", out / "shapes", str(REPO / "configs/encoders/pointcloud_text.yaml"), 2)
+    sh("preview", str(out / "shapes"), "--encoder", str(REPO / "configs/encoders/pointcloud_text.yaml"), "--n", "8",
+       "--out", str(out / "preview-3d.png"))
     sh("preview", str(video), "--encoder", str(REPO / "configs/encoders/video_text.yaml"), "--n", "8",
        "--out", str(out / "preview-video.png"))
 

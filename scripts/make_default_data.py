@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the project's embedded default corpora, byte for byte.
 
-Writes four small corpora under ``--out`` (default: ``<repo>/data``):
+Writes five small corpora under ``--out`` (default: ``<repo>/data``):
 
 ``coco_mini/``
     COCO-captions layout: ``images/`` plus ``captions.json`` with ``info``, ``licenses``,
@@ -53,6 +53,17 @@ Writes four small corpora under ``--out`` (default: ``<repo>/data``):
     say truthfully what moves, its colour and its direction. Encoded with one thread, fixed
     settings and bitexact muxing (no dates, no random ids).
 
+``mesh_mini/``
+    30 generated 3D shapes in ``shapes/shape_NNN.<ext>`` with ``shape_NNN.txt`` (two captions),
+    and a Cap3D-style ``captions.csv`` (``uid,caption,path``) naming the same files: cubes, slabs
+    and columns (OBJ with quads), spheres and ellipsoids (binary PLY with vertex colours),
+    cylinders (OFF), cones (binary STL), pyramids (ASCII STL), rings (GLB), and point clouds:
+    sphere shells (ASCII PLY with colours), helices (NPY ``(N, 6)``) and flat squares (NPY
+    ``(N, 3)``). The captions are computed from the shape, its proportions and (where the file
+    has them) its colours, so they survive normalisation to the unit sphere. Meshes come from
+    ``trimesh.creation``; every file except the GLB is written by the small writers below (fixed
+    number formatting), the GLB by trimesh's exporter.
+
 Everything is deterministic: fixed seeds, fixed lists, no timestamps in any file (JPEG carries
 no EXIF except the single orientation tag, PNG has no tIME chunk, FLAC has no date). Output is
 byte-identical across runs with the same library versions (Pillow, libjpeg, zlib, libsndfile
@@ -63,10 +74,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import math
 import random
 import shutil
+import struct
 import sys
 from pathlib import Path
 
@@ -1146,6 +1159,193 @@ def make_video_mini(out: Path) -> dict:
             "seconds": sum(v["frames"] for v in plan) / VIDEO_FPS}
 
 
+
+# --------------------------------------------------------------------------------------------
+# mesh_mini: generated 3D shapes with truthful captions
+# --------------------------------------------------------------------------------------------
+MESH_COLOURS = [("red", (200, 40, 40)), ("green", (40, 160, 60)), ("blue", (40, 70, 200)),
+                ("yellow", (220, 200, 40)), ("purple", (130, 50, 160)), ("orange", (230, 130, 30))]
+# (shape, format, [(proportion words, parameters)]) in file order
+MESH_PLAN = [
+    ("box", "obj", [("a cube", (1.0, 1.0, 1.0)), ("a flat square slab", (2.0, 0.3, 2.0)),
+                    ("a tall square column", (0.5, 2.5, 0.5))]),
+    ("sphere", "ply", [("a sphere", (1.0, 1.0, 1.0)), ("a flattened ellipsoid", (1.5, 0.5, 1.5)),
+                       ("an elongated ellipsoid", (0.6, 2.0, 0.6))]),
+    ("cylinder", "off", [("a tall thin cylinder", (0.3, 2.5)), ("a short wide cylinder, like a disc", (1.5, 0.3)),
+                         ("a cylinder as tall as it is wide", (0.5, 1.0))]),
+    ("cone", "stl", [("a tall pointed cone", (0.5, 2.5)), ("a flat wide cone", (1.5, 0.5)),
+                     ("a cone as tall as it is wide", (0.5, 1.0))]),
+    ("pyramid", "stl-ascii", [("a square pyramid", (1.0, 1.0)), ("a tall narrow square pyramid", (0.5, 2.5)),
+                              ("a low flat square pyramid", (2.0, 0.4))]),
+    ("torus", "glb", [("a thin ring", (1.0, 0.1)), ("a thick ring, like a doughnut", (1.0, 0.45)),
+                      ("a medium ring", (1.0, 0.25))]),
+    ("shell", "ply-points", [("a cloud of points on a sphere", 1.0), ("a cloud of points on a flattened sphere", 0.4),
+                             ("a cloud of points on a stretched sphere", 2.2)]),
+    ("helix", "npy6", [("a cloud of points along a helix with three turns", 3),
+                       ("a cloud of points along a helix with one turn", 1),
+                       ("a cloud of points along a helix with five turns", 5)]),
+    ("grid", "npy3", [("a cloud of points on a flat square", 1.0), ("a cloud of points on a flat long strip", 4.0),
+                      ("a cloud of points on a flat rectangle twice as long as it is wide", 2.0)]),
+    ("box", "ply", [("a coloured cube", (1.0, 1.0, 1.0)), ("a coloured flat slab", (2.0, 0.3, 2.0)),
+                    ("a coloured tall column", (0.5, 2.5, 0.5))]),
+]
+MESH_POINTS = 512
+
+
+def _f(x: float) -> str:
+    return f"{x:.6f}".rstrip("0").rstrip(".") if x else "0"
+
+
+def _obj_quad_box(size) -> bytes:
+    hx, hy, hz = (s / 2 for s in size)
+    v = [(x, y, z) for x in (-hx, hx) for y in (-hy, hy) for z in (-hz, hz)]
+    quads = [(1, 2, 4, 3), (5, 7, 8, 6), (1, 5, 6, 2), (3, 4, 8, 7), (1, 3, 7, 5), (2, 6, 8, 4)]
+    lines = ["# box made of six quads"] + [f"v {_f(a)} {_f(b)} {_f(c)}" for a, b, c in v]
+    lines += ["f " + " ".join(map(str, q)) for q in quads]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _ply_binary(vertices, faces, colours) -> bytes:
+    head = ["ply", "format binary_little_endian 1.0", f"element vertex {len(vertices)}",
+            "property float x", "property float y", "property float z"]
+    if colours is not None:
+        head += ["property uchar red", "property uchar green", "property uchar blue"]
+    if faces is not None:
+        head += [f"element face {len(faces)}", "property list uchar int vertex_indices"]
+    out = io.BytesIO()
+    out.write(("\n".join(head + ["end_header"]) + "\n").encode())
+    vt = [("x", "<f4"), ("y", "<f4"), ("z", "<f4")] + ([("r", "u1"), ("g", "u1"), ("b", "u1")] if colours is not None else [])
+    rec = np.zeros(len(vertices), dtype=vt)
+    rec["x"], rec["y"], rec["z"] = vertices.T
+    if colours is not None:
+        rec["r"], rec["g"], rec["b"] = colours.T
+    out.write(rec.tobytes())
+    if faces is not None:
+        fr = np.zeros(len(faces), dtype=[("n", "u1"), ("i", "<i4", (3,))])
+        fr["n"], fr["i"] = 3, faces
+        out.write(fr.tobytes())
+    return out.getvalue()
+
+
+def _ply_ascii_points(points, colours) -> bytes:
+    head = ["ply", "format ascii 1.0", f"element vertex {len(points)}", "property float x", "property float y",
+            "property float z", "property uchar red", "property uchar green", "property uchar blue", "end_header"]
+    rows = [f"{_f(x)} {_f(y)} {_f(z)} {r} {g} {b}" for (x, y, z), (r, g, b) in zip(points.tolist(), colours.tolist())]
+    return ("\n".join(head + rows) + "\n").encode()
+
+
+def _off(vertices, faces) -> bytes:
+    lines = ["OFF", f"{len(vertices)} {len(faces)} 0"] + [" ".join(_f(x) for x in v) for v in vertices.tolist()]
+    lines += ["3 " + " ".join(map(str, f)) for f in faces.tolist()]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _stl_binary(vertices, faces) -> bytes:
+    tri = vertices[faces].astype(np.float32)
+    normals = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    normals /= np.linalg.norm(normals, axis=1, keepdims=True)
+    rec = np.zeros(len(faces), dtype=[("n", "<f4", (3,)), ("v", "<f4", (3, 3)), ("a", "<u2")])
+    rec["n"], rec["v"] = normals, tri
+    return b"energon-platform mesh_mini".ljust(80, b" ") + struct.pack("<I", len(faces)) + rec.tobytes()
+
+
+def _stl_ascii_pyramid(base: float, height: float) -> bytes:
+    h = base / 2
+    apex, corners = (0.0, height, 0.0), [(-h, 0.0, -h), (h, 0.0, -h), (h, 0.0, h), (-h, 0.0, h)]
+    tris = [(corners[i], corners[(i + 1) % 4], apex) for i in range(4)] + [(corners[0], corners[2], corners[1]),
+                                                                           (corners[0], corners[3], corners[2])]
+    lines = ["solid pyramid"]
+    for t in tris:
+        lines += ["  facet normal 0 0 0", "    outer loop"] + [f"      vertex {_f(a)} {_f(b)} {_f(c)}" for a, b, c in t]
+        lines += ["    endloop", "  endfacet"]
+    return ("\n".join(lines + ["endsolid pyramid"]) + "\n").encode()
+
+
+def _y_up(vertices) -> np.ndarray:
+    """trimesh.creation's z-up solids turned y-up (glTF's up axis, as the captions' "tall" means):
+    a rotation, so faces keep their winding."""
+    v = np.asarray(vertices, dtype=np.float64)
+    return np.stack([v[:, 0], v[:, 2], -v[:, 1]], axis=1)
+
+
+def _shape_file(shape: str, fmt: str, param, colour, rng: np.random.Generator) -> tuple[str, bytes]:
+    """(extension, bytes) of one planned shape."""
+    import trimesh
+
+    if fmt == "obj":
+        return "obj", _obj_quad_box(param)
+    if shape == "sphere":
+        m = trimesh.creation.icosphere(subdivisions=2)
+        v = np.asarray(m.vertices) * np.asarray(param)
+        return "ply", _ply_binary(v, np.asarray(m.faces), np.tile(np.asarray(colour, np.uint8), (len(v), 1)))
+    if shape == "box":  # coloured PLY box: vertex colours
+        m = trimesh.creation.box(extents=param)
+        v = np.asarray(m.vertices)
+        return "ply", _ply_binary(v, np.asarray(m.faces), np.tile(np.asarray(colour, np.uint8), (len(v), 1)))
+    if fmt == "off":
+        m = trimesh.creation.cylinder(radius=param[0], height=param[1], sections=24)
+        return "off", _off(_y_up(m.vertices), np.asarray(m.faces))
+    if fmt == "stl":
+        m = trimesh.creation.cone(radius=param[0], height=param[1], sections=24)
+        return "stl", _stl_binary(_y_up(m.vertices), np.asarray(m.faces))
+    if fmt == "stl-ascii":
+        return "stl", _stl_ascii_pyramid(*param)
+    if fmt == "glb":
+        m = trimesh.creation.torus(major_radius=param[0], minor_radius=param[1], major_sections=24, minor_sections=12)
+        return "glb", m.export(file_type="glb")
+    if fmt == "ply-points":
+        p = rng.normal(size=(MESH_POINTS, 3))
+        p = p / np.linalg.norm(p, axis=1, keepdims=True) * np.array([1.0, param, 1.0])
+        return "ply", _ply_ascii_points(np.round(p, 5), np.tile(np.asarray(colour, np.uint8), (MESH_POINTS, 1)))
+    if fmt == "npy6":
+        t = np.linspace(0.0, 2 * np.pi * param, MESH_POINTS)
+        xyz = np.stack([np.cos(t), t / (2 * np.pi), np.sin(t)], axis=1)
+        rgb = np.tile(np.asarray(colour, np.float64) / 255.0, (MESH_POINTS, 1))
+        buf = io.BytesIO()
+        np.save(buf, np.concatenate([xyz, rgb], axis=1).astype(np.float32))
+        return "npy", buf.getvalue()
+    u, w = rng.random(MESH_POINTS), rng.random(MESH_POINTS)  # grid: a flat rectangle param x 1
+    buf = io.BytesIO()
+    np.save(buf, np.stack([(u - 0.5) * param, np.zeros(MESH_POINTS), w - 0.5], axis=1).astype(np.float32))
+    return "npy", buf.getvalue()
+
+
+def _mesh_captions(words: str, fmt: str, colour_name: str) -> list[str]:
+    coloured = fmt in ("ply", "ply-points", "npy6")
+    if coloured:
+        article, rest = words.split(" ", 1)
+        first = f"{'an' if colour_name[0] in 'aeiou' else 'a'} {colour_name} {rest}"
+        if rest.startswith("coloured "):
+            first = f"{'an' if colour_name[0] in 'aeiou' else 'a'} {colour_name} {rest[len('coloured '):]}"
+        return [first.capitalize() + ".", f"A 3D model: {words.replace('coloured ', '')}, coloured {colour_name}."]
+    return [words.capitalize() + ".", f"A 3D model of {words}, without colour."]
+
+
+def make_mesh_mini(out: Path) -> dict:
+    """``mesh_mini/shapes/shape_NNN.<ext>`` + ``shape_NNN.txt`` and ``mesh_mini/captions.csv``."""
+    import csv
+
+    root = out / "mesh_mini"
+    (root / "shapes").mkdir(parents=True)
+    rng = np.random.default_rng(SEED + 4)
+    rows, n = [], 0
+    for shape, fmt, variants in MESH_PLAN:
+        for words, param in variants:
+            colour_name, colour = MESH_COLOURS[n % len(MESH_COLOURS)]
+            ext, data = _shape_file(shape, fmt, param, colour, rng)
+            uid = f"shape_{n:03d}"
+            (root / "shapes" / f"{uid}.{ext}").write_bytes(data)
+            captions = _mesh_captions(words, fmt, colour_name)
+            (root / "shapes" / f"{uid}.txt").write_text("\n".join(captions) + "\n", encoding="utf-8")
+            rows.append({"uid": uid, "caption": captions[0], "path": f"shapes/{uid}.{ext}"})
+            n += 1
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=["uid", "caption", "path"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    (root / "captions.csv").write_text(text.getvalue(), encoding="utf-8")
+    return {"n_shapes": n}
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -1159,13 +1359,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0] + "\n\nWrites coco_mini/ (scikit-image photos + "
         "300 generated shape images, COCO captions json) and librispeech_mini/ (48 synthesised "
         "note sequences, FLAC + trans.txt) and text_mini/ (short documents, JSONL) and video_mini/ (36 generated videos of "
-        "moving shapes with captions) under --out. "
+        "moving shapes with captions) and mesh_mini/ (30 generated 3D shapes with captions) under --out. "
         "Deterministic: two runs give "
         "byte-identical files. See the module docstring for details.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help=f"output folder (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/ in the repo)")
-    ap.add_argument("--only", choices=["coco", "librispeech", "text", "video"], default=None,
+    ap.add_argument("--only", choices=["coco", "librispeech", "text", "video", "3d"], default=None,
                     help="regenerate only one of the corpora")
     args = ap.parse_args(argv)
 
@@ -1190,6 +1390,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(out / "video_mini")
         summary["video"] = make_video_mini(out)
 
+    if args.only in (None, "3d"):
+        if (out / "mesh_mini").exists():
+            shutil.rmtree(out / "mesh_mini")
+        summary["3d"] = make_mesh_mini(out)
+
     if "coco" in summary:
         c = summary["coco"]
         n, size = _dir_size(out / "coco_mini")
@@ -1213,6 +1418,9 @@ def main(argv: list[str] | None = None) -> int:
         n, size = _dir_size(out / "video_mini")
         print(f"video_mini: {v['n_videos']} videos ({v['n_webm']} WebM, {v['n_tone']} with a tone), "
               f"{v['seconds']:.1f} s in all, {n} files, {size / 1e6:.2f} MB")
+    if "3d" in summary:
+        n, size = _dir_size(out / "mesh_mini")
+        print(f"mesh_mini: {summary['3d']['n_shapes']} shapes, {n} files, {size / 1e3:.0f} kB")
     n, size = _dir_size(out)
     print(f"total under {out}: {n} files, {size / 1e6:.2f} MB")
     return 0

@@ -10,7 +10,8 @@ Modules (each with one job; contracts in their docstrings):
 * ``base``: ``SeededTaskEncoder``; ``documents``: ``DocumentTaskEncoder`` and ``TextBatch``.
 * ``text``, ``image_text`` (+ ``image_transforms``), ``audio_text`` (+ ``audio_features``): the encoders.
 * ``registry``: name → encoder class, ``get_encoder(name | YAML path | dict | config)``.
-* ``preview``: a batch as readable text; ``examples``: a worked new modality.
+* ``examples``: a worked new modality. (``preview``, a tool on the loader and the encoders, lives in
+  ``energon_platform.tools.preview``: this package never imports ``energon_platform``.)
 
 Nothing is imported here, so ``import task_encoders.config`` stays light.
 """

@@ -14,6 +14,7 @@ Config (``configs/encoders/multimodal.yaml``)::
       image_text: {image: {transforms: [...]}}     # `encoder:` defaults to the modality name
       audio_text: {audio: {n_mels: 80}}
       video_text: {video: {num_frames: 8}}
+      pointcloud_text: {pointcloud: {num_points: 1024}}
       text: {}
 
 Contracts:
@@ -24,7 +25,7 @@ Contracts:
   replaced by the top level's: packing and the skip policy belong to the multimodal encoder.
 * **Dispatch** (:meth:`MultimodalTaskEncoder.modality_of`). ``sample_type``: the class (or a base
   class) named in ``sample_types``; else ``CaptioningSample`` → ``image_text``, a sample with an
-  ``video`` field → ``video_text``, a sample with an ``audio`` field → ``audio_text``,
+  ``video`` field → ``video_text``, a sample with a ``geometry`` field → ``pointcloud_text``, a sample with an ``audio`` field → ``audio_text``,
   ``TextSample`` → ``text``. ``subflavor``: the modality named by
   ``__subflavors__[subflavor_key]`` (set per blend entry in an Energon metadataset,
   ``subflavors: {modality: image_text}``). A sample whose modality is not configured raises
@@ -34,8 +35,9 @@ Contracts:
   to what that encoder gives the same sample.
 * **Supported modality encoders**: those whose batch is exactly ``TextBatch`` (text),
   ``ImageTextBatch`` (one image per document), ``AudioTextBatch`` (log-mel features) or
-  ``VideoTextBatch`` (one clip per document, without ``video.audio``). Modalities of one kind must
-  agree on the image size / ``n_mels`` / clip shape, since their media are stacked in one tensor.
+  ``VideoTextBatch`` (one clip per document, without ``video.audio``) or ``PointCloudTextBatch`` (one
+  cloud per document). Modalities of one kind must agree on the image size / ``n_mels`` / clip shape
+  / ``[num_points, channels]``, since their media are stacked in one tensor.
   Media are collated by the modality encoders' own ``collate_media``.
 """
 
@@ -55,13 +57,15 @@ from task_encoders.audio_text import AudioTextBatch
 from task_encoders.config import At, EncoderConfig, TextConfig, parse, read_yaml, to_plain
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.image_text import ImageTextBatch
+from task_encoders.pointcloud_text import PointCloudTextBatch
 from task_encoders.registry import _import_module, encoder_class, register
 from task_encoders.seeding import sample_key
 from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR
 from task_encoders.video_text import VideoTextBatch
 
 #: Media kind of a modality encoder, by its batch type.
-_KINDS = {TextBatch: "text", ImageTextBatch: "image", AudioTextBatch: "audio", VideoTextBatch: "video"}
+_KINDS = {TextBatch: "text", ImageTextBatch: "image", AudioTextBatch: "audio", VideoTextBatch: "video",
+          PointCloudTextBatch: "pointcloud"}
 
 
 class UnknownModality(FatalSampleError):
@@ -69,14 +73,14 @@ class UnknownModality(FatalSampleError):
 
 
 def media_kind(cls: type, at: At) -> str:
-    """``"text"``, ``"image"``, ``"audio"`` or ``"video"`` for a modality encoder class; ``ConfigError`` otherwise."""
+    """``"text"``, ``"image"``, ``"audio"``, ``"video"`` or ``"pointcloud"`` for a modality encoder class; ``ConfigError`` otherwise."""
     if not isinstance(cls, type) or not issubclass(cls, DocumentTaskEncoder) or issubclass(cls, MultimodalTaskEncoder):
         raise at.error(f"{getattr(cls, '__name__', cls)} cannot be a modality", "a document encoder (not multimodal)")
     kind = _KINDS.get(cls.batch_type)
     if kind is None:
         raise at.error(f"{cls.name!r} makes {cls.batch_type.__name__}",
-                       "an encoder whose batch is TextBatch, ImageTextBatch, AudioTextBatch or VideoTextBatch "
-                       "(e.g. text, image_text, audio_text, video_text)")
+                       "an encoder whose batch is TextBatch, ImageTextBatch, AudioTextBatch, VideoTextBatch or "
+                       "PointCloudTextBatch (e.g. text, image_text, audio_text, video_text, pointcloud_text)")
     return kind
 
 
@@ -135,6 +139,8 @@ class MultimodalConfig(_MultimodalSections):
                 key, shape, what = "image", list(sub.image.size), "image size"
             elif kind == "audio":
                 key, shape, what = "audio.n_mels", sub.audio.n_mels, "n_mels"
+            elif kind == "pointcloud":
+                key, shape, what = "pointcloud", [sub.pointcloud.num_points, sub.pointcloud.channels], "[num_points, channels]"
             else:
                 key, shape, what = "video", [sub.video.num_frames, *sub.video.size], "[num_frames, h, w]"
             other, other_shape = first.setdefault(kind, (name, shape))
@@ -187,8 +193,12 @@ class MultimodalBatch(TextBatch):
       int32 ``(N_vid,)`` real frames per clip; ``num_videos``: int32 ``(D,)``, clips per document
       (1 for video-text, 0 otherwise); clip ``i`` belongs to document ``video_docs[i]``.
 
-    Absent media are empty tensors: ``(0, 3, h, w)``, ``(0, n_mels, 0)``, ``(0, T, 3, h, w)``
-    (sizes 0 when no modality of that kind is configured).
+    * ``points``: float32 ``(N_pc, P, C)`` clouds (as in ``PointCloudTextBatch``); ``has_colors``:
+      bool ``(N_pc,)``; ``num_clouds``: int32 ``(D,)``, clouds per document (1 for pointcloud-text,
+      0 otherwise); cloud ``i`` belongs to document ``cloud_docs[i]``.
+
+    Absent media are empty tensors: ``(0, 3, h, w)``, ``(0, n_mels, 0)``, ``(0, T, 3, h, w)``,
+    ``(0, P, C)`` (sizes 0 when no modality of that kind is configured).
     """
 
     modalities: list
@@ -200,6 +210,9 @@ class MultimodalBatch(TextBatch):
     videos: torch.Tensor
     num_frames: torch.Tensor
     num_videos: torch.Tensor
+    points: torch.Tensor
+    has_colors: torch.Tensor
+    num_clouds: torch.Tensor
 
     @property
     def image_docs(self) -> torch.Tensor:
@@ -215,6 +228,11 @@ class MultimodalBatch(TextBatch):
     def video_docs(self) -> torch.Tensor:
         """int64 ``(N_vid,)``: the document index of each clip."""
         return torch.repeat_interleave(torch.arange(len(self.num_videos)), self.num_videos.long())
+
+    @property
+    def cloud_docs(self) -> torch.Tensor:
+        """int64 ``(N_pc,)``: the document index of each point cloud."""
+        return torch.repeat_interleave(torch.arange(len(self.num_clouds)), self.num_clouds.long())
 
 
 @edataclass
@@ -269,6 +287,8 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         fields = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set()
         if "video" in fields:
             return "video_text"
+        if "geometry" in fields:
+            return "pointcloud_text"
         if "audio" in fields:
             return "audio_text"
         if issubclass(kind, TextSample):
@@ -301,7 +321,8 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         modality encoder of that kind; counts per document; empty tensors for absent kinds."""
         kinds = [self.kinds[d.modality] for d in docs]
         out: dict[str, Any] = {"modalities": [d.modality for d in docs]}
-        for kind, count in (("image", "num_images"), ("audio", "num_audio"), ("video", "num_videos")):
+        for kind, count in (("image", "num_images"), ("audio", "num_audio"), ("video", "num_videos"),
+                            ("pointcloud", "num_clouds")):
             out[count] = torch.tensor([k == kind for k in kinds], dtype=torch.int32)
             group = [d for d, k in zip(docs, kinds) if k == kind]
             media = self._collator(kind).collate_media(group) if group else self._empty(kind)
@@ -322,6 +343,9 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
             t, (h, w) = (subs[0].video.num_frames, subs[0].video.size) if subs else (0, (0, 0))
             return {"videos": torch.zeros((0, t, 3, h, w), dtype=torch.float32),
                     "num_frames": torch.zeros(0, dtype=torch.int32)}
+        if kind == "pointcloud":
+            p, c = (subs[0].pointcloud.num_points, subs[0].pointcloud.channels) if subs else (0, 3)
+            return {"points": torch.zeros((0, p, c), dtype=torch.float32), "has_colors": torch.zeros(0, dtype=torch.bool)}
         n_mels = subs[0].audio.n_mels if subs else 0
         return {"features": torch.zeros((0, n_mels, 0), dtype=torch.float32),
                 "feature_lengths": torch.zeros(0, dtype=torch.int64)}

@@ -7,7 +7,7 @@
     encoder = get_encoder("image_text", seed=3)                 # name: the class with default config
     encoder = get_encoder({"encoder": "text", "text": {...}})   # dict, like a YAML file
 
-The built-in encoders (``text``, ``image_text``, ``audio_text``, ``video_text``, ``multimodal``) register on first lookup; others
+The built-in encoders (``text``, ``image_text``, ``audio_text``, ``video_text``, ``pointcloud_text``, ``multimodal``) register on first lookup; others
 register when their module is imported, which a config can ask for with ``module: package.module``.
 """
 
@@ -22,7 +22,7 @@ from task_encoders.config import At, ConfigError, EncoderConfig, read_yaml
 
 _BUILTIN_MODULES = ("task_encoders.text", "task_encoders.image_text", "task_encoders.audio_text",
                     "task_encoders.video_text", "task_encoders.multimodal",
-                    "task_encoders.conversation")
+                    "task_encoders.conversation", "task_encoders.pointcloud_text")
 _REGISTRY: dict[str, type] = {}
 
 

@@ -14,10 +14,10 @@ import yaml
 from conftest import _convert, _image_item
 from demo_datasets import REPO
 from energon_platform.config import load_config
-from energon_platform.loader.source import DatasetError
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
+from storage import DatasetError
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 

@@ -74,7 +74,11 @@ def test_overwrite_of_a_prefix_removes_only_what_a_conversion_wrote(s3, converte
     text = ["text", "--manifest", str(docs(tmp_path / "docs.jsonl")), "--out", url, "--overwrite"]
     assert convert(text, tmp_path / "b", monkeypatch) == 0
     after = objects(s3, key)
-    expected = set(dataset_files(remote.staging_dir(url))) | {".convert/state.json", "notes.txt", "train/README"}
+    from converters.energon_meta import META_FILES
+
+    expected = {"report.json", "skipped.jsonl", ".convert/state.json", "notes.txt", "train/README",
+                "train/shard-000000.tar", "train/shard-000000.tar.idx", ".convert/units/train-shard-000000.json",
+                *(f".nv-meta/{n}" for n in META_FILES)}
     assert set(after) == expected, "old shards orphaned, or a foreign object removed"
     assert "train/shard-000002.tar" not in after
     report = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=f"{key}/report.json")["Body"].read())

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from task_encoders.preview import TILE, doc_media, preview
+from energon_platform.tools.preview import TILE, doc_media, preview
 from video_corpus import video_dataset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,9 +24,10 @@ import torch
 from converters.remote import dataset_files, upload_dataset
 from energon_platform.cli import main as cli_main
 from energon_platform.config import load_config
-from energon_platform.loader.source import DatasetError, SampleSource, StorageError
+from energon_platform.loader.source import SampleSource
 from energon_platform.loader.train_loader import TrainLoader
 from s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
+from storage import DatasetError, StorageError
 
 from demo_datasets import REPO
 

@@ -105,7 +105,7 @@ def test_packing_setting_must_match_the_config(image_text_encoder, image_text_sh
 
 
 def test_preview_lists_fields_and_decodes_tokens(image_text_encoder, image_text_shards, one_pass, caption_of):
-    from task_encoders.preview import preview_batch
+    from energon_platform.tools.preview import preview_batch
 
     batch = one_pass(image_text_encoder, image_text_shards)[0]
     text = preview_batch(image_text_encoder, batch, max_chars=1000)

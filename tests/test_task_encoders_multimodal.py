@@ -13,9 +13,9 @@ from megatron.energon import DefaultTaskEncoder, WorkerConfig, get_loader, get_s
 from megatron.energon.errors import FatalSampleError
 
 from conftest import SMALL_AUDIO, SMALL_IMAGE, caption_for
+from energon_platform.tools.preview import preview_batch
 from task_encoders.config import ConfigError
 from task_encoders.multimodal import MultimodalBatch, MultimodalTaskEncoder, UnknownModality
-from task_encoders.preview import preview_batch
 from task_encoders.registry import get_encoder
 from test_task_encoders_text import assert_consistent
 

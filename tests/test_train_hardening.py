@@ -16,10 +16,10 @@ import yaml
 from demo_datasets import REPO, coco_dataset, librispeech_dataset
 from energon_platform import cli
 from energon_platform.config import load_config
-from energon_platform.loader.source import DatasetError
 from energon_platform.training import checkpoint
 from energon_platform.training.preflight import preflight
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log, verdict
+from storage import DatasetError
 from task_encoders.config import ConfigError
 
 CLI = [sys.executable, "-m", "energon_platform"]

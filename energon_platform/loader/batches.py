@@ -53,8 +53,11 @@ class MicroBatchMaker:
     """
 
     def __init__(self, datasets: Any, encoder: Any, schedule: Schedule, rank: int, world_size: int,
-                 micro_items: int, planner: Any = None):
+                 micro_items: int, planner: Any = None, exclusions: Any = None):
         self.datasets, self.encoder, self.schedule = datasets, encoder, schedule
+        #: ``loader.exclude``: an :class:`~energon_platform.loader.exclusions.Excluder`, or None
+        self.exclusions = exclusions or None
+        self.excluded: dict[str, int] = {}  #: per dataset name: samples skipped by loader.exclude, in this process
         self.rank, self.world_size = rank, world_size
         #: with ``loader.balance``: the :class:`~energon_platform.loader.planner.Planner` of the run
         self.planner = planner
@@ -77,7 +80,7 @@ class MicroBatchMaker:
         else:
             log.warning("skipped %s: %s: %s", getattr(what, "__key__", what), type(exc).__name__, exc)
 
-    def _load_encoded(self, dataset: int, epoch: int, index: int) -> list:
+    def _load_encoded(self, dataset: int, epoch: int, index: int, batch: int | None = None) -> list:
         entry = self.datasets.entries[dataset]
         prefix = f"{entry.name}:" if self.datasets.metadataset else ""
         try:
@@ -88,6 +91,8 @@ class MicroBatchMaker:
             self._skip(e, {"__key__": prefix + (getattr(e, "sample_key", None) or f"#{index}")})
             return []
         sample.__key__ = prefix + sample.__key__
+        if self.exclusions is not None and self._exclude(batch, dataset, index, sample.__key__):
+            return []  # as if it had failed: replaced by its stand-in, but not counted as bad data
         sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": entry.name}
         try:
             return _as_list(self._encode(sample))
@@ -99,13 +104,24 @@ class MicroBatchMaker:
             self._skip(e, sample)
             return []
 
+    def _exclude(self, batch: int, dataset: int, index: int, key: str) -> bool:
+        """Whether ``loader.exclude`` skips the sample at global batch ``batch`` (logged and counted)."""
+        rule = self.exclusions.rule(batch, dataset, index, key)
+        if rule is not None:
+            name = self.datasets.entries[dataset].name
+            self.excluded[name] = self.excluded.get(name, 0) + 1
+            log.info("global batch %d: %s excluded (loader.exclude from step %d: %s)", batch, key, rule.start,
+                     rule.describe())
+        return rule is not None
+
     def _load_or_replace(self, c: int, dataset: int, epoch: int, index: int, room: int | None = None) -> list:
         """The encoded sample, or, when it fails (counted by the skip policy), its first stand-in
         that loads (:meth:`DatasetOrder.replacement`): micro-batches stay full (fixed shapes for
         Megatron, CUDA graphs, compiled models), the same on every layout and every resume.
         ``room``: in a planned row, stand-ins must be at most this long (by the length index); when
         none of them fits, the row keeps its place empty (padding) and the sample is counted."""
-        encoded = self._load_encoded(dataset, epoch, index)
+        batch = c // self.accumulation
+        encoded = self._load_encoded(dataset, epoch, index, batch)
         attempt = 0
         while not encoded:
             attempt += 1
@@ -120,7 +136,7 @@ class MicroBatchMaker:
             stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
             if room is not None and self.planner.length_of(dataset, epoch, stand_in)[0] > room:
                 continue  # would overflow the planned row
-            encoded = self._load_encoded(dataset, epoch, stand_in)
+            encoded = self._load_encoded(dataset, epoch, stand_in, batch)
             if encoded:
                 self.replaced.append({"micro_batch": c, "dataset": self.datasets.entries[dataset].name,
                                       "failed_index": index, "epoch": epoch, "stand_in": stand_in,

@@ -117,6 +117,12 @@ class Interleave:
         d = self.table[r].astype(np.int64)
         return d, cycle * self.counts[d] + self.rank[r]
 
+    def unit_of(self, dataset: int, numbers) -> np.ndarray:
+        """The inverse of :meth:`locate`: the units at which ``dataset`` takes its unit ``numbers``."""
+        k = np.asarray(numbers, dtype=np.int64)
+        cycle, r = np.divmod(k, self.counts[dataset])
+        return cycle * self.period + np.flatnonzero(self.table == dataset)[r]
+
     def consumed(self, n_units: int) -> np.ndarray:
         """Units of each dataset among the first ``n_units``."""
         cycle, r = divmod(int(n_units), self.period)
@@ -170,6 +176,21 @@ class Blend:
             ds, js = self._interleaves[s].locate(u[sel] - self._starts[s])
             d[sel], j[sel] = ds, js + self._bases[s][ds]
         return d, j
+
+    def unit_of(self, dataset: int, numbers) -> np.ndarray:
+        """The inverse of :meth:`locate`: the units at which ``dataset`` takes its unit ``numbers``
+        (``int64``; -1 for numbers it never reaches: its weight is 0 from then on)."""
+        j = np.asarray(numbers, dtype=np.int64)
+        bases = np.array([b[dataset] for b in self._bases], dtype=np.int64)
+        seg = np.searchsorted(bases, j, side="right") - 1  # the last segment that starts at or before j
+        out = np.full_like(j, -1)
+        for s in np.unique(seg):
+            inter = self._interleaves[s]
+            if inter.counts[dataset] == 0:
+                continue
+            sel = seg == s
+            out[sel] = self._starts[s] + inter.unit_of(dataset, j[sel] - bases[s])
+        return out
 
     def consumed(self, n_units: int) -> np.ndarray:
         """Units of each dataset among the first ``n_units`` (for accounting and logs)."""

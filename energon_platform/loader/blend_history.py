@@ -18,7 +18,7 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 from energon_platform.loader.blend import MAX_PERIOD, Segment, integer_counts
-from energon_platform.loader.source import DatasetError
+from storage import DatasetError
 
 
 def _weights_for(names: Sequence[str], mapping: dict[str, Any]) -> tuple[str, ...]:

@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from energon_platform.loader.metadataset_weights import WrittenLeaf, read_metadataset, written_shares
-from energon_platform.loader.source import DatasetError, SampleSource
+from energon_platform.loader.source import SampleSource
+from storage import DatasetError
 
 #: Metadataset keys whose meaning our schedule does not reproduce.
 UNSUPPORTED_KEYS = ("join", "subset", "shuffle_over_epochs_multiplier", "shuffle_over_epochs")

@@ -96,7 +96,7 @@ _WORK: dict = {}  # the build's (source, encoder) in a forked worker
 
 def _chunk(start: int) -> tuple[int, np.ndarray, list[str]]:
     from energon_platform.loader.light_sample import light_sample
-    from energon_platform.loader.source import DatasetError
+    from storage import DatasetError
 
     source, encoder, n = _WORK["source"], _WORK["encoder"], _WORK["n"]
     width = encoder.facts_width

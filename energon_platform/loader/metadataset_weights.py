@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_platform.loader.blend import weight_problem
-from energon_platform.loader.source import DatasetError
+from storage import DatasetError
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,35 @@ class DatasetOrder:
             out[body] = blocks(slot // s) * s + slot % s
         return out
 
+    def positions(self, epoch: int, indices) -> np.ndarray:
+        """The inverse of :meth:`indices`: the positions (``int64``) of sample ``indices`` in ``epoch``,
+        in O(1) per index (the keyed bijections run backwards)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if self.mode == "permutation":
+            return KeyedPermutation(self.num_samples, derive_key(self.key, epoch)).inverse(idx)
+        s, w = self.block_size, self.window_blocks
+        n_full = self.num_samples // s
+        span = w * s
+        out = np.empty_like(idx)
+        tail = idx >= n_full * s
+        if tail.any():
+            perm = KeyedPermutation(self.num_samples - n_full * s, derive_key(self.key, epoch, 1))
+            out[tail] = n_full * s + perm.inverse(idx[tail] - n_full * s)
+        body = ~tail
+        if body.any():
+            blocks = KeyedPermutation(n_full, derive_key(self.key, epoch, 2))
+            slot = blocks.inverse(idx[body] // s) * s + idx[body] % s
+            win = slot // span
+            pos = np.empty_like(slot)
+            for wi in np.unique(win):
+                sel = win == wi
+                size = min(w, n_full - int(wi) * w) * s
+                inner = KeyedPermutation(size // self.run, derive_key(self.key, epoch, 3, int(wi)))
+                r = slot[sel] - int(wi) * span
+                pos[sel] = int(wi) * span + inner.inverse(r // self.run) * self.run + r % self.run
+            out[body] = pos
+        return out
+
     def replacement(self, epoch: int, index: int, attempt: int) -> int:
         """The ``attempt``-th (1, 2, ...) stand-in for sample ``index`` of ``epoch`` when it fails to
         load or encode: a keyed draw of the same dataset, a pure function of its arguments (so the

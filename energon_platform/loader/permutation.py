@@ -69,15 +69,29 @@ class KeyedPermutation:
             left, right = right, left ^ (mix64(right ^ k) & self._mask)
         return (left << self._half) | right
 
+    def _feistel_inverse(self, y: np.ndarray) -> np.ndarray:
+        left, right = y >> self._half, y & self._mask
+        for k in reversed(self._round_keys):
+            left, right = right ^ (mix64(left ^ k) & self._mask), left
+        return (left << self._half) | right
+
+    def inverse(self, j):
+        """The position ``i`` with ``perm(i) == j`` (same shapes and cost as ``perm``): the Feistel
+        rounds backwards, cycle walking backwards (a walk from ``j`` meets no other image in ``[0, n)``)."""
+        return self._walk(j, self._feistel_inverse)
+
     def __call__(self, i):
+        return self._walk(i, self._feistel)
+
+    def _walk(self, i, rounds):
         scalar = np.isscalar(i)
         x = np.atleast_1d(np.asarray(i, dtype=np.int64))
         if x.size and (x.min() < 0 or x.max() >= self.n):
             raise IndexError(f"position out of [0, {self.n})")
-        y = self._feistel(x.astype(np.uint64))
+        y = rounds(x.astype(np.uint64))
         out = y >= np.uint64(self.n)
         while out.any():
-            y[out] = self._feistel(y[out])
+            y[out] = rounds(y[out])
             out = y >= np.uint64(self.n)
         y = y.astype(np.int64)
         return int(y[0]) if scalar else y.reshape(np.shape(i))

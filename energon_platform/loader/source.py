@@ -19,7 +19,6 @@ like undecodable ones, and when a micro-batch cannot be filled the error names t
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -27,57 +26,17 @@ import shlex
 from typing import Any
 
 from megatron.energon import WorkerConfig
-from megatron.energon.epathlib import EPath
 
+from storage import DatasetError, StorageError, dataset_root, is_remote, storage_errors
 
-class DatasetError(ValueError):
-    """The dataset path is not a usable Energon dataset (one line, names the path).
-
-    Raised in a DataLoader worker, PyTorch re-raises it in the main process with the worker's
-    traceback as its message; ``str()`` gives back the one line (``args[0]`` keeps the traceback).
-    """
-
-    def __str__(self) -> str:
-        text = super().__str__()
-        if "Original Traceback" not in text:
-            return text
-        return text.rstrip().splitlines()[-1].partition(": ")[2] + " (in a DataLoader worker)"
-
-
-class StorageError(DatasetError):
-    """The dataset's storage failed a read (one line, names the path and the cause)."""
+#: ``DatasetError`` and ``StorageError`` are the storage room's (:mod:`storage`), re-exported: the
+#: loader raises them, so a caller may name them from here.
+__all__ = ["DatasetError", "SampleSource", "SamplesFailedError", "StorageError", "split_parts"]
 
 
 class SamplesFailedError(DatasetError):
     """A sample and all its stand-ins failed (:meth:`SampleSource.samples_failed`): bad data, one
     line; when a shard was found corrupt it names the shard and ``energon-platform verify``."""
-
-
-@contextlib.contextmanager
-def storage_errors(path: str, what: str):
-    """Turn what the storage client raises inside the block into :class:`StorageError`: ``OSError``
-    (permission, missing object, I/O), MSC's ``RuntimeError`` (connection failed after botocore's
-    retries) and ``RetryableError`` (MSC's own retries used up). ``DatasetError`` passes through."""
-    from multistorageclient.types import RetryableError
-
-    try:
-        yield
-    except DatasetError:
-        raise
-    except (OSError, RuntimeError, RetryableError) as e:
-        hint = ""
-        if isinstance(e, PermissionError) and path.startswith("msc://"):
-            hint = f"; check the credentials of MSC profile {EPath(path).profile!r} (MSC_CONFIG)"
-        raise StorageError(f"{path}: cannot read {what} ({type(e).__name__}: {e}){hint}") from e
-
-
-def dataset_root(path: str) -> EPath:
-    """``EPath`` of a dataset folder or ``msc://PROFILE/...`` URL; an unknown MSC profile is a
-    :class:`DatasetError`."""
-    try:
-        return EPath(path)
-    except ValueError as e:  # MSC: profile not in MSC_CONFIG / ~/.msc_config.yaml
-        raise DatasetError(f"{path}: {e}") from None
 
 
 def _factory(path: str, split: str, subflavors: dict | None = None):
@@ -167,7 +126,7 @@ class SampleSource:
 
     @property
     def remote(self) -> bool:
-        return "://" in self.path
+        return is_remote(self.path)
 
     def _ensure_reader(self) -> None:
         if self._pid != os.getpid() and self.remote:  # a forked DataLoader worker must not share

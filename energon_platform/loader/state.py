@@ -39,6 +39,9 @@ class LoaderState:
     #: with ``loader.balance``: where planning of the next global batch starts,
     #: ``{"batch", "position", "carried": [stream positions]}`` (:class:`~energon_platform.loader.planner.PlanState`)
     plan: dict | None = None
+    #: ``loader.exclude``'s history: ``[{"start", "end", "keys", "shards", "datasets"}, ...]``
+    #: (:class:`~energon_platform.loader.exclusions.Exclusion`); None: nothing ever excluded
+    exclude: list | None = None
 
     @property
     def next_global_batch(self) -> int:
@@ -93,7 +96,8 @@ class LoaderState:
         consumed = data.get("consumed", [])
         return cls(version=version, fingerprint=data["fingerprint"], next_microbatch=data["next_microbatch"],
                    accumulation=data["accumulation"], layout=data["layout"], datasets=list(data["datasets"]),
-                   blend=blend, consumed=consumed if isinstance(consumed, list) else [], plan=_plan(data.get("plan")))
+                   blend=blend, consumed=consumed if isinstance(consumed, list) else [], plan=_plan(data.get("plan")),
+                   exclude=_exclude(data.get("exclude")))
 
     @classmethod
     def from_json(cls, text: str) -> "LoaderState":
@@ -101,7 +105,7 @@ class LoaderState:
 
 
 _REQUIRED = {"version", "fingerprint", "next_microbatch", "accumulation", "layout", "datasets", "blend"}
-_FIELDS = _REQUIRED | {"consumed", "plan"}
+_FIELDS = _REQUIRED | {"consumed", "plan", "exclude"}
 #: No real run reaches this many micro-batches; a larger position is a corrupted or edited state.
 MAX_POSITION = 2**53
 
@@ -132,6 +136,20 @@ def _plan(plan: Any) -> dict | None:
                                                 0 <= p < plan["position"] for p in carried):
         raise StateMismatchError("loader state is malformed: plan.carried must list stream positions below plan.position")
     return {"batch": plan["batch"], "position": plan["position"], "carried": list(carried)}
+
+
+def _exclude(rules: Any) -> list | None:
+    """A saved exclusion history, checked rule by rule."""
+    from energon_platform.loader.exclusions import Exclusion
+
+    if rules is None:
+        return None
+    if not isinstance(rules, list):
+        raise StateMismatchError("loader state is malformed: exclude must be a list of rules")
+    try:
+        return [Exclusion.from_json(r).to_json() for r in rules]
+    except ValueError as e:
+        raise StateMismatchError(f"loader state is malformed: exclude: {e}") from None
 
 
 def _is_weight(text: str) -> bool:

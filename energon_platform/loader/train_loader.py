@@ -28,11 +28,12 @@ from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
 from energon_platform.loader.blend import Blend
 from energon_platform.loader.blend_history import plan_segments, resume_segments
 from energon_platform.loader.datasets import open_datasets
+from energon_platform.loader.exclusions import Excluder, Exclusion, blend_steps, planned, resumed
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import LayoutError, Schedule
-from energon_platform.loader.source import DatasetError
 from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError, check_fingerprint
+from storage import DatasetError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,9 @@ class TrainLoader:
         self.orders = tuple(DatasetOrder(len(e.source), derive_key(lc.seed, *_stream_id(e.name)), lc.shuffle_buffer,
                                          run=lc.shuffle_run)
                             for e in self.datasets.entries)  # stream ids by name: entries are independent
-        self._set_blend(plan_segments(self.datasets, lc.blend_schedule, self._units_per_batch))
+        self.exclusions = planned(lc.exclude)  #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
+        self._set_blend(plan_segments(self.datasets, blend_steps(self.datasets, lc.blend_schedule, self.exclusions),
+                                      self._units_per_batch))
         self.fingerprint = {
             "encoder": {"name": type(self.encoder).__name__, "config_sha": _digest(_encoder_config(self.encoder))},
             "seed": lc.seed,
@@ -156,7 +159,8 @@ class TrainLoader:
                                    budget=self.config.global_batch_tokens, window=self.config.balance_window,
                                    fill=self.config.balance_lookahead, start=plan_state)
         self.maker = MicroBatchMaker(self.datasets, self.encoder, self.schedule, self.rank, self.world_size,
-                                     self.micro_items, planner=self.planner)
+                                     self.micro_items, planner=self.planner,
+                                     exclusions=Excluder(self.exclusions, self.datasets) if self.exclusions else None)
 
     def balance_stats(self, batch: int) -> dict:
         """Global batch ``batch`` of a planned run: per-rank cost max/mean, padding, samples and
@@ -239,6 +243,8 @@ class TrainLoader:
             raise
         assert c == self.next_microbatch, f"micro-batch {c} arrived where {self.next_microbatch} was due"
         self.next_microbatch += 1
+        if self.planned and self.next_microbatch % self.accumulation == 0:
+            self.planner.plan(self.global_batch)  # keep this process's plans current (state_dict, stats): O(1) a step
         return batch
 
     def _dead_workers(self, wait: float) -> list[tuple[int, int]]:
@@ -271,6 +277,7 @@ class TrainLoader:
             datasets=self.datasets.names, blend=self.blend.to_json(),
             consumed=list(self.consumed().values()),
             plan=self.planner.state_at(self.global_batch).to_json() if self.planned else None,
+            exclude=[ex.to_json() for ex in self.exclusions] or None,
         ).to_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -299,12 +306,17 @@ class TrainLoader:
                 raise StateMismatchError("the checkpoint's loader state has no plan for global batch "
                                          f"{state.next_global_batch} (saved without loader.balance?)")
             plan_state = PlanState.from_json(state.plan)
-        segments, changes = resume_segments(state, self.datasets, self.config.blend_schedule,
+        self.exclusions, excluded = resumed([Exclusion.from_json(r) for r in state.exclude or ()],
+                                            self.config.exclude, state.next_global_batch)
+        segments, changes = resume_segments(state, self.datasets,
+                                            blend_steps(self.datasets, self.config.blend_schedule, self.exclusions),
                                             state.next_global_batch, self._units_per_batch,
                                             resume_unit=plan_state.position if plan_state else None)
         for change in changes if self.rank == 0 else ():  # once per job, not once per rank
             log.warning("blend changed at resume: %s", change)
-        self.blend_changes = changes
+        for change in excluded if self.rank == 0 else ():
+            log.warning("loader.exclude changed at resume: %s", change)
+        self.blend_changes = changes + excluded
         self._set_blend(segments, plan_state)
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0)
@@ -390,7 +402,7 @@ def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size:
     import yaml
 
     from energon_platform.loader.datasets import is_metadataset
-    from energon_platform.loader.source import dataset_root
+    from storage import dataset_root
 
     if not cfg.data.val_split:
         return None

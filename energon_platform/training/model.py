@@ -2,7 +2,8 @@
 
 Each document's media becomes one conditioning vector added to its token embeddings: images
 through a patch embedding (``Conv2d`` with stride = patch) mean-pooled over patches, audio log-mel
-frames through a linear layer mean-pooled over valid frames. Then a few pre-norm transformer
+frames through a linear layer mean-pooled over valid frames, point clouds through a linear layer on
+each point (xyz + rgb; xyz-only clouds get zero colour channels) mean-pooled over points. Then a few pre-norm transformer
 layers with causal attention *within* each document (packed rows hold several documents:
 ``position_ids`` restart at 0 where a document starts) and a next-token LM loss averaged over
 ``loss_mask``. Works on every batch type of ``task_encoders`` (text, image-text, audio-text,
@@ -44,7 +45,12 @@ def media_of(encoder: Any) -> tuple[str, ...]:
     configs = list(getattr(encoder.config, "modalities", {}).values()) or [encoder.config]
     kinds = {"image" for c in configs if getattr(c, "image", None) is not None}
     kinds |= {"audio" for c in configs if getattr(c, "audio", None) is not None}
-    return tuple(k for k in ("image", "audio") if k in kinds)
+    kinds |= {"points" for c in configs if getattr(c, "pointcloud", None) is not None}
+    return tuple(k for k in ("image", "audio", "points") if k in kinds)
+
+
+#: Channels of the point-cloud embedding's input: xyz + rgb (``pointcloud_text`` batches, ``points``).
+POINT_CHANNELS = 6
 
 
 class CaptionModel(nn.Module):
@@ -61,6 +67,7 @@ class CaptionModel(nn.Module):
         self.positions = nn.Embedding(seq_len, d)
         self.patches = nn.Conv2d(3, d, kernel_size=cfg.patch, stride=cfg.patch) if "image" in media else None
         self.audio = nn.Linear(n_mels, d) if "audio" in media else None
+        self.points = nn.Linear(POINT_CHANNELS, d) if "points" in media else None
         self.blocks = nn.ModuleList(
             nn.TransformerEncoderLayer(d, cfg.heads, 4 * d, cfg.dropout, batch_first=True, norm_first=True)
             for _ in range(cfg.layers)
@@ -80,6 +87,9 @@ class CaptionModel(nn.Module):
             lengths = batch.feature_lengths.clamp(min=1)
             valid = (torch.arange(frames.shape[1], device=frames.device)[None, :] < lengths[:, None]).float()
             parts.append(((frames * valid[..., None]).sum(1) / lengths[:, None].float(), getattr(batch, "audio_docs", None)))
+        if self.points is not None:
+            clouds = F.pad(batch.points, (0, POINT_CHANNELS - batch.points.shape[-1]))  # (N, P, 6)
+            parts.append((self.points(clouds).mean(dim=1), getattr(batch, "cloud_docs", None)))
         if not parts:
             return None
         if len(parts) == 1 and parts[0][1] is None:

@@ -24,8 +24,9 @@ from typing import Any, Iterator
 from energon_platform.config import ModelConfig, RunConfig
 from energon_platform.loader.datasets import is_metadataset, open_datasets
 from energon_platform.loader.metadataset_weights import read_metadataset
-from energon_platform.loader.source import DatasetError, SampleSource, StorageError, dataset_root, split_parts
+from energon_platform.loader.source import SampleSource, split_parts
 from energon_platform.training import checkpoint
+from storage import DatasetError, StorageError, dataset_root
 from task_encoders.config import ConfigError
 
 

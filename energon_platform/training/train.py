@@ -50,7 +50,7 @@ from energon_platform.training.step_log import open_for_append
 from energon_platform.training.preflight import preflight
 
 def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
-    """Document index → its media tensors (images; audio features cut to their valid length).
+    """Document index → its media tensors (images; audio features cut to their valid length; point clouds).
     Single-modality batches hold one medium per document; mixed batches say where each one goes
     (``image_docs``/``audio_docs``)."""
     out: dict[int, list[torch.Tensor]] = {}
@@ -63,6 +63,11 @@ def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
         docs = getattr(batch, "audio_docs", None)
         for i, j in enumerate(docs.tolist() if docs is not None else range(len(features))):
             out.setdefault(j, []).append(features[i, :, : int(batch.feature_lengths[i])])
+    points = getattr(batch, "points", None)
+    if isinstance(points, torch.Tensor):
+        docs = getattr(batch, "cloud_docs", None)
+        for i, j in enumerate(docs.tolist() if docs is not None else range(len(points))):
+            out.setdefault(j, []).append(points[i])
     return out
 
 
@@ -93,7 +98,8 @@ def _n_mels(encoder: Any) -> int:
     return next((c.audio.n_mels for c in configs if getattr(c, "audio", None) is not None), 80)
 
 
-TENSOR_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "images", "features", "feature_lengths", "cu_seqlens")
+TENSOR_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "images", "features", "feature_lengths", "cu_seqlens",
+                 "points")
 
 
 def _init_distributed() -> tuple[int, int, torch.device]:

@@ -40,6 +40,7 @@ DEFAULT_ENCODERS = {
     "CaptioningSample": {"encoder": "image_text"},
     "AudioTextSample": {"encoder": "audio_text"},
     "VideoTextSample": {"encoder": "video_text"},
+    "PointCloudTextSample": {"encoder": "pointcloud_text"},
     "TextSample": {"encoder": "text"},
 }
 TILE = 96  #: pixel height of an image, a video frame or a spectrogram on the sheet
@@ -50,7 +51,7 @@ PAD = 6
 
 def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
     """Per document, its media as ``(kind, tensor)``: ``("image", (C, h, w))``, ``("tiles",
-    (n, C, h, w))``, ``("video", (T, C, h, w))`` (real frames only) or ``("mel", (n_mels, T))``
+    (n, C, h, w))``, ``("video", (T, C, h, w))`` (real frames only), ``("points", (P, 3|6))`` or ``("mel", (n_mels, T))``
     (valid frames only). Reads any batch of this package: one medium per document (``image_text``,
     ``audio_text``, ``video_text``), media with per-document counts (``multimodal``), tiles
     (``tiles`` + ``num_tiles``), images of shape ``(D, n, C, h, w)``."""
@@ -79,6 +80,10 @@ def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
         frames = batch.num_frames.tolist()
         for i, j in enumerate(owners("num_videos", videos.shape[0])):
             out[j].append(("video", videos[i, : frames[i]]))
+    points = getattr(batch, "points", None)
+    if isinstance(points, torch.Tensor) and points.ndim == 3:
+        for i, j in enumerate(owners("num_clouds", points.shape[0])):
+            out[j].append(("points", points[i]))
     for name, lengths_name, count_name in (("features", "feature_lengths", "num_audio"),
                                            ("audio_features", "audio_lengths", "")):
         feats = getattr(batch, name, None)
@@ -141,6 +146,34 @@ def _mel_to_pil(mel: torch.Tensor, width: int) -> Any:
     return Image.fromarray(rgb, "RGB").resize((max(1, min(width, x.shape[1] * 4)), TILE), Image.Resampling.BILINEAR)
 
 
+#: Views of a point cloud on the sheet: (name, horizontal axis, vertical axis, depth axis), y up.
+POINT_VIEWS = (("front", 0, 1, 2), ("side", 2, 1, 0), ("top", 0, 2, 1))
+
+
+def _points_to_pil(points: torch.Tensor, view: tuple[str, int, int, int]) -> Any:
+    """A cloud ``(P, 3|6)`` drawn orthographically, ``TILE`` square: points far away first, near
+    ones over them; coloured by their rgb channels when they have non-zero ones, else by depth."""
+    import numpy as np
+    from matplotlib import colormaps
+    from PIL import Image
+
+    _, h_axis, v_axis, d_axis = view
+    p = points.detach().float().cpu().numpy()
+    xyz = p[:, :3]
+    extent = float(np.abs(xyz).max()) or 1.0
+    u = np.clip(((xyz[:, h_axis] / extent + 1) / 2 * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2)
+    v = np.clip(((1 - (xyz[:, v_axis] / extent + 1) / 2) * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2)
+    depth = xyz[:, d_axis]
+    if p.shape[1] >= 6 and np.any(p[:, 3:6]):
+        rgb = (np.clip(p[:, 3:6], 0, 1) * 255).astype(np.uint8)
+    else:
+        rgb = (colormaps["viridis"]((depth - depth.min()) / (np.ptp(depth) or 1.0))[:, :3] * 255).astype(np.uint8)
+    img = np.full((TILE, TILE, 3), 255, dtype=np.uint8)
+    for i in np.argsort(depth, kind="stable"):  # the viewer is on the depth axis' positive side
+        img[v[i]:v[i] + 2, u[i]:u[i] + 2] = rgb[i]
+    return Image.fromarray(img, "RGB")
+
+
 def _wrap(text: str, font: Any, width: int, max_lines: int) -> list[str]:
     lines, line = [], ""
     for word in text.split():
@@ -175,6 +208,8 @@ def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = ""
             for kind, tensor in media:
                 if kind == "image":
                     pics.append(_to_pil(tensor, norm))
+                elif kind == "points":
+                    pics += [_points_to_pil(tensor, view) for view in POINT_VIEWS]
                 elif kind in ("tiles", "video"):
                     step = max(1, -(-tensor.shape[0] // MAX_TILES))
                     pics += [_to_pil(frame, norm) for frame in tensor[::step]]
@@ -240,7 +275,7 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
         return load_config(path, overrides)
     if encoder is None:
         if path.is_dir() and not (path / ".nv-meta" / "dataset.yaml").is_file():
-            from energon_platform.loader.source import DatasetError
+            from storage import DatasetError
 
             raise DatasetError(f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml) nor a run config; "
                                f"convert it with `energon-platform convert ...` first")

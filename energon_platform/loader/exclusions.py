@@ -1,0 +1,181 @@
+"""``loader.exclude``: skip keys, shards or whole datasets from a given global batch on, exactly.
+
+A run's exclusions are a history of :class:`Exclusion`\\ s (first global batch, end or None,
+what they match), planned from the config and continued at resume the way the blend is
+(:mod:`~energon_platform.loader.blend_history`):
+
+* a sample matched by a rule active at global batch ``b`` is never trained on in ``b``: the
+  micro-batch maker treats it like a sample that failed to load, so it is replaced by its keyed
+  stand-in (:meth:`~energon_platform.loader.orders.DatasetOrder.replacement`, a pure function of
+  the sample; stand-ins that are excluded too are passed over). Batches stay full and identical
+  on every layout; steps before the rule's start are untouched;
+* a whole dataset (``datasets``) gets weight 0 in the blend from the rule's start (a change of
+  the blend, kept in the blend history), so no stand-in is needed;
+* at resume, a rule added to the config takes effect from the resume batch (from its own step
+  when that is later), and a saved rule no longer in the config ends there; the saved history
+  before the resume stays as it was, so a later resume, and ``energon-platform trace``, replay it.
+
+Keys are matched as training logs them (``"{dataset}:{key}"`` in a blend, else the bare key),
+shards as ``"{dataset}:{shard name}"`` in a blend, else the shard name; both take ``fnmatch``
+patterns.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from fractions import Fraction
+from itertools import accumulate
+from typing import Any, Sequence
+
+from storage import DatasetError
+
+_PATTERN = set("*?[")
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """From global batch ``start`` until ``end`` (exclusive; None: open), skip what the lists match."""
+
+    start: int
+    end: int | None
+    keys: tuple[str, ...] = ()
+    shards: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()
+
+    @property
+    def what(self) -> tuple:
+        return self.keys, self.shards, self.datasets
+
+    def active(self, batch: int) -> bool:
+        return self.start <= batch and (self.end is None or batch < self.end)
+
+    def describe(self) -> str:
+        parts = [f"{name} {list(v)}" for name, v in zip(("keys", "shards", "datasets"), self.what) if v]
+        return ", ".join(parts)
+
+    def to_json(self) -> dict:
+        return {"start": self.start, "end": self.end, "keys": list(self.keys), "shards": list(self.shards),
+                "datasets": list(self.datasets)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Exclusion":
+        """A saved rule, checked (``ValueError`` naming what is wrong)."""
+        if not isinstance(data, dict) or set(data) != {"start", "end", "keys", "shards", "datasets"}:
+            raise ValueError("each rule must be {start, end, keys, shards, datasets}")
+        start, end = data["start"], data["end"]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0 or \
+                (end is not None and (isinstance(end, bool) or not isinstance(end, int) or end <= start)):
+            raise ValueError(f"start {start!r} / end {end!r} must be integers with 0 <= start < end (or end null)")
+        lists = [data[k] for k in ("keys", "shards", "datasets")]
+        if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists):
+            raise ValueError("keys, shards and datasets must be lists of strings")
+        return cls(start, end, *(tuple(v) for v in lists))
+
+
+def planned(rules: Sequence[Any]) -> list[Exclusion]:
+    """The history of a fresh run: one open :class:`Exclusion` per ``loader.exclude`` entry."""
+    return [Exclusion(r.step, None, tuple(r.keys), tuple(r.shards), tuple(r.datasets)) for r in rules]
+
+
+def resumed(saved: Sequence[Exclusion], rules: Sequence[Any], resume_batch: int) -> tuple[list[Exclusion], list[str]]:
+    """``(history, changes)`` continuing the ``saved`` history at ``resume_batch`` with the config's ``rules``."""
+    wanted = {(tuple(r.keys), tuple(r.shards), tuple(r.datasets)): r.step for r in rules}
+    out, changes, open_now = [], [], set()
+    for ex in saved:
+        if ex.start >= resume_batch:  # not yet in effect: the config decides again
+            continue
+        if ex.end is None and ex.what not in wanted:
+            changes.append(f"from global batch {resume_batch}: exclusion of {ex.describe()} ended")
+            ex = Exclusion(ex.start, resume_batch, *ex.what)
+        elif ex.end is None:
+            open_now.add(ex.what)
+        out.append(ex)
+    for what, step in wanted.items():
+        if what in open_now:
+            continue
+        ex = Exclusion(max(step, resume_batch), None, *what)
+        if step < resume_batch:
+            changes.append(f"from global batch {resume_batch}: exclusion of {ex.describe()} added "
+                           f"(configured from step {step})")
+        out.append(ex)
+    return out, changes
+
+
+def blend_steps(datasets: Any, blend_schedule: Sequence[Any], history: Sequence[Exclusion]) -> tuple:
+    """``blend_schedule`` with the dataset exclusions of ``history`` folded in: at every step where
+    the planned weights or an exclusion change, the planned weights with excluded datasets at 0
+    (``BlendStep``-like entries for :func:`~energon_platform.loader.blend_history.plan_segments`)."""
+    from energon_platform.config import BlendStep
+
+    dropping = [ex for ex in history if ex.datasets]
+    if not dropping:
+        return tuple(blend_schedule)
+    names = datasets.names
+    unknown = sorted({n for ex in dropping for n in ex.datasets} - set(names))
+    if unknown:
+        raise DatasetError(f"loader.exclude names dataset(s) {unknown} that the run does not have "
+                           f"(its datasets: {names})")
+    for entry in blend_schedule:
+        if set(entry.weights) - set(names):
+            raise DatasetError(f"loader.blend_schedule names dataset(s) {sorted(set(entry.weights) - set(names))} "
+                               f"that the blend does not have (its datasets: {list(names)})")
+    base = dict(zip(names, (Fraction(w) for w in datasets.weights())))
+    points = sorted({b.step for b in blend_schedule} | {ex.start for ex in dropping} |
+                    {ex.end for ex in dropping if ex.end is not None})
+    steps = []
+    for step in points:
+        planned_now = [b for b in blend_schedule if b.step <= step]
+        weights = ({n: Fraction(str(planned_now[-1].weights.get(n, 0))) for n in names} if planned_now else dict(base))
+        for ex in dropping:
+            if ex.active(step):
+                weights.update({n: Fraction(0) for n in ex.datasets})
+        if not any(weights.values()):
+            raise DatasetError(f"loader.exclude leaves no dataset with a weight above 0 from global batch {step}")
+        steps.append(BlendStep(step, {n: str(w) for n, w in weights.items()}))
+    return tuple(steps)
+
+
+class Excluder:
+    """``excluded(batch, dataset, index, key)``: whether the history skips that sample at ``batch``.
+
+    ``key`` is the sample's key as logged; shards are found from ``index`` (no read)."""
+
+    def __init__(self, history: Sequence[Exclusion], datasets: Any):
+        self.history = list(history)
+        self.names = datasets.names
+        self._prefixes = [f"{n}:" if datasets.metadataset else "" for n in self.names]
+        shards = [[(s.name, s.count) for s in e.source._factory.shards] for e in datasets.entries]
+        self._shard_names = [[name for name, _ in per] for per in shards]
+        self._shard_starts = [[0, *accumulate(c for _, c in per)] for per in shards]
+        self._rules = [(ex, *_matcher(ex.keys), *_matcher(ex.shards), set(ex.datasets)) for ex in self.history]
+
+    def __bool__(self) -> bool:
+        return bool(self.history)
+
+    def shard(self, dataset: int, index: int) -> str:
+        """The name of the shard that holds sample ``index`` of ``dataset`` (``train/shard-000003.tar``)."""
+        return self._shard_names[dataset][bisect_right(self._shard_starts[dataset], index) - 1]
+
+    def rule(self, batch: int, dataset: int, index: int, key: str) -> Exclusion | None:
+        """The first rule active at ``batch`` that matches the sample, or None."""
+        shard = None
+        for ex, key_set, key_patterns, shard_set, shard_patterns, names in self._rules:
+            if not ex.active(batch):
+                continue
+            if self.names[dataset] in names or key in key_set or any(fnmatchcase(key, p) for p in key_patterns):
+                return ex
+            if shard_set or shard_patterns:
+                shard = shard or self._prefixes[dataset] + self.shard(dataset, index)
+                if shard in shard_set or any(fnmatchcase(shard, p) for p in shard_patterns):
+                    return ex
+        return None
+
+    def excluded(self, batch: int, dataset: int, index: int, key: str) -> bool:
+        return self.rule(batch, dataset, index, key) is not None
+
+
+def _matcher(items: Sequence[str]) -> tuple[set, list]:
+    """Exact strings as a set, patterns as a list."""
+    return {x for x in items if not _PATTERN & set(x)}, [x for x in items if _PATTERN & set(x)]

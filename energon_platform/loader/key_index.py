@@ -1,0 +1,68 @@
+"""Sample keys ↔ dataset indices of one split, from Energon's ``index.sqlite`` (no shard is read).
+
+Energon's index (``.nv-meta/index.sqlite``, table ``samples``) holds every sample's key with its
+tar file (numbered in the order of ``.nv-meta/.info.json``'s ``shard_counts``) and its number in
+that tar file; a split's dataset index is its shard's start in the split's shard list plus that
+number (:class:`~energon_platform.loader.shard_reader.ShardReader`'s order). Both directions are
+one indexed query. On object storage the index file is copied to a temporary file once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tempfile
+from bisect import bisect_right
+from itertools import accumulate
+from typing import Any
+
+from storage import DatasetError, dataset_root, storage_errors
+
+
+class KeyIndex:
+    """``keys(indices)`` and ``index(key)`` for one :class:`~energon_platform.loader.source.SampleSource`."""
+
+    def __init__(self, source: Any):
+        meta = dataset_root(source.path) / ".nv-meta"
+        shards = source._factory.shards  # the split's ShardInfos, in dataset-index order
+        self.shard_names = [s.name for s in shards]
+        self._starts = [0, *accumulate(s.count for s in shards)]
+        with storage_errors(source.path, "the dataset's index"):
+            order = list(json.loads((meta / ".info.json").read_text())["shard_counts"])
+            db = meta / "index.sqlite"
+            if db.is_local():
+                path = str(db.local_path())
+            else:  # sqlite needs a file: one copy of the index
+                self._copy = tempfile.NamedTemporaryFile(suffix=".sqlite")
+                self._copy.write(db.fs.read(db._internal_str_path))
+                self._copy.flush()
+                path = self._copy.name
+        tar_ids = {name: i for i, name in enumerate(order)}
+        missing = [n for n in self.shard_names if n not in tar_ids]
+        if missing:
+            raise DatasetError(f"{source.path}: shard {missing[0]} is not in .nv-meta/.info.json; the index is stale")
+        self._tar_ids = [tar_ids[n] for n in self.shard_names]
+        self._split_shard = {t: k for k, t in enumerate(self._tar_ids)}
+        self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+    def shard(self, index: int) -> tuple[int, int]:
+        """``(shard number in the split, sample number in that shard)`` of dataset index ``index``."""
+        k = bisect_right(self._starts, index) - 1
+        return k, index - self._starts[k]
+
+    def keys(self, indices) -> list[str]:
+        """The sample keys (as stored, without a dataset prefix) of dataset ``indices``."""
+        out = []
+        for i in indices:
+            k, j = self.shard(int(i))
+            row = self._db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
+                                   (self._tar_ids[k], j)).fetchone()
+            out.append(row[0] if row else f"#{int(i)}")
+        return out
+
+    def index(self, key: str) -> int | None:
+        """The dataset index of ``key`` in this split, or None when the split has no such sample."""
+        row = self._db.execute("SELECT tar_file_id, sample_index FROM samples WHERE sample_key = ?", (key,)).fetchone()
+        if row is None or row[0] not in self._split_shard:
+            return None
+        return self._starts[self._split_shard[row[0]]] + row[1]

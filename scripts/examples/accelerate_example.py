@@ -1,0 +1,88 @@
+"""Hugging Face Accelerate on energon-platform's loader: ``accelerator.prepare`` takes model and
+optimizer only; ``prepare_loader`` (``energon_platform.integrations.accelerate``) builds this
+process's ``TrainLoader`` and puts its state into ``accelerator.save_state``/``load_state``
+(restored in O(1), no ``skip_first_batches`` replay).
+
+    python scripts/examples/accelerate_example.py --config run.yaml --out OUT --steps 12 [--resume]
+    accelerate launch --cpu --num_processes 2 scripts/examples/accelerate_example.py ...   # or torchrun
+
+``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each step
+is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and digests:
+check-resume's exact check). ``--skip-loader-restore`` breaks the resume on purpose (model,
+optimizer and RNG restored, the data starts over): check-resume must fail it.
+"""
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from energon_platform import StepLog, TrainLoader, batch_digest, load_config, to_device
+from energon_platform.integrations.accelerate import prepare_loader
+from tiny_model import TinyModel, loss_sums
+
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("--config", required=True)
+p.add_argument("--out", required=True)
+p.add_argument("--steps", type=int, required=True)
+p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+p.add_argument("--checkpoint-every", type=int, default=2)
+p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
+args = p.parse_args()
+
+accelerator = Accelerator(cpu=True)
+cfg = load_config(args.config)
+if args.skip_loader_restore:  # a loader that load_state does not restore
+    loader = TrainLoader(cfg, rank=accelerator.process_index, world_size=accelerator.num_processes)
+else:
+    loader = prepare_loader(accelerator, cfg)
+torch.manual_seed(0)
+model = TinyModel(loader.encoder.tokenizer.vocab_size)
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+model, optimizer = accelerator.prepare(model, optimizer)
+ckpt_dir = Path(args.out) / "checkpoints"
+
+step = 0
+saved = sorted(ckpt_dir.glob("step-*"), key=lambda d: int(d.name.split("-")[1])) if args.resume else []
+if saved:  # the newest complete checkpoint: step-N folders appear by rename, once fully written
+    accelerator.load_state(str(saved[-1]))
+    step = int(saved[-1].name.split("-")[1])
+resumed_from = {"resumed_from": step} if args.resume else {}
+
+log = StepLog(Path(args.out) / "steps.jsonl", rank=accelerator.process_index)
+while step < args.steps:
+    batch = to_device(next(loader), accelerator.device)
+    loss_sum, targets = loss_sums(model(batch.tokens, batch.images), batch.labels, batch.loss_mask)
+    loss = loss_sum / targets
+    accelerator.backward(loss)
+    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+    step += 1
+
+    # the global batch: every process's keys and tensor digest in rank order; the loss averaged
+    part = (list(batch.keys), batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]))
+    parts = accelerator.gather_for_metrics([part], use_gather_object=True)
+    global_loss = accelerator.reduce(loss.detach(), reduction="mean")
+    log.write(step, global_loss.item(), keys=[k for keys, _ in parts for k in keys], batch=[d for _, d in parts],
+              **resumed_from)
+    resumed_from = {}
+
+    if step % args.checkpoint_every == 0 or step == args.steps:
+        tmp, final = ckpt_dir / f".tmp-step-{step}", ckpt_dir / f"step-{step}"
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()  # every process's files are written
+        if accelerator.is_main_process:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        accelerator.wait_for_everyone()
+
+log.close()
+loader.close()
+accelerator.end_training()

@@ -1,0 +1,85 @@
+"""PyTorch Lightning on energon-platform's loader: ``train_dataloader()`` returns the ``TrainLoader``
+itself, ``EnergonHooks`` (``energon_platform.integrations.lightning``) is mixed into the module, and
+Lightning's own ``ModelCheckpoint`` and ``trainer.fit(ckpt_path=...)`` carry and restore the loader
+state (no replay).
+
+    python scripts/examples/lightning_example.py --config run.yaml --out OUT --steps 12 [--resume]
+    torchrun --standalone --nproc-per-node 2 scripts/examples/lightning_example.py ...   # DDP, gloo
+
+``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each
+optimizer step is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and
+digests: check-resume's exact check). ``--skip-loader-restore`` breaks the resume on purpose (model,
+optimizer and step restored, the data starts over): check-resume must fail it.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from energon_platform import StepLog, TrainLoader, batch_digest, build_encoder, load_config
+from energon_platform.integrations.lightning import EnergonHooks
+from tiny_model import TinyModel, loss_sums
+
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("--config", required=True)
+p.add_argument("--out", required=True)
+p.add_argument("--steps", type=int, required=True)
+p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+p.add_argument("--checkpoint-every", type=int, default=2)
+p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
+args = p.parse_args()
+
+
+class Captioner(EnergonHooks, L.LightningModule):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = TinyModel(build_encoder(cfg).tokenizer.vocab_size)
+        self.log_file = StepLog(Path(args.out) / "steps.jsonl")
+        self.resumed_from = None
+
+    def train_dataloader(self):
+        return TrainLoader(self.cfg, rank=self.global_rank, world_size=self.trainer.world_size)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=3e-3)
+
+    def training_step(self, batch, batch_idx):
+        loss_sum, targets = loss_sums(self.model(batch.tokens, batch.images), batch.labels, batch.loss_mask)
+        return loss_sum / targets
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        # the global batch: every rank's keys and tensor digest in rank order; the loss averaged over ranks
+        part = (list(batch.keys), batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]))
+        parts, loss = [part] * self.trainer.world_size, outputs["loss"].detach().clone()
+        if dist.is_initialized():
+            dist.all_gather_object(parts, part)
+            dist.all_reduce(loss)
+            loss /= self.trainer.world_size
+        extra = {"resumed_from": self.resumed_from} if self.resumed_from is not None else {}
+        self.log_file.write(self.global_step, loss.item(), keys=[k for keys, _ in parts for k in keys],
+                            batch=[d for _, d in parts], **extra)
+        self.resumed_from = None
+
+    def on_load_checkpoint(self, checkpoint):
+        self.resumed_from = checkpoint["global_step"]
+        if args.skip_loader_restore:  # Lightning then restores no loader state: the data starts over
+            checkpoint["loops"]["fit_loop"]["state_dict"].pop("combined_loader", None)
+
+
+torch.manual_seed(0)
+ckpt_dir = Path(args.out) / "checkpoints"
+saved = sorted(ckpt_dir.glob("step=*.ckpt"), key=lambda f: int(f.stem.split("=")[1])) if args.resume else []
+world = int(os.environ.get("WORLD_SIZE", 1))  # under torchrun: one process per device
+trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", max_steps=args.steps,
+                    callbacks=[ModelCheckpoint(dirpath=ckpt_dir, filename="{step}", every_n_train_steps=args.checkpoint_every,
+                                               save_top_k=-1)],
+                    logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+model = Captioner(load_config(args.config))
+model.resumed_from = 0 if args.resume else None  # a checkpoint sets the step it resumes from
+trainer.fit(model, ckpt_path=str(saved[-1]) if saved else None)

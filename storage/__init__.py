@@ -1,0 +1,14 @@
+"""The storage room: where a dataset lives (a local folder or ``msc://PROFILE/prefix`` on object
+storage, through multi-storage-client and Energon's ``EPath``) and how its failures read.
+
+It sits below the other packages: ``converters/`` (``info``, ``verify``, uploads) and the loader
+(``energon_platform.loader``) both use it, and it imports none of them (``tests/test_layering.py``).
+
+* :mod:`storage.errors`: :class:`DatasetError`, :class:`StorageError`, :func:`storage_errors`.
+* :mod:`storage.paths`: :func:`dataset_root` (path or URL → ``EPath``), :func:`is_remote`.
+"""
+
+from storage.errors import DatasetError, StorageError, storage_errors
+from storage.paths import dataset_root, is_remote
+
+__all__ = ["DatasetError", "StorageError", "dataset_root", "is_remote", "storage_errors"]

@@ -1,0 +1,78 @@
+"""PyTorch Lightning (issue 21): our TrainLoader returned from ``train_dataloader()``, our batch types
+moved to the device, Lightning's ModelCheckpoint carrying the loader state and
+``trainer.fit(ckpt_path=...)`` resuming exactly after SIGKILL (scripts/examples/lightning_example.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from trainer_examples import assert_exact_pass, assert_fails, check_resume, example, write_run_config
+
+
+@pytest.fixture(scope="module")
+def run_config(tmp_path_factory):
+    return write_run_config(tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("lightning") / "run.yaml")
+
+
+def test_our_batch_types_move_where_lightnings_apply_to_collection_refuses_them(run_config):
+    import torch
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
+    from energon_platform import TrainLoader, load_config
+    from energon_platform.integrations.lightning import EnergonHooks
+
+    batch = next(TrainLoader(load_config(run_config)))
+    with pytest.raises(ValueError, match="frozen dataclass"):  # the issue's first-step failure
+        move_data_to_device(batch, "meta")
+    moved = EnergonHooks().transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert type(moved) is type(batch) and moved.keys == batch.keys
+    assert moved.tokens.is_meta and moved.images.is_meta and batch.tokens.device.type == "cpu"
+
+
+def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config, tmp_path):
+    import lightning as L
+    import torch
+
+    from energon_platform import TrainLoader, load_config
+    from energon_platform.integrations.lightning import EnergonHooks
+
+    class Model(EnergonHooks, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def train_dataloader(self):
+            return TrainLoader(load_config(run_config))
+
+        def training_step(self, batch, batch_idx):
+            return self.w * batch.images.mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, accumulate_grad_batches=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match="set accumulate_grad_batches=1"):
+        trainer.fit(Model())
+
+
+@pytest.mark.slow
+def test_lightning_example_resumes_exactly_after_sigkill(run_config, tmp_path):
+    """Lightning's own checkpoint and ckpt_path carry the loader (corrected for its one-batch
+    prefetch); the resume that drops the loader state from the checkpoint fails."""
+    cmd = example("lightning_example.py", run_config, "--out {out} --steps 6")
+    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
+    assert_fails(*check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4))
+
+
+@pytest.mark.slow
+def test_lightning_ddp_two_processes_resumes_on_one_device(run_config, tmp_path):
+    """DDP on 2 CPU processes (gloo), killed, resumed on 1 device: the same global batches (keys).
+    Not exact: the example logs one digest per rank, and its loss is the mean of the ranks' means."""
+    cmd = example("lightning_example.py", run_config, "--out {out} --steps 6", nproc=2)
+    r, report = check_resume(tmp_path / "ok", cmd, example("lightning_example.py", run_config,
+                                                           "--out {out} --steps 6 --resume"), 6, 4)
+    assert report["restored"] and report["keys_identical"] and report["steps_compared"] >= 2, r.stdout
+    assert report["resumed_from_logged"] == report["resume_step"]
