@@ -307,7 +307,8 @@ def test_check_resume_with_balance_attention_sigkill_and_elastic(three_packed, t
         "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
         "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2}}))
     result = check_resume(RunSpec(str(config), 6, nproc=2), kill_at=5, out=tmp_path / "check",
-                          resume_nproc=1, resume_workers=1, log=lambda *_: None)
+                          resume_nproc=1, resume_workers=1, tolerance=1e-5, log=lambda *_: None)
+    # another world size changes the gradient all-reduce order: the loss within 1e-5, data exact
     assert result["passed"] and result["keys_identical"] and result["tensors_identical"], result
     report = json.loads((tmp_path / "check" / "report.json").read_text())
     assert report["balance"]["steps"] == 6 and report["balance"]["rank_cost_max"] >= 1.0
