@@ -17,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
+import layouts
 import pytest
 import torch
 
@@ -272,20 +273,7 @@ def run_config(path: Path, **loader):
 
 def layout_batches(config, ranks: int, workers: int, steps: int, states=None):
     """``steps`` global batches as per-key digests (ranks in order), then every rank's state."""
-    from energon_platform.loader.train_loader import TrainLoader
-
-    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
-    if states is not None:
-        for r, loader in enumerate(loaders):
-            loader.load_state_dict(states[r] if r < len(states) else states[0])
-    out = []
-    for _ in range(steps):
-        parts = [next(loader) for loader in loaders for _ in range(loader.accumulation)]
-        out.append([(k, d) for p in parts for k, d in digests(p).items()])
-    saved = [json.loads(json.dumps(loader.state_dict())) for loader in loaders]
-    for loader in loaders:
-        loader.close()
-    return out, saved
+    return layouts.layout_batches(config, ranks, workers, steps, digests, states)
 
 
 @pytest.mark.slow
