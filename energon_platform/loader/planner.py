@@ -176,6 +176,11 @@ class Planner:
         lengths = self.lengths(pool)
         position = self._grow(pool, position, lengths, self.fill * self.items_per_batch * self.capacity,
                               lambda x: x[0])
+        # and enough short documents to fill the rows around their leads: carried samples are mostly
+        # long ones (led rows defer them), so a pool of carried samples alone would leave rows empty
+        short = self.capacity // 4
+        position = self._grow(pool, position, lengths, self.items_per_batch * self.capacity / 2,
+                              lambda x: x[0] if x[0] <= short else 0)
         costs = [self.cost(w) for _, w in lengths]
         pack = pack_led_rows if self.led else partial(pack_rows, balance=True)
         rows, carried = pack([r for r, _ in lengths], costs, pool, self.items_per_batch, self.capacity,
