@@ -26,6 +26,20 @@ EXAMPLES = """examples:
 """
 
 
+
+def _format_arg(parser: argparse.ArgumentParser) -> None:
+    """``--format`` of a manifest (``fmt``)."""
+    parser.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"],
+                        help="default: from the extension")
+
+
+def _folder_or_manifest(parser: argparse.ArgumentParser, files: str, stem: str, paths: str) -> None:
+    """``--root`` (a folder of ``files`` with ``STEM.txt``/``STEM.json`` captions) or ``--manifest``."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--root", help=f"folder searched recursively for {files}; captions from {stem}.txt or "
+                                    f"{stem}.json beside each")
+    src.add_argument("--manifest", help=f"JSONL/CSV/TSV/Parquet; {paths} resolve relative to its folder")
+
 def _fraction(text: str) -> float:
     v = float(text)
     if not 0.0 <= v <= 1.0:
@@ -116,7 +130,7 @@ def _add_convert(sub) -> None:
     k.add_argument("--image-column", default="image", help="image path, or image bytes in Parquet (default: image)")
     k.add_argument("--text-column", default="caption", help="caption or list of captions (default: caption)")
     k.add_argument("--id-column", help="stable sample id (default: the image path, else the row number)")
-    k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
+    _format_arg(k)
     k = kinds.add_parser("librispeech", parents=[common, audio], help="SPK/CHAP/SPK-CHAP-UTT.flac + SPK-CHAP.trans.txt")
     k.add_argument("--root", required=True,
                    help="LibriSpeech split folder holding SPK/CHAP/ chapters, e.g. LibriSpeech/train-clean-100")
@@ -132,19 +146,17 @@ def _add_convert(sub) -> None:
     k.add_argument("--manifest", required=True, help="one document per JSONL line or table row")
     k.add_argument("--text-column", default="text", help="the document text, a string (default: text)")
     k.add_argument("--id-column", help="stable document id (default: the row number)")
-    k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
+    _format_arg(k)
     k = kinds.add_parser("video", parents=[common], help="videos with .txt/.json sidecars, or a WebVid-style manifest",
                          description="Videos (MP4/MOV, WebM/MKV kept as their bytes after a full decode check; "
                                      "other containers re-encoded as MP4) with captions, from a folder or a manifest. "
                                      "--max-side/--max-seconds re-encode videos that exceed them (H.264, fixed settings).")
-    src = k.add_mutually_exclusive_group(required=True)
-    src.add_argument("--root", help="folder searched recursively for videos; captions from VID.txt or VID.json beside each")
-    src.add_argument("--manifest", help="JSONL/CSV/TSV/Parquet; video paths resolve relative to its folder")
+    _folder_or_manifest(k, "videos", "VID", "video paths")
     k.add_argument("--video-column", default="path", help="video path, or video bytes in Parquet (default: path)")
     k.add_argument("--text-column", default="name", help="caption or list of captions (default: name, as in WebVid)")
     k.add_argument("--id-column", default="videoid",
                    help="stable sample id (default: videoid; '' for the video path without extension)")
-    k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
+    _format_arg(k)
     g = k.add_argument_group("video")
     g.add_argument("--max-side", type=_positive, help="re-encode videos whose longest side exceeds this")
     g.add_argument("--max-seconds", type=_positive_float, help="re-encode longer videos, keeping their first seconds "
@@ -153,13 +165,11 @@ def _add_convert(sub) -> None:
                          description="Meshes (OBJ, PLY, OFF, STL, GLB; glTF re-encoded as GLB) and point clouds (PLY, "
                                      "NPY (N, 3|6)) with captions, from a folder or a manifest; each file is parsed in "
                                      "full and kept as its bytes; text.json records counts, bounds and colours.")
-    src = k.add_mutually_exclusive_group(required=True)
-    src.add_argument("--root", help="folder searched recursively for 3D files; captions from NAME.txt or NAME.json beside each")
-    src.add_argument("--manifest", help="JSONL/CSV/TSV/Parquet; paths resolve relative to its folder")
+    _folder_or_manifest(k, "3D files", "NAME", "paths")
     k.add_argument("--path-column", default="path", help="3D file path, or its bytes in Parquet (default: path)")
     k.add_argument("--text-column", default="caption", help="caption or list of captions (default: caption, as in Cap3D)")
     k.add_argument("--id-column", default="uid", help="stable sample id (default: uid; '' for the path without extension)")
-    k.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"], help="default: from the extension")
+    _format_arg(k)
     p.set_defaults(func=cmd_convert)
 
 
