@@ -276,7 +276,8 @@ def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOption
                    + [p for p in sorted((local / ".convert").iterdir()) if p.name != "lock"]
                    if state_diff(cached, state) else [p for p in (local / ".convert" / "work", local / META)])
             _write_json(local / STATE_FILE, state)
-            report = _convert_units_to_prefix(local, url, prefix, kind, result, state, opts)
+            report = _convert_units_to_prefix(local, url, prefix, kind, result, state, opts,
+                                              remote_target.recorded_retries(prefix))
     except OSError as e:
         raise ConvertError(f"cannot write to the staging folder {local}: {e.strerror or e}"
                            + (f" ({e.filename})" if e.filename else "")) from e
@@ -285,14 +286,16 @@ def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOption
     except (OSError, RuntimeError, ValueError) as e:
         raise ConvertError(f"cannot upload the index and report to {url}: {type(e).__name__}: {e} "
                            f"(run the same command again to resume)") from e
-    remote_target.finish(prefix, state)
+    remote_target.finish(prefix, state, report["uploads"]["retries"])
     shutil.rmtree(local, ignore_errors=True)
     return Outcome(report, already_done=False, ok=report["status"] == "ok", uploaded_to=url)
 
 
 def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: ReadResult, state: dict,
-                             opts: ConvertOptions) -> dict:
-    """Run the units the prefix lacks; write the index, skipped list and report into ``local``."""
+                             opts: ConvertOptions, earlier_retries: int) -> dict:
+    """Run the units the prefix lacks; write the index, skipped list and report into ``local``.
+    Upload retries count over every run of the conversion: ``earlier_retries`` (recorded on the
+    prefix by killed or failed runs) plus this run's, recorded again whenever a shard needed one."""
     units = plan_units(result.records, opts.samples_per_shard, opts.val_fraction)
     records_dir = local / STATS_DIR
     stats = remote_target.done_units(prefix, units, records_dir)
@@ -300,7 +303,7 @@ def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: R
     write_opts = WriteOptions(result.modality, kind, opts.image, opts.audio, opts.video)
     bar = _progress(opts, len(result.records), len(units), len(stats),
                     sum(len(u.records) for u in units if u.name in stats))
-    up = {"retries": 0, "bytes": 0, "shards": 0, "start": time.monotonic()}
+    up = {"retries": earlier_retries, "bytes": 0, "shards": 0, "start": time.monotonic()}
 
     def on_done(unit: WorkUnit, unit_stats: dict) -> None:
         sent = unit_stats.pop("upload")
@@ -309,6 +312,8 @@ def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: R
         unit_stats.pop("index", None)
         stats[unit.name] = unit_stats
         up["retries"] += sent["retries"]
+        if sent["retries"]:  # kept on the prefix at once: a later kill must not lose the count
+            remote_target.record_retries(prefix, state, up["retries"])
         up["bytes"] += sent["bytes"]
         up["shards"] += 1
         rate = up["bytes"] / max(time.monotonic() - up["start"], 1e-6) / 1e6

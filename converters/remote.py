@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from converters.output import ConvertError
-from storage import storage_errors
+from storage import RetriesExhausted, storage_errors, with_retries
 
 #: Uploaded last, in this order: their presence is what makes the prefix a dataset.
 COMMIT_FILES = (".nv-meta/.info.json", ".nv-meta/dataset.yaml")
@@ -138,46 +138,35 @@ def staging_dir(url: str) -> Path:
     return parent / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-#: Tries per object before a conversion stops, and the first pause between tries (doubled each
-#: time); ``ENERGON_PLATFORM_UPLOAD_ATTEMPTS`` / ``ENERGON_PLATFORM_UPLOAD_BACKOFF`` override them.
-UPLOAD_ATTEMPTS = 5
-UPLOAD_BACKOFF_S = 1.0
-
-
 class UploadError(ConvertError):
-    """An object could not be put (and checked) after :data:`UPLOAD_ATTEMPTS` tries; names it."""
+    """An object could not be put (and checked) after every try (:mod:`storage.retry`); names it."""
 
 
 def put_checked(local_path: str, url: str, name: str, attempts: int | None = None,
                 backoff: float | None = None) -> tuple[UploadResult, int]:
     """:func:`upload_file`, then check the stored object's size and ``sha256`` against the local
-    file; a failure of either is retried after ``backoff``, ``2 * backoff``, ... seconds (a refused
+    file; a failure of either is retried with backoff (:func:`storage.with_retries`; a refused
     credential is not). Returns the result and the number of retries; raises :class:`UploadError`
     naming ``name`` when every try failed."""
     import multistorageclient as msc
 
-    attempts = attempts or int(os.environ.get("ENERGON_PLATFORM_UPLOAD_ATTEMPTS") or UPLOAD_ATTEMPTS)
-    backoff = float(os.environ.get("ENERGON_PLATFORM_UPLOAD_BACKOFF") or UPLOAD_BACKOFF_S) if backoff is None else backoff
-    last = None
-    for attempt in range(attempts):
-        try:
-            result = upload_file(local_path, url)
-            with storage_errors(url, "the uploaded object"):
-                client, key = msc.resolve_storage_client(url)
-                meta = client.info(key)
-            if meta.content_length != result.size or (meta.metadata or {}).get("sha256") != result.sha256:
-                raise OSError(f"stored object has {meta.content_length} bytes and another checksum than "
-                              f"the {result.size} bytes written")
-            return result, attempt
-        except (OSError, RuntimeError, ValueError) as e:  # StorageError is an OSError
-            last = e
-            if isinstance(e.__cause__, PermissionError) or isinstance(e, PermissionError):
-                break
-            if attempt + 1 < attempts:
-                time.sleep(backoff * 2 ** attempt)
-    message = " ".join(str(last).split())
-    raise UploadError(f"cannot upload {name} to {url} after {attempt + 1} tries ({message}); the shards already "
-                      f"uploaded stay on the prefix: run the same command again to continue")
+    def put_and_check() -> UploadResult:
+        result = upload_file(local_path, url)
+        with storage_errors(url, "the uploaded object"):
+            client, key = msc.resolve_storage_client(url)
+            meta = client.info(key)
+        if meta.content_length != result.size or (meta.metadata or {}).get("sha256") != result.sha256:
+            raise OSError(f"stored object has {meta.content_length} bytes and another checksum than "
+                          f"the {result.size} bytes written")
+        return result
+
+    try:
+        return with_retries(put_and_check, attempts, backoff)
+    except (RetriesExhausted, OSError, RuntimeError, ValueError) as e:
+        tries = e.tries if isinstance(e, RetriesExhausted) else 1
+        message = " ".join(str(e).split())
+        raise UploadError(f"cannot upload {name} to {url} after {tries} {'try' if tries == 1 else 'tries'} ({message}); the shards already "
+                          f"uploaded stay on the prefix: run the same command again to continue") from e
 
 
 def work_dir(url: str) -> Path:

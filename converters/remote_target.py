@@ -35,7 +35,7 @@ from converters.energon_meta import META, META_FILES
 from converters.output import STATE_FILE, ConvertError, state_diff
 from converters.remote import COMMIT_FILES
 from converters.writer import STATS_DIR
-from storage import storage_errors
+from storage import storage_errors, with_retries
 
 _CONVERSION_KEY = re.compile(r"^(?:(?:train|val)/shard-\d{6}\.tar(?:\.idx)?|\.nv-meta/[^/]+|report\.json|"
                              r"skipped\.jsonl|" + re.escape(STATE_FILE) + r"|"
@@ -57,19 +57,32 @@ class Prefix:
     client: object
     key: str
 
+    def _retried(self, what: str, action):
+        """``action()`` retried while the store fails for a while (:func:`storage.with_retries`:
+        a restarting server answers 5xx), then a one-line ``StorageError`` naming ``what``."""
+        with storage_errors(self.url, what):
+            return with_retries(action)[0]
+
     def objects(self) -> dict[str, int]:
         """Every object under the prefix: relative key → size."""
-        with storage_errors(self.url, "the prefix's listing"):
-            return {o.key[len(self.key) + 1:]: o.content_length for o in self.client.list(self.key + "/")
-                    if o.key.startswith(self.key + "/")}
+        return self._retried("the prefix's listing", lambda: {
+            o.key[len(self.key) + 1:]: o.content_length for o in self.client.list(self.key + "/")
+            if o.key.startswith(self.key + "/")})
+
+    def read(self, rel: str) -> bytes | None:
+        """The bytes of the object at ``rel``, None when there is none."""
+        def read() -> bytes | None:
+            try:
+                return self.client.read(f"{self.key}/{rel}")
+            except FileNotFoundError:
+                return None
+        return self._retried(rel, read)
 
     def read_json(self, rel: str) -> dict | None:
         """The JSON object at ``rel``, None when there is none; an unreadable one is ``{}``."""
-        with storage_errors(self.url, rel):
-            try:
-                data = self.client.read(f"{self.key}/{rel}")
-            except FileNotFoundError:
-                return None
+        data = self.read(rel)
+        if data is None:
+            return None
         try:
             value = json.loads(data)
         except ValueError:
@@ -77,14 +90,12 @@ class Prefix:
         return value if isinstance(value, dict) else {}
 
     def write_state(self, state: dict) -> None:
-        with storage_errors(self.url, STATE_FILE):
-            self.client.write(f"{self.key}/{STATE_FILE}",
-                              (json.dumps(state, indent=1, sort_keys=True) + "\n").encode())
+        data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
+        self._retried(STATE_FILE, lambda: self.client.write(f"{self.key}/{STATE_FILE}", data))
 
     def delete(self, rels: list[str]) -> None:
-        with storage_errors(self.url, "an object to replace"):
-            for rel in rels:
-                self.client.delete(f"{self.key}/{rel}")
+        for rel in rels:
+            self._retried("an object to replace", lambda: self.client.delete(f"{self.key}/{rel}"))
 
 
 def open_prefix(url: str) -> Prefix:
@@ -147,9 +158,20 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> dict | None:
     return None
 
 
-def finish(prefix: Prefix, state: dict) -> None:
-    """After the last upload: mark the prefix's conversion finished."""
-    prefix.write_state({**state, "finished": True})
+def recorded_retries(prefix: Prefix) -> int:
+    """Upload retries earlier runs of this conversion recorded in the prefix's state (0 if none)."""
+    value = (prefix.read_json(STATE_FILE) or {}).get("upload_retries", 0)
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def record_retries(prefix: Prefix, state: dict, retries: int) -> None:
+    """Keep the conversion's upload retries so far on the prefix (a later run adds its own)."""
+    prefix.write_state({**state, "upload_retries": retries})
+
+
+def finish(prefix: Prefix, state: dict, retries: int = 0) -> None:
+    """After the last upload: mark the prefix's conversion finished (with its upload retries, if any)."""
+    prefix.write_state({**state, "finished": True, **({"upload_retries": retries} if retries else {})})
 
 
 def done_units(prefix: Prefix, units: list, cache: Path) -> dict[str, dict]:
@@ -164,8 +186,9 @@ def done_units(prefix: Prefix, units: list, cache: Path) -> dict[str, dict]:
             continue
         path = cache / unit.stats_name
         if not path.is_file() or path.stat().st_size != objects[rel]:
-            with storage_errors(prefix.url, rel):
-                data = prefix.client.read(f"{prefix.key}/{rel}")
+            data = prefix.read(rel)
+            if data is None:  # deleted since the listing
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         try:

@@ -6,7 +6,11 @@ sample images) to the same output format (RGB PNG at the same zlib level + ``tex
   naive      one process: PIL open → exif_transpose → RGB → PNG → ShardWriter, nothing else;
   ours, 1w   ``energon-platform convert coco`` with 1 worker: also validation, report, resume
              bookkeeping, checksums and Energon's index;
-  ours, 2w   the same with 2 worker processes.
+  ours, 2w   the same with 2 worker processes;
+  ours, 2w → S3   the same into ``msc://`` on a SeaweedFS started on loopback (``tests/s3_server.py``),
+             bounded staging: each shard is written, uploaded, checked and deleted. Its staging
+             folder is sampled every few ms for the peak bytes it held, set against the corpus;
+             the upload retries come from the run's ``report.json``. ``--no-s3`` leaves it out.
 Prints a table and writes JSON (``--json``). Figures are measured each run, never stored.
 """
 
@@ -16,10 +20,13 @@ import argparse
 import io
 import json
 import os
+import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -69,12 +76,55 @@ def naive(ann: Path, images: Path, out: Path, per_shard: int) -> int:
     return n
 
 
-def ours(ann: Path, images: Path, out: Path, per_shard: int, workers: int) -> int:
+def ours(ann: Path, images: Path, out: Path | str, per_shard: int, workers: int, reports: list | None = None) -> int:
     from converters.convert import ConvertOptions, run_conversion
 
     outcome = run_conversion("coco", {"annotations": str(ann), "images": str(images)},
                              ConvertOptions(out=str(out), samples_per_shard=per_shard, workers=workers, progress=False))
+    if reports is not None:
+        reports.append(outcome.report)
     return outcome.report["totals"]["written"]
+
+
+class PeakBytes:
+    """The most bytes a folder held, sampled every few ms in a thread while the block runs."""
+
+    def __init__(self, root: Path):
+        self.root, self.peak, self._stop = root, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for dirpath, _, files in os.walk(self.root):
+                for f in files:
+                    try:
+                        total += os.stat(os.path.join(dirpath, f)).st_size
+                    except OSError:  # deleted between listing and stat
+                        pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.003)
+
+    def __enter__(self) -> "PeakBytes":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def start_s3(tmp: Path):
+    """A SeaweedFS on loopback with ``MSC_CONFIG`` and a staging folder of its own set for this process."""
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo / "tests"))
+    from s3_server import S3Server
+
+    server = S3Server.launch(tmp / "s3")
+    os.environ["MSC_CONFIG"] = str(server.msc_config)
+    os.environ["ENERGON_PLATFORM_STAGING"] = str(tmp / "staging")
+    (tmp / "staging").mkdir()
+    return server
 
 
 def timed(fn, *args) -> tuple[float, int]:
@@ -88,11 +138,14 @@ def main() -> int:
     ap.add_argument("--images", type=int, default=4000, help="corpus size (default 4000)")
     ap.add_argument("--samples-per-shard", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=2, help="runs per variant; the best is kept (default 2)")
+    ap.add_argument("--no-s3", action="store_true", help="leave out the object-storage row (no SeaweedFS started)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-convert-"))
+    server = None
     try:
+        load_before = [round(x, 2) for x in os.getloadavg()]
         print(f"generating {args.images} JPEG images in {tmp} ...", file=sys.stderr)
         ann, images = make_corpus(tmp / "raw", args.images)
         variants = {
@@ -100,28 +153,71 @@ def main() -> int:
             "ours, 1 worker": lambda out: ours(ann, images, out, args.samples_per_shard, 1),
             "ours, 2 workers": lambda out: ours(ann, images, out, args.samples_per_shard, 2),
         }
+        s3_reports, staging_peaks = [], []
+        if not args.no_s3:
+            server = start_s3(tmp)
+
+            def to_s3(out: Path) -> int:
+                with PeakBytes(tmp / "staging") as peak:
+                    n = ours(ann, images, server.url(out.name), args.samples_per_shard, 2, s3_reports)
+                staging_peaks.append(peak.peak)
+                return n
+
+            variants["ours, 2 workers -> S3"] = to_s3
         best = {}
         for rep in range(args.repeats):
             for name, fn in variants.items():  # interleaved, so drift affects all alike
-                out = tmp / f"out-{rep}-{len(best)}-{name[:5]}"
+                out = tmp / f"out-{rep}-{len(best)}-{name[:5]}-{name[-2:]}"
                 seconds, n = timed(fn, out)
                 assert n == args.images, (name, n)
                 best[name] = min(best.get(name, float("inf")), seconds)
-                shutil.rmtree(out)
+                shutil.rmtree(out, ignore_errors=True)
         rates = {name: args.images / s for name, s in best.items()}
         base, one, two = rates["naive ShardWriter loop"], rates["ours, 1 worker"], rates["ours, 2 workers"]
         ratios = {"ours_1w_over_naive": one / base, "ours_2w_over_ours_1w": two / one}
+        targets = [{"target": "ours 1 worker / naive >= 0.95", "value": round(ratios["ours_1w_over_naive"], 3),
+                    "met": ratios["ours_1w_over_naive"] >= 0.95},
+                   {"target": "ours 2 workers / 1 worker >= 1.7", "value": round(ratios["ours_2w_over_ours_1w"], 3),
+                    "met": ratios["ours_2w_over_ours_1w"] >= 1.7}]
         print(f"\n{'variant':26s} {'seconds':>9s} {'samples/s':>10s}")
         for name, s in best.items():
             print(f"{name:26s} {s:9.2f} {rates[name]:10.1f}")
         print(f"\nours 1 worker / naive   = {ratios['ours_1w_over_naive']:.3f}   (target >= 0.95)")
         print(f"ours 2 workers / 1      = {ratios['ours_2w_over_ours_1w']:.3f}   (target >= 1.7)")
-        result = {"images": args.images, "samples_per_shard": args.samples_per_shard, "cpus": os.cpu_count(),
-                  "seconds": best, "samples_per_s": rates, "ratios": ratios}
+        object_storage = {}
+        if s3_reports:
+            shards = [s["bytes"] for s in s3_reports[-1]["shards"]]
+            ratios["s3_over_local_2w"] = rates["ours, 2 workers -> S3"] / two
+            object_storage = {
+                "corpus_shard_bytes": sum(shards), "largest_shard_bytes": max(shards), "shards": len(shards),
+                "peak_staging_bytes": max(staging_peaks),
+                "peak_staging_over_corpus": max(staging_peaks) / sum(shards),
+                "staging_bound_bytes": 3 * max(shards),  # (workers + 1) x the largest shard
+                "upload_retries": [r["uploads"]["retries"] for r in s3_reports],
+            }
+            targets.append({"target": "S3 / local (2 workers) >= 0.9", "value": round(ratios["s3_over_local_2w"], 3),
+                            "met": ratios["s3_over_local_2w"] >= 0.9})
+            targets.append({"target": "peak staging <= (workers + 1) x largest shard + records",
+                            "value": max(staging_peaks),
+                            "met": max(staging_peaks) <= object_storage["staging_bound_bytes"] + 256 * 1024})
+            o = object_storage
+            print(f"S3 / local, 2 workers   = {ratios['s3_over_local_2w']:.3f}   (target >= 0.9)")
+            print(f"peak staging            = {o['peak_staging_bytes'] / 1e6:.1f} MB of a {o['corpus_shard_bytes'] / 1e6:.1f} MB "
+                  f"corpus ({100 * o['peak_staging_over_corpus']:.1f}%; bound 3 x {o['largest_shard_bytes'] / 1e6:.1f} MB shard)")
+            print(f"upload retries per run  = {o['upload_retries']}")
+        result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                              "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+                  "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
+                  "images": args.images, "samples_per_shard": args.samples_per_shard, "cpus": os.cpu_count(),
+                  "seconds": best, "samples_per_s": rates, "ratios": ratios, "targets": targets,
+                  "object_storage": object_storage}
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0
     finally:
+        if server is not None:
+            server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

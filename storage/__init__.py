@@ -6,9 +6,12 @@ It sits below the other packages: ``converters/`` (``info``, ``verify``, uploads
 
 * :mod:`storage.errors`: :class:`DatasetError`, :class:`StorageError`, :func:`storage_errors`.
 * :mod:`storage.paths`: :func:`dataset_root` (path or URL → ``EPath``), :func:`is_remote`.
+* :mod:`storage.retry`: :func:`with_retries` (backoff over a store's passing failures).
 """
 
 from storage.errors import DatasetError, StorageError, storage_errors
 from storage.paths import dataset_root, is_remote
+from storage.retry import RetriesExhausted, with_retries
 
-__all__ = ["DatasetError", "StorageError", "dataset_root", "is_remote", "storage_errors"]
+__all__ = ["DatasetError", "RetriesExhausted", "StorageError", "dataset_root", "is_remote", "storage_errors",
+           "with_retries"]

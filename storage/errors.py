@@ -33,13 +33,19 @@ class StorageError(DatasetError):
 def storage_errors(path: str, what: str):
     """Turn what the storage client raises inside the block into :class:`StorageError`: ``OSError``
     (permission, missing object, I/O), MSC's ``RuntimeError`` (connection failed after botocore's
-    retries) and ``RetryableError`` (MSC's own retries used up). ``DatasetError`` passes through."""
+    retries), ``RetryableError`` (MSC's own retries used up) and :class:`~storage.retry.RetriesExhausted`
+    (ours). ``DatasetError`` passes through."""
     from multistorageclient.types import RetryableError
+
+    from storage.retry import RetriesExhausted
 
     try:
         yield
     except DatasetError:
         raise
+    except RetriesExhausted as e:
+        raise StorageError(f"{path}: cannot reach {what} after {e.tries} tries "
+                           f"({type(e.last).__name__}: {e.last})") from e
     except (OSError, RuntimeError, RetryableError) as e:
         hint = ""
         if isinstance(e, PermissionError) and path.startswith("msc://"):

@@ -246,6 +246,35 @@ def test_failed_upload_is_retried_with_backoff_named_and_rerun_continues(own_ser
     assert report["uploads"]["retries"] >= 1 and report["status"] == "ok"
 
 
+def test_upload_retries_are_counted_over_every_run_of_a_conversion(s3, corpus, tmp_path, monkeypatch, capsys):
+    """A run retries one upload and then fails on another shard; the run that finishes reports
+    the first run's retry too (kept on the prefix, not in the staging folder)."""
+    import converters.remote as remote
+
+    monkeypatch.setenv("ENERGON_PLATFORM_UPLOAD_ATTEMPTS", "2")
+    monkeypatch.setenv("ENERGON_PLATFORM_UPLOAD_BACKOFF", "0.01")
+    real, calls = remote.upload_file, {}
+
+    def flaky(local_path, url):
+        rel = url.split("/carry/", 1)[1]
+        calls[rel] = calls.get(rel, 0) + 1
+        if rel == "train/shard-000000.tar" and calls[rel] == 1 or rel == "train/shard-000002.tar":
+            raise OSError(f"injected failure of {rel}")
+        return real(local_path, url)
+
+    monkeypatch.setattr(remote, "upload_file", flaky)
+    capsys.readouterr()
+    assert convert(corpus, s3.url("carry"), tmp_path / "a", monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert "train/shard-000002.tar" in err and "2 tries" in err, err
+    assert calls["train/shard-000000.tar"] == 2 and "train/shard-000001.tar" in calls
+    monkeypatch.setattr(remote, "upload_file", real)
+    assert convert(corpus, s3.url("carry"), tmp_path / "b", monkeypatch) == 0  # another, empty staging folder
+    report = json.loads(objects(s3, "carry")["report.json"])
+    assert report["uploads"] == {"retries": 1} and report["status"] == "ok", report["uploads"]
+    assert json.loads(objects(s3, "carry")[".convert/state.json"])["upload_retries"] == 1
+
+
 def test_prepare_an_existing_webdataset_on_s3_reads_only_tar_headers(s3, local_conversion, capsys):
     """Tars put on a prefix by hand; ``prepare`` writes the index ``convert`` would have written."""
     from converters.remote_prepare import prepare_prefix
