@@ -464,7 +464,8 @@ def _add_trace(sub) -> None:
                        description="Compute from the schedule (never from logs) the samples of global steps, "
                                    "numbered as log.jsonl numbers them, with dataset, epoch, shard, rank and "
                                    "micro-batch; or the steps that used one sample key (the inverse "
-                                   "permutation, O(1) per epoch). See docs/provenance.md.")
+                                   "permutation, O(1) per epoch; a balanced run replays its planner up to "
+                                   "the steps asked). See docs/provenance.md.")
     p.add_argument("--config", required=True, help="the run config YAML")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--step", type=_positive, help="one step (log.jsonl numbering, from 1)")
@@ -476,6 +477,12 @@ def _add_trace(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
     p.set_defaults(func=cmd_trace)
+
+
+def _replay_progress(done: int, total: int) -> None:
+    """A balanced run's trace replays the planner: say how far, on stderr."""
+    print(f"\rreplaying the planner: {done}/{total} global batches", end="\n" if done >= total else "",
+          file=sys.stderr, flush=True)
 
 
 def cmd_trace(args) -> int:
@@ -491,7 +498,7 @@ def cmd_trace(args) -> int:
             steps = range(int(first), int(last or first) + 1)
         else:
             within = int(args.steps) if args.steps else cfg.train.steps
-        tracer = open_tracer(cfg, args.world_size, args.checkpoint)
+        tracer = open_tracer(cfg, args.world_size, args.checkpoint, progress=_replay_progress)
         results = [tracer.step(s) for s in steps] if args.key is None else [tracer.find(args.key, within)]
     except ValueError as e:  # TraceError, or --steps that are not numbers
         if not isinstance(e, TraceError) and "invalid literal" not in str(e):

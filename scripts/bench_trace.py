@@ -1,4 +1,5 @@
-"""Provenance queries at 10^9 samples, without data: one step's samples, and every step of a key.
+"""Provenance queries at 10^9 samples, without data: one step's samples, every step of a key, and
+the planner replay a balanced run's trace costs.
 
 Synthetic schedules (``DatasetOrder(10**9, ...)``, one dataset and a blend of three), global batch
 ``--batch``: ``step`` times :func:`~energon_platform.loader.trace.step_layout` of a step deep in the
@@ -6,19 +7,30 @@ run, ``key`` times :func:`~energon_platform.loader.trace.uses` of one sample ove
 epochs of its dataset (the inverse permutation, O(1) per epoch). The alternative it is compared
 with: scanning the steps' samples for the key, timed on ``--scan`` steps and extrapolated.
 
-    .venv/bin/python scripts/bench_trace.py [--json]   # illustrative
+Balanced runs (``loader.balance``) plan each global batch from the planner's state, which only the
+batches before it give: tracing step N replays N plans. ``balanced`` times that replay with
+:class:`~energon_platform.loader.planner.Planner` on synthetic log-normal lengths (packed rows of
+``--seq-len``, ``--rows`` rows per global batch, the default window), per plan and per 10,000 steps.
+
+    .venv/bin/python scripts/bench_trace.py [--json bench-trace.json]   # illustrative
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
 from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.orders import DatasetOrder
+from energon_platform.loader.packer import sample_cost
+from energon_platform.loader.planner import Planner
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.trace import step_layout, uses
 
@@ -44,18 +56,36 @@ def measure(batch: int, epochs: int, scan: int) -> list[dict]:
     rows = []
     for name, s in schedules.items():
         spb = s.samples_per_batch
-        horizon = epochs * N // spb + 1  # batches that hold `epochs` epochs of the first dataset
+        horizon = epochs * N // spb + 1  # batches that hold `epochs` epochs of a dataset of N samples
         deep = horizon - 2
         step_s = _best(lambda: step_layout(s, deep, 8, 1))
-        target = int(step_layout(s, deep, 8, 1)["index"][0])
-        found = uses(s, 0, target, horizon)
-        key_s = _best(lambda: uses(s, 0, target, horizon))
+        lay = step_layout(s, deep, 8, 1)
+        dataset, target = int(lay["dataset"][0]), int(lay["index"][0])  # a sample of that step
+        found = uses(s, dataset, target, horizon)
+        key_s = _best(lambda: uses(s, dataset, target, horizon))
         scan_s = _best(lambda: [step_layout(s, b, 8, 1) for b in range(scan)], repeat=1) / scan * horizon
         rows.append({"schedule": name, "samples": N, "global_batch": batch, "steps": horizon,
                      "step_ms": round(step_s * 1e3, 3), "key_epochs": epochs, "key_uses": len(found),
                      "key_ms": round(key_s * 1e3, 3), "scan_s_estimated": round(scan_s, 1),
-                     "key_vs_scan": round(scan_s / key_s)})
+                     "scan_over_key": round(scan_s / key_s)})
     return rows
+
+
+def measure_balanced(rows: int, seq_len: int, plans: int) -> dict:
+    """Seconds per plan of a packed ``balance: attention`` planner replayed from the start."""
+    lengths = np.clip(np.random.default_rng(0).lognormal(5.5, 1.2, 10**7).astype(int), 2, seq_len)
+
+    def lookup(positions):
+        return [(int(lengths[p % len(lengths)]),) * 2 for p in positions]
+
+    planner = Planner(lookup, lambda w: sample_cost(w, "attention", seq_len), rows, capacity=seq_len)
+    t0 = time.perf_counter()
+    for b in range(plans):
+        planner.plan(b)
+    per_plan = (time.perf_counter() - t0) / plans
+    return {"rows": rows, "seq_len": seq_len, "window": planner.window, "plans": plans,
+            "plan_ms": round(per_plan * 1e3, 3), "replay_s_per_10k_steps": round(per_plan * 1e4, 1),
+            "samples_per_plan": round(planner.state_at(plans).position / plans, 1)}
 
 
 def main() -> None:
@@ -63,16 +93,30 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1024, help="global batch size in samples (default 1024)")
     ap.add_argument("--epochs", type=int, default=10, help="epochs of the first dataset the key search spans")
     ap.add_argument("--scan", type=int, default=200, help="steps timed for the scan estimate")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rows", type=int, default=64, help="balanced: packed rows per global batch (default 64)")
+    ap.add_argument("--seq-len", type=int, default=4096, help="balanced: row length (default 4096)")
+    ap.add_argument("--plans", type=int, default=200, help="balanced: plans timed (default 200)")
+    ap.add_argument("--json", type=Path, metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
-    rows = measure(args.batch, args.epochs, args.scan)
-    if args.json:
-        print(json.dumps({"benchmark": "trace", "rows": rows}, indent=1))
-        return
-    print(f"{'schedule':24} {'steps':>12} {'step ms':>9} {'key ms':>9} {'uses':>5} {'scan s (est.)':>14} {'key vs scan':>12}")
-    for r in rows:
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                          "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+              "load_before": [round(x, 2) for x in os.getloadavg()],
+              "settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    result["unbalanced"] = measure(args.batch, args.epochs, args.scan)
+    result["balanced"] = measure_balanced(args.rows, args.seq_len, args.plans)
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    print(f"{'schedule':24} {'steps':>12} {'step ms':>9} {'key ms':>9} {'uses':>5} {'scan s (est.)':>14} "
+          f"{'scan/key':>12}")
+    for r in result["unbalanced"]:
         print(f"{r['schedule']:24} {r['steps']:>12} {r['step_ms']:>9} {r['key_ms']:>9} {r['key_uses']:>5} "
-              f"{r['scan_s_estimated']:>14} {r['key_vs_scan']:>11}x")
+              f"{r['scan_s_estimated']:>14} {r['scan_over_key']:>11}x")
+    b = result["balanced"]
+    print(f"balanced ({b['rows']} rows of {b['seq_len']}, window {b['window']}): {b['plan_ms']} ms per plan, "
+          f"{b['replay_s_per_10k_steps']} s to replay 10,000 steps")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

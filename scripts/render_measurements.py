@@ -173,6 +173,7 @@ its figures as JSON with `--json`. To fill this page:
 .venv/bin/python scripts/bench_scale.py --json bench-scale.json
 .venv/bin/python scripts/bench_convert.py --json bench-convert.json
 .venv/bin/python scripts/bench_video.py --json bench-video.json
+.venv/bin/python scripts/bench_trace.py --json bench-trace.json
 .venv/bin/python scripts/render_measurements.py
 ```
 """

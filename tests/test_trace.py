@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -223,5 +224,9 @@ def test_trace_equals_the_log_of_a_killed_two_rank_blend_run_with_an_exclusion(d
                              capture_output=True, text=True, check=True).stdout
         traced = [json.loads(line) for line in out.splitlines()]
         assert [t["keys"] for t in traced] == [rows[s]["keys"] for s in range(1, 9)], run_dir
+        # each log row counts what the exclusion replaced in its global batch, as trace lists it
+        assert [rows[s].get("excluded", {}) for s in range(1, 9)] == [
+            dict(Counter(x["dataset"] for x in t["excluded"])) for t in traced], run_dir
+        assert not any("excluded" in rows[s] for s in (1, 2, 3)) and any("excluded" in rows[s] for s in range(4, 9))
         assert not set(excluded) & {k for s in range(4, 9) for k in rows[s]["keys"]}
         assert [rows[s]["keys"] for s in range(1, 4)] == [probe[s - 1][0] for s in range(1, 4)], "the past"

@@ -57,7 +57,9 @@ class MicroBatchMaker:
         self.datasets, self.encoder, self.schedule = datasets, encoder, schedule
         #: ``loader.exclude``: an :class:`~energon_platform.loader.exclusions.Excluder`, or None
         self.exclusions = exclusions or None
-        self.excluded: dict[str, int] = {}  #: per dataset name: samples skipped by loader.exclude, in this process
+        #: per dataset name: scheduled samples that loader.exclude replaced, in this process
+        self.excluded: dict[str, int] = {}
+        self._excluded_logged: tuple[int, set] = (-1, set())  #: (global batch, dataset names logged in it)
         self.rank, self.world_size = rank, world_size
         #: with ``loader.balance``: the :class:`~energon_platform.loader.planner.Planner` of the run
         self.planner = planner
@@ -80,7 +82,9 @@ class MicroBatchMaker:
         else:
             log.warning("skipped %s: %s: %s", getattr(what, "__key__", what), type(exc).__name__, exc)
 
-    def _load_encoded(self, dataset: int, epoch: int, index: int, batch: int | None = None) -> list:
+    def _load_encoded(self, dataset: int, epoch: int, index: int, batch: int | None = None) -> list | None:
+        """The encoded sample(s); ``[]`` when it failed (reported to the skip policy), None when
+        ``loader.exclude`` skips it at global batch ``batch`` (not a failure)."""
         entry = self.datasets.entries[dataset]
         prefix = f"{entry.name}:" if self.datasets.metadataset else ""
         try:
@@ -92,7 +96,7 @@ class MicroBatchMaker:
             return []
         sample.__key__ = prefix + sample.__key__
         if self.exclusions is not None and self._exclude(batch, dataset, index, sample.__key__):
-            return []  # as if it had failed: replaced by its stand-in, but not counted as bad data
+            return None  # replaced by its stand-in like a failed sample, but no failure
         sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": entry.name}
         try:
             return _as_list(self._encode(sample))
@@ -105,13 +109,18 @@ class MicroBatchMaker:
             return []
 
     def _exclude(self, batch: int, dataset: int, index: int, key: str) -> bool:
-        """Whether ``loader.exclude`` skips the sample at global batch ``batch`` (logged and counted)."""
+        """Whether ``loader.exclude`` skips the sample at global batch ``batch``; logged at info
+        level once per dataset and global batch in this process (the trainer's log row counts
+        them all: :meth:`TrainLoader.exclusion_stats`)."""
         rule = self.exclusions.rule(batch, dataset, index, key)
         if rule is not None:
             name = self.datasets.entries[dataset].name
-            self.excluded[name] = self.excluded.get(name, 0) + 1
-            log.info("global batch %d: %s excluded (loader.exclude from step %d: %s)", batch, key, rule.start,
-                     rule.describe())
+            if self._excluded_logged[0] != batch:
+                self._excluded_logged = (batch, set())
+            if name not in self._excluded_logged[1]:
+                self._excluded_logged[1].add(name)
+                log.info("global batch %d: loader.exclude skips samples of %s, first %s (rule from step %d: %s)",
+                         batch, name, key, rule.start, rule.describe())
         return rule is not None
 
     def _load_or_replace(self, c: int, dataset: int, epoch: int, index: int, room: int | None = None) -> list:
@@ -119,25 +128,32 @@ class MicroBatchMaker:
         that loads (:meth:`DatasetOrder.replacement`): micro-batches stay full (fixed shapes for
         Megatron, CUDA graphs, compiled models), the same on every layout and every resume.
         ``room``: in a planned row, stand-ins must be at most this long (by the length index); when
-        none of them fits, the row keeps its place empty (padding) and the sample is counted."""
+        none of them fits, the row keeps its place empty (padding) and the sample is counted. A sample
+        ``loader.exclude`` skips takes its stand-in the same way, but is no failure: no warning, not
+        in :attr:`replaced` (the record of bad data)."""
         batch = c // self.accumulation
         encoded = self._load_encoded(dataset, epoch, index, batch)
+        excluded = encoded is None  # not a failure: no warning, not in `replaced`
+        if excluded:
+            name = self.datasets.entries[dataset].name
+            self.excluded[name] = self.excluded.get(name, 0) + 1
         attempt = 0
         while not encoded:
             attempt += 1
             if attempt > MAX_REPLACEMENTS:
+                what = "is excluded" if excluded else "failed"
                 if room is not None:
-                    log.warning("micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
-                                "its positions stay padding", c, index, self.datasets.entries[dataset].name)
+                    log.warning("micro-batch %d: sample %d of dataset %r %s and no stand-in fits its row; "
+                                "its positions stay padding", c, index, self.datasets.entries[dataset].name, what)
                     return []
                 raise self.sources[dataset].samples_failed(  # one line: names a corrupt shard, if one was read
-                    f"micro-batch {c}: sample {index} of dataset {self.datasets.entries[dataset].name!r} and "
-                    f"{MAX_REPLACEMENTS} stand-ins failed")
+                    f"micro-batch {c}: sample {index} of dataset {self.datasets.entries[dataset].name!r} {what} and "
+                    f"{MAX_REPLACEMENTS} stand-ins failed or are excluded")
             stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
             if room is not None and self.planner.length_of(dataset, epoch, stand_in)[0] > room:
                 continue  # would overflow the planned row
             encoded = self._load_encoded(dataset, epoch, stand_in, batch)
-            if encoded:
+            if encoded and not excluded:
                 self.replaced.append({"micro_batch": c, "dataset": self.datasets.entries[dataset].name,
                                       "failed_index": index, "epoch": epoch, "stand_in": stand_in,
                                       "key": getattr(encoded[0], "__key__", None)})

@@ -146,9 +146,8 @@ class Excluder:
         self.history = list(history)
         self.names = datasets.names
         self._prefixes = [f"{n}:" if datasets.metadataset else "" for n in self.names]
-        shards = [[(s.name, s.count) for s in e.source._factory.shards] for e in datasets.entries]
-        self._shard_names = [[name for name, _ in per] for per in shards]
-        self._shard_starts = [[0, *accumulate(c for _, c in per)] for per in shards]
+        self._shard_names = [e.source.shard_names for e in datasets.entries]
+        self._shard_starts = [[0, *accumulate(e.source.shard_counts)] for e in datasets.entries]
         self._rules = [(ex, *_matcher(ex.keys), *_matcher(ex.shards), set(ex.datasets)) for ex in self.history]
 
     def __bool__(self) -> bool:

@@ -24,9 +24,8 @@ class KeyIndex:
 
     def __init__(self, source: Any):
         meta = dataset_root(source.path) / ".nv-meta"
-        shards = source._factory.shards  # the split's ShardInfos, in dataset-index order
-        self.shard_names = [s.name for s in shards]
-        self._starts = [0, *accumulate(s.count for s in shards)]
+        self.shard_names = list(source.shard_names)  # in dataset-index order
+        self._starts = [0, *accumulate(source.shard_counts)]
         with storage_errors(source.path, "the dataset's index"):
             order = list(json.loads((meta / ".info.json").read_text())["shard_counts"])
             db = meta / "index.sqlite"

@@ -102,6 +102,16 @@ class Planner:
         self._cache.clear()
         self._cache[state.batch] = (state, None)
 
+    @property
+    def newest(self) -> int:
+        """The newest global batch planned so far (the start's batch before any): planning a batch
+        at or shortly before it is cached, one after it plans the batches in between."""
+        return max(self._cache)
+
+    def kept(self, batch: int) -> bool:
+        """Whether the plan of ``batch`` is kept (:meth:`plan` returns it without planning)."""
+        return self._cache.get(batch, (None, None))[1] is not None
+
     def state_at(self, batch: int) -> PlanState:
         """The state where planning of ``batch`` starts (``batch >= start.batch``)."""
         if batch == self.start.batch:

@@ -125,6 +125,12 @@ class SampleSource:
         return sum(self.shard_counts)
 
     @property
+    def shard_names(self) -> tuple[str, ...]:
+        """The split's shard names (``train/shard-000003.tar``) in dataset-index order: shard ``k``
+        holds ``shard_counts[k]`` samples, from index ``sum(shard_counts[:k])`` on."""
+        return tuple(s.name for s in self._factory.shards)
+
+    @property
     def remote(self) -> bool:
         return is_remote(self.path)
 

@@ -12,17 +12,31 @@ never by reading logs or data (only Energon's key index, :mod:`~energon_platform
   the inverse permutation (:meth:`DatasetOrder.positions`) → the blend's inverse
   (:meth:`Blend.unit_of`) → stream position → step. O(1) per epoch, no scan of the steps.
 
+**Balanced runs** (``loader.balance``): a global batch is the planner's plan
+(:mod:`~energon_platform.loader.planner`), dealt to ranks and micro-batches by
+:func:`~energon_platform.loader.planner.deal_plan`. The plan of batch ``b`` depends on the
+planner's state at ``b`` (next stream position, carried samples), which only planning batches
+``0 .. b-1`` gives (or a checkpoint's saved state, for ``b`` at or after it): a step costs a
+replay of the planner up to it (lengths from the length index, no data read). A key's stream
+positions still come from the inverse permutation; the step that trained each is found in that
+same replay (a position read at batch ``b`` is placed within the planner's bounded wait after
+``b``). The trainer logs a balanced step's keys sorted (which rank holds which row depends on the
+world size), so ``keys`` is sorted there too.
+
 Steps are numbered as the trainer logs them (``log.jsonl``'s ``step``, from 1): step ``N`` is
 global batch ``N - 1``. What this cannot know without reading the data: samples that fail to
-decode are replaced at run time (the log names them); with packing, the packer orders the keys
-inside each pack group. Balanced runs (``loader.balance``) are refused.
+decode are replaced at run time (the log names them); with packing (unbalanced), the packer
+orders the keys inside each pack group.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter, OrderedDict
+from dataclasses import replace
+from itertools import count, takewhile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -30,14 +44,17 @@ from energon_platform.loader.batches import MAX_REPLACEMENTS
 from energon_platform.loader.key_index import KeyIndex
 from energon_platform.loader.schedule import Schedule
 
+#: Plans between two progress reports of a planner replay.
+PROGRESS_EVERY = 500
+
 
 class TraceError(ValueError):
-    """A trace that cannot be answered (one line: a balanced run, an unknown key, a bad checkpoint)."""
+    """A trace that cannot be answered (one line: an unknown key, a bad checkpoint, all stand-ins excluded)."""
 
 
 def step_layout(schedule: Schedule, batch: int, world_size: int, micro_items: int) -> dict[str, np.ndarray]:
-    """Every sample of global batch ``batch`` in logged order: ``dataset, epoch, index, rank,
-    micro_batch`` as ``int64`` arrays (no data needed)."""
+    """Every sample of global batch ``batch`` of an unbalanced run in logged order: ``dataset,
+    epoch, index, rank, micro_batch`` as ``int64`` arrays (no data needed)."""
     spb, group = schedule.samples_per_batch, schedule.group_size
     pos = np.arange(batch * spb, (batch + 1) * spb, dtype=np.int64)
     d, e, i = schedule.samples(pos)
@@ -47,38 +64,47 @@ def step_layout(schedule: Schedule, batch: int, world_size: int, micro_items: in
     return {"dataset": d, "epoch": e, "index": i, "rank": rank, "micro_batch": within // micro_items}
 
 
-def uses(schedule: Schedule, dataset: int, index: int, num_batches: int) -> list[tuple[int, int, int]]:
-    """``(global batch, epoch, stream position)`` of every use of sample ``index`` of ``dataset`` in
-    the first ``num_batches`` global batches, by inverting the schedule: O(1) per epoch."""
-    spb, unit = schedule.samples_per_batch, schedule.unit
-    order = schedule.orders[dataset]
-    taken = int(schedule.blend.consumed(num_batches * spb // unit)[dataset]) * unit  # samples of it read
-    out = []
-    for epoch in range(-(-taken // order.num_samples)):
+def stream_uses(schedule: Schedule, dataset: int, index: int) -> Iterator[tuple[int, int]]:
+    """``(epoch, stream position)`` of every use of sample ``index`` of ``dataset``, in stream
+    order (endless unless the blend gives the dataset weight 0 for good), by inverting the
+    schedule: O(1) per epoch of the dataset."""
+    unit, order = schedule.unit, schedule.orders[dataset]
+    for epoch in count():
         j = epoch * order.num_samples + int(order.positions(epoch, [index])[0])
-        if j >= taken:
-            continue
         ju, offset = divmod(j, unit)
         u = int(schedule.blend.unit_of(dataset, [ju])[0])
-        if u >= 0:
-            pos = u * unit + offset
-            out.append((pos // spb, epoch, pos))
-    return out
+        if u < 0:  # the dataset takes no more units
+            return
+        yield epoch, u * unit + offset
+
+
+def uses(schedule: Schedule, dataset: int, index: int, num_batches: int) -> list[tuple[int, int, int]]:
+    """``(global batch, epoch, stream position)`` of every use of sample ``index`` of ``dataset`` in
+    the first ``num_batches`` global batches of an unbalanced run: O(1) per epoch."""
+    spb = schedule.samples_per_batch
+    below = takewhile(lambda use: use[1] < num_batches * spb, stream_uses(schedule, dataset, index))
+    return [(pos // spb, epoch, pos) for epoch, pos in below]
 
 
 class Tracer:
     """Trace of a run built as a :class:`~energon_platform.loader.train_loader.TrainLoader` (not
-    iterated; after ``load_state_dict`` when a checkpoint gives the history)."""
+    iterated; after ``load_state_dict`` when a checkpoint gives the history). ``progress(done,
+    total)``: called during a long planner replay (balanced runs)."""
 
-    def __init__(self, loader: Any):
-        if loader.planned:
-            raise TraceError(f"trace follows unbalanced runs only; this config sets loader.balance: "
-                             f"{loader.config.balance!r}, whose batches come from the planner")
-        self.loader, self.schedule = loader, loader.schedule
+    def __init__(self, loader: Any, progress: Callable[[int, int], None] | None = None):
+        self.loader, self.progress = loader, progress
         self.names = loader.datasets.names
         self._prefixes = [f"{n}:" if loader.datasets.metadataset else "" for n in self.names]
         self._keys = [KeyIndex(e.source) for e in loader.datasets.entries]
-        self.excluder = loader.maker.exclusions
+        self._replay = None  #: balanced runs: a planner from the start, for batches before the loader's
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.loader.schedule
+
+    @property
+    def excluder(self) -> Any:
+        return self.loader.maker.exclusions
 
     def key(self, dataset: int, index: int) -> str:
         """The key training logs for sample ``index`` of ``dataset``."""
@@ -88,32 +114,109 @@ class Tracer:
         keys = self._keys[dataset]
         return keys.shard_names[keys.shard(index)[0]]
 
-    def _stand_in(self, batch: int, dataset: int, epoch: int, index: int) -> int:
+    # --- balanced runs: the planner's plans ----------------------------------------------------
+
+    def plan(self, batch: int) -> Any:
+        """The planner's :class:`~energon_platform.loader.planner.BatchPlan` of global batch
+        ``batch``: from the loader's planner at or after its start (a checkpoint's state), else
+        replayed from the start of the run; sequential, with progress."""
+        planner = self.loader.planner
+        if batch < planner.start.batch:
+            if self._replay is None or self._replay.lengths is not planner.lengths:
+                from energon_platform.loader.planner import PlanState
+
+                self._replay = replace(planner, start=PlanState(), _cache=OrderedDict())
+            planner = self._replay
+        if batch <= planner.newest and not planner.kept(batch):  # behind the plans it keeps: from its start
+            planner.restart(planner.start)
+        first = planner.newest + 1
+        total = batch - first + 1
+        report = self.progress if self.progress is not None and total > PROGRESS_EVERY else None
+        for b in range(first, batch):
+            planner.plan(b)
+            if report is not None and (b - first + 1) % PROGRESS_EVERY == 0:
+                report(b - first + 1, total)
+        plan = planner.plan(batch)
+        if report is not None:
+            report(total, total)
+        return plan
+
+    def _planned_layout(self, batch: int) -> list[tuple[int, int, int, int, int, int, int | None]]:
+        """``(dataset, epoch, index, rank, micro_batch, row, room)`` of every sample of a planned
+        global batch, in rank, micro-batch, row order (``room``: a packed row's stand-ins must be
+        at most this long, as the loader requires; None unpacked)."""
+        from energon_platform.loader.planner import deal_plan
+
+        loader, planner = self.loader, self.loader.planner
+        plan = self.plan(batch)
+        out = []
+        for rank, parts in enumerate(deal_plan(plan, loader.world_size, loader.accumulation, planner.fixed_counts)):
+            for micro, rows in enumerate(parts):
+                for row, item in enumerate(rows):
+                    for d, e, i in zip(*(a.tolist() for a in self.schedule.samples(plan.items[item]))):
+                        room = planner.length_of(d, e, i)[0] if planner.capacity else None
+                        out.append((d, e, i, rank, micro, row, room))
+        return out
+
+    # --- exclusions -----------------------------------------------------------------------------
+
+    def _stand_in(self, batch: int, dataset: int, epoch: int, index: int, room: int | None) -> int | None:
+        """The stand-in the loader trains on for an excluded sample (None: no stand-in fits the
+        planned row ``room``, which keeps its positions as padding)."""
         order = self.schedule.orders[dataset]
         for attempt in range(1, MAX_REPLACEMENTS + 1):
             candidate = order.replacement(epoch, index, attempt)
+            if room is not None and self.loader.planner.length_of(dataset, epoch, candidate)[0] > room:
+                continue
             if not self.excluder.excluded(batch, dataset, candidate, self.key(dataset, candidate)):
                 return candidate
+        if room is not None:
+            return None
         raise TraceError(f"global batch {batch}: sample {self.key(dataset, index)} and its {MAX_REPLACEMENTS} "
                          f"stand-ins are all excluded; the run stops there")
 
+    def _trained(self, batch: int, d: int, e: int, i: int, room: int | None) -> tuple[int | None, dict | None]:
+        """``(index trained, exclusion record or None)`` for scheduled sample ``i`` of dataset ``d``."""
+        key = self.key(d, i)
+        if self.excluder is None or not self.excluder.excluded(batch, d, i, key):
+            return i, None
+        stand_in = self._stand_in(batch, d, e, i, room)
+        return stand_in, {"key": key, "dataset": self.names[d],
+                          "stand_in": None if stand_in is None else self.key(d, stand_in)}
+
+    def excluded_counts(self, step: int) -> dict[str, int]:
+        """Per dataset name: samples of logged step ``step`` (all ranks) that ``loader.exclude``
+        replaced; datasets with none are left out."""
+        if self.excluder is None or not any(ex.active(step - 1) for ex in self.excluder.history):
+            return {}
+        return dict(Counter(x["dataset"] for x in self.step(step)["excluded"]))
+
+    # --- the two questions ----------------------------------------------------------------------
+
     def step(self, step: int) -> dict:
-        """``{"step", "global_batch", "keys", "samples", "excluded"}`` of logged step ``step``."""
+        """``{"step", "global_batch", "world_size", "keys", "samples", "excluded"}`` of logged step
+        ``step``; ``keys`` as training logs them (sorted for a balanced run)."""
         if step < 1:
             raise TraceError(f"steps are numbered from 1 (as log.jsonl), got {step}")
         batch = step - 1
-        lay = step_layout(self.schedule, batch, self.loader.world_size, self.loader.micro_items)
+        if self.loader.planned:
+            layout = self._planned_layout(batch)
+        else:
+            lay = step_layout(self.schedule, batch, self.loader.world_size, self.loader.micro_items)
+            layout = zip(*(lay[k].tolist() for k in ("dataset", "epoch", "index", "rank", "micro_batch")))
         samples, excluded = [], []
-        for d, e, i, r, m in zip(*(lay[k].tolist() for k in ("dataset", "epoch", "index", "rank", "micro_batch"))):
-            key = self.key(d, i)
-            if self.excluder is not None and self.excluder.excluded(batch, d, i, key):
-                stand_in = self._stand_in(batch, d, e, i)
-                excluded.append({"key": key, "stand_in": self.key(d, stand_in)})
-                i, key = stand_in, self.key(d, stand_in)
-            samples.append({"key": key, "dataset": self.names[d], "epoch": e, "index": i,
-                            "shard": self.shard(d, i), "rank": r, "micro_batch": m})
+        for d, e, i, r, m, *rest in layout:
+            i, record = self._trained(batch, d, e, i, rest[1] if rest else None)
+            if record is not None:
+                excluded.append(record)
+            if i is None:  # no stand-in fits the planned row: padding
+                continue
+            sample = {"key": self.key(d, i), "dataset": self.names[d], "epoch": e, "index": i,
+                      "shard": self.shard(d, i), "rank": r, "micro_batch": m}
+            samples.append({**sample, "row": rest[0]} if rest else sample)
+        keys = [s["key"] for s in samples]
         return {"step": step, "global_batch": batch, "world_size": self.loader.world_size,
-                "keys": [s["key"] for s in samples], "samples": samples, "excluded": excluded}
+                "keys": sorted(keys) if self.loader.planned else keys, "samples": samples, "excluded": excluded}
 
     def find(self, key: str, steps: int) -> dict:
         """``{"key", "steps", "uses", "excluded_steps"}``: the steps among the first ``steps`` that used ``key``."""
@@ -122,18 +225,56 @@ class Tracer:
         if index is None:
             raise TraceError(f"{key}: no such sample in dataset {self.names[dataset]!r} "
                              f"(split {self.loader.datasets.entries[dataset].source.split!r})")
+        placed = self._planned_uses(dataset, index, steps) if self.loader.planned else self._uses(dataset, index, steps)
         found, skipped = [], []
-        per_rank = self.schedule.check_world_size(self.loader.world_size)
-        for batch, epoch, pos in uses(self.schedule, dataset, index, steps):
-            if self.excluder is not None and self.excluder.excluded(batch, dataset, index, key):
-                skipped.append(batch + 1)
-                continue
-            rank, within = divmod((pos - batch * self.schedule.samples_per_batch) // self.schedule.group_size,
-                                  per_rank)
-            found.append({"step": batch + 1, "epoch": epoch, "rank": rank,
-                          "micro_batch": within // self.loader.micro_items})
+        for use in placed:
+            if self.excluder is not None and self.excluder.excluded(use["step"] - 1, dataset, index, key):
+                skipped.append(use["step"])
+            else:
+                found.append(use)
         return {"key": key, "dataset": self.names[dataset], "index": index, "shard": self.shard(dataset, index),
                 "within_steps": steps, "steps": [u["step"] for u in found], "uses": found, "excluded_steps": skipped}
+
+    def _uses(self, dataset: int, index: int, steps: int) -> list[dict]:
+        """Unbalanced: the uses by the inverse schedule, O(1) per epoch."""
+        spb, group = self.schedule.samples_per_batch, self.schedule.group_size
+        per_rank = self.schedule.check_world_size(self.loader.world_size)
+        out = []
+        for batch, epoch, pos in uses(self.schedule, dataset, index, steps):
+            rank, within = divmod((pos - batch * spb) // group, per_rank)
+            out.append({"step": batch + 1, "epoch": epoch, "rank": rank,
+                        "micro_batch": within // self.loader.micro_items})
+        return out
+
+    def _planned_uses(self, dataset: int, index: int, steps: int) -> list[dict]:
+        """Balanced: the key's stream positions by the inverse schedule, each looked for in the
+        plans from the one that read it (a position read by batch ``b`` is placed in ``b`` or a
+        later plan: the planner's wait is bounded) until it is placed: one replay of the planner
+        through ``steps``, each plan checked with a set lookup."""
+        from energon_platform.loader.planner import deal_plan
+
+        loader, planner = self.loader, self.loader.planner
+        ahead = stream_uses(self.schedule, dataset, index)
+        upcoming = next(ahead, None)
+        pending: dict[int, int] = {}  # stream position read, not yet placed -> epoch
+        out = []
+        for batch in range(steps):
+            plan = self.plan(batch)
+            while upcoming is not None and upcoming[1] < plan.next_state.position:  # read by this plan
+                pending[upcoming[1]] = upcoming[0]
+                upcoming = next(ahead, None)
+            hits = [k for k, item in enumerate(plan.items) if pending.keys() & set(item)]
+            if hits:
+                dealt = deal_plan(plan, loader.world_size, loader.accumulation, planner.fixed_counts)
+                where = {item: (r, m, row) for r, parts in enumerate(dealt) for m, rows in enumerate(parts)
+                         for row, item in enumerate(rows)}
+                for k in hits:
+                    r, m, row = where[k]
+                    out += [{"step": batch + 1, "epoch": pending.pop(pos), "rank": r, "micro_batch": m, "row": row}
+                            for pos in sorted(pending.keys() & set(plan.items[k]))]
+            if upcoming is None and not pending:
+                break
+        return sorted(out, key=lambda u: (u["step"], u["rank"], u["micro_batch"], u["row"]))
 
     def _parse_key(self, key: str) -> tuple[int, str]:
         if not self.loader.datasets.metadataset:
@@ -160,9 +301,11 @@ def checkpoint_state(path: str | Path) -> dict:
     return json.loads((path / "loader_rank0.json").read_text())
 
 
-def open_tracer(cfg: Any, world_size: int | None = None, checkpoint: str | Path | None = None) -> Tracer:
+def open_tracer(cfg: Any, world_size: int | None = None, checkpoint: str | Path | None = None,
+                progress: Callable[[int, int], None] | None = None) -> Tracer:
     """A :class:`Tracer` for run config ``cfg``; ``checkpoint``: take the blend and exclusion history
-    (and, unless ``world_size`` is given, the world size) from that checkpoint's loader state."""
+    (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's state
+    there) from that checkpoint's loader state."""
     from energon_platform.loader.train_loader import TrainLoader
 
     state = checkpoint_state(checkpoint) if checkpoint is not None else None
@@ -171,16 +314,18 @@ def open_tracer(cfg: Any, world_size: int | None = None, checkpoint: str | Path 
     loader = TrainLoader(cfg, rank=0, world_size=world_size, num_workers=0)
     if state is not None:
         loader.load_state_dict(state)
-    return Tracer(loader)
+    return Tracer(loader, progress)
 
 
 def format_step(trace: dict) -> str:
     """A step as text: one header line, one line per sample."""
     lines = [f"step {trace['step']} (global batch {trace['global_batch']}, {len(trace['keys'])} samples, "
              f"{trace['world_size']} rank(s)); {len(trace['excluded'])} excluded"]
-    lines += [f"  rank {s['rank']} micro {s['micro_batch']}  {s['dataset']}  epoch {s['epoch']}  {s['shard']}  {s['key']}"
-              for s in trace["samples"]]
-    lines += [f"  excluded {x['key']} -> stand-in {x['stand_in']}" for x in trace["excluded"]]
+    lines += [f"  rank {s['rank']} micro {s['micro_batch']}" + (f" row {s['row']}" if "row" in s else "") +
+              f"  {s['dataset']}  epoch {s['epoch']}  {s['shard']}  {s['key']}" for s in trace["samples"]]
+    lines += [f"  excluded {x['key']} -> " +
+              (f"stand-in {x['stand_in']}" if x["stand_in"] else "padding (no stand-in fits)")
+              for x in trace["excluded"]]
     return "\n".join(lines)
 
 

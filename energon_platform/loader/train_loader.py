@@ -106,6 +106,7 @@ class TrainLoader:
                                            "planner": "pool-led-v1"}
         self.next_microbatch = 0
         self._identities = None
+        self._tracer = None  #: for :meth:`exclusion_stats`, built at its first use
         self.blend_changes: list[str] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
         self._iter = None
 
@@ -174,6 +175,19 @@ class TrainLoader:
         mean = sum(costs) / len(costs)
         return {"rank_cost": round(max(costs) / mean, 4) if mean else 1.0, "padding": round(plan.padding, 4),
                 "samples": sum(len(i) for i in plan.items), "carried": len(plan.next_state.carried)}
+
+    def exclusion_stats(self, batch: int) -> dict:
+        """``{"excluded": {dataset: n}}``: samples of global batch ``batch`` (all ranks) that
+        ``loader.exclude`` replaced, computed as ``trace`` computes them (keys from Energon's
+        index, no data read); ``{}`` when none (for the trainer's log row)."""
+        if not self.exclusions or not any(ex.active(batch) for ex in self.exclusions):
+            return {}
+        if self._tracer is None:
+            from energon_platform.loader.trace import Tracer
+
+            self._tracer = Tracer(self)
+        counts = self._tracer.excluded_counts(batch + 1)
+        return {"excluded": counts} if counts else {}
 
     def dataset_identities(self) -> dict:
         """Per dataset name: what makes it *this* data (may not change at resume); read once."""

@@ -299,7 +299,8 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
                                                  else loader.schedule.epoch_of_batch(global_batch), 4),
                    "world_size": world, "num_workers": loader.num_workers,
                    "lr": sched.get_last_lr()[0], "elapsed_s": round(time.perf_counter() - t0, 3),
-                   "datasets": consumed, "targets": int(targets), **loader.balance_stats(global_batch)}
+                   "datasets": consumed, "targets": int(targets), **loader.balance_stats(global_batch),
+                   **loader.exclusion_stats(global_batch)}
             if val_loss is not None:
                 row["val_loss"] = val_loss
             row.update(start_note)  # the first row only: where this process started
