@@ -5,8 +5,9 @@ move; the names in :data:`__all__` stay (``tests/test_public_api.py`` pins the l
 ``docs/reference/api.md`` documents it). Importing the package is cheap: each name is imported on
 first use (PEP 562), so ``import energon_platform`` does not load torch.
 
-The trainer integrations are imported as modules, because each needs its framework installed:
-``energon_platform.integrations.lightning``, ``.accelerate``, ``.deepspeed``, ``.dcp``, ``.megatron``.
+The trainer integrations are public modules of their own, because each works with its framework:
+``energon_platform.integrations.lightning``, ``.accelerate``, ``.deepspeed``, ``.dcp``, ``.megatron``
+(the same page lists the names each one keeps; the package top imports none of them).
 """
 
 from __future__ import annotations

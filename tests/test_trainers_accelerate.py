@@ -5,13 +5,19 @@ and scripts/examples/accelerate_example.py resuming exactly after SIGKILL."""
 from __future__ import annotations
 
 import json
+import shlex
+import socket
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("accelerate")
 
-from trainer_examples import assert_exact_pass, assert_fails, check_resume, example, write_run_config
+from trainer_examples import PY, assert_exact_pass, assert_fails, check_resume, example, write_run_config
+
+ACCELERATE = shlex.quote(str(Path(sys.executable).parent / "accelerate"))  # the CLI of this environment
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +31,6 @@ def test_save_state_carries_the_loader_and_load_state_restores_far_positions_wit
 
     from energon_platform import TrainLoader, load_config
     from energon_platform.integrations.accelerate import STATE_FILE, prepare_loader
-    from energon_platform.integrations.lightning import state_at
 
     cfg = load_config(run_config)
     accelerator = Accelerator(cpu=True)
@@ -40,7 +45,7 @@ def test_save_state_carries_the_loader_and_load_state_restores_far_positions_wit
 
     # a position a million micro-batches in: restored as fast as a fresh start, the same batch as
     # a loader restored directly
-    far = state_at(loader, 1_000_000)
+    far = loader.state_at(1_000_000)
     (tmp_path / "ckpt" / STATE_FILE).write_text(json.dumps(far))
     resumed = prepare_loader(accelerator2 := Accelerator(cpu=True), cfg)
     accelerator2.prepare(model)
@@ -68,3 +73,28 @@ def test_accelerate_example_resumes_exactly_after_sigkill(run_config, tmp_path):
     cmd = example("accelerate_example.py", run_config, "--out {out} --steps 6")
     assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
     assert_fails(*check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4))
+
+
+@pytest.mark.slow
+def test_accelerate_launch_two_processes_resumes_exactly_without_double_sharding(run_config, tmp_path):
+    """``accelerate launch`` with 2 processes on CPU (``--multi_gpu`` picks its torchrun launcher;
+    ``--cpu`` alone would start one process), killed and resumed: exact. Each process reads its own
+    half of every global batch: the halves are disjoint and, in rank order, the global batch a
+    one-process loader makes."""
+    from energon_platform import TrainLoader, load_config
+
+    with socket.socket() as s:  # a free port for the launcher's rendezvous (its default is fixed)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = (f"{PY} {ACCELERATE} launch --multi_gpu --num_processes 2 --num_machines 1 --main_process_port {port} "
+              f"--mixed_precision no --dynamo_backend no")
+    cmd = example("accelerate_example.py", run_config, "--out {out} --steps 6", launcher=launch)
+    r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
+    assert_exact_pass(r, report)
+    rows = [json.loads(line) for line in Path(report["logs"]["straight"]).read_text().splitlines()]
+    one_process = TrainLoader(load_config(run_config))
+    for row in rows:
+        first, second = row["rank_keys"]
+        assert first and second and not set(first) & set(second), row
+        assert first + second == row["keys"] == list(next(one_process).keys), row
+    assert len(rows) == 6

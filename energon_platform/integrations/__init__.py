@@ -1,7 +1,15 @@
-"""Integrations with other trainers.
+"""Integrations with the trainers users run. Each module is public: import from it directly
+(``from energon_platform.integrations.lightning import EnergonHooks``); its ``__all__`` lists
+what it offers.
 
 * :mod:`~energon_platform.integrations.megatron`: Megatron-LM's ``--dataloader-type external``
   provider, per-data-parallel-rank state files, ``get_batch`` dicts (vision-language included).
 * :mod:`~energon_platform.integrations.dcp`: the loader as one ``Stateful`` entry of a
   ``torch.distributed.checkpoint`` (torchtitan) checkpoint: no pickle, elastic.
+* :mod:`~energon_platform.integrations.lightning`: hooks for a ``LightningModule`` whose loader state
+  rides in Lightning's checkpoint.
+* :mod:`~energon_platform.integrations.accelerate`: the loader registered with Accelerate's
+  ``save_state`` / ``load_state``.
+* :mod:`~energon_platform.integrations.deepspeed`: the loader state in a DeepSpeed checkpoint's
+  ``client_state``.
 """

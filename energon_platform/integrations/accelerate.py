@@ -37,6 +37,8 @@ from typing import Any
 
 from energon_platform.loader.train_loader import TrainLoader
 
+__all__ = ["prepare_loader", "STATE_FILE"]
+
 #: The loader state's file in an ``accelerator.save_state`` folder.
 STATE_FILE = "energon_loader_state.json"
 

@@ -24,6 +24,8 @@ import torch
 
 from energon_platform.loader.state import StateMismatchError
 
+__all__ = ["DCPLoader", "encode_state", "decode_state", "CAPACITY", "KEY"]
+
 #: Bytes reserved for the loader state's JSON (a state is about 1-3 KB; blend histories grow it slowly).
 CAPACITY = 1 << 16
 KEY = "energon_platform_loader_state"

@@ -28,6 +28,9 @@ from typing import Any
 
 from energon_platform.loader.train_loader import TrainLoader
 
+__all__ = ["init_distributed", "batch_config", "client_state", "restore_loader", "KEY"]
+
+
 def init_distributed(dist_backend: str = "gloo") -> None:
     """``deepspeed.init_distributed(dist_backend)``; a process started without a launcher (no
     ``RANK`` in the environment) becomes rank 0 of a world of one on a free local port."""

@@ -14,7 +14,8 @@ What Lightning needs from us, and what the mixin does:
   train loader in its checkpoint and restores it in ``trainer.fit(ckpt_path=...)`` (no replay), but
   it takes that state after fetching one batch ahead (its prefetch): resumed so, a run would skip a
   batch. ``on_save_checkpoint`` replaces that record with the state at the micro-batches actually
-  trained (the loader's position less the batches Lightning's fetcher holds; Lightning 2.6).
+  trained: :meth:`TrainLoader.state_at` of the loader's position less the batches Lightning's
+  fetcher holds (Lightning 2.6).
 * **Step boundaries.** ``on_train_start`` refuses ``accumulate_grad_batches`` other than the loader's
   ``accumulation``, so that an optimizer step is one global batch and checkpoints fall between them.
 
@@ -29,6 +30,8 @@ from typing import Any
 
 from energon_platform.integrations.device import to_device
 from energon_platform.loader.train_loader import TrainLoader
+
+__all__ = ["EnergonHooks"]
 
 
 class EnergonHooks:
@@ -61,15 +64,5 @@ class EnergonHooks:
                              f"not {len(fit['combined_loader'])} stateful loaders")
         # the batches Lightning's fetcher holds are fetched from the loader but not trained yet
         ahead = len(getattr(self.trainer.fit_loop._data_fetcher, "batches", ()))
-        fit["combined_loader"] = [state_at(loader, loader.next_microbatch - ahead)]
+        fit["combined_loader"] = [loader.state_at(loader.next_microbatch - ahead)]
 
-
-def state_at(loader: TrainLoader, next_microbatch: int) -> dict:
-    """``loader.state_dict()`` as it was when micro-batch ``next_microbatch`` was next (at or after
-    the position the loader was started or restored at): the state is a function of the position."""
-    now = loader.next_microbatch
-    loader.next_microbatch = next_microbatch
-    try:
-        return loader.state_dict()
-    finally:
-        loader.next_microbatch = now

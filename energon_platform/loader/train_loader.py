@@ -294,6 +294,20 @@ class TrainLoader:
             exclude=[ex.to_json() for ex in self.exclusions] or None,
         ).to_dict()
 
+    def state_at(self, next_microbatch: int) -> dict:
+        """:meth:`state_dict` as it was (or will be) when micro-batch ``next_microbatch`` of this rank
+        is next, without moving the loader: the state is a function of the position. For a trainer
+        that fetched batches ahead of those it trained (a prefetch) and checkpoints the position it
+        trained up to. ``next_microbatch`` must be at or after the position the loader was built or
+        restored at (the blend and plans before it are not known); with ``loader.balance`` a later
+        position plans every global batch up to it, so keep it near the current one."""
+        now = self.next_microbatch
+        self.next_microbatch = next_microbatch
+        try:
+            return self.state_dict()
+        finally:
+            self.next_microbatch = now
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Continue from a saved position. Raises :class:`StateMismatchError` for other data or
         config, :class:`LayoutError` for a layout that cannot continue the same global batches."""

@@ -4,11 +4,15 @@ process's ``TrainLoader`` and puts its state into ``accelerator.save_state``/``l
 (restored in O(1), no ``skip_first_batches`` replay).
 
     python scripts/examples/accelerate_example.py --config run.yaml --out OUT --steps 12 [--resume]
-    accelerate launch --cpu --num_processes 2 scripts/examples/accelerate_example.py ...   # or torchrun
+    accelerate launch --multi_gpu --num_processes 2 scripts/examples/accelerate_example.py ...   # or torchrun
+
+(On CPU too: ``Accelerator(cpu=True)`` then runs DDP over gloo. ``--multi_gpu`` selects Accelerate's
+torchrun launcher; ``--cpu --num_processes 2`` without an MPI hostfile starts one process.)
 
 ``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each step
 is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and digests:
-check-resume's exact check). ``--skip-loader-restore`` breaks the resume on purpose (model,
+check-resume's exact check), and each process's keys apart (``rank_keys``: disjoint, together the
+global batch: no double sharding). ``--skip-loader-restore`` breaks the resume on purpose (model,
 optimizer and RNG restored, the data starts over): check-resume must fail it.
 """
 
@@ -68,7 +72,7 @@ while step < args.steps:
     parts = accelerator.gather_for_metrics([part], use_gather_object=True)
     global_loss = accelerator.reduce(loss.detach(), reduction="mean")
     log.write(step, global_loss.item(), keys=[k for keys, _ in parts for k in keys], batch=[d for _, d in parts],
-              **resumed_from)
+              rank_keys=[keys for keys, _ in parts], **resumed_from)
     resumed_from = {}
 
     if step % args.checkpoint_every == 0 or step == args.steps:

@@ -6,10 +6,15 @@ state (no replay).
     python scripts/examples/lightning_example.py --config run.yaml --out OUT --steps 12 [--resume]
     torchrun --standalone --nproc-per-node 2 scripts/examples/lightning_example.py ...   # DDP, gloo
 
-``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each
-optimizer step is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and
-digests: check-resume's exact check). ``--skip-loader-restore`` breaks the resume on purpose (model,
-optimizer and step restored, the data starts over): check-resume must fail it.
+``run.yaml`` is an energon-platform run config (an image-text encoder without packing, one
+micro-batch per rank and step: ``micro_batch_size`` unset). Rank 0 logs each optimizer step to
+``OUT/steps.jsonl`` with ``StepLog``, for the global batch: every rank's sample keys and row
+digests in rank order (the loader's global order, whatever the number of processes) and the
+token-mean loss over all ranks; the gradient is that of the same mean. So a checkpoint of a run on
+2 processes resumes on 1 (or the reverse) with the same keys and digests, the loss equal up to the
+order of the all-reduce: check-resume's exact check with ``--tolerance 1e-5``.
+``--skip-loader-restore`` breaks the resume on purpose (model, optimizer and step restored, the
+data starts over): check-resume must fail it.
 """
 
 import argparse
@@ -51,19 +56,25 @@ class Captioner(EnergonHooks, L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss_sum, targets = loss_sums(self.model(batch.tokens, batch.images), batch.labels, batch.loss_mask)
-        return loss_sum / targets
+        self.step_sums = loss_sum.detach(), self.sum_over_ranks(targets)
+        # DDP averages the gradients over ranks: scaled so, they are those of the global batch's token mean
+        return loss_sum * self.trainer.world_size / self.step_sums[1]
+
+    def sum_over_ranks(self, value):
+        return self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum")
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        # the global batch: every rank's keys and tensor digest in rank order; the loss averaged over ranks
-        part = (list(batch.keys), batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]))
-        parts, loss = [part] * self.trainer.world_size, outputs["loss"].detach().clone()
+        # the global batch: every rank's keys and row digests in rank order, the token-mean loss of all ranks
+        rows = [batch_digest([t[i] for t in (batch.tokens, batch.labels, batch.loss_mask, batch.images)])
+                for i in range(len(batch.keys))]
+        parts = [(list(batch.keys), rows)] * self.trainer.world_size
         if dist.is_initialized():
-            dist.all_gather_object(parts, part)
-            dist.all_reduce(loss)
-            loss /= self.trainer.world_size
+            dist.all_gather_object(parts, parts[0])
+        loss_sum, targets = self.step_sums
         extra = {"resumed_from": self.resumed_from} if self.resumed_from is not None else {}
-        self.log_file.write(self.global_step, loss.item(), keys=[k for keys, _ in parts for k in keys],
-                            batch=[d for _, d in parts], **extra)
+        self.log_file.write(self.global_step, (self.sum_over_ranks(loss_sum) / targets).item(),
+                            keys=[k for keys, _ in parts for k in keys], batch=[d for _, ds in parts for d in ds],
+                            **extra)
         self.resumed_from = None
 
     def on_load_checkpoint(self, checkpoint):
@@ -77,8 +88,8 @@ ckpt_dir = Path(args.out) / "checkpoints"
 saved = sorted(ckpt_dir.glob("step=*.ckpt"), key=lambda f: int(f.stem.split("=")[1])) if args.resume else []
 world = int(os.environ.get("WORLD_SIZE", 1))  # under torchrun: one process per device
 trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", max_steps=args.steps,
-                    callbacks=[ModelCheckpoint(dirpath=ckpt_dir, filename="{step}", every_n_train_steps=args.checkpoint_every,
-                                               save_top_k=-1)],
+                    callbacks=[ModelCheckpoint(dirpath=ckpt_dir, filename="{step}",
+                                               every_n_train_steps=args.checkpoint_every, save_top_k=-1)],
                     logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
 model = Captioner(load_config(args.config))
 model.resumed_from = 0 if args.resume else None  # a checkpoint sets the step it resumes from
