@@ -1,8 +1,15 @@
-"""Global batches of a run config on a ranks x workers layout, for elastic-resume tests."""
+"""Global batches of a run config on a ranks x workers layout, and a script run that is SIGKILLed
+once it logged enough steps: for the exact and elastic resume tests of the encoders."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -24,3 +31,24 @@ def layout_batches(config, ranks: int, workers: int, steps: int, digests: Callab
     for loader in loaders:
         loader.close()
     return out, saved
+
+
+def logged_lines(out: Path) -> int:
+    """Lines of ``out/log.jsonl`` so far (0 before it exists)."""
+    log = out / "log.jsonl"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def run_logging_script(script: str, args: list, out: Path, cwd: Path, kill_after: int | None = None) -> None:
+    """Run ``python -c script *args`` (it writes ``out/log.jsonl``): to its end (a non-zero exit
+    fails with its stderr), or SIGKILLed as soon as it logged ``kill_after`` lines."""
+    out.mkdir(exist_ok=True)
+    with subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=cwd,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        if kill_after is None:
+            assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-3000:]
+            return
+        deadline = time.time() + 300
+        while time.time() < deadline and logged_lines(out) < kill_after and proc.poll() is None:
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)

@@ -103,12 +103,11 @@ def test_a_second_run_on_the_same_checkpoint_folder_is_refused(tmp_path):
 def test_a_sigkilled_holder_does_not_leave_the_lock_stuck(tmp_path):
     code = ("import sys, time; from energon_platform.training.checkpoint import RunLock\n"
             f"with RunLock({str(tmp_path / 'ckpt')!r}):\n    print('held', flush=True); time.sleep(60)\n")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(CheckpointError, match=f"pid {holder.pid}"):
-        RunLock(tmp_path / "ckpt").__enter__()
-    holder.kill()
-    holder.wait()
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=f"pid {holder.pid}"):
+            RunLock(tmp_path / "ckpt").__enter__()
+        holder.kill()
     time.sleep(0.1)
     with RunLock(tmp_path / "ckpt"):
         pass

@@ -27,7 +27,7 @@ from converters.convert import ConvertError, reason_counts
 from converters.media import AudioOptions, ImageOptions
 from converters.records import KEY_PATTERN, MAX_KEY_LENGTH, make_key
 from corpora import caption, image_bytes, make_coco, make_image_files, make_librispeech, tone_bytes
-from test_convert import CLI, convert, members, run_cli, tree_digest
+from test_convert import convert, members, run_cli, tree_digest
 
 
 def one_line_error(r) -> bool:
@@ -345,16 +345,15 @@ def test_second_conversion_is_refused_while_one_runs_and_a_killed_holder_frees_i
     out = tmp_path / "out"
     convert("folder", out, reader=reader)
     before = tree_digest(out)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        for extra in ([], ["--overwrite"], ["--samples-per-shard", "2", "--overwrite"]):
-            r = run_cli("convert", "folder", "--root", reader["root"], "--out", out, "--no-progress", *extra)
-            assert one_line_error(r) and f"being written by another conversion (pid {holder.pid}" in r.stderr
-        assert tree_digest(out) == before  # --overwrite did not delete the running conversion
-    finally:
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.wait()
+    with subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            for extra in ([], ["--overwrite"], ["--samples-per-shard", "2", "--overwrite"]):
+                r = run_cli("convert", "folder", "--root", reader["root"], "--out", out, "--no-progress", *extra)
+                assert one_line_error(r) and f"being written by another conversion (pid {holder.pid}" in r.stderr
+            assert tree_digest(out) == before  # --overwrite did not delete the running conversion
+        finally:
+            os.kill(holder.pid, signal.SIGKILL)
     ok = convert("folder", out, reader=reader, samples_per_shard=2, overwrite=True)
     assert not ok.already_done and len(list(out.glob("train/*.tar"))) == 3
 

@@ -261,7 +261,7 @@ def test_llava_trains_on_provider_batches(cpu_megatron, shards, case, capsys):
         loss.backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     with torch.no_grad():
         after = float(forward(model, batches[0])[0])
     assert all(torch.isfinite(torch.tensor(losses))), losses

@@ -128,10 +128,9 @@ def test_checkpoint_killed_mid_write_is_ignored(tmp_path):
         "        print('written', flush=True); time.sleep(60)\n"
         "checkpoint.save(sys.argv[1], 10, 0, 1, model_state={'w': 2}, loader_state={'pos': 10}, barrier=hang)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "written"  # files of step 10 written, not yet renamed
-    proc.kill()
-    proc.wait()
+    with subprocess.Popen([sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout.readline().strip() == "written"  # files of step 10 written, not yet renamed
+        proc.kill()
     assert (root / ".tmp-step_000010" / "model.pt").exists()
     latest = checkpoint.latest(root)
     assert latest.name == "step_000005"

@@ -9,11 +9,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -253,27 +250,13 @@ with open(os.path.join(out, "log.jsonl"), "a") as log:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
-    def lines(out: Path) -> int:
-        log = out / "log.jsonl"
-        return len(log.read_text().splitlines()) if log.exists() else 0
-
     def run(out: Path, workers: int, steps: int, kill_after: int | None = None) -> None:
-        out.mkdir(exist_ok=True)
-        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(TESTS), str(shards), str(out), str(workers),
-                                 str(steps)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if kill_after is None:
-            assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-3000:]
-            return
-        deadline = time.time() + 300
-        while time.time() < deadline and lines(out) < kill_after and proc.poll() is None:
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        layouts.run_logging_script(KILL_SCRIPT, [TESTS, shards, out, workers, steps], out, REPO, kill_after)
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run(straight, 2, 10)
     run(killed, 2, 10, kill_after=4)
-    assert 4 <= lines(killed) < 10, "the kill must land in the middle of the run"
+    assert 4 <= layouts.logged_lines(killed) < 10, "the kill must land in the middle of the run"
     run(killed, 1, 10)  # resumed with another number of workers
     reference = [json.loads(x) for x in (straight / "log.jsonl").read_text().splitlines()]
     resumed = [json.loads(x) for x in (killed / "log.jsonl").read_text().splitlines()]

@@ -9,11 +9,8 @@ import copy
 import hashlib
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -23,7 +20,7 @@ import torch
 
 from task_encoders.config import ConfigError
 from task_encoders.registry import get_encoder
-from task_encoders.video_text import VideoConfig, VideoTextBatch, VideoTextTaskEncoder, clip_indices, decode_frames
+from task_encoders.video_text import VideoConfig, VideoTextBatch, clip_indices, decode_frames
 from video_corpus import make_video, read_index, video_dataset
 
 TESTS = Path(__file__).resolve().parent
@@ -317,22 +314,12 @@ with open(os.path.join(out, "log.jsonl"), "a") as log:
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
     def run(out: Path, workers: int, steps: int, kill_after: int | None = None) -> None:
-        out.mkdir(exist_ok=True)
-        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(TESTS), str(shards), str(out), str(workers),
-                                 str(steps)], cwd=TESTS.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if kill_after is None:
-            assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-3000:]
-            return
-        deadline = time.time() + 300
-        while time.time() < deadline and _lines(out) < kill_after and proc.poll() is None:
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        layouts.run_logging_script(KILL_SCRIPT, [TESTS, shards, out, workers, steps], out, TESTS.parent, kill_after)
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run(straight, 2, 9)
     run(killed, 2, 9, kill_after=4)
-    done = _lines(killed)
+    done = layouts.logged_lines(killed)
     assert 4 <= done < 9, "the kill must land in the middle of the run"
     run(killed, 1, 9)  # resumed with another number of workers, up to the same last step
     reference = [json.loads(x) for x in (straight / "log.jsonl").read_text().splitlines()]
@@ -341,11 +328,6 @@ def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
     assert [r["step"] for r in reference] == list(range(9)) and sorted(by_step) == list(range(9))
     for r in resumed:
         assert r["docs"] == reference[r["step"]]["docs"], r["step"]
-
-
-def _lines(out: Path) -> int:
-    log = out / "log.jsonl"
-    return len(log.read_text().splitlines()) if log.exists() else 0
 
 
 # ---------------------------------------------------------------- multimodal
