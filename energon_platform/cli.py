@@ -488,6 +488,7 @@ def _replay_progress(done: int, total: int) -> None:
 def cmd_trace(args) -> int:
     from energon_platform.config import load_config
     from energon_platform.loader.trace import TraceError, format_key, format_step, open_tracer
+    from energon_platform.training import checkpoint
 
     if args.step is None and args.key is None and not args.steps:
         raise UsageError("say what to trace: --step N, --steps A:B or --key KEY")
@@ -498,7 +499,8 @@ def cmd_trace(args) -> int:
             steps = range(int(first), int(last or first) + 1)
         else:
             within = int(args.steps) if args.steps else cfg.train.steps
-        tracer = open_tracer(cfg, args.world_size, args.checkpoint, progress=_replay_progress)
+        state = checkpoint.loader_state(args.checkpoint) if args.checkpoint is not None else None
+        tracer = open_tracer(cfg, args.world_size, state, progress=_replay_progress)
         results = [tracer.step(s) for s in steps] if args.key is None else [tracer.find(args.key, within)]
     except ValueError as e:  # TraceError, or --steps that are not numbers
         if not isinstance(e, TraceError) and "invalid literal" not in str(e):

@@ -167,13 +167,15 @@ its figures as JSON with `--json`. To fill this page:
 
 ```bash
 # illustrative: each benchmark takes minutes (bench_balance --quick: seconds)
-.venv/bin/python scripts/bench_balance.py --json bench-balance.json
+.venv/bin/python scripts/bench_balance.py --train --json bench-balance.json
 .venv/bin/python scripts/bench_loader.py --json bench-loader.json
 .venv/bin/python scripts/bench_restore.py --json bench-restore.json
 .venv/bin/python scripts/bench_scale.py --json bench-scale.json
 .venv/bin/python scripts/bench_convert.py --json bench-convert.json
 .venv/bin/python scripts/bench_video.py --json bench-video.json
 .venv/bin/python scripts/bench_trace.py --json bench-trace.json
+.venv/bin/python scripts/bench_3d.py --json bench-3d.json
+.venv/bin/python scripts/bench_lengths.py --json bench-lengths.json
 .venv/bin/python scripts/render_measurements.py
 ```
 """

@@ -11,13 +11,22 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
-#: package → the packages above it, which it must never import
+#: package (a folder) → the packages above it (dotted), which it must never import. Inside
+#: ``energon_platform``, the loader is the lowest room: training, the trainer integrations, the
+#: tools and the CLI sit on it.
 ABOVE = {
     "storage": {"energon_platform", "converters", "task_encoders"},
     "converters": {"energon_platform"},
     "task_encoders": {"energon_platform"},
+    "energon_platform/loader": {"energon_platform.training", "energon_platform.integrations",
+                                "energon_platform.tools", "energon_platform.cli"},
+    "energon_platform/training": {"energon_platform.tools", "energon_platform.cli"},
+    "energon_platform/integrations": {"energon_platform.tools", "energon_platform.cli"},
+    "energon_platform/tools": {"energon_platform.training", "energon_platform.integrations", "energon_platform.cli"},
 }
 
 
@@ -45,7 +54,7 @@ def violations(package: str) -> list[str]:
     bad = []
     for path in files:
         for line, name in imported_modules(path.read_text()):
-            if name.split(".")[0] in ABOVE[package]:
+            if any(name == above or name.startswith(above + ".") for above in ABOVE[package]):
                 bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     return bad
 
@@ -68,3 +77,8 @@ def test_converters_do_not_import_energon_platform():
 
 def test_task_encoders_do_not_import_energon_platform():
     assert violations("task_encoders") == []
+
+
+@pytest.mark.parametrize("room", ["loader", "training", "integrations", "tools"])
+def test_rooms_inside_energon_platform_import_none_above_them(room):
+    assert violations(f"energon_platform/{room}") == []

@@ -31,11 +31,9 @@ orders the keys inside each pack group.
 
 from __future__ import annotations
 
-import json
 from collections import Counter, OrderedDict
 from dataclasses import replace
 from itertools import count, takewhile
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -285,30 +283,14 @@ class Tracer:
         return self.names.index(name), raw
 
 
-def checkpoint_state(path: str | Path) -> dict:
-    """Rank 0's loader state of a checkpoint folder (``step_000020``), or of the newest complete
-    checkpoint under a run's output folder or its ``checkpoints`` folder."""
-    from energon_platform.training import checkpoint
-
-    path = Path(path)
-    if not (path / "meta.json").is_file():
-        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        found = checkpoint.latest(root) if root.is_dir() else None
-        if found is None:
-            raise TraceError(f"{path}: no checkpoint there (a step_NNNNNN folder, or a run's output folder)")
-        path = found
-    checkpoint.verify(path)
-    return json.loads((path / "loader_rank0.json").read_text())
-
-
-def open_tracer(cfg: Any, world_size: int | None = None, checkpoint: str | Path | None = None,
+def open_tracer(cfg: Any, world_size: int | None = None, state: dict | None = None,
                 progress: Callable[[int, int], None] | None = None) -> Tracer:
-    """A :class:`Tracer` for run config ``cfg``; ``checkpoint``: take the blend and exclusion history
-    (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's state
-    there) from that checkpoint's loader state."""
+    """A :class:`Tracer` for run config ``cfg``; ``state``: a checkpoint's loader state (rank 0's,
+    :func:`energon_platform.training.checkpoint.loader_state`) that gives the blend and exclusion
+    history (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's
+    state there)."""
     from energon_platform.loader.train_loader import TrainLoader
 
-    state = checkpoint_state(checkpoint) if checkpoint is not None else None
     if world_size is None:
         world_size = (state or {}).get("layout", {}).get("world_size", 1)
     loader = TrainLoader(cfg, rank=0, world_size=world_size, num_workers=0)

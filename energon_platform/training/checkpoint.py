@@ -338,3 +338,17 @@ def load(path: Path, rank: int) -> dict:
     except Exception as e:  # the checksums matched, so these are files of another build or a bug
         first = str(e).splitlines()[0] if str(e) else ""
         raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {first})") from None
+
+
+def loader_state(path: str | Path) -> dict:
+    """Rank 0's loader state of a checkpoint folder (``step_000020``), or of the newest complete
+    checkpoint under a run's output folder or its ``checkpoints`` folder (``trace --checkpoint``)."""
+    path = Path(path)
+    if not (path / "meta.json").is_file():
+        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        found = latest(root) if root.is_dir() else None
+        if found is None:
+            raise CheckpointError(f"{path}: no checkpoint there (a step_NNNNNN folder, or a run's output folder)")
+        path = found
+    verify(path)
+    return json.loads((path / "loader_rank0.json").read_text())
