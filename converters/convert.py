@@ -265,8 +265,9 @@ def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOption
     if opts.executor == "ray":
         executor.check_ray_address(opts.ray_address)
     result, state = _read_with_state(kind, reader_args, opts)
-    done = remote_target.claim(prefix, state, opts.overwrite)
-    if done is not None:
+    claimed = remote_target.claim(prefix, state, opts.overwrite)
+    if claimed.done is not None:
+        done = claimed.done
         return Outcome(done, already_done=True, ok=done.get("status") == "ok", uploaded_to=url)
     try:
         with OutputLock(local) as lock:
@@ -276,8 +277,7 @@ def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOption
                    + [p for p in sorted((local / ".convert").iterdir()) if p.name != "lock"]
                    if state_diff(cached, state) else [p for p in (local / ".convert" / "work", local / META)])
             _write_json(local / STATE_FILE, state)
-            report = _convert_units_to_prefix(local, url, prefix, kind, result, state, opts,
-                                              remote_target.recorded_retries(prefix))
+            report = _convert_units_to_prefix(local, url, prefix, kind, result, state, opts, claimed.retries)
     except OSError as e:
         raise ConvertError(f"cannot write to the staging folder {local}: {e.strerror or e}"
                            + (f" ({e.filename})" if e.filename else "")) from e

@@ -125,9 +125,23 @@ def _listing(rels: list[str]) -> str:
     return ", ".join(rels[:3]) + (", ..." if len(rels) > 3 else "")
 
 
-def claim(prefix: Prefix, state: dict, overwrite: bool) -> dict | None:
-    """Make the prefix this conversion's (module doc). Returns its ``report.json`` when the prefix
-    already holds this conversion finished and whole (nothing to do), else None once claimed."""
+@dataclass(frozen=True)
+class Claim:
+    """What :func:`claim` found: ``done``, the prefix's ``report.json`` when it holds this
+    conversion finished and whole (nothing to do), else None; ``retries``, the upload retries
+    earlier runs of this conversion recorded in its state (:func:`record_retries`)."""
+
+    done: dict | None = None
+    retries: int = 0
+
+
+def _recorded_retries(old: dict) -> int:
+    value = old.get("upload_retries", 0)
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def claim(prefix: Prefix, state: dict, overwrite: bool) -> Claim:
+    """Make the prefix this conversion's (module doc) and say what it already holds (:class:`Claim`)."""
     objects = prefix.objects()
     if overwrite:
         ours = sorted(k for k in objects if conversion_key(k))
@@ -135,7 +149,7 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> dict | None:
         prefix.delete(commit + [k for k in ours if k not in commit and k != STATE_FILE]
                       + [k for k in ours if k == STATE_FILE])
         prefix.write_state(state)
-        return None
+        return Claim()
     old = prefix.read_json(STATE_FILE) if STATE_FILE in objects else None
     report = prefix.read_json("report.json") if "report.json" in objects else None
     if old is not None:
@@ -152,16 +166,11 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> dict | None:
         raise ConvertError(f"{prefix.url} holds a conversion of a different {' and '.join(diff)}; nothing was "
                            f"changed; use another --out or pass --overwrite to replace it")
     if old is not None and old.get("finished") and _finished_and_whole(objects, report):
-        return report
+        return Claim(done=report)
     if old is None or old.get("finished"):  # a repair must not leave it marked finished if killed
         prefix.write_state(state)
-    return None
-
-
-def recorded_retries(prefix: Prefix) -> int:
-    """Upload retries earlier runs of this conversion recorded in the prefix's state (0 if none)."""
-    value = (prefix.read_json(STATE_FILE) or {}).get("upload_retries", 0)
-    return value if isinstance(value, int) and value >= 0 else 0
+        return Claim()
+    return Claim(retries=_recorded_retries(old))
 
 
 def record_retries(prefix: Prefix, state: dict, retries: int) -> None:

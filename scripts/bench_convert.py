@@ -24,13 +24,15 @@ import platform
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the test helpers used here
+from folder_sampler import FolderSampler  # noqa: E402
 
 
 def make_corpus(root: Path, n: int, side: int = 256) -> tuple[Path, Path]:
@@ -86,38 +88,8 @@ def ours(ann: Path, images: Path, out: Path | str, per_shard: int, workers: int,
     return outcome.report["totals"]["written"]
 
 
-class PeakBytes:
-    """The most bytes a folder held, sampled every few ms in a thread while the block runs."""
-
-    def __init__(self, root: Path):
-        self.root, self.peak, self._stop = root, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            total = 0
-            for dirpath, _, files in os.walk(self.root):
-                for f in files:
-                    try:
-                        total += os.stat(os.path.join(dirpath, f)).st_size
-                    except OSError:  # deleted between listing and stat
-                        pass
-            self.peak = max(self.peak, total)
-            time.sleep(0.003)
-
-    def __enter__(self) -> "PeakBytes":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def start_s3(tmp: Path):
     """A SeaweedFS on loopback with ``MSC_CONFIG`` and a staging folder of its own set for this process."""
-    repo = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(repo / "tests"))
     from s3_server import S3Server
 
     server = S3Server.launch(tmp / "s3")
@@ -159,7 +131,7 @@ def main() -> int:
 
             def to_s3(workers: int):
                 def convert(out: Path) -> int:
-                    with PeakBytes(tmp / "staging") as peak:
+                    with FolderSampler(tmp / "staging") as peak:
                         n = ours(ann, images, server.url(out.name), args.samples_per_shard, workers, s3_reports)
                     staging_peaks.append((workers, peak.peak))
                     return n

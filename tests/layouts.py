@@ -13,6 +13,18 @@ from pathlib import Path
 from typing import Callable
 
 
+def loaders_at(config, ranks: int, state: dict | None = None, workers: int = 0) -> list:
+    """One in-process ``TrainLoader`` per rank of a ``ranks``-rank run, each restored from
+    ``state`` (a saved loader state) when given."""
+    from energon_platform.loader.train_loader import TrainLoader
+
+    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
+    if state is not None:
+        for loader in loaders:
+            loader.load_state_dict(state)
+    return loaders
+
+
 def layout_batches(config, ranks: int, workers: int, steps: int, digests: Callable, states=None):
     """``steps`` global batches as ``[(key, digest), ...]`` (ranks in order; ``digests(batch)`` gives a
     key → digest mapping), then every rank's state as JSON data. ``states``: restore each rank from

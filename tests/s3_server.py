@@ -189,9 +189,19 @@ class S3Server:
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
                             aws_secret_access_key=self.secret_key, region_name="us-east-1", config=config)
 
-    def counters(self) -> StorageCounters:
-        """The bucket's cumulative (requests, bytes_out, per-type requests) from the server."""
-        return seaweedfs_counters(f"http://127.0.0.1:{self.ports['metrics']}/metrics", self.bucket)
+    def counters(self, settle_s: float = 0.1, timeout: float = 3.0) -> StorageCounters:
+        """The bucket's cumulative (requests, bytes_out, per-type requests) from the server, once
+        settled: SeaweedFS counts a request after its response is sent, so a read right after the
+        client's last request may miss it; read until two reads ``settle_s`` apart agree."""
+        url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+        last, deadline = seaweedfs_counters(url, self.bucket), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(settle_s)
+            now = seaweedfs_counters(url, self.bucket)
+            if now == last:
+                break
+            last = now
+        return last
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from energon_platform.cli import main as cli_main
+from folder_sampler import FolderSampler
 from s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
 from test_storage_s3 import _coco, cfg, micro_batches, assert_same_batch
 
@@ -41,39 +42,6 @@ def objects(s3, prefix: str) -> dict[str, bytes]:
 def modified(s3, prefix: str) -> dict[str, object]:
     listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=prefix + "/").get("Contents", [])
     return {o["Key"][len(prefix) + 1:]: o["LastModified"] for o in listed}
-
-
-class FolderSampler:
-    """Samples a folder's total file bytes (and the shard bytes in it) every few ms in a thread."""
-
-    def __init__(self, root: Path):
-        self.root, self.peak, self.peak_shards, self.shard_dirs = root, 0, 0, set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            total = shards = 0
-            for dirpath, _, files in os.walk(self.root):
-                for f in files:
-                    try:
-                        size = os.stat(os.path.join(dirpath, f)).st_size
-                    except OSError:
-                        continue
-                    total += size
-                    if ".tar" in f:
-                        shards += size
-                        self.shard_dirs.add(Path(dirpath).relative_to(self.root).parts[:4])
-            self.peak, self.peak_shards = max(self.peak, total), max(self.peak_shards, shards)
-            time.sleep(0.002)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 @pytest.fixture(scope="module")

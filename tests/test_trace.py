@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+import layouts
 from demo_datasets import REPO, coco_dataset, three_modality_blend
 
 
@@ -36,13 +37,9 @@ def config(path, encoder="multimodal.yaml", **loader):
 def run(cfg, steps, ranks=1, state=None):
     """``[(keys, digests)]`` of ``steps`` global batches over ``ranks`` in-process loaders, the
     state after them and the loaders' per-rank keys of the first batch."""
-    from energon_platform.loader.train_loader import TrainLoader
     from energon_platform.training.train import batch_digest
 
-    loaders = [TrainLoader(cfg, rank=r, world_size=ranks, num_workers=0) for r in range(ranks)]
-    for ld in loaders:
-        if state is not None:
-            ld.load_state_dict(state)
+    loaders = layouts.loaders_at(cfg, ranks, state)
     out = []
     for _ in range(steps):
         parts = [[next(ld) for _ in range(ld.accumulation)] for ld in loaders]

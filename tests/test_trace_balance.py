@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+import layouts
 from demo_datasets import REPO, coco_dataset, three_modality_blend
 
 
@@ -31,12 +32,7 @@ def config(data, encoder="multimodal_packed.yaml", path="blend", **loader):
 
 def run(cfg, steps, ranks=1, state=None):
     """Per step: ``(keys as the trainer logs them, [rank][micro-batch] keys)``; and the state after."""
-    from energon_platform.loader.train_loader import TrainLoader
-
-    loaders = [TrainLoader(cfg, rank=r, world_size=ranks, num_workers=0) for r in range(ranks)]
-    for ld in loaders:
-        if state is not None:
-            ld.load_state_dict(state)
+    loaders = layouts.loaders_at(cfg, ranks, state)
     out = []
     for _ in range(steps):
         parts = [[list(next(ld).keys) for _ in range(ld.accumulation)] for ld in loaders]
