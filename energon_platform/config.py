@@ -138,6 +138,10 @@ class LoaderConfig:
         require(self.balance == "none" or self.balance_window >= self.global_batch_size, at.child("balance_window"),
                 f"{self.balance_window} < global_batch_size {self.global_batch_size}",
                 "at least global_batch_size (the pool must hold a global batch)")
+        require(self.balance_window <= MAX_BALANCE_WINDOW, at.child("balance_window"), f"got {self.balance_window}",
+                f"at most {MAX_BALANCE_WINDOW} (the pool is planned every global batch and saved in the state)")
+        require(self.balance_lookahead <= MAX_BALANCE_LOOKAHEAD, at.child("balance_lookahead"),
+                f"got {self.balance_lookahead}", f"at most {MAX_BALANCE_LOOKAHEAD} global batches")
         _at_least(self, at, null_ok=True, global_batch_tokens=1, balance_linear=0)
         if self.balance != "none":
             require(not self.blend_schedule, at.child("blend_schedule"), "set with balance "
@@ -149,6 +153,10 @@ class LoaderConfig:
                 "weight to 0 at resume instead)")
         require(self.global_batch_tokens is None or self.balance != "none", at.child("global_batch_tokens"),
                 f"{self.global_batch_tokens} with balance 'none'", "null unless balance is set")
+
+
+#: Bounds of the planner's pool: samples (``balance_window``) and global batches (``balance_lookahead``).
+MAX_BALANCE_WINDOW, MAX_BALANCE_LOOKAHEAD = 65536, 16.0
 
 
 @dataclass(frozen=True)

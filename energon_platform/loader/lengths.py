@@ -191,6 +191,13 @@ class SampleLengths:
         except ValueError:  # the encoder rejects this sample at this epoch: it fails when loaded too
             return 0, 0
 
+    def identities(self, positions: list[int]) -> list[tuple[int, int]]:
+        """``(dataset, sample index)`` of each stream position: the same sample in any epoch."""
+        if not positions:
+            return []
+        d, _, i = self.schedule.samples(positions)
+        return list(zip(d.tolist(), i.tolist()))
+
     def __call__(self, positions: list[int]) -> list[tuple[int, int]]:
         if not positions:
             return []

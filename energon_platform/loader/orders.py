@@ -27,6 +27,8 @@ the other: the mode and its parameters are part of the loader fingerprint.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +86,9 @@ class DatasetOrder:
         """Sample indices (``int64``) at ``positions`` (array of ints in ``[0, num_samples)``) of ``epoch``."""
         pos = np.asarray(positions, dtype=np.int64)
         if self.mode == "permutation":
-            return KeyedPermutation(self.num_samples, derive_key(self.key, epoch))(pos)
+            if self.num_samples <= SMALL:
+                return _epoch_table(self.num_samples, self.key, epoch)[pos]
+            return _epoch_permutation(self.num_samples, self.key, epoch)(pos)
         return self._locality(epoch, pos)
 
     def _locality(self, epoch: int, pos: np.ndarray) -> np.ndarray:
@@ -117,7 +121,7 @@ class DatasetOrder:
         in O(1) per index (the keyed bijections run backwards)."""
         idx = np.asarray(indices, dtype=np.int64)
         if self.mode == "permutation":
-            return KeyedPermutation(self.num_samples, derive_key(self.key, epoch)).inverse(idx)
+            return _epoch_permutation(self.num_samples, self.key, epoch).inverse(idx)
         s, w = self.block_size, self.window_blocks
         n_full = self.num_samples // s
         span = w * s
@@ -154,3 +158,22 @@ class DatasetOrder:
         if self.mode == "permutation":
             return len(shard_counts)
         return min(len(shard_counts), 2 * self.window_blocks)
+
+
+@functools.lru_cache(maxsize=8192)
+def _epoch_permutation(num_samples: int, key: int, epoch: int) -> KeyedPermutation:
+    """The ``permutation`` order of one epoch (kept: a small dataset's many epochs recur in every plan)."""
+    return KeyedPermutation(num_samples, derive_key(key, epoch))
+
+
+#: Datasets of at most this many samples keep whole epochs of their order as arrays (a small
+#: dataset wraps through many epochs within one plan's pool).
+SMALL = 4096
+
+
+@functools.lru_cache(maxsize=1024)
+def _epoch_table(num_samples: int, key: int, epoch: int) -> np.ndarray:
+    """The whole ``permutation`` order of one epoch of a small dataset (read-only)."""
+    table = _epoch_permutation(num_samples, key, epoch)(np.arange(num_samples, dtype=np.int64))
+    table.flags.writeable = False
+    return table

@@ -29,9 +29,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from functools import partial
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
+from energon_platform.loader.blend import integer_counts
 from energon_platform.loader.packer import deal, fill_budget, pack_led_rows, pack_rows
+from storage import DatasetError
 
 #: Pool fill (positions or cost, relative to the batch's) the packer looks ahead.
 DEFAULT_FILL = 3.0
@@ -86,11 +88,21 @@ class Planner:
     window: int = 4096  #: most samples in the pool
     fill: float = DEFAULT_FILL
     led: bool = True  #: packed: rows led by like-length documents (:func:`pack_led_rows`), else LPT rows
+    #: ``identity(positions)``: which sample each stream position is (default: ``lengths.identities``,
+    #: else the position itself); two positions of one identity are never in one global batch
+    identity: Any = None
     start: PlanState = field(default_factory=PlanState)
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     def __post_init__(self):
         self._cache[self.start.batch] = (self.start, None)
+
+    def identities(self, positions: list[int]) -> list:
+        """The sample identity of each stream position (:attr:`identity`)."""
+        if self.identity is not None:
+            return self.identity(positions)
+        of = getattr(self.lengths, "identities", None)
+        return of(positions) if of is not None else list(positions)
 
     def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, int]:
         """``(row_length, work_length)`` of one sample (see :class:`~energon_platform.loader.lengths.SampleLengths`)."""
@@ -135,77 +147,190 @@ class Planner:
         return plan
 
     def _plan(self, state: PlanState) -> BatchPlan:
-        pool, position = list(state.carried), state.position
+        pool = Pool(self, state)
         if self.capacity:
-            return self._packed(state, pool, position)
+            return self._packed(state, pool)
         if self.budget is None:
-            return self._bucketed(state, pool, position)
-        return self._budgeted(state, pool, position)
+            return self._bucketed(state, pool)
+        return self._budgeted(state, pool)
 
     @property
     def fixed_counts(self) -> bool:
         """Every rank and micro-batch gets the same number of items (all but the budget mode)."""
         return self.budget is None
 
-    def _bucketed(self, state: PlanState, pool: list[int], position: int) -> BatchPlan:
+    def _bucketed(self, state: PlanState, pool: "Pool") -> BatchPlan:
         """Unpacked: the ``items_per_batch`` pool samples nearest in cost around the oldest one
         (which is always taken, so no sample waits more global batches than the pool holds samples;
         most wait a few): samples of like cost, so equal counts per rank are equal work on any
-        world size."""
-        want = min(self.window, BUCKET_POOL * self.items_per_batch)
-        new = list(range(position, position + max(0, want - len(pool))))
-        pool += new
-        lengths = self.lengths(pool)
-        costs = [self.cost(w) for _, w in lengths]
-        ranked = sorted(range(len(pool)), key=lambda i: (costs[i], pool[i]))
-        anchor = ranked.index(min(range(len(pool)), key=lambda i: pool[i]))
+        world size. Samples whose next copy waits (:class:`Pool`) are taken first."""
         g = self.items_per_batch
-        lo = min(max(0, anchor - g + 1), len(pool) - g)
-        best = min(range(lo, min(anchor, len(pool) - g) + 1), key=lambda a: (costs[ranked[a + g - 1]] - costs[ranked[a]], a))
-        taken = sorted(ranked[best:best + g], key=lambda i: pool[i])
-        chosen = set(taken)
-        return BatchPlan([[pool[i]] for i in taken], [costs[i] for i in taken], [lengths[i][0] for i in taken],
-                         PlanState(state.batch + 1, position + len(new),
-                                   tuple(p for i, p in enumerate(pool) if i not in chosen)))
+        want = min(self.window, BUCKET_POOL * g)
+        pool.read(want, lambda i: 1, limit=want)
+        pool.read(want, lambda i: 1, minimum=g)  # more only when waiting copies leave too few live
+        pool.require(g, state.batch, "samples")
+        live = pool.live
+        costs = {i: self.cost(pool.lengths[i][1]) for i in live}
+        forced = [live[0]] + [i for i in pool.due if i != live[0]][:g - 1]
+        if len(forced) == 1:  # the common case: a window of like cost around the oldest
+            ranked = sorted(live, key=lambda i: (costs[i], i))
+            anchor = ranked.index(live[0])
+            lo = min(max(0, anchor - g + 1), len(live) - g)
+            best = min(range(lo, min(anchor, len(live) - g) + 1),
+                       key=lambda a: (costs[ranked[a + g - 1]] - costs[ranked[a]], a))
+            taken = sorted(ranked[best:best + g])
+        else:  # due samples, then the others nearest in cost to them
+            centre = sorted(costs[i] for i in forced)[len(forced) // 2]
+            rest = sorted((i for i in live if i not in set(forced)), key=lambda i: (abs(costs[i] - centre), i))
+            taken = sorted(forced + rest[:g - len(forced)])
+        return self._batch(state, pool, [[i] for i in taken], costs)
 
-    def _grow(self, pool: list[int], position: int, lengths: list, target: float, measure) -> int:
-        """Append stream positions to ``pool`` (and their lengths) until ``measure`` reaches
-        ``target`` or the pool holds ``window`` samples; returns the next position."""
-        total = sum(measure(x) for x in lengths)
-        while (total < target or len(pool) < self.items_per_batch) and len(pool) < self.window:
-            step = max(1, min(self.window - len(pool), 64))
-            new = list(range(position, position + step))
-            got = self.lengths(new)
-            pool += new
-            lengths += got
-            total += sum(measure(x) for x in got)
-            position += step
-        return position
-
-    def _packed(self, state: PlanState, pool: list[int], position: int) -> BatchPlan:
-        lengths = self.lengths(pool)
-        position = self._grow(pool, position, lengths, self.fill * self.items_per_batch * self.capacity,
-                              lambda x: x[0])
+    def _packed(self, state: PlanState, pool: "Pool") -> BatchPlan:
+        rows = self.items_per_batch
+        target = self.fill * rows * self.capacity
+        pool.read(target, lambda i: pool.lengths[i][0], minimum=rows)
+        need = max(rows, pool.reach(target, lambda i: pool.lengths[i][0]))
         # and enough short documents to fill the rows around their leads: carried samples are mostly
-        # long ones (led rows defer them), so a pool of carried samples alone would leave rows empty
+        # long ones (led rows defer them), so a pool of carried samples alone would leave rows empty.
+        # Read at most as many samples again as the first target needs, and keep the live pool within
+        # four times that: documents that cannot share rows (as long as a row) would otherwise fill the
+        # whole window and carry it from batch to batch.
         short = self.capacity // 4
-        position = self._grow(pool, position, lengths, self.items_per_batch * self.capacity / 2,
-                              lambda x: x[0] if x[0] <= short else 0)
-        costs = [self.cost(w) for _, w in lengths]
+        pool.read(rows * self.capacity, lambda i: pool.lengths[i][0] if pool.lengths[i][0] <= short else 0,
+                  limit=min(len(pool.positions) + need, 4 * need + pool.waiting))
+        pool.require(rows, state.batch, "documents to lead its rows")
+        live = pool.prioritised(state)
+        costs = {i: self.cost(pool.lengths[i][1]) for i in live}
         pack = pack_led_rows if self.led else partial(pack_rows, balance=True)
-        rows, carried = pack([r for r, _ in lengths], costs, pool, self.items_per_batch, self.capacity,
-                             first=len(state.carried))
-        return BatchPlan([[pool[i] for i in row] for row in rows], [sum(costs[i] for i in row) for row in rows],
-                         [sum(lengths[i][0] for i in row) for row in rows],
-                         PlanState(state.batch + 1, position, tuple(pool[i] for i in carried)), self.capacity)
+        rows_, _ = pack([pool.lengths[i][0] for i in live], [costs[i] for i in live],
+                        [pool.positions[i] for i in live], rows, self.capacity, first=pool.first)
+        return self._batch(state, pool, [[live[k] for k in row] for row in rows_], costs)
 
-    def _budgeted(self, state: PlanState, pool: list[int], position: int) -> BatchPlan:
-        lengths = self.lengths(pool)
-        position = self._grow(pool, position, lengths, self.fill * self.budget, lambda x: self.cost(x[1]))
-        costs = [self.cost(w) for _, w in lengths]
-        taken, carried = fill_budget(costs, self.budget, minimum=self.items_per_batch)
-        return BatchPlan([[pool[i]] for i in taken], [costs[i] for i in taken], [lengths[i][0] for i in taken],
-                         PlanState(state.batch + 1, position, tuple(pool[i] for i in carried)))
+    def _budgeted(self, state: PlanState, pool: "Pool") -> BatchPlan:
+        cost_of = lambda i: self.cost(pool.lengths[i][1])  # noqa: E731
+        pool.read(self.fill * self.budget, cost_of, minimum=self.items_per_batch)
+        pool.require(self.items_per_batch, state.batch, "samples")
+        live = pool.prioritised(state)
+        costs = {i: cost_of(i) for i in live}
+        if pool.starved and sum(costs.values()) < self.budget:
+            raise PlanError(f"global batch {state.batch}: loader.global_batch_tokens={self.budget:g} cannot be "
+                            f"reached without repeating a sample (every distinct sample in reach costs "
+                            f"{sum(costs.values()):g}); lower global_batch_tokens")
+        taken, _ = fill_budget([costs[i] for i in live], self.budget, minimum=self.items_per_batch)
+        return self._batch(state, pool, [[live[k]] for k in sorted(taken, key=lambda k: live[k])], costs)
+
+    def _batch(self, state: PlanState, pool: "Pool", rows: list[list[int]], costs: dict) -> BatchPlan:
+        """The :class:`BatchPlan` of ``rows`` (lists of pool indices); everything else is carried."""
+        placed = {i for row in rows for i in row}
+        return BatchPlan([[pool.positions[i] for i in row] for row in rows], [sum(costs[i] for i in row) for row in rows],
+                         [sum(pool.lengths[i][0] for i in row) for row in rows],
+                         PlanState(state.batch + 1, pool.position,
+                                   tuple(p for i, p in enumerate(pool.positions) if i not in placed)),
+                         self.capacity)
+
+
+class PlanError(DatasetError):
+    """A global batch cannot be made without putting one sample in it twice (one line)."""
+
+
+def check_distinct(blend: Any, sizes: Sequence[int], names: Sequence[str], units_per_batch: int, unit: int = 1) -> None:
+    """:class:`PlanError` when, in some segment of ``blend`` (``units_per_batch`` blend units of
+    ``unit`` samples per global batch), a dataset's share of a global batch exceeds its number of
+    samples: every global batch would then hold one of its samples twice, whatever the order
+    (the blend's ratios are exact)."""
+    for seg in blend.segments:
+        counts = integer_counts(seg.weights)
+        period = sum(counts)
+        for name, size, c in zip(names, sizes, counts):
+            if c * units_per_batch * unit > size * period:
+                share = c * units_per_batch * unit / period
+                when = f" from global batch {seg.start // units_per_batch}" if seg.start else ""
+                raise PlanError(f"dataset {name!r} has {size} samples, but its share of a global batch of "
+                                f"{units_per_batch * unit} samples is {share:.4g}{when}: every global batch would repeat "
+                                f"some of them; lower its weight or the global batch size")
+
+
+class Pool:
+    """The samples a global batch is planned from: the carried stream positions, then positions
+    read from the stream, in stream order (index ``i`` in :attr:`positions`).
+
+    One sample (dataset and index) may be pending at several positions when a small dataset
+    wraps into its next epoch: only its *first* pending copy is :attr:`live` (may be placed);
+    later copies *wait* (are carried unplaced) until the earlier one is placed. A global batch
+    never holds one sample twice, and a sample's copy of epoch ``e + 1`` is never placed while
+    its copy of epoch ``e`` is pending. Live samples with a waiting copy are :attr:`due` and are
+    placed first, so waiting copies move on."""
+
+    def __init__(self, planner: Planner, state: PlanState):
+        self.planner = planner
+        self.positions: list[int] = list(state.carried)
+        self.lengths: list[tuple[int, int]] = planner.lengths(self.positions)
+        self.position = state.position  #: the next unread stream position
+        self.carried = len(state.carried)
+        self.live: list[int] = []
+        self.due: list[int] = []
+        self._first: dict = {}  # sample identity -> index of its live copy
+        self._due: set[int] = set()
+        self._sort(range(len(self.positions)), planner.identities(self.positions))
+
+    def _sort(self, indices, ids) -> None:
+        for i, key in zip(indices, ids):
+            live = self._first.setdefault(key, i)
+            if live == i:
+                self.live.append(i)
+            elif live not in self._due:
+                self._due.add(live)
+                self.due.append(live)
+
+    @property
+    def waiting(self) -> int:
+        """Pending positions that are not live (later copies of a live sample)."""
+        return len(self.positions) - len(self.live)
+
+    @property
+    def starved(self) -> bool:
+        """The pool could not grow as asked: its window is full (of waiting copies, often)."""
+        return len(self.positions) >= self.planner.window
+
+    def read(self, target: float, measure, minimum: int = 0, limit: int | None = None) -> int:
+        """Read stream positions until the live samples' ``measure`` (of a pool index) sums to
+        ``target`` and at least ``minimum`` are live, or the pool holds ``limit`` (default: the
+        window) positions; returns the number of live samples."""
+        limit = self.planner.window if limit is None else min(limit, self.planner.window)
+        total = sum(measure(i) for i in self.live)
+        while (total < target or len(self.live) < minimum) and len(self.positions) < limit:
+            new = list(range(self.position, self.position + max(1, min(limit - len(self.positions), 64))))
+            start, before = len(self.positions), len(self.live)
+            self.positions += new
+            self.lengths += self.planner.lengths(new)
+            self.position += len(new)
+            self._sort(range(start, len(self.positions)), self.planner.identities(new))
+            total += sum(measure(i) for i in self.live[before:])
+        return len(self.live)
+
+    def reach(self, target: float, measure) -> int:
+        """How many live samples, oldest first, ``measure`` needs to sum to ``target`` (all if fewer)."""
+        total = 0.0
+        for k, i in enumerate(self.live):
+            total += measure(i)
+            if total >= target:
+                return k + 1
+        return len(self.live)
+
+    def require(self, count: int, batch: int, what: str) -> None:
+        """:class:`PlanError` unless at least ``count`` samples are live."""
+        if len(self.live) < count:
+            raise PlanError(f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
+                            f"within loader.balance_window={self.planner.window} stream positions without repeating "
+                            f"one ({self.waiting} later copies wait): a dataset is too small for its share of the "
+                            f"global batch; lower its weight or the global batch size, or raise balance_window")
+
+    def prioritised(self, state: PlanState) -> list[int]:
+        """Live indices with the due and carried ones first (see :attr:`first`), oldest first within each."""
+        due = set(self.due)
+        front = [i for i in self.live if i in due or i < self.carried]
+        self.first = len(front)
+        return front + [i for i in self.live if i not in due and i >= self.carried]
 
 
 def deal_plan(plan: BatchPlan, world_size: int, accumulation: int, fixed: bool) -> list[list[list[int]]]:

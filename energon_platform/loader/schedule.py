@@ -82,9 +82,11 @@ class Schedule:
         sizes = np.array([o.num_samples for o in self.orders], dtype=np.int64)
         epoch, i = np.divmod(j, sizes[d])
         index = np.empty_like(i)
-        for dd, ee in {(int(a), int(b)) for a, b in zip(d, epoch)}:
-            sel = (d == dd) & (epoch == ee)
-            index[sel] = self.orders[dd].indices(ee, i[sel])
+        order = np.lexsort((epoch, d))  # one group per (dataset, epoch): a tiny dataset spans many epochs
+        ds, es = d[order], epoch[order]
+        cuts = np.flatnonzero((ds[1:] != ds[:-1]) | (es[1:] != es[:-1])) + 1
+        for group in np.split(order, cuts) if order.size else ():
+            index[group] = self.orders[int(d[group[0]])].indices(int(epoch[group[0]]), i[group])
         return d, epoch, index
 
     def sample_at(self, position: int) -> tuple[int, int, int]:

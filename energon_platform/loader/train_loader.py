@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,7 @@ class TrainLoader:
 
     def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1, num_workers: int | None = None):
         lc = self.config = cfg.loader
+        self._source = cfg.source
         self.rank, self.world_size = rank, world_size
         self.num_workers = lc.num_workers if num_workers is None else num_workers
         self.prefetch_factor = lc.prefetch_factor
@@ -81,7 +84,7 @@ class TrainLoader:
         self.unit = self.micro_items * pack_group if lc.blend_unit == "batch" else 1
         self.planner = None
         if self.planned:
-            _check_balance(cfg, self.encoder)
+            _check_balance(cfg, self.encoder, self.packed_rows)
         self.length_indexes = self._length_indexes(cfg) if self.planned else None
         self.orders = tuple(DatasetOrder(len(e.source), derive_key(lc.seed, *_stream_id(e.name)), lc.shuffle_buffer,
                                          run=lc.shuffle_run)
@@ -103,7 +106,7 @@ class TrainLoader:
             self.fingerprint["balance"] = {"mode": lc.balance, "window": lc.balance_window,
                                            "lookahead": lc.balance_lookahead,
                                            "global_batch_tokens": lc.global_batch_tokens, "linear": self._linear,
-                                           "planner": "pool-led-v1"}
+                                           "planner": "pool-led-v2"}
         self.next_microbatch = 0
         self._identities = None
         self._tracer = None  #: for :meth:`exclusion_stats`, built at its first use
@@ -135,16 +138,31 @@ class TrainLoader:
             raise ConfigError(cfg.source, "loader.balance", str(e)) from None
 
     def _cost(self, work_length: int) -> float:
+        """A sample's balance cost: a finite number >= 0, else :class:`ConfigError` naming where it came from."""
         from energon_platform.loader.packer import sample_cost
 
         if self.config.balance == "encoder":
-            return float(self.encoder.balance_cost(work_length))
-        return sample_cost(work_length, self.config.balance, self._linear)
+            cost = self.encoder.balance_cost(work_length)
+            where = f"{type(self.encoder).__name__}.balance_cost({work_length})"
+        else:
+            cost = sample_cost(work_length, self.config.balance, self._linear)
+            where = f"balance {self.config.balance!r} with balance_linear={self._linear!r}"
+        if isinstance(cost, bool) or not isinstance(cost, numbers.Real) or not math.isfinite(cost) or cost < 0:
+            from task_encoders.config import ConfigError
+
+            raise ConfigError(self._source, "loader.balance", f"{where} returned {cost!r}; a cost must be a finite "
+                              "number >= 0")
+        return float(cost)
 
     def _set_blend(self, segments, plan_state=None) -> None:
         """(Re)build the schedule, planner and micro-batch maker for the blend ``segments``;
         a planned run continues from ``plan_state`` (None: where its planner is now, or the start)."""
         self.blend = Blend(segments, len(self.datasets.entries))
+        if not self.packed_rows and self.config.global_batch_tokens is None:  # a fixed number of samples per batch
+            from energon_platform.loader.planner import check_distinct
+
+            check_distinct(self.blend, [o.num_samples for o in self.orders], self.datasets.names,
+                           self._units_per_batch, self.unit)
         group = 1 if self.planned else self.pack_group
         self.schedule = Schedule(self.orders, self.config.global_batch_size, group, self.blend, self.unit)
         if self.planned:
@@ -383,9 +401,15 @@ def _stream_id(name: str) -> tuple[int, int]:
     return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little")
 
 
-def _check_balance(cfg: RunConfig, encoder: Any) -> None:
-    """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost)."""
+def _check_balance(cfg: RunConfig, encoder: Any, packed: bool) -> None:
+    """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost);
+    ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
     from task_encoders.config import ConfigError
+
+    if packed and cfg.loader.global_batch_tokens is not None:
+        raise ConfigError(cfg.source, "loader.global_batch_tokens", f"{cfg.loader.global_batch_tokens} with a packing "
+                          f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
+                          "already (null, or an encoder without packing)")
 
     if not callable(getattr(encoder, "sample_facts", None)):
         raise ConfigError(cfg.source, "loader.balance", f"{cfg.loader.balance!r} needs lengths before decoding, but "

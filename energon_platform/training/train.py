@@ -133,6 +133,18 @@ def _to(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def _filled(micro_batches: list, loader: Any, world: int, device: Any) -> dict:
+    """Packed planned rows: ``{"padding": fraction of the step's row positions (all ranks) that
+    hold no document}``, from the batches trained, so positions left empty where no stand-in fit
+    an excluded or failed sample count too (the plan cannot know them); ``{}`` otherwise."""
+    if not loader.packed_rows:
+        return {}
+    counts = torch.tensor([float(sum(int(b.doc_lengths.sum()) for b in micro_batches)),
+                           float(sum(b.tokens.numel() for b in micro_batches))], dtype=torch.float64, device=device)
+    used, slots = _all_reduce(counts, world).tolist()
+    return {"padding": round(1.0 - used / slots, 4) if slots else 0.0}
+
+
 def _gather(obj: Any, world: int) -> list:
     if world == 1:
         return [obj]
@@ -272,6 +284,7 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
         digests = [d for b in micro_batches for d in batch_digest(b)]
         # token-weighted mean over the whole global batch, whatever its split over ranks
         targets = _all_reduce(sum(b.loss_mask.sum() for b in micro_batches).detach().double(), world)
+        filled = _filled(micro_batches, loader, world, device)
         local_loss = torch.zeros((), dtype=torch.float64, device=device)
         for micro, batch in enumerate(micro_batches):
             sync = ddp.no_sync() if world > 1 and micro < len(micro_batches) - 1 else nullcontext()
@@ -300,7 +313,7 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
                    "world_size": world, "num_workers": loader.num_workers,
                    "lr": sched.get_last_lr()[0], "elapsed_s": round(time.perf_counter() - t0, 3),
                    "datasets": consumed, "targets": int(targets), **loader.balance_stats(global_batch),
-                   **loader.exclusion_stats(global_batch)}
+                   **loader.exclusion_stats(global_batch), **filled}
             if val_loss is not None:
                 row["val_loss"] = val_loss
             row.update(start_note)  # the first row only: where this process started
