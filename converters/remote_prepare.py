@@ -41,8 +41,8 @@ from converters.remote_target import Prefix, open_prefix
 from converters.shard_index import RangedObject, RecordPreparator, tar_idx_bytes, tar_record
 from storage import storage_errors
 
-#: A tar ends with two zero blocks after its last member.
-_END_OF_ARCHIVE = bytes(1024)
+#: A tar ends with two zero blocks of this size after its last member.
+_BLOCK = 512
 
 
 def prepare_prefix(url: str, readahead: int = 64 << 10) -> dict:
@@ -96,8 +96,8 @@ def _shard_record(prefix: Prefix, rel: str, size: int, readahead: int) -> tuple[
             record = tar_record(f)
         except tarfile.TarError as e:
             raise refuse(f"not a tar, or cut short ({e}; {size} bytes)") from None
-        f.seek(record["end"])
-        if f.read(len(_END_OF_ARCHIVE)) != _END_OF_ARCHIVE:
+        f.seek(record["end"])  # the first end block was read to find the end; the second is only sized
+        if f.read(_BLOCK) != bytes(_BLOCK) or size < record["end"] + 2 * _BLOCK:
             raise refuse(f"cut short or not a whole tar: no end-of-archive blocks after its last member "
                          f"(members end at byte {record['end']} of {size})")
     if not record["samples"]:

@@ -125,19 +125,20 @@ def test_overwrite_refuses_a_conversion_holding_an_object_no_conversion_wrote(s3
 # ---------------------------------------------------------------- prepare's refusals
 
 
-def _cut(tar: bytes, at: str) -> bytes:
-    """``tar`` cut short: inside a member's header, inside a member's data, or before its end blocks."""
+def _cut(at: str) -> bytes:
+    """A whole tar cut short: inside a member's header or data, before or inside its end blocks."""
+    tar = make_tar()
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-        members = t.getmembers()
-        end = t.offset
-    return {"header": tar[:members[2].offset + 300], "data": tar[:members[2].offset_data + 5],
-            "end": tar[:end + 512]}[at]
+        member, end = t.getmembers()[2], t.offset
+    return tar[:{"header": member.offset + 300, "data": member.offset_data + 5, "end": end,
+                 "end blocks": end + 700}[at]]
 
 
 BAD_TARS = {
-    "cut in a header": lambda: _cut(make_tar(), "header"),
-    "cut in member data": lambda: _cut(make_tar(), "data"),
-    "cut before its end blocks": lambda: _cut(make_tar(), "end"),
+    "cut in a header": lambda: _cut("header"),
+    "cut in member data": lambda: _cut("data"),
+    "cut before its end blocks": lambda: _cut("end"),
+    "cut in its end blocks": lambda: _cut("end blocks"),
     "not a tar": lambda: b"these are not the tars you are looking for\n" * 40,
     "empty tar": lambda: make_tar(samples=0),
     "a key of another shard": lambda: make_tar("whole"),
