@@ -327,6 +327,9 @@ def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: R
             executor.run_ray(pending, str(local), write_opts, on_done, opts.workers, opts.ray_address, writer)
         else:
             executor.run_local(pending, str(local), write_opts, on_done, opts.workers, writer)
+    except remote.UploadError as e:  # its retries count too: the run that completes reports them
+        remote_target.record_retries_of_failed_run(prefix, state, up["retries"] + getattr(e, "retries", 0))
+        raise
     finally:
         bar.close()
 

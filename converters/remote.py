@@ -139,7 +139,12 @@ def staging_dir(url: str) -> Path:
 
 
 class UploadError(ConvertError):
-    """An object could not be put (and checked) after every try (:mod:`storage.retry`); names it."""
+    """An object could not be put (and checked) after every try (:mod:`storage.retry`); names it.
+    ``retries`` counts the retries made before giving up (kept when pickled: a worker raises it)."""
+
+    def __init__(self, message: str, retries: int = 0):
+        super().__init__(message)
+        self.retries = retries
 
 
 def put_checked(local_path: str, url: str, name: str, attempts: int | None = None,
@@ -166,7 +171,7 @@ def put_checked(local_path: str, url: str, name: str, attempts: int | None = Non
         tries = e.tries if isinstance(e, RetriesExhausted) else 1
         message = " ".join(str(e).split())
         raise UploadError(f"cannot upload {name} to {url} after {tries} {'try' if tries == 1 else 'tries'} ({message}); the shards already "
-                          f"uploaded stay on the prefix: run the same command again to continue") from e
+                          f"uploaded stay on the prefix: run the same command again to continue", tries - 1) from e
 
 
 def work_dir(url: str) -> Path:
@@ -189,7 +194,8 @@ class ShardUploader:
     (:func:`put_checked`), and delete the local copies, so a process holds at most one shard.
     The record goes last: on the prefix, a record whose shard has its recorded size marks the unit
     done for any machine. Picklable (local processes and Ray tasks). Returns the stats with
-    ``index`` and ``upload`` (``retries``, ``bytes`` sent, ``seconds``) added."""
+    ``index`` and ``upload`` (``retries``, ``bytes`` sent, ``seconds``) added; an
+    :class:`UploadError` it raises counts in ``retries`` every retry the unit made."""
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
@@ -213,6 +219,9 @@ class ShardUploader:
             for path, rel in puts + [(record, f"{STATS_DIR}/{unit.stats_name}")]:
                 result, tries = put_checked(str(path), f"{self.url}/{rel}", rel)
                 retries, sent = retries + tries, sent + (result.size if result.uploaded else 0)
+        except UploadError as e:
+            e.retries += retries
+            raise
         finally:
             for path in (shard, index, record):
                 path.unlink(missing_ok=True)

@@ -4,14 +4,17 @@ The local staging folder (:func:`converters.remote.staging_dir`) is only a cache
 or a cleared temp folder, has an empty one. So before anything is written, :func:`claim` reads the
 prefix itself: its conversion state ``.convert/state.json`` (put there before the first shard and
 marked ``finished`` after the last upload) or, for a prefix uploaded before that state existed,
-its ``report.json`` (``source`` and ``options``). Then:
+its ``report.json`` (``source`` and ``options``). A bucket's root (``msc://PROFILE/``) is a prefix
+like any other: everything in the bucket is under it. Then:
 
-- a prefix holding a conversion of another input or options, or objects but no conversion, is
-  refused (:class:`ConvertError` naming the URL; nothing is written) unless ``overwrite``;
-- ``overwrite`` deletes only the objects a conversion writes (:func:`conversion_key`: shards and
-  their ``.tar.idx`` under ``train/``/``val/``, the per-shard records ``.convert/units/*.json``,
-  ``.nv-meta/*``, ``report.json``, ``skipped.jsonl``, the state), the dataset's commit files first
-  and the state last; any other object stays;
+- a prefix holding objects but no conversion (a WebDataset put there by hand and indexed with
+  ``prepare``, other datasets beside a bucket root) is refused, ``overwrite`` or not: nothing on it
+  is a conversion's to remove (:class:`ConvertError` naming the URL; nothing is written);
+- a prefix holding a conversion of another input or options is refused unless ``overwrite``;
+- ``overwrite`` refuses, removing nothing, when the prefix holds an object a conversion does not
+  write (:func:`conversion_key`: shards and their ``.tar.idx`` under ``train/``/``val/``, the
+  per-shard records ``.convert/units/*.json``, ``.nv-meta/*``, ``report.json``, ``skipped.jsonl``,
+  the state); otherwise it deletes them all, the dataset's commit files first and the state last;
 - the same conversion, finished, with every file its report names present at its recorded size,
   is returned as done (nothing to convert or upload);
 - otherwise the prefix is claimed: this conversion's state goes up (not finished) before any shard.
@@ -35,7 +38,7 @@ from converters.energon_meta import META, META_FILES
 from converters.output import STATE_FILE, ConvertError, state_diff
 from converters.remote import COMMIT_FILES
 from converters.writer import STATS_DIR
-from storage import storage_errors, with_retries
+from storage import StorageError, storage_errors, with_retries
 
 _CONVERSION_KEY = re.compile(r"^(?:(?:train|val)/shard-\d{6}\.tar(?:\.idx)?|\.nv-meta/[^/]+|report\.json|"
                              r"skipped\.jsonl|" + re.escape(STATE_FILE) + r"|"
@@ -57,23 +60,32 @@ class Prefix:
     client: object
     key: str
 
-    def _retried(self, what: str, action):
+    def _retried(self, what: str, action, attempts: int | None = None):
         """``action()`` retried while the store fails for a while (:func:`storage.with_retries`:
-        a restarting server answers 5xx), then a one-line ``StorageError`` naming ``what``."""
+        a restarting server answers 5xx; ``attempts`` tries, default its), then a one-line
+        ``StorageError`` naming ``what``."""
         with storage_errors(self.url, what):
-            return with_retries(action)[0]
+            return with_retries(action, attempts)[0]
+
+    def full_key(self, rel: str) -> str:
+        """The store's key of the object at ``rel`` (a bucket root's key is empty)."""
+        return f"{self.key}/{rel}" if self.key else rel
+
+    def listing(self) -> dict[str, object]:
+        """Every object under the prefix: relative key → MSC's ``ObjectMetadata``."""
+        base = self.full_key("")
+        return self._retried("the prefix's listing", lambda: {
+            o.key[len(base):]: o for o in self.client.list(base) if o.key.startswith(base)})
 
     def objects(self) -> dict[str, int]:
         """Every object under the prefix: relative key → size."""
-        return self._retried("the prefix's listing", lambda: {
-            o.key[len(self.key) + 1:]: o.content_length for o in self.client.list(self.key + "/")
-            if o.key.startswith(self.key + "/")})
+        return {rel: o.content_length for rel, o in self.listing().items()}
 
     def read(self, rel: str) -> bytes | None:
         """The bytes of the object at ``rel``, None when there is none."""
         def read() -> bytes | None:
             try:
-                return self.client.read(f"{self.key}/{rel}")
+                return self.client.read(self.full_key(rel))
             except FileNotFoundError:
                 return None
         return self._retried(rel, read)
@@ -89,13 +101,13 @@ class Prefix:
             return {}
         return value if isinstance(value, dict) else {}
 
-    def write_state(self, state: dict) -> None:
+    def write_state(self, state: dict, attempts: int | None = None) -> None:
         data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
-        self._retried(STATE_FILE, lambda: self.client.write(f"{self.key}/{STATE_FILE}", data))
+        self._retried(STATE_FILE, lambda: self.client.write(self.full_key(STATE_FILE), data), attempts)
 
     def delete(self, rels: list[str]) -> None:
         for rel in rels:
-            self._retried("an object to replace", lambda: self.client.delete(f"{self.key}/{rel}"))
+            self._retried("an object to replace", lambda: self.client.delete(self.full_key(rel)))
 
 
 def open_prefix(url: str) -> Prefix:
@@ -140,31 +152,55 @@ def _recorded_retries(old: dict) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
+def _is_conversion(old: dict | None, report: dict | None) -> bool:
+    """Whether a prefix's state or report says a conversion wrote it (an old one: a report naming
+    its source and options)."""
+    return old is not None or (report is not None and "source" in report and "options" in report)
+
+
+def _refuse_foreign(prefix: Prefix, objects: dict[str, int]) -> None:
+    """A prefix with objects and no conversion: nothing on it is ours, ``--overwrite`` or not."""
+    raise ConvertError(f"{prefix.url} holds objects and no energon-platform conversion (found "
+                       f"{_listing(sorted(objects))}); nothing was changed; choose an empty prefix for --out "
+                       f"(--overwrite replaces only a conversion, never other objects)")
+
+
+def _replace(prefix: Prefix, objects: dict[str, int], state: dict) -> None:
+    """``--overwrite`` of a conversion: refuse if any object is not one a conversion writes, else
+    delete them (commit files first, the state last) and claim the prefix."""
+    foreign = sorted(k for k in objects if not conversion_key(k))
+    if foreign:
+        raise ConvertError(f"--overwrite refused: {prefix.url} holds objects no conversion wrote "
+                           f"({_listing(foreign)}); nothing was removed; move them away or choose another --out")
+    ours = sorted(objects)
+    commit = [k for k in COMMIT_FILES[::-1] if k in ours]
+    prefix.delete(commit + [k for k in ours if k not in commit and k != STATE_FILE]
+                  + [k for k in ours if k == STATE_FILE])
+    prefix.write_state(state)
+
+
 def claim(prefix: Prefix, state: dict, overwrite: bool) -> Claim:
     """Make the prefix this conversion's (module doc) and say what it already holds (:class:`Claim`)."""
     objects = prefix.objects()
-    if overwrite:
-        ours = sorted(k for k in objects if conversion_key(k))
-        commit = [k for k in COMMIT_FILES[::-1] if k in ours]
-        prefix.delete(commit + [k for k in ours if k not in commit and k != STATE_FILE]
-                      + [k for k in ours if k == STATE_FILE])
-        prefix.write_state(state)
-        return Claim()
     old = prefix.read_json(STATE_FILE) if STATE_FILE in objects else None
     report = prefix.read_json("report.json") if "report.json" in objects else None
+    if objects and not _is_conversion(old, report):
+        _refuse_foreign(prefix, objects)
+    if overwrite:
+        _replace(prefix, objects, state)
+        return Claim()
     if old is not None:
         diff = state_diff(old, state)
     elif report is not None:  # uploaded before the state existed: its report names source and options
         diff = state_diff(report, state, keys=("source", "options"))
-    elif objects:
-        raise ConvertError(f"{prefix.url} holds objects and no energon-platform conversion (found "
-                           f"{_listing(sorted(objects))}); nothing was changed; choose an empty prefix or pass "
-                           f"--overwrite (removes only objects a conversion writes)")
     else:
         diff = []
     if diff:
+        foreign = sorted(k for k in objects if not conversion_key(k))
+        remedy = (f"use another --out (--overwrite would refuse: the prefix also holds {_listing(foreign)}, "
+                  f"which no conversion wrote)" if foreign else "use another --out or pass --overwrite to replace it")
         raise ConvertError(f"{prefix.url} holds a conversion of a different {' and '.join(diff)}; nothing was "
-                           f"changed; use another --out or pass --overwrite to replace it")
+                           f"changed; {remedy}")
     if old is not None and old.get("finished") and _finished_and_whole(objects, report):
         return Claim(done=report)
     if old is None or old.get("finished"):  # a repair must not leave it marked finished if killed
@@ -173,9 +209,18 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> Claim:
     return Claim(retries=_recorded_retries(old))
 
 
-def record_retries(prefix: Prefix, state: dict, retries: int) -> None:
+def record_retries(prefix: Prefix, state: dict, retries: int, attempts: int | None = None) -> None:
     """Keep the conversion's upload retries so far on the prefix (a later run adds its own)."""
-    prefix.write_state({**state, "upload_retries": retries})
+    prefix.write_state({**state, "upload_retries": retries}, attempts)
+
+
+def record_retries_of_failed_run(prefix: Prefix, state: dict, retries: int) -> None:
+    """:func:`record_retries` after an upload failed for good: one try, and a store that refuses
+    it too is left alone (the upload's own error is what the user needs to see)."""
+    try:
+        record_retries(prefix, state, retries, attempts=1)
+    except StorageError:
+        pass
 
 
 def finish(prefix: Prefix, state: dict, retries: int = 0) -> None:

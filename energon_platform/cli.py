@@ -89,7 +89,8 @@ def _add_convert(sub) -> None:
                    help="exit non-zero when more than this fraction of samples is skipped (default 0.1)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an existing conversion in --out; removes only what a conversion wrote and "
-                        "refuses (removing nothing) if --out holds anything else or is being written")
+                        "refuses (removing nothing) if --out holds anything else (a folder or prefix without a "
+                        "conversion, or a file or object no conversion wrote) or is being written")
     g = common.add_argument_group("execution")
     g.add_argument("--workers", type=_positive, default=1, help="parallel work units (processes or Ray CPUs)")
     g.add_argument("--executor", choices=["local", "ray"], default="local",
@@ -514,7 +515,10 @@ def cmd_trace(args) -> int:
 def _add_prepare(sub) -> None:
     p = sub.add_parser("prepare", help="index a WebDataset already on object storage (tar headers only)",
                        description="Write Energon's index (.tar.idx per shard, .nv-meta) for the *.tar objects "
-                                   "under msc://PROFILE/prefix, reading only their headers with ranged requests.")
+                                   "under msc://PROFILE/prefix, reading only their headers with ranged requests. "
+                                   "Refuses (writing nothing) a tar that is not whole or holds no sample, and a "
+                                   "prefix written by `energon-platform convert` (indexed already). A local folder "
+                                   "is Energon's `energon prepare`.")
     p.add_argument("url", help="msc://PROFILE/prefix holding *.tar shards (train/, val/ become splits)")
     p.set_defaults(func=cmd_prepare)
 

@@ -215,8 +215,8 @@ def test_failed_upload_is_retried_with_backoff_named_and_rerun_continues(own_ser
 
 
 def test_upload_retries_are_counted_over_every_run_of_a_conversion(s3, corpus, tmp_path, monkeypatch, capsys):
-    """A run retries one upload and then fails on another shard; the run that finishes reports
-    the first run's retry too (kept on the prefix, not in the staging folder)."""
+    """A run retries one upload and then fails on another shard after 2 tries; the run that
+    finishes reports the first run's 2 retries too (kept on the prefix, not in the staging folder)."""
     import converters.remote as remote
 
     monkeypatch.setenv("ENERGON_PLATFORM_UPLOAD_ATTEMPTS", "2")
@@ -239,8 +239,8 @@ def test_upload_retries_are_counted_over_every_run_of_a_conversion(s3, corpus, t
     monkeypatch.setattr(remote, "upload_file", real)
     assert convert(corpus, s3.url("carry"), tmp_path / "b", monkeypatch) == 0  # another, empty staging folder
     report = json.loads(objects(s3, "carry")["report.json"])
-    assert report["uploads"] == {"retries": 1} and report["status"] == "ok", report["uploads"]
-    assert json.loads(objects(s3, "carry")[".convert/state.json"])["upload_retries"] == 1
+    assert report["uploads"] == {"retries": 2} and report["status"] == "ok", report["uploads"]
+    assert json.loads(objects(s3, "carry")[".convert/state.json"])["upload_retries"] == 2
 
 
 def test_prepare_an_existing_webdataset_on_s3_reads_only_tar_headers(s3, local_conversion, capsys):

@@ -67,19 +67,17 @@ def test_other_conversion_onto_a_dataset_prefix_is_refused_naming_the_url(s3, co
     assert objects(s3, key) == before, "nothing on the prefix may change"
 
 
-def test_overwrite_of_a_prefix_removes_only_what_a_conversion_wrote(s3, converted, tmp_path, monkeypatch):
+def test_overwrite_of_a_prefix_replaces_every_object_a_conversion_wrote(s3, converted, tmp_path, monkeypatch):
+    """(A prefix also holding an object no conversion wrote is refused: test_remote_prefix_safety.py.)"""
     url, key, _ = converted
-    s3.client().put_object(Bucket=s3.bucket, Key=f"{key}/notes.txt", Body=b"mine")
-    s3.client().put_object(Bucket=s3.bucket, Key=f"{key}/train/README", Body=b"mine too")
     text = ["text", "--manifest", str(docs(tmp_path / "docs.jsonl")), "--out", url, "--overwrite"]
     assert convert(text, tmp_path / "b", monkeypatch) == 0
     after = objects(s3, key)
     from converters.energon_meta import META_FILES
 
-    expected = {"report.json", "skipped.jsonl", ".convert/state.json", "notes.txt", "train/README",
-                "train/shard-000000.tar", "train/shard-000000.tar.idx", ".convert/units/train-shard-000000.json",
+    expected = {"report.json", "skipped.jsonl", ".convert/state.json", "train/shard-000000.tar", "train/shard-000000.tar.idx", ".convert/units/train-shard-000000.json",
                 *(f".nv-meta/{n}" for n in META_FILES)}
-    assert set(after) == expected, "old shards orphaned, or a foreign object removed"
+    assert set(after) == expected, "old shards orphaned"
     assert "train/shard-000002.tar" not in after
     report = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=f"{key}/report.json")["Body"].read())
     assert report["modality"] == "text" and report["totals"]["written"] == 5

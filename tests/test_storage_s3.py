@@ -150,6 +150,25 @@ def test_wrong_credentials_are_one_named_line(s3, remote, capsys):
         assert err[-1].startswith("energon-platform info: error: msc://") and "Traceback" not in "\n".join(err)
 
 
+def test_refused_credentials_fail_an_upload_at_once_without_backoff(s3, tmp_path, monkeypatch):
+    """A 403 reaches the retry loop as a ``StorageError`` caused by ``PermissionError``: one try,
+    no pause (a retry cannot fix a credential)."""
+    import storage.retry
+    from converters import remote
+
+    def no_pause(seconds):
+        raise AssertionError(f"a refused credential was retried after a {seconds} s pause")
+
+    monkeypatch.setattr(storage.retry.time, "sleep", no_pause)
+    real, tries = remote.upload_file, []
+    monkeypatch.setattr(remote, "upload_file", lambda *a: tries.append(a) or real(*a))
+    (tmp_path / "f.bin").write_bytes(b"x" * 10)
+    with pytest.raises(remote.UploadError, match="after 1 try") as e:
+        remote.put_checked(str(tmp_path / "f.bin"), s3.url("refused/f.bin", profile=s3.bad_profile), "f.bin",
+                           attempts=5, backoff=10.0)
+    assert len(tries) == 1 and isinstance(e.value.__cause__.__cause__, PermissionError), e.value
+
+
 @pytest.fixture
 def own_server(tmp_path, local, monkeypatch):
     """A server of the test's own (it gets killed or paused) with ``local`` at ``msc://.../ds``;
