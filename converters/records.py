@@ -28,6 +28,7 @@ REASONS = (
     "malformed_line",
     "duplicate_id",
     "unknown_image_id",  #: a COCO annotation whose image_id names no image (or has another type)
+    "invalid_file_name",  #: a media file whose name is not UTF-8 (rename it; keys and reports are UTF-8)
     "not_a_video",  #: video input that is no media file, or an image
     "no_video_stream",  #: a media file without a video stream (e.g. audio only)
     "truncated_video",  #: a video container cut short: unreadable, or fewer frames/seconds than declared

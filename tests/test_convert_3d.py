@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -204,6 +205,21 @@ def test_manifest_forms_csv_and_parquet_bytes(tmp_path):
     for n in names:  # no file name: the format is recognised by content, the bytes kept
         stem, ext = n.split(".")
         assert from_parquet[stem][f"pointcloud.{ext}"] == from_csv[stem][f"pointcloud.{ext}"], n
+
+
+def test_file_name_not_utf8_is_skipped_with_its_reason_and_the_rest_written(tmp_path):
+    root = tmp_path / "shapes"
+    root.mkdir()
+    (root / "good.obj").write_bytes(OBJ_TRIS)
+    (root / "good.txt").write_text("a tetrahedron\n")
+    bad = os.path.join(os.fsencode(root), b"caf\xe9")
+    Path(os.fsdecode(bad + b".obj")).write_bytes(OBJ_TRIS)
+    Path(os.fsdecode(bad + b".txt")).write_text("a tetrahedron too\n")
+    r = convert("--root", str(root), "--out", str(tmp_path / "out"), "--max-error-fraction", "0.6")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["skipped_by_reason"] == {"invalid_file_name": {"count": 1, "examples": ["caf\\xe9"]}}
+    assert sorted(samples_of(tmp_path / "out")) == ["good"]
 
 
 def test_user_errors_exit_2_with_one_line(tmp_path):
