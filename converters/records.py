@@ -35,6 +35,7 @@ REASONS = (
     "undecodable_video",  #: no decoder for the video codec, or its frames (or audio track) fail to decode
     "not_a_3d_file",  #: 3D input in no known mesh / point-cloud format (converters.mesh3d)
     "truncated_3d",  #: a 3D file with fewer elements or bytes than its header (or its faces) declare
+    "corrupt_3d",  #: a complete 3D file whose structure contradicts itself (GLB chunk lengths, unparsable content)
     "no_geometry",  #: a 3D file without a vertex, or a mesh format without a face
     "degenerate_3d",  #: non-finite coordinates, every point equal, or zero surface area
 )
