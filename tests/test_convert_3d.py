@@ -254,6 +254,28 @@ def test_pickled_npy_and_lying_glb_chunk_lengths_are_named_for_what_they_are():
         assert (e.value.reason, detail in str(e.value)) == (reason, True), (name, str(e.value))
 
 
+def test_a_glb_of_two_meshes_keeps_each_ones_faces_on_its_own_vertices():
+    import trimesh
+
+    from converters.mesh3d import check, sample_surface
+
+    small = trimesh.Trimesh(np.array(TETRA, float), np.array(TETRA_FACES), process=False)
+    moved = np.diag([3.0, 3.0, 3.0, 1.0])
+    moved[:3, 3] = (5, 0, 0)  # three times the size, beside the first
+    scene = trimesh.Scene()
+    scene.add_geometry(small, node_name="small")
+    scene.add_geometry(small.copy(), node_name="big", transform=moved)
+    geom = check(scene.export(file_type="glb"), "glb")
+    big = small.copy().apply_transform(moved)
+    assert (len(geom.vertices), len(geom.faces)) == (8, 8)
+    assert geom.area() == pytest.approx(small.area + big.area) and big.area == pytest.approx(9 * small.area)
+    points, _ = sample_surface(geom, 2000, np.random.default_rng(0))
+    on = {name: trimesh.proximity.closest_point_naive(mesh, points)[1] < 1e-9 for name, mesh in
+          (("small", small), ("big", big))}
+    assert (on["small"] | on["big"]).all(), "every sampled point lies on one of the two tetrahedra"
+    assert on["big"].mean() == pytest.approx(0.9, abs=0.03), "points follow the area: 9 of 10 on the big one"
+
+
 def test_user_errors_exit_2_with_one_line(tmp_path):
     r = convert("--root", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "not a directory" in r.stderr and "Traceback" not in r.stderr
