@@ -10,9 +10,11 @@ elements the header declares.
 
 :func:`encode_3d` (the converter) parses a file fully and raises
 :class:`~converters.media.MediaError` with one of: ``empty_file``; ``not_a_3d_file`` (no known 3D
-format); ``truncated_3d`` (fewer elements or bytes than the header or the file's own references
-declare); ``no_geometry`` (no vertex, or a mesh format without a face); ``degenerate_3d``
-(non-finite coordinates, every point equal, or zero total surface area). The bytes are stored
+format, or an NPY of pickled objects); ``truncated_3d`` (fewer elements or bytes than the header or
+the file's own references declare); ``corrupt_3d`` (a complete file whose structure contradicts
+itself, e.g. GLB chunk lengths that do not add up to its length); ``no_geometry`` (no vertex, or a
+mesh format without a face); ``degenerate_3d`` (non-finite coordinates, every point equal, or zero
+total surface area). The bytes are stored
 as they are, except glTF, whose buffers may live in other files: it is re-encoded as one GLB
 (trimesh's exporter, deterministic). :func:`load` (the encoder) reads stored bytes again without
 the checks; :func:`sample_surface` draws area-weighted surface points from a caller's generator.
@@ -184,9 +186,6 @@ def _declared_elements(data: bytes, fmt: str) -> str | None:
         return f"{(len(data) - 84) // 50} triangles, {n} declared" if len(data) < 84 + 50 * n else None
     if fmt == "stl":
         return None if b"endsolid" in data[-4096:] else "an ASCII STL without its endsolid line"
-    if fmt == "glb":
-        declared = struct.unpack("<I", data[8:12])[0] if len(data) >= 12 else None
-        return None if declared is not None and len(data) >= declared else f"{len(data)} bytes, {declared} declared"
     text = data.decode("utf-8", errors="replace")
     if fmt == "off":
         lines = [ln.split("#", 1)[0].split() for ln in text.splitlines()]
@@ -208,6 +207,55 @@ def _declared_elements(data: bytes, fmt: str) -> str | None:
     return None
 
 
+def _glb_chunks(data: bytes) -> tuple[str, str] | None:
+    """``(reason, detail)`` when a GLB's header and chunk lengths do not describe its bytes, else
+    None: ``truncated_3d`` when the file is shorter than the total its header declares,
+    ``corrupt_3d`` when that total or a chunk length contradicts the bytes there are (the file
+    longer than declared, a chunk running past the end or not ending where the next one starts,
+    a first chunk that is not JSON)."""
+    if len(data) < 20:
+        return "truncated_3d", f"{len(data)} bytes, a GLB header and its first chunk header take 20"
+    total = struct.unpack("<I", data[8:12])[0]
+    if len(data) != total:
+        return ("truncated_3d" if len(data) < total else "corrupt_3d"), f"{len(data)} bytes, the header declares {total}"
+    at, index = 12, 0
+    while at < total:
+        if total - at < 8:
+            return "corrupt_3d", (f"the chunk lengths do not add up to the file length: {total - at} bytes left at byte {at}, "
+                                  "a chunk header takes 8")
+        length, kind = struct.unpack("<I4s", data[at:at + 8])
+        if index == 0 and kind != b"JSON":
+            return "corrupt_3d", f"the first chunk is {kind!r}, not JSON"
+        if length > total - at - 8:
+            return "corrupt_3d", (f"the chunk lengths do not add up to the file length: chunk {index} at byte {at} declares "
+                                  f"{length} bytes, {total - at - 8} follow")
+        at, index = at + 8 + length, index + 1
+    return None
+
+
+def _npy_header(data: bytes) -> tuple[str, str] | None:
+    """``(reason, detail)`` when an NPY header does not describe a numeric ``(N, 3|6)`` array whose
+    bytes are all there, else None: ``not_a_3d_file`` for pickled Python objects (never loaded),
+    another shape or a non-numeric dtype, ``truncated_3d`` for fewer data bytes than declared."""
+    f = io.BytesIO(data)
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+    except ValueError as e:
+        return "truncated_3d", f"no readable header ({str(e)[:120]})"
+    if dtype.hasobject:
+        return "not_a_3d_file", "an array of pickled Python objects (never loaded); store numbers, shape (N, 3|6)"
+    if len(shape) != 2 or shape[1] not in (3, 6) or dtype.kind not in "fiu":
+        return "not_a_3d_file", f"an array of shape {shape} and dtype {dtype}, not (N, 3|6) numbers"
+    need = int(np.prod(shape)) * dtype.itemsize
+    return ("truncated_3d", f"{len(data) - f.tell()} data bytes, {need} declared") if len(data) - f.tell() < need else None
+
+
+#: Formats whose lengths are checked in full before parsing: a parse failure then is corruption.
+_LENGTHS_CHECKED = {"glb", "npy"}
+
+
 def _magic(data: bytes, fmt: str) -> bool:
     """Whether the bytes start like a file of ``fmt`` (a failure to parse is then truncation or corruption)."""
     return {"ply": data.startswith(b"ply"), "glb": data.startswith(b"glTF"), "npy": data.startswith(b"\x93NUMPY"),
@@ -222,6 +270,9 @@ def check(data: bytes, fmt: str | None, resolver=None) -> Geometry:
         raise MediaError("empty_file", "zero bytes")
     if fmt is None or not _magic(data, fmt):
         raise MediaError("not_a_3d_file", f"not a {fmt.upper() if fmt else 'known 3D'} file")
+    wrong = {"glb": _glb_chunks, "npy": _npy_header}.get(fmt, lambda _: None)(data)
+    if wrong:
+        raise MediaError(wrong[0], f"{fmt}: {wrong[1]}")
     short = _declared_elements(data, fmt)
     if short:
         raise MediaError("truncated_3d", f"{fmt}: {short}")
@@ -230,7 +281,7 @@ def check(data: bytes, fmt: str | None, resolver=None) -> Geometry:
             _ply_elements(data)
         geom = load(data, fmt, resolver)
     except Exception as e:  # parsers raise anything from ValueError to struct.error on cut files
-        reason = "not_a_3d_file" if fmt == "npy" and "shape" in str(e) and "(N, 3|6)" in str(e) else "truncated_3d"
+        reason = "corrupt_3d" if fmt in _LENGTHS_CHECKED else "truncated_3d"
         raise MediaError(reason, f"{fmt}: cannot be parsed ({type(e).__name__}: {str(e)[:120]})") from e
     if not len(geom.vertices):
         raise MediaError("no_geometry", f"{fmt}: no vertex")

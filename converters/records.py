@@ -28,12 +28,14 @@ REASONS = (
     "malformed_line",
     "duplicate_id",
     "unknown_image_id",  #: a COCO annotation whose image_id names no image (or has another type)
+    "invalid_file_name",  #: a media file whose name is not UTF-8 (rename it; keys and reports are UTF-8)
     "not_a_video",  #: video input that is no media file, or an image
     "no_video_stream",  #: a media file without a video stream (e.g. audio only)
     "truncated_video",  #: a video container cut short: unreadable, or fewer frames/seconds than declared
     "undecodable_video",  #: no decoder for the video codec, or its frames (or audio track) fail to decode
     "not_a_3d_file",  #: 3D input in no known mesh / point-cloud format (converters.mesh3d)
     "truncated_3d",  #: a 3D file with fewer elements or bytes than its header (or its faces) declare
+    "corrupt_3d",  #: a complete 3D file whose structure contradicts itself (GLB chunk lengths, unparsable content)
     "no_geometry",  #: a 3D file without a vertex, or a mesh format without a face
     "degenerate_3d",  #: non-finite coordinates, every point equal, or zero surface area
 )

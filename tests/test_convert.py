@@ -111,6 +111,47 @@ def test_folder_with_txt_and_json_sidecars(tmp_path):
     assert texts[key]["captions"] == ["first caption", "second caption"] and "." not in key
 
 
+def test_folder_file_name_not_utf8_is_skipped_with_its_reason_and_the_rest_written(tmp_path):
+    root = tmp_path / "raw"
+    root.mkdir()
+    (root / "good.jpg").write_bytes(image_bytes(1, fmt="JPEG"))
+    (root / "good.txt").write_text("a good caption\n")
+    bad = os.path.join(os.fsencode(root), b"caf\xe9")
+    Path(os.fsdecode(bad + b".jpg")).write_bytes(image_bytes(2, fmt="JPEG"))
+    Path(os.fsdecode(bad + b".txt")).write_text("a caption\n")
+    out = tmp_path / "out"
+    r = run_cli("convert", "folder", "--root", root, "--out", out, "--no-progress", "--max-error-fraction", "0.6")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "invalid_file_name: 1 (e.g. caf\\xe9)" in r.stdout, r.stdout
+    [skipped] = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert (skipped["reason"], skipped["id"]) == ("invalid_file_name", "caf\\xe9") and "rename" in skipped["detail"]
+    assert [name.split(".")[0] for name in members(out)] == ["train/good", "train/good"]
+
+
+def test_caption_of_another_type_or_with_lone_surrogates_is_named_not_called_empty(tmp_path):
+    root = tmp_path / "raw"
+    rels = make_image_files(root, 5)
+    rows = ['{"path": "%s", "caption": "fine", "uid": "ok"}' % rels[0],
+            '{"path": "%s", "caption": 123, "uid": "number"}' % rels[1],
+            '{"path": "%s", "caption": ["a", {"b": 1}], "uid": "object"}' % rels[2],
+            '{"path": "%s", "caption": "bad \\ud800", "uid": "surrogate"}' % rels[3],
+            '{"path": "%s", "caption": "fine", "uid": "caf\\udce9"}' % rels[4]]
+    (root / "m.jsonl").write_text("\n".join(rows) + "\n")
+    (root / "side").mkdir()
+    (root / "side" / "x.png").write_bytes(image_bytes(9))
+    (root / "side" / "x.json").write_text(json.dumps({"caption": 123}))
+    out = convert("manifest", tmp_path / "out", reader={"manifest": str(root / "m.jsonl"), "image_column": "path",
+                                                        "id_column": "uid"}, max_error_fraction=0.9)
+    by_id = {p["id"]: p for p in map(json.loads, (tmp_path / "out" / "skipped.jsonl").read_text().splitlines())}
+    assert {k: p["reason"] for k, p in by_id.items()} == {"number": "malformed_line", "object": "malformed_line",
+                                                          "surrogate": "invalid_utf8", "caf\\xe9": "invalid_utf8"}
+    assert "'caption' holds int 123, not a string" in by_id["number"]["detail"]
+    assert "holds dict" in by_id["object"]["detail"] and out.report["totals"]["written"] == 1
+    side = convert("folder", tmp_path / "side_out", reader={"root": str(root / "side")}, max_error_fraction=1.0)
+    [skipped] = map(json.loads, (tmp_path / "side_out" / "skipped.jsonl").read_text().splitlines())
+    assert skipped["reason"] == "malformed_line" and "x.json: 'caption' holds int 123" in skipped["detail"]
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "tsv", "parquet"])
 def test_manifest_formats_with_paths(tmp_path, fmt):
     root = tmp_path / "raw"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import struct
 import subprocess
 import sys
 import tarfile
@@ -23,6 +25,18 @@ def _npy(arr) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.asarray(arr))
     return buf.getvalue()
+
+
+def _pickled_npy() -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"x": 1.0}, None, "a"], dtype=object), allow_pickle=True)
+    return buf.getvalue()
+
+
+def _glb_with_chunk_length(glb: bytes, delta: int) -> bytes:
+    """``glb`` (whole, its header's total length true) with its JSON chunk's length off by ``delta``."""
+    (length,) = struct.unpack("<I", glb[12:16])
+    return glb[:12] + struct.pack("<I", length + delta) + glb[16:]
 
 
 def _ply_ascii(vertices, faces=None, colours=None) -> bytes:
@@ -87,6 +101,8 @@ def bad_files() -> dict[str, tuple[bytes, str]]:
         "bad_notmesh_ply.ply": (b"\x89PNG\r\n\x1a\n" + bytes(200), "not_a_3d_file"),
         "bad_notmesh_npy.npy": (_npy(np.zeros((4, 4, 4))), "not_a_3d_file"),
         "bad_notmesh_glb.glb": (b"hello, this is text" * 10, "not_a_3d_file"),
+        "bad_pickled_npy.npy": (_pickled_npy(), "not_a_3d_file"),
+        "bad_chunk_glb.glb": (_glb_with_chunk_length(glb, +4), "corrupt_3d"),
         "bad_same.npy": (_npy(np.ones((30, 3))), "degenerate_3d"),
         "bad_flat.obj": (b"v 0 0 0\nv 1 1 1\nv 2 2 2\nf 1 2 3\n", "degenerate_3d"),
         "bad_nan.ply": (_ply_ascii([(0, 0, 0), (1, 0, 0), (float("nan"), 0, 1)]), "degenerate_3d"),
@@ -204,6 +220,60 @@ def test_manifest_forms_csv_and_parquet_bytes(tmp_path):
     for n in names:  # no file name: the format is recognised by content, the bytes kept
         stem, ext = n.split(".")
         assert from_parquet[stem][f"pointcloud.{ext}"] == from_csv[stem][f"pointcloud.{ext}"], n
+
+
+def test_file_name_not_utf8_is_skipped_with_its_reason_and_the_rest_written(tmp_path):
+    root = tmp_path / "shapes"
+    root.mkdir()
+    (root / "good.obj").write_bytes(OBJ_TRIS)
+    (root / "good.txt").write_text("a tetrahedron\n")
+    bad = os.path.join(os.fsencode(root), b"caf\xe9")
+    Path(os.fsdecode(bad + b".obj")).write_bytes(OBJ_TRIS)
+    Path(os.fsdecode(bad + b".txt")).write_text("a tetrahedron too\n")
+    r = convert("--root", str(root), "--out", str(tmp_path / "out"), "--max-error-fraction", "0.6")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["skipped_by_reason"] == {"invalid_file_name": {"count": 1, "examples": ["caf\\xe9"]}}
+    assert sorted(samples_of(tmp_path / "out")) == ["good"]
+
+
+def test_pickled_npy_and_lying_glb_chunk_lengths_are_named_for_what_they_are():
+    from converters.media import MediaError
+    from converters.mesh3d import check
+
+    glb = (MESH_MINI / "shapes" / "shape_015.glb").read_bytes()
+    (total,) = struct.unpack("<I", glb[8:12])
+    cases = {"pickled": (_pickled_npy(), "npy", "not_a_3d_file", "pickled Python objects"),
+             "json longer": (_glb_with_chunk_length(glb, 4), "glb", "corrupt_3d", "chunk lengths do not add up"),
+             "json shorter": (_glb_with_chunk_length(glb, -4), "glb", "corrupt_3d", "chunk lengths do not add up"),
+             "total shorter": (glb[:8] + struct.pack("<I", 20) + glb[12:], "glb", "corrupt_3d", f"{total} bytes, the header declares 20"),
+             "cut": (glb[: total // 2], "glb", "truncated_3d", f"{total // 2} bytes, the header declares {total}")}
+    for name, (data, fmt, reason, detail) in cases.items():
+        with pytest.raises(MediaError) as e:
+            check(data, fmt)
+        assert (e.value.reason, detail in str(e.value)) == (reason, True), (name, str(e.value))
+
+
+def test_a_glb_of_two_meshes_keeps_each_ones_faces_on_its_own_vertices():
+    import trimesh
+
+    from converters.mesh3d import check, sample_surface
+
+    small = trimesh.Trimesh(np.array(TETRA, float), np.array(TETRA_FACES), process=False)
+    moved = np.diag([3.0, 3.0, 3.0, 1.0])
+    moved[:3, 3] = (5, 0, 0)  # three times the size, beside the first
+    scene = trimesh.Scene()
+    scene.add_geometry(small, node_name="small")
+    scene.add_geometry(small.copy(), node_name="big", transform=moved)
+    geom = check(scene.export(file_type="glb"), "glb")
+    big = small.copy().apply_transform(moved)
+    assert (len(geom.vertices), len(geom.faces)) == (8, 8)
+    assert geom.area() == pytest.approx(small.area + big.area) and big.area == pytest.approx(9 * small.area)
+    points, _ = sample_surface(geom, 2000, np.random.default_rng(0))
+    on = {name: trimesh.proximity.closest_point_naive(mesh, points)[1] < 1e-9 for name, mesh in
+          (("small", small), ("big", big))}
+    assert (on["small"] | on["big"]).all(), "every sampled point lies on one of the two tetrahedra"
+    assert on["big"].mean() == pytest.approx(0.9, abs=0.03), "points follow the area: 9 of 10 on the big one"
 
 
 def test_user_errors_exit_2_with_one_line(tmp_path):

@@ -84,3 +84,40 @@ def test_doc_media_reads_every_batch_kind(videos):
     media = doc_media(batch)
     assert [[k for k, _ in m] for m in media] == [["video"]] * 3
     assert all(t.shape[0] == int(n) for m, n in zip(media, batch.num_frames) for _, t in m)
+
+
+def test_out_suffix_names_the_format_and_another_suffix_is_refused(image_text_shards, tmp_path):
+    info = preview(image_text_shards, tmp_path / "sheet.JPG", n=2)
+    with Image.open(info["path"]) as im:
+        assert im.format == "JPEG"
+    r = subprocess.run([sys.executable, "-m", "energon_platform", "preview", str(image_text_shards), "--out",
+                        str(tmp_path / "sheet.gif")], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and "--out" in r.stderr and "'.gif'" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "sheet.gif").exists()
+
+
+def test_point_clouds_without_an_encoder_are_drawn_in_their_own_colours(tmp_path):
+    from converters.convert import ConvertOptions, run_conversion
+    from energon_platform.loader.train_loader import TrainLoader
+    from energon_platform.tools.preview import PAD, POINT_VIEWS, preview_config
+
+    shapes = tmp_path / "shapes"
+    run_conversion("3d", {"root": str(REPO / "data/mesh_mini/shapes")}, ConvertOptions(out=str(shapes), progress=False))
+    n = 8
+    preview(shapes, tmp_path / "shapes.png", n=n)
+    loader = TrainLoader(preview_config(shapes, None, n))
+    batch = next(loader)  # the batch the sheet draws
+    loader.close()
+    assert batch.has_colors.any(), "the first batch should hold coloured clouds"
+    with Image.open(tmp_path / "shapes.png") as im:
+        pixels = np.asarray(im.convert("RGB"))
+    top = 24 + PAD  # below the title
+    for j in torch_nonzero(batch.has_colors):
+        tiles = pixels[top + j * (TILE + PAD):][:TILE, PAD:PAD + len(POINT_VIEWS) * (TILE + 2)].reshape(-1, 3)
+        drawn = {tuple(c) for c in np.unique(tiles, axis=0)} - {(255, 255, 255), (250, 250, 248)}  # tile, sheet
+        own = {tuple(c) for c in (np.clip(batch.points[j, :, 3:6].numpy(), 0, 1) * 255).astype(np.uint8)}
+        assert drawn and drawn <= own, (batch.keys[j], len(drawn - own))
+
+
+def torch_nonzero(mask) -> list[int]:
+    return [int(i) for i in mask.nonzero().flatten()]

@@ -149,6 +149,17 @@ def test_augmentation_is_seeded_up_axis_turn_scale_jitter_dropout(samples, token
     assert not np.array_equal(clouds[0], pc_encoder(tokenizer_dir, seed=99).cloud(with_epoch(sample, 0))[0])
 
 
+def test_a_dropped_point_takes_the_first_points_colour_with_its_place(samples):
+    rng = np.random.default_rng(0)
+    sample = copy.copy(samples["shape_021"])  # a stored cloud, given points of many colours
+    sample.geometry = np.concatenate([rng.normal(size=(400, 3)), rng.uniform(size=(400, 3))], axis=1)
+    points = pc_encoder(num_points=256, dropout=0.9).encode_media(sample)["points"].numpy()
+    xyz, rgb = points[:, :3], points[:, 3:]
+    dropped = (xyz == xyz[0]).all(axis=1)
+    assert dropped.sum() > 10 and len(np.unique(rgb[dropped], axis=0)) == 1 < len(np.unique(rgb, axis=0))
+    assert (rgb[dropped] == rgb[0]).all()
+
+
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"pointcloud\.num_points"):
         pc_encoder(num_points=0)

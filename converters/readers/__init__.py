@@ -9,7 +9,10 @@ a leading byte-order mark is dropped (:func:`decode_text`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from converters.records import clean_texts
 
 
 class InputError(Exception):
@@ -45,6 +48,46 @@ def read_input(path, what: str) -> bytes:
             return f.read()
         except OSError as e:
             raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from e
+
+
+def is_utf8(text: str) -> bool:
+    """False for a ``str`` that cannot be written as UTF-8: one with lone surrogates, as Python
+    hands over a file name that is not UTF-8 or a JSON escape such as ``"\\ud800"``."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def printable(text: str) -> str:
+    """``text`` as valid UTF-8 for reports and terminals: a file name's undecodable bytes written
+    ``\\xNN`` (``caf\\xe9``), any other lone surrogate ``\\udNNN``; valid text unchanged."""
+    try:
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def undecodable_name(path) -> str | None:
+    """None when ``path`` (a ``str`` or ``Path`` from the file system) is valid UTF-8; otherwise its
+    :func:`printable` form. No key, JSON document or terminal takes the name itself."""
+    return None if is_utf8(str(path)) else printable(str(path))
+
+
+def caption_texts(value, field: str) -> tuple[tuple[str, ...], tuple[str, str] | None]:
+    """The captions in one manifest cell or sidecar field: a string or a list of strings, each
+    stripped, blank ones dropped. ``((), None)`` when there is none (missing, ``null``, blank: the
+    caller's ``empty_text``); ``((), (reason, detail))`` for a value of another type
+    (``malformed_line``: a number, an object, a list holding one) or one with lone surrogates
+    (``invalid_utf8``)."""
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if item is not None and not isinstance(item, str):
+            return (), ("malformed_line", f"{field!r} holds {type(item).__name__} {item!r:.40}, not a string")
+        if item is not None and not is_utf8(item):
+            return (), ("invalid_utf8", f"{field!r} holds a lone surrogate: {printable(item)[:60]!r}")
+    return clean_texts(items), None
 
 
 def decode_text(data: bytes) -> str:

@@ -4,7 +4,8 @@
 ``text``. Sidecar extensions match in any case (``.TXT``); the first sidecar that yields a caption
 wins (``.txt`` before ``.json``), so an empty ``.txt`` does not hide a good ``.json``. Key = the
 relative path without extension (made key-safe). Images are visited in sorted path order; an image
-name that is a dangling symlink or a symlink loop is a ``missing_file``, never skipped silently.
+name that is a dangling symlink or a symlink loop is a ``missing_file``, and a name that is not
+UTF-8 an ``invalid_file_name`` (its id printed with ``\\xNN`` escapes): never skipped silently.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from converters.readers import IMAGE_EXTENSIONS, decode_text, existing_dir
+from converters.readers import IMAGE_EXTENSIONS, caption_texts, decode_text, existing_dir, undecodable_name
 from converters.records import Media, Problem, ReadResult, Record, clean_texts, make_key
 
 SIDECAR_EXTENSIONS = (".txt", ".json")
@@ -38,8 +39,9 @@ def _parse_sidecar(side: Path, source_id: str) -> tuple[tuple[str, ...], Problem
         return clean_texts([doc]), None
     if not isinstance(doc, dict):
         return (), Problem("malformed_line", source_id, f"{side.name}: expected an object")
-    captions = doc.get("captions") or [doc.get("caption") or doc.get("text")]
-    return clean_texts(captions if isinstance(captions, list) else [captions]), None
+    field = next((f for f in ("captions", "caption", "text") if doc.get(f)), "caption")
+    texts, bad = caption_texts(doc.get(field), field)
+    return texts, Problem(bad[0], source_id, f"{side.name}: {bad[1]}") if bad else None
 
 
 def _sidecar_texts(sidecars: list[Path], source_id: str) -> tuple[tuple[str, ...], Problem | None]:
@@ -77,7 +79,12 @@ def read(root: str, extensions=IMAGE_EXTENSIONS, modality: str = "image", what: 
         files.sort(key=lambda p: (SIDECAR_EXTENSIONS.index(p.suffix.lower()), p.name))
     records, problems = [], []
     for image in (p for p in entries if p.suffix.lower() in extensions):
-        source_id = image.relative_to(base).with_suffix("").as_posix()
+        rel = image.relative_to(base)
+        if undecodable_name(rel):
+            problems.append(Problem("invalid_file_name", undecodable_name(rel.with_suffix("")),
+                                    f"{undecodable_name(rel)}: the file name is not UTF-8; rename it"))
+            continue
+        source_id = rel.with_suffix("").as_posix()
         broken = _broken_link(image)
         if broken:
             problems.append(Problem("missing_file", source_id, f"{image.name}: {broken}"))

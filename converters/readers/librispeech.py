@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from converters.readers import AUDIO_EXTENSIONS, decode_text, existing_dir
+from converters.readers import AUDIO_EXTENSIONS, decode_text, existing_dir, undecodable_name
 from converters.records import Media, Problem, ReadResult, Record, make_key
 
 
@@ -21,7 +21,10 @@ def _chapter_audio(chapter_dir: Path, problems: list[Problem]) -> dict[str, Path
         if p.suffix.lower() not in AUDIO_EXTENSIONS:
             continue
         utt = p.name.split(".")[0]
-        if utt in audio:
+        if undecodable_name(p.name):
+            problems.append(Problem("invalid_file_name", undecodable_name(utt),
+                                    f"{undecodable_name(p.name)}: the file name is not UTF-8; rename it"))
+        elif utt in audio:
             problems.append(Problem("duplicate_id", utt, f"{p.name}: {audio[utt].name} has the same utterance id"))
         else:
             audio[utt] = p

@@ -20,18 +20,9 @@ Contracts:
 
 from __future__ import annotations
 
-from converters.readers import existing_file
+from converters.readers import existing_file, is_utf8
 from converters.readers.tables import binary_columns, detect_format, iter_rows, require_columns
 from converters.records import Media, Problem, ReadResult, Record, id_text, make_key
-
-
-def _utf8(value: str) -> bool:
-    """False for strings that cannot be written as UTF-8 (lone surrogates from JSON escapes)."""
-    try:
-        value.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def document_text(value, column: str, n: int, source_id: str) -> str | Problem:
@@ -45,7 +36,7 @@ def document_text(value, column: str, n: int, source_id: str) -> str | Problem:
         return Problem("empty_text", source_id, f"row {n}: no {column!r}")
     if not isinstance(value, str):
         return Problem("malformed_line", source_id, f"row {n}: {column!r} is {type(value).__name__}, not a string")
-    if not _utf8(value):
+    if not is_utf8(value):
         return Problem("invalid_utf8", source_id, f"row {n}: {column!r} holds a lone surrogate")
     text = value.strip()
     return text if text else Problem("empty_text", source_id, f"row {n}: empty {column!r}")
@@ -72,7 +63,7 @@ def read(manifest: str, text_column: str = "text", id_column: str | None = None,
                 problems.append(Problem("malformed_line", f"row {n}",
                                         f"row {n}: no {id_column!r} (missing, null or empty)"))
                 continue
-            if not _utf8(source_id):
+            if not is_utf8(source_id):
                 problems.append(Problem("invalid_utf8", f"row {n}", f"row {n}: {id_column!r} is not valid UTF-8"))
                 continue
         else:

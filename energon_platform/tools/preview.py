@@ -1,8 +1,9 @@
 """What the model sees: a batch summarised as text (:func:`preview_batch`: field shapes and dtypes,
 documents decoded back to text, for ``make demo`` and debugging), and a contact sheet of encoded
-training samples as a PNG (:func:`preview`, ``energon-platform preview``): augmented images and
-tiles with their decoded text, a video clip's frames in a row, an audio sample's mel spectrogram
-with its transcript, for any encoder or blend."""
+training samples as a picture (:func:`preview`, ``energon-platform preview``; PNG, JPEG, ... by
+the file's suffix): augmented images and tiles with their decoded text, a video clip's frames in a
+row, an audio sample's mel spectrogram with its transcript, a point cloud from three sides, for any
+encoder or blend."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ DEFAULT_ENCODERS = {
     "CaptioningSample": {"encoder": "image_text"},
     "AudioTextSample": {"encoder": "audio_text"},
     "VideoTextSample": {"encoder": "video_text"},
-    "PointCloudTextSample": {"encoder": "pointcloud_text"},
+    "PointCloudTextSample": {"encoder": "pointcloud_text", "pointcloud": {"colors": True}},  # drawn in their colours
     "TextSample": {"encoder": "text"},
 }
 TILE = 96  #: pixel height of an image, a video frame or a spectrogram on the sheet
@@ -51,8 +52,8 @@ PAD = 6
 
 def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
     """Per document, its media as ``(kind, tensor)``: ``("image", (C, h, w))``, ``("tiles",
-    (n, C, h, w))``, ``("video", (T, C, h, w))`` (real frames only), ``("points", (P, 3|6))`` or ``("mel", (n_mels, T))``
-    (valid frames only). Reads any batch of this package: one medium per document (``image_text``,
+    (n, C, h, w))``, ``("video", (T, C, h, w))`` (real frames only), ``("points", (P, 3|6))`` (xyz
+    only for a cloud whose ``has_colors`` is False) or ``("mel", (n_mels, T))`` (valid frames only). Reads any batch of this package: one medium per document (``image_text``,
     ``audio_text``, ``video_text``), media with per-document counts (``multimodal``), tiles
     (``tiles`` + ``num_tiles``), images of shape ``(D, n, C, h, w)``."""
     n_docs = len(batch.keys)
@@ -80,10 +81,11 @@ def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
         frames = batch.num_frames.tolist()
         for i, j in enumerate(owners("num_videos", videos.shape[0])):
             out[j].append(("video", videos[i, : frames[i]]))
-    points = getattr(batch, "points", None)
+    points, has_colors = getattr(batch, "points", None), getattr(batch, "has_colors", None)
     if isinstance(points, torch.Tensor) and points.ndim == 3:
         for i, j in enumerate(owners("num_clouds", points.shape[0])):
-            out[j].append(("points", points[i]))
+            coloured = has_colors is None or bool(has_colors[i])
+            out[j].append(("points", points[i] if coloured else points[i, :, :3]))
     for name, lengths_name, count_name in (("features", "feature_lengths", "num_audio"),
                                            ("audio_features", "audio_lengths", "")):
         feats = getattr(batch, name, None)
@@ -152,7 +154,7 @@ POINT_VIEWS = (("front", 0, 1, 2), ("side", 2, 1, 0), ("top", 0, 2, 1))
 
 def _points_to_pil(points: torch.Tensor, view: tuple[str, int, int, int]) -> Any:
     """A cloud ``(P, 3|6)`` drawn orthographically, ``TILE`` square: points far away first, near
-    ones over them; coloured by their rgb channels when they have non-zero ones, else by depth."""
+    ones over them; coloured by their rgb channels (``(P, 6)``), else by depth."""
     import numpy as np
     from matplotlib import colormaps
     from PIL import Image
@@ -164,7 +166,7 @@ def _points_to_pil(points: torch.Tensor, view: tuple[str, int, int, int]) -> Any
     u = np.clip(((xyz[:, h_axis] / extent + 1) / 2 * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2)
     v = np.clip(((1 - (xyz[:, v_axis] / extent + 1) / 2) * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2)
     depth = xyz[:, d_axis]
-    if p.shape[1] >= 6 and np.any(p[:, 3:6]):
+    if p.shape[1] >= 6:
         rgb = (np.clip(p[:, 3:6], 0, 1) * 255).astype(np.uint8)
     else:
         rgb = (colormaps["viridis"]((depth - depth.min()) / (np.ptp(depth) or 1.0))[:, :3] * 255).astype(np.uint8)
@@ -289,12 +291,31 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
                         "loader": {"global_batch_size": n, "num_workers": 0}})
 
 
+#: Picture formats a sheet is written in, by the suffix of ``--out``.
+SHEET_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF",
+                 ".tiff": "TIFF"}
+
+
+def sheet_format(out: str | Path) -> str:
+    """The Pillow format ``out``'s suffix names (:data:`SHEET_FORMATS`, any case);
+    :class:`~task_encoders.config.ConfigError` naming ``--out`` for another suffix or none."""
+    from task_encoders.config import ConfigError
+
+    suffix = Path(out).suffix.lower()
+    if suffix not in SHEET_FORMATS:
+        raise ConfigError(str(out), "--out", f"no picture format is named by the suffix {suffix or '(none)'!r}; "
+                                             f"end the name with one of {', '.join(SHEET_FORMATS)}")
+    return SHEET_FORMATS[suffix]
+
+
 def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = None) -> dict:
     """Encode the first training samples of ``target`` (:func:`preview_config`) with
     energon_platform's train loader (epoch 0, training augmentation, per-sample seeds) and write
-    their :func:`contact_sheet` to ``out`` (PNG). Returns ``{"path", "width", "height", "documents"}``."""
+    their :func:`contact_sheet` to ``out`` in the format its suffix names (:func:`sheet_format`,
+    checked first). Returns ``{"path", "width", "height", "documents"}``."""
     from energon_platform.loader.train_loader import TrainLoader
 
+    fmt = sheet_format(out)
     cfg = preview_config(target, encoder, n)
     loader = TrainLoader(cfg)
     try:
@@ -311,5 +332,5 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
         loader.close()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    sheet.save(out, format="PNG")
+    sheet.save(out, format=fmt)
     return {"path": str(out), "width": sheet.width, "height": sheet.height, "documents": min(n, docs)}
