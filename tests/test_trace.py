@@ -188,7 +188,9 @@ def test_trace_cli_one_line_errors(data, tmp_path, capsys):
     p = subprocess.run([sys.executable, "-m", "energon_platform", *base, "--key", "nope"], capture_output=True, text=True)
     assert p.returncode == 2 and "no such sample" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     for extra, says in ((["--steps", "a:b"], "expected A:B"), (["--step", "1", "--world-size", "3"], "cannot be split"),
-                        ([], "say what to trace")):
+                        ([], "say what to trace"), (["--steps", "5:3"], "1 <= A <= B"),
+                        (["--steps", "0:3"], "1 <= A <= B"), (["--steps", "1:"], "both ends given"),
+                        (["--steps", "3"], "--steps 3:3"), (["--key", "x", "--steps", "2:4"], "takes a count M")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1, err

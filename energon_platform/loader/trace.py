@@ -50,6 +50,32 @@ class TraceError(ValueError):
     """A trace that cannot be answered (one line: an unknown key, a bad checkpoint, all stand-ins excluded)."""
 
 
+def parse_steps(text: str | None, step: int | None, key: str | None, default: int) -> range | int:
+    """``trace``'s ``--step``/``--steps``: without ``key``, the logged steps to trace (``--step N``
+    or ``--steps A:B``, both ends given, ``1 <= A <= B``); with ``key``, the count ``M`` of first
+    steps to search (``--steps M``, else ``default``). ``TraceError`` (one line) for anything else."""
+    if key is not None:
+        if text is None:
+            return default
+        if not text.isdigit() or int(text) < 1:
+            raise TraceError(f"--steps {text!r}: with --key, --steps takes a count M (search the first M steps), "
+                             f"e.g. --steps 100")
+        return int(text)
+    if text is None:
+        return range(step, step + 1)
+    first, sep, last = text.partition(":")
+    if not sep:
+        raise TraceError(f"--steps {text!r}: without --key, --steps takes a range A:B (both included); "
+                         f"for one step use --step {text} or --steps {text}:{text}")
+    if not (first.isdigit() and last.isdigit()):
+        raise TraceError(f"--steps {text!r}: expected A:B with both ends given as step numbers (from 1), "
+                         f"e.g. --steps 1:10")
+    a, b = int(first), int(last)
+    if not 1 <= a <= b:
+        raise TraceError(f"--steps {text!r}: expected 1 <= A <= B (steps are numbered from 1, as log.jsonl)")
+    return range(a, b + 1)
+
+
 def step_layout(schedule: Schedule, batch: int, world_size: int, micro_items: int) -> dict[str, np.ndarray]:
     """Every sample of global batch ``batch`` of an unbalanced run in logged order: ``dataset,
     epoch, index, rank, micro_batch`` as ``int64`` arrays (no data needed)."""
