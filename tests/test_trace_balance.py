@@ -78,6 +78,13 @@ def test_trace_of_a_balanced_run_after_an_elastic_resume_with_an_exclusion(data)
     assert [t.step(s)["keys"] for s in (1, 2, 3)] == [keys for keys, _ in before]  # trained on 1 rank
     assert_traced(t, after, first=4)
     assert sum(len(t.step(s)["excluded"]) for s in range(4, 7)) >= 3, "the rule must bite in this run"
+    seen: dict = {}  # a key's steps: its own uses and those as a stand-in in a packed row
+    for step, (keys, _) in enumerate(before + after, start=1):
+        for k in keys:
+            seen.setdefault(k, []).append(step)
+    found = {k: t.find(k, 6) for k in set(seen) | set(rule["keys"])}
+    assert {k: f["steps"] for k, f in found.items() if f["steps"]} == seen
+    assert any("stand_in_for" in u for f in found.values() for u in f["uses"])
     counts = [loader.exclusion_stats(b) for b in range(6)]
     assert counts[:2] == [{}, {}], "no counts before the rule's step"
     for b in range(2, 6):
