@@ -183,3 +183,16 @@ def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_
                               "--steps", "1:6", "--json", "--checkpoint", str(tmp_path / "check" / run_dir)],
                              capture_output=True, text=True, check=True).stdout
         assert [json.loads(line)["keys"] for line in out.splitlines()] == [rows[s]["keys"] for s in range(1, 7)]
+
+
+def test_excluded_samples_left_as_padding_log_one_info_line_per_dataset_and_step(data, caplog):
+    """Most of a dataset excluded in packed rows: some rows keep positions as padding (no stand-in
+    fits); that is said once per dataset and global batch at info level, never a warning per sample."""
+    cfg = config(data, exclude=[{"step": 1, "keys": ["coco_mini:*[0-8]"]}])
+    with caplog.at_level(logging.INFO, logger="energon_platform.loader.batches"):
+        run(cfg, 4)
+    t = tracer(cfg)
+    assert any(x["stand_in"] is None for s in range(2, 5) for x in t.step(s)["excluded"]), "rows left as padding"
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    said = [r.getMessage().split(", first")[0] for r in caplog.records if "loader.exclude" in r.getMessage()]
+    assert any("as padding" in m for m in said) and len(said) == len(set(said)), said
