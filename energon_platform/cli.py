@@ -471,8 +471,9 @@ def _add_trace(sub) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--step", type=_positive, help="one step (log.jsonl numbering, from 1)")
     what.add_argument("--key", help="a sample key as logged (DATASET:KEY in a blend): the steps that used it")
-    p.add_argument("--steps", metavar="A:B|M", help="with --step omitted: steps A to B (both included); "
-                                                   "with --key: search the first M steps (default train.steps)")
+    p.add_argument("--steps", metavar="A:B|M", help="with --step omitted: steps A to B (both given and included, "
+                                                   "1 <= A <= B); with --key: a count M, search the first M steps "
+                                                   "(default train.steps)")
     p.add_argument("--world-size", type=_positive, help="data-parallel ranks (default: the checkpoint's, else 1)")
     p.add_argument("--checkpoint", help="a checkpoint folder or a run's output folder: its blend and exclusion history")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -488,25 +489,19 @@ def _replay_progress(done: int, total: int) -> None:
 
 def cmd_trace(args) -> int:
     from energon_platform.config import load_config
-    from energon_platform.loader.trace import TraceError, format_key, format_step, open_tracer
+    from energon_platform.loader.trace import TraceError, format_key, format_step, open_tracer, parse_steps
     from energon_platform.training import checkpoint
 
     if args.step is None and args.key is None and not args.steps:
         raise UsageError("say what to trace: --step N, --steps A:B or --key KEY")
     cfg = load_config(args.config, _overrides(args.set))
     try:
-        if args.key is None:
-            first, _, last = (args.steps or f"{args.step}:{args.step}").partition(":")
-            steps = range(int(first), int(last or first) + 1)
-        else:
-            within = int(args.steps) if args.steps else cfg.train.steps
+        asked = parse_steps(args.steps, args.step, args.key, cfg.train.steps)
         state = checkpoint.loader_state(args.checkpoint) if args.checkpoint is not None else None
         tracer = open_tracer(cfg, args.world_size, state, progress=_replay_progress)
-        results = [tracer.step(s) for s in steps] if args.key is None else [tracer.find(args.key, within)]
-    except ValueError as e:  # TraceError, or --steps that are not numbers
-        if not isinstance(e, TraceError) and "invalid literal" not in str(e):
-            raise
-        raise UsageError(str(e) if isinstance(e, TraceError) else f"--steps {args.steps!r}: expected A:B or M") from None
+        results = [tracer.step(s) for s in asked] if args.key is None else [tracer.find(args.key, asked)]
+    except TraceError as e:
+        raise UsageError(str(e)) from None
     for r in results:
         print(json.dumps(r) if args.json else (format_step(r) if args.key is None else format_key(r)))
     return 0

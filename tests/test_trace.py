@@ -177,6 +177,60 @@ def test_exclusions_added_and_removed_at_resume(data):
     assert [t.step(s)["keys"] for s in range(1, 9)] == [k for k, _, _ in reference + after + again]
 
 
+def test_a_keys_steps_are_the_loaders_stand_in_uses_included(data):
+    """``find`` lists every step whose batches hold the key, also where it trained as the
+    stand-in of an excluded sample (``stand_in_for``), equal to the loader's batches."""
+    cfg = config(data["coco"], "image_text_small.yaml")
+    reference, _ = run(cfg, 6)
+    excluded = [k for keys, _, _ in reference[1:] for k in keys][::3]
+    excl = config(data["coco"], "image_text_small.yaml", exclude=[{"step": 1, "keys": excluded}])
+    got, _ = run(excl, 6)
+    seen: dict = {}
+    for step, (keys, _, _) in enumerate(got, start=1):
+        for k in keys:
+            seen.setdefault(k, []).append(step)
+    t = tracer(excl)
+    found = {k: t.find(k, 6) for k in set(seen) | set(excluded)}
+    assert {k: f["steps"] for k, f in found.items() if f["steps"]} == seen
+    stand_ins = {k: u["stand_in_for"] for k, f in found.items() for u in f["uses"] if "stand_in_for" in u}
+    assert len(stand_ins) >= len(excluded) - 1 and set(stand_ins.values()) <= set(excluded)
+    assert all(found[k]["excluded_steps"] for k in excluded)
+
+
+def test_a_keys_excluded_steps_start_at_the_rules_start_and_stop_at_its_end(data):
+    """Rule from global batch 2 (logged step 3) to 4 (ended at a resume): a use at logged step 2
+    or 5 is in ``steps``, uses at logged steps 3 and 4 in ``excluded_steps``."""
+    cfg = config(data["coco"], "image_text_small.yaml")
+    reference, _ = run(cfg, 6)
+    by_step = {s: keys for s, (keys, _, _) in enumerate(reference, start=1)}
+    rule = {"step": 2, "keys": [k for s in (2, 3, 4, 5) for k in by_step[s]]}
+    _, state = run(config(data["coco"], "image_text_small.yaml", exclude=[rule]), 4)
+    _, ended = run(cfg, 2, state=state)
+    assert [(r["start"], r["end"]) for r in ended["exclude"]] == [(2, 4)]
+    t = tracer(cfg, state=ended)
+    for step, keys in by_step.items():
+        if step in (2, 3, 4, 5):
+            for k in keys:
+                found = t.find(k, 6)
+                listed = "excluded_steps" if step in (3, 4) else "steps"
+                assert step in found[listed] and step not in found["steps" if listed != "steps" else "excluded_steps"]
+
+
+def test_a_rule_starting_at_the_resume_batch_is_decided_again_by_the_config(data):
+    """A saved rule that starts exactly at the resume batch has not taken effect: removed from the
+    config it leaves no trace (and the next resume loads), moved to a later step it starts there."""
+    from energon_platform.loader.train_loader import TrainLoader
+
+    rule = {"step": 3, "shards": ["train/shard-000001.tar"]}
+    _, state = run(config(data["coco"], "image_text_small.yaml", exclude=[rule]), 3)
+    assert state["exclude"][0]["start"] == 3 and state["next_microbatch"] == 3 * 4  # 8 samples, micro-batches of 2
+    _, removed = run(config(data["coco"], "image_text_small.yaml"), 1, state=state)
+    assert not removed["exclude"], "a rule not yet in effect and no longer configured is dropped"
+    TrainLoader(config(data["coco"], "image_text_small.yaml"), num_workers=0).load_state_dict(removed)
+    _, moved = run(config(data["coco"], "image_text_small.yaml", exclude=[{**rule, "step": 5}]), 1, state=state)
+    assert [(r["start"], r["end"]) for r in moved["exclude"]] == [(5, None)]
+
+
 def test_trace_cli_one_line_errors(data, tmp_path, capsys):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({"data": {"path": str(data["coco"]), "val_split": None},
@@ -188,7 +242,9 @@ def test_trace_cli_one_line_errors(data, tmp_path, capsys):
     p = subprocess.run([sys.executable, "-m", "energon_platform", *base, "--key", "nope"], capture_output=True, text=True)
     assert p.returncode == 2 and "no such sample" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     for extra, says in ((["--steps", "a:b"], "expected A:B"), (["--step", "1", "--world-size", "3"], "cannot be split"),
-                        ([], "say what to trace")):
+                        ([], "say what to trace"), (["--steps", "5:3"], "1 <= A <= B"),
+                        (["--steps", "0:3"], "1 <= A <= B"), (["--steps", "1:"], "both ends given"),
+                        (["--steps", "3"], "--steps 3:3"), (["--key", "x", "--steps", "2:4"], "takes a count M")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1, err
@@ -225,5 +281,8 @@ def test_trace_equals_the_log_of_a_killed_two_rank_blend_run_with_an_exclusion(d
         assert [rows[s].get("excluded", {}) for s in range(1, 9)] == [
             dict(Counter(x["dataset"] for x in t["excluded"])) for t in traced], run_dir
         assert not any("excluded" in rows[s] for s in (1, 2, 3)) and any("excluded" in rows[s] for s in range(4, 9))
+        first = next(iter(rows[1]["datasets"]))  # `epoch`: the first dataset's epochs at the end of the step
+        assert [rows[s]["epoch"] for s in range(1, 9)] == [round(rows[s]["datasets"][first]["epochs"], 4)
+                                                          for s in range(1, 9)], run_dir
         assert not set(excluded) & {k for s in range(4, 9) for k in rows[s]["keys"]}
         assert [rows[s]["keys"] for s in range(1, 4)] == [probe[s - 1][0] for s in range(1, 4)], "the past"

@@ -78,6 +78,13 @@ def test_trace_of_a_balanced_run_after_an_elastic_resume_with_an_exclusion(data)
     assert [t.step(s)["keys"] for s in (1, 2, 3)] == [keys for keys, _ in before]  # trained on 1 rank
     assert_traced(t, after, first=4)
     assert sum(len(t.step(s)["excluded"]) for s in range(4, 7)) >= 3, "the rule must bite in this run"
+    seen: dict = {}  # a key's steps: its own uses and those as a stand-in in a packed row
+    for step, (keys, _) in enumerate(before + after, start=1):
+        for k in keys:
+            seen.setdefault(k, []).append(step)
+    found = {k: t.find(k, 6) for k in set(seen) | set(rule["keys"])}
+    assert {k: f["steps"] for k, f in found.items() if f["steps"]} == seen
+    assert any("stand_in_for" in u for f in found.values() for u in f["uses"])
     counts = [loader.exclusion_stats(b) for b in range(6)]
     assert counts[:2] == [{}, {}], "no counts before the rule's step"
     for b in range(2, 6):
@@ -176,3 +183,16 @@ def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_
                               "--steps", "1:6", "--json", "--checkpoint", str(tmp_path / "check" / run_dir)],
                              capture_output=True, text=True, check=True).stdout
         assert [json.loads(line)["keys"] for line in out.splitlines()] == [rows[s]["keys"] for s in range(1, 7)]
+
+
+def test_excluded_samples_left_as_padding_log_one_info_line_per_dataset_and_step(data, caplog):
+    """Most of a dataset excluded in packed rows: some rows keep positions as padding (no stand-in
+    fits); that is said once per dataset and global batch at info level, never a warning per sample."""
+    cfg = config(data, exclude=[{"step": 1, "keys": ["coco_mini:*[0-8]"]}])
+    with caplog.at_level(logging.INFO, logger="energon_platform.loader.batches"):
+        run(cfg, 4)
+    t = tracer(cfg)
+    assert any(x["stand_in"] is None for s in range(2, 5) for x in t.step(s)["excluded"]), "rows left as padding"
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    said = [r.getMessage().split(", first")[0] for r in caplog.records if "loader.exclude" in r.getMessage()]
+    assert any("as padding" in m for m in said) and len(said) == len(set(said)), said

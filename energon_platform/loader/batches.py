@@ -59,7 +59,11 @@ class MicroBatchMaker:
         self.exclusions = exclusions or None
         #: per dataset name: scheduled samples that loader.exclude replaced, in this process
         self.excluded: dict[str, int] = {}
-        self._excluded_logged: tuple[int, set] = (-1, set())  #: (global batch, dataset names logged in it)
+        self._excluded_logged: tuple[int, set] = (-1, set())  #: (global batch, (note, dataset) logged in it)
+        #: the rule that excluded the sample :meth:`_load_encoded` last returned None for
+        self._rule: Any = None
+        #: the rules whose samples this micro-batch leaves as padding (no stand-in fits): to name them
+        self._padded_by: list = []
         self.rank, self.world_size = rank, world_size
         #: with ``loader.balance``: the :class:`~energon_platform.loader.planner.Planner` of the run
         self.planner = planner
@@ -112,16 +116,21 @@ class MicroBatchMaker:
         """Whether ``loader.exclude`` skips the sample at global batch ``batch``; logged at info
         level once per dataset and global batch in this process (the trainer's log row counts
         them all: :meth:`TrainLoader.exclusion_stats`)."""
-        rule = self.exclusions.rule(batch, dataset, index, key)
+        rule = self._rule = self.exclusions.rule(batch, dataset, index, key)
         if rule is not None:
-            name = self.datasets.entries[dataset].name
-            if self._excluded_logged[0] != batch:
-                self._excluded_logged = (batch, set())
-            if name not in self._excluded_logged[1]:
-                self._excluded_logged[1].add(name)
-                log.info("global batch %d: loader.exclude skips samples of %s, first %s (rule from step %d: %s)",
-                         batch, name, key, rule.start, rule.describe())
+            self._note_once(batch, dataset, "global batch %d: loader.exclude skips samples of %s, first %s "
+                            "(rule from step %d: %s)", key, rule.start, rule.describe())
         return rule is not None
+
+    def _note_once(self, batch: int, dataset: int, message: str, *args: Any) -> None:
+        """Log ``message % (batch, dataset name, *args)`` at info level, once per message, dataset and
+        global batch in this process."""
+        name = self.datasets.entries[dataset].name
+        if self._excluded_logged[0] != batch:
+            self._excluded_logged = (batch, set())
+        if (message, name) not in self._excluded_logged[1]:
+            self._excluded_logged[1].add((message, name))
+            log.info(message, batch, name, *args)
 
     def _load_or_replace(self, c: int, dataset: int, epoch: int, index: int, room: int | None = None) -> list:
         """The encoded sample, or, when it fails (counted by the skip policy), its first stand-in
@@ -134,6 +143,7 @@ class MicroBatchMaker:
         batch = c // self.accumulation
         encoded = self._load_encoded(dataset, epoch, index, batch)
         excluded = encoded is None  # not a failure: no warning, not in `replaced`
+        rule = self._rule if excluded else None
         if excluded:
             name = self.datasets.entries[dataset].name
             self.excluded[name] = self.excluded.get(name, 0) + 1
@@ -141,14 +151,20 @@ class MicroBatchMaker:
         while not encoded:
             attempt += 1
             if attempt > MAX_REPLACEMENTS:
-                what = "is excluded" if excluded else "failed"
+                if room is not None and excluded:  # not a failure: one line per dataset and global batch
+                    self._padded_by.append(rule)
+                    self._note_once(batch, dataset, "global batch %d: loader.exclude leaves positions of %s as "
+                                    "padding (no stand-in fits the row), first sample %d", index)
+                    return []
                 if room is not None:
-                    log.warning("micro-batch %d: sample %d of dataset %r %s and no stand-in fits its row; "
-                                "its positions stay padding", c, index, self.datasets.entries[dataset].name, what)
+                    log.warning("micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
+                                "its positions stay padding", c, index, self.datasets.entries[dataset].name)
                     return []
                 raise self.sources[dataset].samples_failed(  # one line: names a corrupt shard, if one was read
-                    f"micro-batch {c}: sample {index} of dataset {self.datasets.entries[dataset].name!r} {what} and "
-                    f"{MAX_REPLACEMENTS} stand-ins failed or are excluded")
+                    f"micro-batch {c}: sample {index} of dataset {self.datasets.entries[dataset].name!r} "
+                    + (f"is excluded by {_named(rule)} and its {MAX_REPLACEMENTS} stand-ins are excluded or failed: "
+                       f"the rule leaves (almost) nothing of the dataset; narrow it" if excluded else
+                       f"failed and {MAX_REPLACEMENTS} stand-ins failed or are excluded"))
             stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
             if room is not None and self.planner.length_of(dataset, epoch, stand_in)[0] > room:
                 continue  # would overflow the planned row
@@ -208,7 +224,7 @@ class MicroBatchMaker:
         items = [[tuple(int(x) for x in t) for t in zip(*self.schedule.samples(positions))]
                  for positions in self.planned_items(c)]
         self._prefetch(items)
-        samples = []
+        samples, self._padded_by = [], []
         for item in items:
             docs = []
             for d, epoch, idx in item:
@@ -222,6 +238,9 @@ class MicroBatchMaker:
                             f"{type(self.encoder).__name__}.sample_length is not exact")
                 docs += got
             samples += self._pack(docs, one_row=True) if self.packing and docs else docs
+        if not samples and self._padded_by:
+            raise RuntimeError(f"micro-batch {c}: {_named(self._padded_by[0])} excludes every sample of it and no "
+                               f"stand-in fits: the rule leaves (almost) nothing of the dataset; narrow it")
         if not samples:
             raise RuntimeError(f"micro-batch {c}: every sample failed; see the log")
         out = self.encoder.encode_batch(self.encoder.batch(samples))
@@ -242,6 +261,11 @@ class MicroBatchMaker:
         out = self.encoder.batch(samples)
         out = self.encoder.encode_batch(out)
         return next(out) if inspect.isgenerator(out) else out
+
+
+def _named(rule: Any) -> str:
+    """``loader.exclude``'s ``rule`` for a message: its step and what it lists."""
+    return f"the loader.exclude rule from step {rule.start} ({rule.describe()})"
 
 
 class MicroBatchStream(torch.utils.data.IterableDataset):

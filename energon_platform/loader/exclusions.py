@@ -79,6 +79,105 @@ def planned(rules: Sequence[Any]) -> list[Exclusion]:
     return [Exclusion(r.step, None, tuple(r.keys), tuple(r.shards), tuple(r.datasets)) for r in rules]
 
 
+def check_rules(rules: Sequence[Any], datasets: Any) -> list[str]:
+    """Refuse (``DatasetError``, one line naming the rule and the value) what ``loader.exclude``'s
+    ``rules`` can be seen to get wrong without a scan: a pattern with an unclosed ``[``, a blend key
+    or shard without its ``DATASET:`` prefix, an exact key no dataset has, a shard (or shard
+    pattern) that matches no shard, and rules that together exclude every sample of a dataset by
+    exact keys and shards. Returns one warning per rule whose key patterns match no sample (a scan
+    of the key index that stops at the first match)."""
+    from energon_platform.loader.key_index import KeyIndex
+
+    indexes = [KeyIndex(e.source) for e in datasets.entries] if any(r.keys for r in rules) else []
+    warnings, covered = [], []
+    for rule in rules:
+        matched = _check_rule(rule, datasets, indexes)
+        covered.append(matched)
+        if matched is None:
+            warnings.append(f"loader.exclude rule from step {rule.step}: key pattern(s) {_patterns(rule.keys)} "
+                            f"match no sample; the rule skips nothing by key")
+    _check_not_everything(rules, datasets, covered)
+    return warnings
+
+
+def _unclosed_bracket(pattern: str) -> bool:
+    """Whether ``pattern`` has a ``[`` that ``fnmatch`` reads as a literal (no closing ``]``)."""
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern[i] == "[":
+            j = i + 1
+            j += j < n and pattern[j] == "!"
+            j += j < n and pattern[j] == "]"
+            j = pattern.find("]", j)
+            if j < 0:
+                return True
+            i = j
+        i += 1
+    return False
+
+
+def _patterns(items: Sequence[str]) -> list[str]:
+    return [x for x in items if _PATTERN & set(x)]
+
+
+def _check_rule(rule: Any, datasets: Any, indexes: Sequence[Any]) -> list[set] | None:
+    """Refuses what is wrong with one rule; per dataset, the indices its exact keys and shards
+    match; None when it has key patterns and none of them matches a sample."""
+    where = f"loader.exclude rule from step {rule.step}"
+    prefixes = [f"{n}:" if datasets.metadataset else "" for n in datasets.names]
+    for value in (*rule.keys, *rule.shards):
+        if _unclosed_bracket(value):
+            raise DatasetError(f"{where}: pattern {value!r} has a '[' without its ']'; write '[[]' for a literal '['")
+        head = value[:min([value.find(c) for c in _PATTERN if c in value] or [len(value)])]
+        if datasets.metadataset and not any(head.startswith(p) or (head != value and p.startswith(head))
+                                            for p in prefixes):
+            raise DatasetError(f"{where}: {value!r} names no dataset of the blend; write DATASET:KEY or "
+                               f"DATASET:SHARD with DATASET one of {datasets.names}")
+    matched = [set() for _ in datasets.entries]
+    for value in rule.shards:
+        hits = [(d, k) for d, e in enumerate(datasets.entries) for k, name in enumerate(e.source.shard_names)
+                if fnmatchcase(prefixes[d] + name, value)]
+        if not hits:
+            example = prefixes[0] + datasets.entries[0].source.shard_names[0]
+            raise DatasetError(f"{where}: shard {value!r} matches no shard of the run (shards are named like "
+                               f"{example!r})")
+        for d, k in hits:
+            start = sum(datasets.entries[d].source.shard_counts[:k])
+            matched[d].update(range(start, start + datasets.entries[d].source.shard_counts[k]))
+    for value in rule.keys:
+        if _PATTERN & set(value):
+            continue
+        d = next((d for d, p in enumerate(prefixes) if value.startswith(p)), None)
+        index = None if d is None else indexes[d].index(value[len(prefixes[d]):])
+        if index is None:
+            raise DatasetError(f"{where}: no sample has key {value!r} (keys as logged"
+                               + (": DATASET:KEY)" if datasets.metadataset else ")"))
+        matched[d].add(index)
+    patterns = _patterns(rule.keys)
+    if patterns and not any(indexes[d].matching(p, prefixes[d], limit=1) for p in patterns
+                            for d in range(len(prefixes))):
+        return None
+    return matched
+
+
+def _check_not_everything(rules: Sequence[Any], datasets: Any, covered: Sequence[list[set] | None]) -> None:
+    """Refuses rules whose exact keys and shards, from the step where they are all in effect,
+    match every sample of a dataset (every stand-in would be excluded too)."""
+    for step in sorted({r.step for r in rules}):
+        active = [(r, c) for r, c in zip(rules, covered) if r.step <= step and c is not None]
+        for d, entry in enumerate(datasets.entries):
+            if any(entry.name in r.datasets for r, _ in active):
+                continue
+            if len(set().union(*(c[d] for _, c in active))) >= len(entry.source):
+                steps = sorted({r.step for r, c in active if c[d]})
+                instead = (f"exclude the dataset instead (datasets: [{entry.name}]; with loader.balance, give it "
+                           f"weight 0 in loader.blend_schedule)" if datasets.metadataset
+                           else "nothing would be left to train on")
+                which = f"dataset {entry.name!r}" if datasets.metadataset else "the dataset"
+                raise DatasetError(f"loader.exclude rule(s) from step(s) {steps} exclude every sample of {which} "
+                                   f"from step {step} by keys and shards; {instead}")
+
+
 def resumed(saved: Sequence[Exclusion], rules: Sequence[Any], resume_batch: int) -> tuple[list[Exclusion], list[str]]:
     """``(history, changes)`` continuing the ``saved`` history at ``resume_batch`` with the config's ``rules``."""
     wanted = {(tuple(r.keys), tuple(r.shards), tuple(r.datasets)): r.step for r in rules}

@@ -13,6 +13,7 @@ import json
 import sqlite3
 import tempfile
 from bisect import bisect_right
+from fnmatch import fnmatchcase
 from itertools import accumulate
 from typing import Any
 
@@ -43,6 +44,11 @@ class KeyIndex:
         self._tar_ids = [tar_ids[n] for n in self.shard_names]
         self._split_shard = {t: k for k, t in enumerate(self._tar_ids)}
         self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        self._db.create_function("fnmatchcase", 2, fnmatchcase, deterministic=True)
+
+    def shard_start(self, k: int) -> int:
+        """The dataset index of shard ``k``'s first sample (``k`` = shard count: the dataset's length)."""
+        return self._starts[k]
 
     def shard(self, index: int) -> tuple[int, int]:
         """``(shard number in the split, sample number in that shard)`` of dataset index ``index``."""
@@ -65,3 +71,17 @@ class KeyIndex:
         if row is None or row[0] not in self._split_shard:
             return None
         return self._starts[self._split_shard[row[0]]] + row[1]
+
+    def matching(self, pattern: str, prefix: str = "", limit: int | None = None) -> list[int]:
+        """The dataset indices (sorted) of this split's samples whose ``prefix + key`` matches
+        ``pattern`` (``fnmatchcase``); at most ``limit`` of them when given. A scan of the index,
+        stopped at ``limit`` matches."""
+        rows = self._db.execute("SELECT tar_file_id, sample_index FROM samples WHERE fnmatchcase(? || sample_key, ?)",
+                                (prefix, pattern))
+        out = []
+        for tar, j in rows:
+            if tar in self._split_shard:
+                out.append(self._starts[self._split_shard[tar]] + j)
+                if limit is not None and len(out) >= limit:
+                    break
+        return sorted(out)

@@ -10,7 +10,9 @@ never by reading logs or data (only Energon's key index, :mod:`~energon_platform
   replaced by its keyed stand-in, as the loader does. O(batch size) per step at any corpus size.
 * **a key**: key → dataset index (Energon's index) → per epoch of its dataset, its position by
   the inverse permutation (:meth:`DatasetOrder.positions`) → the blend's inverse
-  (:meth:`Blend.unit_of`) → stream position → step. O(1) per epoch, no scan of the steps.
+  (:meth:`Blend.unit_of`) → stream position → step. O(1) per epoch, no scan of the steps. Its
+  uses as the stand-in of an excluded sample are found the same way from every sample a rule
+  can match (a stand-in is a pure function of the sample it replaces).
 
 **Balanced runs** (``loader.balance``): a global batch is the planner's plan
 (:mod:`~energon_platform.loader.planner`), dealt to ranks and micro-batches by
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import replace
-from itertools import count, takewhile
+from fnmatch import fnmatchcase
+from heapq import heapify, heappop, heappush
+from itertools import count, islice, takewhile
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -48,6 +52,32 @@ PROGRESS_EVERY = 500
 
 class TraceError(ValueError):
     """A trace that cannot be answered (one line: an unknown key, a bad checkpoint, all stand-ins excluded)."""
+
+
+def parse_steps(text: str | None, step: int | None, key: str | None, default: int) -> range | int:
+    """``trace``'s ``--step``/``--steps``: without ``key``, the logged steps to trace (``--step N``
+    or ``--steps A:B``, both ends given, ``1 <= A <= B``); with ``key``, the count ``M`` of first
+    steps to search (``--steps M``, else ``default``). ``TraceError`` (one line) for anything else."""
+    if key is not None:
+        if text is None:
+            return default
+        if not text.isdigit() or int(text) < 1:
+            raise TraceError(f"--steps {text!r}: with --key, --steps takes a count M (search the first M steps), "
+                             f"e.g. --steps 100")
+        return int(text)
+    if text is None:
+        return range(step, step + 1)
+    first, sep, last = text.partition(":")
+    if not sep:
+        raise TraceError(f"--steps {text!r}: without --key, --steps takes a range A:B (both included); "
+                         f"for one step use --step {text} or --steps {text}:{text}")
+    if not (first.isdigit() and last.isdigit()):
+        raise TraceError(f"--steps {text!r}: expected A:B with both ends given as step numbers (from 1), "
+                         f"e.g. --steps 1:10")
+    a, b = int(first), int(last)
+    if not 1 <= a <= b:
+        raise TraceError(f"--steps {text!r}: expected 1 <= A <= B (steps are numbered from 1, as log.jsonl)")
+    return range(a, b + 1)
 
 
 def step_layout(schedule: Schedule, batch: int, world_size: int, micro_items: int) -> dict[str, np.ndarray]:
@@ -223,15 +253,56 @@ class Tracer:
         if index is None:
             raise TraceError(f"{key}: no such sample in dataset {self.names[dataset]!r} "
                              f"(split {self.loader.datasets.entries[dataset].source.split!r})")
-        placed = self._planned_uses(dataset, index, steps) if self.loader.planned else self._uses(dataset, index, steps)
         found, skipped = [], []
-        for use in placed:
+        for use in self._placed_uses(dataset, [index], steps)[index]:
             if self.excluder is not None and self.excluder.excluded(use["step"] - 1, dataset, index, key):
                 skipped.append(use["step"])
             else:
                 found.append(use)
+        found = sorted(found + self._stand_in_uses(dataset, index, steps), key=_use_order)
         return {"key": key, "dataset": self.names[dataset], "index": index, "shard": self.shard(dataset, index),
                 "within_steps": steps, "steps": [u["step"] for u in found], "uses": found, "excluded_steps": skipped}
+
+    def _placed_uses(self, dataset: int, indices: list[int], steps: int) -> dict[int, list[dict]]:
+        """Per index of ``dataset``: its scheduled uses in the first ``steps`` steps (balanced: one
+        planner replay for all of them)."""
+        if self.loader.planned:
+            return self._planned_uses(dataset, indices, steps)
+        return {i: self._uses(dataset, i, steps) for i in indices}
+
+    def _excludable(self, dataset: int) -> list[int]:
+        """The indices of ``dataset`` that a key or shard rule of the history matches (at any batch):
+        exact keys by the index, shards by their ranges, key patterns by a scan of the index."""
+        prefix, keys, found = self._prefixes[dataset], self._keys[dataset], set()
+        for ex in self.excluder.history if self.excluder is not None else ():
+            for key in ex.keys:
+                if set("*?[") & set(key):
+                    found.update(keys.matching(key, prefix))
+                elif key.startswith(prefix) and keys.index(key[len(prefix):]) is not None:
+                    found.add(keys.index(key[len(prefix):]))
+            for k, name in enumerate(keys.shard_names):
+                if any(fnmatchcase(prefix + name, p) for p in ex.shards):
+                    found.update(range(keys.shard_start(k), keys.shard_start(k + 1)))
+        return sorted(found)
+
+    def _stand_in_uses(self, dataset: int, index: int, steps: int) -> list[dict]:
+        """The uses of sample ``index`` as the stand-in of an excluded sample in the first ``steps``
+        steps, each with ``"stand_in_for"``: the excluded sample's key. Each use of every sample a
+        rule can match is checked (its stand-in is a pure function of it): O(those samples x epochs)."""
+        order, planner = self.schedule.orders[dataset], self.loader.planner
+        others = [x for x in self._excludable(dataset) if x != index]
+        out = []
+        for x, placed in self._placed_uses(dataset, others, steps).items() if others else ():
+            for use in placed:
+                batch, epoch = use["step"] - 1, use["epoch"]
+                if index not in {order.replacement(epoch, x, a) for a in range(1, MAX_REPLACEMENTS + 1)}:
+                    continue  # cannot be its stand-in in this epoch
+                if not self.excluder.excluded(batch, dataset, x, self.key(dataset, x)):
+                    continue
+                room = planner.length_of(dataset, epoch, x)[0] if planner is not None and planner.capacity else None
+                if self._stand_in(batch, dataset, epoch, x, room) == index:
+                    out.append({**use, "stand_in_for": self.key(dataset, x)})
+        return out
 
     def _uses(self, dataset: int, index: int, steps: int) -> list[dict]:
         """Unbalanced: the uses by the inverse schedule, O(1) per epoch."""
@@ -244,23 +315,27 @@ class Tracer:
                         "micro_batch": within // self.loader.micro_items})
         return out
 
-    def _planned_uses(self, dataset: int, index: int, steps: int) -> list[dict]:
-        """Balanced: the key's stream positions by the inverse schedule, each looked for in the
-        plans from the one that read it (a position read by batch ``b`` is placed in ``b`` or a
+    def _planned_uses(self, dataset: int, indices: list[int], steps: int) -> dict[int, list[dict]]:
+        """Balanced: per index of ``dataset``, its uses in the first ``steps`` steps. The samples'
+        stream positions come by the inverse schedule (merged in stream order), each looked for in
+        the plans from the one that read it (a position read by batch ``b`` is placed in ``b`` or a
         later plan: the planner's wait is bounded) until it is placed: one replay of the planner
         through ``steps``, each plan checked with a set lookup."""
         from energon_platform.loader.planner import deal_plan
 
         loader, planner = self.loader, self.loader.planner
-        ahead = stream_uses(self.schedule, dataset, index)
-        upcoming = next(ahead, None)
-        pending: dict[int, int] = {}  # stream position read, not yet placed -> epoch
-        out = []
+        streams = {i: stream_uses(self.schedule, dataset, i) for i in indices}
+        ahead = [(pos, epoch, i) for i, stream in streams.items() for epoch, pos in islice(stream, 1)]
+        heapify(ahead)
+        pending: dict[int, tuple[int, int]] = {}  # stream position read, not yet placed -> (epoch, index)
+        out: dict[int, list[dict]] = {i: [] for i in indices}
         for batch in range(steps):
             plan = self.plan(batch)
-            while upcoming is not None and upcoming[1] < plan.next_state.position:  # read by this plan
-                pending[upcoming[1]] = upcoming[0]
-                upcoming = next(ahead, None)
+            while ahead and ahead[0][0] < plan.next_state.position:  # read by this plan
+                pos, epoch, i = heappop(ahead)
+                pending[pos] = (epoch, i)
+                for epoch, pos in islice(streams[i], 1):
+                    heappush(ahead, (pos, epoch, i))
             hits = [k for k, item in enumerate(plan.items) if pending.keys() & set(item)]
             if hits:
                 dealt = deal_plan(plan, loader.world_size, loader.accumulation, planner.fixed_counts)
@@ -268,11 +343,12 @@ class Tracer:
                          for row, item in enumerate(rows)}
                 for k in hits:
                     r, m, row = where[k]
-                    out += [{"step": batch + 1, "epoch": pending.pop(pos), "rank": r, "micro_batch": m, "row": row}
-                            for pos in sorted(pending.keys() & set(plan.items[k]))]
-            if upcoming is None and not pending:
+                    for pos in sorted(pending.keys() & set(plan.items[k])):
+                        epoch, i = pending.pop(pos)
+                        out[i].append({"step": batch + 1, "epoch": epoch, "rank": r, "micro_batch": m, "row": row})
+            if not ahead and not pending:
                 break
-        return sorted(out, key=lambda u: (u["step"], u["rank"], u["micro_batch"], u["row"]))
+        return {i: sorted(u, key=_use_order) for i, u in out.items()}
 
     def _parse_key(self, key: str) -> tuple[int, str]:
         if not self.loader.datasets.metadataset:
@@ -281,6 +357,10 @@ class Tracer:
         if not sep or name not in self.names:
             raise TraceError(f"{key}: a key of a blend is DATASET:KEY with DATASET one of {self.names}")
         return self.names.index(name), raw
+
+
+def _use_order(use: dict) -> tuple:
+    return use["step"], use["rank"], use["micro_batch"], use.get("row", 0)
 
 
 def open_tracer(cfg: Any, world_size: int | None = None, state: dict | None = None,
@@ -315,7 +395,8 @@ def format_key(found: dict) -> str:
     steps = found["steps"]
     head = (f"{found['key']} ({found['dataset']}, index {found['index']}, {found['shard']}): "
             f"{len(steps)} step(s) of the first {found['within_steps']}")
-    lines = [head] + [f"  step {u['step']}  epoch {u['epoch']}  rank {u['rank']} micro {u['micro_batch']}"
+    lines = [head] + [f"  step {u['step']}  epoch {u['epoch']}  rank {u['rank']} micro {u['micro_batch']}" +
+                      (f"  as the stand-in of excluded {u['stand_in_for']}" if "stand_in_for" in u else "")
                       for u in found["uses"]]
     if found["excluded_steps"]:
         lines.append(f"  excluded in step(s) {found['excluded_steps']}")

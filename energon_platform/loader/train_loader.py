@@ -30,7 +30,7 @@ from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
 from energon_platform.loader.blend import Blend
 from energon_platform.loader.blend_history import plan_segments, resume_segments
 from energon_platform.loader.datasets import open_datasets
-from energon_platform.loader.exclusions import Excluder, Exclusion, blend_steps, planned, resumed
+from energon_platform.loader.exclusions import Excluder, Exclusion, blend_steps, check_rules, planned, resumed
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import LayoutError, Schedule
@@ -90,6 +90,9 @@ class TrainLoader:
                                          run=lc.shuffle_run)
                             for e in self.datasets.entries)  # stream ids by name: entries are independent
         self.exclusions = planned(lc.exclude)  #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
+        for warning in check_rules(lc.exclude, self.datasets) if lc.exclude else ():
+            if rank == 0:
+                log.warning("%s", warning)
         self._set_blend(plan_segments(self.datasets, blend_steps(self.datasets, lc.blend_schedule, self.exclusions),
                                       self._units_per_batch))
         self.fingerprint = {

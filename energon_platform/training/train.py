@@ -9,7 +9,8 @@ schedule, and rank 0 appends one JSON line to ``OUT/log.jsonl``::
      "datasets": {"coco": {"samples": 56, "epochs": 0.19}, ...}}
 
 ``datasets``: per dataset of the blend (one entry, ``dataset``, without a metadataset), samples
-and epochs consumed up to and including this step. A resume whose blend differs from the saved
+and epochs consumed up to and including this step; ``epoch`` is the first dataset's ``epochs``
+there (the end of the step, balanced or not). A resume whose blend differs from the saved
 one (new weights, an added dataset) logs ``blend_changes`` on its first row.
 
 Every ``checkpoint_every`` steps it saves model, optimizer, scheduler, RNG and every rank's
@@ -308,8 +309,7 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
             consumed = loader.consumed()  # before the next global batch: this step included
             row = {"step": step, "loss": loss_value, "keys": all_keys,
                    "batch_sha256": hashlib.sha256("".join(all_digests).encode()).hexdigest(),
-                   "global_batch": global_batch, "epoch": round(next(iter(consumed.values()))["epochs"] if loader.planned
-                                                 else loader.schedule.epoch_of_batch(global_batch), 4),
+                   "global_batch": global_batch, "epoch": round(next(iter(consumed.values()))["epochs"], 4),
                    "world_size": world, "num_workers": loader.num_workers,
                    "lr": sched.get_last_lr()[0], "elapsed_s": round(time.perf_counter() - t0, 3),
                    "datasets": consumed, "targets": int(targets), **loader.balance_stats(global_batch),
