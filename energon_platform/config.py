@@ -111,8 +111,9 @@ class LoaderConfig:
     as for a corrupt sample, and it is not waited for again in this process) and the workers
     restart where the loader is: the order and every other batch stay the same, and so does the
     state. With ``num_workers: 0`` it runs one worker process (a sample stuck in the training
-    process could not be stopped). Set it well above the slowest normal sample: a sample that
-    only sometimes finishes within it makes runs differ.
+    process could not be stopped). It covers the loader's samples, not the few samples the
+    trainer's start-up check encodes itself. Set it well above the slowest normal sample: a
+    sample that only sometimes finishes within it makes runs differ.
     """
 
     global_batch_size: int = 8

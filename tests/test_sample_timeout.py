@@ -73,7 +73,7 @@ def plan(dataset, encoder):
     return key, corrupt
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_hung_sample_is_replaced_as_if_corrupt_and_the_run_resumes_exactly(dataset, encoder, plan, workers,
                                                                             monkeypatch, caplog):
