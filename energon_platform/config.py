@@ -105,6 +105,15 @@ class LoaderConfig:
     Unpacked, ``global_batch_tokens`` makes a global batch a cost budget (``global_batch_size``
     samples at least). Lengths come from a cached length index (``length_cache``: its folder;
     None: ``$ENERGON_PLATFORM_CACHE/lengths`` or ``~/.cache/energon-platform/lengths``).
+
+    ``sample_timeout``: seconds a loader worker may spend reading and encoding one sample (None:
+    no limit). A worker stuck longer is killed, the sample counts as failed (its stand-in is used,
+    as for a corrupt sample, and it is not waited for again in this process) and the workers
+    restart where the loader is: the order and every other batch stay the same, and so does the
+    state. With ``num_workers: 0`` it runs one worker process (a sample stuck in the training
+    process could not be stopped). It covers the loader's samples, not the few samples the
+    trainer's start-up check encodes itself. Set it well above the slowest normal sample: a
+    sample that only sometimes finishes within it makes runs differ.
     """
 
     global_batch_size: int = 8
@@ -124,6 +133,7 @@ class LoaderConfig:
     balance_linear: float | None = None
     length_cache: str | None = None
     exclude: tuple[ExcludeRule, ...] = ()  #: samples skipped from given steps on (see :class:`ExcludeRule`)
+    sample_timeout: float | None = None
 
     def check(self, at: At) -> None:
         _at_least(self, at, global_batch_size=1, num_workers=0, prefetch_factor=1, seed=0, shuffle_run=1)
@@ -153,6 +163,8 @@ class LoaderConfig:
                 "weight to 0 at resume instead)")
         require(self.global_batch_tokens is None or self.balance != "none", at.child("global_batch_tokens"),
                 f"{self.global_batch_tokens} with balance 'none'", "null unless balance is set")
+        require(self.sample_timeout is None or (self.sample_timeout > 0 and math.isfinite(self.sample_timeout)),
+                at.child("sample_timeout"), f"got {self.sample_timeout}", "seconds > 0, or null for no limit")
 
 
 #: Bounds of the planner's pool: samples (``balance_window``) and global batches (``balance_lookahead``).

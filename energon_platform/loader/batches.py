@@ -8,7 +8,9 @@ and replaced by its first stand-in that loads (a keyed draw of the same dataset 
 :meth:`~energon_platform.loader.orders.DatasetOrder.replacement`), so every micro-batch stays
 full. Failures are a function of the sample and stand-ins a function of the failed sample, so the
 batches are the same on every layout and every resume. A failing *store* (``StorageError``) is
-never skipped: it stops the run.
+never skipped: it stops the run. With ``loader.sample_timeout`` a worker marks the sample it is on
+in a :class:`~energon_platform.loader.sample_watch.SampleWatch`; a sample its worker was replaced
+for is a failed sample from then on (:attr:`MicroBatchMaker.timed_out`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Iterable
 
 import torch
 
+from energon_platform.loader.sample_watch import SampleTimeoutError
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.source import StorageError
 
@@ -79,6 +82,12 @@ class MicroBatchMaker:
         self._postencode = encoder.postencode_sample if _overridden(encoder, "postencode_sample") else None
         self._handler = getattr(encoder, "skip_policy", None)
         self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
+        #: ``loader.sample_timeout``: the watch this process marks its samples in (None: unwatched),
+        #: and its row there (the DataLoader worker id, set by :class:`MicroBatchStream`)
+        self.watch, self.watch_row = None, 0
+        #: ``(dataset, index)`` → ``(key, limit)`` of samples that took longer than the limit, for
+        #: which a worker was replaced: failed samples (their stand-ins are used), without a wait
+        self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
 
     def _skip(self, exc: Exception, what: Any) -> None:
         if self._handler is not None:
@@ -86,9 +95,21 @@ class MicroBatchMaker:
         else:
             log.warning("skipped %s: %s: %s", getattr(what, "__key__", what), type(exc).__name__, exc)
 
-    def _load_encoded(self, dataset: int, epoch: int, index: int, batch: int | None = None) -> list | None:
-        """The encoded sample(s); ``[]`` when it failed (reported to the skip policy), None when
-        ``loader.exclude`` skips it at global batch ``batch`` (not a failure)."""
+    def _load_encoded(self, c: int, dataset: int, epoch: int, index: int) -> list | None:
+        """The encoded sample(s) (for micro-batch ``c``); ``[]`` when it failed or timed out before
+        (reported to the skip policy), None when ``loader.exclude`` skips it (not a failure)."""
+        if (dataset, index) in self.timed_out:
+            key, limit = self.timed_out[dataset, index]
+            self._skip(SampleTimeoutError(f"took longer than loader.sample_timeout ({limit:g} s)"), {"__key__": key})
+            return []
+        if self.watch is None:
+            return self._read_and_encode(c, dataset, epoch, index)
+        with self.watch.on(self.watch_row, c, dataset, epoch, index):
+            return self._read_and_encode(c, dataset, epoch, index)
+
+    def _read_and_encode(self, c: int, dataset: int, epoch: int, index: int) -> list | None:
+        """:meth:`_load_encoded` of a sample not known to time out."""
+        batch = c // self.accumulation
         entry = self.datasets.entries[dataset]
         prefix = f"{entry.name}:" if self.datasets.metadataset else ""
         try:
@@ -140,8 +161,7 @@ class MicroBatchMaker:
         none of them fits, the row keeps its place empty (padding) and the sample is counted. A sample
         ``loader.exclude`` skips takes its stand-in the same way, but is no failure: no warning, not
         in :attr:`replaced` (the record of bad data)."""
-        batch = c // self.accumulation
-        encoded = self._load_encoded(dataset, epoch, index, batch)
+        encoded = self._load_encoded(c, dataset, epoch, index)
         excluded = encoded is None  # not a failure: no warning, not in `replaced`
         rule = self._rule if excluded else None
         if excluded:
@@ -168,7 +188,7 @@ class MicroBatchMaker:
             stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
             if room is not None and self.planner.length_of(dataset, epoch, stand_in)[0] > room:
                 continue  # would overflow the planned row
-            encoded = self._load_encoded(dataset, epoch, stand_in, batch)
+            encoded = self._load_encoded(c, dataset, epoch, stand_in)
             if encoded and not excluded:
                 self.replaced.append({"micro_batch": c, "dataset": self.datasets.entries[dataset].name,
                                       "failed_index": index, "epoch": epoch, "stand_in": stand_in,
@@ -283,6 +303,7 @@ class MicroBatchStream(torch.utils.data.IterableDataset):
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         w, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        self.maker.watch_row = w  # this process's copy of the maker
         c = self.start + w
         remote = any(s.remote for s in self.maker.sources)
         for k in range(LOOKAHEAD if remote else 0):  # reads of the next micro-batches overlap this one's work

@@ -11,6 +11,12 @@ The state records the blend's history (:mod:`~energon_platform.loader.blend_hist
 fingerprint splits into what must match (encoder config, seed, global batch, pack group, shuffle
 mode, blend unit, schedule version) and the identity of each saved dataset by name, which must be
 the same data now; datasets may be added at resume, not removed.
+
+Worker supervision: a worker that dies (killed for memory) stops the run with
+:class:`LoaderWorkerError`; with ``loader.sample_timeout`` a worker on one sample for longer than the
+limit is killed, the sample becomes a failed sample (its stand-in is used, as for a corrupt one) and
+the workers restart at the loader's position (:meth:`TrainLoader._replace_stuck`). Micro-batches are
+pure functions of their position, so the restart changes no other batch and the state no field.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from energon_platform.loader.datasets import open_datasets
 from energon_platform.loader.exclusions import Excluder, Exclusion, blend_steps, check_rules, planned, resumed
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
+from energon_platform.loader.sample_watch import SampleWatch, Stuck
 from energon_platform.loader.schedule import LayoutError, Schedule
 from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError, check_fingerprint
 from storage import DatasetError
@@ -115,6 +122,9 @@ class TrainLoader:
         self._tracer = None  #: for :meth:`exclusion_stats`, built at its first use
         self.blend_changes: list[str] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
         self._iter = None
+        self._watch: SampleWatch | None = None  #: with ``loader.sample_timeout``: the running workers' watch
+        #: ``(dataset, index)`` → ``(key, limit)``: samples a worker was replaced for (failed from then on)
+        self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
 
     @property
     def _units_per_batch(self) -> int:
@@ -239,18 +249,76 @@ class TrainLoader:
         """Index of the global batch the next micro-batch belongs to."""
         return self.next_microbatch // self.accumulation
 
+    @property
+    def worker_processes(self) -> int:
+        """DataLoader worker processes this loader runs: ``num_workers``, but at least one with
+        ``loader.sample_timeout`` (a sample stuck in the training process itself could not be stopped)."""
+        return max(self.num_workers, 1 if self.config.sample_timeout else 0)
+
     def _start(self):
         self._start_microbatch = self.next_microbatch
+        workers = self.worker_processes
+        self.maker.timed_out = self.timed_out  # the workers fork with what timed out so far
+        self.maker.watch = self._watch = SampleWatch(workers) if self.config.sample_timeout else None
         stream = MicroBatchStream(self.maker, self.next_microbatch)
         kwargs = {}
-        if self.num_workers > 0:
+        if workers > 0:
             kwargs = {"prefetch_factor": self.prefetch_factor, "multiprocessing_context": "fork"}
+        if self._watch is not None:  # wake up to look at the workers while waiting for a micro-batch
+            kwargs["timeout"] = min(1.0, self.config.sample_timeout / 4)
         # a private generator: creating the iterator would otherwise draw from the global torch RNG
         # (its base seed), which the trainer's dropout uses and a resume restores
-        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=self.num_workers,
+        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
                                              pin_memory=torch.cuda.is_available(), generator=torch.Generator(),
                                              **kwargs)
         return _without_sigchld_handler(lambda: iter(loader))
+
+    def _next_from_workers(self) -> tuple[int, Any]:
+        """The next ``(micro-batch, batch)`` of the DataLoader. With ``loader.sample_timeout`` the
+        DataLoader wakes up every fraction of the limit; each time, workers stuck on one sample for
+        longer than the limit are replaced (:meth:`_replace_stuck`) and the wait goes on."""
+        while True:
+            try:
+                return next(self._iter)
+            except RuntimeError as e:  # torch's words for its `timeout` (no worker died: that is checked first)
+                if self._watch is None or not str(e).startswith("DataLoader timed out"):
+                    raise
+            stuck = self._watch.stuck(self.config.sample_timeout)
+            if stuck:
+                self._replace_stuck(stuck)
+
+    def _replace_stuck(self, stuck: list[Stuck]) -> None:
+        """Kill the workers in ``stuck``, make their samples failed samples (stand-ins from now on,
+        in every epoch of this process) and restart the workers at the loader's position: every
+        micro-batch not yet returned is made again, the same but for those samples' stand-ins."""
+        import os
+        import signal
+
+        limit = self.config.sample_timeout
+        for s in stuck:
+            os.kill(self._iter._workers[s.worker].pid, signal.SIGKILL)
+            key = self._key_of(s.dataset, s.index)
+            self.timed_out[s.dataset, s.index] = (key, limit)
+            log.warning("loader worker %d of rank %d spent %.1f s on sample %s (index %d of dataset %r) in micro-batch "
+                        "%d, longer than loader.sample_timeout=%g s: worker killed, the sample counts as failed and "
+                        "its stand-in is used; workers restart at micro-batch %d", s.worker, self.rank, s.seconds, key,
+                        s.index, self.datasets.entries[s.dataset].name, s.micro_batch, limit, self.next_microbatch)
+        self.close()
+        self._iter = self._start()
+
+    def _key_of(self, dataset: int, index: int) -> str:
+        """The key of sample ``index`` of ``dataset`` from Energon's index, without reading the sample
+        (its read may be what hangs); as in batches, a metadataset's keys carry the dataset name."""
+        import sqlite3
+
+        from energon_platform.loader.key_index import KeyIndex
+
+        entry = self.datasets.entries[dataset]
+        prefix = f"{entry.name}:" if self.datasets.metadataset else ""
+        try:
+            return prefix + KeyIndex(entry.source).keys([index])[0]
+        except (DatasetError, sqlite3.Error, OSError):  # no usable index: the position names it
+            return f"{prefix}#{index}"
 
     def __iter__(self):
         return self
@@ -259,14 +327,15 @@ class TrainLoader:
         if self._iter is None:
             self._iter = self._start()
         try:
-            c, batch = next(self._iter)
+            c, batch = self._next_from_workers()
         except (RuntimeError, ConnectionError, EOFError) as e:
             dead = self._dead_workers(wait=0 if isinstance(e, RuntimeError) else 1.0)
-            if not (self.num_workers and (dead or "DataLoader worker (pid" in str(e))):  # not "Caught X in ..."
+            workers = self.worker_processes
+            if not (workers and (dead or "DataLoader worker (pid" in str(e))):  # not "Caught X in ..."
                 raise
             # killed (the kernel's OOM killer), or exited: PyTorch says so in a RuntimeError, or the
             # kill cut a tensor's transfer (ConnectionResetError)
-            worker, pid = dead[0] if dead else ((self.next_microbatch - self._start_microbatch) % self.num_workers, "?")
+            worker, pid = dead[0] if dead else ((self.next_microbatch - self._start_microbatch) % workers, "?")
             self.close()
             raise LoaderWorkerError(
                 f"loader worker {worker} (pid {pid}) of rank {self.rank} died while making micro-batch "
@@ -299,7 +368,7 @@ class TrainLoader:
         shutdown = getattr(self._iter, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-        self._iter = None
+        self._iter = self._watch = None
 
     # --- Stateful ---------------------------------------------------------------------------
 
