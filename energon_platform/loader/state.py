@@ -135,6 +135,9 @@ def _plan(plan: Any) -> dict | None:
     if not isinstance(carried, list) or not all(isinstance(p, int) and not isinstance(p, bool) and
                                                 0 <= p < plan["position"] for p in carried):
         raise StateMismatchError("loader state is malformed: plan.carried must list stream positions below plan.position")
+    if any(b <= a for a, b in zip(carried, carried[1:])):  # a position twice would be trained twice
+        raise StateMismatchError("loader state is malformed: plan.carried must list each stream position once, "
+                                 "in increasing order")
     return {"batch": plan["batch"], "position": plan["position"], "carried": list(carried)}
 
 
