@@ -30,10 +30,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from energon_platform.config import load_config
+from energon_platform import StepLog, TrainLoader, batch_digest, load_config
 from energon_platform.integrations.dcp import DCPLoader
-from energon_platform.loader.train_loader import TrainLoader
-from energon_platform.training.step_log import StepLog, batch_digest
 from tiny_model import TinyModel, loss_sums
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
