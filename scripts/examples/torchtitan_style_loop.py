@@ -17,6 +17,7 @@ starts over): check-resume must fail it.
 """
 
 import argparse
+import gc
 import logging
 import os
 import shutil
@@ -130,4 +131,11 @@ while step < args.steps:
 log.close()
 loader.close()
 if distributed:
+    # An orderly teardown, while the interpreter is fully alive: no rank leaves while another still
+    # communicates, and DDP (whose reducer holds the process group and its gloo work) goes before
+    # the group does. Left to interpreter exit, the group's gloo threads were torn down during
+    # finalization and could abort the process ("terminate called without an active exception").
+    dist.barrier()
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
