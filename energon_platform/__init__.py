@@ -22,6 +22,7 @@ _NAMES = {
     "TrainLoader": "energon_platform.loader.train_loader",
     "build_val_loader": "energon_platform.loader.train_loader",
     "build_encoder": "energon_platform.loader.train_loader",
+    "gradient_accumulation_steps": "energon_platform.loader.train_loader",
     "StateMismatchError": "energon_platform.loader.state",
     "LayoutError": "energon_platform.loader.schedule",
     "StepLog": "energon_platform.training.step_log",

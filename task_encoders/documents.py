@@ -18,6 +18,7 @@ samples keep text elsewhere) and sets ``batch_type``; see docs/encoders.md, "Add
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -74,6 +75,32 @@ class TextBatch(Batch):
     max_seqlen: int
     num_docs: torch.Tensor
     doc_lengths: torch.Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TextBatch:
+        """A copy of this batch (the same type) with every tensor on ``device``; the batch itself is
+        frozen and unchanged. Trainers that move a batch by calling its ``.to(device)`` (Lightning's
+        default ``transfer_batch_to_device``) move ours so."""
+        return moved(self, device, non_blocking)
+
+
+def moved(value: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
+    """``value`` with every tensor moved to ``device``: tensors, dataclasses (frozen ones included:
+    a new instance of the same type, fields without ``init`` left to it), dicts, lists, tuples and
+    namedtuples, nested; anything else as it is (sample keys, ints). A tensor already on ``device``
+    is not copied."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: moved(getattr(value, f.name), device, non_blocking)
+                   for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, dict):
+        return type(value)((k, moved(v, device, non_blocking)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(moved(v, device, non_blocking) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(moved(v, device, non_blocking) for v in value)
+    return value
 
 
 def length_probe(key: str, epoch: int) -> Any:

@@ -94,11 +94,24 @@ def test_the_trainer_integrations_documented_names_import_from_their_modules():
         assert set(names) <= set(getattr(module, "__all__", names)), module_name  # exported where it says
 
 
-def test_the_public_api_script_imports_only_documented_names():
+def test_the_public_api_script_imports_only_documented_names(tmp_path):
     script = REPO / "scripts/examples/public_api_lightning.py"
     assert ("energon_platform.integrations.lightning", "EnergonHooks") in imports_of(script)
     assert non_public_imports(script) == []
-    # the check bites: the other examples reach a helper of their own, or an internal path
+    # the check bites: the other examples reach a helper of their own; an internal path is caught
     assert "tiny_model: TinyModel" in non_public_imports(REPO / "scripts/examples/lightning_example.py")
-    assert "energon_platform.loader.train_loader: TrainLoader" in non_public_imports(
-        REPO / "scripts/examples/torchtitan_style_loop.py")
+    internal = tmp_path / "internal.py"
+    internal.write_text("from energon_platform.loader.train_loader import TrainLoader\n")
+    assert non_public_imports(internal) == ["energon_platform.loader.train_loader: TrainLoader"]
+
+
+def test_examples_docs_and_docstrings_import_energon_platform_by_its_public_names():
+    """What users copy (the examples, the docs' snippets, the docstrings' examples) imports from
+    ``energon_platform`` and the documented integration modules only."""
+    internal = re.compile(r"^\s*(?:from|import) (energon_platform\.(?!integrations\.)\w+[.\w]*)", re.M)
+    texts = [*(REPO / "scripts/examples").glob("*.py"), *(REPO / "docs").rglob("*.md"), REPO / "README.md"]
+    found = [f"{path.relative_to(REPO)}: {m}" for path in texts for m in internal.findall(path.read_text())]
+    for module in ("energon_platform.training.step_log", "energon_platform.loader.train_loader"):
+        doc = importlib.import_module(module).__doc__ or ""
+        found += [f"{module} docstring: {m}" for m in internal.findall(doc)]
+    assert found == []

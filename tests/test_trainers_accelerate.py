@@ -1,10 +1,11 @@
-"""Hugging Face Accelerate (issue 21): the loader kept out of ``prepare`` (no double sharding), its
+"""Hugging Face Accelerate: the loader kept out of ``prepare`` (no double sharding), its
 state in ``save_state``/``load_state`` as JSON restored in O(1) (no ``skip_first_batches`` replay),
 and scripts/examples/accelerate_example.py resuming exactly after SIGKILL."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import socket
 import sys
@@ -66,6 +67,45 @@ def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config):
 
     with pytest.raises(ValueError, match="set gradient_accumulation_steps=1"):
         prepare_loader(Accelerator(cpu=True, gradient_accumulation_steps=2), load_config(run_config))
+
+
+def test_load_state_without_the_loader_file_names_it(run_config, tmp_path):
+    """A checkpoint saved by an accelerator without our loader: load_state refuses it, naming the
+    missing file, instead of training on from position 0."""
+    import torch
+    from accelerate import Accelerator
+
+    from energon_platform import load_config
+    from energon_platform.integrations.accelerate import STATE_FILE, prepare_loader
+
+    plain = Accelerator(cpu=True)
+    plain.prepare(torch.nn.Linear(2, 2))
+    plain.save_state(str(tmp_path / "ckpt"))
+    resumed = Accelerator(cpu=True)
+    loader = prepare_loader(resumed, load_config(run_config))
+    resumed.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "ckpt" / STATE_FILE))):
+        resumed.load_state(str(tmp_path / "ckpt"))
+    assert loader.next_microbatch == 0
+
+
+@pytest.mark.parametrize("micro_batch_size, world_size", [(None, 1), (None, 2), (1, 1), (1, 2), (2, 1)])
+def test_gradient_accumulation_steps_is_the_loaders_accumulation(tmp_path_factory, tmp_path, micro_batch_size,
+                                                                 world_size):
+    from energon_platform import TrainLoader, gradient_accumulation_steps, load_config
+
+    cfg = load_config(write_run_config(tmp_path_factory.getbasetemp(), tmp_path / "run.yaml",
+                                       micro_batch_size=micro_batch_size))
+    steps = gradient_accumulation_steps(cfg, world_size)
+    assert steps == TrainLoader(cfg, rank=world_size - 1, world_size=world_size).accumulation
+    assert steps == 4 // world_size // (micro_batch_size or 4 // world_size)
+
+
+def test_gradient_accumulation_steps_refuses_a_world_size_that_cannot_split_the_batch(run_config):
+    from energon_platform import LayoutError, gradient_accumulation_steps, load_config
+
+    with pytest.raises(LayoutError, match=r"world sizes that keep the same global batches: \[1, 2, 4\]"):
+        gradient_accumulation_steps(load_config(run_config), 3)
 
 
 @pytest.mark.slow

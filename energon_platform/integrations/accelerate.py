@@ -1,9 +1,11 @@
 """Hugging Face Accelerate: the loader's state inside ``accelerator.save_state``/``load_state``,
 restored in O(1), and the loader kept out of ``accelerator.prepare``::
 
-    accelerator = Accelerator(cpu=True)
+    cfg = load_config("run.yaml")
+    world = int(os.environ.get("WORLD_SIZE", 1))                  # set by accelerate launch / torchrun
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=gradient_accumulation_steps(cfg, world))
     model, optimizer = accelerator.prepare(model, optimizer)      # not the loader
-    loader = prepare_loader(accelerator, load_config("run.yaml"))  # this process's TrainLoader
+    loader = prepare_loader(accelerator, cfg)                     # this process's TrainLoader
     accelerator.load_state(ckpt)     # at resume: model, optimizer, RNG ... and the loader
     ...
     accelerator.save_state(ckpt)     # at a step boundary
@@ -21,7 +23,15 @@ What Accelerate would otherwise do, and what :func:`prepare_loader` does instead
 * **No pickle.** ``register_for_checkpointing`` would pickle the state and load it with
   ``weights_only=False``; the JSON file goes through save/load-state pre-hooks instead.
 * **Step boundaries.** ``Accelerator(gradient_accumulation_steps=...)`` must equal the loader's
-  ``accumulation`` (checked here), so that an optimizer step is one global batch.
+  ``accumulation`` (checked here), so that an optimizer step is one global batch. The Accelerator
+  takes it when it is built, before any loader exists: :func:`energon_platform.gradient_accumulation_steps`
+  computes it from the config and the world size.
+* **A missing loader file** at ``load_state`` (a folder saved without this loader) is a
+  ``FileNotFoundError`` naming the file, never a silent restart of the data at position 0.
+* **One process per rank on CPU.** ``Accelerator(cpu=True)`` joins the processes that
+  ``accelerate launch``/``torchrun`` started into one gloo group; without ``cpu=True`` (a bare
+  ``PartialState()`` or ``Accelerator()`` on a machine without GPUs) every process is a world of
+  one (``num_processes == 1``) and each would read the whole global batch.
 
 The state saved at a step boundary is the global position, so ``load_state`` on another number of
 processes continues the same global batches where that number divides the global batch (the
@@ -46,13 +56,15 @@ STATE_FILE = "energon_loader_state.json"
 def prepare_loader(accelerator: Any, cfg: Any, num_workers: int | None = None) -> TrainLoader:
     """This process's :class:`TrainLoader` (data-parallel rank ``process_index`` of
     ``num_processes``), its state saved and restored by ``accelerator.save_state``/``load_state``.
-    Call it once per loader, before ``load_state``. ``cfg``: a run config."""
+    Call it once per loader, before ``load_state``. ``cfg``: a run config. ``ValueError`` when the
+    accelerator's ``gradient_accumulation_steps`` is not the loader's accumulation."""
     loader = TrainLoader(cfg, rank=accelerator.process_index, world_size=accelerator.num_processes,
                          num_workers=num_workers)
     if accelerator.gradient_accumulation_steps != loader.accumulation:
         raise ValueError(f"Accelerator(gradient_accumulation_steps={accelerator.gradient_accumulation_steps}) but "
                          f"the loader makes {loader.accumulation} micro-batch(es) per global batch on each process: "
-                         f"set gradient_accumulation_steps={loader.accumulation}")
+                         f"set gradient_accumulation_steps={loader.accumulation} (energon_platform."
+                         f"gradient_accumulation_steps(cfg, world_size) gives it before the Accelerator exists)")
 
     def save(models: list, weights: list, output_dir: str) -> None:
         state = loader.state_dict()  # every process: the state is the same global position at a step boundary
@@ -68,7 +80,8 @@ def prepare_loader(accelerator: Any, cfg: Any, num_workers: int | None = None) -
     def load(models: list, input_dir: str) -> None:
         path = Path(input_dir) / STATE_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"{input_dir} has no {STATE_FILE}: it was not saved with prepare_loader's loader")
+            raise FileNotFoundError(f"{path} is missing: this checkpoint was not saved by an accelerator whose loader "
+                                    "came from prepare_loader; resume from one that was, or start the data afresh")
         loader.load_state_dict(json.loads(path.read_text()))
 
     accelerator.register_save_state_pre_hook(save)

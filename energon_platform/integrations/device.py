@@ -1,32 +1,25 @@
 """Moving a batch to a device, whatever the trainer.
 
-Our batches are Energon ``@edataclass`` types: frozen dataclasses, which generic movers refuse
-(Lightning's ``apply_to_collection``: "A frozen dataclass was passed ..."). :func:`to_device`
-builds a moved copy instead, with ``dataclasses.replace``.
+Our batches are Energon ``@edataclass`` types: frozen dataclasses, which generic movers that
+assign fields refuse (Lightning's ``apply_to_collection``: "A frozen dataclass was passed ...").
+Each batch type has ``.to(device)``, which such movers call instead (Lightning's default
+``transfer_batch_to_device`` does); :func:`to_device` moves a batch, or anything holding batches
+and tensors, by building moved copies with ``dataclasses.replace``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
+
+from task_encoders.documents import moved
+
+__all__ = ["to_device"]
 
 
 def to_device(batch: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """``batch`` with every tensor moved to ``device``: tensors, dataclasses (frozen ones
     included: a new instance of the same type), dicts, lists and tuples, nested; anything else is
     returned as it is (sample keys, ints). A tensor already on ``device`` is not copied."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        changes = {f.name: to_device(getattr(batch, f.name), device, non_blocking)
-                   for f in dataclasses.fields(batch) if f.init}
-        return dataclasses.replace(batch, **changes)
-    if isinstance(batch, dict):
-        return type(batch)((k, to_device(v, device, non_blocking)) for k, v in batch.items())
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(to_device(v, device, non_blocking) for v in batch)
-    if isinstance(batch, tuple):  # a namedtuple
-        return type(batch)(*(to_device(v, device, non_blocking) for v in batch))
-    return batch
+    return moved(batch, device, non_blocking)

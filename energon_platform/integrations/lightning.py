@@ -7,31 +7,81 @@
 
 What Lightning needs from us, and what the mixin does:
 
-* **Device moves.** Our batches are Energon ``@edataclass`` types, which Lightning's
-  ``apply_to_collection`` refuses ("A frozen dataclass was passed ..."); ``transfer_batch_to_device``
-  moves them with :func:`~energon_platform.integrations.device.to_device`.
+* **Device moves.** Our batches are Energon ``@edataclass`` types (frozen dataclasses), which
+  Lightning's ``apply_to_collection`` cannot rebuild field by field; each batch type has
+  ``.to(device)``, which Lightning's default ``transfer_batch_to_device`` calls (a module without
+  the mixin moves them so too), and the mixin's ``transfer_batch_to_device`` moves them with
+  :func:`~energon_platform.integrations.device.to_device`.
 * **The loader state in Lightning's checkpoint.** Lightning stores ``state_dict()`` of a stateful
-  train loader in its checkpoint and restores it in ``trainer.fit(ckpt_path=...)`` (no replay), but
-  it takes that state after fetching one batch ahead (its prefetch): resumed so, a run would skip a
-  batch. ``on_save_checkpoint`` replaces that record with the state at the micro-batches actually
+  train loader in its checkpoint (``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``,
+  a list of one state) and restores it in ``trainer.fit(ckpt_path=...)`` (no replay), but it takes
+  that state after fetching one batch ahead (its prefetch): resumed so, a run would skip a batch.
+  ``on_save_checkpoint`` replaces that record with the state at the micro-batches actually
   trained: :meth:`TrainLoader.state_at` of the loader's position less the batches Lightning's
-  fetcher holds (Lightning 2.6).
+  fetcher holds (Lightning 2.6). Without the mixin, the loader refuses Lightning's request for
+  its state (``RuntimeError`` naming ``EnergonHooks``) at the first checkpoint.
+* **The random state.** Lightning's checkpoint holds no RNG state, so dropout (or any draw from
+  the global generators) after a resume would differ from the uninterrupted run. The mixin saves
+  the torch (CPU and CUDA), NumPy and Python generators of every rank under
+  ``checkpoint[RNG_KEY]`` and restores this rank's at ``on_train_start``, after Lightning's
+  restore and its first prefetch, before the first resumed step. On another number of processes
+  a rank without a saved state keeps its own (the draws then differ).
 * **Step boundaries.** ``on_train_start`` refuses ``accumulate_grad_batches`` other than the loader's
   ``accumulation``, so that an optimizer step is one global batch and checkpoints fall between them.
 
 Another number of devices at resume works where it divides the global batch (the state is the
-global position; Lightning writes rank 0's). A user's own ``on_save_checkpoint``/``on_train_start``/
-``transfer_batch_to_device`` must call ``super()``.
+global position; Lightning writes rank 0's). A user's own ``on_save_checkpoint``/
+``on_load_checkpoint``/``on_train_start``/``transfer_batch_to_device`` must call ``super()``.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
 
 from energon_platform.integrations.device import to_device
 from energon_platform.loader.train_loader import TrainLoader
 
-__all__ = ["EnergonHooks"]
+__all__ = ["EnergonHooks", "RNG_KEY"]
+
+#: The key of every rank's random state in Lightning's checkpoint.
+RNG_KEY = "energon_platform_rng"
+
+
+def _rng_state() -> dict:
+    """This process's torch (CPU, and CUDA when present), NumPy and Python random states, as
+    tensors and plain values (a checkpoint loaded with ``weights_only=True`` accepts them)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached": float(cached)},
+            "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next}}
+
+
+def _set_rng_state(state: dict) -> None:
+    """Restore what :func:`_rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+
+
+def _every_rank(value: Any) -> list:
+    """``value`` of every rank, in rank order (this one's alone outside a process group)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 class EnergonHooks:
@@ -45,16 +95,27 @@ class EnergonHooks:
     def on_train_start(self) -> None:
         super().on_train_start()
         loader = self._energon_loader()
-        if loader is not None and self.trainer.accumulate_grad_batches != loader.accumulation:
-            raise ValueError(f"Trainer(accumulate_grad_batches={self.trainer.accumulate_grad_batches}) but the loader "
-                             f"makes {loader.accumulation} micro-batch(es) per global batch on each rank: set "
-                             f"accumulate_grad_batches={loader.accumulation}")
+        if loader is not None:
+            if self.trainer.accumulate_grad_batches != loader.accumulation:
+                raise ValueError(f"Trainer(accumulate_grad_batches={self.trainer.accumulate_grad_batches}) but the "
+                                 f"loader makes {loader.accumulation} micro-batch(es) per global batch on each rank: "
+                                 f"set accumulate_grad_batches={loader.accumulation}")
+            loader.lightning_hooks = True  # on_save_checkpoint corrects the state Lightning takes
+        saved = getattr(self, "_energon_rng", None)
+        if saved is not None and self.global_rank < len(saved):
+            _set_rng_state(saved[self.global_rank])
+        self._energon_rng = None
 
     def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
         return to_device(batch, device)
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._energon_rng = checkpoint.get(RNG_KEY)  # applied at on_train_start, before the first step
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
+        checkpoint[RNG_KEY] = _every_rank(_rng_state())  # every rank runs this hook; rank 0 writes the file
         loader = self._energon_loader()
         fit = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         if loader is None or "combined_loader" not in fit:
@@ -65,4 +126,3 @@ class EnergonHooks:
         # the batches Lightning's fetcher holds are fetched from the loader but not trained yet
         ahead = len(getattr(self.trainer.fit_loop._data_fetcher, "batches", ()))
         fit["combined_loader"] = [loader.state_at(loader.next_microbatch - ahead)]
-

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import numbers
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,9 @@ class TrainLoader:
         self._watch: SampleWatch | None = None  #: with ``loader.sample_timeout``: the running workers' watch
         #: ``(dataset, index)`` → ``(key, limit)``: samples a worker was replaced for (failed from then on)
         self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
+        #: set by ``energon_platform.integrations.lightning.EnergonHooks``, which corrects the state
+        #: Lightning's checkpoint takes; Lightning asking for the state without it is refused
+        self.lightning_hooks = False
 
     @property
     def _units_per_batch(self) -> int:
@@ -373,6 +377,10 @@ class TrainLoader:
     # --- Stateful ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
+        """The position (plain JSON data; :class:`~energon_platform.loader.state.LoaderState`).
+        Refused (``RuntimeError`` naming ``EnergonHooks``) when Lightning's checkpointing asks for it
+        and the module lacks that mixin: Lightning takes it one prefetched batch ahead."""
+        _refuse_lightning_without_hooks(self)
         return LoaderState(
             version=STATE_VERSION, fingerprint={**self.fingerprint, "datasets": self.dataset_identities()},
             next_microbatch=self.next_microbatch, accumulation=self.accumulation,
@@ -465,6 +473,28 @@ class LoaderWorkerError(RuntimeError):
 def check_layout(cfg: RunConfig, world_size: int) -> None:
     """Refuse, before anything runs, a world size that cannot reproduce the run's global batches."""
     Schedule.check_split(cfg.loader.global_batch_size, 1, world_size, cfg.loader.micro_batch_size)
+
+
+def gradient_accumulation_steps(cfg: RunConfig, world_size: int = 1) -> int:
+    """Micro-batches per global batch on each of ``world_size`` data-parallel ranks: the
+    ``TrainLoader.accumulation`` that ``TrainLoader(cfg, world_size=world_size)`` will have, known
+    before any loader (or trainer) exists, e.g. for ``Accelerator(gradient_accumulation_steps=...)``
+    or ``Trainer(accumulate_grad_batches=...)``. :class:`LayoutError` for a world size that cannot
+    split the global batch."""
+    per_rank = Schedule.check_split(cfg.loader.global_batch_size, 1, world_size, cfg.loader.micro_batch_size)
+    return per_rank // (cfg.loader.micro_batch_size or per_rank)
+
+
+def _refuse_lightning_without_hooks(loader: TrainLoader) -> None:
+    """Lightning saves a stateful loader's ``state_dict()`` in its checkpoint after fetching one
+    batch ahead: resumed from that record a run skips a batch. ``EnergonHooks`` replaces the record
+    with the state at the batches trained (and sets ``loader.lightning_hooks``); without it, the
+    call of Lightning's code (two frames up: the caller of ``state_dict``) is refused."""
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller.split(".")[0] in ("lightning", "pytorch_lightning") and not loader.lightning_hooks:
+        raise RuntimeError("Lightning is checkpointing a TrainLoader one prefetched batch ahead (a resume would skip "
+                           "a batch): mix energon_platform.integrations.lightning.EnergonHooks into the "
+                           "LightningModule, before it (class Model(EnergonHooks, L.LightningModule))")
 
 
 def _stream_id(name: str) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 
 ::
 
-    from energon_platform.training.step_log import StepLog
+    from energon_platform import StepLog
 
     log = StepLog(f"{out}/steps.jsonl")           # rank 0 writes; other ranks' calls do nothing
     for step in range(start + 1, steps + 1):

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from energon_platform import StepLog, TrainLoader, batch_digest, load_config, to_device
+from energon_platform import (StepLog, TrainLoader, batch_digest, gradient_accumulation_steps, load_config,
+                              to_device)
 from energon_platform.integrations.accelerate import prepare_loader
 from tiny_model import TinyModel, loss_sums
 
@@ -37,8 +38,11 @@ p.add_argument("--checkpoint-every", type=int, default=2)
 p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
 args = p.parse_args()
 
-accelerator = Accelerator(cpu=True)
 cfg = load_config(args.config)
+# the Accelerator takes the loader's accumulation when it is built; cpu=True joins the launched
+# processes into one gloo group (without it, on CPU, each process is a world of one)
+world = int(os.environ.get("WORLD_SIZE", 1))  # set by accelerate launch and torchrun
+accelerator = Accelerator(cpu=True, gradient_accumulation_steps=gradient_accumulation_steps(cfg, world))
 if args.skip_loader_restore:  # a loader that load_state does not restore
     loader = TrainLoader(cfg, rank=accelerator.process_index, world_size=accelerator.num_processes)
 else:

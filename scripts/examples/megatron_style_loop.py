@@ -26,9 +26,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from energon_platform.config import load_config
+from energon_platform import build_encoder, load_config
 from energon_platform.integrations.megatron import make_provider, save_dataloader_state
-from energon_platform.loader.train_loader import build_encoder
 from tiny_model import TinyModel, loss_sums
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

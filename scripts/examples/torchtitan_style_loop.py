@@ -17,6 +17,7 @@ starts over): check-resume must fail it.
 """
 
 import argparse
+import gc
 import logging
 import os
 import shutil
@@ -30,10 +31,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from energon_platform.config import load_config
+from energon_platform import StepLog, TrainLoader, batch_digest, load_config
 from energon_platform.integrations.dcp import DCPLoader
-from energon_platform.loader.train_loader import TrainLoader
-from energon_platform.training.step_log import StepLog, batch_digest
 from tiny_model import TinyModel, loss_sums
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -132,4 +131,11 @@ while step < args.steps:
 log.close()
 loader.close()
 if distributed:
+    # An orderly teardown, while the interpreter is fully alive: no rank leaves while another still
+    # communicates, and DDP (whose reducer holds the process group and its gloo work) goes before
+    # the group does. Left to interpreter exit, the group's gloo threads were torn down during
+    # finalization and could abort the process ("terminate called without an active exception").
+    dist.barrier()
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
