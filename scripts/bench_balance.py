@@ -515,7 +515,84 @@ def report_train(section: dict, args) -> list[str]:
 
 #: name → (run(args) → dict, report(section, args) → lines), run in this order when selected
 #: (``--sections``; ``train`` takes minutes, so only when asked: ``--train``).
-SECTIONS = {"balance": (balance_section, report_balance), "train": (train_section, report_train)}
+def long_section(args) -> dict:
+    """``long``: the packed planner (attention, 8 ranks x ``--rows-per-rank``) over ``--long-steps``
+    global batches of the skewed blend: the carried samples and the saved state stay bounded."""
+    blend = Blend(args)
+    cost = lambda n: sample_cost(n, "attention", args.linear)  # noqa: E731
+    planner = Planner(blend.lookup, cost, TARGET_RANKS * args.rows_per_rank, capacity=args.seq_len, window=args.window)
+    carried, state_bytes, t = [], 0, time.perf_counter()
+    for b in range(args.long_steps):
+        state = planner.plan(b).next_state
+        carried.append(len(state.carried))
+        if b % 500 == 0 or b == args.long_steps - 1:
+            state_bytes = max(state_bytes, len(json.dumps(state.to_json())))
+    quarter = max(1, args.long_steps // 4)
+    return {"steps": args.long_steps, "ranks": TARGET_RANKS, "rows_per_rank": args.rows_per_rank,
+            "carried_max": max(carried), "carried_mean": float(np.mean(carried)),
+            "carried_max_per_quarter": [max(carried[i:i + quarter]) for i in range(0, len(carried), quarter)][:4],
+            "state_bytes_max": state_bytes, "planner_ms_per_batch": 1000 * (time.perf_counter() - t) / args.long_steps}
+
+
+def report_long(section: dict, args) -> list[str]:
+    return [f"long run: {section['steps']} global batches, packed attention, {section['ranks']} ranks x "
+            f"{section['rows_per_rank']} rows: carried max {section['carried_max']} (mean {section['carried_mean']:.0f}; "
+            f"max per quarter of the run {section['carried_max_per_quarter']}), state at most "
+            f"{section['state_bytes_max']} B, {section['planner_ms_per_batch']:.2f} ms per global batch"]
+
+
+def demo_section(args) -> dict:
+    """``demo``: the embedded demo blend (image-text 2 : audio 1 : text 1, converted into a temporary
+    folder) through the real loader's planner, packed (``multimodal_packed``, global batch 8 rows)
+    with ``balance: attention``, for several seeds: rank cost max/mean on 8 ranks, padding, carried
+    samples, and samples placed twice in one global batch (must be 0)."""
+    import tempfile
+
+    sys.path.insert(0, str(REPO))
+    from energon_platform import TrainLoader, load_config
+    from energon_platform.loader.planner import deal_plan, rank_costs
+    from tests.demo_datasets import three_modality_blend
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        mds = three_modality_blend(Path(tmp))
+        for seed in args.demo_seeds:
+            cfg = load_config({"data": {"path": str(mds), "val_split": None},
+                               "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+                               "loader": {"global_batch_size": 8, "micro_batch_size": 1, "num_workers": 0, "seed": seed,
+                                          "balance": "attention", "length_cache": str(Path(tmp) / "lengths")}})
+            loader = TrainLoader(cfg, rank=0, world_size=8, num_workers=0)
+            ratios, pads, carried, repeats = {2: [], 8: []}, [], [], 0
+            for b in range(args.demo_steps):
+                plan = loader.planner.plan(b)
+                for world, share in ratios.items():
+                    costs = rank_costs(plan, deal_plan(plan, world, 1, fixed=True))
+                    share.append(max(costs) / (sum(costs) / len(costs)))
+                pads.append(plan.padding)
+                carried.append(len(plan.next_state.carried))
+                ids = loader.planner.identities([p for row in plan.items for p in row])
+                repeats += len(ids) - len(set(ids))
+            out.append({"seed": seed, "max_over_mean": {f"{w}_ranks": spread(r) for w, r in ratios.items()},
+                        "padding_mean": float(np.mean(pads)),
+                        "padding_max": float(max(pads)), "carried_max": max(carried), "repeats_in_a_batch": repeats})
+    return {"steps": args.demo_steps, "seeds": out}
+
+
+def report_demo(section: dict, args) -> list[str]:
+    lines = [f"demo blend (embedded corpora 2:1:1, multimodal_packed, 8 rows of 128, attention), "
+             f"{section['steps']} global batches per seed; rank cost max/mean on 2 ranks (4 rows each) and 8 (1 row):",
+             f"{'seed':>5} {'2r p50':>7} {'2r p90':>7} {'8r p50':>7} {'8r p90':>7} {'padding mean':>12} "
+             f"{'padding max':>11} {'carried':>7} {'repeats':>7}"]
+    for r in section["seeds"]:
+        two, eight = r["max_over_mean"]["2_ranks"], r["max_over_mean"]["8_ranks"]
+        lines.append(f"{r['seed']:>5} {two['p50']:>7.3f} {two['p90']:>7.3f} {eight['p50']:>7.3f} {eight['p90']:>7.3f} "
+                     f"{r['padding_mean']:>12.2%} {r['padding_max']:>11.2%} {r['carried_max']:>7} "
+                     f"{r['repeats_in_a_batch']:>7}")
+    return lines
+
+
+SECTIONS = {"balance": (balance_section, report_balance), "long": (long_section, report_long),
+            "demo": (demo_section, report_demo), "train": (train_section, report_train)}
 
 
 def weights(text: str) -> dict[str, float]:
@@ -556,7 +633,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=4096, help="our planner's look-ahead (loader.balance_window)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=["balance"],
-                   help="what to measure (default: balance, the simulation)")
+                   help="what to measure (default: balance, the simulation; long: carried samples over "
+                        "--long-steps batches; demo: the embedded demo blend through the loader's planner)")
+    p.add_argument("--long-steps", type=int, default=10_000, help="section long: global batches of one planner run")
+    p.add_argument("--demo-steps", type=int, default=60, help="section demo: global batches per seed")
+    p.add_argument("--demo-seeds", type=int, nargs="+", default=[1, 5, 7, 8], help="section demo: loader seeds")
     p.add_argument("--train", action="store_true",
                    help="also measure the reference model's tokens/s on 2 gloo ranks, today vs ours (minutes)")
     p.add_argument("--train-steps", type=int, default=40, help="steps per training run (the first 2 are warm-up)")

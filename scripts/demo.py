@@ -69,7 +69,9 @@ def show_vlm_batch(title: str, data: Path, encoder: str, global_batch: int) -> N
 
 def show_balance(blend: Path, out: Path, steps: int = 4) -> None:
     """``loader.balance: attention`` on the packed blend, as 2 data-parallel ranks would see it:
-    every micro-batch the same shape, the ranks' costs within a few percent, little padding."""
+    every micro-batch the same shape, no sample twice in a global batch, little padding. A blend
+    this small (a few hundred short documents) leaves the ranks' costs further apart than a large
+    one does: ``scripts/bench_balance.py --sections demo balance`` measures both."""
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
 
@@ -80,10 +82,13 @@ def show_balance(blend: Path, out: Path, steps: int = 4) -> None:
     ranks = [TrainLoader(cfg, rank=r, world_size=2) for r in range(2)]
     print(f"\n-- balanced packing (balance: attention), 2 ranks x {ranks[0].accumulation} micro-batches --")
     for step in range(steps):
-        shapes = {tuple(next(ld).tokens.shape) for ld in ranks for _ in range(ld.accumulation)}
+        batches = [next(ld) for ld in ranks for _ in range(ld.accumulation)]
+        shapes, keys = {tuple(b.tokens.shape) for b in batches}, [k for b in batches for k in b.keys]
         stats = ranks[0].balance_stats(step)
         print(f"  step {step}: shapes {sorted(shapes)}  max/mean rank cost {stats['rank_cost']:.3f}  "
-              f"padding {stats['padding']:.1%}  samples {stats['samples']}  carried {stats['carried']}")
+              f"padding {stats['padding']:.1%}  samples {stats['samples']} ({len(set(keys))} distinct)  "
+              f"carried {stats['carried']}")
+    print("  (a blend this small balances less evenly than a large one: scripts/bench_balance.py measures both)")
     for ld in ranks:
         ld.close()
 

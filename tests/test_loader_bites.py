@@ -45,9 +45,9 @@ def test_only_shuffle_buffer_changed_is_refused(image_text_shards, saved, restor
 
 def test_only_pack_group_changed_is_refused(image_text_shards):
     """Mutation: ``pack_group`` left out of the fingerprint (the encoder config is the same)."""
-    state = saved_state(cfg(image_text_shards, IMAGE_PACKED, global_batch_size=2))  # the encoder's buffer size
+    state = saved_state(cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1))  # the encoder's buffer size
     with pytest.raises(StateMismatchError, match="pack_group"):
-        TrainLoader(cfg(image_text_shards, IMAGE_PACKED, global_batch_size=2, pack_group=4)).load_state_dict(state)
+        TrainLoader(cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1, pack_group=4)).load_state_dict(state)
 
 
 def test_only_index_uuid_changed_is_refused(image_text_shards, tmp_path):

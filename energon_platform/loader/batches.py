@@ -173,8 +173,8 @@ class MicroBatchMaker:
             if attempt > MAX_REPLACEMENTS:
                 if room is not None and excluded:  # not a failure: one line per dataset and global batch
                     self._padded_by.append(rule)
-                    self._note_once(batch, dataset, "global batch %d: loader.exclude leaves positions of %s as "
-                                    "padding (no stand-in fits the row), first sample %d", index)
+                    self._note_once(c // self.accumulation, dataset, "global batch %d: loader.exclude leaves "
+                                    "positions of %s as padding (no stand-in fits the row), first sample %d", index)
                     return []
                 if room is not None:
                     log.warning("micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
