@@ -172,3 +172,36 @@ def test_loader_workers_die_with_a_killed_parent(balanced_config, reference, tmp
     for p in alive:
         p.kill()
     assert not alive, f"loader workers outlived their killed parent: {[p.pid for p in alive]}"
+
+
+def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
+    """Pool workers busy on a slow chunk (object storage, say) would finish it before noticing a
+    dead parent; they must be gone at once."""
+    script = tmp_path / "slow_build.py"
+    script.write_text(
+        "import os, sys, time, types\n"
+        "from energon_platform.loader import lengths, light_sample\n"
+        "light_sample.light_sample = lambda source, i: types.SimpleNamespace(__key__=str(i))\n"
+        "class Slow:\n"
+        "    facts_width = 1\n"
+        "    def sample_facts(self, sample):\n"
+        "        time.sleep(120)\n"
+        "        return [1]\n"
+        "class Source(list):\n"
+        "    path = 'slow'\n"
+        f"lengths.build(lengths.Path({str(tmp_path / 'index')!r}), Source(range(3 * lengths.CHUNK)), Slow(),\n"
+        "              workers=2, progress=False)\n")
+    with subprocess.Popen([sys.executable, str(script)]) as holder:
+        deadline = time.time() + 120
+        while len(workers := _children(holder.pid)) < 2 and holder.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(workers) == 2, "the build's pool did not start"
+        time.sleep(0.2)  # the workers are inside their first chunk
+        holder.kill()
+        holder.wait()
+    deadline = time.time() + 1.0
+    while (alive := [p for p in workers if _lives(p)]) and time.time() < deadline:
+        time.sleep(0.02)
+    for p in alive:
+        p.kill()
+    assert not alive, f"length index workers outlived their killed parent: {[p.pid for p in alive]}"
