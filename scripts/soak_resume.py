@@ -10,8 +10,10 @@ when more than 1, dividing the global batch; 0 to ``--max-workers`` loader worke
 
 * ``step``: inside a step (after step s-1 is logged, a random fraction of a step later);
 * ``checkpoint``: while a checkpoint is being written (its ``.tmp-step_*`` folder exists);
-* ``startup``: while the loader's worker processes start (or, without workers, at a random time
-  before the first step).
+* ``startup``: while the trainer's first child processes start (the length index's build pool of
+  a balanced run, the loader's workers) or, without workers, at a random time before the first
+  step. The reference and the chain each have their own length cache (in their folders), so the
+  chain's first processes build the length index as a new job does.
 
 At the end the union of all logged steps must equal the reference: the steps each process kept
 (those up to the checkpoint the next process resumed from) chain to every global batch once, in
@@ -62,6 +64,12 @@ def tiny_config(out: Path, seed: int) -> Path:
         "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
         "train": {"steps": 100, "checkpoint_every": 2, "warmup": 1, "keep_checkpoints": 3}}))
     return path
+
+
+def own_cache(run: Path) -> tuple[str]:
+    """The override giving a run folder a length cache of its own (``loader.balance``): the soak's
+    first processes build the length index, as a new job does, and start-up kills can land there."""
+    return (f"loader.length_cache={run / 'lengths'}",)
 
 
 def log_lines(path: Path) -> list[dict]:
@@ -124,7 +132,7 @@ def main(argv=None) -> int:
             shutil.rmtree(d)
         d.mkdir(parents=True)
     t0 = time.perf_counter()
-    _run(trainer_command(RunSpec(str(config), steps, 1, 0), ref_dir), ref_dir / "stdout.txt")
+    _run(trainer_command(RunSpec(str(config), steps, 1, 0, own_cache(ref_dir)), ref_dir), ref_dir / "stdout.txt")
     ref_wall = time.perf_counter() - t0
     reference = {r["step"]: r for r in log_lines(ref_dir / "log.jsonl")}
     assert sorted(reference) == list(range(1, steps + 1)), "the reference run did not log every step"
@@ -151,7 +159,7 @@ def main(argv=None) -> int:
         stale = tmp_checkpoints(ckpt)
         tail = LogTail(log_path)
         lines_before = len(done)
-        spec = RunSpec(str(config), steps, layout["nproc"], layout["num_workers"])
+        spec = RunSpec(str(config), steps, layout["nproc"], layout["num_workers"], own_cache(run_dir))
         record = {"layout": layout, "resume_from": start, "kind": kind, "target": target, "killed": False}
         t_launch = time.perf_counter()
         with open(run_dir / "stdout.txt", "ab") as f:

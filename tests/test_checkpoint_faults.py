@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -111,6 +112,42 @@ def test_a_sigkilled_holder_does_not_leave_the_lock_stuck(tmp_path):
     time.sleep(0.1)
     with RunLock(tmp_path / "ckpt"):
         pass
+
+
+def _lock_state_elsewhere(root) -> str:
+    """``free`` or ``held``: what another process finds when it tries :class:`RunLock` on ``root``."""
+    code = ("import sys; from energon_platform.training.checkpoint import CheckpointError, RunLock\n"
+            f"try:\n    RunLock({str(root)!r}).__enter__()\n    print('free')\n"
+            "except CheckpointError:\n    print('held')\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def test_a_refused_second_lock_in_the_holding_process_keeps_the_first(tmp_path):
+    with RunLock(tmp_path / "ckpt"):
+        with pytest.raises(CheckpointError, match="another training run"):
+            RunLock(tmp_path / "ckpt").__enter__()
+        assert _lock_state_elsewhere(tmp_path / "ckpt") == "held"
+    assert _lock_state_elsewhere(tmp_path / "ckpt") == "free"
+
+
+def test_processes_forked_by_a_killed_holder_do_not_keep_the_lock(tmp_path):
+    """A run forks helpers while it holds the lock (length index pool, loader workers); killed
+    alone, it must leave the folder free even while such a child still lives."""
+    code = ("import os, time; from energon_platform.training.checkpoint import RunLock\n"
+            f"lock = RunLock({str(tmp_path / 'ckpt')!r}).__enter__()\n"
+            "child = os.fork()\n"
+            "if child == 0:\n    time.sleep(60); os._exit(0)\n"
+            "print(child, flush=True); time.sleep(60)\n")
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
+        child = int(holder.stdout.readline())
+        try:
+            holder.kill()
+            holder.wait()
+            os.kill(child, 0)  # the orphan still lives
+            with RunLock(tmp_path / "ckpt"):
+                pass
+        finally:
+            os.kill(child, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -12,7 +12,10 @@ encoder config) and keeps them in a cache folder:
 
 Building is split into chunks of :data:`CHUNK` samples written atomically as they finish (a
 killed build resumes with the chunks it has), runs in ``workers`` processes, and shows a
-progress bar. Cost per sample: ``4·K`` bytes of facts plus the key and 8 bytes of offset.
+progress bar. The build's worker processes die with the process that started them
+(:func:`~energon_platform.loader.processes.die_with_parent`), and the lock that lets one rank of a
+job build while the others wait is a POSIX record lock, which forked processes do not inherit: a
+killed build leaves neither a process nor a held lock behind. Cost per sample: ``4·K`` bytes of facts plus the key and 8 bytes of offset.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def open_length_index(source: Any, encoder: Any, encoder_digest: str, cache_dir:
     if not (folder / "meta.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / ".lock", "w") as lock:  # ranks of one job: one builds, the others wait
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.lockf(lock, fcntl.LOCK_EX)  # a record lock: the build's forked workers do not hold it
             if not (folder / "meta.json").is_file():
                 build(folder, source, encoder, workers, progress)
     return LengthIndex(folder)
@@ -122,6 +125,8 @@ def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: b
 
     from tqdm import tqdm
 
+    from energon_platform.loader.processes import die_with_parent
+
     n = len(source)
     parts = folder / "parts"
     parts.mkdir(parents=True, exist_ok=True)
@@ -138,7 +143,8 @@ def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: b
             bar.update(len(keys))
 
         if workers > 1 and len(todo) > 1:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
+            with multiprocessing.get_context("fork").Pool(workers, initializer=die_with_parent,
+                                                          initargs=(os.getpid(),)) as pool:
                 for result in pool.imap_unordered(_chunk, todo):
                     save(result)
         else:

@@ -40,6 +40,7 @@ from energon_platform.loader.datasets import open_datasets
 from energon_platform.loader.exclusions import Excluder, Exclusion, blend_steps, check_rules, planned, resumed
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
+from energon_platform.loader.processes import die_with_parent
 from energon_platform.loader.sample_watch import SampleWatch, Stuck
 from energon_platform.loader.schedule import LayoutError, Schedule
 from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError, check_fingerprint
@@ -267,7 +268,8 @@ class TrainLoader:
         stream = MicroBatchStream(self.maker, self.next_microbatch)
         kwargs = {}
         if workers > 0:
-            kwargs = {"prefetch_factor": self.prefetch_factor, "multiprocessing_context": "fork"}
+            kwargs = {"prefetch_factor": self.prefetch_factor, "multiprocessing_context": "fork",
+                      "worker_init_fn": _worker_init()}
         if self._watch is not None:  # wake up to look at the workers while waiting for a micro-batch
             kwargs["timeout"] = min(1.0, self.config.sample_timeout / 4)
         # a private generator: creating the iterator would otherwise draw from the global torch RNG
@@ -464,6 +466,20 @@ def _without_sigchld_handler(start):
         return start()
     finally:
         signal.signal(signal.SIGCHLD, previous)
+
+
+def _worker_init():
+    """The DataLoader's ``worker_init_fn``: workers forked by the main thread die with this process
+    (:func:`~energon_platform.loader.processes.die_with_parent`), so a SIGKILLed trainer leaves none
+    behind. Workers started from another thread keep PyTorch's own check of their parent (within
+    seconds): the kernel's rule follows the forking thread, which may end before the workers."""
+    import os
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+    return lambda worker_id: die_with_parent(parent)
 
 
 class LoaderWorkerError(RuntimeError):

@@ -34,6 +34,7 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -46,40 +47,73 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder that cannot be written, found or read; one line naming the path."""
 
 
+#: the lock files this process holds, by (device, inode) → the holder line written in them
+_HELD: dict[tuple[int, int], str] = {}
+_HELD_GUARD = threading.Lock()
+
+
 class RunLock:
     """``with RunLock(ckpt_dir):`` one training run at a time per checkpoint folder.
 
-    An exclusive ``flock`` on ``DIR/.run.lock``, held while the run lives: a second run pointed at
-    the same folder gets a :class:`CheckpointError` naming the holder (pid, host, start time); the
-    kernel releases the lock when the holder dies, so a SIGKILLed run never leaves it stuck."""
+    An exclusive POSIX record lock (``lockf``) on ``DIR/.run.lock``, held while the run lives: a
+    second run pointed at the same folder gets a :class:`CheckpointError` naming the holder (pid,
+    host, start time). The lock belongs to the holding process alone: processes it forks (the
+    length index's build pool, loader workers) do not hold it, and the kernel releases it when the
+    holder dies, so a SIGKILLed run never leaves it held, however long its children take to end.
+    Within one process a second ``RunLock`` on a held folder is refused the same way, without
+    opening the file (closing any descriptor of it would release the process's lock)."""
 
     def __init__(self, root: str | Path):
         self.path = Path(root) / ".run.lock"
         self._fd: int | None = None
+        self._key: tuple[int, int] | None = None
 
     def __enter__(self) -> "RunLock":
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise CheckpointError(f"{self.path.parent}: cannot write checkpoints there ({e.strerror or e})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise CheckpointError(f"{self.path.parent}: another training run is using this checkpoint folder "
-                                  f"({holder}); wait for it to end, or choose another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                  .encode(), 0)
-        self._fd = fd
+        with _HELD_GUARD:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                held = _held_by_this_process(self.path)
+                if held is not None:
+                    raise self._busy(held)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise CheckpointError(f"{self.path.parent}: cannot write checkpoints there ({e.strerror or e})") from None
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    os.close(fd)
+                    raise CheckpointError(f"{self.path}: cannot lock it ({e.strerror or e})") from None
+                holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise self._busy(holder) from None
+            holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode(), 0)
+            st = os.fstat(fd)
+            self._fd, self._key = fd, (st.st_dev, st.st_ino)
+            _HELD[self._key] = holder
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing releases the flock
-            self._fd = None
+        with _HELD_GUARD:
+            if self._fd is not None:
+                _HELD.pop(self._key, None)
+                os.close(self._fd)  # closing releases the lock
+                self._fd = self._key = None
+
+    def _busy(self, holder: str) -> CheckpointError:
+        return CheckpointError(f"{self.path.parent}: another training run is using this checkpoint folder "
+                               f"({holder}); wait for it to end, or choose another --out")
+
+
+def _held_by_this_process(path: Path) -> str | None:
+    """The holder line of ``path`` when this process holds a :class:`RunLock` on it, else None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return _HELD.get((st.st_dev, st.st_ino))
 
 
 def writable_dir(path: str | Path, what: str) -> Path:
