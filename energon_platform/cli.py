@@ -1,7 +1,9 @@
 """The ``energon-platform`` command: thin argument parsing over the packages' functions.
 
 Exit status: 0 success; 1 the job ran but failed its own check (too many skipped samples);
-2 wrong arguments, a missing input or an output that cannot be used (one line, no traceback).
+2 wrong arguments, a missing input or an output that cannot be used (one line, no traceback);
+141 the reader of standard output went away (``| head -1``), as for a process ended by SIGPIPE
+(nothing printed).
 """
 
 from __future__ import annotations
@@ -541,6 +543,43 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+#: Libraries that log the errors they raise: the CLI reports each error itself, in one line.
+QUIET_LOGGERS = ("multistorageclient",)
+
+
+def _quiet_third_party_logs() -> None:
+    """Keep the loggers of :data:`QUIET_LOGGERS` (MSC's "Non-retryable error occurred ..." before
+    the exception it raises) to critical messages, in this process and the workers it forks."""
+    import logging
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``energon-platform trace | head -1``)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (replaced, or closed): the pipe that broke was another
+        return False
+    if not hasattr(select, "poll"):
+        return True  # no way to ask: the error came from writing, and stdout is what the CLI writes
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(mask & select.POLLERR for _, mask in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's flush at exit has nowhere to fail."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 class UsageError(Exception):
     """Raised by commands for a user mistake: printed as one line, exit status 2."""
 
@@ -572,8 +611,16 @@ def main(argv: list[str] | None = None) -> int:
     from task_encoders.config import ConfigError
 
     args = build_parser().parse_args(argv)
+    _quiet_third_party_logs()
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (``| head -1``) is caught below
+        return status
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        _quiet_stdout()
+        return 141  # as a process ended by SIGPIPE
     except (InputError, ConvertError, UsageError, FileNotFoundError, ConfigError, DatasetError,
             StateMismatchError, LayoutError, CheckpointError) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
