@@ -1,7 +1,9 @@
 """The ``energon-platform`` command: thin argument parsing over the packages' functions.
 
 Exit status: 0 success; 1 the job ran but failed its own check (too many skipped samples);
-2 wrong arguments, a missing input or an output that cannot be used (one line, no traceback).
+2 wrong arguments, a missing input or an output that cannot be used (one line, no traceback);
+141 the reader of standard output went away (``| head -1``), as for a process ended by SIGPIPE
+(nothing printed).
 """
 
 from __future__ import annotations
@@ -333,8 +335,11 @@ def _add_check_resume(sub) -> None:
     _add_run_args(p, "loader workers per rank (default: the config's)", config_required=False)
     p.add_argument("--steps", type=_positive, required=True, help="steps of both runs")
     p.add_argument("--kill-at", type=_positive, required=True,
-                   help="the step during which the second run is killed; after the first checkpoint "
-                        "(> train.checkpoint_every), so that there is a state to restore")
+                   help="K: the second run is killed once step K-1 is logged, while step K is in flight. A "
+                        "trainer that logs a step before it checkpoints it (the reference trainer does) is "
+                        "then killed while writing checkpoint K-1, so its saving must be atomic and it resumes "
+                        "from the checkpoint before: K must be at least 2 steps after the first checkpoint "
+                        "(with --config, >= train.checkpoint_every + 2)")
     p.add_argument("--nproc", type=_positive, help="data-parallel ranks (torchrun) of both runs (default 1)")
     p.add_argument("--resume-nproc", type=_positive, help="ranks for the resumed part (default: --nproc)")
     p.add_argument("--resume-workers", type=_non_negative, help="workers per rank for the resumed part")
@@ -396,6 +401,18 @@ def _check_resume_cmd(args) -> int:
     return 0 if result["passed"] else 1
 
 
+def _check_kill_after_a_checkpoint(kill_at: int, first_checkpoint: int) -> None:
+    """UsageError unless a checkpoint is complete when the kill lands. The kill comes once step
+    ``kill_at - 1`` is logged, and the reference trainer logs a step before it writes that step's
+    checkpoint: the newest checkpoint sure to be complete is at step ``kill_at - 2`` or before."""
+    if kill_at < first_checkpoint + 2:
+        raise UsageError(f"--kill-at {kill_at} leaves no checkpoint to resume from: the kill comes once step "
+                         f"{kill_at - 1} is logged, and the first checkpoint (step {first_checkpoint}, "
+                         f"train.checkpoint_every) is written after its step is logged, so the resumed run would "
+                         f"restore nothing; use --kill-at >= {first_checkpoint + 2} or a smaller "
+                         f"train.checkpoint_every")
+
+
 def cmd_check_resume(args) -> int:
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import check_layout
@@ -415,11 +432,7 @@ def cmd_check_resume(args) -> int:
         check_layout(cfg, world)
     if not 2 <= args.kill_at <= args.steps:
         raise UsageError(f"--kill-at must be between 2 and --steps ({args.steps})")
-    first_checkpoint = min(cfg.train.checkpoint_every, args.steps)
-    if args.kill_at <= first_checkpoint:
-        raise UsageError(f"--kill-at {args.kill_at} is at or before the first checkpoint (step {first_checkpoint}, "
-                         f"train.checkpoint_every): the resumed run would restore no state and prove nothing; use "
-                         f"--kill-at > {first_checkpoint} or a smaller train.checkpoint_every")
+    _check_kill_after_a_checkpoint(args.kill_at, min(cfg.train.checkpoint_every, args.steps))
     preflight(cfg)  # the dataset, encoder and model fit: refused here rather than in a child's log
     spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
     if args.tolerance is None:
@@ -529,6 +542,43 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+#: Libraries that log the errors they raise: the CLI reports each error itself, in one line.
+QUIET_LOGGERS = ("multistorageclient",)
+
+
+def _quiet_third_party_logs() -> None:
+    """Keep the loggers of :data:`QUIET_LOGGERS` (MSC's "Non-retryable error occurred ..." before
+    the exception it raises) to critical messages, in this process and the workers it forks."""
+    import logging
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``energon-platform trace | head -1``)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (replaced, or closed): the pipe that broke was another
+        return False
+    if not hasattr(select, "poll"):
+        return True  # no way to ask: the error came from writing, and stdout is what the CLI writes
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(mask & select.POLLERR for _, mask in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's flush at exit has nowhere to fail."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 class UsageError(Exception):
     """Raised by commands for a user mistake: printed as one line, exit status 2."""
 
@@ -560,8 +610,16 @@ def main(argv: list[str] | None = None) -> int:
     from task_encoders.config import ConfigError
 
     args = build_parser().parse_args(argv)
+    _quiet_third_party_logs()
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (``| head -1``) is caught below
+        return status
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        _quiet_stdout()
+        return 141  # as a process ended by SIGPIPE
     except (InputError, ConvertError, UsageError, FileNotFoundError, ConfigError, DatasetError,
             StateMismatchError, LayoutError, CheckpointError) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)

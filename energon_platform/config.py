@@ -32,6 +32,11 @@ class DataConfig:
 
 #: The largest ``blend_schedule`` step (no run takes this many; the schedule's positions stay exact).
 MAX_STEP = 10**12
+#: The most items a global batch, a micro-batch or a pack group may hold (a larger one would not
+#: fit in memory: its positions alone are arrays of that length per step).
+MAX_BATCH = 2**20
+#: The most loader worker processes per rank, and the most batches each may prefetch.
+MAX_WORKERS = 1024
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,11 @@ class LoaderConfig:
         require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
         _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
         _at_least(self, at, balance_window=16, balance_lookahead=1.0)
+        _at_most(self, at, global_batch_size=MAX_BATCH, micro_batch_size=MAX_BATCH, pack_group=MAX_BATCH,
+                 num_workers=MAX_WORKERS, prefetch_factor=MAX_WORKERS)
+        require(self.balance_lookahead <= self.balance_window, at.child("balance_lookahead"),
+                f"got {self.balance_lookahead}", f"at most balance_window ({self.balance_window}): the pool never "
+                "holds more samples than that")
         require(self.balance == "none" or self.balance_window >= self.global_batch_size, at.child("balance_window"),
                 f"{self.balance_window} < global_batch_size {self.global_batch_size}",
                 "at least global_batch_size (the pool must hold a global batch)")
@@ -203,17 +213,33 @@ class TrainConfig:
 
     def check(self, at: At) -> None:
         _at_least(self, at, steps=1, warmup=0, checkpoint_every=1, keep_checkpoints=1, weight_decay=0.0)
+        _at_most(self, at, steps=MAX_STEP, warmup=MAX_STEP, checkpoint_every=MAX_STEP, keep_checkpoints=MAX_STEP)
         require(self.lr > 0 and math.isfinite(self.lr), at.child("lr"), f"got {self.lr}", "a finite number > 0")
 
 
+def _finite(value: Any) -> bool:
+    """Whether a number is finite (an int always is: Python's are exact at any size)."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def _at_least(section: Any, at: At, null_ok: bool = False, **lowest: float) -> None:
-    """ConfigError naming the key unless every ``section.<key> >= lowest[key]`` (or null if ``null_ok``)."""
+    """ConfigError naming the key unless every ``section.<key>`` is a finite number ``>= lowest[key]``
+    (or null if ``null_ok``): NaN and infinity are refused like a value below the bound."""
     for name, low in lowest.items():
         value = getattr(section, name)
         if value is None and null_ok:
             continue
-        require(value is not None and value >= low, at.child(name), f"got {value}",
-                f">= {low}" + (" or null" if null_ok else ""))
+        finite = "a finite number " if isinstance(value, float) else ""
+        require(value is not None and _finite(value) and value >= low, at.child(name), f"got {value}",
+                f"{finite}>= {low}" + (" or null" if null_ok else ""))
+
+
+def _at_most(section: Any, at: At, **highest: float) -> None:
+    """ConfigError naming the key unless every ``section.<key>`` is null or ``<= highest[key]``
+    (run after :func:`_at_least`, which refuses what is not a finite number)."""
+    for name, high in highest.items():
+        value = getattr(section, name)
+        require(value is None or value <= high, at.child(name), f"got {value}", f"at most {high}")
 
 
 @dataclass(frozen=True)

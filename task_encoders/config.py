@@ -24,6 +24,7 @@ is decided by its ``encoder:`` name through :mod:`task_encoders.registry`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -119,6 +120,10 @@ def _parse_scalar(tp: Any, value: Any, at: At) -> Any:
         return value
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        number = _number_text(value)
+        if number is not None:
+            return number
     if tp is str and isinstance(value, str):
         return value
     if tp is Path and isinstance(value, str) and "://" in value:
@@ -128,6 +133,20 @@ def _parse_scalar(tp: Any, value: Any, at: At) -> Any:
         return path if path.is_absolute() else (at.base_dir / path).resolve()
     expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a path"}
     raise at.error(f"got {_kind(value)} {value!r}", expected.get(tp, str(tp)))
+
+
+#: A number YAML 1.1 (PyYAML) leaves a string: ``1e308``, ``3e-4`` (no dot, or no sign in the
+#: exponent), ``nan``, ``inf``; ``.inf`` and ``.nan`` are YAML's own spellings.
+_NUMBER_TEXT = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|[-+]?\.?(inf|nan)", re.IGNORECASE)
+
+
+def _number_text(text: str) -> float | None:
+    """The float a string spells for a key that takes a number (None if it spells none). Whether
+    a non-finite or huge value is allowed is the key's own check."""
+    text = text.strip()
+    if not _NUMBER_TEXT.fullmatch(text):
+        return None
+    return float(re.sub(r"\.(?=inf|nan)", "", text, flags=re.IGNORECASE))
 
 
 def _parse_dataclass(cls: type[T], value: Any, at: At, default: Any = None) -> T:

@@ -170,3 +170,25 @@ def test_a_trainer_whose_log_lies_about_resumed_from_fails(fake, tmp_path, lie):
         assert result["keys_identical"] and result["tensors_identical"] and result["max_abs_loss_diff"] == 0
         assert result["resumed_from_logged"] == 6 + int(lie.split()[-1]) and result["resume_step"] == 6
         assert f"says resumed_from={6 + int(lie.split()[-1])}, but its first step is 7" in verdict(result)
+
+
+# ---------------------------------------------------------------- a NaN loss anywhere in the compared steps
+
+
+def steps_with_loss(first: int, last: int, nan_at: int | None = None) -> dict[int, dict]:
+    """Rows ``first..last`` as a log holds them (keys, digest, loss), the loss NaN at ``nan_at``."""
+    return {s: {"step": s, "keys": [f"k{s}"], "batch_sha256": f"b{s}",
+                "loss": float("nan") if s == nan_at else 1.0 / s} for s in range(first, last + 1)}
+
+
+@pytest.mark.parametrize("side", ["resumed", "straight", "both"])
+@pytest.mark.parametrize("nan_at", [6, 8, 10])
+def test_a_nan_loss_at_any_compared_step_fails(side, nan_at):
+    from energon_platform.training.resume_check import compare
+
+    straight = steps_with_loss(1, 10, nan_at if side in ("straight", "both") else None)
+    resumed = steps_with_loss(6, 10, nan_at if side in ("resumed", "both") else None)
+    assert compare(steps_with_loss(1, 10), steps_with_loss(6, 10), 6, 10, 0.0)["passed"]
+    result = compare(straight, resumed, 6, 10, 0.0)
+    assert not result["passed"] and result["max_abs_loss_diff"] != result["max_abs_loss_diff"], result
+    assert result["keys_identical"] and result["tensors_identical"]  # the loss alone fails it

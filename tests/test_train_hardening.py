@@ -102,6 +102,39 @@ def test_set_values_that_break_the_run_are_one_line(config_file, capsys, overrid
     assert line.startswith("energon-platform train: error: ") and key in line
 
 
+@pytest.mark.parametrize("override,needle", [
+    ("loader.global_batch_size=99999999999", "loader.global_batch_size: got 99999999999 (expected at most"),
+    ("loader.micro_batch_size=99999999999", "loader.micro_batch_size: got 99999999999 (expected at most"),
+    ("loader.num_workers=100000", "loader.num_workers: got 100000 (expected at most"),
+    ("loader.prefetch_factor=99999999999", "loader.prefetch_factor: got 99999999999 (expected at most"),
+    ("train.steps=99999999999999", "train.steps: got 99999999999999 (expected at most"),
+    ("train.checkpoint_every=99999999999999", "train.checkpoint_every: got 99999999999999 (expected at most"),
+    ("train.weight_decay=.inf", "train.weight_decay: got inf (expected a finite number"),
+    ("loader.balance_linear=.inf", "loader.balance_linear: got inf (expected a finite number"),
+    ("loader.balance_lookahead=1e308", "loader.balance_lookahead: got 1e+308 (expected at most balance_window"),
+    ("loader.balance_lookahead=nan", "loader.balance_lookahead: got nan (expected a finite number"),
+    ("loader.balance_lookahead=inf", "loader.balance_lookahead: got inf (expected a finite number"),
+])
+def test_absurd_and_non_finite_numbers_are_one_line_at_config_load(config_file, capsys, override, needle):
+    # trace: a command that loads the config and starts no worker process, whatever the value
+    line = main_error(capsys, "trace", "--config", config_file, "--step", 1, "--set", override)
+    assert line.startswith("energon-platform trace: error: ") and needle in line, line
+
+
+def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_expected(coco, tmp_path):
+    # PyYAML reads 3e-4 and 1e2 (no dot, no exponent sign) and nan/inf as strings
+    config = run_config(coco, lr="3e-4")
+    config["loader"].update(balance_lookahead="1e2", balance_linear="2.5E+1")
+    cfg = load_config(config)
+    assert (cfg.train.lr, cfg.loader.balance_lookahead, cfg.loader.balance_linear) == (3e-4, 100.0, 25.0)
+    with pytest.raises(ConfigError, match="train.lr: got str 'fast'"):
+        load_config(run_config(coco, lr="fast"))
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(run_config(coco)).replace("loader:\n", "loader:\n  balance_linear: .inf\n"))
+    with pytest.raises(ConfigError, match=r"run.yaml: loader.balance_linear: got inf \(expected a finite number"):
+        load_config(path)
+
+
 def test_override_does_not_touch_the_callers_config(coco):
     config = run_config(coco)
     load_config(config, {"model.dim": 32})
@@ -267,9 +300,10 @@ def test_check_resume_refuses_negative_tolerance_and_kill_before_first_checkpoin
     with pytest.raises(SystemExit) as e:
         cli.main(["check-resume", "--config", str(config_file), "--steps", "6", "--kill-at", "4", "--tolerance", "-1"])
     assert e.value.code == 2 and "expected a number >= 0" in capsys.readouterr().err
-    line = main_error(capsys, "check-resume", "--config", config_file, "--steps", 6, "--kill-at", 2,
-                      "--out", tmp_path / "check")
-    assert "at or before the first checkpoint (step 2" in line and not (tmp_path / "check").exists()
+    for kill_at in (2, 3):  # once step 2 is logged, checkpoint 2 is being written: no complete one yet
+        line = main_error(capsys, "check-resume", "--config", config_file, "--steps", 6, "--kill-at", kill_at,
+                          "--out", tmp_path / "check")
+        assert "first checkpoint (step 2" in line and "--kill-at >= 4" in line and not (tmp_path / "check").exists()
     (tmp_path / "file").write_text("mine")
     line = main_error(capsys, "check-resume", "--config", config_file, "--steps", 6, "--kill-at", 4,
                       "--out", tmp_path / "file")

@@ -588,7 +588,9 @@ def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size:
     wc = encoder.worker_config(rank=rank, world_size=world_size, num_workers=0)
     ds = get_val_dataset(str(cfg.data.path), split_part=cfg.data.val_split, batch_size=batch_size,
                          worker_config=wc, task_encoder=encoder, packing_buffer_size=encoder.packing_buffer_size)
-    return get_loader(ds)
+    loader = get_loader(ds)
+    loader.pin_memory = torch.cuda.is_available()  # Energon always asks for it; without CUDA torch warns at each pass
+    return loader
 
 
 __all__ = ["TrainLoader", "build_val_loader", "build_encoder", "LayoutError", "StateMismatchError"]
