@@ -166,12 +166,7 @@ def test_loader_workers_die_with_a_killed_parent(balanced_config, reference, tmp
         assert len(workers) == 2
         holder.kill()
         holder.wait()
-    deadline = time.time() + 1.0
-    while (alive := [p for p in workers if _lives(p)]) and time.time() < deadline:
-        time.sleep(0.02)
-    for p in alive:
-        p.kill()
-    assert not alive, f"loader workers outlived their killed parent: {[p.pid for p in alive]}"
+    _assert_gone_at_once(workers, "loader workers")
 
 
 def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
@@ -199,9 +194,14 @@ def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
         time.sleep(0.2)  # the workers are inside their first chunk
         holder.kill()
         holder.wait()
+    _assert_gone_at_once(workers, "length index workers")
+
+
+def _assert_gone_at_once(workers: list, what: str) -> None:
+    """Every process of ``workers`` is gone within a second of its parent's SIGKILL (killed if not)."""
     deadline = time.time() + 1.0
     while (alive := [p for p in workers if _lives(p)]) and time.time() < deadline:
         time.sleep(0.02)
     for p in alive:
         p.kill()
-    assert not alive, f"length index workers outlived their killed parent: {[p.pid for p in alive]}"
+    assert not alive, f"{what} outlived their killed parent: {[p.pid for p in alive]}"
