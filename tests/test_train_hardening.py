@@ -122,11 +122,11 @@ def test_absurd_and_non_finite_numbers_are_one_line_at_config_load(config_file, 
 
 
 def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_expected(coco, tmp_path):
-    # PyYAML reads 3e-4 and 1e2 (no dot, no exponent sign) and nan/inf as strings
+    # PyYAML reads 3e-4 and 1e1 (no dot, no exponent sign) and nan/inf as strings
     config = run_config(coco, lr="3e-4")
-    config["loader"].update(balance_lookahead="1e2", balance_linear="2.5E+1")
+    config["loader"].update(balance_lookahead="1e1", balance_linear="2.5E+1")
     cfg = load_config(config)
-    assert (cfg.train.lr, cfg.loader.balance_lookahead, cfg.loader.balance_linear) == (3e-4, 100.0, 25.0)
+    assert (cfg.train.lr, cfg.loader.balance_lookahead, cfg.loader.balance_linear) == (3e-4, 10.0, 25.0)
     with pytest.raises(ConfigError, match="train.lr: got str 'fast'"):
         load_config(run_config(coco, lr="fast"))
     path = tmp_path / "run.yaml"
