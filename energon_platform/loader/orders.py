@@ -18,6 +18,15 @@ Two shuffle modes, both computed per position in O(1) time and memory (no epoch 
     runs of ``R`` consecutive samples instead of single samples: ``R`` neighbouring positions are
     then one contiguous byte range of one shard, read with one request (object storage).
 
+**Epoch boundaries** (``guard: G``): two epochs are independent shuffles, so the last samples of
+one and the first of the next may share a sample, and a global batch that straddles the boundary
+would hold it twice. With a guard, every epoch after the first swaps each of its first ``g =
+min(G, N // 4)`` positions that holds one of the previous epoch's last ``g`` samples with the
+nearest later position in ``[g, N - g)`` that does not (there always is one, and the epoch's tail
+is never moved, so no epoch depends on another's swaps): still a bijection, computed once per
+epoch from ``O(g)`` positions. Any ``g`` last positions of an epoch and ``g`` first of the next then
+hold each sample at most once; the loader sets ``G`` to the samples of a global batch.
+
 The trade-off, measured by ``scripts/bench_scale.py``: ``locality`` touches few shards per window
 (good for sequential reads and caches) at the price of correlation between neighbouring positions
 (samples of a window come from the same few blocks); ``permutation`` has no such correlation and
@@ -54,6 +63,7 @@ class DatasetOrder:
     shuffle_buffer: int | None = None
     block: int | None = None
     run: int = 1  #: ``locality``: consecutive samples kept together inside a window
+    guard: int = 0  #: epoch boundary guard (module doc); 0: none
 
     def __post_init__(self):
         if self.num_samples < 1:
@@ -62,6 +72,13 @@ class DatasetOrder:
             raise ValueError(f"shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
         if self.run < 1 or (self.run > 1 and self.shuffle_buffer is None):
             raise ValueError("shuffle_run > 1 needs the locality mode (shuffle_buffer)")
+        if self.guard < 0:
+            raise ValueError(f"guard must be >= 0, got {self.guard}")
+
+    @property
+    def boundary(self) -> int:
+        """Positions at the head of an epoch kept free of the previous epoch's tail (module doc)."""
+        return min(self.guard, self.num_samples // 4)
 
     @property
     def mode(self) -> str:
@@ -78,13 +95,21 @@ class DatasetOrder:
 
     def describe(self) -> dict:
         """The parameters that decide the order (part of the loader fingerprint)."""
+        guard = {"guard": self.guard} if self.guard else {}
         if self.mode == "permutation":
-            return {"mode": "permutation"}
-        return {"mode": "locality", "shuffle_buffer": self.shuffle_buffer, "block": self.block_size, "run": self.run}
+            return {"mode": "permutation", **guard}
+        return {"mode": "locality", "shuffle_buffer": self.shuffle_buffer, "block": self.block_size, "run": self.run,
+                **guard}
 
     def indices(self, epoch: int, positions) -> np.ndarray:
         """Sample indices (``int64``) at ``positions`` (array of ints in ``[0, num_samples)``) of ``epoch``."""
         pos = np.asarray(positions, dtype=np.int64)
+        if epoch > 0 and self.boundary:
+            pos = _boundary_swaps(self, epoch).apply(pos)
+        return self._shuffled(epoch, pos)
+
+    def _shuffled(self, epoch: int, pos: np.ndarray) -> np.ndarray:
+        """:meth:`indices` without the boundary guard."""
         if self.mode == "permutation":
             if self.num_samples <= SMALL:
                 return _epoch_table(self.num_samples, self.key, epoch)[pos]
@@ -120,6 +145,11 @@ class DatasetOrder:
         """The inverse of :meth:`indices`: the positions (``int64``) of sample ``indices`` in ``epoch``,
         in O(1) per index (the keyed bijections run backwards)."""
         idx = np.asarray(indices, dtype=np.int64)
+        pos = self._unshuffled(epoch, idx)
+        return _boundary_swaps(self, epoch).apply(pos) if epoch > 0 and self.boundary else pos
+
+    def _unshuffled(self, epoch: int, idx: np.ndarray) -> np.ndarray:
+        """:meth:`positions` without the boundary guard."""
         if self.mode == "permutation":
             return _epoch_permutation(self.num_samples, self.key, epoch).inverse(idx)
         s, w = self.block_size, self.window_blocks
@@ -177,3 +207,38 @@ def _epoch_table(num_samples: int, key: int, epoch: int) -> np.ndarray:
     table = _epoch_permutation(num_samples, key, epoch)(np.arange(num_samples, dtype=np.int64))
     table.flags.writeable = False
     return table
+
+
+class _Swaps:
+    """An involution of positions: ``src[k] <-> dst[k]`` (both sorted views kept for lookup)."""
+
+    def __init__(self, pairs: list[tuple[int, int]]):
+        both = pairs + [(b, a) for a, b in pairs]
+        both.sort()
+        self.src = np.array([a for a, _ in both], dtype=np.int64)
+        self.dst = np.array([b for _, b in both], dtype=np.int64)
+
+    def apply(self, pos: np.ndarray) -> np.ndarray:
+        if not self.src.size:
+            return pos
+        at = np.clip(np.searchsorted(self.src, pos), 0, self.src.size - 1)
+        hit = self.src[at] == pos
+        return np.where(hit, self.dst[at], pos)
+
+
+@functools.lru_cache(maxsize=1024)
+def _boundary_swaps(order: DatasetOrder, epoch: int) -> _Swaps:
+    """The guard's swaps in ``epoch`` (> 0): each of its first ``g`` positions holding one of the
+    previous epoch's last ``g`` samples is paired with the next later position in ``[g, n - g)``
+    (in order) holding none of them."""
+    g, n = order.boundary, order.num_samples
+    tail = set(order._shuffled(epoch - 1, np.arange(n - g, n)).tolist())  # tails are never swapped
+    bad = [i for i, x in enumerate(order._shuffled(epoch, np.arange(g)).tolist()) if x in tail]
+    pairs, j = [], g
+    while len(pairs) < len(bad):  # [g, n - g) holds >= n - 3g >= g >= len(bad) samples outside the tail
+        chunk = np.arange(j, min(n - g, j + max(64, 2 * len(bad))))
+        for p, x in zip(chunk.tolist(), order._shuffled(epoch, chunk).tolist()):
+            if x not in tail and len(pairs) < len(bad):
+                pairs.append((bad[len(pairs)], p))
+        j = int(chunk[-1]) + 1
+    return _Swaps(pairs)

@@ -95,9 +95,9 @@ class TrainLoader:
         if self.planned:
             _check_balance(cfg, self.encoder, self.packed_rows)
         self.length_indexes = self._length_indexes(cfg) if self.planned else None
-        self.orders = tuple(DatasetOrder(len(e.source), derive_key(lc.seed, *_stream_id(e.name)), lc.shuffle_buffer,
-                                         run=lc.shuffle_run)
-                            for e in self.datasets.entries)  # stream ids by name: entries are independent
+        # unplanned, a global batch is consecutive positions: guard each dataset's epoch boundaries
+        # against a sample at the end of one epoch and the start of the next in one batch (orders.py)
+        self.orders = self._orders(0 if self.planned else lc.global_batch_size * pack_group)
         self.exclusions = planned(lc.exclude)  #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
         for warning in check_rules(lc.exclude, self.datasets) if lc.exclude else ():
             if rank == 0:
@@ -130,6 +130,12 @@ class TrainLoader:
         #: set by ``energon_platform.integrations.lightning.EnergonHooks``, which corrects the state
         #: Lightning's checkpoint takes; Lightning asking for the state without it is refused
         self.lightning_hooks = False
+
+    def _orders(self, guard: int) -> tuple[DatasetOrder, ...]:
+        """Each dataset's epochs, keyed by the seed and the entry's name (entries are independent)."""
+        lc = self.config
+        return tuple(DatasetOrder(len(e.source), derive_key(lc.seed, *_stream_id(e.name)), lc.shuffle_buffer,
+                                  run=lc.shuffle_run, guard=guard) for e in self.datasets.entries)
 
     @property
     def _units_per_batch(self) -> int:
@@ -417,6 +423,10 @@ class TrainLoader:
         if missing:
             raise StateMismatchError(f"the checkpoint's blend has dataset(s) {missing} that this run does not "
                                      f"(this run: {self.datasets.names}); datasets may be added at resume, not removed")
+        shuffle = state.fingerprint.get("shuffle")
+        if isinstance(shuffle, dict) and "guard" not in shuffle and self.orders[0].guard:
+            self.orders = self._orders(0)  # saved before epoch boundaries were guarded: continue as saved
+            self.fingerprint["shuffle"] = self.orders[0].describe()
         # every saved dataset must be the same data; datasets added since are not compared
         try:
             check_fingerprint(state.fingerprint, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}})
