@@ -449,14 +449,15 @@ def cmd_check_resume(args) -> int:
 
 
 def _add_preview(sub) -> None:
-    p = sub.add_parser("preview", help="draw a contact sheet of encoded training samples (PNG)",
+    p = sub.add_parser("preview", help="draw a contact sheet of encoded training samples (PNG, JPEG, WebP, ...)",
                        description="Encode the first training samples of a run config (any encoder, blends "
                                    "included) or of a dataset with energon-platform's loader and draw them: "
                                    "augmented images and tiles with their decoded text, a video clip's frames in a "
                                    "row, an audio sample's mel spectrogram with its transcript.")
     p.add_argument("target", metavar="CONFIG_OR_DATASET",
                    help="a run config (data + encoder), a dataset folder or a metadataset YAML")
-    p.add_argument("--out", required=True, help="the PNG to write")
+    p.add_argument("--out", required=True, help="the picture to write; its suffix names the format "
+                   "(.png, .jpg/.jpeg, .webp, .bmp, .tif/.tiff)")
     p.add_argument("--n", type=_positive, default=16, help="documents on the sheet (default 16)")
     p.add_argument("--encoder", help="encoder config YAML (default: the run config's, or chosen by the dataset's "
                                      "sample type; a metadataset needs one)")

@@ -192,3 +192,18 @@ def test_a_nan_loss_at_any_compared_step_fails(side, nan_at):
     result = compare(straight, resumed, 6, 10, 0.0)
     assert not result["passed"] and result["max_abs_loss_diff"] != result["max_abs_loss_diff"], result
     assert result["keys_identical"] and result["tensors_identical"]  # the loss alone fails it
+
+
+def test_a_report_with_a_nan_loss_is_strict_json(tmp_path):
+    """JSON has no NaN: the report writes null where the comparison found none."""
+    from energon_platform.training.resume_check import _write_report, compare
+
+    result = compare(steps_with_loss(1, 10, 8), steps_with_loss(6, 10), 6, 10, 0.0)
+    _write_report(tmp_path, {**result, "nested": [float("inf"), {"x": float("-inf")}]})
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    report = json.loads((tmp_path / "report.json").read_text(), parse_constant=refuse)
+    assert report["max_abs_loss_diff"] is None and report["nested"] == [None, {"x": None}]
+    assert report["passed"] is False

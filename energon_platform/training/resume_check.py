@@ -31,6 +31,7 @@ Both forms write only into an ``--out`` that is new, empty, or one an earlier ch
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -156,8 +157,19 @@ def _claim_out(out: Path, run_files: set[str]) -> tuple[Path, Path]:
 def _write_report(out: Path, result: dict) -> None:
     """``OUT/report.json``, replaced whole (a kill never leaves half a report, which a rerun would refuse)."""
     tmp = out / ".report.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
+    tmp.write_text(json.dumps(_finite(result), indent=1, allow_nan=False))  # strict JSON: NaN/inf become null
     tmp.replace(out / "report.json")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def kill_tree(pid: int) -> None:
