@@ -84,3 +84,25 @@ def test_a_plan_state_carrying_the_next_position_or_one_twice_is_refused(carried
     LoaderState.from_dict(good)  # a well-formed plan loads
     with pytest.raises(StateMismatchError, match="plan.carried"):
         LoaderState.from_dict({**good, "plan": {"batch": 2, "position": 10, "carried": carried}})
+
+
+def test_a_state_of_the_previous_planner_resumes_with_this_one(coco, caplog):
+    """A balanced checkpoint planned by ``pool-led-v1`` (which could repeat samples) continues
+    from its saved position and carried samples; the next global batches never repeat one."""
+    base, data = coco
+    loader = _loader(data, str(VLM), base / "lengths_old_planner")
+    _planned_equals_encoded(loader, batches=1)
+    state = loader.state_dict()
+    state["fingerprint"]["balance"]["planner"] = "pool-led-v1"
+    resumed = _loader(data, str(VLM), base / "lengths_old_planner")
+    with caplog.at_level("WARNING"):
+        resumed.load_state_dict(state)
+    assert "previous planner (pool-led-v1)" in caplog.text
+    for b in range(1, 4):
+        ids = resumed.planner.identities([p for row in resumed.planner.plan(b).items for p in row])
+        assert len(ids) == len(set(ids))
+    state["fingerprint"]["balance"]["planner"] = "pool-led-v0"
+    from energon_platform.loader.state import StateMismatchError
+
+    with pytest.raises(StateMismatchError, match="balance"):
+        _loader(data, str(VLM), base / "lengths_old_planner").load_state_dict(state)

@@ -427,9 +427,19 @@ class TrainLoader:
         if isinstance(shuffle, dict) and "guard" not in shuffle and self.orders[0].guard:
             self.orders = self._orders(0)  # saved before epoch boundaries were guarded: continue as saved
             self.fingerprint["shuffle"] = self.orders[0].describe()
+        saved = state.fingerprint
+        balance = saved.get("balance")
+        if isinstance(balance, dict) and balance.get("planner") == "pool-led-v1" and self.planned:
+            # the previous planner could place a small dataset's sample twice in a global batch; its
+            # saved position and carried samples mean the same to this one, which continues from them
+            saved = {**saved, "balance": {**balance, "planner": self.fingerprint["balance"]["planner"]}}
+            if self.rank == 0:
+                log.warning("the checkpoint was planned by the previous planner (pool-led-v1); global batches "
+                            "from here on are planned by %s, which never repeats a sample in one",
+                            self.fingerprint["balance"]["planner"])
         # every saved dataset must be the same data; datasets added since are not compared
         try:
-            check_fingerprint(state.fingerprint, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}})
+            check_fingerprint(saved, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}})
         except StateMismatchError as e:  # a dataset added with an existing entry's folder name: say so
             raise StateMismatchError(f"{e}{self.datasets.clash_note(state.datasets)}") from None
         if state.mid_step and (state.accumulation != self.accumulation or state.layout.get("world_size") != self.world_size):
