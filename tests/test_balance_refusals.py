@@ -93,3 +93,9 @@ def test_logged_padding_counts_positions_the_rows_left_empty():
     emptied = SimpleNamespace(doc_lengths=torch.tensor([32]), tokens=torch.zeros(1, 128))  # an excluded document
     assert _filled([full, emptied], loader, 1, "cpu") == {"padding": round(1 - 160 / 256, 4)}
     assert _filled([full], SimpleNamespace(packed_rows=False), 1, "cpu") == {}
+
+
+def test_a_budget_the_window_limits_fills_what_the_window_holds():
+    """No repeats in reach: a budget beyond the window's samples is no error, the batch takes them all."""
+    planner = Planner(lambda ps: [(10, 10)] * len(ps), float, 2, budget=10**6, window=64)
+    assert len(planner.plan(0).items) == 64 and len(planner.plan(1).items) == 64

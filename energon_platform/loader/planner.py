@@ -181,7 +181,8 @@ class Planner:
             taken = sorted(ranked[best:best + g])
         else:  # due samples, then the others nearest in cost to them
             centre = sorted(costs[i] for i in forced)[len(forced) // 2]
-            rest = sorted((i for i in live if i not in set(forced)), key=lambda i: (abs(costs[i] - centre), i))
+            chosen = set(forced)
+            rest = sorted((i for i in live if i not in chosen), key=lambda i: (abs(costs[i] - centre), i))
             taken = sorted(forced + rest[:g - len(forced)])
         return self._batch(state, pool, [[i] for i in taken], costs)
 
@@ -212,7 +213,7 @@ class Planner:
         pool.require(self.items_per_batch, state.batch, "samples")
         live = pool.prioritised(state)
         costs = {i: cost_of(i) for i in live}
-        if pool.starved and sum(costs.values()) < self.budget:
+        if pool.starved and pool.waiting and sum(costs.values()) < self.budget:  # repeats, not the window, limit it
             raise PlanError(f"global batch {state.batch}: loader.global_batch_tokens={self.budget:g} cannot be "
                             f"reached without repeating a sample (every distinct sample in reach costs "
                             f"{sum(costs.values()):g}); lower global_batch_tokens")
@@ -267,6 +268,7 @@ class Pool:
         self.lengths: list[tuple[int, int]] = planner.lengths(self.positions)
         self.position = state.position  #: the next unread stream position
         self.carried = len(state.carried)
+        self.first = 0  #: after :meth:`prioritised`: how many of its indices come first (due or carried)
         self.live: list[int] = []
         self.due: list[int] = []
         self._first: dict = {}  # sample identity -> index of its live copy
