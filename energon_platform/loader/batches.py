@@ -110,8 +110,7 @@ class MicroBatchMaker:
     def _read_and_encode(self, c: int, dataset: int, epoch: int, index: int) -> list | None:
         """:meth:`_load_encoded` of a sample not known to time out."""
         batch = c // self.accumulation
-        entry = self.datasets.entries[dataset]
-        prefix = f"{entry.name}:" if self.datasets.metadataset else ""
+        prefix = self.datasets.key_prefix(dataset)
         try:
             sample = self.sources[dataset][index]
         except StorageError:  # the store failed, not the sample: skipping would change this run's batches
@@ -122,7 +121,8 @@ class MicroBatchMaker:
         sample.__key__ = prefix + sample.__key__
         if self.exclusions is not None and self._exclude(batch, dataset, index, sample.__key__):
             return None  # replaced by its stand-in like a failed sample, but no failure
-        sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": entry.name}
+        name = self.datasets.entries[dataset].name
+        sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": name}
         try:
             return _as_list(self._encode(sample))
         except Exception as e:

@@ -64,6 +64,10 @@ class DatasetSet:
     def weights(self) -> tuple[str, ...]:
         return tuple(str(e.share) for e in self.entries)
 
+    def key_prefix(self, dataset: int) -> str:
+        """What the loader puts before dataset ``dataset``'s sample keys: ``"name:"`` in a metadataset, else ``""``."""
+        return f"{self.entries[dataset].name}:" if self.metadataset else ""
+
     def clash_note(self, saved_names) -> str:
         """For a refused resume: ``". Note: ..."`` explaining that entries of the checkpoint share a
         folder name with other datasets of this run (numbered by path, so a dataset added at resume

@@ -195,7 +195,7 @@ class TrainLoader:
 
             if plan_state is None:
                 plan_state = self.planner.start if self.planner is not None else PlanState()
-            prefixes = [f"{e.name}:" if self.datasets.metadataset else "" for e in self.datasets.entries]
+            prefixes = [self.datasets.key_prefix(d) for d in range(len(self.datasets.entries))]
             self.planner = Planner(SampleLengths(self.schedule, self.length_indexes, self.encoder, prefixes),
                                    self._cost, self.config.global_batch_size,
                                    capacity=self.encoder.seq_len if self.packed_rows else 0,
@@ -325,10 +325,9 @@ class TrainLoader:
 
         from energon_platform.loader.key_index import KeyIndex
 
-        entry = self.datasets.entries[dataset]
-        prefix = f"{entry.name}:" if self.datasets.metadataset else ""
+        prefix = self.datasets.key_prefix(dataset)
         try:
-            return prefix + KeyIndex(entry.source).keys([index])[0]
+            return prefix + KeyIndex(self.datasets.entries[dataset].source).keys([index])[0]
         except (DatasetError, sqlite3.Error, OSError):  # no usable index: the position names it
             return f"{prefix}#{index}"
 
