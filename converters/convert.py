@@ -22,22 +22,48 @@ import os
 import shutil
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from converters import executor, remote, remote_target
 from converters.energon_meta import META, META_FILES, prepare
 from converters.media import AudioOptions, ImageOptions, VideoOptions
-from converters.output import (STATE_FILE, ConvertError, OutputLock, check_not_foreign, check_target, remove,
-                               removal_plan, stale_tmp_files, state_diff)
-from converters.readers import (InputError, audio_manifest, coco, folder, librispeech, llava, manifest, shapes3d, text,
-                                video)
+from converters.output import (
+    STATE_FILE,
+    ConvertError,
+    OutputLock,
+    check_not_foreign,
+    check_target,
+    removal_plan,
+    remove,
+    stale_tmp_files,
+    state_diff,
+)
+from converters.readers import (
+    InputError,
+    audio_manifest,
+    coco,
+    folder,
+    librispeech,
+    llava,
+    manifest,
+    shapes3d,
+    text,
+    video,
+)
 from converters.records import ReadResult, drop_duplicates
 from converters.units import WorkUnit, plan_units
 from converters.writer import STATS_DIR, WriteOptions, atomic_write_bytes, load_stats
 
-__all__ = ["ConvertError", "ConvertOptions", "Outcome", "run_conversion", "summarize", "reason_counts"]
+__all__ = [
+    "ConvertError",
+    "ConvertOptions",
+    "Outcome",
+    "run_conversion",
+    "summarize",
+    "reason_counts",
+]
 
 READERS: dict[str, Callable[..., ReadResult]] = {
     "coco": coco.read,
@@ -75,10 +101,16 @@ class ConvertOptions:
     def output_affecting(self, modality: str) -> dict:
         """Options that change the output bytes of a ``modality`` conversion (workers and executor
         do not; a text conversion writes no media, so the media options are not among them)."""
-        media = {} if modality == "text" else {"image": asdict(self.image), "audio": asdict(self.audio)}
-        return {"samples_per_shard": self.samples_per_shard, "val_fraction": self.val_fraction, **media,
-                # only when set: the fingerprints of image/audio conversions stay what they were
-                **({"video": asdict(self.video)} if self.video != VideoOptions() else {})}
+        media = (
+            {} if modality == "text" else {"image": asdict(self.image), "audio": asdict(self.audio)}
+        )
+        return {
+            "samples_per_shard": self.samples_per_shard,
+            "val_fraction": self.val_fraction,
+            **media,
+            # only when set: the fingerprints of image/audio conversions stay what they were
+            **({"video": asdict(self.video)} if self.video != VideoOptions() else {}),
+        }
 
 
 @dataclass
@@ -86,12 +118,16 @@ class Outcome:
     report: dict
     already_done: bool
     ok: bool  #: False when the skipped fraction exceeds ``max_error_fraction``
-    repaired: list[str] = field(default_factory=list)  #: shards of a finished output found missing/changed
+    repaired: list[str] = field(
+        default_factory=list
+    )  #: shards of a finished output found missing/changed
     uploaded_to: str | None = None  #: the object-storage prefix the conversion was copied to
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    atomic_write_bytes(path, lambda f: f.write((json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()))
+    atomic_write_bytes(
+        path, lambda f: f.write((json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+    )
 
 
 def _media_stat(path: str | None) -> list[int]:
@@ -106,8 +142,18 @@ def _media_stat(path: str | None) -> list[int]:
 def _records_digest(result: ReadResult) -> str:
     h = hashlib.sha256()
     for r in result.records:
-        h.update(json.dumps([r.key, r.source_id, r.media.name, r.media.parquet_cell, _media_stat(r.media.path),
-                             r.texts]).encode())
+        h.update(
+            json.dumps(
+                [
+                    r.key,
+                    r.source_id,
+                    r.media.name,
+                    r.media.parquet_cell,
+                    _media_stat(r.media.path),
+                    r.texts,
+                ]
+            ).encode()
+        )
     for p in result.problems:
         h.update(json.dumps(p.to_json()).encode())
     return h.hexdigest()
@@ -117,11 +163,15 @@ def _read(kind: str, reader_args: dict) -> ReadResult:
     try:
         result = READERS[kind](**reader_args)
     except OSError as e:  # e.g. an unreadable folder met while listing the input
-        raise InputError(f"cannot read the input{f' {e.filename}' if e.filename else ''}: {e.strerror or e}") from e
+        raise InputError(
+            f"cannot read the input{f' {e.filename}' if e.filename else ''}: {e.strerror or e}"
+        ) from e
     if not result.records and not result.problems:
         inputs = [str(v) for k, v in reader_args.items() if k in INPUT_ARGS and v]
-        raise InputError(f"{' and '.join(inputs) or 'the input'}: empty: no record to convert "
-                         f"(no line, row or file found)")
+        raise InputError(
+            f"{' and '.join(inputs) or 'the input'}: empty: no record to convert "
+            f"(no line, row or file found)"
+        )
     result.records, dup_problems = drop_duplicates(result.records)
     result.problems += dup_problems
     return result
@@ -164,17 +214,31 @@ def _finish_files_present(out: Path, stats: dict[str, dict]) -> bool:
     return all(p.is_file() for p in needed)
 
 
-def _progress(opts: ConvertOptions, total_samples: int, n_units: int, done_units: int, done_samples: int):
+def _progress(
+    opts: ConvertOptions, total_samples: int, n_units: int, done_units: int, done_samples: int
+):
     from tqdm import tqdm
 
-    bar = tqdm(total=total_samples, initial=done_samples, unit="sample", disable=not opts.progress,
-               desc="convert", dynamic_ncols=True)
+    bar = tqdm(
+        total=total_samples,
+        initial=done_samples,
+        unit="sample",
+        disable=not opts.progress,
+        desc="convert",
+        dynamic_ncols=True,
+    )
     bar.set_postfix_str(f"shards {done_units}/{n_units}")
     return bar
 
 
-def build_report(result_modality: str, state: dict, units: list[WorkUnit], stats: dict[str, dict],
-                 read_problems: list[dict], opts: ConvertOptions) -> dict:
+def build_report(
+    result_modality: str,
+    state: dict,
+    units: list[WorkUnit],
+    stats: dict[str, dict],
+    read_problems: list[dict],
+    opts: ConvertOptions,
+) -> dict:
     """Merge per-shard stats and reader problems. Deterministic: no timestamps, no worker counts."""
     problems = read_problems + [p for u in units for p in stats[u.name]["problems"]]
     by_reason = defaultdict(list)
@@ -190,21 +254,45 @@ def build_report(result_modality: str, state: dict, units: list[WorkUnit], stats
         s["samples"] += stats[u.name]["samples"]
     ok = fraction <= opts.max_error_fraction and written > 0
     cut = [i for u in units for i in stats[u.name].get("cut", [])]
-    cuts = {"cut_to_max_seconds": {"count": len(cut), "max_seconds": opts.video.max_seconds,
-                                   "examples": cut[:N_EXAMPLES]}} if opts.video.max_seconds else {}
+    cuts = (
+        {
+            "cut_to_max_seconds": {
+                "count": len(cut),
+                "max_seconds": opts.video.max_seconds,
+                "examples": cut[:N_EXAMPLES],
+            }
+        }
+        if opts.video.max_seconds
+        else {}
+    )
     return {
         **cuts,
         "modality": result_modality,
         "source": state["source"],
         "options": state["options"],
-        "totals": {"seen": seen, "written": written, "skipped": len(problems), "skipped_fraction": round(fraction, 6)},
+        "totals": {
+            "seen": seen,
+            "written": written,
+            "skipped": len(problems),
+            "skipped_fraction": round(fraction, 6),
+        },
         "splits": splits,
-        "skipped_by_reason": {r: {"count": len(ids), "examples": ids[:N_EXAMPLES]} for r, ids in sorted(by_reason.items())},
-        "shards": [{k: stats[u.name][k] for k in ("shard", "samples", "bytes", "sha256")} for u in units
-                   if stats[u.name]["samples"]],
-        "status": "ok" if ok else (
-            "no sample could be converted" if not written else
-            f"skipped fraction {fraction:.3f} exceeds --max-error-fraction {opts.max_error_fraction}"),
+        "skipped_by_reason": {
+            r: {"count": len(ids), "examples": ids[:N_EXAMPLES]}
+            for r, ids in sorted(by_reason.items())
+        },
+        "shards": [
+            {k: stats[u.name][k] for k in ("shard", "samples", "bytes", "sha256")}
+            for u in units
+            if stats[u.name]["samples"]
+        ],
+        "status": "ok"
+        if ok
+        else (
+            "no sample could be converted"
+            if not written
+            else f"skipped fraction {fraction:.3f} exceeds --max-error-fraction {opts.max_error_fraction}"
+        ),
     }
 
 
@@ -232,8 +320,13 @@ def _read_with_state(kind: str, reader_args: dict, opts: ConvertOptions) -> tupl
     """The input's records and the conversion's fingerprint (module doc)."""
     result = _read(kind, reader_args)
     state = {
-        "source": {"kind": kind, **{k: (str(Path(v).resolve()) if k in INPUT_ARGS and v else v)
-                                    for k, v in reader_args.items()}},
+        "source": {
+            "kind": kind,
+            **{
+                k: (str(Path(v).resolve()) if k in INPUT_ARGS and v else v)
+                for k, v in reader_args.items()
+            },
+        },
         "options": opts.output_affecting(result.modality),
         "records": _records_digest(result),
         "modality": result.modality,
@@ -241,14 +334,18 @@ def _read_with_state(kind: str, reader_args: dict, opts: ConvertOptions) -> tupl
     return result, state
 
 
-def _convert_local(out: Path, kind: str, result: ReadResult, state: dict, opts: ConvertOptions) -> Outcome:
+def _convert_local(
+    out: Path, kind: str, result: ReadResult, state: dict, opts: ConvertOptions
+) -> Outcome:
     check_not_foreign(out)
     try:
         with OutputLock(out) as lock:
             return _convert(out, kind, result, state, opts, lock)
     except OSError as e:
-        raise ConvertError(f"cannot write to --out {out}: {e.strerror or e}"
-                           + (f" ({e.filename})" if e.filename else "")) from e
+        raise ConvertError(
+            f"cannot write to --out {out}: {e.strerror or e}"
+            + (f" ({e.filename})" if e.filename else "")
+        ) from e
 
 
 def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcome:
@@ -273,26 +370,45 @@ def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOption
         with OutputLock(local) as lock:
             lock.announce()
             cached = _load_state(local / STATE_FILE) if (local / STATE_FILE).is_file() else {}
-            remove([p for p in sorted(local.iterdir()) if p.name != ".convert"]  # another conversion's cache
-                   + [p for p in sorted((local / ".convert").iterdir()) if p.name != "lock"]
-                   if state_diff(cached, state) else [p for p in (local / ".convert" / "work", local / META)])
+            remove(
+                [
+                    p for p in sorted(local.iterdir()) if p.name != ".convert"
+                ]  # another conversion's cache
+                + [p for p in sorted((local / ".convert").iterdir()) if p.name != "lock"]
+                if state_diff(cached, state)
+                else [p for p in (local / ".convert" / "work", local / META)]
+            )
             _write_json(local / STATE_FILE, state)
-            report = _convert_units_to_prefix(local, url, prefix, kind, result, state, opts, claimed.retries)
+            report = _convert_units_to_prefix(
+                local, url, prefix, kind, result, state, opts, claimed.retries
+            )
     except OSError as e:
-        raise ConvertError(f"cannot write to the staging folder {local}: {e.strerror or e}"
-                           + (f" ({e.filename})" if e.filename else "")) from e
+        raise ConvertError(
+            f"cannot write to the staging folder {local}: {e.strerror or e}"
+            + (f" ({e.filename})" if e.filename else "")
+        ) from e
     try:
         remote.upload_dataset(local, url)
     except (OSError, RuntimeError, ValueError) as e:
-        raise ConvertError(f"cannot upload the index and report to {url}: {type(e).__name__}: {e} "
-                           f"(run the same command again to resume)") from e
+        raise ConvertError(
+            f"cannot upload the index and report to {url}: {type(e).__name__}: {e} "
+            f"(run the same command again to resume)"
+        ) from e
     remote_target.finish(prefix, state, report["uploads"]["retries"])
     shutil.rmtree(local, ignore_errors=True)
     return Outcome(report, already_done=False, ok=report["status"] == "ok", uploaded_to=url)
 
 
-def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: ReadResult, state: dict,
-                             opts: ConvertOptions, earlier_retries: int) -> dict:
+def _convert_units_to_prefix(
+    local: Path,
+    url: str,
+    prefix,
+    kind: str,
+    result: ReadResult,
+    state: dict,
+    opts: ConvertOptions,
+    earlier_retries: int,
+) -> dict:
     """Run the units the prefix lacks; write the index, skipped list and report into ``local``.
     Upload retries count over every run of the conversion: ``earlier_retries`` (recorded on the
     prefix by killed or failed runs) plus this run's, recorded again whenever a shard needed one."""
@@ -301,14 +417,21 @@ def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: R
     stats = remote_target.done_units(prefix, units, records_dir)
     pending = [u for u in units if u.name not in stats]
     write_opts = WriteOptions(result.modality, kind, opts.image, opts.audio, opts.video)
-    bar = _progress(opts, len(result.records), len(units), len(stats),
-                    sum(len(u.records) for u in units if u.name in stats))
+    bar = _progress(
+        opts,
+        len(result.records),
+        len(units),
+        len(stats),
+        sum(len(u.records) for u in units if u.name in stats),
+    )
     up = {"retries": earlier_retries, "bytes": 0, "shards": 0, "start": time.monotonic()}
 
     def on_done(unit: WorkUnit, unit_stats: dict) -> None:
         sent = unit_stats.pop("upload")
         records_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(records_dir / unit.stats_name, lambda f: f.write(remote.record_bytes(unit_stats)))
+        atomic_write_bytes(
+            records_dir / unit.stats_name, lambda f: f.write(remote.record_bytes(unit_stats))
+        )
         unit_stats.pop("index", None)
         stats[unit.name] = unit_stats
         up["retries"] += sent["retries"]
@@ -318,17 +441,23 @@ def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: R
         up["shards"] += 1
         rate = up["bytes"] / max(time.monotonic() - up["start"], 1e-6) / 1e6
         bar.update(len(unit.records))
-        bar.set_postfix_str(f"shards {len(stats)}/{len(units)} written+uploaded, {rate:.1f} MB/s up, "
-                            f"{up['retries']} upload retries")
+        bar.set_postfix_str(
+            f"shards {len(stats)}/{len(units)} written+uploaded, {rate:.1f} MB/s up, "
+            f"{up['retries']} upload retries"
+        )
 
     writer = remote.ShardUploader(url)
     try:
         if opts.executor == "ray":
-            executor.run_ray(pending, str(local), write_opts, on_done, opts.workers, opts.ray_address, writer)
+            executor.run_ray(
+                pending, str(local), write_opts, on_done, opts.workers, opts.ray_address, writer
+            )
         else:
             executor.run_local(pending, str(local), write_opts, on_done, opts.workers, writer)
     except remote.UploadError as e:  # its retries count too: the run that completes reports them
-        remote_target.record_retries_of_failed_run(prefix, state, up["retries"] + getattr(e, "retries", 0))
+        remote_target.record_retries_of_failed_run(
+            prefix, state, up["retries"] + getattr(e, "retries", 0)
+        )
         raise
     finally:
         bar.close()
@@ -338,12 +467,21 @@ def _convert_units_to_prefix(local: Path, url: str, prefix, kind: str, result: R
     def record(shard: str) -> dict:
         return json.loads(record_files[shard].read_text())["index"]
 
-    return _finish(local, result, state, units, stats, opts, records=record,
-                   extra={"uploads": {"retries": up["retries"]}})
+    return _finish(
+        local,
+        result,
+        state,
+        units,
+        stats,
+        opts,
+        records=record,
+        extra={"uploads": {"retries": up["retries"]}},
+    )
 
 
-def _convert(out: Path, kind: str, result: ReadResult, state: dict, opts: ConvertOptions,
-             lock: OutputLock) -> Outcome:
+def _convert(
+    out: Path, kind: str, result: ReadResult, state: dict, opts: ConvertOptions, lock: OutputLock
+) -> Outcome:
     finished = _open_state(out, state, opts.overwrite, lock)
     units = plan_units(result.records, opts.samples_per_shard, opts.val_fraction)
     stats = {u.name: s for u in units if (s := load_stats(opts.out, u)) is not None}
@@ -358,8 +496,13 @@ def _convert(out: Path, kind: str, result: ReadResult, state: dict, opts: Conver
         _write_json(out / STATE_FILE, state)
 
     write_opts = WriteOptions(result.modality, kind, opts.image, opts.audio, opts.video)
-    bar = _progress(opts, len(result.records), len(units), len(stats),
-                    sum(len(u.records) for u in units if u.name in stats))
+    bar = _progress(
+        opts,
+        len(result.records),
+        len(units),
+        len(stats),
+        sum(len(u.records) for u in units if u.name in stats),
+    )
 
     def on_done(unit: WorkUnit, unit_stats: dict) -> None:
         stats[unit.name] = unit_stats
@@ -378,22 +521,41 @@ def _convert(out: Path, kind: str, result: ReadResult, state: dict, opts: Conver
     return Outcome(report, already_done=False, ok=report["status"] == "ok", repaired=repaired)
 
 
-def _finish(out: Path, result: ReadResult, state: dict, units: list[WorkUnit], stats: dict[str, dict],
-            opts: ConvertOptions, records=None, extra: dict | None = None) -> dict:
+def _finish(
+    out: Path,
+    result: ReadResult,
+    state: dict,
+    units: list[WorkUnit],
+    stats: dict[str, dict],
+    opts: ConvertOptions,
+    records=None,
+    extra: dict | None = None,
+) -> dict:
     """Energon's index (from the shards in ``out``, or from their ``records``), ``skipped.jsonl``,
     ``report.json`` (with ``extra`` keys) and the state marked finished; returns the report."""
     read_problems = [p.to_json() for p in result.problems]
-    report = {**build_report(result.modality, state, units, stats, read_problems, opts), **(extra or {})}
+    report = {
+        **build_report(result.modality, state, units, stats, read_problems, opts),
+        **(extra or {}),
+    }
     shards = [s["shard"] for s in report["shards"]]
     if shards:
-        media_parts = sorted({e for u in units for e in stats[u.name]["extensions"] if e != "text.json"})
+        media_parts = sorted(
+            {e for u in units for e in stats[u.name]["extensions"] if e != "text.json"}
+        )
         # the dataset's identity is its content: options and every shard's checksum
-        identity = hashlib.sha256(json.dumps([state["options"], [[s["shard"], s["sha256"]] for s in report["shards"]]],
-                                             sort_keys=True).encode()).hexdigest()
+        identity = hashlib.sha256(
+            json.dumps(
+                [state["options"], [[s["shard"], s["sha256"]] for s in report["shards"]]],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()
         prepare(str(out), shards, result.modality, media_parts, identity, records)
     skipped = read_problems + [p for u in units for p in stats[u.name]["problems"]]
-    atomic_write_bytes(out / "skipped.jsonl", lambda f: f.write("".join(
-        json.dumps(p, sort_keys=True) + "\n" for p in skipped).encode()))
+    atomic_write_bytes(
+        out / "skipped.jsonl",
+        lambda f: f.write("".join(json.dumps(p, sort_keys=True) + "\n" for p in skipped).encode()),
+    )
     _write_json(out / "report.json", report)
     _write_json(out / STATE_FILE, {**state, "finished": True})
     return report
@@ -402,16 +564,22 @@ def _finish(out: Path, result: ReadResult, state: dict, units: list[WorkUnit], s
 def summarize(report: dict) -> str:
     """A few terminal lines: totals, splits, skipped by reason with examples, status."""
     t = report["totals"]
-    lines = [f"{t['written']} samples written, {t['skipped']} skipped of {t['seen']} "
-             f"({100 * t['skipped_fraction']:.1f}%)"]
+    lines = [
+        f"{t['written']} samples written, {t['skipped']} skipped of {t['seen']} "
+        f"({100 * t['skipped_fraction']:.1f}%)"
+    ]
     for split, s in sorted(report["splits"].items()):
         lines.append(f"  {split}: {s['samples']} samples in {s['shards']} shards")
     for reason, r in report["skipped_by_reason"].items():
-        lines.append(f"  skipped {reason}: {r['count']} (e.g. {', '.join(map(str, r['examples'][:3]))})")
+        lines.append(
+            f"  skipped {reason}: {r['count']} (e.g. {', '.join(map(str, r['examples'][:3]))})"
+        )
     if report.get("cut_to_max_seconds", {}).get("count"):
         c = report["cut_to_max_seconds"]
-        lines.append(f"  cut to --max-seconds {c['max_seconds']:g}: {c['count']} "
-                     f"(e.g. {', '.join(map(str, c['examples'][:3]))}; original durations in their text.json)")
+        lines.append(
+            f"  cut to --max-seconds {c['max_seconds']:g}: {c['count']} "
+            f"(e.g. {', '.join(map(str, c['examples'][:3]))}; original durations in their text.json)"
+        )
     lines.append(f"status: {report['status']}")
     return "\n".join(lines)
 

@@ -58,11 +58,17 @@ def dataset_yaml(modality: str, media_parts: list[str]) -> tuple[dict, str | Non
     fields = _FIELDS[modality]
     doc = {"sample_type": _SAMPLE_TYPES[modality]}
     if len(media_parts) <= 1:
-        media = media_parts[0] if media_parts else f"{modality}.{'png' if modality == 'image' else 'flac'}"
+        media = (
+            media_parts[0]
+            if media_parts
+            else f"{modality}.{'png' if modality == 'image' else 'flac'}"
+        )
         doc["field_map"] = {k: media if v == "MEDIA" else v for k, v in fields.items()}
         return doc, None
     exprs = {
-        k: "media" if v == "MEDIA" else ("text" if v == "text.json" else f"text[{v.split('[')[1][:-1]!r}]")
+        k: "media"
+        if v == "MEDIA"
+        else ("text" if v == "text.json" else f"text[{v.split('[')[1][:-1]!r}]")
         for k, v in fields.items()
     }
     body = "{" + ", ".join(f"{k!r}: {e}" for k, e in exprs.items()) + "}"
@@ -71,8 +77,14 @@ def dataset_yaml(modality: str, media_parts: list[str]) -> tuple[dict, str | Non
     return doc, _SAMPLE_LOADER.format(part=modality, fields=body)
 
 
-def prepare(out_dir: str, shards: list[str], modality: str, media_parts: list[str], identity: str,
-            records=None) -> None:
+def prepare(
+    out_dir: str,
+    shards: list[str],
+    modality: str,
+    media_parts: list[str],
+    identity: str,
+    records=None,
+) -> None:
     """Index the shards with Energon, write the split (``train/``, ``val/`` prefixes) and
     ``dataset.yaml``. ``identity`` (the conversion fingerprint) makes ``index.uuid`` a function
     of the content instead of a random value, so two conversions of the same input are identical.
@@ -99,7 +111,9 @@ def prepare(out_dir: str, shards: list[str], modality: str, media_parts: list[st
             shuffle_seed=None,
             workers=1,  # one indexing process: row order (and so the sqlite bytes) is deterministic
         )
-    (out / META / "index.uuid").write_text(str(uuid.uuid5(uuid.NAMESPACE_URL, f"energon-platform:{identity}")))
+    (out / META / "index.uuid").write_text(
+        str(uuid.uuid5(uuid.NAMESPACE_URL, f"energon-platform:{identity}"))
+    )
     doc, loader_src = dataset_yaml(modality, media_parts)
     if loader_src:
         (out / META / "sample_loader.py").write_text(loader_src)

@@ -7,27 +7,38 @@ arrive in completion order; ``on_done(unit, stats)`` is called for each one (pro
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Callable, Sequence
-
-#: ``writer(unit, out_dir, opts) -> stats``: ``write_unit``, or one that also uploads (converters.remote).
-Writer = Callable[..., dict]
 
 from converters.output import ConvertError
 from converters.units import WorkUnit
 from converters.writer import WriteOptions, write_unit
 
+#: ``writer(unit, out_dir, opts) -> stats``: ``write_unit``, or one that also uploads (converters.remote).
+Writer = Callable[..., dict]
+
 OnDone = Callable[[WorkUnit, dict], None]
 
 
-def run_inline(units: Sequence[WorkUnit], out_dir: str, opts: WriteOptions, on_done: OnDone,
-               writer: Writer = write_unit) -> None:
+def run_inline(
+    units: Sequence[WorkUnit],
+    out_dir: str,
+    opts: WriteOptions,
+    on_done: OnDone,
+    writer: Writer = write_unit,
+) -> None:
     for unit in units:
         on_done(unit, writer(unit, out_dir, opts))
 
 
-def run_local(units: Sequence[WorkUnit], out_dir: str, opts: WriteOptions, on_done: OnDone, workers: int,
-              writer: Writer = write_unit) -> None:
+def run_local(
+    units: Sequence[WorkUnit],
+    out_dir: str,
+    opts: WriteOptions,
+    on_done: OnDone,
+    workers: int,
+    writer: Writer = write_unit,
+) -> None:
     """``workers`` processes; at most ``2 * workers`` units in flight (bounded memory)."""
     if workers <= 1 or len(units) <= 1:
         return run_inline(units, out_dir, opts, on_done, writer)
@@ -60,28 +71,45 @@ def check_ray_address(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_
         return
     host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
     if not host or not port.isdigit():
-        raise ConvertError(f"--ray-address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+        raise ConvertError(
+            f"--ray-address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as e:
-        raise ConvertError(f"--ray-address {address}: cannot reach {host}:{port} within {timeout:g} s "
-                           f"({e.strerror or type(e).__name__})") from e
+        raise ConvertError(
+            f"--ray-address {address}: cannot reach {host}:{port} within {timeout:g} s "
+            f"({e.strerror or type(e).__name__})"
+        ) from e
 
 
-def run_ray(units: Sequence[WorkUnit], out_dir: str, opts: WriteOptions, on_done: OnDone,
-            workers: int, address: str | None, writer: Writer = write_unit) -> None:
+def run_ray(
+    units: Sequence[WorkUnit],
+    out_dir: str,
+    opts: WriteOptions,
+    on_done: OnDone,
+    workers: int,
+    address: str | None,
+    writer: Writer = write_unit,
+) -> None:
     """Units as Ray tasks. ``address=None`` starts a local Ray instance with ``workers`` CPUs;
     otherwise connects to that cluster (``out_dir`` must then be a path every node can write)."""
     import ray
 
     started_here = not ray.is_initialized()
     if started_here:
-        kwargs = {"address": address} if address else {"num_cpus": max(1, workers), "include_dashboard": False}
+        kwargs = (
+            {"address": address}
+            if address
+            else {"num_cpus": max(1, workers), "include_dashboard": False}
+        )
         try:
             ray.init(log_to_driver=False, configure_logging=False, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ConvertError(f"cannot start or join Ray{f' at {address}' if address else ''}: "
-                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+            raise ConvertError(
+                f"cannot start or join Ray{f' at {address}' if address else ''}: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from e
     try:
         task = ray.remote(num_cpus=1, max_retries=3)(_call)
         refs = {task.remote(writer, unit, out_dir, opts): unit for unit in units}

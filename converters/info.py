@@ -37,11 +37,21 @@ def _dataset_info(path: str) -> dict:
         shard_counts = json.loads((meta / ".info.json").read_text())["shard_counts"]
         splits = yaml.safe_load((meta / "split.yaml").read_text())["split_parts"]
         dataset = yaml.safe_load((meta / "dataset.yaml").read_text())
-        report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else None
-        if not (isinstance(shard_counts, dict) and isinstance(splits, dict) and isinstance(dataset, dict)):
+        report = (
+            json.loads((out / "report.json").read_text())
+            if (out / "report.json").is_file()
+            else None
+        )
+        if not (
+            isinstance(shard_counts, dict)
+            and isinstance(splits, dict)
+            and isinstance(dataset, dict)
+        ):
             raise TypeError("unexpected structure")
     except (ValueError, KeyError, TypeError, yaml.YAMLError) as e:
-        raise InputError(f"{out}: corrupt dataset metadata ({type(e).__name__}: {str(e)[:200]})") from e
+        raise InputError(
+            f"{out}: corrupt dataset metadata ({type(e).__name__}: {str(e)[:200]})"
+        ) from e
     per_split = {
         name: {"shards": len(files), "samples": sum(shard_counts.get(f, 0) for f in files)}
         for name, patterns in splits.items()
@@ -51,24 +61,44 @@ def _dataset_info(path: str) -> dict:
         sizes = {s["shard"]: s["bytes"] for s in report["shards"]} if report is not None else {}
         report_text = summarize(report) if report is not None else None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise InputError(f"{out / 'report.json'}: corrupt conversion report ({type(e).__name__}: {str(e)[:200]}); "
-                         f"run the same convert command again to rewrite it") from None
+        raise InputError(
+            f"{out / 'report.json'}: corrupt conversion report ({type(e).__name__}: {str(e)[:200]}); "
+            f"run the same convert command again to rewrite it"
+        ) from None
     problems = []
     for shard in shard_counts:
-        problem = shard_problem(out, shard, sizes[shard]) if shard in sizes else (
-            None if (out / shard).is_file() else f"{shard}: missing")
+        problem = (
+            shard_problem(out, shard, sizes[shard])
+            if shard in sizes
+            else (None if (out / shard).is_file() else f"{shard}: missing")
+        )
         if problem is None and not (out / (shard + ".idx")).is_file():
             problem = f"{shard}.idx: missing (Energon's shard index)"
         if problem:
             problems.append(problem)
     sample_type = dataset.get("sample_type", {}).get("__class__", "?")
-    parts = sorted({v.split("[")[0] for v in dataset.get("field_map", {}).values()}) or ["(sample_loader.py)"]
+    parts = sorted({v.split("[")[0] for v in dataset.get("field_map", {}).values()}) or [
+        "(sample_loader.py)"
+    ]
     lines = [f"dataset: {where}", f"sample type: {sample_type}   parts: {', '.join(parts)}"]
-    lines += [f"  {n}: {s['samples']} samples in {s['shards']} shards" for n, s in sorted(per_split.items())]
+    lines += [
+        f"  {n}: {s['samples']} samples in {s['shards']} shards"
+        for n, s in sorted(per_split.items())
+    ]
     if report_text is not None:
         lines += ["conversion report:", report_text]
     if problems:
-        lines += [f"UNHEALTHY: {len(problems)} of {len(shard_counts)} shards missing or changed since the conversion "
-                  f"(run the same convert command again to rewrite them):"] + [f"  {p}" for p in problems]
-    return {"path": where, "sample_type": sample_type, "parts": parts, "splits": per_split,
-            "report": report, "healthy": not problems, "problems": problems, "text": "\n".join(lines)}
+        lines += [
+            f"UNHEALTHY: {len(problems)} of {len(shard_counts)} shards missing or changed since the conversion "
+            f"(run the same convert command again to rewrite them):"
+        ] + [f"  {p}" for p in problems]
+    return {
+        "path": where,
+        "sample_type": sample_type,
+        "parts": parts,
+        "splits": per_split,
+        "report": report,
+        "healthy": not problems,
+        "problems": problems,
+        "text": "\n".join(lines),
+    }

@@ -40,7 +40,9 @@ def _open_image(data: bytes, max_pixels: int) -> Image.Image:
         Image.MAX_IMAGE_PIXELS = None
         img = Image.open(io.BytesIO(data))
         if img.width * img.height > max_pixels:
-            raise MediaError("decompression_bomb", f"{img.width}x{img.height} > {max_pixels} pixels")
+            raise MediaError(
+                "decompression_bomb", f"{img.width}x{img.height} > {max_pixels} pixels"
+            )
         img.load()
     except UnidentifiedImageError as e:
         raise MediaError("not_an_image", "not a recognised image format") from e
@@ -70,11 +72,19 @@ def to_8bit(img: Image.Image) -> Image.Image:
         return img
     a = np.asarray(img, dtype=np.float64)
     if img.mode == "F":
-        lo, hi = (0.0, 1.0) if a.size and a.min() >= 0 and a.max() <= 1 else (float(a.min()), float(a.max()))
+        lo, hi = (
+            (0.0, 1.0)
+            if a.size and a.min() >= 0 and a.max() <= 1
+            else (float(a.min()), float(a.max()))
+        )
     elif img.mode.startswith("I;16"):
         lo, hi = 0.0, 65535.0
     else:
-        lo, hi = (0.0, 65535.0) if a.size and a.min() >= 0 and a.max() <= 65535 else (-2.0**31, 2.0**31 - 1)
+        lo, hi = (
+            (0.0, 65535.0)
+            if a.size and a.min() >= 0 and a.max() <= 65535
+            else (-(2.0**31), 2.0**31 - 1)
+        )
     scaled = np.rint((a - lo) * (255.0 / (hi - lo))) if hi > lo else np.zeros_like(a)
     return Image.fromarray(np.clip(scaled, 0, 255).astype(np.uint8), "L")
 
@@ -104,10 +114,17 @@ def encode_image(data: bytes, opts: ImageOptions) -> tuple[str, bytes, dict]:
     """
     img = _open_image(data, opts.max_pixels)
     original = img.format or "unknown"
-    if opts.image_format == "keep" and original in KEEP_IMAGE_FORMATS and not _high_depth(img) and not (
-        opts.max_side and max(img.size) > opts.max_side
+    if (
+        opts.image_format == "keep"
+        and original in KEEP_IMAGE_FORMATS
+        and not _high_depth(img)
+        and not (opts.max_side and max(img.size) > opts.max_side)
     ):
-        return KEEP_IMAGE_FORMATS[original], data, {"width": img.width, "height": img.height, "format": original}
+        return (
+            KEEP_IMAGE_FORMATS[original],
+            data,
+            {"width": img.width, "height": img.height, "format": original},
+        )
     try:
         out = _resized(to_8bit(ImageOps.exif_transpose(img)).convert("RGB"), opts.max_side)
     except Exception as e:
@@ -198,17 +215,27 @@ def encode_audio(data: bytes, opts: AudioOptions) -> tuple[str, bytes, dict]:
     frames, container, codec, n = _decode_audio(data)
     rate = frames[0].sample_rate
     source_fmt = _sample_format(codec, frames[0].format.name)
-    info = {"sample_rate": rate, "duration": round(n / rate, 6), "channels": frames[0].layout.nb_channels,
-            "codec": codec, "sample_format": source_fmt}
+    info = {
+        "sample_rate": rate,
+        "duration": round(n / rate, 6),
+        "channels": frames[0].layout.nb_channels,
+        "codec": codec,
+        "sample_format": source_fmt,
+    }
     wav_codec = _WAV_CODECS.get(source_fmt)
-    if container in KEEP_AUDIO_FORMATS and (opts.audio_format == "keep" or container == "flac"
-                                            or (container == "wav" and wav_codec)):
+    if container in KEEP_AUDIO_FORMATS and (
+        opts.audio_format == "keep" or container == "flac" or (container == "wav" and wav_codec)
+    ):
         return KEEP_AUDIO_FORMATS[container], data, info
     try:
         if wav_codec:
             return "wav", _encode(frames, "wav", wav_codec, frames[0].format.name.rstrip("p")), info
         flac_fmt = "s32" if source_fmt == "s24" else "s16"
-        return "flac", _encode(frames, "flac", "flac", flac_fmt), {**info, "sample_format": "s24" if flac_fmt == "s32" else "s16"}
+        return (
+            "flac",
+            _encode(frames, "flac", "flac", flac_fmt),
+            {**info, "sample_format": "s24" if flac_fmt == "s32" else "s16"},
+        )
     except Exception as e:
         raise MediaError("undecodable_audio", f"cannot re-encode: {type(e).__name__}: {e}") from e
 
@@ -221,7 +248,9 @@ class VideoOptions:
     """``convert video``: the original bytes are kept unless one of these asks for a re-encode."""
 
     max_side: int | None = None  #: re-encode (scaled down) when max(width, height) exceeds this
-    max_seconds: float | None = None  #: re-encode, cut to this many seconds, when the video is longer
+    max_seconds: float | None = (
+        None  #: re-encode, cut to this many seconds, when the video is longer
+    )
 
 
 #: Demuxer names (PyAV ``container.format.name``) whose files are kept as they are.
@@ -234,14 +263,17 @@ _VIDEO_MAGIC = ((4, b"ftyp"), (0, b"\x1a\x45\xdf\xa3"), (8, b"AVI "), (0, b"FLV"
 #: one thread and no metadata, so the bytes are a pure function of the decoded frames (x264's
 #: macroblock tree is off: with it, small videos came out different from run to run); a keyframe
 #: every 2 seconds, so that a clip decodes at most 2 s of frames before its start.
-REENCODE_VIDEO = {"codec": "libx264", "options": {"preset": "medium", "crf": "23", "threads": "1",
-                                                  "x264-params": "mbtree=0"}, "gop_seconds": 2}
+REENCODE_VIDEO = {
+    "codec": "libx264",
+    "options": {"preset": "medium", "crf": "23", "threads": "1", "x264-params": "mbtree=0"},
+    "gop_seconds": 2,
+}
 REENCODE_AUDIO_BITRATE = 64_000
 _BITEXACT = {"fflags": "+bitexact"}
 
 
 def _has_video_magic(data: bytes) -> bool:
-    return any(data[at:at + len(magic)] == magic for at, magic in _VIDEO_MAGIC)
+    return any(data[at : at + len(magic)] == magic for at, magic in _VIDEO_MAGIC)
 
 
 def _video_streams(container) -> list:
@@ -280,20 +312,31 @@ def _probe_video(data: bytes) -> _VideoProbe:
         container = av.open(io.BytesIO(data))
     except Exception as e:
         if _has_video_magic(data):
-            raise MediaError("truncated_video", f"a video container that cannot be read (truncated or corrupt): "
-                                                f"{type(e).__name__}: {e}") from e
-        raise MediaError("not_a_video", f"not a recognised media format ({type(e).__name__})") from e
+            raise MediaError(
+                "truncated_video",
+                f"a video container that cannot be read (truncated or corrupt): "
+                f"{type(e).__name__}: {e}",
+            ) from e
+        raise MediaError(
+            "not_a_video", f"not a recognised media format ({type(e).__name__})"
+        ) from e
     with container:
         fmt = container.format.name
         streams = _video_streams(container)
         if fmt not in KEEP_VIDEO_FORMATS and fmt not in OTHER_VIDEO_FORMATS:
             if streams and not container.streams.audio:  # png_pipe, gif, image2, ...: a picture
                 raise MediaError("not_a_video", f"{fmt}: an image format, not a video")
-        if not streams and not container.streams and _has_video_magic(data):  # e.g. MP4 without its moov index
-            raise MediaError("truncated_video", f"{fmt}: a video container with no readable stream (truncated)")
+        if (
+            not streams and not container.streams and _has_video_magic(data)
+        ):  # e.g. MP4 without its moov index
+            raise MediaError(
+                "truncated_video", f"{fmt}: a video container with no readable stream (truncated)"
+            )
         if not streams:
-            raise MediaError("no_video_stream", f"{fmt}: no video stream"
-                                                + (" (audio only)" if container.streams.audio else ""))
+            raise MediaError(
+                "no_video_stream",
+                f"{fmt}: no video stream" + (" (audio only)" if container.streams.audio else ""),
+            )
         stream = streams[0]
         if stream.codec_context is None:
             raise MediaError("undecodable_video", f"{fmt}: no decoder for the video codec")
@@ -301,16 +344,26 @@ def _probe_video(data: bytes) -> _VideoProbe:
         n, first, end = 0, None, 0.0
         try:
             for frame in container.decode(stream):
-                start = float(frame.pts * frame.time_base) if frame.pts is not None else n / float(stream.average_rate or 25)
+                start = (
+                    float(frame.pts * frame.time_base)
+                    if frame.pts is not None
+                    else n / float(stream.average_rate or 25)
+                )
                 first = start if first is None else first
-                step = float(frame.duration * frame.time_base) if frame.duration else 1 / float(stream.average_rate or 25)
+                step = (
+                    float(frame.duration * frame.time_base)
+                    if frame.duration
+                    else 1 / float(stream.average_rate or 25)
+                )
                 end = max(end, start + step)
                 width, height = frame.width, frame.height
                 n += 1
         except Exception as e:
             if n:
-                raise MediaError("truncated_video", f"{codec}: decoding stopped after {n} frames: "
-                                                    f"{type(e).__name__}: {e}") from e
+                raise MediaError(
+                    "truncated_video",
+                    f"{codec}: decoding stopped after {n} frames: {type(e).__name__}: {e}",
+                ) from e
             raise MediaError("undecodable_video", f"{codec}: {type(e).__name__}: {e}") from e
         if not n:
             raise MediaError("undecodable_video", f"{codec}: no frame decoded")
@@ -320,16 +373,30 @@ def _probe_video(data: bytes) -> _VideoProbe:
         if declared and n < declared:
             raise MediaError("truncated_video", f"{codec}: {n} frames decoded, {declared} declared")
         if declared_s and duration < declared_s - max(0.1, 2 / float(rate or 25)):
-            raise MediaError("truncated_video", f"{codec}: {duration:.3f} s decoded, {declared_s:.3f} s declared")
+            raise MediaError(
+                "truncated_video", f"{codec}: {duration:.3f} s decoded, {declared_s:.3f} s declared"
+            )
         audio = None
         if container.streams.audio:
             a = container.streams.audio[0]
-            audio = {"codec": a.codec_context.name if a.codec_context else "unknown", "sample_rate": a.sample_rate,
-                     "channels": a.channels}
+            audio = {
+                "codec": a.codec_context.name if a.codec_context else "unknown",
+                "sample_rate": a.sample_rate,
+                "channels": a.channels,
+            }
     if audio is not None:
         _check_audio_track(data)
-    return _VideoProbe(fmt, codec, n, width, height, round(float(rate), 6) if rate else round(n / duration, 6),
-                       rate, round(duration, 6), audio)
+    return _VideoProbe(
+        fmt,
+        codec,
+        n,
+        width,
+        height,
+        round(float(rate), 6) if rate else round(n / duration, 6),
+        rate,
+        round(duration, 6),
+        audio,
+    )
 
 
 def _check_audio_track(data: bytes) -> None:
@@ -347,7 +414,9 @@ def _even(x: float) -> int:
     return max(2, int(round(x / 2)) * 2)
 
 
-def _reencode_video(data: bytes, probe: _VideoProbe, opts: VideoOptions) -> tuple[bytes, _VideoProbe]:
+def _reencode_video(
+    data: bytes, probe: _VideoProbe, opts: VideoOptions
+) -> tuple[bytes, _VideoProbe]:
     """MP4 (H.264 yuv420p, AAC audio) of the first ``max_seconds``, scaled to fit ``max_side``.
     Both streams are declared before anything is muxed (the header is written with the first packet)."""
     from fractions import Fraction
@@ -359,7 +428,10 @@ def _reencode_video(data: bytes, probe: _VideoProbe, opts: VideoOptions) -> tupl
     rate = Fraction(probe.rate).limit_denominator(1001 * 120) if probe.rate else Fraction(25)
     max_frames = int(opts.max_seconds * rate + 1e-9) if opts.max_seconds else None
     buf = io.BytesIO()
-    with av.open(io.BytesIO(data)) as src, av.open(buf, "w", format="mp4", options=_BITEXACT) as out:
+    with (
+        av.open(io.BytesIO(data)) as src,
+        av.open(buf, "w", format="mp4", options=_BITEXACT) as out,
+    ):
         out.metadata.clear()
         vs = out.add_stream(REENCODE_VIDEO["codec"], rate=rate)
         vs.width, vs.height, vs.pix_fmt = width, height, "yuv420p"
@@ -386,8 +458,17 @@ def _reencode_video(data: bytes, probe: _VideoProbe, opts: VideoOptions) -> tupl
             src.seek(0)
             _reencode_audio_track(src, aus, out, layout, opts.max_seconds)
     duration = float(n / rate)
-    return buf.getvalue(), _VideoProbe("mov,mp4,m4a,3gp,3g2,mj2", "h264", n, width, height, round(float(rate), 6),
-                                       rate, round(duration, 6), probe.audio and {**probe.audio, "codec": "aac"})
+    return buf.getvalue(), _VideoProbe(
+        "mov,mp4,m4a,3gp,3g2,mj2",
+        "h264",
+        n,
+        width,
+        height,
+        round(float(rate), 6),
+        rate,
+        round(duration, 6),
+        probe.audio and {**probe.audio, "codec": "aac"},
+    )
 
 
 def _reencode_audio_track(src, stream, out, layout: str, seconds: float | None) -> None:
@@ -408,8 +489,11 @@ def _reencode_audio_track(src, stream, out, layout: str, seconds: float | None) 
             if limit is not None and written + f.samples > limit:
                 if written >= limit:
                     continue
-                f_cut = av.AudioFrame.from_ndarray(np.ascontiguousarray(f.to_ndarray()[:, : limit - written]),
-                                                   format="fltp", layout=layout)
+                f_cut = av.AudioFrame.from_ndarray(
+                    np.ascontiguousarray(f.to_ndarray()[:, : limit - written]),
+                    format="fltp",
+                    layout=layout,
+                )
                 f_cut.sample_rate, f = rate, f_cut
             f.pts, f.time_base = written, Fraction(1, rate)
             written += f.samples
@@ -420,11 +504,23 @@ def _reencode_audio_track(src, stream, out, layout: str, seconds: float | None) 
 
 
 def _video_info(p: _VideoProbe, reencoded: bool) -> dict:
-    info = {"container": p.container, "codec": p.codec, "width": p.width, "height": p.height, "fps": p.fps,
-            "frames": p.frames, "duration": p.duration, "audio": p.audio is not None, "reencoded": reencoded}
+    info = {
+        "container": p.container,
+        "codec": p.codec,
+        "width": p.width,
+        "height": p.height,
+        "fps": p.fps,
+        "frames": p.frames,
+        "duration": p.duration,
+        "audio": p.audio is not None,
+        "reencoded": reencoded,
+    }
     if p.audio is not None:
-        info.update(audio_codec=p.audio["codec"], audio_sample_rate=p.audio["sample_rate"],
-                    audio_channels=p.audio["channels"])
+        info.update(
+            audio_codec=p.audio["codec"],
+            audio_sample_rate=p.audio["sample_rate"],
+            audio_channels=p.audio["channels"],
+        )
     return info
 
 

@@ -33,8 +33,15 @@ import numpy as np
 from converters.media import MediaError
 
 #: File extension → format name. The converter picks files up by these.
-EXTENSIONS = {".obj": "obj", ".ply": "ply", ".off": "off", ".stl": "stl", ".glb": "glb", ".gltf": "gltf",
-              ".npy": "npy"}
+EXTENSIONS = {
+    ".obj": "obj",
+    ".ply": "ply",
+    ".off": "off",
+    ".stl": "stl",
+    ".glb": "glb",
+    ".gltf": "gltf",
+    ".npy": "npy",
+}
 #: Formats whose geometry is a triangle mesh by nature (a point-only file of these is ``no_geometry``).
 MESH_ONLY = {"off", "stl", "glb", "gltf"}
 
@@ -77,7 +84,9 @@ def sniff(data: bytes) -> str | None:
         return "off"
     if head.lstrip().startswith(b"{") and b'"asset"' in data[:4096]:
         return "gltf"
-    if head.startswith(b"solid") or (len(data) >= 84 and len(data) == 84 + 50 * struct.unpack("<I", data[80:84])[0]):
+    if head.startswith(b"solid") or (
+        len(data) >= 84 and len(data) == 84 + 50 * struct.unpack("<I", data[80:84])[0]
+    ):
         return "stl"
     if re.search(rb"(?m)^v\s", data[:65536]):
         return "obj"
@@ -102,8 +111,12 @@ def _colors_u8(rgb: np.ndarray) -> np.ndarray:
 def _load_npy(data) -> Geometry:
     arr = data if isinstance(data, np.ndarray) else np.load(io.BytesIO(data), allow_pickle=False)
     if arr.ndim != 2 or arr.shape[1] not in (3, 6) or arr.dtype.kind not in "fiu":
-        raise ValueError(f"an NPY array of shape {arr.shape} and dtype {arr.dtype}, not (N, 3|6) numbers")
-    return Geometry(arr[:, :3].astype(np.float64), None, _colors_u8(arr[:, 3:6]) if arr.shape[1] == 6 else None)
+        raise ValueError(
+            f"an NPY array of shape {arr.shape} and dtype {arr.dtype}, not (N, 3|6) numbers"
+        )
+    return Geometry(
+        arr[:, :3].astype(np.float64), None, _colors_u8(arr[:, 3:6]) if arr.shape[1] == 6 else None
+    )
 
 
 def _ply_elements(data: bytes) -> None:
@@ -138,8 +151,16 @@ def _scene_parts(scene) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]
         geom = scene.geometry[name]
         if not isinstance(geom, trimesh.Trimesh) or not len(geom.faces):
             continue
-        vertices = np.asarray(geom.vertices, dtype=np.float64) @ transform[:3, :3].T + transform[:3, 3]
-        parts.append((vertices, np.asarray(geom.faces, dtype=np.int64).reshape(-1, 3), _vertex_colors(geom.visual)))
+        vertices = (
+            np.asarray(geom.vertices, dtype=np.float64) @ transform[:3, :3].T + transform[:3, 3]
+        )
+        parts.append(
+            (
+                vertices,
+                np.asarray(geom.faces, dtype=np.int64).reshape(-1, 3),
+                _vertex_colors(geom.visual),
+            )
+        )
     return parts
 
 
@@ -155,12 +176,19 @@ def _load_trimesh(data: bytes, fmt: str, resolver=None) -> Geometry:
         colors = None
         if all(c is not None for _, _, c in parts):
             colors = np.concatenate([c for _, _, c in parts])
-        return Geometry(np.concatenate([v for v, _, _ in parts]),
-                        np.concatenate([f + o for (_, f, _), o in zip(parts, offsets)]), colors)
+        return Geometry(
+            np.concatenate([v for v, _, _ in parts]),
+            np.concatenate([f + o for (_, f, _), o in zip(parts, offsets)]),
+            colors,
+        )
     vertices = np.asarray(loaded.vertices, dtype=np.float64)
     if isinstance(loaded, trimesh.PointCloud):
         colors = loaded.colors if len(getattr(loaded, "colors", [])) else None
-        return Geometry(vertices, None, _colors_u8(np.asarray(colors)[:, :3] / 255.0) if colors is not None else None)
+        return Geometry(
+            vertices,
+            None,
+            _colors_u8(np.asarray(colors)[:, :3] / 255.0) if colors is not None else None,
+        )
     faces = np.asarray(loaded.faces, dtype=np.int64).reshape(-1, 3)
     return Geometry(vertices, faces if len(faces) else None, _vertex_colors(loaded.visual))
 
@@ -183,7 +211,9 @@ def _declared_elements(data: bytes, fmt: str) -> str | None:
         if len(data) < 84:
             return f"{len(data)} bytes, a binary STL header is 84"
         n = struct.unpack("<I", data[80:84])[0]
-        return f"{(len(data) - 84) // 50} triangles, {n} declared" if len(data) < 84 + 50 * n else None
+        return (
+            f"{(len(data) - 84) // 50} triangles, {n} declared" if len(data) < 84 + 50 * n else None
+        )
     if fmt == "stl":
         return None if b"endsolid" in data[-4096:] else "an ASCII STL without its endsolid line"
     text = data.decode("utf-8", errors="replace")
@@ -197,12 +227,21 @@ def _declared_elements(data: bytes, fmt: str) -> str | None:
             nv, nf = int(counts[0]), int(counts[1])
         except (IndexError, ValueError):
             return f"no vertex/face counts after {first!r}"
-        return None if rest >= nv + nf else f"{max(rest, 0)} vertex/face lines, {nv} + {nf} declared"
+        return (
+            None if rest >= nv + nf else f"{max(rest, 0)} vertex/face lines, {nv} + {nf} declared"
+        )
     if fmt == "obj":
         nv = len(re.findall(r"(?m)^v\s", text))
         faces = re.findall(r"(?m)^f\s+(.*)$", text)
-        worst = max((abs(int(t.split("/")[0])) for f in faces for t in f.split() if t.split("/")[0].lstrip("-").isdigit()),
-                    default=0)
+        worst = max(
+            (
+                abs(int(t.split("/")[0]))
+                for f in faces
+                for t in f.split()
+                if t.split("/")[0].lstrip("-").isdigit()
+            ),
+            default=0,
+        )
         return f"a face names vertex {worst}, {nv} vertices given" if worst > nv else None
     return None
 
@@ -217,18 +256,24 @@ def _glb_chunks(data: bytes) -> tuple[str, str] | None:
         return "truncated_3d", f"{len(data)} bytes, a GLB header and its first chunk header take 20"
     total = struct.unpack("<I", data[8:12])[0]
     if len(data) != total:
-        return ("truncated_3d" if len(data) < total else "corrupt_3d"), f"{len(data)} bytes, the header declares {total}"
+        return (
+            "truncated_3d" if len(data) < total else "corrupt_3d"
+        ), f"{len(data)} bytes, the header declares {total}"
     at, index = 12, 0
     while at < total:
         if total - at < 8:
-            return "corrupt_3d", (f"the chunk lengths do not add up to the file length: {total - at} bytes left at byte {at}, "
-                                  "a chunk header takes 8")
-        length, kind = struct.unpack("<I4s", data[at:at + 8])
+            return "corrupt_3d", (
+                f"the chunk lengths do not add up to the file length: {total - at} bytes left at byte {at}, "
+                "a chunk header takes 8"
+            )
+        length, kind = struct.unpack("<I4s", data[at : at + 8])
         if index == 0 and kind != b"JSON":
             return "corrupt_3d", f"the first chunk is {kind!r}, not JSON"
         if length > total - at - 8:
-            return "corrupt_3d", (f"the chunk lengths do not add up to the file length: chunk {index} at byte {at} declares "
-                                  f"{length} bytes, {total - at - 8} follow")
+            return "corrupt_3d", (
+                f"the chunk lengths do not add up to the file length: chunk {index} at byte {at} declares "
+                f"{length} bytes, {total - at - 8} follow"
+            )
         at, index = at + 8 + length, index + 1
     return None
 
@@ -240,16 +285,27 @@ def _npy_header(data: bytes) -> tuple[str, str] | None:
     f = io.BytesIO(data)
     try:
         major, _ = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if major == 1
+            else np.lib.format.read_array_header_2_0
+        )
         shape, _, dtype = read_header(f)
     except ValueError as e:
         return "truncated_3d", f"no readable header ({str(e)[:120]})"
     if dtype.hasobject:
-        return "not_a_3d_file", "an array of pickled Python objects (never loaded); store numbers, shape (N, 3|6)"
+        return (
+            "not_a_3d_file",
+            "an array of pickled Python objects (never loaded); store numbers, shape (N, 3|6)",
+        )
     if len(shape) != 2 or shape[1] not in (3, 6) or dtype.kind not in "fiu":
         return "not_a_3d_file", f"an array of shape {shape} and dtype {dtype}, not (N, 3|6) numbers"
     need = int(np.prod(shape)) * dtype.itemsize
-    return ("truncated_3d", f"{len(data) - f.tell()} data bytes, {need} declared") if len(data) - f.tell() < need else None
+    return (
+        ("truncated_3d", f"{len(data) - f.tell()} data bytes, {need} declared")
+        if len(data) - f.tell() < need
+        else None
+    )
 
 
 #: Formats whose lengths are checked in full before parsing: a parse failure then is corruption.
@@ -258,10 +314,15 @@ _LENGTHS_CHECKED = {"glb", "npy"}
 
 def _magic(data: bytes, fmt: str) -> bool:
     """Whether the bytes start like a file of ``fmt`` (a failure to parse is then truncation or corruption)."""
-    return {"ply": data.startswith(b"ply"), "glb": data.startswith(b"glTF"), "npy": data.startswith(b"\x93NUMPY"),
-            "off": bool(re.match(rb"\s*C?N?OFF", data)), "gltf": data.lstrip().startswith(b"{"),
-            "stl": data.lstrip().startswith(b"solid") or len(data) >= 80,
-            "obj": b"\0" not in data[:4096] and bool(re.search(rb"(?m)^(v|f|o|g|#)\s", data[:65536]))}.get(fmt, False)
+    return {
+        "ply": data.startswith(b"ply"),
+        "glb": data.startswith(b"glTF"),
+        "npy": data.startswith(b"\x93NUMPY"),
+        "off": bool(re.match(rb"\s*C?N?OFF", data)),
+        "gltf": data.lstrip().startswith(b"{"),
+        "stl": data.lstrip().startswith(b"solid") or len(data) >= 80,
+        "obj": b"\0" not in data[:4096] and bool(re.search(rb"(?m)^(v|f|o|g|#)\s", data[:65536])),
+    }.get(fmt, False)
 
 
 def check(data: bytes, fmt: str | None, resolver=None) -> Geometry:
@@ -282,7 +343,9 @@ def check(data: bytes, fmt: str | None, resolver=None) -> Geometry:
         geom = load(data, fmt, resolver)
     except Exception as e:  # parsers raise anything from ValueError to struct.error on cut files
         reason = "corrupt_3d" if fmt in _LENGTHS_CHECKED else "truncated_3d"
-        raise MediaError(reason, f"{fmt}: cannot be parsed ({type(e).__name__}: {str(e)[:120]})") from e
+        raise MediaError(
+            reason, f"{fmt}: cannot be parsed ({type(e).__name__}: {str(e)[:120]})"
+        ) from e
     if not len(geom.vertices):
         raise MediaError("no_geometry", f"{fmt}: no vertex")
     if geom.faces is None and fmt in MESH_ONLY:
@@ -301,9 +364,14 @@ def check(data: bytes, fmt: str | None, resolver=None) -> Geometry:
 def info(geom: Geometry, fmt: str, stored: str) -> dict:
     """Provenance for ``text.json``: counts, bounds, colours, area (meshes), formats."""
     lo, hi = geom.vertices.min(axis=0), geom.vertices.max(axis=0)
-    out = {"format": stored, "kind": geom.kind, "vertices": int(len(geom.vertices)),
-           "faces": int(len(geom.faces)) if geom.faces is not None else 0, "colors": geom.colors is not None,
-           "bounds": [[round(float(x), 6) for x in lo], [round(float(x), 6) for x in hi]]}
+    out = {
+        "format": stored,
+        "kind": geom.kind,
+        "vertices": int(len(geom.vertices)),
+        "faces": int(len(geom.faces)) if geom.faces is not None else 0,
+        "colors": geom.colors is not None,
+        "bounds": [[round(float(x), 6) for x in lo], [round(float(x), 6) for x in hi]],
+    }
     if geom.faces is not None:
         out["area"] = round(geom.area(), 6)
     if stored != fmt:
@@ -326,15 +394,21 @@ def encode_3d(data: bytes, name: str, path: str | None = None) -> tuple[str, byt
         return fmt, data, info(geom, fmt, fmt)
     import trimesh
 
-    mesh = trimesh.Trimesh(geom.vertices, geom.faces, process=False,
-                           vertex_colors=geom.colors if geom.colors is not None else None)
+    mesh = trimesh.Trimesh(
+        geom.vertices,
+        geom.faces,
+        process=False,
+        vertex_colors=geom.colors if geom.colors is not None else None,
+    )
     return "glb", trimesh.Scene(mesh).export(file_type="glb"), info(geom, fmt, "glb")
 
 
 # --- sampling (the encoder) ------------------------------------------------------------------
 
 
-def sample_surface(geom: Geometry, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+def sample_surface(
+    geom: Geometry, count: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray | None]:
     """``count`` points on the surface, faces chosen with probability proportional to their area
     and a uniform point in each (trimesh's :func:`trimesh.sample.sample_surface`, with ``rng``);
     colours interpolated from the vertices' by the barycentric weights. A point cloud gives
@@ -349,7 +423,9 @@ def sample_surface(geom: Geometry, count: int, rng: np.random.Generator) -> tupl
         return geom.vertices[idx], geom.colors[idx] if geom.colors is not None else None
     from trimesh.sample import sample_surface as trimesh_sample
 
-    points, face_index, bary = trimesh_sample(_MeshView(geom), count, seed=rng, return_barycentric=True)
+    points, face_index, bary = trimesh_sample(
+        _MeshView(geom), count, seed=rng, return_barycentric=True
+    )
     if geom.colors is None:
         return points, None
     rgb = np.einsum("nk,nkc->nc", bary, geom.colors[geom.faces[face_index]].astype(np.float64))
@@ -365,4 +441,13 @@ class _MeshView:
         self.area_faces = triangle_areas(geom.triangles())
 
 
-__all__ = ["EXTENSIONS", "Geometry", "check", "encode_3d", "format_of", "load", "sample_surface", "sniff"]
+__all__ = [
+    "EXTENSIONS",
+    "Geometry",
+    "check",
+    "encode_3d",
+    "format_of",
+    "load",
+    "sample_surface",
+    "sniff",
+]

@@ -49,7 +49,9 @@ def check_target(out: Path, inputs: list[Path]) -> None:
     for inp in inputs:
         r = Path(inp).resolve()
         if r == resolved or resolved in r.parents:
-            raise ConvertError(f"--out {out} is or holds the input {inp}; choose an --out outside the input")
+            raise ConvertError(
+                f"--out {out} is or holds the input {inp}; choose an --out outside the input"
+            )
 
 
 #: What identifies a conversion: a state or report differing in one of these is another conversion.
@@ -61,7 +63,10 @@ def state_diff(old: dict, state: dict, keys: tuple[str, ...] = FINGERPRINT) -> l
     options) differs from ``state``. A text conversion written before text outputs left the media
     options out compares without them."""
     if state.get("modality") == "text" and isinstance(old.get("options"), dict):
-        old = {**old, "options": {k: v for k, v in old["options"].items() if k not in ("image", "audio")}}
+        old = {
+            **old,
+            "options": {k: v for k, v in old["options"].items() if k not in ("image", "audio")},
+        }
     return [k for k in keys if old.get(k) != state[k]]
 
 
@@ -77,12 +82,17 @@ def check_not_foreign(out: Path) -> None:
         raise _os_error(f"cannot list --out {out}", e) from e
     if not entries or owned(out):
         return
-    if entries == [".convert"] and (out / ".convert").is_dir() and \
-            all(p.name in ("lock", "state.json.tmp") for p in (out / ".convert").iterdir()):
+    if (
+        entries == [".convert"]
+        and (out / ".convert").is_dir()
+        and all(p.name in ("lock", "state.json.tmp") for p in (out / ".convert").iterdir())
+    ):
         return  # a conversion stopped before it wrote its state
-    raise ConvertError(f"{out} is not empty and holds no energon-platform conversion (found "
-                       f"{', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}); nothing was changed; "
-                       f"choose an empty --out")
+    raise ConvertError(
+        f"{out} is not empty and holds no energon-platform conversion (found "
+        f"{', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}); nothing was changed; "
+        f"choose an empty --out"
+    )
 
 
 class OutputLock:
@@ -91,7 +101,7 @@ class OutputLock:
     def __init__(self, out: Path):
         self.out, self._file = out, None
 
-    def __enter__(self) -> "OutputLock":
+    def __enter__(self) -> OutputLock:
         path = self.out / LOCK_FILE
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,8 +114,10 @@ class OutputLock:
             self._file.seek(0)
             holder = self._file.read().strip() or "another process"
             self._file.close()
-            raise ConvertError(f"{self.out} is being written by another conversion ({holder}); "
-                               f"wait for it to finish or choose another --out") from None
+            raise ConvertError(
+                f"{self.out} is being written by another conversion ({holder}); "
+                f"wait for it to finish or choose another --out"
+            ) from None
         return self
 
     def announce(self) -> None:
@@ -113,7 +125,9 @@ class OutputLock:
         the run will write, so that a rerun with nothing to do changes no file."""
         self._file.seek(0)
         self._file.truncate()
-        self._file.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self._file.write(
+            f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        )
         self._file.flush()
 
     def __exit__(self, *exc) -> None:
@@ -124,11 +138,18 @@ def _foreign_in(out: Path) -> list[str]:
     """Entries of a conversion folder that no conversion wrote (relative names)."""
     foreign = []
     for p in sorted(out.iterdir()):
-        if p.name not in OUTPUT_ENTRIES or p.is_symlink() or (p.name in SPLIT_DIRS + (".nv-meta", ".convert")) != p.is_dir():
+        if (
+            p.name not in OUTPUT_ENTRIES
+            or p.is_symlink()
+            or (p.name in SPLIT_DIRS + (".nv-meta", ".convert")) != p.is_dir()
+        ):
             foreign.append(p.name)
         elif p.name in SPLIT_DIRS:
-            foreign += [f"{p.name}/{q.name}" for q in sorted(p.iterdir())
-                        if q.is_symlink() or not q.is_file() or not _SHARD_FILE.match(q.name)]
+            foreign += [
+                f"{p.name}/{q.name}"
+                for q in sorted(p.iterdir())
+                if q.is_symlink() or not q.is_file() or not _SHARD_FILE.match(q.name)
+            ]
     return foreign
 
 
@@ -142,16 +163,23 @@ def removal_plan(out: Path) -> list[Path]:
         return []
     foreign = _foreign_in(out)
     if foreign:
-        raise ConvertError(f"--overwrite refused: {out} holds files no conversion wrote "
-                           f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); nothing was removed; "
-                           f"move them away or choose another --out")
+        raise ConvertError(
+            f"--overwrite refused: {out} holds files no conversion wrote "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); nothing was removed; "
+            f"move them away or choose another --out"
+        )
     plan = [out / n for n in OUTPUT_ENTRIES if n != ".convert" and (out / n).exists()]
     return plan + [p for p in sorted((out / ".convert").iterdir()) if p.name != "lock"]
 
 
 def stale_tmp_files(out: Path) -> list[Path]:
     """``.tmp`` files a killed conversion left (ours by name); safe to remove under the lock."""
-    found = [p for d in SPLIT_DIRS for p in sorted((out / d).glob("shard-*.tmp")) if _SHARD_FILE.match(p.name)]
+    found = [
+        p
+        for d in SPLIT_DIRS
+        for p in sorted((out / d).glob("shard-*.tmp"))
+        if _SHARD_FILE.match(p.name)
+    ]
     return found + sorted((out / ".convert").rglob("*.json.tmp"))
 
 

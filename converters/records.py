@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 #: Sample keys: Energon splits a member name at the first dot, so keys never contain one.
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -68,11 +67,11 @@ def make_key(source_id: str) -> str:
 class Media:
     """Where a record's media comes from: a file path or inline bytes (e.g. a parquet column)."""
 
-    path: Optional[str] = None
-    data: Optional[bytes] = None
+    path: str | None = None
+    data: bytes | None = None
     name: str = ""  #: original file name (provenance), or a description for inline bytes
     #: bytes stored in a Parquet column: (column, row) of the file at ``path``, read by the writer
-    parquet_cell: Optional[tuple[str, int]] = None
+    parquet_cell: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,9 +126,14 @@ def drop_duplicates(records: list[Record]) -> tuple[list[Record], list[Problem]]
     for rec in records:
         first = seen.get(rec.key)
         if first is not None:
-            problems.append(Problem("duplicate_id", rec.source_id,
-                                    f"{rec.media.name}: key {rec.key!r} already used by {first.source_id!r} "
-                                    f"({first.media.name})"))
+            problems.append(
+                Problem(
+                    "duplicate_id",
+                    rec.source_id,
+                    f"{rec.media.name}: key {rec.key!r} already used by {first.source_id!r} "
+                    f"({first.media.name})",
+                )
+            )
         else:
             seen[rec.key] = rec
             kept.append(rec)

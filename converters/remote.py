@@ -103,12 +103,21 @@ def dataset_files(local_dir: str | Path) -> list[str]:
     """The relative paths :func:`upload_dataset` copies, in upload order (sorted, commit files last).
     Raises ``ConvertError`` unless ``local_dir`` holds a finished conversion."""
     root = Path(local_dir)
-    if not (root / ".nv-meta" / ".info.json").is_file() or not (root / ".nv-meta" / "dataset.yaml").is_file():
-        raise ConvertError(f"{root}: not a finished conversion (no .nv-meta/.info.json or dataset.yaml); "
-                           f"run `energon-platform convert` to the end first")
-    rel = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                 if p.is_file() and not p.name.endswith(".tmp")
-                 and p.relative_to(root).parts[0] not in _EXCLUDED_DIRS)
+    if (
+        not (root / ".nv-meta" / ".info.json").is_file()
+        or not (root / ".nv-meta" / "dataset.yaml").is_file()
+    ):
+        raise ConvertError(
+            f"{root}: not a finished conversion (no .nv-meta/.info.json or dataset.yaml); "
+            f"run `energon-platform convert` to the end first"
+        )
+    rel = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file()
+        and not p.name.endswith(".tmp")
+        and p.relative_to(root).parts[0] not in _EXCLUDED_DIRS
+    )
     return [r for r in rel if r not in COMMIT_FILES] + [r for r in COMMIT_FILES if r in rel]
 
 
@@ -134,7 +143,10 @@ def staging_dir(url: str) -> Path:
     killed conversion resumes there (``ENERGON_PLATFORM_STAGING`` sets the parent folder)."""
     import tempfile
 
-    parent = Path(os.environ.get("ENERGON_PLATFORM_STAGING") or Path(tempfile.gettempdir()) / "energon-platform-staging")
+    parent = Path(
+        os.environ.get("ENERGON_PLATFORM_STAGING")
+        or Path(tempfile.gettempdir()) / "energon-platform-staging"
+    )
     return parent / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
@@ -147,8 +159,9 @@ class UploadError(ConvertError):
         self.retries = retries
 
 
-def put_checked(local_path: str, url: str, name: str, attempts: int | None = None,
-                backoff: float | None = None) -> tuple[UploadResult, int]:
+def put_checked(
+    local_path: str, url: str, name: str, attempts: int | None = None, backoff: float | None = None
+) -> tuple[UploadResult, int]:
     """:func:`upload_file`, then check the stored object's size and ``sha256`` against the local
     file; a failure of either is retried with backoff (:func:`storage.with_retries`; a refused
     credential is not). Returns the result and the number of retries; raises :class:`UploadError`
@@ -160,9 +173,14 @@ def put_checked(local_path: str, url: str, name: str, attempts: int | None = Non
         with storage_errors(url, "the uploaded object"):
             client, key = msc.resolve_storage_client(url)
             meta = client.info(key)
-        if meta.content_length != result.size or (meta.metadata or {}).get("sha256") != result.sha256:
-            raise OSError(f"stored object has {meta.content_length} bytes and another checksum than "
-                          f"the {result.size} bytes written")
+        if (
+            meta.content_length != result.size
+            or (meta.metadata or {}).get("sha256") != result.sha256
+        ):
+            raise OSError(
+                f"stored object has {meta.content_length} bytes and another checksum than "
+                f"the {result.size} bytes written"
+            )
         return result
 
     try:
@@ -170,8 +188,11 @@ def put_checked(local_path: str, url: str, name: str, attempts: int | None = Non
     except (RetriesExhausted, OSError, RuntimeError, ValueError) as e:
         tries = e.tries if isinstance(e, RetriesExhausted) else 1
         message = " ".join(str(e).split())
-        raise UploadError(f"cannot upload {name} to {url} after {tries} {'try' if tries == 1 else 'tries'} ({message}); the shards already "
-                          f"uploaded stay on the prefix: run the same command again to continue", tries - 1) from e
+        raise UploadError(
+            f"cannot upload {name} to {url} after {tries} {'try' if tries == 1 else 'tries'} ({message}); the shards already "
+            f"uploaded stay on the prefix: run the same command again to continue",
+            tries - 1,
+        ) from e
 
 
 def work_dir(url: str) -> Path:
@@ -225,4 +246,7 @@ class ShardUploader:
         finally:
             for path in (shard, index, record):
                 path.unlink(missing_ok=True)
-        return {**stats, "upload": {"retries": retries, "bytes": sent, "seconds": time.monotonic() - start}}
+        return {
+            **stats,
+            "upload": {"retries": retries, "bytes": sent, "seconds": time.monotonic() - start},
+        }

@@ -49,8 +49,10 @@ def prepare_prefix(url: str, readahead: int = 64 << 10) -> dict:
     """Index the WebDataset at ``url`` (module doc). Raises ``ConvertError`` when it is refused
     or holds no tar."""
     if not is_remote(url):
-        raise ConvertError(f"{url}: prepare takes an msc://PROFILE/prefix URL (tars on object storage); "
-                           f"for a local folder of tars run Energon's `energon prepare {url}`")
+        raise ConvertError(
+            f"{url}: prepare takes an msc://PROFILE/prefix URL (tars on object storage); "
+            f"for a local folder of tars run Energon's `energon prepare {url}`"
+        )
     prefix = open_prefix(url.rstrip("/"))
     listing = prefix.listing()
     objects = {rel: o.content_length for rel, o in listing.items()}
@@ -66,29 +68,41 @@ def prepare_prefix(url: str, readahead: int = 64 << 10) -> dict:
     for rel in shards:
         with storage_errors(prefix.url, rel + ".idx"):
             prefix.client.write(prefix.full_key(rel + ".idx"), tar_idx_bytes(records[rel]))
-    identity = hashlib.sha256(json.dumps([[r, objects[r], listing[r].etag, records[r]] for r in shards])
-                              .encode()).hexdigest()
+    identity = hashlib.sha256(
+        json.dumps([[r, objects[r], listing[r].etag, records[r]] for r in shards]).encode()
+    ).hexdigest()
     _upload_meta(prefix, shards, records, identity)
-    return {"url": prefix.url, "shards": len(shards), "samples": sum(len(r["samples"]) for r in records.values()),
-            "requests": requests, "bytes_read": read, "tar_bytes": sum(objects[r] for r in shards),
-            "has_dataset_yaml": f"{META}/dataset.yaml" in objects}
+    return {
+        "url": prefix.url,
+        "shards": len(shards),
+        "samples": sum(len(r["samples"]) for r in records.values()),
+        "requests": requests,
+        "bytes_read": read,
+        "tar_bytes": sum(objects[r] for r in shards),
+        "has_dataset_yaml": f"{META}/dataset.yaml" in objects,
+    }
 
 
 def _refuse_a_conversion(prefix: Prefix, objects: dict[str, int]) -> None:
     """A prefix ``convert`` wrote is indexed already (module doc)."""
     found = [k for k in (STATE_FILE, "report.json") if k in objects]
     if found:
-        raise ConvertError(f"{prefix.url} holds a conversion written by `energon-platform convert` (found "
-                           f"{found[0]}), indexed when it was written; nothing was changed; prepare is for tars put "
-                           f"on a prefix by hand (check this one with `energon-platform verify {prefix.url}`)")
+        raise ConvertError(
+            f"{prefix.url} holds a conversion written by `energon-platform convert` (found "
+            f"{found[0]}), indexed when it was written; nothing was changed; prepare is for tars put "
+            f"on a prefix by hand (check this one with `energon-platform verify {prefix.url}`)"
+        )
 
 
 def _shard_record(prefix: Prefix, rel: str, size: int, readahead: int) -> tuple[dict, RangedObject]:
     """The index record of the tar at ``rel`` and the ranged reader that read it; a tar that is
     not whole (module doc) is a ``ConvertError`` naming it."""
+
     def refuse(why: str) -> ConvertError:
-        return ConvertError(f"{prefix.url}/{rel}: {why}; nothing was written; replace or remove this shard and "
-                            f"run prepare again")
+        return ConvertError(
+            f"{prefix.url}/{rel}: {why}; nothing was written; replace or remove this shard and "
+            f"run prepare again"
+        )
 
     with storage_errors(prefix.url, rel):
         f = RangedObject(prefix.client, prefix.full_key(rel), size, readahead)
@@ -96,10 +110,14 @@ def _shard_record(prefix: Prefix, rel: str, size: int, readahead: int) -> tuple[
             record = tar_record(f)
         except tarfile.TarError as e:
             raise refuse(f"not a tar, or cut short ({e}; {size} bytes)") from None
-        f.seek(record["end"])  # the first end block was read to find the end; the second is only sized
+        f.seek(
+            record["end"]
+        )  # the first end block was read to find the end; the second is only sized
         if f.read(_BLOCK) != bytes(_BLOCK) or size < record["end"] + 2 * _BLOCK:
-            raise refuse(f"cut short or not a whole tar: no end-of-archive blocks after its last member "
-                         f"(members end at byte {record['end']} of {size})")
+            raise refuse(
+                f"cut short or not a whole tar: no end-of-archive blocks after its last member "
+                f"(members end at byte {record['end']} of {size})"
+            )
     if not record["samples"]:
         raise refuse("holds no sample (no member named KEY.PART)")
     return record, f
@@ -111,21 +129,34 @@ def _refuse_duplicate_keys(prefix: Prefix, records: dict[str, dict]) -> None:
     for rel, record in records.items():
         for key, _, _ in record["samples"]:
             if key in seen:
-                raise ConvertError(f"{prefix.url}: sample key {key!r} is in {seen[key]} and {rel}; nothing was "
-                                   f"written; Energon needs every key once (rename the members, or see "
-                                   f"`energon prepare --fix-duplicates`)")
+                raise ConvertError(
+                    f"{prefix.url}: sample key {key!r} is in {seen[key]} and {rel}; nothing was "
+                    f"written; Energon needs every key once (rename the members, or see "
+                    f"`energon prepare --fix-duplicates`)"
+                )
             seen[key] = rel
 
 
-def _upload_meta(prefix: Prefix, shards: list[str], records: dict[str, dict], identity: str) -> None:
+def _upload_meta(
+    prefix: Prefix, shards: list[str], records: dict[str, dict], identity: str
+) -> None:
     """Build ``.nv-meta`` from the records (Energon's index writer) and upload it, ``.info.json``
     last (it makes the prefix a dataset)."""
-    splits = [(s, rf"^{s}/.*") for s in ("train", "val") if any(r.startswith(f"{s}/") for r in shards)]
+    splits = [
+        (s, rf"^{s}/.*") for s in ("train", "val") if any(r.startswith(f"{s}/") for r in shards)
+    ]
     RecordPreparator.records = staticmethod(records.__getitem__)
     with tempfile.TemporaryDirectory(prefix="energon-platform-prepare-") as tmp:
         with contextlib.redirect_stdout(io.StringIO()):
-            RecordPreparator.prepare_dataset(Path(tmp), shards, split_parts_patterns=splits or [("train", ".*")],
-                                             shuffle_seed=None, workers=1)
-        (Path(tmp) / META / "index.uuid").write_text(str(uuid.uuid5(uuid.NAMESPACE_URL, f"energon-platform:{identity}")))
+            RecordPreparator.prepare_dataset(
+                Path(tmp),
+                shards,
+                split_parts_patterns=splits or [("train", ".*")],
+                shuffle_seed=None,
+                workers=1,
+            )
+        (Path(tmp) / META / "index.uuid").write_text(
+            str(uuid.uuid5(uuid.NAMESPACE_URL, f"energon-platform:{identity}"))
+        )
         for name in ("index.sqlite", "index.uuid", "split.yaml", ".info.json"):
             upload_file(str(Path(tmp) / META / name), f"{prefix.url}/{META}/{name}")

@@ -40,9 +40,14 @@ from converters.remote import COMMIT_FILES
 from converters.writer import STATS_DIR
 from storage import StorageError, storage_errors, with_retries
 
-_CONVERSION_KEY = re.compile(r"^(?:(?:train|val)/shard-\d{6}\.tar(?:\.idx)?|\.nv-meta/[^/]+|report\.json|"
-                             r"skipped\.jsonl|" + re.escape(STATE_FILE) + r"|"
-                             + re.escape(STATS_DIR) + r"/(?:train|val)-shard-\d{6}\.json)$")
+_CONVERSION_KEY = re.compile(
+    r"^(?:(?:train|val)/shard-\d{6}\.tar(?:\.idx)?|\.nv-meta/[^/]+|report\.json|"
+    r"skipped\.jsonl|"
+    + re.escape(STATE_FILE)
+    + r"|"
+    + re.escape(STATS_DIR)
+    + r"/(?:train|val)-shard-\d{6}\.json)$"
+)
 #: What a finished dataset has besides its shards and their ``.tar.idx``.
 FINISHED_KEYS = ("report.json", "skipped.jsonl") + tuple(f"{META}/{n}" for n in META_FILES)
 
@@ -74,8 +79,12 @@ class Prefix:
     def listing(self) -> dict[str, object]:
         """Every object under the prefix: relative key → MSC's ``ObjectMetadata``."""
         base = self.full_key("")
-        return self._retried("the prefix's listing", lambda: {
-            o.key[len(base):]: o for o in self.client.list(base) if o.key.startswith(base)})
+        return self._retried(
+            "the prefix's listing",
+            lambda: {
+                o.key[len(base) :]: o for o in self.client.list(base) if o.key.startswith(base)
+            },
+        )
 
     def objects(self) -> dict[str, int]:
         """Every object under the prefix: relative key → size."""
@@ -83,11 +92,13 @@ class Prefix:
 
     def read(self, rel: str) -> bytes | None:
         """The bytes of the object at ``rel``, None when there is none."""
+
         def read() -> bytes | None:
             try:
                 return self.client.read(self.full_key(rel))
             except FileNotFoundError:
                 return None
+
         return self._retried(rel, read)
 
     def read_json(self, rel: str) -> dict | None:
@@ -103,11 +114,15 @@ class Prefix:
 
     def write_state(self, state: dict, attempts: int | None = None) -> None:
         data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
-        self._retried(STATE_FILE, lambda: self.client.write(self.full_key(STATE_FILE), data), attempts)
+        self._retried(
+            STATE_FILE, lambda: self.client.write(self.full_key(STATE_FILE), data), attempts
+        )
 
     def delete(self, rels: list[str]) -> None:
         for rel in rels:
-            self._retried("an object to replace", lambda: self.client.delete(self.full_key(rel)))
+            self._retried(
+                "an object to replace", lambda rel=rel: self.client.delete(self.full_key(rel))
+            )
 
 
 def open_prefix(url: str) -> Prefix:
@@ -119,7 +134,9 @@ def open_prefix(url: str) -> Prefix:
         client, key = msc.resolve_storage_client(url)
     except (ValueError, OSError) as e:
         message = " ".join(str(e).split())
-        raise ConvertError(f"--out {url}: {message} (set MSC_CONFIG to a config that defines the profile)") from None
+        raise ConvertError(
+            f"--out {url}: {message} (set MSC_CONFIG to a config that defines the profile)"
+        ) from None
     return Prefix(url, client, key.rstrip("/"))
 
 
@@ -160,9 +177,11 @@ def _is_conversion(old: dict | None, report: dict | None) -> bool:
 
 def _refuse_foreign(prefix: Prefix, objects: dict[str, int]) -> None:
     """A prefix with objects and no conversion: nothing on it is ours, ``--overwrite`` or not."""
-    raise ConvertError(f"{prefix.url} holds objects and no energon-platform conversion (found "
-                       f"{_listing(sorted(objects))}); nothing was changed; choose an empty prefix for --out "
-                       f"(--overwrite replaces only a conversion, never other objects)")
+    raise ConvertError(
+        f"{prefix.url} holds objects and no energon-platform conversion (found "
+        f"{_listing(sorted(objects))}); nothing was changed; choose an empty prefix for --out "
+        f"(--overwrite replaces only a conversion, never other objects)"
+    )
 
 
 def _replace(prefix: Prefix, objects: dict[str, int], state: dict) -> None:
@@ -170,12 +189,17 @@ def _replace(prefix: Prefix, objects: dict[str, int], state: dict) -> None:
     delete them (commit files first, the state last) and claim the prefix."""
     foreign = sorted(k for k in objects if not conversion_key(k))
     if foreign:
-        raise ConvertError(f"--overwrite refused: {prefix.url} holds objects no conversion wrote "
-                           f"({_listing(foreign)}); nothing was removed; move them away or choose another --out")
+        raise ConvertError(
+            f"--overwrite refused: {prefix.url} holds objects no conversion wrote "
+            f"({_listing(foreign)}); nothing was removed; move them away or choose another --out"
+        )
     ours = sorted(objects)
     commit = [k for k in COMMIT_FILES[::-1] if k in ours]
-    prefix.delete(commit + [k for k in ours if k not in commit and k != STATE_FILE]
-                  + [k for k in ours if k == STATE_FILE])
+    prefix.delete(
+        commit
+        + [k for k in ours if k not in commit and k != STATE_FILE]
+        + [k for k in ours if k == STATE_FILE]
+    )
     prefix.write_state(state)
 
 
@@ -191,16 +215,24 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> Claim:
         return Claim()
     if old is not None:
         diff = state_diff(old, state)
-    elif report is not None:  # uploaded before the state existed: its report names source and options
+    elif (
+        report is not None
+    ):  # uploaded before the state existed: its report names source and options
         diff = state_diff(report, state, keys=("source", "options"))
     else:
         diff = []
     if diff:
         foreign = sorted(k for k in objects if not conversion_key(k))
-        remedy = (f"use another --out (--overwrite would refuse: the prefix also holds {_listing(foreign)}, "
-                  f"which no conversion wrote)" if foreign else "use another --out or pass --overwrite to replace it")
-        raise ConvertError(f"{prefix.url} holds a conversion of a different {' and '.join(diff)}; nothing was "
-                           f"changed; {remedy}")
+        remedy = (
+            f"use another --out (--overwrite would refuse: the prefix also holds {_listing(foreign)}, "
+            f"which no conversion wrote)"
+            if foreign
+            else "use another --out or pass --overwrite to replace it"
+        )
+        raise ConvertError(
+            f"{prefix.url} holds a conversion of a different {' and '.join(diff)}; nothing was "
+            f"changed; {remedy}"
+        )
     if old is not None and old.get("finished") and _finished_and_whole(objects, report):
         return Claim(done=report)
     if old is None or old.get("finished"):  # a repair must not leave it marked finished if killed
@@ -225,7 +257,9 @@ def record_retries_of_failed_run(prefix: Prefix, state: dict, retries: int) -> N
 
 def finish(prefix: Prefix, state: dict, retries: int = 0) -> None:
     """After the last upload: mark the prefix's conversion finished (with its upload retries, if any)."""
-    prefix.write_state({**state, "finished": True, **({"upload_retries": retries} if retries else {})})
+    prefix.write_state(
+        {**state, "finished": True, **({"upload_retries": retries} if retries else {})}
+    )
 
 
 def done_units(prefix: Prefix, units: list, cache: Path) -> dict[str, dict]:
@@ -249,7 +283,9 @@ def done_units(prefix: Prefix, units: list, cache: Path) -> dict[str, dict]:
             stats = json.loads(path.read_text())
         except ValueError:
             continue
-        if stats.get("samples") and (objects.get(unit.name) != stats.get("bytes") or unit.name + ".idx" not in objects):
+        if stats.get("samples") and (
+            objects.get(unit.name) != stats.get("bytes") or unit.name + ".idx" not in objects
+        ):
             continue
         done[unit.name] = {k: v for k, v in stats.items() if k != "index"}
     return done

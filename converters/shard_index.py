@@ -21,12 +21,17 @@ from __future__ import annotations
 import io
 import struct
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from megatron.energon.flavors.webdataset.config import skip_meta_re, split_name_re
-from megatron.energon.flavors.webdataset.prepare import (IndexSample, IndexSamplePart, IndexShardInfo,
-                                                          WebdatasetPreparator)
+from megatron.energon.flavors.webdataset.prepare import (
+    IndexSample,
+    IndexSamplePart,
+    IndexShardInfo,
+    WebdatasetPreparator,
+)
 from megatron.energon.flavors.webdataset.structs import ShardInfo
 
 #: How many distinct part names a record keeps (Energon's ``max_parts``).
@@ -68,7 +73,9 @@ def file_record(path: str | Path) -> dict:
 
 def tar_idx_bytes(record: dict) -> bytes:
     """The shard's ``.tar.idx`` as Energon writes it."""
-    return b"".join(struct.pack("Q", s[1]) for s in record["samples"]) + struct.pack("Q", record["end"])
+    return b"".join(struct.pack("Q", s[1]) for s in record["samples"]) + struct.pack(
+        "Q", record["end"]
+    )
 
 
 def index_items(shard: str, tar_file_id: int, record: dict, parent) -> Iterator:
@@ -79,13 +86,25 @@ def index_items(shard: str, tar_file_id: int, record: dict, parent) -> Iterator:
         parts_by_sample.setdefault(p[0], []).append(p)
     for i, (key, offset, size) in enumerate(samples):
         for _, name, data_offset, data_size in parts_by_sample.get(i, ()):
-            yield IndexSamplePart(tar_file_id=tar_file_id, sample_index=i, part_name=name,
-                                  content_byte_offset=data_offset, content_byte_size=data_size)
+            yield IndexSamplePart(
+                tar_file_id=tar_file_id,
+                sample_index=i,
+                part_name=name,
+                content_byte_offset=data_offset,
+                content_byte_size=data_size,
+            )
         # Energon yields a sample's row when the next sample starts (after this sample's parts)
-        yield IndexSample(tar_file_id=tar_file_id, sample_key=key, sample_index=i, byte_offset=offset,
-                          byte_size=size)
-    yield IndexShardInfo(shard_info=ShardInfo(name=shard, path=parent / shard, count=len(samples)),
-                         parts=set(record["part_names"]))
+        yield IndexSample(
+            tar_file_id=tar_file_id,
+            sample_key=key,
+            sample_index=i,
+            byte_offset=offset,
+            byte_size=size,
+        )
+    yield IndexShardInfo(
+        shard_info=ShardInfo(name=shard, path=parent / shard, count=len(samples)),
+        parts=set(record["part_names"]),
+    )
 
 
 class RecordPreparator(WebdatasetPreparator):
@@ -96,7 +115,9 @@ class RecordPreparator(WebdatasetPreparator):
 
     @staticmethod
     def _preprocess_tar(path, shard_to_idx, parent_path, max_parts, media_filter=None):
-        yield from index_items(path, shard_to_idx[path], RecordPreparator.records(path), parent_path)
+        yield from index_items(
+            path, shard_to_idx[path], RecordPreparator.records(path), parent_path
+        )
 
 
 class RangedObject(io.RawIOBase):
@@ -109,7 +130,13 @@ class RangedObject(io.RawIOBase):
     def __init__(self, client, key: str, size: int, readahead: int = 64 << 10):
         from multistorageclient.types import Range
 
-        self._client, self._key, self._size, self._ahead, self._range = client, key, size, readahead, Range
+        self._client, self._key, self._size, self._ahead, self._range = (
+            client,
+            key,
+            size,
+            readahead,
+            Range,
+        )
         self._pos, self._buf_start, self._buf = 0, 0, b""
         self.requests = self.bytes_read = 0
 
@@ -134,10 +161,12 @@ class RangedObject(io.RawIOBase):
         if lo < 0 or lo + n > len(self._buf):
             # tarfile probes the byte before each header (truncation check): fetch the header with it
             want = min(max(n, self._ahead) + (512 if n < 512 else 0), self._size - self._pos)
-            self._buf = self._client.read(self._key, byte_range=self._range(offset=self._pos, size=want))
+            self._buf = self._client.read(
+                self._key, byte_range=self._range(offset=self._pos, size=want)
+            )
             self._buf_start, lo = self._pos, 0
             self.requests += 1
             self.bytes_read += len(self._buf)
-        b[:n] = self._buf[lo:lo + n]
+        b[:n] = self._buf[lo : lo + n]
         self._pos += n
         return n

@@ -35,7 +35,9 @@ def split_of(key: str, val_fraction: float) -> str:
     return "val" if int(stable_hash(key), 16) / 2**64 < val_fraction else "train"
 
 
-def plan_units(records: list[Record], samples_per_shard: int, val_fraction: float) -> list[WorkUnit]:
+def plan_units(
+    records: list[Record], samples_per_shard: int, val_fraction: float
+) -> list[WorkUnit]:
     """Split records into train/val (source order kept) and cut each split into shards."""
     by_split = {s: [r for r in records if split_of(r.key, val_fraction) == s] for s in SPLITS}
     return [

@@ -37,7 +37,9 @@ def missing_loader_files(root, shards: list[str]) -> list[str]:
     ``EPath``): ``.nv-meta`` files, then each present shard's ``.tar.idx`` (relative names)."""
     meta = root / META
     needed = [f"{META}/{n}" for n in META_FILES]
-    if (meta / "dataset.yaml").is_file() and "sample_loader.py" in (meta / "dataset.yaml").read_text():
+    if (meta / "dataset.yaml").is_file() and "sample_loader.py" in (
+        meta / "dataset.yaml"
+    ).read_text():
         needed.append(f"{META}/sample_loader.py")
     needed += [f"{s}.idx" for s in shards if (root / s).is_file()]
     return [n for n in needed if not (root / n).is_file()]
@@ -52,15 +54,27 @@ def verify_dataset(path: str, progress: bool = True) -> dict:
         root = dataset_root(path)
         report_path = root / "report.json"
         if not report_path.is_file():
-            raise InputError(f"{path}: no report.json: only datasets written by `energon-platform convert` "
-                             f"carry the checksums verify needs")
+            raise InputError(
+                f"{path}: no report.json: only datasets written by `energon-platform convert` "
+                f"carry the checksums verify needs"
+            )
         try:
-            recorded = {s["shard"]: (s["sha256"], s["bytes"]) for s in json.loads(report_path.read_text())["shards"]}
+            recorded = {
+                s["shard"]: (s["sha256"], s["bytes"])
+                for s in json.loads(report_path.read_text())["shards"]
+            }
         except (ValueError, KeyError, TypeError) as e:
-            raise InputError(f"{report_path}: corrupt conversion report ({type(e).__name__}: {e})") from None
+            raise InputError(
+                f"{report_path}: corrupt conversion report ({type(e).__name__}: {e})"
+            ) from None
         status, checked = {}, 0
-        bar = tqdm(total=sum(b for _, b in recorded.values()), unit="B", unit_scale=True, desc="verify",
-                   disable=not progress)
+        bar = tqdm(
+            total=sum(b for _, b in recorded.values()),
+            unit="B",
+            unit_scale=True,
+            desc="verify",
+            disable=not progress,
+        )
         for name, (digest, size) in sorted(recorded.items()):
             shard = root / name
             if not shard.is_file():
@@ -75,4 +89,10 @@ def verify_dataset(path: str, progress: bool = True) -> dict:
                 status.setdefault(f"{split}/{shard.name}", "unrecorded")
         missing = missing_loader_files(root, sorted(status))
     bad = [n for n, s in status.items() if s != "ok"]
-    return {"shards": status, "bad": bad, "missing_files": missing, "ok": not bad and not missing, "bytes": checked}
+    return {
+        "shards": status,
+        "bad": bad,
+        "missing_files": missing,
+        "ok": not bad and not missing,
+        "bytes": checked,
+    }

@@ -16,8 +16,15 @@ from pathlib import Path
 
 import webdataset as wds
 
-from converters.media import (AudioOptions, ImageOptions, MediaError, VideoOptions, encode_audio, encode_image,
-                              encode_video)
+from converters.media import (
+    AudioOptions,
+    ImageOptions,
+    MediaError,
+    VideoOptions,
+    encode_audio,
+    encode_image,
+    encode_video,
+)
 from converters.records import Media, Problem, Record
 from converters.units import WorkUnit
 
@@ -51,7 +58,11 @@ class _ParquetCells:
             self._file, self._bounds = (path, pf), starts
         group = max(i for i, s in enumerate(self._bounds) if s <= row)
         if self._cached[:2] != (path, group):
-            self._cached = (path, group, self._file[1].read_row_group(group, columns=[column]).column(0).to_pylist())
+            self._cached = (
+                path,
+                group,
+                self._file[1].read_row_group(group, columns=[column]).column(0).to_pylist(),
+            )
         value = self._cached[2][row - self._bounds[group]]
         if isinstance(value, dict):
             value = value.get("bytes")
@@ -81,7 +92,10 @@ def encode_record(rec: Record, opts: WriteOptions, cells: _ParquetCells) -> dict
     source = {"kind": opts.source_kind, "id": rec.source_id, "file": rec.media.name, **rec.extra}
     if opts.modality == "text":
         doc = {"text": rec.texts[0], "source": source}
-        return {"__key__": rec.key, "text.json": json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")}
+        return {
+            "__key__": rec.key,
+            "text.json": json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+        }
     data = _read_media(rec.media, cells)
     if opts.modality == "image":
         ext, payload, info = encode_image(data, opts.image)
@@ -94,7 +108,9 @@ def encode_record(rec: Record, opts: WriteOptions, cells: _ParquetCells) -> dict
     elif opts.modality == "pointcloud":  # convert 3d: meshes and point clouds
         from converters.mesh3d import encode_3d
 
-        ext, payload, info = encode_3d(data, rec.media.name, None if rec.media.parquet_cell else rec.media.path)
+        ext, payload, info = encode_3d(
+            data, rec.media.name, None if rec.media.parquet_cell else rec.media.path
+        )
         text = {"text": rec.texts[0], "captions": list(rec.texts), "source": {**source, **info}}
         part = "pointcloud"
     else:
@@ -135,11 +151,20 @@ def write_unit(unit: WorkUnit, out_dir: str, opts: WriteOptions) -> dict:
         except MediaError as e:
             problems.append(Problem(e.reason, rec.source_id, str(e)[:300]).to_json())
             continue
-        if opts.modality == "video" and "cut_to_seconds" in json.loads(samples[-1]["text.json"])["source"]:
+        if (
+            opts.modality == "video"
+            and "cut_to_seconds" in json.loads(samples[-1]["text.json"])["source"]
+        ):
             cut.append(rec.source_id)
-    stats = {"shard": unit.name, "samples": len(samples), "bytes": 0, "sha256": None,
-             "extensions": sorted({k for s in samples for k in s if k != "__key__"}), "problems": problems,
-             "cut": cut}
+    stats = {
+        "shard": unit.name,
+        "samples": len(samples),
+        "bytes": 0,
+        "sha256": None,
+        "extensions": sorted({k for s in samples for k in s if k != "__key__"}),
+        "problems": problems,
+        "cut": cut,
+    }
     if samples:
         shard = out / unit.name
         shard.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +186,9 @@ def write_unit(unit: WorkUnit, out_dir: str, opts: WriteOptions) -> dict:
 def shard_problem(out_dir, shard: str, size: int) -> str | None:
     """Why a written shard is no longer what was written (missing, other size), or None.
     Cheap: existence and size only, never the content. ``out_dir``: a path or an Energon ``EPath``."""
-    path = Path(out_dir) / shard if isinstance(out_dir, (str, Path)) else out_dir / shard  # or an EPath
+    path = (
+        Path(out_dir) / shard if isinstance(out_dir, (str, Path)) else out_dir / shard
+    )  # or an EPath
     try:
         actual = path.stat().st_size if isinstance(path, Path) else path.size()
     except OSError:

@@ -28,19 +28,28 @@ EXAMPLES = """examples:
 """
 
 
-
 def _format_arg(parser: argparse.ArgumentParser) -> None:
     """``--format`` of a manifest (``fmt``)."""
-    parser.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "tsv", "parquet"],
-                        help="default: from the extension")
+    parser.add_argument(
+        "--format",
+        dest="fmt",
+        choices=["jsonl", "csv", "tsv", "parquet"],
+        help="default: from the extension",
+    )
 
 
 def _folder_or_manifest(parser: argparse.ArgumentParser, files: str, stem: str, paths: str) -> None:
     """``--root`` (a folder of ``files`` with ``STEM.txt``/``STEM.json`` captions) or ``--manifest``."""
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--root", help=f"folder searched recursively for {files}; captions from {stem}.txt or "
-                                    f"{stem}.json beside each")
-    src.add_argument("--manifest", help=f"JSONL/CSV/TSV/Parquet; {paths} resolve relative to its folder")
+    src.add_argument(
+        "--root",
+        help=f"folder searched recursively for {files}; captions from {stem}.txt or "
+        f"{stem}.json beside each",
+    )
+    src.add_argument(
+        "--manifest", help=f"JSONL/CSV/TSV/Parquet; {paths} resolve relative to its folder"
+    )
+
 
 def _fraction(text: str) -> float:
     v = float(text)
@@ -80,98 +89,229 @@ def _positive(text: str) -> int:
 def _add_convert(sub) -> None:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("output")
-    g.add_argument("--out", required=True,
-                   help="output folder (created; resumable; refused if it holds other data), or object storage "
-                        "msc://PROFILE/prefix (MSC_CONFIG profile; written to a local staging folder, shards "
-                        "uploaded as they finish, metadata last)")
-    g.add_argument("--samples-per-shard", type=_positive, default=512, help="samples per tar shard (default 512)")
-    g.add_argument("--val-fraction", type=_fraction, default=0.0,
-                   help="fraction of keys (chosen by a hash of the key) written as the val split (default 0)")
-    g.add_argument("--max-error-fraction", type=_fraction, default=0.1,
-                   help="exit non-zero when more than this fraction of samples is skipped (default 0.1)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="replace an existing conversion in --out; removes only what a conversion wrote and "
-                        "refuses (removing nothing) if --out holds anything else (a folder or prefix without a "
-                        "conversion, or a file or object no conversion wrote) or is being written")
+    g.add_argument(
+        "--out",
+        required=True,
+        help="output folder (created; resumable; refused if it holds other data), or object storage "
+        "msc://PROFILE/prefix (MSC_CONFIG profile; written to a local staging folder, shards "
+        "uploaded as they finish, metadata last)",
+    )
+    g.add_argument(
+        "--samples-per-shard",
+        type=_positive,
+        default=512,
+        help="samples per tar shard (default 512)",
+    )
+    g.add_argument(
+        "--val-fraction",
+        type=_fraction,
+        default=0.0,
+        help="fraction of keys (chosen by a hash of the key) written as the val split (default 0)",
+    )
+    g.add_argument(
+        "--max-error-fraction",
+        type=_fraction,
+        default=0.1,
+        help="exit non-zero when more than this fraction of samples is skipped (default 0.1)",
+    )
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing conversion in --out; removes only what a conversion wrote and "
+        "refuses (removing nothing) if --out holds anything else (a folder or prefix without a "
+        "conversion, or a file or object no conversion wrote) or is being written",
+    )
     g = common.add_argument_group("execution")
-    g.add_argument("--workers", type=_positive, default=1, help="parallel work units (processes or Ray CPUs)")
-    g.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="local processes (default) or Ray tasks; same output bytes either way")
-    g.add_argument("--ray-address", help="Ray cluster address HOST:PORT, ray://HOST:PORT or auto (default: start a "
-                                         "local Ray instance); an unreachable one fails within 10 s")
+    g.add_argument(
+        "--workers", type=_positive, default=1, help="parallel work units (processes or Ray CPUs)"
+    )
+    g.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local processes (default) or Ray tasks; same output bytes either way",
+    )
+    g.add_argument(
+        "--ray-address",
+        help="Ray cluster address HOST:PORT, ray://HOST:PORT or auto (default: start a "
+        "local Ray instance); an unreachable one fails within 10 s",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     # media options only where they apply: `convert video --help` lists no image or audio option
     image = argparse.ArgumentParser(add_help=False)
     g = image.add_argument_group("images")
-    g.add_argument("--image-format", choices=["png", "keep"], default="png",
-                   help="png: lossless RGB re-encode with EXIF orientation applied (default); "
-                        "keep: original JPEG/PNG/WebP bytes, validated by decoding")
-    g.add_argument("--max-side", type=_positive, help="downscale images whose longest side exceeds this")
-    g.add_argument("--max-pixels", type=_positive, default=89_478_485,
-                   help="reject larger images as decompression bombs (default: PIL's limit)")
+    g.add_argument(
+        "--image-format",
+        choices=["png", "keep"],
+        default="png",
+        help="png: lossless RGB re-encode with EXIF orientation applied (default); "
+        "keep: original JPEG/PNG/WebP bytes, validated by decoding",
+    )
+    g.add_argument(
+        "--max-side", type=_positive, help="downscale images whose longest side exceeds this"
+    )
+    g.add_argument(
+        "--max-pixels",
+        type=_positive,
+        default=89_478_485,
+        help="reject larger images as decompression bombs (default: PIL's limit)",
+    )
     audio = argparse.ArgumentParser(add_help=False)
     audio.add_argument_group("audio").add_argument(
-        "--audio-format", choices=["flac", "keep"], default="flac",
+        "--audio-format",
+        choices=["flac", "keep"],
+        default="flac",
         help="flac: FLAC at the source's bit depth (16/24; FLAC sources kept; 32-bit and float "
-             "PCM kept as WAV; default); keep: original FLAC/WAV/MP3 bytes, others as flac. "
-             "The part is named by the detected format, never the file name")
+        "PCM kept as WAV; default); keep: original FLAC/WAV/MP3 bytes, others as flac. "
+        "The part is named by the detected format, never the file name",
+    )
 
-    p = sub.add_parser("convert", help="repack a raw corpus into Energon-ready WebDataset shards",
-                       description="Repack a raw image-text, audio-text or text-only corpus into deterministic, "
-                                   "Energon-ready WebDataset shards. Bad records are skipped and counted "
-                                   "in OUT/report.json and OUT/skipped.jsonl; a killed run resumes where it stopped.",
-                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "convert",
+        help="repack a raw corpus into Energon-ready WebDataset shards",
+        description="Repack a raw image-text, audio-text or text-only corpus into deterministic, "
+        "Energon-ready WebDataset shards. Bad records are skipped and counted "
+        "in OUT/report.json and OUT/skipped.jsonl; a killed run resumes where it stopped.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="SOURCE-KIND")
     k = kinds.add_parser("coco", parents=[common, image], help="COCO captions json + image folder")
     k.add_argument("--annotations", required=True, help="captions_*.json")
-    k.add_argument("--images", required=True, help="folder the json's file_name entries are relative to")
-    k = kinds.add_parser("folder", parents=[common, image], help="images with .txt/.json caption sidecars")
-    k.add_argument("--root", required=True,
-                   help="folder searched recursively for images; captions from IMG.txt or IMG.json beside each")
-    k = kinds.add_parser("manifest", parents=[common, image], help="JSONL/CSV/TSV/Parquet image-text manifest")
+    k.add_argument(
+        "--images", required=True, help="folder the json's file_name entries are relative to"
+    )
+    k = kinds.add_parser(
+        "folder", parents=[common, image], help="images with .txt/.json caption sidecars"
+    )
+    k.add_argument(
+        "--root",
+        required=True,
+        help="folder searched recursively for images; captions from IMG.txt or IMG.json beside each",
+    )
+    k = kinds.add_parser(
+        "manifest", parents=[common, image], help="JSONL/CSV/TSV/Parquet image-text manifest"
+    )
     k.add_argument("--manifest", required=True, help="paths in it resolve relative to its folder")
-    k.add_argument("--image-column", default="image", help="image path, or image bytes in Parquet (default: image)")
-    k.add_argument("--text-column", default="caption", help="caption or list of captions (default: caption)")
-    k.add_argument("--id-column", help="stable sample id (default: the image path, else the row number)")
+    k.add_argument(
+        "--image-column",
+        default="image",
+        help="image path, or image bytes in Parquet (default: image)",
+    )
+    k.add_argument(
+        "--text-column", default="caption", help="caption or list of captions (default: caption)"
+    )
+    k.add_argument(
+        "--id-column", help="stable sample id (default: the image path, else the row number)"
+    )
     _format_arg(k)
-    k = kinds.add_parser("librispeech", parents=[common, audio], help="SPK/CHAP/SPK-CHAP-UTT.flac + SPK-CHAP.trans.txt")
-    k.add_argument("--root", required=True,
-                   help="LibriSpeech split folder holding SPK/CHAP/ chapters, e.g. LibriSpeech/train-clean-100")
-    k = kinds.add_parser("audio-manifest", parents=[common, audio], help='NeMo JSONL {"audio_filepath", "text", "duration"}')
-    k.add_argument("--manifest", required=True, help="JSONL manifest; audio paths resolve relative to its folder")
-    k = kinds.add_parser("llava", parents=[common, image], help="LLaVA-style instruction JSON + image folder (conversations)",
-                         description='LLaVA-style instruction data: a JSON array (or JSON lines) of {"id", "image" or '
-                                     '"images", "conversations": [{"from": "human"|"gpt"|"system", "value"}]} with '
-                                     '<image> placeholders; one sample per entry (several images, or none, allowed).')
-    k.add_argument("--json", dest="json_file", required=True, help="the instruction JSON (.json array or .jsonl)")
-    k.add_argument("--images", required=True, help="folder the entries' image paths are relative to")
-    k = kinds.add_parser("text", parents=[common], help="JSONL/Parquet/CSV/TSV of text documents (Energon TextSample)")
+    k = kinds.add_parser(
+        "librispeech",
+        parents=[common, audio],
+        help="SPK/CHAP/SPK-CHAP-UTT.flac + SPK-CHAP.trans.txt",
+    )
+    k.add_argument(
+        "--root",
+        required=True,
+        help="LibriSpeech split folder holding SPK/CHAP/ chapters, e.g. LibriSpeech/train-clean-100",
+    )
+    k = kinds.add_parser(
+        "audio-manifest",
+        parents=[common, audio],
+        help='NeMo JSONL {"audio_filepath", "text", "duration"}',
+    )
+    k.add_argument(
+        "--manifest",
+        required=True,
+        help="JSONL manifest; audio paths resolve relative to its folder",
+    )
+    k = kinds.add_parser(
+        "llava",
+        parents=[common, image],
+        help="LLaVA-style instruction JSON + image folder (conversations)",
+        description='LLaVA-style instruction data: a JSON array (or JSON lines) of {"id", "image" or '
+        '"images", "conversations": [{"from": "human"|"gpt"|"system", "value"}]} with '
+        "<image> placeholders; one sample per entry (several images, or none, allowed).",
+    )
+    k.add_argument(
+        "--json",
+        dest="json_file",
+        required=True,
+        help="the instruction JSON (.json array or .jsonl)",
+    )
+    k.add_argument(
+        "--images", required=True, help="folder the entries' image paths are relative to"
+    )
+    k = kinds.add_parser(
+        "text",
+        parents=[common],
+        help="JSONL/Parquet/CSV/TSV of text documents (Energon TextSample)",
+    )
     k.add_argument("--manifest", required=True, help="one document per JSONL line or table row")
-    k.add_argument("--text-column", default="text", help="the document text, a string (default: text)")
+    k.add_argument(
+        "--text-column", default="text", help="the document text, a string (default: text)"
+    )
     k.add_argument("--id-column", help="stable document id (default: the row number)")
     _format_arg(k)
-    k = kinds.add_parser("video", parents=[common], help="videos with .txt/.json sidecars, or a WebVid-style manifest",
-                         description="Videos (MP4/MOV, WebM/MKV kept as their bytes after a full decode check; "
-                                     "other containers re-encoded as MP4) with captions, from a folder or a manifest. "
-                                     "--max-side/--max-seconds re-encode videos that exceed them (H.264, fixed settings).")
+    k = kinds.add_parser(
+        "video",
+        parents=[common],
+        help="videos with .txt/.json sidecars, or a WebVid-style manifest",
+        description="Videos (MP4/MOV, WebM/MKV kept as their bytes after a full decode check; "
+        "other containers re-encoded as MP4) with captions, from a folder or a manifest. "
+        "--max-side/--max-seconds re-encode videos that exceed them (H.264, fixed settings).",
+    )
     _folder_or_manifest(k, "videos", "VID", "video paths")
-    k.add_argument("--video-column", default="path", help="video path, or video bytes in Parquet (default: path)")
-    k.add_argument("--text-column", default="name", help="caption or list of captions (default: name, as in WebVid)")
-    k.add_argument("--id-column", default="videoid",
-                   help="stable sample id (default: videoid; '' for the video path without extension)")
+    k.add_argument(
+        "--video-column",
+        default="path",
+        help="video path, or video bytes in Parquet (default: path)",
+    )
+    k.add_argument(
+        "--text-column",
+        default="name",
+        help="caption or list of captions (default: name, as in WebVid)",
+    )
+    k.add_argument(
+        "--id-column",
+        default="videoid",
+        help="stable sample id (default: videoid; '' for the video path without extension)",
+    )
     _format_arg(k)
     g = k.add_argument_group("video")
-    g.add_argument("--max-side", type=_positive, help="re-encode videos whose longest side exceeds this")
-    g.add_argument("--max-seconds", type=_positive_float, help="re-encode longer videos, keeping their first seconds "
-                                                              "(counted in report.json; text.json keeps the original duration)")
-    k = kinds.add_parser("3d", parents=[common], help="meshes / point clouds with .txt/.json sidecars, or a Cap3D-style manifest",
-                         description="Meshes (OBJ, PLY, OFF, STL, GLB; glTF re-encoded as GLB) and point clouds (PLY, "
-                                     "NPY (N, 3|6)) with captions, from a folder or a manifest; each file is parsed in "
-                                     "full and kept as its bytes; text.json records counts, bounds and colours.")
+    g.add_argument(
+        "--max-side", type=_positive, help="re-encode videos whose longest side exceeds this"
+    )
+    g.add_argument(
+        "--max-seconds",
+        type=_positive_float,
+        help="re-encode longer videos, keeping their first seconds "
+        "(counted in report.json; text.json keeps the original duration)",
+    )
+    k = kinds.add_parser(
+        "3d",
+        parents=[common],
+        help="meshes / point clouds with .txt/.json sidecars, or a Cap3D-style manifest",
+        description="Meshes (OBJ, PLY, OFF, STL, GLB; glTF re-encoded as GLB) and point clouds (PLY, "
+        "NPY (N, 3|6)) with captions, from a folder or a manifest; each file is parsed in "
+        "full and kept as its bytes; text.json records counts, bounds and colours.",
+    )
     _folder_or_manifest(k, "3D files", "NAME", "paths")
-    k.add_argument("--path-column", default="path", help="3D file path, or its bytes in Parquet (default: path)")
-    k.add_argument("--text-column", default="caption", help="caption or list of captions (default: caption, as in Cap3D)")
-    k.add_argument("--id-column", default="uid", help="stable sample id (default: uid; '' for the path without extension)")
+    k.add_argument(
+        "--path-column",
+        default="path",
+        help="3D file path, or its bytes in Parquet (default: path)",
+    )
+    k.add_argument(
+        "--text-column",
+        default="caption",
+        help="caption or list of captions (default: caption, as in Cap3D)",
+    )
+    k.add_argument(
+        "--id-column",
+        default="uid",
+        help="stable sample id (default: uid; '' for the path without extension)",
+    )
     _format_arg(k)
     p.set_defaults(func=cmd_convert)
 
@@ -193,23 +333,36 @@ def cmd_convert(args) -> int:
     from converters.convert import ConvertOptions, run_conversion, summarize
     from converters.media import AudioOptions, ImageOptions, VideoOptions
 
-    video = args.kind == "video"  # --max-side re-encodes videos there, and leaves the image options alone
-    image = ImageOptions(getattr(args, "image_format", "png"), None if video else getattr(args, "max_side", None),
-                         getattr(args, "max_pixels", ImageOptions().max_pixels))  # kinds without them: defaults
+    video = (
+        args.kind == "video"
+    )  # --max-side re-encodes videos there, and leaves the image options alone
+    image = ImageOptions(
+        getattr(args, "image_format", "png"),
+        None if video else getattr(args, "max_side", None),
+        getattr(args, "max_pixels", ImageOptions().max_pixels),
+    )  # kinds without them: defaults
     opts = ConvertOptions(
-        out=args.out, samples_per_shard=args.samples_per_shard, val_fraction=args.val_fraction,
-        image=image, audio=AudioOptions(getattr(args, "audio_format", "flac")), workers=args.workers,
+        out=args.out,
+        samples_per_shard=args.samples_per_shard,
+        val_fraction=args.val_fraction,
+        image=image,
+        audio=AudioOptions(getattr(args, "audio_format", "flac")),
+        workers=args.workers,
         executor=args.executor,
         video=VideoOptions(args.max_side, args.max_seconds) if video else VideoOptions(),
-        ray_address=args.ray_address, max_error_fraction=args.max_error_fraction,
-        overwrite=args.overwrite, progress=not args.no_progress,
+        ray_address=args.ray_address,
+        max_error_fraction=args.max_error_fraction,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
     )
     outcome = run_conversion(args.kind, {a: getattr(args, a) for a in READER_ARGS[args.kind]}, opts)
     if outcome.already_done:
         print(f"{args.out}: already converted with these inputs and options; nothing to do")
     if outcome.repaired:
-        print(f"{args.out}: rewrote {len(outcome.repaired)} shard(s) found missing or changed: "
-              f"{', '.join(outcome.repaired[:5])}{', ...' if len(outcome.repaired) > 5 else ''}")
+        print(
+            f"{args.out}: rewrote {len(outcome.repaired)} shard(s) found missing or changed: "
+            f"{', '.join(outcome.repaired[:5])}{', ...' if len(outcome.repaired) > 5 else ''}"
+        )
     print(summarize(outcome.report))
     where = outcome.uploaded_to or Path(args.out).resolve()
     print(f"shards: {where}\nreport: {where}/report.json")
@@ -217,9 +370,12 @@ def cmd_convert(args) -> int:
 
 
 def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="shards, samples per split, modalities and the conversion report of a dataset",
-                       description="Describe a converted dataset and check that it is whole: exits 1, naming "
-                                   "them, when shards are missing or changed size since the conversion.")
+    p = sub.add_parser(
+        "info",
+        help="shards, samples per split, modalities and the conversion report of a dataset",
+        description="Describe a converted dataset and check that it is whole: exits 1, naming "
+        "them, when shards are missing or changed size since the conversion.",
+    )
     p.add_argument("path", help="a folder written by `energon-platform convert`")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_info)
@@ -234,10 +390,13 @@ def cmd_info(args) -> int:
 
 
 def _add_verify(sub) -> None:
-    p = sub.add_parser("verify", help="check every shard of a converted dataset against its recorded sha256",
-                       description="Read every shard of a dataset written by `energon-platform convert` (a folder "
-                                   "or msc://PROFILE/prefix) and compare it with the sha256 its conversion "
-                                   "recorded in report.json. Exits 1 naming each missing or changed shard.")
+    p = sub.add_parser(
+        "verify",
+        help="check every shard of a converted dataset against its recorded sha256",
+        description="Read every shard of a dataset written by `energon-platform convert` (a folder "
+        "or msc://PROFILE/prefix) and compare it with the sha256 its conversion "
+        "recorded in report.json. Exits 1 naming each missing or changed shard.",
+    )
     p.add_argument("path", help="the dataset folder or msc:// URL")
     p.add_argument("--json", action="store_true", help="print the per-shard result as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -257,9 +416,11 @@ def cmd_verify(args) -> int:
         for name in result["missing_files"]:
             print(f"  missing (the loader needs it): {name}")
         gone = len(result["missing_files"])
-        print(f"{n - len(result['bad'])} of {n} shards intact ({result['bytes'] / 1e6:.1f} MB read)"
-              + (f"; {gone} file(s) the loader needs missing" if gone else "")
-              + ("" if result["ok"] else "; restore them or run the same convert command again"))
+        print(
+            f"{n - len(result['bad'])} of {n} shards intact ({result['bytes'] / 1e6:.1f} MB read)"
+            + (f"; {gone} file(s) the loader needs missing" if gone else "")
+            + ("" if result["ok"] else "; restore them or run the same convert command again")
+        )
     return 0 if result["ok"] else 1
 
 
@@ -274,28 +435,48 @@ def _overrides(pairs: list[str]) -> dict:
         try:
             out[key] = yaml.safe_load(value)
         except yaml.YAMLError as e:
-            raise UsageError(f"--set {pair}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") from None
+            raise UsageError(
+                f"--set {pair}: the value is not valid YAML ({getattr(e, 'problem', None) or e})"
+            ) from None
     return out
 
 
 def _add_run_args(p, workers_help: str, config_required: bool = True) -> None:
     """Arguments every command that runs the trainer takes."""
-    p.add_argument("--config", required=config_required, help="run config YAML (see configs/train_*.yaml)")
+    p.add_argument(
+        "--config", required=config_required, help="run config YAML (see configs/train_*.yaml)"
+    )
     p.add_argument("--num-workers", type=_non_negative, help=workers_help)
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. loader.seed=7",
+    )
 
 
 def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="the reference trainer (also under torchrun)",
-                       description="Train the reference captioning model on a config. Under `torchrun "
-                                   "--nproc-per-node N` every process is one data-parallel rank (gloo on CPU, "
-                                   "nccl on GPU). Logs JSON lines to OUT/log.jsonl and checkpoints model, "
-                                   "optimizer, RNG and data-loader state atomically.")
+    p = sub.add_parser(
+        "train",
+        help="the reference trainer (also under torchrun)",
+        description="Train the reference captioning model on a config. Under `torchrun "
+        "--nproc-per-node N` every process is one data-parallel rank (gloo on CPU, "
+        "nccl on GPU). Logs JSON lines to OUT/log.jsonl and checkpoints model, "
+        "optimizer, RNG and data-loader state atomically.",
+    )
     _add_run_args(p, "loader workers per rank (may differ from the saved run)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in OUT")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest complete checkpoint in OUT"
+    )
     p.add_argument("--out", help="output folder (default: train.out of the config)")
-    p.add_argument("--steps", type=_positive, help="total steps (default: train.steps of the config)")
-    p.add_argument("--quiet", action="store_true", help="print no per-step lines (warnings and errors still print)")
+    p.add_argument(
+        "--steps", type=_positive, help="total steps (default: train.steps of the config)"
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print no per-step lines (warnings and errors still print)",
+    )
     p.set_defaults(func=cmd_train)
 
 
@@ -304,7 +485,14 @@ def cmd_train(args) -> int:
     from energon_platform.training.train import train
 
     cfg = load_config(args.config, _overrides(args.set))
-    train(cfg, resume=args.resume, num_workers=args.num_workers, out=args.out, steps=args.steps, quiet=args.quiet)
+    train(
+        cfg,
+        resume=args.resume,
+        num_workers=args.num_workers,
+        out=args.out,
+        steps=args.steps,
+        quiet=args.quiet,
+    )
     return 0
 
 
@@ -321,83 +509,146 @@ CHECK_RESUME_EXAMPLES = """examples:
 
 
 def _add_check_resume(sub) -> None:
-    p = sub.add_parser("check-resume", help="kill a run with SIGKILL mid-step, resume it, compare with an uninterrupted run",
-                       description="Run a trainer twice: straight through, and killed with SIGKILL (its whole "
-                                   "process tree) during step K, then resumed from its latest checkpoint. Compares "
-                                   "every step after the resume point; writes OUT/report.json and OUT/loss.png; "
-                                   "exits 1 on any difference. Two forms: --config runs the reference trainer "
-                                   "(optionally resumed on another layout) and compares sample keys, tensor hashes "
-                                   "and loss; --cmd/--resume-cmd run any training command, {out} in them being each "
-                                   "run's own folder, and read its steps from a log (--log-format): exact (keys, "
-                                   "digests, loss) where the log carries keys and batch digests (StepLog), else "
-                                   "|Δloss| <= 0.01 at every compared step.",
-                       epilog=CHECK_RESUME_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "check-resume",
+        help="kill a run with SIGKILL mid-step, resume it, compare with an uninterrupted run",
+        description="Run a trainer twice: straight through, and killed with SIGKILL (its whole "
+        "process tree) during step K, then resumed from its latest checkpoint. Compares "
+        "every step after the resume point; writes OUT/report.json and OUT/loss.png; "
+        "exits 1 on any difference. Two forms: --config runs the reference trainer "
+        "(optionally resumed on another layout) and compares sample keys, tensor hashes "
+        "and loss; --cmd/--resume-cmd run any training command, {out} in them being each "
+        "run's own folder, and read its steps from a log (--log-format): exact (keys, "
+        "digests, loss) where the log carries keys and batch digests (StepLog), else "
+        "|Δloss| <= 0.01 at every compared step.",
+        epilog=CHECK_RESUME_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_run_args(p, "loader workers per rank (default: the config's)", config_required=False)
     p.add_argument("--steps", type=_positive, required=True, help="steps of both runs")
-    p.add_argument("--kill-at", type=_positive, required=True,
-                   help="K: the second run is killed once step K-1 is logged, while step K is in flight. A "
-                        "trainer that logs a step before it checkpoints it (the reference trainer does) is "
-                        "then killed while writing checkpoint K-1, so its saving must be atomic and it resumes "
-                        "from the checkpoint before: K must be at least 2 steps after the first checkpoint "
-                        "(with --config, >= train.checkpoint_every + 2)")
-    p.add_argument("--nproc", type=_positive, help="data-parallel ranks (torchrun) of both runs (default 1)")
-    p.add_argument("--resume-nproc", type=_positive, help="ranks for the resumed part (default: --nproc)")
-    p.add_argument("--resume-workers", type=_non_negative, help="workers per rank for the resumed part")
-    p.add_argument("--tolerance", type=_non_negative_float,
-                   help="allowed |loss difference|. Default 0 (bit-exact, right on CPU with the same world size); "
-                        "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
-                        "sums in another order. Keys and tensors must match exactly in every case. With --cmd: "
-                        "0 when the log carries keys and batch digests, else 0.01")
-    p.add_argument("--out", default="out/check-resume",
-                   help="where runs, report.json and loss.png go: a new or empty folder, or one an earlier check "
-                        "made (a folder holding anything else is refused)")
+    p.add_argument(
+        "--kill-at",
+        type=_positive,
+        required=True,
+        help="K: the second run is killed once step K-1 is logged, while step K is in flight. A "
+        "trainer that logs a step before it checkpoints it (the reference trainer does) is "
+        "then killed while writing checkpoint K-1, so its saving must be atomic and it resumes "
+        "from the checkpoint before: K must be at least 2 steps after the first checkpoint "
+        "(with --config, >= train.checkpoint_every + 2)",
+    )
+    p.add_argument(
+        "--nproc", type=_positive, help="data-parallel ranks (torchrun) of both runs (default 1)"
+    )
+    p.add_argument(
+        "--resume-nproc", type=_positive, help="ranks for the resumed part (default: --nproc)"
+    )
+    p.add_argument(
+        "--resume-workers", type=_non_negative, help="workers per rank for the resumed part"
+    )
+    p.add_argument(
+        "--tolerance",
+        type=_non_negative_float,
+        help="allowed |loss difference|. Default 0 (bit-exact, right on CPU with the same world size); "
+        "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
+        "sums in another order. Keys and tensors must match exactly in every case. With --cmd: "
+        "0 when the log carries keys and batch digests, else 0.01",
+    )
+    p.add_argument(
+        "--out",
+        default="out/check-resume",
+        help="where runs, report.json and loss.png go: a new or empty folder, or one an earlier check "
+        "made (a folder holding anything else is refused)",
+    )
     g = p.add_argument_group("any training command (instead of --config)")
-    g.add_argument("--cmd", help="the training command (a shell command line) that runs --steps steps and "
-                                 "checkpoints into {out}; e.g. \"torchrun ... train.py --out {out}\"")
-    g.add_argument("--resume-cmd", help="the command that continues a run from its latest checkpoint in {out}")
-    g.add_argument("--log", help="the steps' log, with {out} (default: {out}/steps.jsonl for jsonl, else the "
-                                 "command's own output)")
-    g.add_argument("--log-format", choices=["jsonl", "megatron", "torchtitan", "regex"],
-                   help="jsonl (default): StepLog's JSON lines; megatron: Megatron-LM's 'iteration N/ M | ... | "
-                        "lm loss: X |' lines (--log-interval 1); torchtitan: its 'step: N  loss: X' lines; "
-                        "regex: --regex")
-    g.add_argument("--regex", help="with --log-format regex: a Python regex with named groups step and loss")
-    g.add_argument("--timeout", type=_positive_float, default=3600, help="seconds each run may take (default 3600)")
+    g.add_argument(
+        "--cmd",
+        help="the training command (a shell command line) that runs --steps steps and "
+        'checkpoints into {out}; e.g. "torchrun ... train.py --out {out}"',
+    )
+    g.add_argument(
+        "--resume-cmd", help="the command that continues a run from its latest checkpoint in {out}"
+    )
+    g.add_argument(
+        "--log",
+        help="the steps' log, with {out} (default: {out}/steps.jsonl for jsonl, else the "
+        "command's own output)",
+    )
+    g.add_argument(
+        "--log-format",
+        choices=["jsonl", "megatron", "torchtitan", "regex"],
+        help="jsonl (default): StepLog's JSON lines; megatron: Megatron-LM's 'iteration N/ M | ... | "
+        "lm loss: X |' lines (--log-interval 1); torchtitan: its 'step: N  loss: X' lines; "
+        "regex: --regex",
+    )
+    g.add_argument(
+        "--regex", help="with --log-format regex: a Python regex with named groups step and loss"
+    )
+    g.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=3600,
+        help="seconds each run may take (default 3600)",
+    )
     p.set_defaults(func=cmd_check_resume)
 
 
 def _check_resume_cmd(args) -> int:
     """``check-resume --cmd ... --resume-cmd ...`` (any training command)."""
-    from energon_platform.training.resume_check import CommandSpec, RunFailed, check_resume_cmd, verdict
+    from energon_platform.training.resume_check import (
+        CommandSpec,
+        RunFailed,
+        check_resume_cmd,
+        verdict,
+    )
 
     if args.config is not None:
         raise UsageError("--config and --cmd are two forms of the check: give one of them")
     if not args.cmd or not args.resume_cmd:
-        raise UsageError("--cmd and --resume-cmd go together: the command, and the one that continues it from its "
-                         "latest checkpoint in {out}")
-    for flag, value in (("--nproc", args.nproc), ("--resume-nproc", args.resume_nproc),
-                        ("--resume-workers", args.resume_workers), ("--num-workers", args.num_workers),
-                        ("--set", args.set)):
+        raise UsageError(
+            "--cmd and --resume-cmd go together: the command, and the one that continues it from its "
+            "latest checkpoint in {out}"
+        )
+    for flag, value in (
+        ("--nproc", args.nproc),
+        ("--resume-nproc", args.resume_nproc),
+        ("--resume-workers", args.resume_workers),
+        ("--num-workers", args.num_workers),
+        ("--set", args.set),
+    ):
         if value is not None:
-            raise UsageError(f"{flag} goes with --config (the reference trainer); with --cmd, put the layout and "
-                             f"settings in the commands themselves")
+            raise UsageError(
+                f"{flag} goes with --config (the reference trainer); with --cmd, put the layout and "
+                f"settings in the commands themselves"
+            )
     if not 2 <= args.kill_at <= args.steps:
         raise UsageError(f"--kill-at must be between 2 and --steps ({args.steps})")
-    spec = CommandSpec(args.cmd, args.resume_cmd, args.steps, args.log, args.log_format or "jsonl", args.regex,
-                       args.tolerance, args.timeout)
+    spec = CommandSpec(
+        args.cmd,
+        args.resume_cmd,
+        args.steps,
+        args.log,
+        args.log_format or "jsonl",
+        args.regex,
+        args.tolerance,
+        args.timeout,
+    )
     try:
         spec.reader()
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
         result = check_resume_cmd(spec, args.kill_at, Path(args.out))
-    except RunFailed as e:  # a run failed, or logged nothing we can read: its output tail is in the message
+    except (
+        RunFailed
+    ) as e:  # a run failed, or logged nothing we can read: its output tail is in the message
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # a --kill-at past the last step of a log counted from 0
         raise UsageError(str(e)) from None
     print(verdict(result))
-    print(f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}")
+    print(
+        f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}"
+    )
     return 0 if result["passed"] else 1
 
 
@@ -406,11 +657,13 @@ def _check_kill_after_a_checkpoint(kill_at: int, first_checkpoint: int) -> None:
     ``kill_at - 1`` is logged, and the reference trainer logs a step before it writes that step's
     checkpoint: the newest checkpoint sure to be complete is at step ``kill_at - 2`` or before."""
     if kill_at < first_checkpoint + 2:
-        raise UsageError(f"--kill-at {kill_at} leaves no checkpoint to resume from: the kill comes once step "
-                         f"{kill_at - 1} is logged, and the first checkpoint (step {first_checkpoint}, "
-                         f"train.checkpoint_every) is written after its step is logged, so the resumed run would "
-                         f"restore nothing; use --kill-at >= {first_checkpoint + 2} or a smaller "
-                         f"train.checkpoint_every")
+        raise UsageError(
+            f"--kill-at {kill_at} leaves no checkpoint to resume from: the kill comes once step "
+            f"{kill_at - 1} is logged, and the first checkpoint (step {first_checkpoint}, "
+            f"train.checkpoint_every) is written after its step is logged, so the resumed run would "
+            f"restore nothing; use --kill-at >= {first_checkpoint + 2} or a smaller "
+            f"train.checkpoint_every"
+        )
 
 
 def cmd_check_resume(args) -> int:
@@ -422,10 +675,18 @@ def cmd_check_resume(args) -> int:
     if args.cmd is not None or args.resume_cmd is not None:
         return _check_resume_cmd(args)
     if args.config is None:
-        raise UsageError("give --config FILE (the reference trainer) or --cmd and --resume-cmd (any training command)")
-    for flag, value in (("--log", args.log), ("--log-format", args.log_format), ("--regex", args.regex)):
+        raise UsageError(
+            "give --config FILE (the reference trainer) or --cmd and --resume-cmd (any training command)"
+        )
+    for flag, value in (
+        ("--log", args.log),
+        ("--log-format", args.log_format),
+        ("--regex", args.regex),
+    ):
         if value is not None:
-            raise UsageError(f"{flag} goes with --cmd; the reference trainer (--config) logs its own steps")
+            raise UsageError(
+                f"{flag} goes with --cmd; the reference trainer (--config) logs its own steps"
+            )
     args.nproc = args.nproc or 1
     cfg = load_config(args.config, _overrides(args.set))  # fail here, in one line, not in a child
     for world in {args.nproc, args.resume_nproc or args.nproc}:
@@ -438,29 +699,50 @@ def cmd_check_resume(args) -> int:
     if args.tolerance is None:
         args.tolerance = 1e-5 if args.resume_nproc not in (None, args.nproc) else 0.0
     try:
-        result = check_resume(spec, args.kill_at, Path(args.out), args.resume_nproc, args.resume_workers,
-                              args.tolerance)
+        result = check_resume(
+            spec,
+            args.kill_at,
+            Path(args.out),
+            args.resume_nproc,
+            args.resume_workers,
+            args.tolerance,
+        )
     except RunFailed as e:  # a trainer process failed: its output tail is in the message
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
         return 1
     print(verdict(result))
-    print(f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}")
+    print(
+        f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}"
+    )
     return 0 if result["passed"] else 1
 
 
 def _add_preview(sub) -> None:
-    p = sub.add_parser("preview", help="draw a contact sheet of encoded training samples (PNG, JPEG, WebP, ...)",
-                       description="Encode the first training samples of a run config (any encoder, blends "
-                                   "included) or of a dataset with energon-platform's loader and draw them: "
-                                   "augmented images and tiles with their decoded text, a video clip's frames in a "
-                                   "row, an audio sample's mel spectrogram with its transcript.")
-    p.add_argument("target", metavar="CONFIG_OR_DATASET",
-                   help="a run config (data + encoder), a dataset folder or a metadataset YAML")
-    p.add_argument("--out", required=True, help="the picture to write; its suffix names the format "
-                   "(.png, .jpg/.jpeg, .webp, .bmp, .tif/.tiff)")
+    p = sub.add_parser(
+        "preview",
+        help="draw a contact sheet of encoded training samples (PNG, JPEG, WebP, ...)",
+        description="Encode the first training samples of a run config (any encoder, blends "
+        "included) or of a dataset with energon-platform's loader and draw them: "
+        "augmented images and tiles with their decoded text, a video clip's frames in a "
+        "row, an audio sample's mel spectrogram with its transcript.",
+    )
+    p.add_argument(
+        "target",
+        metavar="CONFIG_OR_DATASET",
+        help="a run config (data + encoder), a dataset folder or a metadataset YAML",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the picture to write; its suffix names the format "
+        "(.png, .jpg/.jpeg, .webp, .bmp, .tif/.tiff)",
+    )
     p.add_argument("--n", type=_positive, default=16, help="documents on the sheet (default 16)")
-    p.add_argument("--encoder", help="encoder config YAML (default: the run config's, or chosen by the dataset's "
-                                     "sample type; a metadataset needs one)")
+    p.add_argument(
+        "--encoder",
+        help="encoder config YAML (default: the run config's, or chosen by the dataset's "
+        "sample type; a metadataset needs one)",
+    )
     p.set_defaults(func=cmd_preview)
 
 
@@ -475,35 +757,66 @@ def cmd_preview(args) -> int:
 
 
 def _add_trace(sub) -> None:
-    p = sub.add_parser("trace", help="which samples a step trained on, or which steps used a key (no logs needed)",
-                       description="Compute from the schedule (never from logs) the samples of global steps, "
-                                   "numbered as log.jsonl numbers them, with dataset, epoch, shard, rank and "
-                                   "micro-batch; or the steps that used one sample key (the inverse "
-                                   "permutation, O(1) per epoch; a balanced run replays its planner up to "
-                                   "the steps asked). See docs/provenance.md.")
+    p = sub.add_parser(
+        "trace",
+        help="which samples a step trained on, or which steps used a key (no logs needed)",
+        description="Compute from the schedule (never from logs) the samples of global steps, "
+        "numbered as log.jsonl numbers them, with dataset, epoch, shard, rank and "
+        "micro-batch; or the steps that used one sample key (the inverse "
+        "permutation, O(1) per epoch; a balanced run replays its planner up to "
+        "the steps asked). See docs/provenance.md.",
+    )
     p.add_argument("--config", required=True, help="the run config YAML")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--step", type=_positive, help="one step (log.jsonl numbering, from 1)")
-    what.add_argument("--key", help="a sample key as logged (DATASET:KEY in a blend): the steps that used it")
-    p.add_argument("--steps", metavar="A:B|M", help="with --step omitted: steps A to B (both given and included, "
-                                                   "1 <= A <= B); with --key: a count M, search the first M steps "
-                                                   "(default train.steps)")
-    p.add_argument("--world-size", type=_positive, help="data-parallel ranks (default: the checkpoint's, else 1)")
-    p.add_argument("--checkpoint", help="a checkpoint folder or a run's output folder: its blend and exclusion history")
+    what.add_argument(
+        "--key", help="a sample key as logged (DATASET:KEY in a blend): the steps that used it"
+    )
+    p.add_argument(
+        "--steps",
+        metavar="A:B|M",
+        help="with --step omitted: steps A to B (both given and included, "
+        "1 <= A <= B); with --key: a count M, search the first M steps "
+        "(default train.steps)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=_positive,
+        help="data-parallel ranks (default: the checkpoint's, else 1)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        help="a checkpoint folder or a run's output folder: its blend and exclusion history",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value, e.g. loader.seed=7")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. loader.seed=7",
+    )
     p.set_defaults(func=cmd_trace)
 
 
 def _replay_progress(done: int, total: int) -> None:
     """A balanced run's trace replays the planner: say how far, on stderr."""
-    print(f"\rreplaying the planner: {done}/{total} global batches", end="\n" if done >= total else "",
-          file=sys.stderr, flush=True)
+    print(
+        f"\rreplaying the planner: {done}/{total} global batches",
+        end="\n" if done >= total else "",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def cmd_trace(args) -> int:
     from energon_platform.config import load_config
-    from energon_platform.loader.trace import TraceError, format_key, format_step, open_tracer, parse_steps
+    from energon_platform.loader.trace import (
+        TraceError,
+        format_key,
+        format_step,
+        open_tracer,
+        parse_steps,
+    )
     from energon_platform.training import checkpoint
 
     if args.step is None and args.key is None and not args.steps:
@@ -513,22 +826,31 @@ def cmd_trace(args) -> int:
         asked = parse_steps(args.steps, args.step, args.key, cfg.train.steps)
         state = checkpoint.loader_state(args.checkpoint) if args.checkpoint is not None else None
         tracer = open_tracer(cfg, args.world_size, state, progress=_replay_progress)
-        results = [tracer.step(s) for s in asked] if args.key is None else [tracer.find(args.key, asked)]
+        results = (
+            [tracer.step(s) for s in asked] if args.key is None else [tracer.find(args.key, asked)]
+        )
     except TraceError as e:
         raise UsageError(str(e)) from None
     for r in results:
-        print(json.dumps(r) if args.json else (format_step(r) if args.key is None else format_key(r)))
+        print(
+            json.dumps(r) if args.json else (format_step(r) if args.key is None else format_key(r))
+        )
     return 0
 
 
 def _add_prepare(sub) -> None:
-    p = sub.add_parser("prepare", help="index a WebDataset already on object storage (tar headers only)",
-                       description="Write Energon's index (.tar.idx per shard, .nv-meta) for the *.tar objects "
-                                   "under msc://PROFILE/prefix, reading only their headers with ranged requests. "
-                                   "Refuses (writing nothing) a tar that is not whole or holds no sample, and a "
-                                   "prefix written by `energon-platform convert` (indexed already). A local folder "
-                                   "is Energon's `energon prepare`.")
-    p.add_argument("url", help="msc://PROFILE/prefix holding *.tar shards (train/, val/ become splits)")
+    p = sub.add_parser(
+        "prepare",
+        help="index a WebDataset already on object storage (tar headers only)",
+        description="Write Energon's index (.tar.idx per shard, .nv-meta) for the *.tar objects "
+        "under msc://PROFILE/prefix, reading only their headers with ranged requests. "
+        "Refuses (writing nothing) a tar that is not whole or holds no sample, and a "
+        "prefix written by `energon-platform convert` (indexed already). A local folder "
+        "is Energon's `energon prepare`.",
+    )
+    p.add_argument(
+        "url", help="msc://PROFILE/prefix holding *.tar shards (train/, val/ become splits)"
+    )
     p.set_defaults(func=cmd_prepare)
 
 
@@ -536,10 +858,16 @@ def cmd_prepare(args) -> int:
     from converters.remote_prepare import prepare_prefix
 
     r = prepare_prefix(args.url)
-    print(f"{r['url']}: {r['samples']} samples in {r['shards']} shards indexed; read {r['bytes_read']} bytes in "
-          f"{r['requests']} ranged requests ({100 * r['bytes_read'] / max(r['tar_bytes'], 1):.1f}% of "
-          f"{r['tar_bytes']} bytes of tars)"
-          + ("" if r["has_dataset_yaml"] else f"; write {r['url']}/.nv-meta/dataset.yaml to name the sample type"))
+    print(
+        f"{r['url']}: {r['samples']} samples in {r['shards']} shards indexed; read {r['bytes_read']} bytes in "
+        f"{r['requests']} ranged requests ({100 * r['bytes_read'] / max(r['tar_bytes'], 1):.1f}% of "
+        f"{r['tar_bytes']} bytes of tars)"
+        + (
+            ""
+            if r["has_dataset_yaml"]
+            else f"; write {r['url']}/.nv-meta/dataset.yaml to name the sample type"
+        )
+    )
     return 0
 
 
@@ -562,7 +890,10 @@ def _stdout_closed() -> bool:
 
     try:
         fd = sys.stdout.fileno()
-    except (OSError, ValueError):  # not a file (replaced, or closed): the pipe that broke was another
+    except (
+        OSError,
+        ValueError,
+    ):  # not a file (replaced, or closed): the pipe that broke was another
         return False
     if not hasattr(select, "poll"):
         return True  # no way to ask: the error came from writing, and stdout is what the CLI writes
@@ -604,9 +935,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from converters.convert import ConvertError
     from converters.readers import InputError
-    from energon_platform.training.checkpoint import CheckpointError
     from energon_platform.loader.schedule import LayoutError
     from energon_platform.loader.state import StateMismatchError
+    from energon_platform.training.checkpoint import CheckpointError
     from storage import DatasetError
     from task_encoders.config import ConfigError
 
@@ -621,8 +952,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _quiet_stdout()
         return 141  # as a process ended by SIGPIPE
-    except (InputError, ConvertError, UsageError, FileNotFoundError, ConfigError, DatasetError,
-            StateMismatchError, LayoutError, CheckpointError) as e:
+    except (
+        InputError,
+        ConvertError,
+        UsageError,
+        FileNotFoundError,
+        ConfigError,
+        DatasetError,
+        StateMismatchError,
+        LayoutError,
+        CheckpointError,
+    ) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -51,13 +51,22 @@ class BlendStep:
     def check(self, at: At) -> None:
         from energon_platform.loader.blend import weight_problem
 
-        require(0 <= self.step <= MAX_STEP, at.child("step"), f"got {self.step}", f"a step in [0, {MAX_STEP}]")
+        require(
+            0 <= self.step <= MAX_STEP,
+            at.child("step"),
+            f"got {self.step}",
+            f"a step in [0, {MAX_STEP}]",
+        )
         for name, w in self.weights.items():
             problem = weight_problem(w)
             if problem:
                 raise at.child("weights").child(name).error(problem)
-        require(sum(self.weights.values()) > 0, at.child("weights"), f"got {self.weights}",
-                "weights >= 0 with a positive sum")
+        require(
+            sum(self.weights.values()) > 0,
+            at.child("weights"),
+            f"got {self.weights}",
+            "weights >= 0 with a positive sum",
+        )
 
 
 @dataclass(frozen=True)
@@ -75,9 +84,18 @@ class ExcludeRule:
     datasets: tuple[str, ...] = ()
 
     def check(self, at: At) -> None:
-        require(0 <= self.step <= MAX_STEP, at.child("step"), f"got {self.step}", f"a step in [0, {MAX_STEP}]")
-        require(bool(self.keys or self.shards or self.datasets), at, "nothing listed",
-                "at least one of keys, shards, datasets")
+        require(
+            0 <= self.step <= MAX_STEP,
+            at.child("step"),
+            f"got {self.step}",
+            f"a step in [0, {MAX_STEP}]",
+        )
+        require(
+            bool(self.keys or self.shards or self.datasets),
+            at,
+            "nothing listed",
+            "at least one of keys, shards, datasets",
+        )
 
 
 @dataclass(frozen=True)
@@ -137,44 +155,98 @@ class LoaderConfig:
     balance_lookahead: float = 3.0
     balance_linear: float | None = None
     length_cache: str | None = None
-    exclude: tuple[ExcludeRule, ...] = ()  #: samples skipped from given steps on (see :class:`ExcludeRule`)
+    exclude: tuple[
+        ExcludeRule, ...
+    ] = ()  #: samples skipped from given steps on (see :class:`ExcludeRule`)
     sample_timeout: float | None = None
 
     def check(self, at: At) -> None:
-        _at_least(self, at, global_batch_size=1, num_workers=0, prefetch_factor=1, seed=0, shuffle_run=1)
-        require(self.shuffle_run == 1 or self.shuffle_buffer is not None, at.child("shuffle_run"),
-                f"got {self.shuffle_run} with shuffle_buffer null", "1 unless shuffle_buffer is set")
+        _at_least(
+            self, at, global_batch_size=1, num_workers=0, prefetch_factor=1, seed=0, shuffle_run=1
+        )
+        require(
+            self.shuffle_run == 1 or self.shuffle_buffer is not None,
+            at.child("shuffle_run"),
+            f"got {self.shuffle_run} with shuffle_buffer null",
+            "1 unless shuffle_buffer is set",
+        )
         steps = [b.step for b in self.blend_schedule]
-        require(steps == sorted(set(steps)) and all(s >= 0 for s in steps), at.child("blend_schedule"),
-                f"steps {steps}", "increasing steps >= 0")
+        require(
+            steps == sorted(set(steps)) and all(s >= 0 for s in steps),
+            at.child("blend_schedule"),
+            f"steps {steps}",
+            "increasing steps >= 0",
+        )
         require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
         _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
         _at_least(self, at, balance_window=16, balance_lookahead=1.0)
-        _at_most(self, at, global_batch_size=MAX_BATCH, micro_batch_size=MAX_BATCH, pack_group=MAX_BATCH,
-                 num_workers=MAX_WORKERS, prefetch_factor=MAX_WORKERS)
-        require(self.balance_lookahead <= self.balance_window, at.child("balance_lookahead"),
-                f"got {self.balance_lookahead}", f"at most balance_window ({self.balance_window}): the pool never "
-                "holds more samples than that")
-        require(self.balance == "none" or self.balance_window >= self.global_batch_size, at.child("balance_window"),
-                f"{self.balance_window} < global_batch_size {self.global_batch_size}",
-                "at least global_batch_size (the pool must hold a global batch)")
-        require(self.balance_window <= MAX_BALANCE_WINDOW, at.child("balance_window"), f"got {self.balance_window}",
-                f"at most {MAX_BALANCE_WINDOW} (the pool is planned every global batch and saved in the state)")
-        require(self.balance_lookahead <= MAX_BALANCE_LOOKAHEAD, at.child("balance_lookahead"),
-                f"got {self.balance_lookahead}", f"at most {MAX_BALANCE_LOOKAHEAD} global batches")
+        _at_most(
+            self,
+            at,
+            global_batch_size=MAX_BATCH,
+            micro_batch_size=MAX_BATCH,
+            pack_group=MAX_BATCH,
+            num_workers=MAX_WORKERS,
+            prefetch_factor=MAX_WORKERS,
+        )
+        require(
+            self.balance_lookahead <= self.balance_window,
+            at.child("balance_lookahead"),
+            f"got {self.balance_lookahead}",
+            f"at most balance_window ({self.balance_window}): the pool never "
+            "holds more samples than that",
+        )
+        require(
+            self.balance == "none" or self.balance_window >= self.global_batch_size,
+            at.child("balance_window"),
+            f"{self.balance_window} < global_batch_size {self.global_batch_size}",
+            "at least global_batch_size (the pool must hold a global batch)",
+        )
+        require(
+            self.balance_window <= MAX_BALANCE_WINDOW,
+            at.child("balance_window"),
+            f"got {self.balance_window}",
+            f"at most {MAX_BALANCE_WINDOW} (the pool is planned every global batch and saved in the state)",
+        )
+        require(
+            self.balance_lookahead <= MAX_BALANCE_LOOKAHEAD,
+            at.child("balance_lookahead"),
+            f"got {self.balance_lookahead}",
+            f"at most {MAX_BALANCE_LOOKAHEAD} global batches",
+        )
         _at_least(self, at, null_ok=True, global_batch_tokens=1, balance_linear=0)
         if self.balance != "none":
-            require(not self.blend_schedule, at.child("blend_schedule"), "set with balance "
-                    f"{self.balance!r}", "no blend_schedule with balance (change weights at resume instead)")
-            require(self.blend_unit == "sample", at.child("blend_unit"), f"{self.blend_unit!r} with balance "
-                    f"{self.balance!r}", "sample (the planner interleaves samples)")
-        require(self.balance == "none" or not any(r.datasets for r in self.exclude), at.child("exclude"),
-                f"datasets listed with balance {self.balance!r}", "keys or shards (with balance, set a dataset's "
-                "weight to 0 at resume instead)")
-        require(self.global_batch_tokens is None or self.balance != "none", at.child("global_batch_tokens"),
-                f"{self.global_batch_tokens} with balance 'none'", "null unless balance is set")
-        require(self.sample_timeout is None or (self.sample_timeout > 0 and math.isfinite(self.sample_timeout)),
-                at.child("sample_timeout"), f"got {self.sample_timeout}", "seconds > 0, or null for no limit")
+            require(
+                not self.blend_schedule,
+                at.child("blend_schedule"),
+                f"set with balance {self.balance!r}",
+                "no blend_schedule with balance (change weights at resume instead)",
+            )
+            require(
+                self.blend_unit == "sample",
+                at.child("blend_unit"),
+                f"{self.blend_unit!r} with balance {self.balance!r}",
+                "sample (the planner interleaves samples)",
+            )
+        require(
+            self.balance == "none" or not any(r.datasets for r in self.exclude),
+            at.child("exclude"),
+            f"datasets listed with balance {self.balance!r}",
+            "keys or shards (with balance, set a dataset's weight to 0 at resume instead)",
+        )
+        require(
+            self.global_batch_tokens is None or self.balance != "none",
+            at.child("global_batch_tokens"),
+            f"{self.global_batch_tokens} with balance 'none'",
+            "null unless balance is set",
+        )
+        require(
+            self.sample_timeout is None
+            or (self.sample_timeout > 0 and math.isfinite(self.sample_timeout)),
+            at.child("sample_timeout"),
+            f"got {self.sample_timeout}",
+            "seconds > 0, or null for no limit",
+        )
 
 
 #: Bounds of the planner's pool: samples (``balance_window``) and global batches (``balance_lookahead``).
@@ -193,9 +265,18 @@ class ModelConfig:
 
     def check(self, at: At) -> None:
         _at_least(self, at, dim=1, layers=0, heads=1, patch=1)
-        require(self.dim % self.heads == 0, at.child("dim"), f"{self.dim} is not divisible by heads={self.heads}",
-                "a multiple of heads")
-        require(0.0 <= self.dropout < 1.0, at.child("dropout"), f"got {self.dropout}", "a number in [0, 1)")
+        require(
+            self.dim % self.heads == 0,
+            at.child("dim"),
+            f"{self.dim} is not divisible by heads={self.heads}",
+            "a multiple of heads",
+        )
+        require(
+            0.0 <= self.dropout < 1.0,
+            at.child("dropout"),
+            f"got {self.dropout}",
+            "a number in [0, 1)",
+        )
 
 
 @dataclass(frozen=True)
@@ -212,9 +293,23 @@ class TrainConfig:
     out: Path = Path("out/train")
 
     def check(self, at: At) -> None:
-        _at_least(self, at, steps=1, warmup=0, checkpoint_every=1, keep_checkpoints=1, weight_decay=0.0)
-        _at_most(self, at, steps=MAX_STEP, warmup=MAX_STEP, checkpoint_every=MAX_STEP, keep_checkpoints=MAX_STEP)
-        require(self.lr > 0 and math.isfinite(self.lr), at.child("lr"), f"got {self.lr}", "a finite number > 0")
+        _at_least(
+            self, at, steps=1, warmup=0, checkpoint_every=1, keep_checkpoints=1, weight_decay=0.0
+        )
+        _at_most(
+            self,
+            at,
+            steps=MAX_STEP,
+            warmup=MAX_STEP,
+            checkpoint_every=MAX_STEP,
+            keep_checkpoints=MAX_STEP,
+        )
+        require(
+            self.lr > 0 and math.isfinite(self.lr),
+            at.child("lr"),
+            f"got {self.lr}",
+            "a finite number > 0",
+        )
 
 
 def _finite(value: Any) -> bool:
@@ -230,8 +325,12 @@ def _at_least(section: Any, at: At, null_ok: bool = False, **lowest: float) -> N
         if value is None and null_ok:
             continue
         finite = "a finite number " if isinstance(value, float) else ""
-        require(value is not None and _finite(value) and value >= low, at.child(name), f"got {value}",
-                f"{finite}>= {low}" + (" or null" if null_ok else ""))
+        require(
+            value is not None and _finite(value) and value >= low,
+            at.child(name),
+            f"got {value}",
+            f"{finite}>= {low}" + (" or null" if null_ok else ""),
+        )
 
 
 def _at_most(section: Any, at: At, **highest: float) -> None:
@@ -254,8 +353,12 @@ class RunConfig:
     def check(self, at: At) -> None:
         if isinstance(self.encoder, str):
             object.__setattr__(self, "encoder", str(parse(Path, self.encoder, at.child("encoder"))))
-        require(isinstance(self.encoder, (str, dict)), at.child("encoder"), f"got {type(self.encoder).__name__}",
-                "a path to an encoder YAML or a mapping")
+        require(
+            isinstance(self.encoder, (str, dict)),
+            at.child("encoder"),
+            f"got {type(self.encoder).__name__}",
+            "a path to an encoder YAML or a mapping",
+        )
 
 
 def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) -> RunConfig:
@@ -282,5 +385,9 @@ def _set_dotted(data: dict, dotted: str, value: Any, at: At) -> None:
             node[name] = {}
         node = node[name]
         if not isinstance(node, dict):
-            raise ConfigError(at.source, ".".join(parents[: i + 1]), f"is {node!r}, not a section; cannot set {dotted}")
+            raise ConfigError(
+                at.source,
+                ".".join(parents[: i + 1]),
+                f"is {node!r}, not a section; cannot set {dotted}",
+            )
     node[leaf] = value

@@ -40,11 +40,17 @@ def make_corpus(root: Path, n: int, faces: int) -> list[Path]:
     root.mkdir(parents=True, exist_ok=True)
     subdiv = max(1, int(round(np.log(max(faces, 80) / 20) / np.log(4))))
     sections = max(8, faces // 4)
-    makers = [lambda: trimesh.creation.icosphere(subdivisions=subdiv),
-              lambda: trimesh.creation.cylinder(radius=0.5, height=2.0, sections=sections),
-              lambda: trimesh.creation.torus(1.0, 0.3, major_sections=max(8, int(np.sqrt(faces))),
-                                             minor_sections=max(6, int(np.sqrt(faces)) // 2)),
-              lambda: trimesh.creation.icosphere(subdivisions=subdiv).apply_scale([1.0, 0.4, 1.5])]
+    makers = [
+        lambda: trimesh.creation.icosphere(subdivisions=subdiv),
+        lambda: trimesh.creation.cylinder(radius=0.5, height=2.0, sections=sections),
+        lambda: trimesh.creation.torus(
+            1.0,
+            0.3,
+            major_sections=max(8, int(np.sqrt(faces))),
+            minor_sections=max(6, int(np.sqrt(faces)) // 2),
+        ),
+        lambda: trimesh.creation.icosphere(subdivisions=subdiv).apply_scale([1.0, 0.4, 1.5]),
+    ]
     formats = ["ply", "obj", "stl", "glb"]
     rng = np.random.default_rng(0)
     paths = []
@@ -55,7 +61,9 @@ def make_corpus(root: Path, n: int, faces: int) -> list[Path]:
         else:
             path = root / f"s{i:04d}.{formats[i % 4]}"
             data = makers[i % len(makers)]().export(file_type=formats[i % 4])
-            path.write_bytes(data.encode() if isinstance(data, str) else data)  # OBJ comes back as text
+            path.write_bytes(
+                data.encode() if isinstance(data, str) else data
+            )  # OBJ comes back as text
         path.with_suffix(".txt").write_text(f"shape number {i}\n")
         paths.append(path)
     return paths
@@ -76,7 +84,7 @@ def plain_epoch(paths: list[Path], points: int, seed: int) -> int:
                 mesh = mesh.to_geometry()
             pts, _ = trimesh.sample.sample_surface(mesh, points, seed=rng)
         pts = pts - pts.mean(axis=0)
-        pts /= np.sqrt((pts ** 2).sum(axis=1).max())
+        pts /= np.sqrt((pts**2).sum(axis=1).max())
         done += len(pts) == points
     return done
 
@@ -84,9 +92,16 @@ def plain_epoch(paths: list[Path], points: int, seed: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=60, help="shapes (default 60)")
-    ap.add_argument("--faces", type=int, default=5000, help="about this many faces per mesh (default 5000)")
+    ap.add_argument(
+        "--faces", type=int, default=5000, help="about this many faces per mesh (default 5000)"
+    )
     ap.add_argument("--points", type=int, default=1024, help="points per cloud (default 1024)")
-    ap.add_argument("--epochs", type=int, default=5, help="epochs of each, alternating; medians reported (default 5)")
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=5,
+        help="epochs of each, alternating; medians reported (default 5)",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
 
@@ -97,12 +112,22 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_corpus(Path(tmp) / "raw", args.n, args.faces)
         out = Path(tmp) / "shards"
-        run_conversion("3d", {"root": str(Path(tmp) / "raw")}, ConvertOptions(out=str(out), samples_per_shard=32,
-                                                                              progress=False))
-        config = load_config({"data": {"path": str(out), "val_split": None},
-                              "encoder": {"encoder": "pointcloud_text", "text": {"seq_len": 32},
-                                          "pointcloud": {"num_points": args.points}},
-                              "loader": {"global_batch_size": 8, "num_workers": 0}})
+        run_conversion(
+            "3d",
+            {"root": str(Path(tmp) / "raw")},
+            ConvertOptions(out=str(out), samples_per_shard=32, progress=False),
+        )
+        config = load_config(
+            {
+                "data": {"path": str(out), "val_split": None},
+                "encoder": {
+                    "encoder": "pointcloud_text",
+                    "text": {"seq_len": 32},
+                    "pointcloud": {"num_points": args.points},
+                },
+                "loader": {"global_batch_size": 8, "num_workers": 0},
+            }
+        )
         loader = TrainLoader(config)
         next(loader)  # warm-up: open the shards, build the encoder, import trimesh's loaders
         plain_epoch(paths[:10], args.points, -1)  # the same warm-up for the plain loop
@@ -116,9 +141,14 @@ def main(argv: list[str] | None = None) -> int:
             clouds = plain_epoch(paths, args.points, epoch)
             plain.append(clouds / (time.perf_counter() - t))
         loader.close()
-    result = {"shapes": args.n, "faces": args.faces, "points": args.points, "epochs": args.epochs,
-              "ours_clouds_per_s": round(statistics.median(ours), 1),
-              "plain_trimesh_clouds_per_s": round(statistics.median(plain), 1)}
+    result = {
+        "shapes": args.n,
+        "faces": args.faces,
+        "points": args.points,
+        "epochs": args.epochs,
+        "ours_clouds_per_s": round(statistics.median(ours), 1),
+        "plain_trimesh_clouds_per_s": round(statistics.median(plain), 1),
+    }
     result["ratio"] = round(result["ours_clouds_per_s"] / result["plain_trimesh_clouds_per_s"], 3)
     print(f"{'':28s}{'clouds/s':>10s}")
     print(f"{'energon-platform loader':28s}{result['ours_clouds_per_s']:10.1f}")

@@ -121,7 +121,11 @@ def ffd(lengths: list[int], keys: list[int], capacity: int) -> list[list[int]]:
 
 def spread(values) -> dict:
     v = np.asarray(values, dtype=float)
-    return {"p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)), "max": float(v.max())}
+    return {
+        "p50": float(np.percentile(v, 50)),
+        "p90": float(np.percentile(v, 90)),
+        "max": float(v.max()),
+    }
 
 
 def ratio(costs) -> float:
@@ -133,7 +137,14 @@ class Recorder:
     """Per-step rank costs, rows per rank and padding of one variant."""
 
     def __init__(self, seq_len: int):
-        self.seq_len, self.ratios, self.row_counts, self.used, self.rows, self.samples = seq_len, [], [], 0, 0, 0
+        self.seq_len, self.ratios, self.row_counts, self.used, self.rows, self.samples = (
+            seq_len,
+            [],
+            [],
+            0,
+            0,
+            0,
+        )
 
     def step(self, costs, rows_per_rank=None, used: int = 0, samples: int = 0):
         self.ratios.append(ratio(costs))
@@ -144,12 +155,18 @@ class Recorder:
         self.samples += samples
 
     def result(self, **extra) -> dict:
-        out = {"max_over_mean": spread(self.ratios), "samples_per_step": self.samples / len(self.ratios)}
+        out = {
+            "max_over_mean": spread(self.ratios),
+            "samples_per_step": self.samples / len(self.ratios),
+        }
         if self.row_counts:
             counts = np.asarray(self.row_counts)
-            out.update(rows_per_rank_min=int(counts.min()), rows_per_rank_max=int(counts.max()),
-                       rows_max_over_min_per_step=spread(counts.max(1) / np.maximum(counts.min(1), 1)),
-                       padding=1.0 - self.used / (self.rows * self.seq_len))
+            out.update(
+                rows_per_rank_min=int(counts.min()),
+                rows_per_rank_max=int(counts.max()),
+                rows_max_over_min_per_step=spread(counts.max(1) / np.maximum(counts.min(1), 1)),
+                padding=1.0 - self.used / (self.rows * self.seq_len),
+            )
         return {**out, **extra}
 
 
@@ -167,8 +184,12 @@ def packed_none_naive(blend: Blend, cost, ranks: int, k: int, args) -> dict[str,
         for r in range(ranks):
             lo, hi = r * k * group, (r + 1) * k * group
             costs.append(sum(c[lo:hi]))
-            rows.append(sum(len(ffd(lengths[g:g + group], pos[g:g + group].tolist(), seq_len))
-                            for g in range(lo, hi, group)))
+            rows.append(
+                sum(
+                    len(ffd(lengths[g : g + group], pos[g : g + group].tolist(), seq_len))
+                    for g in range(lo, hi, group)
+                )
+            )
         none.step(costs, rows, sum(lengths), per_step)
         # naive: sort by cost (ties: position), deal round-robin, each rank packs its own samples
         ranked = sorted(range(per_step), key=lambda i: (-c[i], i))
@@ -195,7 +216,9 @@ def packed_energon(blend: Blend, cost, ranks: int, k: int, args) -> dict:
                 blocks[r] += 1
                 pos = np.arange(start, start + buf)
                 lengths = blend[pos].tolist()
-                queues[r] += [[lengths[i] for i in row] for row in ffd(lengths, pos.tolist(), seq_len)]
+                queues[r] += [
+                    [lengths[i] for i in row] for row in ffd(lengths, pos.tolist(), seq_len)
+                ]
             mine, queues[r] = queues[r][:k], queues[r][k:]
             costs.append(sum(cost(n) for row in mine for n in row))
             used += sum(sum(row) for row in mine)
@@ -210,11 +233,13 @@ def bound(costs: list[float], ranks: int, per_rank: int | None) -> float:
     cheapest; no rank can hold less than the mean. Above 1, the batch's items, not the dealing,
     cap the balance."""
     mean = sum(costs) / ranks
-    heavy = max(costs) + (sum(sorted(costs)[:per_rank - 1]) if per_rank else 0.0)
+    heavy = max(costs) + (sum(sorted(costs)[: per_rank - 1]) if per_rank else 0.0)
     return max(heavy, mean) / mean
 
 
-def run_ours(planner: Planner, ranks: int, fixed: bool, steps: int, seq_len: int, packed: bool) -> dict:
+def run_ours(
+    planner: Planner, ranks: int, fixed: bool, steps: int, seq_len: int, packed: bool
+) -> dict:
     rec, pads, bounds, carried, seconds = Recorder(seq_len), [], [], 0, 0.0
     for b in range(steps):
         t = time.perf_counter()
@@ -223,14 +248,19 @@ def run_ours(planner: Planner, ranks: int, fixed: bool, steps: int, seq_len: int
         bounds.append(bound(plan.costs, ranks, len(plan.items) // ranks if fixed else None))
         dealt = deal_plan(plan, ranks, 1, fixed=fixed)
         rows = [sum(len(m) for m in rank) for rank in dealt] if packed else None
-        rec.step(rank_costs(plan, dealt), rows, sum(plan.used),
-                 sum(len(item) for item in plan.items))
+        rec.step(
+            rank_costs(plan, dealt), rows, sum(plan.used), sum(len(item) for item in plan.items)
+        )
         pads.append(plan.padding)
         carried = max(carried, len(plan.next_state.carried))
     state = planner.state_at(steps)
-    return rec.result(plan_padding_mean=float(np.mean(pads)) if packed else None, carried_max=carried,
-                      batch_bound=spread(bounds),
-                      state_bytes=len(json.dumps(state.to_json())), planner_ms_per_batch=1000 * seconds / steps)
+    return rec.result(
+        plan_padding_mean=float(np.mean(pads)) if packed else None,
+        carried_max=carried,
+        batch_bound=spread(bounds),
+        state_bytes=len(json.dumps(state.to_json())),
+        planner_ms_per_batch=1000 * seconds / steps,
+    )
 
 
 def unpacked_none_naive(blend: Blend, cost, ranks: int, k: int, args) -> dict[str, dict]:
@@ -238,7 +268,7 @@ def unpacked_none_naive(blend: Blend, cost, ranks: int, k: int, args) -> dict[st
     per_step = ranks * k
     for s in range(args.steps):
         c = [cost(n) for n in blend[np.arange(s * per_step, (s + 1) * per_step)].tolist()]
-        none.step([sum(c[r * k:(r + 1) * k]) for r in range(ranks)], samples=per_step)
+        none.step([sum(c[r * k : (r + 1) * k]) for r in range(ranks)], samples=per_step)
         ranked = sorted(range(per_step), key=lambda i: (-c[i], i))
         naive.step([sum(c[i] for i in ranked[r::ranks]) for r in range(ranks)], samples=per_step)
     return {"none": none.result(), "naive": naive.result()}
@@ -247,18 +277,25 @@ def unpacked_none_naive(blend: Blend, cost, ranks: int, k: int, args) -> dict[st
 def balance_section(args) -> dict:
     """Part (1): per-step max/mean rank cost of every variant, packed and unpacked."""
     blend = Blend(args)
-    calibration = Blend(args, seed=args.seed + 1).draw(np.random.default_rng([args.seed, 2**32 - 1]), 200_000)
+    calibration = Blend(args, seed=args.seed + 1).draw(
+        np.random.default_rng([args.seed, 2**32 - 1]), 200_000
+    )
     mean_len = float(calibration.mean())
     if args.pack_group is None:  # one pack group fills one row on average: K groups ≈ K rows
         args.pack_group = max(2, int(round(args.seq_len / mean_len)))
     if args.packing_buffer_size is None:
         args.packing_buffer_size = args.pack_group
-    blend_info = {"mean_length": mean_len, "p50_length": float(np.median(calibration)),
-                  "p99_length": float(np.percentile(calibration, 99)),
-                  "clipped_share": float(np.mean(calibration == args.seq_len)),
-                  "pack_group": args.pack_group, "packing_buffer_size": args.packing_buffer_size}
+    blend_info = {
+        "mean_length": mean_len,
+        "p50_length": float(np.median(calibration)),
+        "p99_length": float(np.percentile(calibration, 99)),
+        "clipped_share": float(np.mean(calibration == args.seq_len)),
+        "pack_group": args.pack_group,
+        "packing_buffer_size": args.packing_buffer_size,
+    }
     results = []
     for mode in ("tokens", "attention"):
+
         def cost(n, mode=mode):
             return sample_cost(n, mode, args.linear)
 
@@ -268,16 +305,43 @@ def balance_section(args) -> dict:
             t = time.perf_counter()
             packed = packed_none_naive(blend, cost, ranks, k, args)
             packed["energon"] = packed_energon(blend, cost, ranks, k, args)
-            packed["ours"] = run_ours(Planner(blend.lookup, cost, ranks * k, capacity=args.seq_len,
-                                              window=args.window), ranks, True, args.steps, args.seq_len, True)
+            packed["ours"] = run_ours(
+                Planner(blend.lookup, cost, ranks * k, capacity=args.seq_len, window=args.window),
+                ranks,
+                True,
+                args.steps,
+                args.seq_len,
+                True,
+            )
             unpacked = unpacked_none_naive(blend, cost, ranks, k, args)
-            unpacked["ours"] = run_ours(Planner(blend.lookup, cost, ranks * k, window=args.window),
-                                        ranks, True, args.steps, args.seq_len, False)
-            unpacked["ours-budget"] = run_ours(Planner(blend.lookup, cost, ranks, budget=ranks * k * mean_cost,
-                                                       window=args.window), ranks, False, args.steps, args.seq_len,
-                                               False)
+            unpacked["ours"] = run_ours(
+                Planner(blend.lookup, cost, ranks * k, window=args.window),
+                ranks,
+                True,
+                args.steps,
+                args.seq_len,
+                False,
+            )
+            unpacked["ours-budget"] = run_ours(
+                Planner(
+                    blend.lookup, cost, ranks, budget=ranks * k * mean_cost, window=args.window
+                ),
+                ranks,
+                False,
+                args.steps,
+                args.seq_len,
+                False,
+            )
             for layout, variants in (("packed", packed), ("unpacked", unpacked)):
-                results.append({"cost": mode, "ranks": ranks, "per_rank": k, "layout": layout, "variants": variants})
+                results.append(
+                    {
+                        "cost": mode,
+                        "ranks": ranks,
+                        "per_rank": k,
+                        "layout": layout,
+                        "variants": variants,
+                    }
+                )
             print(f"  [{mode}, {ranks} ranks: {time.perf_counter() - t:.1f} s]", file=sys.stderr)
     return {"blend": blend_info, "results": results, "targets": targets(results)}
 
@@ -290,49 +354,86 @@ def targets(results: list[dict]) -> list[dict]:
             continue
         ours = r["variants"]["ours"]
         p90 = ours["max_over_mean"]["p90"]
-        out.append({"target": f"{r['layout']} {r['cost']}: p90 max/mean <= {TARGET_RATIO}", "value": p90,
-                    "met": p90 <= TARGET_RATIO, "batch_bound_p90": ours["batch_bound"]["p90"]})
+        out.append(
+            {
+                "target": f"{r['layout']} {r['cost']}: p90 max/mean <= {TARGET_RATIO}",
+                "value": p90,
+                "met": p90 <= TARGET_RATIO,
+                "batch_bound_p90": ours["batch_bound"]["p90"],
+            }
+        )
         if r["layout"] == "packed":
             pad = ours["plan_padding_mean"]
-            out.append({"target": f"packed {r['cost']}: padding <= {TARGET_PADDING:.0%}", "value": pad,
-                        "met": pad <= TARGET_PADDING})
+            out.append(
+                {
+                    "target": f"packed {r['cost']}: padding <= {TARGET_PADDING:.0%}",
+                    "value": pad,
+                    "met": pad <= TARGET_PADDING,
+                }
+            )
     return out
 
 
 def report_balance(section: dict, args) -> list[str]:
     b = section["blend"]
-    lines = [f"blend: weights {args.weights}, seq_len {args.seq_len}, {args.tokens_per_tile} tokens/tile, "
-             f"{args.audio_fps:g} audio frames/s; mean length {b['mean_length']:.0f} (p50 {b['p50_length']:.0f}, "
-             f"p99 {b['p99_length']:.0f}, {100 * b['clipped_share']:.1f}% clipped); pack_group {b['pack_group']}, "
-             f"packing_buffer_size {b['packing_buffer_size']}; {args.steps} steps; attention c = {args.linear:g}", "",
-             f"{'cost':<9} {'ranks':>5} {'layout':<8} {'variant':<10} {'p50':>6} {'p90':>6} {'max':>6} "
-             f"{'rows/rank':>9} {'rows max/min':>12} {'padding':>8} {'samples/step':>12} {'carried':>7} "
-             f"{'state B':>7} {'plan ms':>7} {'bound p90':>9}", "-" * 132]
+    lines = [
+        f"blend: weights {args.weights}, seq_len {args.seq_len}, {args.tokens_per_tile} tokens/tile, "
+        f"{args.audio_fps:g} audio frames/s; mean length {b['mean_length']:.0f} (p50 {b['p50_length']:.0f}, "
+        f"p99 {b['p99_length']:.0f}, {100 * b['clipped_share']:.1f}% clipped); pack_group {b['pack_group']}, "
+        f"packing_buffer_size {b['packing_buffer_size']}; {args.steps} steps; attention c = {args.linear:g}",
+        "",
+        f"{'cost':<9} {'ranks':>5} {'layout':<8} {'variant':<10} {'p50':>6} {'p90':>6} {'max':>6} "
+        f"{'rows/rank':>9} {'rows max/min':>12} {'padding':>8} {'samples/step':>12} {'carried':>7} "
+        f"{'state B':>7} {'plan ms':>7} {'bound p90':>9}",
+        "-" * 132,
+    ]
     for r in section["results"]:
         for name, v in r["variants"].items():
             m = v["max_over_mean"]
-            rows = f"{v['rows_per_rank_min']}-{v['rows_per_rank_max']}" if "rows_per_rank_min" in v else "-"
-            rmm = f"{v['rows_max_over_min_per_step']['max']:.2f}" if "rows_max_over_min_per_step" in v else "-"
+            rows = (
+                f"{v['rows_per_rank_min']}-{v['rows_per_rank_max']}"
+                if "rows_per_rank_min" in v
+                else "-"
+            )
+            rmm = (
+                f"{v['rows_max_over_min_per_step']['max']:.2f}"
+                if "rows_max_over_min_per_step" in v
+                else "-"
+            )
             pad = v.get("plan_padding_mean", v.get("padding"))
             pad = f"{100 * pad:.2f}%" if pad is not None else "-"
-            extra = (f"{v['carried_max']:>7} {v['state_bytes']:>7} {v['planner_ms_per_batch']:>7.2f} "
-                     f"{v['batch_bound']['p90']:>9.3f}" if "carried_max" in v else f"{'-':>7} {'-':>7} {'-':>7} {'-':>9}")
-            lines.append(f"{r['cost']:<9} {r['ranks']:>5} {r['layout']:<8} {name:<10} {m['p50']:>6.3f} "
-                         f"{m['p90']:>6.3f} {m['max']:>6.3f} {rows:>9} {rmm:>12} {pad:>8} "
-                         f"{v['samples_per_step']:>12.1f} {extra}")
+            extra = (
+                f"{v['carried_max']:>7} {v['state_bytes']:>7} {v['planner_ms_per_batch']:>7.2f} "
+                f"{v['batch_bound']['p90']:>9.3f}"
+                if "carried_max" in v
+                else f"{'-':>7} {'-':>7} {'-':>7} {'-':>9}"
+            )
+            lines.append(
+                f"{r['cost']:<9} {r['ranks']:>5} {r['layout']:<8} {name:<10} {m['p50']:>6.3f} "
+                f"{m['p90']:>6.3f} {m['max']:>6.3f} {rows:>9} {rmm:>12} {pad:>8} "
+                f"{v['samples_per_step']:>12.1f} {extra}"
+            )
     lines += ["", "ratios of p90 max/mean (lower is better for ours):"]
     for r in section["results"]:
         v = r["variants"]
         ours = v["ours"]["max_over_mean"]["p90"]
-        parts = [f"ours/{name} {ours / v[name]['max_over_mean']['p90']:.3f}" for name in ("none", "naive", "energon")
-                 if name in v]
-        lines.append(f"  {r['cost']:<9} {r['ranks']:>3} ranks x {r['per_rank']} {r['layout']:<8}: " + ", ".join(parts))
+        parts = [
+            f"ours/{name} {ours / v[name]['max_over_mean']['p90']:.3f}"
+            for name in ("none", "naive", "energon")
+            if name in v
+        ]
+        lines.append(
+            f"  {r['cost']:<9} {r['ranks']:>3} ranks x {r['per_rank']} {r['layout']:<8}: "
+            + ", ".join(parts)
+        )
     lines += ["", "targets (8 ranks x 2):"]
     for t in section["targets"]:
         why = ""
         if not t["met"] and t.get("batch_bound_p90", 0) > TARGET_RATIO:
             why = f" (the planned batches' own bound is {t['batch_bound_p90']:.3f} at p90: the batch, not the dealing)"
-        lines.append(f"  {t['target']:<45} {t['value']:.4f}  {'met' if t['met'] else 'NOT met'}{why}")
+        lines.append(
+            f"  {t['target']:<45} {t['value']:.4f}  {'met' if t['met'] else 'NOT met'}{why}"
+        )
     return lines
 
 
@@ -353,13 +454,25 @@ def _train_data(base: Path) -> Path:
     import yaml
 
     sys.path.insert(0, str(REPO / "tests"))
-    from demo_datasets import coco_dataset, librispeech_dataset
-    from demo_datasets import text_dataset
+    from demo_datasets import coco_dataset, librispeech_dataset, text_dataset
 
     paths = {p.name: p for p in (coco_dataset(base), librispeech_dataset(base), text_dataset(base))}
     mds = base / "blend.yaml"
-    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
-        "train": {"blend": [{"weight": w, "path": str(paths[n])} for n, w in TRAIN_WEIGHTS.items()]}}}))
+    mds.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {
+                    "train": {
+                        "blend": [
+                            {"weight": w, "path": str(paths[n])} for n, w in TRAIN_WEIGHTS.items()
+                        ]
+                    }
+                },
+            }
+        )
+    )
     return mds
 
 
@@ -369,12 +482,24 @@ def _train_config(mds: Path, base: Path, balance: str, args) -> Path:
     import yaml
 
     gbs = args.train_groups if balance == "none" else args.train_rows
-    cfg = {"data": {"path": str(mds), "val_split": None},
-           "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-           "loader": {"global_batch_size": gbs, "num_workers": 0, "seed": 1234, "balance": balance,
-                      "length_cache": str(base / "lengths")},
-           "model": {"dim": args.train_dim, "layers": args.train_layers, "heads": 4, "patch": 16},
-           "train": {"steps": args.train_steps, "lr": 0.003, "warmup": 2, "checkpoint_every": args.train_steps}}
+    cfg = {
+        "data": {"path": str(mds), "val_split": None},
+        "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+        "loader": {
+            "global_batch_size": gbs,
+            "num_workers": 0,
+            "seed": 1234,
+            "balance": balance,
+            "length_cache": str(base / "lengths"),
+        },
+        "model": {"dim": args.train_dim, "layers": args.train_layers, "heads": 4, "patch": 16},
+        "train": {
+            "steps": args.train_steps,
+            "lr": 0.003,
+            "warmup": 2,
+            "checkpoint_every": args.train_steps,
+        },
+    }
     path = base / f"run-{balance}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -382,24 +507,49 @@ def _train_config(mds: Path, base: Path, balance: str, args) -> Path:
 
 def _train_once(config: Path, out: Path, args) -> dict:
     """One ``torchrun --nproc-per-node 2`` training run; tokens/s after the warm-up steps."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "energon_platform", "train", "--config", str(config), "--out", str(out),
-           "--steps", str(args.train_steps), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "energon_platform",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--steps",
+        str(args.train_steps),
+        "--quiet",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
-        raise TrainFailed(f"{config.name}: training failed ({proc.returncode}): "
-                           f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        raise TrainFailed(
+            f"{config.name}: training failed ({proc.returncode}): "
+            f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+        )
     rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     timed = rows[TRAIN_WARMUP:]
     seconds = timed[-1]["elapsed_s"] - rows[TRAIN_WARMUP - 1]["elapsed_s"]
     tokens = sum(r["targets"] for r in timed)
-    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "steps": len(timed),
-            "tokens_per_step": tokens / len(timed), "step_s": [r["elapsed_s"] for r in rows], "wall_s": wall,
-            "rank_cost": float(np.mean([r["rank_cost"] for r in timed])) if "rank_cost" in timed[0] else None,
-            "padding": float(np.mean([r["padding"] for r in timed])) if "padding" in timed[0] else None}
+    return {
+        "tokens_per_s": tokens / seconds,
+        "seconds": seconds,
+        "steps": len(timed),
+        "tokens_per_step": tokens / len(timed),
+        "step_s": [r["elapsed_s"] for r in rows],
+        "wall_s": wall,
+        "rank_cost": float(np.mean([r["rank_cost"] for r in timed]))
+        if "rank_cost" in timed[0]
+        else None,
+        "padding": float(np.mean([r["padding"] for r in timed])) if "padding" in timed[0] else None,
+    }
 
 
 def _today_stats(config: Path, args) -> dict:
@@ -435,8 +585,12 @@ def _today_stats(config: Path, args) -> dict:
         for ld in loaders:
             ld.close()
     counts = np.asarray(rows)
-    return {"rank_cost": float(np.mean(ratios)), "padding": 1.0 - used / slots,
-            "rows_per_rank_min": int(counts.min()), "rows_per_rank_max": int(counts.max())}
+    return {
+        "rank_cost": float(np.mean(ratios)),
+        "padding": 1.0 - used / slots,
+        "rows_per_rank_min": int(counts.min()),
+        "rows_per_rank_max": int(counts.max()),
+    }
 
 
 def train_section(args) -> dict:
@@ -450,66 +604,105 @@ def train_section(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-balance-train-") as tmp:
         base = Path(tmp)
         mds = _train_data(base)
-        configs = {"none": _train_config(mds, base, "none", args),
-                   "attention": _train_config(mds, base, "attention", args)}
+        configs = {
+            "none": _train_config(mds, base, "none", args),
+            "attention": _train_config(mds, base, "attention", args),
+        }
         today = _today_stats(configs["none"], args)
-        load = [os.getloadavg()[0]]  # 1-minute load average before each run: > ~2 means others compete
+        load = [
+            os.getloadavg()[0]
+        ]  # 1-minute load average before each run: > ~2 means others compete
         runs: dict[str, list[dict]] = {name: [] for name in configs}
         for rnd in range(args.train_rounds):
             for name, config in configs.items():
                 runs[name].append(_train_once(config, base / f"out-{name}-{rnd}", args))
                 load.append(os.getloadavg()[0])
                 r = runs[name][-1]
-                print(f"  [train {name} round {rnd}: {r['tokens_per_s']:.0f} tokens/s, {r['wall_s']:.1f} s]",
-                      file=sys.stderr)
+                print(
+                    f"  [train {name} round {rnd}: {r['tokens_per_s']:.0f} tokens/s, {r['wall_s']:.1f} s]",
+                    file=sys.stderr,
+                )
     variants = {}
     for name, rs in runs.items():
         tokens = sum(r["tokens_per_step"] * r["steps"] for r in rs)
         seconds = sum(r["seconds"] for r in rs)
-        variants[name] = {"tokens_per_s": tokens / seconds, "tokens_per_step": tokens / sum(r["steps"] for r in rs),
-                          "steps_per_s": sum(r["steps"] for r in rs) / seconds,
-                          "rounds_tokens_per_s": [r["tokens_per_s"] for r in rs],
-                          "rows_per_rank_min": args.train_rows // 2, "rows_per_rank_max": args.train_rows // 2,
-                          **{k: None if rs[0][k] is None else float(np.mean([r[k] for r in rs]))
-                             for k in ("rank_cost", "padding")}, "runs": rs}
+        variants[name] = {
+            "tokens_per_s": tokens / seconds,
+            "tokens_per_step": tokens / sum(r["steps"] for r in rs),
+            "steps_per_s": sum(r["steps"] for r in rs) / seconds,
+            "rounds_tokens_per_s": [r["tokens_per_s"] for r in rs],
+            "rows_per_rank_min": args.train_rows // 2,
+            "rows_per_rank_max": args.train_rows // 2,
+            **{
+                k: None if rs[0][k] is None else float(np.mean([r[k] for r in rs]))
+                for k in ("rank_cost", "padding")
+            },
+            "runs": rs,
+        }
         if name == "none":  # not in today's log: from the same batches, read in this process
             variants[name].update(today)
     speedup = variants["attention"]["tokens_per_s"] / variants["none"]["tokens_per_s"]
-    pairs = [b / a for a, b in zip(variants["none"]["rounds_tokens_per_s"],
-                                   variants["attention"]["rounds_tokens_per_s"])]
-    return {"round_ratios": pairs, "round_ratio_median": float(np.median(pairs)), "load_during": load,
-            "weights": TRAIN_WEIGHTS, "global_batch_size": {"none": args.train_groups, "attention": args.train_rows},
-            "steps": args.train_steps, "warmup": TRAIN_WARMUP, "rounds": args.train_rounds,
-            "model": {"dim": args.train_dim, "layers": args.train_layers}, "variants": variants,
-            "ratio": speedup, "targets": [{"target": f"2-rank tokens/s ours/today >= {TRAIN_TARGET}",
-                                           "value": speedup, "met": speedup >= TRAIN_TARGET}]}
+    pairs = [
+        b / a
+        for a, b in zip(
+            variants["none"]["rounds_tokens_per_s"], variants["attention"]["rounds_tokens_per_s"]
+        )
+    ]
+    return {
+        "round_ratios": pairs,
+        "round_ratio_median": float(np.median(pairs)),
+        "load_during": load,
+        "weights": TRAIN_WEIGHTS,
+        "global_batch_size": {"none": args.train_groups, "attention": args.train_rows},
+        "steps": args.train_steps,
+        "warmup": TRAIN_WARMUP,
+        "rounds": args.train_rounds,
+        "model": {"dim": args.train_dim, "layers": args.train_layers},
+        "variants": variants,
+        "ratio": speedup,
+        "targets": [
+            {
+                "target": f"2-rank tokens/s ours/today >= {TRAIN_TARGET}",
+                "value": speedup,
+                "met": speedup >= TRAIN_TARGET,
+            }
+        ],
+    }
 
 
 def report_train(section: dict, args) -> list[str]:
     m = section["model"]
-    lines = [f"reference model (dim {m['dim']}, {m['layers']} layers) on 2 gloo ranks x 0 workers, blend "
-             f"{section['weights']}; {section['steps']} steps per run ({section['warmup']} warm-up skipped), "
-             f"{section['rounds']} interleaved rounds", "",
-             f"{'variant':<18} {'global batch':>16} {'tokens/step':>11} {'steps/s':>8} {'tokens/s':>9} "
-             f"{'per round':>18} {'rows/rank':>9} {'rank_cost':>9} {'padding':>8}", "-" * 114]
+    lines = [
+        f"reference model (dim {m['dim']}, {m['layers']} layers) on 2 gloo ranks x 0 workers, blend "
+        f"{section['weights']}; {section['steps']} steps per run ({section['warmup']} warm-up skipped), "
+        f"{section['rounds']} interleaved rounds",
+        "",
+        f"{'variant':<18} {'global batch':>16} {'tokens/step':>11} {'steps/s':>8} {'tokens/s':>9} "
+        f"{'per round':>18} {'rows/rank':>9} {'rank_cost':>9} {'padding':>8}",
+        "-" * 114,
+    ]
     for name, v in section["variants"].items():
         label = "today (none)" if name == "none" else "ours (attention)"
         gbs = section["global_batch_size"][name]
         gbs = f"{gbs} {'groups' if name == 'none' else 'rows'}"
         rounds = " ".join(f"{x:.0f}" for x in v["rounds_tokens_per_s"])
         rows = f"{v['rows_per_rank_min']}-{v['rows_per_rank_max']}"
-        lines.append(f"{label:<18} {gbs:>16} {v['tokens_per_step']:>11.0f} {v['steps_per_s']:>8.2f} "
-                     f"{v['tokens_per_s']:>9.0f} {rounds:>18} {rows:>9} {v['rank_cost']:>9.3f} "
-                     f"{100 * v['padding']:>7.2f}%")
+        lines.append(
+            f"{label:<18} {gbs:>16} {v['tokens_per_step']:>11.0f} {v['steps_per_s']:>8.2f} "
+            f"{v['tokens_per_s']:>9.0f} {rounds:>18} {rows:>9} {v['rank_cost']:>9.3f} "
+            f"{100 * v['padding']:>7.2f}%"
+        )
     t = section["targets"][0]
-    lines += ["(rank_cost: mean over steps of max/mean of the ranks' attention cost; today's rows/rank, rank_cost "
-              "and padding from the same batches read in this process, ours from its log)", "",
-              f"tokens/s ours/today: {section['ratio']:.3f} (all runs); per round "
-              f"{' '.join(f'{x:.3f}' for x in section['round_ratios'])}, median {section['round_ratio_median']:.3f}; "
-              f"1-minute load average around the runs {' '.join(f'{x:.1f}' for x in section['load_during'])} "
-              "(above ~2, other processes share the 2 cores and the ratio is noisy)",
-              f"  {t['target']:<45} {t['value']:.4f}  "
-              f"{'met' if t['met'] else 'NOT met'}"]
+    lines += [
+        "(rank_cost: mean over steps of max/mean of the ranks' attention cost; today's rows/rank, rank_cost "
+        "and padding from the same batches read in this process, ours from its log)",
+        "",
+        f"tokens/s ours/today: {section['ratio']:.3f} (all runs); per round "
+        f"{' '.join(f'{x:.3f}' for x in section['round_ratios'])}, median {section['round_ratio_median']:.3f}; "
+        f"1-minute load average around the runs {' '.join(f'{x:.1f}' for x in section['load_during'])} "
+        "(above ~2, other processes share the 2 cores and the ratio is noisy)",
+        f"  {t['target']:<45} {t['value']:.4f}  {'met' if t['met'] else 'NOT met'}",
+    ]
     return lines
 
 
@@ -520,7 +713,13 @@ def long_section(args) -> dict:
     global batches of the skewed blend: the carried samples and the saved state stay bounded."""
     blend = Blend(args)
     cost = lambda n: sample_cost(n, "attention", args.linear)  # noqa: E731
-    planner = Planner(blend.lookup, cost, TARGET_RANKS * args.rows_per_rank, capacity=args.seq_len, window=args.window)
+    planner = Planner(
+        blend.lookup,
+        cost,
+        TARGET_RANKS * args.rows_per_rank,
+        capacity=args.seq_len,
+        window=args.window,
+    )
     carried, state_bytes, t = [], 0, time.perf_counter()
     for b in range(args.long_steps):
         state = planner.plan(b).next_state
@@ -528,17 +727,27 @@ def long_section(args) -> dict:
         if b % 500 == 0 or b == args.long_steps - 1:
             state_bytes = max(state_bytes, len(json.dumps(state.to_json())))
     quarter = max(1, args.long_steps // 4)
-    return {"steps": args.long_steps, "ranks": TARGET_RANKS, "rows_per_rank": args.rows_per_rank,
-            "carried_max": max(carried), "carried_mean": float(np.mean(carried)),
-            "carried_max_per_quarter": [max(carried[i:i + quarter]) for i in range(0, len(carried), quarter)][:4],
-            "state_bytes_max": state_bytes, "planner_ms_per_batch": 1000 * (time.perf_counter() - t) / args.long_steps}
+    return {
+        "steps": args.long_steps,
+        "ranks": TARGET_RANKS,
+        "rows_per_rank": args.rows_per_rank,
+        "carried_max": max(carried),
+        "carried_mean": float(np.mean(carried)),
+        "carried_max_per_quarter": [
+            max(carried[i : i + quarter]) for i in range(0, len(carried), quarter)
+        ][:4],
+        "state_bytes_max": state_bytes,
+        "planner_ms_per_batch": 1000 * (time.perf_counter() - t) / args.long_steps,
+    }
 
 
 def report_long(section: dict, args) -> list[str]:
-    return [f"long run: {section['steps']} global batches, packed attention, {section['ranks']} ranks x "
-            f"{section['rows_per_rank']} rows: carried max {section['carried_max']} (mean {section['carried_mean']:.0f}; "
-            f"max per quarter of the run {section['carried_max_per_quarter']}), state at most "
-            f"{section['state_bytes_max']} B, {section['planner_ms_per_batch']:.2f} ms per global batch"]
+    return [
+        f"long run: {section['steps']} global batches, packed attention, {section['ranks']} ranks x "
+        f"{section['rows_per_rank']} rows: carried max {section['carried_max']} (mean {section['carried_mean']:.0f}; "
+        f"max per quarter of the run {section['carried_max_per_quarter']}), state at most "
+        f"{section['state_bytes_max']} B, {section['planner_ms_per_batch']:.2f} ms per global batch"
+    ]
 
 
 def demo_section(args) -> dict:
@@ -557,10 +766,20 @@ def demo_section(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         mds = three_modality_blend(Path(tmp))
         for seed in args.demo_seeds:
-            cfg = load_config({"data": {"path": str(mds), "val_split": None},
-                               "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-                               "loader": {"global_batch_size": 8, "micro_batch_size": 1, "num_workers": 0, "seed": seed,
-                                          "balance": "attention", "length_cache": str(Path(tmp) / "lengths")}})
+            cfg = load_config(
+                {
+                    "data": {"path": str(mds), "val_split": None},
+                    "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+                    "loader": {
+                        "global_batch_size": 8,
+                        "micro_batch_size": 1,
+                        "num_workers": 0,
+                        "seed": seed,
+                        "balance": "attention",
+                        "length_cache": str(Path(tmp) / "lengths"),
+                    },
+                }
+            )
             loader = TrainLoader(cfg, rank=0, world_size=8, num_workers=0)
             ratios, pads, carried, repeats = {2: [], 8: []}, [], [], 0
             for b in range(args.demo_steps):
@@ -572,27 +791,42 @@ def demo_section(args) -> dict:
                 carried.append(len(plan.next_state.carried))
                 ids = loader.planner.identities([p for row in plan.items for p in row])
                 repeats += len(ids) - len(set(ids))
-            out.append({"seed": seed, "max_over_mean": {f"{w}_ranks": spread(r) for w, r in ratios.items()},
-                        "padding_mean": float(np.mean(pads)),
-                        "padding_max": float(max(pads)), "carried_max": max(carried), "repeats_in_a_batch": repeats})
+            out.append(
+                {
+                    "seed": seed,
+                    "max_over_mean": {f"{w}_ranks": spread(r) for w, r in ratios.items()},
+                    "padding_mean": float(np.mean(pads)),
+                    "padding_max": float(max(pads)),
+                    "carried_max": max(carried),
+                    "repeats_in_a_batch": repeats,
+                }
+            )
     return {"steps": args.demo_steps, "seeds": out}
 
 
 def report_demo(section: dict, args) -> list[str]:
-    lines = [f"demo blend (embedded corpora 2:1:1, multimodal_packed, 8 rows of 128, attention), "
-             f"{section['steps']} global batches per seed; rank cost max/mean on 2 ranks (4 rows each) and 8 (1 row):",
-             f"{'seed':>5} {'2r p50':>7} {'2r p90':>7} {'8r p50':>7} {'8r p90':>7} {'padding mean':>12} "
-             f"{'padding max':>11} {'carried':>7} {'repeats':>7}"]
+    lines = [
+        f"demo blend (embedded corpora 2:1:1, multimodal_packed, 8 rows of 128, attention), "
+        f"{section['steps']} global batches per seed; rank cost max/mean on 2 ranks (4 rows each) and 8 (1 row):",
+        f"{'seed':>5} {'2r p50':>7} {'2r p90':>7} {'8r p50':>7} {'8r p90':>7} {'padding mean':>12} "
+        f"{'padding max':>11} {'carried':>7} {'repeats':>7}",
+    ]
     for r in section["seeds"]:
         two, eight = r["max_over_mean"]["2_ranks"], r["max_over_mean"]["8_ranks"]
-        lines.append(f"{r['seed']:>5} {two['p50']:>7.3f} {two['p90']:>7.3f} {eight['p50']:>7.3f} {eight['p90']:>7.3f} "
-                     f"{r['padding_mean']:>12.2%} {r['padding_max']:>11.2%} {r['carried_max']:>7} "
-                     f"{r['repeats_in_a_batch']:>7}")
+        lines.append(
+            f"{r['seed']:>5} {two['p50']:>7.3f} {two['p90']:>7.3f} {eight['p50']:>7.3f} {eight['p90']:>7.3f} "
+            f"{r['padding_mean']:>12.2%} {r['padding_max']:>11.2%} {r['carried_max']:>7} "
+            f"{r['repeats_in_a_batch']:>7}"
+        )
     return lines
 
 
-SECTIONS = {"balance": (balance_section, report_balance), "long": (long_section, report_long),
-            "demo": (demo_section, report_demo), "train": (train_section, report_train)}
+SECTIONS = {
+    "balance": (balance_section, report_balance),
+    "long": (long_section, report_long),
+    "demo": (demo_section, report_demo),
+    "train": (train_section, report_train),
+}
 
 
 def weights(text: str) -> dict[str, float]:
@@ -600,7 +834,9 @@ def weights(text: str) -> dict[str, float]:
     for part in text.split(","):
         name, _, value = part.partition("=")
         if name.strip() not in KINDS or not value:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected KIND=WEIGHT with KIND one of {', '.join(KINDS)}")
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: expected KIND=WEIGHT with KIND one of {', '.join(KINDS)}"
+            )
         out[name.strip()] = float(value)
     if any(v < 0 for v in out.values()) or sum(out.values()) <= 0:
         raise argparse.ArgumentTypeError("weights must be >= 0 with a positive sum")
@@ -608,43 +844,127 @@ def weights(text: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", type=Path, help="also write the results (with machine, date, load average) here")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--json", type=Path, help="also write the results (with machine, date, load average) here"
+    )
     p.add_argument("--quick", action="store_true", help="a few seconds: 40 steps, 8 ranks only")
-    p.add_argument("--steps", type=int, default=None, help="global batches per variant (default 500; --quick 40)")
-    p.add_argument("--ranks", type=int, nargs="+", default=None, help="simulated data-parallel ranks (default 8 64)")
-    p.add_argument("--rows-per-rank", type=int, default=2, help="K: rows (packed) or samples (unpacked) per rank")
-    p.add_argument("--seq-len", type=int, default=4096, help="row length; every sample is clipped to it")
-    p.add_argument("--linear", type=float, default=None, help="c of the attention cost L^2 + c*L (default seq_len)")
-    p.add_argument("--weights", type=weights, default=weights("image_text=0.4,audio=0.2,text=0.4"),
-                   help="blend weights, KIND=W,... over image_text, audio, text (default 0.4, 0.2, 0.4)")
-    p.add_argument("--tokens-per-tile", type=int, default=64, help="image tokens per tile (1-12 tiles per image)")
-    p.add_argument("--audio-fps", type=float, default=25.0,
-                   help="audio frames per second (25: a 100 Hz mel spectrogram subsampled 4x)")
-    p.add_argument("--caption-mu", type=float, default=3.5, help="log-mean of caption/transcript tokens")
-    p.add_argument("--caption-sigma", type=float, default=0.8, help="log-sd of caption/transcript tokens")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="global batches per variant (default 500; --quick 40)",
+    )
+    p.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="simulated data-parallel ranks (default 8 64)",
+    )
+    p.add_argument(
+        "--rows-per-rank",
+        type=int,
+        default=2,
+        help="K: rows (packed) or samples (unpacked) per rank",
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=4096, help="row length; every sample is clipped to it"
+    )
+    p.add_argument(
+        "--linear",
+        type=float,
+        default=None,
+        help="c of the attention cost L^2 + c*L (default seq_len)",
+    )
+    p.add_argument(
+        "--weights",
+        type=weights,
+        default=weights("image_text=0.4,audio=0.2,text=0.4"),
+        help="blend weights, KIND=W,... over image_text, audio, text (default 0.4, 0.2, 0.4)",
+    )
+    p.add_argument(
+        "--tokens-per-tile",
+        type=int,
+        default=64,
+        help="image tokens per tile (1-12 tiles per image)",
+    )
+    p.add_argument(
+        "--audio-fps",
+        type=float,
+        default=25.0,
+        help="audio frames per second (25: a 100 Hz mel spectrogram subsampled 4x)",
+    )
+    p.add_argument(
+        "--caption-mu", type=float, default=3.5, help="log-mean of caption/transcript tokens"
+    )
+    p.add_argument(
+        "--caption-sigma", type=float, default=0.8, help="log-sd of caption/transcript tokens"
+    )
     p.add_argument("--text-mu", type=float, default=5.5, help="log-mean of text document tokens")
     p.add_argument("--text-sigma", type=float, default=1.2, help="log-sd of text document tokens")
-    p.add_argument("--pack-group", type=int, default=None,
-                   help="today's pack group (samples packed together); default: seq_len / mean length, so K "
-                        "groups fill about K rows")
-    p.add_argument("--packing-buffer-size", type=int, default=None,
-                   help="Energon's packing_buffer_size (default: the pack group, i.e. the same setting)")
-    p.add_argument("--window", type=int, default=4096, help="our planner's look-ahead (loader.balance_window)")
+    p.add_argument(
+        "--pack-group",
+        type=int,
+        default=None,
+        help="today's pack group (samples packed together); default: seq_len / mean length, so K "
+        "groups fill about K rows",
+    )
+    p.add_argument(
+        "--packing-buffer-size",
+        type=int,
+        default=None,
+        help="Energon's packing_buffer_size (default: the pack group, i.e. the same setting)",
+    )
+    p.add_argument(
+        "--window", type=int, default=4096, help="our planner's look-ahead (loader.balance_window)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=["balance"],
-                   help="what to measure (default: balance, the simulation; long: carried samples over "
-                        "--long-steps batches; demo: the embedded demo blend through the loader's planner)")
-    p.add_argument("--long-steps", type=int, default=10_000, help="section long: global batches of one planner run")
-    p.add_argument("--demo-steps", type=int, default=60, help="section demo: global batches per seed")
-    p.add_argument("--demo-seeds", type=int, nargs="+", default=[1, 5, 7, 8], help="section demo: loader seeds")
-    p.add_argument("--train", action="store_true",
-                   help="also measure the reference model's tokens/s on 2 gloo ranks, today vs ours (minutes)")
-    p.add_argument("--train-steps", type=int, default=40, help="steps per training run (the first 2 are warm-up)")
-    p.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of (today, ours) runs")
-    p.add_argument("--train-groups", type=int, default=4,
-                   help="today's global_batch_size: pack groups of 16 samples per step (about 4 rows each)")
-    p.add_argument("--train-rows", type=int, default=16, help="ours: global_batch_size in rows of 128 tokens")
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        choices=list(SECTIONS),
+        default=["balance"],
+        help="what to measure (default: balance, the simulation; long: carried samples over "
+        "--long-steps batches; demo: the embedded demo blend through the loader's planner)",
+    )
+    p.add_argument(
+        "--long-steps",
+        type=int,
+        default=10_000,
+        help="section long: global batches of one planner run",
+    )
+    p.add_argument(
+        "--demo-steps", type=int, default=60, help="section demo: global batches per seed"
+    )
+    p.add_argument(
+        "--demo-seeds", type=int, nargs="+", default=[1, 5, 7, 8], help="section demo: loader seeds"
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="also measure the reference model's tokens/s on 2 gloo ranks, today vs ours (minutes)",
+    )
+    p.add_argument(
+        "--train-steps",
+        type=int,
+        default=40,
+        help="steps per training run (the first 2 are warm-up)",
+    )
+    p.add_argument(
+        "--train-rounds", type=int, default=3, help="interleaved rounds of (today, ours) runs"
+    )
+    p.add_argument(
+        "--train-groups",
+        type=int,
+        default=4,
+        help="today's global_batch_size: pack groups of 16 samples per step (about 4 rows each)",
+    )
+    p.add_argument(
+        "--train-rows", type=int, default=16, help="ours: global_batch_size in rows of 128 tokens"
+    )
     p.add_argument("--train-dim", type=int, default=128, help="the reference model's model.dim")
     p.add_argument("--train-layers", type=int, default=2, help="the reference model's model.layers")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
@@ -653,24 +973,47 @@ def main(argv: list[str] | None = None) -> int:
     args.ranks = args.ranks or ([8] if args.quick else [8, 64])
     args.linear = float(args.seq_len if args.linear is None else args.linear)
     if min(args.steps, args.rows_per_rank, args.seq_len, *args.ranks) < 1 or args.window < 16:
-        print("error: --steps, --ranks, --rows-per-rank, --seq-len must be >= 1 and --window >= 16", file=sys.stderr)
+        print(
+            "error: --steps, --ranks, --rows-per-rank, --seq-len must be >= 1 and --window >= 16",
+            file=sys.stderr,
+        )
         return 2
     if args.train and "train" not in args.sections:
         args.sections.append("train")
-    if min(args.train_steps - TRAIN_WARMUP, args.train_rounds, args.train_groups - 1, args.train_rows - 1,
-           args.train_dim, args.train_layers) < 1 or args.train_groups % 2 or args.train_rows % 2:
-        print(f"error: --train-steps must be > {TRAIN_WARMUP}, --train-groups and --train-rows even (2 ranks), "
-              "the other --train-* >= 1", file=sys.stderr)
+    if (
+        min(
+            args.train_steps - TRAIN_WARMUP,
+            args.train_rounds,
+            args.train_groups - 1,
+            args.train_rows - 1,
+            args.train_dim,
+            args.train_layers,
+        )
+        < 1
+        or args.train_groups % 2
+        or args.train_rows % 2
+    ):
+        print(
+            f"error: --train-steps must be > {TRAIN_WARMUP}, --train-groups and --train-rows even (2 ranks), "
+            "the other --train-* >= 1",
+            file=sys.stderr,
+        )
         return 2
     for name in ("pack_group", "packing_buffer_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
 
-    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                          "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-              "load_before": [round(x, 2) for x in os.getloadavg()]}
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+        },
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
     t = time.perf_counter()
     lines = []
     for name, (run, report) in SECTIONS.items():
@@ -685,13 +1028,21 @@ def main(argv: list[str] | None = None) -> int:
     result["seconds"] = time.perf_counter() - t
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     result["settings"] = {k: v for k, v in vars(args).items() if k not in ("json", "check")}
-    print(f"{result['date']}, {result['machine']['cpus']} CPUs, load average before/after: "
-          f"{result['load_before']} / {result['load_after']}, {result['seconds']:.1f} s\n")
+    print(
+        f"{result['date']}, {result['machine']['cpus']} CPUs, load average before/after: "
+        f"{result['load_before']} / {result['load_after']}, {result['seconds']:.1f} s\n"
+    )
     print("\n".join(lines).rstrip())
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
-    missed = [t for s in result.values() if isinstance(s, dict) for t in s.get("targets", []) if not t["met"]]
+    missed = [
+        t
+        for s in result.values()
+        if isinstance(s, dict)
+        for t in s.get("targets", [])
+        if not t["met"]
+    ]
     return 1 if args.check and missed else 0
 
 

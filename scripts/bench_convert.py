@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the test helpers used here
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent / "tests")
+)  # the test helpers used here
 from folder_sampler import FolderSampler  # noqa: E402
 
 
@@ -39,7 +41,9 @@ def make_corpus(root: Path, n: int, side: int = 256) -> tuple[Path, Path]:
     """``n`` JPEG crops of scikit-image photos (deterministic) and a COCO captions file."""
     from skimage import data
 
-    photos = [np.asarray(getattr(data, name)()) for name in ("astronaut", "chelsea", "coffee", "rocket")]
+    photos = [
+        np.asarray(getattr(data, name)()) for name in ("astronaut", "chelsea", "coffee", "rocket")
+    ]
     images = root / "images"
     images.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -49,7 +53,7 @@ def make_corpus(root: Path, n: int, side: int = 256) -> tuple[Path, Path]:
         y = rng.integers(0, photo.shape[0] - side)
         x = rng.integers(0, photo.shape[1] - side)
         name = f"{i:08d}.jpg"
-        Image.fromarray(photo[y:y + side, x:x + side]).save(images / name, quality=90)
+        Image.fromarray(photo[y : y + side, x : x + side]).save(images / name, quality=90)
         rows.append({"id": i, "file_name": name, "width": side, "height": side})
         anns.append({"id": i, "image_id": i, "caption": f"crop {i} of a sample photograph"})
     ann = root / "captions.json"
@@ -72,17 +76,32 @@ def naive(ann: Path, images: Path, out: Path, per_shard: int) -> int:
             img = ImageOps.exif_transpose(Image.open(images / row["file_name"])).convert("RGB")
             buf = io.BytesIO()
             img.save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
-            sink.write({"__key__": f"{row['id']:012d}", "image.png": buf.getvalue(),
-                        "text.json": json.dumps({"caption": captions[row["id"]]}).encode()})
+            sink.write(
+                {
+                    "__key__": f"{row['id']:012d}",
+                    "image.png": buf.getvalue(),
+                    "text.json": json.dumps({"caption": captions[row["id"]]}).encode(),
+                }
+            )
             n += 1
     return n
 
 
-def ours(ann: Path, images: Path, out: Path | str, per_shard: int, workers: int, reports: list | None = None) -> int:
+def ours(
+    ann: Path,
+    images: Path,
+    out: Path | str,
+    per_shard: int,
+    workers: int,
+    reports: list | None = None,
+) -> int:
     from converters.convert import ConvertOptions, run_conversion
 
-    outcome = run_conversion("coco", {"annotations": str(ann), "images": str(images)},
-                             ConvertOptions(out=str(out), samples_per_shard=per_shard, workers=workers, progress=False))
+    outcome = run_conversion(
+        "coco",
+        {"annotations": str(ann), "images": str(images)},
+        ConvertOptions(out=str(out), samples_per_shard=per_shard, workers=workers, progress=False),
+    )
     if reports is not None:
         reports.append(outcome.report)
     return outcome.report["totals"]["written"]
@@ -106,11 +125,19 @@ def timed(fn, *args) -> tuple[float, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--images", type=int, default=4000, help="corpus size (default 4000)")
     ap.add_argument("--samples-per-shard", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=2, help="runs per variant; the best is kept (default 2)")
-    ap.add_argument("--no-s3", action="store_true", help="leave out the object-storage row (no SeaweedFS started)")
+    ap.add_argument(
+        "--repeats", type=int, default=2, help="runs per variant; the best is kept (default 2)"
+    )
+    ap.add_argument(
+        "--no-s3",
+        action="store_true",
+        help="leave out the object-storage row (no SeaweedFS started)",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -132,28 +159,52 @@ def main() -> int:
             def to_s3(workers: int):
                 def convert(out: Path) -> int:
                     with FolderSampler(tmp / "staging") as peak:
-                        n = ours(ann, images, server.url(out.name), args.samples_per_shard, workers, s3_reports)
+                        n = ours(
+                            ann,
+                            images,
+                            server.url(out.name),
+                            args.samples_per_shard,
+                            workers,
+                            s3_reports,
+                        )
                     staging_peaks.append((workers, peak.peak))
                     return n
+
                 return convert
 
             variants["ours, 1 worker -> S3"] = to_s3(1)
             variants["ours, 2 workers -> S3"] = to_s3(2)
         best = {}
         for rep in range(args.repeats):
-            for v, (name, fn) in enumerate(variants.items()):  # interleaved, so drift affects all alike
-                out = tmp / f"out-{rep}-{v}"  # a new folder or prefix each run: never "nothing to do"
+            for v, (name, fn) in enumerate(
+                variants.items()
+            ):  # interleaved, so drift affects all alike
+                out = (
+                    tmp / f"out-{rep}-{v}"
+                )  # a new folder or prefix each run: never "nothing to do"
                 seconds, n = timed(fn, out)
                 assert n == args.images, (name, n)
                 best[name] = min(best.get(name, float("inf")), seconds)
                 shutil.rmtree(out, ignore_errors=True)
         rates = {name: args.images / s for name, s in best.items()}
-        base, one, two = rates["naive ShardWriter loop"], rates["ours, 1 worker"], rates["ours, 2 workers"]
+        base, one, two = (
+            rates["naive ShardWriter loop"],
+            rates["ours, 1 worker"],
+            rates["ours, 2 workers"],
+        )
         ratios = {"ours_1w_over_naive": one / base, "ours_2w_over_ours_1w": two / one}
-        targets = [{"target": "ours 1 worker / naive >= 0.95", "value": round(ratios["ours_1w_over_naive"], 3),
-                    "met": ratios["ours_1w_over_naive"] >= 0.95},
-                   {"target": "ours 2 workers / 1 worker >= 1.7", "value": round(ratios["ours_2w_over_ours_1w"], 3),
-                    "met": ratios["ours_2w_over_ours_1w"] >= 1.7}]
+        targets = [
+            {
+                "target": "ours 1 worker / naive >= 0.95",
+                "value": round(ratios["ours_1w_over_naive"], 3),
+                "met": ratios["ours_1w_over_naive"] >= 0.95,
+            },
+            {
+                "target": "ours 2 workers / 1 worker >= 1.7",
+                "value": round(ratios["ours_2w_over_ours_1w"], 3),
+                "met": ratios["ours_2w_over_ours_1w"] >= 1.7,
+            },
+        ]
         print(f"\n{'variant':26s} {'seconds':>9s} {'samples/s':>10s}")
         for name, s in best.items():
             print(f"{name:26s} {s:9.2f} {rates[name]:10.1f}")
@@ -167,7 +218,9 @@ def main() -> int:
             peak = {w: max(p for ww, p in staging_peaks if ww == w) for w in (1, 2)}
             bound = {w: (w + 1) * max(shards) for w in (1, 2)}  # (workers + 1) x the largest shard
             object_storage = {
-                "corpus_shard_bytes": sum(shards), "largest_shard_bytes": max(shards), "shards": len(shards),
+                "corpus_shard_bytes": sum(shards),
+                "largest_shard_bytes": max(shards),
+                "shards": len(shards),
                 "peak_staging_bytes": {f"{w}w": peak[w] for w in peak},
                 "peak_staging_over_corpus": {f"{w}w": peak[w] / sum(shards) for w in peak},
                 "staging_bound_bytes": {f"{w}w": bound[w] for w in bound},
@@ -175,25 +228,51 @@ def main() -> int:
             }
             for w in (1, 2):
                 ratio = ratios[f"s3_over_local_{w}w"]
-                targets.append({"target": f"S3 / local ({w} worker{'s' if w > 1 else ''}) >= 0.9",
-                                "value": round(ratio, 3), "met": ratio >= 0.9})
-                targets.append({"target": f"peak staging ({w}w) <= (workers + 1) x largest shard + records",
-                                "value": peak[w], "met": peak[w] <= bound[w] + 256 * 1024})
+                targets.append(
+                    {
+                        "target": f"S3 / local ({w} worker{'s' if w > 1 else ''}) >= 0.9",
+                        "value": round(ratio, 3),
+                        "met": ratio >= 0.9,
+                    }
+                )
+                targets.append(
+                    {
+                        "target": f"peak staging ({w}w) <= (workers + 1) x largest shard + records",
+                        "value": peak[w],
+                        "met": peak[w] <= bound[w] + 256 * 1024,
+                    }
+                )
             o = object_storage
             print(f"S3 / local, 1 worker    = {ratios['s3_over_local_1w']:.3f}   (target >= 0.9)")
-            print(f"S3 / local, 2 workers   = {ratios['s3_over_local_2w']:.3f}   (target >= 0.9; the server shares "
-                  f"these {os.cpu_count()} CPUs)")
+            print(
+                f"S3 / local, 2 workers   = {ratios['s3_over_local_2w']:.3f}   (target >= 0.9; the server shares "
+                f"these {os.cpu_count()} CPUs)"
+            )
             for w in (1, 2):
-                print(f"peak staging, {w}w        = {peak[w] / 1e6:.1f} MB of a {o['corpus_shard_bytes'] / 1e6:.1f} MB "
-                      f"corpus ({100 * peak[w] / sum(shards):.1f}%; bound {w + 1} x {max(shards) / 1e6:.1f} MB shard)")
+                print(
+                    f"peak staging, {w}w        = {peak[w] / 1e6:.1f} MB of a {o['corpus_shard_bytes'] / 1e6:.1f} MB "
+                    f"corpus ({100 * peak[w] / sum(shards):.1f}%; bound {w + 1} x {max(shards) / 1e6:.1f} MB shard)"
+                )
             print(f"upload retries per run  = {o['upload_retries']}")
-        result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                              "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
-                  "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
-                  "images": args.images, "samples_per_shard": args.samples_per_shard, "cpus": os.cpu_count(),
-                  "seconds": best, "samples_per_s": rates, "ratios": ratios, "targets": targets,
-                  "object_storage": object_storage}
+        result = {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": {
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "processor": platform.processor() or platform.machine(),
+                "cpus": os.cpu_count(),
+            },
+            "load_before": load_before,
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "images": args.images,
+            "samples_per_shard": args.samples_per_shard,
+            "cpus": os.cpu_count(),
+            "seconds": best,
+            "samples_per_s": rates,
+            "ratios": ratios,
+            "targets": targets,
+            "object_storage": object_storage,
+        }
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0

@@ -26,11 +26,29 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 CORPORA = (  # (dataset folder, convert kind, convert args, encoder config)
-    ("coco_mini", "coco", {"annotations": "data/coco_mini/captions.json", "images": "data/coco_mini/images"},
-     "configs/encoders/image_text_vlm_small_packed.yaml"),
-    ("librispeech_mini", "librispeech", {"root": "data/librispeech_mini"}, "configs/encoders/audio_text.yaml"),
-    ("text_mini", "text", {"manifest": "data/text_mini/documents.jsonl", "text_column": "text", "id_column": "id",
-                           "fmt": None}, "configs/encoders/text_small.yaml"),
+    (
+        "coco_mini",
+        "coco",
+        {"annotations": "data/coco_mini/captions.json", "images": "data/coco_mini/images"},
+        "configs/encoders/image_text_vlm_small_packed.yaml",
+    ),
+    (
+        "librispeech_mini",
+        "librispeech",
+        {"root": "data/librispeech_mini"},
+        "configs/encoders/audio_text.yaml",
+    ),
+    (
+        "text_mini",
+        "text",
+        {
+            "manifest": "data/text_mini/documents.jsonl",
+            "text_column": "text",
+            "id_column": "id",
+            "fmt": None,
+        },
+        "configs/encoders/text_small.yaml",
+    ),
 )
 
 
@@ -39,8 +57,13 @@ def convert(base: Path) -> dict[str, Path]:
 
     out = {}
     for name, kind, args, _ in CORPORA:
-        paths = {k: (str(REPO / v) if isinstance(v, str) and v.startswith("data/") else v) for k, v in args.items()}
-        run_conversion(kind, paths, ConvertOptions(out=str(base / name), samples_per_shard=64, progress=False))
+        paths = {
+            k: (str(REPO / v) if isinstance(v, str) and v.startswith("data/") else v)
+            for k, v in args.items()
+        }
+        run_conversion(
+            kind, paths, ConvertOptions(out=str(base / name), samples_per_shard=64, progress=False)
+        )
         out[name] = base / name
     return out
 
@@ -64,30 +87,56 @@ def measure(path: Path, encoder_config: str, tmp: Path) -> dict:
         encoder.encode(sample)
     decode_cpu = time.process_time() - t
     per_sample = index.nbytes / n
-    return {"dataset": path.name, "encoder": encoder_config, "samples": n, "bytes_per_sample": round(per_sample, 1),
-            "index_samples_per_cpu_s": round(n / index_cpu), "decode_samples_per_cpu_s": round(n / decode_cpu),
-            "speedup_vs_decoding": round(decode_cpu / index_cpu, 1),
-            "at_1e8": {"gb": round(per_sample * 1e8 / 1e9, 2), "core_hours": round(1e8 * index_cpu / n / 3600, 1)}}
+    return {
+        "dataset": path.name,
+        "encoder": encoder_config,
+        "samples": n,
+        "bytes_per_sample": round(per_sample, 1),
+        "index_samples_per_cpu_s": round(n / index_cpu),
+        "decode_samples_per_cpu_s": round(n / decode_cpu),
+        "speedup_vs_decoding": round(decode_cpu / index_cpu, 1),
+        "at_1e8": {
+            "gb": round(per_sample * 1e8 / 1e9, 2),
+            "core_hours": round(1e8 * index_cpu / n / 3600, 1),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [measure(path, enc, Path(tmp)) for (name, _, _, enc), path in zip(CORPORA, convert(Path(tmp)).values())]
-    print(f"{'dataset':18} {'samples':>7} {'B/sample':>8} {'index/s/core':>12} {'decode/s/core':>13} "
-          f"{'ratio':>6} {'1e8: GB':>8} {'1e8: core-h':>11}")
+        rows = [
+            measure(path, enc, Path(tmp))
+            for (name, _, _, enc), path in zip(CORPORA, convert(Path(tmp)).values())
+        ]
+    print(
+        f"{'dataset':18} {'samples':>7} {'B/sample':>8} {'index/s/core':>12} {'decode/s/core':>13} "
+        f"{'ratio':>6} {'1e8: GB':>8} {'1e8: core-h':>11}"
+    )
     for r in rows:
-        print(f"{r['dataset']:18} {r['samples']:7d} {r['bytes_per_sample']:8.1f} {r['index_samples_per_cpu_s']:12d} "
-              f"{r['decode_samples_per_cpu_s']:13d} {r['speedup_vs_decoding']:5.1f}x {r['at_1e8']['gb']:8.2f} "
-              f"{r['at_1e8']['core_hours']:11.1f}")
+        print(
+            f"{r['dataset']:18} {r['samples']:7d} {r['bytes_per_sample']:8.1f} {r['index_samples_per_cpu_s']:12d} "
+            f"{r['decode_samples_per_cpu_s']:13d} {r['speedup_vs_decoding']:5.1f}x {r['at_1e8']['gb']:8.2f} "
+            f"{r['at_1e8']['core_hours']:11.1f}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"benchmark": "lengths", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-                                         "load_average": {"before": list(load), "after": list(os.getloadavg())},
-                                         "results": rows}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "lengths",
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                    "load_average": {"before": list(load), "after": list(os.getloadavg())},
+                    "results": rows,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {args.json}")
     return 0
 

@@ -44,8 +44,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -74,13 +75,21 @@ class RestoreSeedsImageText(ImageTextTaskEncoder):
 
 
 def energon_loader(encoder: Any, dataset: Path, workers: int, batch_size: int) -> Any:
-    train = get_train_dataset(dataset, worker_config=encoder.worker_config(num_workers=workers), batch_size=batch_size,
-                              shuffle_buffer_size=SHUFFLE, max_samples_per_sequence=None, task_encoder=encoder,
-                              packing_buffer_size=encoder.packing_buffer_size)
+    train = get_train_dataset(
+        dataset,
+        worker_config=encoder.worker_config(num_workers=workers),
+        batch_size=batch_size,
+        shuffle_buffer_size=SHUFFLE,
+        max_samples_per_sequence=None,
+        task_encoder=encoder,
+        packing_buffer_size=encoder.packing_buffer_size,
+    )
     return get_savable_loader(train)
 
 
-def webdataset_loader(encoder: ImageTextTaskEncoder, dataset: Path, workers: int, batch_size: int) -> Any:
+def webdataset_loader(
+    encoder: ImageTextTaskEncoder, dataset: Path, workers: int, batch_size: int
+) -> Any:
     """(b): plain webdataset, same decoding (``torchrgb``), transforms, tokenization and layout."""
     tokenizer, pipeline, seq_len = encoder.tokenizer, encoder.pipeline, encoder.seq_len
 
@@ -90,12 +99,24 @@ def webdataset_loader(encoder: ImageTextTaskEncoder, dataset: Path, workers: int
 
     def collate(items: list) -> dict:
         rows = [layout_row([tokens], seq_len, tokenizer.special.pad) for _, _, tokens in items]
-        return {"keys": [k for k, _, _ in items], "images": torch.stack([i for _, i, _ in items]), **collate_rows(rows)}
+        return {
+            "keys": [k for k, _, _ in items],
+            "images": torch.stack([i for _, i, _ in items]),
+            **collate_rows(rows),
+        }
 
     urls = sorted(str(p) for p in (dataset / "train").glob("*.tar"))
-    pipe = (wds.WebDataset(urls, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False)
-            .repeat().shuffle(SHUFFLE).decode("torchrgb").to_tuple("__key__", "image.png", "text.json")
-            .map(encode).batched(batch_size, collation_fn=collate, partial=False))
+    pipe = (
+        wds.WebDataset(
+            urls, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False
+        )
+        .repeat()
+        .shuffle(SHUFFLE)
+        .decode("torchrgb")
+        .to_tuple("__key__", "image.png", "text.json")
+        .map(encode)
+        .batched(batch_size, collation_fn=collate, partial=False)
+    )
     return torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=workers)
 
 
@@ -114,7 +135,9 @@ def _cpu_seconds() -> float:
     return total
 
 
-def time_batches(make: Callable[[], Any], warmup: int, batches: int, batch_size: int) -> tuple[float, float]:
+def time_batches(
+    make: Callable[[], Any], warmup: int, batches: int, batch_size: int
+) -> tuple[float, float]:
     """(samples per wall second, samples per CPU second) over ``batches`` batches after ``warmup``
     (worker start, buffer fill). CPU seconds count the main process and its workers: on a shared
     machine they measure the work, where wall time also measures the neighbours."""
@@ -135,8 +158,22 @@ def blend_metadataset(dataset: Path, out: Path) -> Path:
     """A ``MetadatasetV2`` blending ``dataset`` with itself at weights 3:1."""
     import yaml
 
-    out.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
-        "train": {"blend": [{"weight": 3, "path": str(dataset)}, {"weight": 1, "path": str(dataset)}]}}}))
+    out.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {
+                    "train": {
+                        "blend": [
+                            {"weight": 3, "path": str(dataset)},
+                            {"weight": 1, "path": str(dataset)},
+                        ]
+                    }
+                },
+            }
+        )
+    )
     return out
 
 
@@ -145,9 +182,19 @@ def schedule_loader(config: Path, dataset: Path, workers: int, batch_size: int) 
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
 
-    return TrainLoader(load_config({"data": {"path": str(dataset), "val_split": None}, "encoder": str(config),
-                                    "loader": {"global_batch_size": batch_size, "num_workers": workers,
-                                               "shuffle_buffer": SHUFFLE}}))
+    return TrainLoader(
+        load_config(
+            {
+                "data": {"path": str(dataset), "val_split": None},
+                "encoder": str(config),
+                "loader": {
+                    "global_batch_size": batch_size,
+                    "num_workers": workers,
+                    "shuffle_buffer": SHUFFLE,
+                },
+            }
+        )
+    )
 
 
 def _shutdown(loader: Any) -> None:
@@ -172,8 +219,10 @@ def throughput(dataset: Path, config: Path, args: argparse.Namespace) -> dict:
     }
     rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
     for r in range(args.rounds):
-        for name in (list(loaders) if r % 2 == 0 else list(loaders)[::-1]):
-            rounds[name].append(time_batches(loaders[name], args.warmup, args.batches, args.batch_size))
+        for name in list(loaders) if r % 2 == 0 else list(loaders)[::-1]:
+            rounds[name].append(
+                time_batches(loaders[name], args.warmup, args.batches, args.batch_size)
+            )
     wall = {name: statistics.median(w for w, _ in v) for name, v in rounds.items()}
     cpu = {name: statistics.median(c for _, c in v) for name, v in rounds.items()}
     return {
@@ -217,8 +266,11 @@ def convert_coco(annotations: Path, images: Path, out: Path) -> Path:
     """A raw COCO-captions corpus → Energon-ready shards, through the project's converter."""
     from converters.convert import ConvertOptions, run_conversion
 
-    outcome = run_conversion("coco", {"annotations": str(annotations), "images": str(images)},
-                             ConvertOptions(out=str(out), samples_per_shard=64, progress=False))
+    outcome = run_conversion(
+        "coco",
+        {"annotations": str(annotations), "images": str(images)},
+        ConvertOptions(out=str(out), samples_per_shard=64, progress=False),
+    )
     if not outcome.ok:
         raise SystemExit(f"converting {annotations} failed: {outcome.report['status']}")
     return out
@@ -230,7 +282,12 @@ def generated_dataset(tmp: Path, count: int, size: tuple[int, int] = (320, 256))
     import numpy as np
     from PIL import Image, ImageDraw
 
-    captions = [a["caption"] for a in json.loads((REPO / "data" / "coco_mini" / "captions.json").read_text())["annotations"]]
+    captions = [
+        a["caption"]
+        for a in json.loads((REPO / "data" / "coco_mini" / "captions.json").read_text())[
+            "annotations"
+        ]
+    ]
     (tmp / "raw").mkdir()
     width, height = size
     yy, xx = np.mgrid[0:height, 0:width] / max(size)
@@ -243,45 +300,71 @@ def generated_dataset(tmp: Path, count: int, size: tuple[int, int] = (320, 256))
         draw = ImageDraw.Draw(image)
         for _ in range(6):
             x0, y0 = rng.integers(0, width - 40), rng.integers(0, height - 40)
-            draw.ellipse([x0, y0, x0 + rng.integers(20, 120), y0 + rng.integers(20, 120)], fill=tuple(rng.integers(0, 256, 3).tolist()))
+            draw.ellipse(
+                [x0, y0, x0 + rng.integers(20, 120), y0 + rng.integers(20, 120)],
+                fill=tuple(rng.integers(0, 256, 3).tolist()),
+            )
         image.save(tmp / "raw" / f"{i:06d}.png")
-    coco = {"images": [{"id": i, "file_name": f"{i:06d}.png"} for i in range(count)],
-            "annotations": [{"id": i, "image_id": i, "caption": captions[i % len(captions)]} for i in range(count)]}
+    coco = {
+        "images": [{"id": i, "file_name": f"{i:06d}.png"} for i in range(count)],
+        "annotations": [
+            {"id": i, "image_id": i, "caption": captions[i % len(captions)]} for i in range(count)
+        ],
+    }
     (tmp / "captions.json").write_text(json.dumps(coco))
     return convert_coco(tmp / "captions.json", tmp / "raw", tmp / "generated")
 
 
 def report(result: dict) -> str:
     t, p = result["throughput"], result["padding"]
-    names = {"ours": "(a) ours: Energon savable loader, per-key seeds",
-             "webdataset": "(b) plain webdataset + DataLoader",
-             "restore_seeds": "(c) Energon savable loader, @stateless(restore_seeds=True)",
-             "schedule": "(d) ours: energon_platform TrainLoader (elastic schedule)",
-             "blend": "(e) ours: TrainLoader over a 3:1 metadataset blend",
-             "energon_blend": "(f) Energon's own blend of the same metadataset"}
-    lines = [f"dataset {result['dataset']}: {result['settings']}",
-             f"load average before/after: {result['load_before']} / {result['load_after']} on {os.cpu_count()} CPUs", "",
-             f"{'loader':<62} {'samples/s':>10} {'per CPU-s':>10}", "-" * 84]
-    lines += [f"{names[k]:<62} {v:>10.1f} {t['samples_per_cpu_s'][k]:>10.1f}" for k, v in t["samples_per_s"].items()]
-    lines += ["", f"samples/s:         a/b = {t['ratio_a_b']:.3f} (target >= 0.95)   a/c = {t['ratio_a_c']:.3f} (target >= 1.0)",
-              f"samples per CPU-s: a/b = {t['cpu_ratio_a_b']:.3f}                  a/c = {t['cpu_ratio_a_c']:.3f}",
-              f"elastic schedule vs plain Energon, same layout: d/a = {t['ratio_d_a']:.3f} (target >= 0.95), "
-              f"per CPU-s {t['cpu_ratio_d_a']:.3f}",
-              f"blend, ours vs Energon's, same metadataset and layout: e/f = {t['ratio_e_f']:.3f} (target >= 1.0), "
-              f"per CPU-s {t['cpu_ratio_e_f']:.3f}", "",
-              f"padding at seq_len={p['seq_len']} over {p['documents']} captions "
-              f"({p['mean_doc_tokens']:.1f} tokens each): packed {100 * p['padding_packed']:.2f}% "
-              f"in {p['rows']} rows (buffer {p['packing_buffer_size']}; target <= 3%), "
-              f"unpacked {100 * p['padding_unpacked']:.2f}%"]
+    names = {
+        "ours": "(a) ours: Energon savable loader, per-key seeds",
+        "webdataset": "(b) plain webdataset + DataLoader",
+        "restore_seeds": "(c) Energon savable loader, @stateless(restore_seeds=True)",
+        "schedule": "(d) ours: energon_platform TrainLoader (elastic schedule)",
+        "blend": "(e) ours: TrainLoader over a 3:1 metadataset blend",
+        "energon_blend": "(f) Energon's own blend of the same metadataset",
+    }
+    lines = [
+        f"dataset {result['dataset']}: {result['settings']}",
+        f"load average before/after: {result['load_before']} / {result['load_after']} on {os.cpu_count()} CPUs",
+        "",
+        f"{'loader':<62} {'samples/s':>10} {'per CPU-s':>10}",
+        "-" * 84,
+    ]
+    lines += [
+        f"{names[k]:<62} {v:>10.1f} {t['samples_per_cpu_s'][k]:>10.1f}"
+        for k, v in t["samples_per_s"].items()
+    ]
+    lines += [
+        "",
+        f"samples/s:         a/b = {t['ratio_a_b']:.3f} (target >= 0.95)   a/c = {t['ratio_a_c']:.3f} (target >= 1.0)",
+        f"samples per CPU-s: a/b = {t['cpu_ratio_a_b']:.3f}                  a/c = {t['cpu_ratio_a_c']:.3f}",
+        f"elastic schedule vs plain Energon, same layout: d/a = {t['ratio_d_a']:.3f} (target >= 0.95), "
+        f"per CPU-s {t['cpu_ratio_d_a']:.3f}",
+        f"blend, ours vs Energon's, same metadataset and layout: e/f = {t['ratio_e_f']:.3f} (target >= 1.0), "
+        f"per CPU-s {t['cpu_ratio_e_f']:.3f}",
+        "",
+        f"padding at seq_len={p['seq_len']} over {p['documents']} captions "
+        f"({p['mean_doc_tokens']:.1f} tokens each): packed {100 * p['padding_packed']:.2f}% "
+        f"in {p['rows']} rows (buffer {p['packing_buffer_size']}; target <= 3%), "
+        f"unpacked {100 * p['padding_unpacked']:.2f}%",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dataset", nargs="?", type=Path, help="Energon image-text dataset (default: generated)")
-    parser.add_argument("--images", type=int, default=512, help="images in the generated default dataset")
+    parser.add_argument(
+        "dataset", nargs="?", type=Path, help="Energon image-text dataset (default: generated)"
+    )
+    parser.add_argument(
+        "--images", type=int, default=512, help="images in the generated default dataset"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--encoder-config", type=Path, default=REPO / "configs" / "encoders" / "image_text.yaml")
+    parser.add_argument(
+        "--encoder-config", type=Path, default=REPO / "configs" / "encoders" / "image_text.yaml"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=4)
@@ -296,10 +379,18 @@ def main(argv: list[str] | None = None) -> int:
         args.blend = blend_metadataset(dataset, tmp / "blend.yaml")
         coco = REPO / "data" / "coco_mini"
         captions = convert_coco(coco / "captions.json", coco / "images", tmp / "coco_mini")
-        settings = {k: getattr(args, k) for k in ("workers", "batch_size", "warmup", "batches", "rounds")}
-        result = {"dataset": str(args.dataset or f"{args.images} generated 320x256 PNGs"),
-                  "settings": {**settings, "encoder_config": str(args.encoder_config), "shuffle_buffer": SHUFFLE},
-                  "load_before": [round(x, 2) for x in os.getloadavg()]}
+        settings = {
+            k: getattr(args, k) for k in ("workers", "batch_size", "warmup", "batches", "rounds")
+        }
+        result = {
+            "dataset": str(args.dataset or f"{args.images} generated 320x256 PNGs"),
+            "settings": {
+                **settings,
+                "encoder_config": str(args.encoder_config),
+                "shuffle_buffer": SHUFFLE,
+            },
+            "load_before": [round(x, 2) for x in os.getloadavg()],
+        }
         result["throughput"] = throughput(dataset, args.encoder_config, args)
         result["padding"] = padding(captions, args.padding_rows, args.workers)
         result["load_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -77,17 +77,26 @@ def quality(n: int = 10**6, shard: int = 512, windows=(64, 1024, 10000)) -> list
     rng = np.random.Generator(np.random.PCG64([1, 3]))
     variants = {
         "ours permutation": DatasetOrder(n, 11).indices(0, np.arange(n)),
-        "ours locality (shuffle_buffer 10000)": DatasetOrder(n, 11, shuffle_buffer=10000).indices(0, np.arange(n)),
+        "ours locality (shuffle_buffer 10000)": DatasetOrder(n, 11, shuffle_buffer=10000).indices(
+            0, np.arange(n)
+        ),
         "array permutation": rng.permutation(n),
     }
     rows = []
     for name, order in variants.items():
-        row = {"variant": name, "neighbour_corr": round(float(np.corrcoef(order[:-1], order[1:])[0, 1]), 4),
-               "same_shard_neighbours": round(float(np.mean(order[:-1] // shard == order[1:] // shard)), 4)}
+        row = {
+            "variant": name,
+            "neighbour_corr": round(float(np.corrcoef(order[:-1], order[1:])[0, 1]), 4),
+            "same_shard_neighbours": round(
+                float(np.mean(order[:-1] // shard == order[1:] // shard)), 4
+            ),
+        }
         for b in windows:
             m = (n // b) * b
             shards = (order[:m] // shard).reshape(-1, b)
-            row[f"shards_per_{b}"] = round(float(np.mean([len(np.unique(r)) for r in shards[:200]])), 1)
+            row[f"shards_per_{b}"] = round(
+                float(np.mean([len(np.unique(r)) for r in shards[:200]])), 1
+            )
         rows.append(row)
     return rows
 
@@ -110,13 +119,23 @@ def s3_dataset(out: Path, shards: int, per_shard: int, side: int) -> int:
         with webdataset.TarWriter(str(out / tars[-1])) as w:
             for i in range(per_shard):
                 buf = io.BytesIO()
-                Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buf, format="PNG")
-                w.write({"__key__": f"{s:04d}{i:04d}", "image.png": buf.getvalue(),
-                         "text.json": json.dumps({"caption": f"sample {s} {i}"}).encode()})
-    BaseWebdatasetFactory.prepare_dataset(out, tars, split_parts_patterns=[("train", "train/.*")], workers=1)
+                Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(
+                    buf, format="PNG"
+                )
+                w.write(
+                    {
+                        "__key__": f"{s:04d}{i:04d}",
+                        "image.png": buf.getvalue(),
+                        "text.json": json.dumps({"caption": f"sample {s} {i}"}).encode(),
+                    }
+                )
+    BaseWebdatasetFactory.prepare_dataset(
+        out, tars, split_parts_patterns=[("train", "train/.*")], workers=1
+    )
     (out / ".nv-meta" / "dataset.yaml").write_text(
         "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\n"
-        "field_map:\n  image: image.png\n  caption: text.json[caption]\n")
+        "field_map:\n  image: image.png\n  caption: text.json[caption]\n"
+    )
     delivered = 0
     for t in tars:
         with tarfile.open(out / t) as tf:
@@ -138,33 +157,63 @@ def s3_loaders(url: str, workers: int, batch: int) -> dict:
     encoder_config = str(REPO / "configs/encoders/image_text_small.yaml")
 
     def ours(shuffle_buffer, run=1):
-        return lambda: TrainLoader(load_config({"data": {"path": url, "val_split": None}, "encoder": encoder_config,
-                                                "loader": {"global_batch_size": batch, "num_workers": workers,
-                                                           "shuffle_buffer": shuffle_buffer, "shuffle_run": run}}))
+        return lambda: TrainLoader(
+            load_config(
+                {
+                    "data": {"path": url, "val_split": None},
+                    "encoder": encoder_config,
+                    "loader": {
+                        "global_batch_size": batch,
+                        "num_workers": workers,
+                        "shuffle_buffer": shuffle_buffer,
+                        "shuffle_run": run,
+                    },
+                }
+            )
+        )
 
     def energon():
         enc = get_encoder(encoder_config)
-        ds = get_train_dataset(url, worker_config=enc.worker_config(num_workers=workers), batch_size=batch,
-                               shuffle_buffer_size=100, max_samples_per_sequence=None, task_encoder=enc)
+        ds = get_train_dataset(
+            url,
+            worker_config=enc.worker_config(num_workers=workers),
+            batch_size=batch,
+            shuffle_buffer_size=100,
+            max_samples_per_sequence=None,
+            task_encoder=enc,
+        )
         return iter(get_savable_loader(ds))
 
     def plain():
         enc = get_encoder(encoder_config)
-        sys.modules["webdataset.gopen"].gopen_schemes["msc"] = lambda u, mode="rb", bufsize=8192, **kw: EPath(u).open("rb")
+        sys.modules["webdataset.gopen"].gopen_schemes["msc"] = (
+            lambda u, mode="rb", bufsize=8192, **kw: EPath(u).open("rb")
+        )
         urls = sorted(str(p) for p in (EPath(url) / "train").glob("*.tar"))
 
         def encode(item):
             key, image, meta = item
             return key, enc.pipeline(image).contiguous(), meta["caption"]
 
-        pipe = (wds.WebDataset(urls, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False)
-                .shuffle(100).decode("torchrgb").to_tuple("__key__", "image.png", "text.json").map(encode)
-                .batched(batch, partial=False))
+        pipe = (
+            wds.WebDataset(
+                urls, shardshuffle=False, workersplitter=wds.split_by_worker, empty_check=False
+            )
+            .shuffle(100)
+            .decode("torchrgb")
+            .to_tuple("__key__", "image.png", "text.json")
+            .map(encode)
+            .batched(batch, partial=False)
+        )
         return iter(torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=workers))
 
-    return {"ours permutation": ours(None), "ours locality (shuffle_buffer 64)": ours(64),
-            "ours locality (buffer 64, run 8)": ours(64, 8),
-            "energon loader": energon, "plain webdataset (streaming)": plain}
+    return {
+        "ours permutation": ours(None),
+        "ours locality (shuffle_buffer 64)": ours(64),
+        "ours locality (buffer 64, run 8)": ours(64, 8),
+        "energon loader": energon,
+        "plain webdataset (streaming)": plain,
+    }
 
 
 def storage(args) -> list[dict]:
@@ -175,8 +224,9 @@ def storage(args) -> list[dict]:
 
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO))
-    from converters.remote import upload_dataset
     from s3_server import S3Server
+
+    from converters.remote import upload_dataset
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-s3-"))
     n = args.shards * args.per_shard
@@ -200,74 +250,124 @@ def storage(args) -> list[dict]:
             if hasattr(it, "close"):
                 it.close()
             del it
-            rows.append({"loader": name, "samples": n, "samples_per_s": n / elapsed, "requests": cost.requests,
-                         "requests_per_sample": cost.requests / n, "fetched_per_delivered": cost.bytes_out / delivered})
+            rows.append(
+                {
+                    "loader": name,
+                    "samples": n,
+                    "samples_per_s": n / elapsed,
+                    "requests": cost.requests,
+                    "requests_per_sample": cost.requests / n,
+                    "fetched_per_delivered": cost.bytes_out / delivered,
+                }
+            )
     finally:
         server.stop(kill=True)
     return rows
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--json", help="write the results here")
     p.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 1e8, 1e9])
-    p.add_argument("--memory-limit-gib", type=float, default=8.0,
-                   help="skip array schedules whose permutation (8 bytes/sample while built) exceeds this")
-    p.add_argument("--no-s3", action="store_true", help="skip part (3), the object-storage read cost")
+    p.add_argument(
+        "--memory-limit-gib",
+        type=float,
+        default=8.0,
+        help="skip array schedules whose permutation (8 bytes/sample while built) exceeds this",
+    )
+    p.add_argument(
+        "--no-s3", action="store_true", help="skip part (3), the object-storage read cost"
+    )
     p.add_argument("--shards", type=int, default=16, help="(3): shards of the generated dataset")
     p.add_argument("--per-shard", type=int, default=32, help="(3): samples per shard")
-    p.add_argument("--side", type=int, default=96, help="(3): image side in pixels (noise PNG, ~28 kB)")
+    p.add_argument(
+        "--side", type=int, default=96, help="(3): image side in pixels (noise PNG, ~28 kB)"
+    )
     p.add_argument("--workers", type=int, default=2, help="(3): DataLoader workers of every loader")
     args = p.parse_args()
 
     rows = []
     for n in (int(x) for x in args.sizes):
-        for kind, buf, label in (("ours", None, "ours permutation"), ("ours", 10000, "ours locality"),
-                                 ("array", None, "array permutation")):
+        for kind, buf, label in (
+            ("ours", None, "ours permutation"),
+            ("ours", 10000, "ours locality"),
+            ("array", None, "array permutation"),
+        ):
             if kind == "array" and n * 8 / 2**30 > args.memory_limit_gib:
-                rows.append({"samples": n, "variant": label, "skipped": f"needs > {args.memory_limit_gib:g} GiB"})
+                rows.append(
+                    {
+                        "samples": n,
+                        "variant": label,
+                        "skipped": f"needs > {args.memory_limit_gib:g} GiB",
+                    }
+                )
                 continue
             row = {"samples": n, "variant": label, **run_child(kind, n, buf)}
             row["fresh_seconds"] = run_child(kind, n, buf, fresh=True)["seconds"]
             rows.append(row)
-    print(f"{'samples':>12} {'variant':<20} {'restore s':>10} {'fresh s':>9} {'restore/fresh':>13} "
-          f"{'peak RSS MiB':>13} {'above base MiB':>15}")
+    print(
+        f"{'samples':>12} {'variant':<20} {'restore s':>10} {'fresh s':>9} {'restore/fresh':>13} "
+        f"{'peak RSS MiB':>13} {'above base MiB':>15}"
+    )
     for r in rows:
         if "skipped" in r:
             print(f"{r['samples']:>12.0e} {r['variant']:<20} skipped: {r['skipped']}")
         else:
-            print(f"{r['samples']:>12.0e} {r['variant']:<20} {r['seconds']:>10.4f} {r['fresh_seconds']:>9.4f} "
-                  f"{r['seconds'] / r['fresh_seconds']:>13.2f} {r['peak_rss_mib']:>13.1f} {r['rss_above_baseline_mib']:>15.1f}")
+            print(
+                f"{r['samples']:>12.0e} {r['variant']:<20} {r['seconds']:>10.4f} {r['fresh_seconds']:>9.4f} "
+                f"{r['seconds'] / r['fresh_seconds']:>13.2f} {r['peak_rss_mib']:>13.1f} {r['rss_above_baseline_mib']:>15.1f}"
+            )
     ratios = []
     for n in sorted({r["samples"] for r in rows}):
         ours = next(r for r in rows if r["samples"] == n and r["variant"] == "ours permutation")
         arr = next(r for r in rows if r["samples"] == n and r["variant"] == "array permutation")
         if "skipped" not in arr:
-            ratios.append({"samples": n, "restore_time_array_over_ours": arr["seconds"] / ours["seconds"],
-                           "rss_above_base_array_over_ours": arr["rss_above_baseline_mib"] / max(ours["rss_above_baseline_mib"], 0.1)})
+            ratios.append(
+                {
+                    "samples": n,
+                    "restore_time_array_over_ours": arr["seconds"] / ours["seconds"],
+                    "rss_above_base_array_over_ours": arr["rss_above_baseline_mib"]
+                    / max(ours["rss_above_baseline_mib"], 0.1),
+                }
+            )
     for r in ratios:
-        print(f"N={r['samples']:.0e}: array/ours restore time {r['restore_time_array_over_ours']:.1f}x, "
-              f"memory {r['rss_above_base_array_over_ours']:.1f}x")
+        print(
+            f"N={r['samples']:.0e}: array/ours restore time {r['restore_time_array_over_ours']:.1f}x, "
+            f"memory {r['rss_above_base_array_over_ours']:.1f}x"
+        )
     q = quality()
-    print("\nshuffle quality at N=1e6, 512-sample shards (distinct shards per window of B samples):")
+    print(
+        "\nshuffle quality at N=1e6, 512-sample shards (distinct shards per window of B samples):"
+    )
     for r in q:
         print("  " + ", ".join(f"{k}={v}" for k, v in r.items()))
     s3 = [] if args.no_s3 else storage(args)
     if s3:
-        print(f"\nobject storage (SeaweedFS on loopback), one epoch of {s3[0]['samples']} samples, "
-              f"{args.workers} workers:")
-        print(f"  {'loader':<36} {'samples/s':>10} {'requests/sample':>16} {'fetched/delivered':>18}")
+        print(
+            f"\nobject storage (SeaweedFS on loopback), one epoch of {s3[0]['samples']} samples, "
+            f"{args.workers} workers:"
+        )
+        print(
+            f"  {'loader':<36} {'samples/s':>10} {'requests/sample':>16} {'fetched/delivered':>18}"
+        )
         for r in s3:
-            print(f"  {r['loader']:<36} {r['samples_per_s']:>10.1f} {r['requests_per_sample']:>16.2f} "
-                  f"{r['fetched_per_delivered']:>18.2f}")
+            print(
+                f"  {r['loader']:<36} {r['samples_per_s']:>10.1f} {r['requests_per_sample']:>16.2f} "
+                f"{r['fetched_per_delivered']:>18.2f}"
+            )
         energon = next(r for r in s3 if r["loader"] == "energon loader")
         for r in s3:
             if r["loader"].startswith("ours"):
-                print(f"  {r['loader']} / energon loader: {r['samples_per_s'] / energon['samples_per_s']:.2f}x samples/s, "
-                      f"{energon['fetched_per_delivered'] / r['fetched_per_delivered']:.1f}x fewer bytes fetched")
+                print(
+                    f"  {r['loader']} / energon loader: {r['samples_per_s'] / energon['samples_per_s']:.2f}x samples/s, "
+                    f"{energon['fetched_per_delivered'] / r['fetched_per_delivered']:.1f}x fewer bytes fetched"
+                )
     if args.json:
-        Path(args.json).write_text(json.dumps({"schedule": rows, "ratios": ratios, "quality": q, "storage": s3},
-                                              indent=1))
+        Path(args.json).write_text(
+            json.dumps({"schedule": rows, "ratios": ratios, "quality": q, "storage": s3}, indent=1)
+        )
         print(f"wrote {args.json}")
     return 0
 

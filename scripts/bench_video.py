@@ -51,18 +51,25 @@ def make_video(path: Path, seconds: float, size: tuple[int, int], fmt: str, seed
     rng = np.random.default_rng(seed)
     base = np.add.outer(np.arange(h), np.arange(w)) % 256
     colour = rng.integers(0, 255, 3)
-    with av.open(str(path), "w", format="webm" if fmt == "webm" else "mp4", options={"fflags": "+bitexact"}) as out:
+    with av.open(
+        str(path), "w", format="webm" if fmt == "webm" else "mp4", options={"fflags": "+bitexact"}
+    ) as out:
         vs = out.add_stream("libvpx-vp9" if fmt == "webm" else "libx264", rate=FPS)
         vs.width, vs.height, vs.pix_fmt = w, h, "yuv420p"
         vs.codec_context.gop_size = FPS
         vs.codec_context.thread_count = 1
-        vs.options = ({"threads": "1", "crf": "34", "b": "0", "deadline": "realtime", "cpu-used": "8"} if fmt == "webm"
-                      else {"preset": "veryfast", "crf": "26", "threads": "1", "x264-params": "mbtree=0"})
+        vs.options = (
+            {"threads": "1", "crf": "34", "b": "0", "deadline": "realtime", "cpu-used": "8"}
+            if fmt == "webm"
+            else {"preset": "veryfast", "crf": "26", "threads": "1", "x264-params": "mbtree=0"}
+        )
         for i in range(int(seconds * FPS)):
-            img = np.stack([(base + 3 * i) % 256, base, (base * 2 - i) % 256], axis=-1).astype(np.uint8)
+            img = np.stack([(base + 3 * i) % 256, base, (base * 2 - i) % 256], axis=-1).astype(
+                np.uint8
+            )
             x = int((i * 4) % (2 * (w - 40)))
             x = x if x < w - 40 else 2 * (w - 40) - x
-            img[h // 3:h // 3 + 40, x:x + 40] = colour
+            img[h // 3 : h // 3 + 40, x : x + 40] = colour
             frame = av.VideoFrame.from_ndarray(img, format="rgb24")
             frame.pts = i
             for p in vs.encode(frame):
@@ -108,8 +115,14 @@ def member_index(shards: Path) -> dict[str, tuple[Path, int, int]]:
     return out
 
 
-def same_work_clip(member: tuple[Path, int, int], indices: list[int], fps: float, pipeline, seed: int,
-                   parts: dict[str, float]):
+def same_work_clip(
+    member: tuple[Path, int, int],
+    indices: list[int],
+    fps: float,
+    pipeline,
+    seed: int,
+    parts: dict[str, float],
+):
     """The baseline doing the loader's work by hand: the video member's bytes read from its tar
     shard, :func:`pyav_clip`'s seek and decode on them, the frames stacked to uint8
     ``(T, 3, H, W)`` and the same torchvision pipeline run under the same seed: float32
@@ -132,7 +145,11 @@ def same_work_clip(member: tuple[Path, int, int], indices: list[int], fps: float
     t2 = time.perf_counter()
     with seeded_global_torch(seed):
         out = pipeline(tv_tensors.Video(clip)).as_subclass(torch.Tensor).to(torch.float32)
-    for part, seconds in (("read", t1 - t0), ("decode", t2 - t1), ("transform", time.perf_counter() - t2)):
+    for part, seconds in (
+        ("read", t1 - t0),
+        ("decode", t2 - t1),
+        ("transform", time.perf_counter() - t2),
+    ):
         parts[part] = parts.get(part, 0.0) + seconds
     return out
 
@@ -165,17 +182,32 @@ def loader_vs_pyav(data_dir: Path, frames: int, epochs: int, batch: int) -> dict
     paths = {p.stem: p for p in (data_dir / "raw").glob("*.mp4")}
     n = len(paths)
     meta = {k: json.loads((data_dir / "meta" / f"{k}.json").read_text()) for k in paths}
-    cfg = load_config({"data": {"path": str(data_dir / "shards"), "val_split": None},
-                       "encoder": {"encoder": "video_text", "text": {"seq_len": 32},
-                                   "video": {"num_frames": frames, "stride": 2,
-                                             "transforms": [{"name": "RandomResizedCrop", "size": 112, "scale": [0.5, 1.0]}]}},
-                       "loader": {"global_batch_size": batch, "num_workers": 0, "seed": 3}})
+    cfg = load_config(
+        {
+            "data": {"path": str(data_dir / "shards"), "val_split": None},
+            "encoder": {
+                "encoder": "video_text",
+                "text": {"seq_len": 32},
+                "video": {
+                    "num_frames": frames,
+                    "stride": 2,
+                    "transforms": [{"name": "RandomResizedCrop", "size": 112, "scale": [0.5, 1.0]}],
+                },
+            },
+            "loader": {"global_batch_size": batch, "num_workers": 0, "seed": 3},
+        }
+    )
     loader = TrainLoader(cfg)
     encoder = loader.encoder
     first = next(loader)
     for key in first.keys:
-        pyav_clip(paths[key], encoder.clip_of(SimpleNamespace(__key__=key, __subflavors__={"epoch": 0}, meta=meta[key])),
-                  meta[key]["source"]["fps"])
+        pyav_clip(
+            paths[key],
+            encoder.clip_of(
+                SimpleNamespace(__key__=key, __subflavors__={"epoch": 0}, meta=meta[key])
+            ),
+            meta[key]["source"]["fps"],
+        )
     members = member_index(data_dir / "shards")
     rounds, step, max_diff, parts = [], 1, 0.0, {}
     per_epoch = n // batch
@@ -188,9 +220,18 @@ def loader_vs_pyav(data_dir: Path, frames: int, epochs: int, batch: int) -> dict
                 made[seen[-1]] = video[:count]
             step += 1
         t_loader = time.perf_counter() - t0
-        samples = [SimpleNamespace(__key__=k, __subflavors__={"epoch": e}, meta=meta[k]) for k, e in seen]
-        clips = [(s.__key__, encoder.clip_of(s), s.meta["source"]["fps"], encoder.sample_seed(s, "video"))
-                 for s in samples]
+        samples = [
+            SimpleNamespace(__key__=k, __subflavors__={"epoch": e}, meta=meta[k]) for k, e in seen
+        ]
+        clips = [
+            (
+                s.__key__,
+                encoder.clip_of(s),
+                s.meta["source"]["fps"],
+                encoder.sample_seed(s, "video"),
+            )
+            for s in samples
+        ]
         t0 = time.perf_counter()
         for key, indices, fps, _ in clips:
             got = pyav_clip(paths[key], indices, fps)
@@ -200,20 +241,37 @@ def loader_vs_pyav(data_dir: Path, frames: int, epochs: int, batch: int) -> dict
         for key, indices, fps, seed in clips:
             same.append(same_work_clip(members[key], indices, fps, encoder.pipeline, seed, parts))
         t_same = time.perf_counter() - t0
-        for (key, e), clip in zip(seen, same):  # the same tensors, or the comparison is not of the same work
+        for (key, e), clip in zip(
+            seen, same
+        ):  # the same tensors, or the comparison is not of the same work
             max_diff = max(max_diff, float((made[(key, e)] - clip).abs().max()))
-        rounds.append({"clips": len(clips), "loader_s": t_loader, "pyav_s": t_pyav, "same_work_s": t_same})
+        rounds.append(
+            {"clips": len(clips), "loader_s": t_loader, "pyav_s": t_pyav, "same_work_s": t_same}
+        )
     loader.close()
     clips = sum(r["clips"] for r in rounds)
-    t_loader, t_pyav, t_same = (sum(r[k] for r in rounds) for k in ("loader_s", "pyav_s", "same_work_s"))
-    return {"clips": clips, "frames_per_clip": frames, "loader_s": t_loader, "pyav_s": t_pyav,
-            "same_work_s": t_same, "loader_clips_per_s": clips / t_loader, "pyav_clips_per_s": clips / t_pyav,
-            "same_work_clips_per_s": clips / t_same, "ratio": t_pyav / t_loader,
-            "ratio_same_work": t_same / t_loader, "same_work_max_abs_diff": max_diff,
-            "same_work_ms_per_clip": {k: 1000 * v / clips for k, v in parts.items()},
-            "ratio_per_epoch_median": statistics.median(r["pyav_s"] / r["loader_s"] for r in rounds),
-            "ratio_same_work_per_epoch_median": statistics.median(r["same_work_s"] / r["loader_s"] for r in rounds),
-            "rounds": rounds}
+    t_loader, t_pyav, t_same = (
+        sum(r[k] for r in rounds) for k in ("loader_s", "pyav_s", "same_work_s")
+    )
+    return {
+        "clips": clips,
+        "frames_per_clip": frames,
+        "loader_s": t_loader,
+        "pyav_s": t_pyav,
+        "same_work_s": t_same,
+        "loader_clips_per_s": clips / t_loader,
+        "pyav_clips_per_s": clips / t_pyav,
+        "same_work_clips_per_s": clips / t_same,
+        "ratio": t_pyav / t_loader,
+        "ratio_same_work": t_same / t_loader,
+        "same_work_max_abs_diff": max_diff,
+        "same_work_ms_per_clip": {k: 1000 * v / clips for k, v in parts.items()},
+        "ratio_per_epoch_median": statistics.median(r["pyav_s"] / r["loader_s"] for r in rounds),
+        "ratio_same_work_per_epoch_median": statistics.median(
+            r["same_work_s"] / r["loader_s"] for r in rounds
+        ),
+        "rounds": rounds,
+    }
 
 
 def seek_table(files: dict[str, Path], frames: int, repeats: int) -> dict:
@@ -231,10 +289,16 @@ def seek_table(files: dict[str, Path], frames: int, repeats: int) -> dict:
         row = {"frames_in_video": total}
         for where, start in (("start", 0), ("middle", total // 2), ("end", total - 2 * frames)):
             indices = [start + 2 * i for i in range(frames)]
-            for method, fn in (("ours_ms", lambda: decode_frames(AVDecoder(io.BytesIO(data)), indices, FPS)),
-                               ("from_start_ms", lambda: from_start_clip(data, indices)),
-                               ("energon_get_video_clips_ms", lambda: AVDecoder(io.BytesIO(data)).get_video_clips(
-                                   [((i + 0.5) / FPS, (i + 0.5) / FPS) for i in indices], video_unit="seconds"))):
+            for method, fn in (
+                ("ours_ms", lambda: decode_frames(AVDecoder(io.BytesIO(data)), indices, FPS)),
+                ("from_start_ms", lambda: from_start_clip(data, indices)),
+                (
+                    "energon_get_video_clips_ms",
+                    lambda: AVDecoder(io.BytesIO(data)).get_video_clips(
+                        [((i + 0.5) / FPS, (i + 0.5) / FPS) for i in indices], video_unit="seconds"
+                    ),
+                ),
+            ):
                 if method == "energon_get_video_clips_ms" and not name.endswith("webm"):
                     continue
                 times = []
@@ -253,14 +317,32 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--size", type=int, nargs=2, default=[320, 240], metavar=("W", "H"), help="video size (320 240)")
+    ap.add_argument(
+        "--size",
+        type=int,
+        nargs=2,
+        default=[320, 240],
+        metavar=("W", "H"),
+        help="video size (320 240)",
+    )
     ap.add_argument("--short", type=float, default=3.0, help="seconds of a short video (3)")
     ap.add_argument("--long", type=float, default=60.0, help="seconds of a long video (60)")
-    ap.add_argument("--videos", type=int, default=16, help="videos in the loader comparison, half short, half long (16)")
+    ap.add_argument(
+        "--videos",
+        type=int,
+        default=16,
+        help="videos in the loader comparison, half short, half long (16)",
+    )
     ap.add_argument("--frames", type=int, default=8, help="frames per clip (8)")
     ap.add_argument("--epochs", type=int, default=8, help="epochs of the loader comparison (8)")
-    ap.add_argument("--repeats", type=int, default=5, help="repeats per seek measurement, median taken (5)")
-    ap.add_argument("--workdir", type=Path, help="keep the generated videos and shards here (default: a temp dir)")
+    ap.add_argument(
+        "--repeats", type=int, default=5, help="repeats per seek measurement, median taken (5)"
+    )
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the generated videos and shards here (default: a temp dir)",
+    )
     args = ap.parse_args(argv)
 
     from converters.convert import ConvertOptions, run_conversion
@@ -274,15 +356,20 @@ def main(argv: list[str] | None = None) -> int:
         path = raw / f"v{i:03d}.mp4"
         if not path.exists():
             make_video(path, args.long if i % 2 else args.short, tuple(args.size), "mp4", i)
-            path.with_suffix(".txt").write_text(f"video {i}, a square bouncing over a moving gradient\n")
+            path.with_suffix(".txt").write_text(
+                f"video {i}, a square bouncing over a moving gradient\n"
+            )
     seek_files = {"short.mp4": raw / "v000.mp4", "long.mp4": raw / "v001.mp4"}
     for name, seconds in (("short.webm", args.short), ("long.webm", args.long)):
         seek_files[name] = work / name
         if not seek_files[name].exists():
             make_video(seek_files[name], seconds, tuple(args.size), "webm", 99)
     generated = time.perf_counter() - t0
-    outcome = run_conversion("video", {"root": str(raw)}, ConvertOptions(out=str(work / "shards"), samples_per_shard=4,
-                                                                         progress=False))
+    outcome = run_conversion(
+        "video",
+        {"root": str(raw)},
+        ConvertOptions(out=str(work / "shards"), samples_per_shard=4, progress=False),
+    )
     assert outcome.ok, outcome.report
     (work / "meta").mkdir(exist_ok=True)
     import tarfile
@@ -291,37 +378,74 @@ def main(argv: list[str] | None = None) -> int:
         with tarfile.open(shard) as tar:
             for m in tar.getmembers():
                 if m.name.endswith(".text.json"):
-                    (work / "meta" / m.name.replace(".text.json", ".json")).write_bytes(tar.extractfile(m).read())
+                    (work / "meta" / m.name.replace(".text.json", ".json")).write_bytes(
+                        tar.extractfile(m).read()
+                    )
 
     lvp = loader_vs_pyav(work, args.frames, args.epochs, batch=4)
     seek = seek_table(seek_files, args.frames, args.repeats)
-    result = {"config": {"size": args.size, "fps": FPS, "gop_frames": FPS, "short_s": args.short, "long_s": args.long,
-                         "videos": args.videos, "frames_per_clip": args.frames, "stride": 2, "epochs": args.epochs,
-                         "num_workers": 0, "generate_s": round(generated, 2)},
-              "loader_vs_pyav": lvp, "seek": seek}
+    result = {
+        "config": {
+            "size": args.size,
+            "fps": FPS,
+            "gop_frames": FPS,
+            "short_s": args.short,
+            "long_s": args.long,
+            "videos": args.videos,
+            "frames_per_clip": args.frames,
+            "stride": 2,
+            "epochs": args.epochs,
+            "num_workers": 0,
+            "generate_s": round(generated, 2),
+        },
+        "loader_vs_pyav": lvp,
+        "seek": seek,
+    }
 
-    print(f"\nclips/s, {args.size[0]}x{args.size[1]} H.264, {args.frames} frames at stride 2, one process "
-          f"({lvp['clips']} clips, half from {args.short:g} s, half from {args.long:g} s videos)")
+    print(
+        f"\nclips/s, {args.size[0]}x{args.size[1]} H.264, {args.frames} frames at stride 2, one process "
+        f"({lvp['clips']} clips, half from {args.short:g} s, half from {args.long:g} s videos)"
+    )
     print(f"  {'energon-platform TrainLoader (video_text)':44s} {lvp['loader_clips_per_s']:8.1f}")
-    print(f"  {'plain PyAV loop, same clips, decode only':44s} {lvp['pyav_clips_per_s']:8.1f}   "
-          f"ratio {lvp['ratio']:.2f} (median over epochs {lvp['ratio_per_epoch_median']:.2f})")
-    print(f"  {'plain PyAV loop, same work (tar read, crop)':44s} {lvp['same_work_clips_per_s']:8.1f}   "
-          f"ratio {lvp['ratio_same_work']:.2f} (median over epochs {lvp['ratio_same_work_per_epoch_median']:.2f}); "
-          f"target >= 0.9; its tensors differ from the loader's by at most {lvp['same_work_max_abs_diff']:.3g}")
-    print("  same work, ms per clip: " + ", ".join(f"{k} {v:.1f}" for k, v in lvp["same_work_ms_per_clip"].items()))
-    print(f"\nms per clip decode (median of {args.repeats}); clip at start / middle / end of the video")
-    print(f"  {'video':12s} {'frames':>6s}  {'ours (seek)':>24s}  {'from the first frame':>24s}  {'Energon get_video_clips':>24s}")
+    print(
+        f"  {'plain PyAV loop, same clips, decode only':44s} {lvp['pyav_clips_per_s']:8.1f}   "
+        f"ratio {lvp['ratio']:.2f} (median over epochs {lvp['ratio_per_epoch_median']:.2f})"
+    )
+    print(
+        f"  {'plain PyAV loop, same work (tar read, crop)':44s} {lvp['same_work_clips_per_s']:8.1f}   "
+        f"ratio {lvp['ratio_same_work']:.2f} (median over epochs {lvp['ratio_same_work_per_epoch_median']:.2f}); "
+        f"target >= 0.9; its tensors differ from the loader's by at most {lvp['same_work_max_abs_diff']:.3g}"
+    )
+    print(
+        "  same work, ms per clip: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in lvp["same_work_ms_per_clip"].items())
+    )
+    print(
+        f"\nms per clip decode (median of {args.repeats}); clip at start / middle / end of the video"
+    )
+    print(
+        f"  {'video':12s} {'frames':>6s}  {'ours (seek)':>24s}  {'from the first frame':>24s}  {'Energon get_video_clips':>24s}"
+    )
     for name, row in seek.items():
         cells = []
         for method in ("ours_ms", "from_start_ms", "energon_get_video_clips_ms"):
             r = row.get(method)
-            cells.append(" / ".join(f"{r[w]:6.1f}" for w in ("start", "middle", "end")) if r else "-")
-        print(f"  {name:12s} {row['frames_in_video']:6d}  {cells[0]:>24s}  {cells[1]:>24s}  {cells[2]:>24s}")
+            cells.append(
+                " / ".join(f"{r[w]:6.1f}" for w in ("start", "middle", "end")) if r else "-"
+            )
+        print(
+            f"  {name:12s} {row['frames_in_video']:6d}  {cells[0]:>24s}  {cells[1]:>24s}  {cells[2]:>24s}"
+        )
     for fmt in ("mp4", "webm"):
-        ours = lambda n: statistics.mean(seek[f"{n}.{fmt}"]["ours_ms"].values())
+
+        def ours(n, fmt=fmt):
+            return statistics.mean(seek[f"{n}.{fmt}"]["ours_ms"].values())
+
         result.setdefault("seek_long_over_short", {})[fmt] = ours("long") / ours("short")
-    print("  long/short decode time per clip (ours, mean over positions): "
-          + ", ".join(f"{k} {v:.2f}x" for k, v in result["seek_long_over_short"].items()))
+    print(
+        "  long/short decode time per clip (ours, mean over positions): "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in result["seek_long_over_short"].items())
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

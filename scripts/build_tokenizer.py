@@ -159,8 +159,9 @@ def train(lines: list[str], vocab_size: int):
 
 
 def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8"
+    )
 
 
 def save(tok, out: Path) -> None:
@@ -169,9 +170,14 @@ def save(tok, out: Path) -> None:
     # pretty printer is stable too, but this pins the byte layout to json.dumps).
     raw = json.loads(tok.to_str())
     (out / "tokenizer.json").write_text(
-        json.dumps(raw, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    special = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>",
-               "unk_token": "<unk>"}
+        json.dumps(raw, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    special = {
+        "pad_token": "<pad>",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "unk_token": "<unk>",
+    }
     _write_json(out / "special_tokens_map.json", special)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -181,8 +187,14 @@ def save(tok, out: Path) -> None:
         "clean_up_tokenization_spaces": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                                      "single_word": False, "special": True}
+            str(tok.token_to_id(t)): {
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
             for t in SPECIAL_TOKENS + ADDED_SPECIAL_TOKENS
         },
         **special,
@@ -211,30 +223,52 @@ def check(out: Path, probes: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                    help="folder holding coco_mini/ and librispeech_mini/ "
-                         f"(default: {DEFAULT_DATA.relative_to(REPO_ROOT)}/ in the repo)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help=f"output folder (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/)")
-    ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
-                    help=f"target vocabulary size incl. special tokens (default {VOCAB_SIZE})")
-    ap.add_argument("--no-check", action="store_true",
-                    help="skip loading the result with transformers.AutoTokenizer")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=DEFAULT_DATA,
+        help="folder holding coco_mini/ and librispeech_mini/ "
+        f"(default: {DEFAULT_DATA.relative_to(REPO_ROOT)}/ in the repo)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"output folder (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/)",
+    )
+    ap.add_argument(
+        "--vocab-size",
+        type=int,
+        default=VOCAB_SIZE,
+        help=f"target vocabulary size incl. special tokens (default {VOCAB_SIZE})",
+    )
+    ap.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip loading the result with transformers.AutoTokenizer",
+    )
     args = ap.parse_args(argv)
 
     lines = read_corpus(args.data)
     tok = train(lines, args.vocab_size - len(ADDED_SPECIAL_TOKENS))
     save(tok, args.out)
-    probes = ["a large red circle on a light blue background", "NOTE C NOTE E NOTE G",
-              "A smiling astronaut in an orange spacesuit.", "  two  spaces, tabs\tand ünïcödé ✓"]
+    probes = [
+        "a large red circle on a light blue background",
+        "NOTE C NOTE E NOTE G",
+        "A smiling astronaut in an orange spacesuit.",
+        "  two  spaces, tabs\tand ünïcödé ✓",
+    ]
     if not args.no_check:
         check(args.out, probes)
     n_words = sum(len(x.split()) for x in lines)
     example = tok.encode(probes[0]).tokens
-    print(f"tokenizer: vocab {tok.get_vocab_size()} (target {args.vocab_size}, added {ADDED_SPECIAL_TOKENS}), trained on "
-          f"{len(lines)} lines / {n_words} words; wrote {args.out}")
+    print(
+        f"tokenizer: vocab {tok.get_vocab_size()} (target {args.vocab_size}, added {ADDED_SPECIAL_TOKENS}), trained on "
+        f"{len(lines)} lines / {n_words} words; wrote {args.out}"
+    )
     print(f"  {probes[0]!r} -> {len(example)} tokens {example}")
     return 0
 

@@ -31,11 +31,30 @@ def show_batch(title: str, data: Path, encoder, global_batch: int) -> None:
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
 
-    loader = TrainLoader(load_config({"data": {"path": str(data)}, "encoder": encoder,
-                                      "loader": {"global_batch_size": global_batch, "num_workers": 0}}))
+    loader = TrainLoader(
+        load_config(
+            {
+                "data": {"path": str(data)},
+                "encoder": encoder,
+                "loader": {"global_batch_size": global_batch, "num_workers": 0},
+            }
+        )
+    )
     b = next(loader)
     print(f"\n== {title}: one batch from {data.name} ==")
-    for name in ("images", "features", "feature_lengths", "videos", "num_frames", "points", "tokens", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+    for name in (
+        "images",
+        "features",
+        "feature_lengths",
+        "videos",
+        "num_frames",
+        "points",
+        "tokens",
+        "labels",
+        "loss_mask",
+        "position_ids",
+        "cu_seqlens",
+    ):
         t = getattr(b, name, None)
         if t is not None:
             print(f"  {name:16s} {str(tuple(t.shape)):18s} {str(t.dtype):14s}")
@@ -50,19 +69,28 @@ def show_vlm_batch(title: str, data: Path, encoder: str, global_batch: int) -> N
     from energon_platform.config import load_config
     from energon_platform.integrations.megatron import make_provider, megatron_requirements
 
-    cfg = load_config({"data": {"path": str(data)}, "encoder": encoder,
-                       "loader": {"global_batch_size": global_batch, "num_workers": 0}})
+    cfg = load_config(
+        {
+            "data": {"path": str(data)},
+            "encoder": encoder,
+            "loader": {"global_batch_size": global_batch, "num_workers": 0},
+        }
+    )
     train = make_provider(cfg, dp_rank=0, dp_size=1, build_valid=False)(None)[0]
     d, b = next(train), train.last_batch
     train.close()
     req = megatron_requirements(cfg)
-    print(f"\n== {title}: one Megatron micro-batch from {data.name} (image_token_index {train.image_token_index}, "
-          f"{req['tokens_per_tile']} embeddings per tile) ==")
+    print(
+        f"\n== {title}: one Megatron micro-batch from {data.name} (image_token_index {train.image_token_index}, "
+        f"{req['tokens_per_tile']} embeddings per tile) =="
+    )
     for name in ("tokens", "labels", "imgs", "num_tiles", "cu_lengths", "max_lengths"):
         print(f"  {name:16s} {str(tuple(d[name].shape)):18s} {str(d[name].dtype):14s}")
     tok = train.loader.encoder.tokenizer.hf
     row = b.tokens[0][: int(b.doc_lengths[0])]
-    print(f"  num_tiles        {b.num_tiles.tolist()} (per image), images/doc {b.num_images.tolist()}")
+    print(
+        f"  num_tiles        {b.num_tiles.tolist()} (per image), images/doc {b.num_images.tolist()}"
+    )
     print(f"  row 0            {tok.decode(row)!r}")
     print(f"  loss on          {tok.decode(b.labels[0][b.loss_mask[0] > 0])!r}")
 
@@ -75,20 +103,39 @@ def show_balance(blend: Path, out: Path, steps: int = 4) -> None:
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
 
-    cfg = load_config({"data": {"path": str(blend), "val_split": None},
-                       "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-                       "loader": {"global_batch_size": 8, "micro_batch_size": 2, "num_workers": 0, "seed": 1,
-                                  "balance": "attention", "length_cache": str(out / "lengths")}})
+    cfg = load_config(
+        {
+            "data": {"path": str(blend), "val_split": None},
+            "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+            "loader": {
+                "global_batch_size": 8,
+                "micro_batch_size": 2,
+                "num_workers": 0,
+                "seed": 1,
+                "balance": "attention",
+                "length_cache": str(out / "lengths"),
+            },
+        }
+    )
     ranks = [TrainLoader(cfg, rank=r, world_size=2) for r in range(2)]
-    print(f"\n-- balanced packing (balance: attention), 2 ranks x {ranks[0].accumulation} micro-batches --")
+    print(
+        f"\n-- balanced packing (balance: attention), 2 ranks x {ranks[0].accumulation} micro-batches --"
+    )
     for step in range(steps):
         batches = [next(ld) for ld in ranks for _ in range(ld.accumulation)]
-        shapes, keys = {tuple(b.tokens.shape) for b in batches}, [k for b in batches for k in b.keys]
+        shapes, keys = (
+            {tuple(b.tokens.shape) for b in batches},
+            [k for b in batches for k in b.keys],
+        )
         stats = ranks[0].balance_stats(step)
-        print(f"  step {step}: shapes {sorted(shapes)}  max/mean rank cost {stats['rank_cost']:.3f}  "
-              f"padding {stats['padding']:.1%}  samples {stats['samples']} ({len(set(keys))} distinct)  "
-              f"carried {stats['carried']}")
-    print("  (a blend this small balances less evenly than a large one: scripts/bench_balance.py measures both)")
+        print(
+            f"  step {step}: shapes {sorted(shapes)}  max/mean rank cost {stats['rank_cost']:.3f}  "
+            f"padding {stats['padding']:.1%}  samples {stats['samples']} ({len(set(keys))} distinct)  "
+            f"carried {stats['carried']}"
+        )
+    print(
+        "  (a blend this small balances less evenly than a large one: scripts/bench_balance.py measures both)"
+    )
     for ld in ranks:
         ld.close()
 
@@ -107,40 +154,147 @@ def _blend_file(out: Path, coco: Path, speech: Path, text: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="out/demo", help="where shards and runs go (default out/demo)")
-    ap.add_argument("--steps", type=int, default=30, help="training steps of the resume check (default 30)")
+    ap.add_argument(
+        "--steps", type=int, default=30, help="training steps of the resume check (default 30)"
+    )
     args = ap.parse_args()
     out = (REPO / args.out).resolve()
     coco, speech, video, text = out / "coco", out / "librispeech", out / "video", out / "text"
 
     print("== 1. convert the embedded corpora ==", flush=True)
-    sh("convert", "coco", "--annotations", "data/coco_mini/captions.json", "--images", "data/coco_mini/images",
-       "--out", str(coco), "--samples-per-shard", "64", "--val-fraction", "0.1", "--workers", "2")
-    sh("convert", "librispeech", "--root", "data/librispeech_mini", "--out", str(speech),
-       "--samples-per-shard", "16", "--val-fraction", "0.1", "--workers", "2")
-    sh("convert", "video", "--root", "data/video_mini/clips", "--out", str(video),
-       "--samples-per-shard", "16", "--val-fraction", "0.1", "--workers", "2")
-    sh("convert", "3d", "--root", "data/mesh_mini/shapes", "--out", str(out / "shapes"), "--samples-per-shard", "16")
-    sh("convert", "text", "--manifest", "data/text_mini/documents.jsonl", "--id-column", "id", "--out", str(text),
-       "--samples-per-shard", "32")
-    sh("convert", "llava", "--json", "data/coco_mini/conversations.json", "--images", "data/coco_mini/images",
-       "--out", str(out / "conversations"), "--samples-per-shard", "16")
+    sh(
+        "convert",
+        "coco",
+        "--annotations",
+        "data/coco_mini/captions.json",
+        "--images",
+        "data/coco_mini/images",
+        "--out",
+        str(coco),
+        "--samples-per-shard",
+        "64",
+        "--val-fraction",
+        "0.1",
+        "--workers",
+        "2",
+    )
+    sh(
+        "convert",
+        "librispeech",
+        "--root",
+        "data/librispeech_mini",
+        "--out",
+        str(speech),
+        "--samples-per-shard",
+        "16",
+        "--val-fraction",
+        "0.1",
+        "--workers",
+        "2",
+    )
+    sh(
+        "convert",
+        "video",
+        "--root",
+        "data/video_mini/clips",
+        "--out",
+        str(video),
+        "--samples-per-shard",
+        "16",
+        "--val-fraction",
+        "0.1",
+        "--workers",
+        "2",
+    )
+    sh(
+        "convert",
+        "3d",
+        "--root",
+        "data/mesh_mini/shapes",
+        "--out",
+        str(out / "shapes"),
+        "--samples-per-shard",
+        "16",
+    )
+    sh(
+        "convert",
+        "text",
+        "--manifest",
+        "data/text_mini/documents.jsonl",
+        "--id-column",
+        "id",
+        "--out",
+        str(text),
+        "--samples-per-shard",
+        "32",
+    )
+    sh(
+        "convert",
+        "llava",
+        "--json",
+        "data/coco_mini/conversations.json",
+        "--images",
+        "data/coco_mini/images",
+        "--out",
+        str(out / "conversations"),
+        "--samples-per-shard",
+        "16",
+    )
     sh("info", str(coco))
 
     print("\n== 2. task encoders: one augmented batch per modality ==", flush=True)
     show_batch("image-text", coco, str(REPO / "configs/encoders/image_text_small.yaml"), 4)
-    show_batch("text, packed", coco, {"encoder": "text", "text": {"seq_len": 64},
-                                      "packing": {"enabled": True, "buffer_size": 16}}, 2)
+    show_batch(
+        "text, packed",
+        coco,
+        {
+            "encoder": "text",
+            "text": {"seq_len": 64},
+            "packing": {"enabled": True, "buffer_size": 16},
+        },
+        2,
+    )
     show_batch("audio-text", speech, str(REPO / "configs/encoders/audio_text.yaml"), 2)
     show_batch("video-text", video, str(REPO / "configs/encoders/video_text_small.yaml"), 2)
-    show_vlm_batch("vision-language captions, tiled", coco, str(REPO / "configs/encoders/image_text_vlm_small.yaml"), 2)
-    show_vlm_batch("conversations, tiled", out / "conversations", str(REPO / "configs/encoders/conversation_small.yaml"), 2)
-    show_batch("point cloud-text", out / "shapes", str(REPO / "configs/encoders/pointcloud_text.yaml"), 2)
-    sh("preview", str(out / "shapes"), "--encoder", str(REPO / "configs/encoders/pointcloud_text.yaml"), "--n", "8",
-       "--out", str(out / "preview-3d.png"))
-    sh("preview", str(video), "--encoder", str(REPO / "configs/encoders/video_text.yaml"), "--n", "8",
-       "--out", str(out / "preview-video.png"))
+    show_vlm_batch(
+        "vision-language captions, tiled",
+        coco,
+        str(REPO / "configs/encoders/image_text_vlm_small.yaml"),
+        2,
+    )
+    show_vlm_batch(
+        "conversations, tiled",
+        out / "conversations",
+        str(REPO / "configs/encoders/conversation_small.yaml"),
+        2,
+    )
+    show_batch(
+        "point cloud-text", out / "shapes", str(REPO / "configs/encoders/pointcloud_text.yaml"), 2
+    )
+    sh(
+        "preview",
+        str(out / "shapes"),
+        "--encoder",
+        str(REPO / "configs/encoders/pointcloud_text.yaml"),
+        "--n",
+        "8",
+        "--out",
+        str(out / "preview-3d.png"),
+    )
+    sh(
+        "preview",
+        str(video),
+        "--encoder",
+        str(REPO / "configs/encoders/video_text.yaml"),
+        "--n",
+        "8",
+        "--out",
+        str(out / "preview-video.png"),
+    )
 
     blend = _blend_file(out, coco, speech, text)
     show_batch("three-modality blend", blend, str(REPO / "configs/encoders/multimodal.yaml"), 8)
@@ -148,8 +302,19 @@ def main() -> int:
 
     print("\n== 3. train on the blend, SIGKILL mid-step, resume, compare ==", flush=True)
     kill_at = max(2, args.steps // 2 + 2)
-    sh("check-resume", "--config", "configs/train_blend.yaml", "--set", f"data.path={blend}",
-       "--steps", str(args.steps), "--kill-at", str(kill_at), "--out", str(out / "check-resume"))
+    sh(
+        "check-resume",
+        "--config",
+        "configs/train_blend.yaml",
+        "--set",
+        f"data.path={blend}",
+        "--steps",
+        str(args.steps),
+        "--kill-at",
+        str(kill_at),
+        "--out",
+        str(out / "check-resume"),
+    )
     return 0
 
 

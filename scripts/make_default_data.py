@@ -101,116 +101,226 @@ EXIF_ORIENTATION_TAG = 0x0112
 # (image id, file inside skimage/data, kind, captions). Captions were written by looking at the
 # pictures. kind: "photo" (camera, microscope or telescope image) or "graphic" (drawn image).
 PHOTOS: list[tuple[int, str, str, list[str]]] = [
-    (1, "astronaut.png", "photo", [
-        "A smiling astronaut in an orange spacesuit posing beside an American flag.",
-        "Portrait of a woman astronaut in an orange flight suit with a helmet in front of her.",
-        "An astronaut with short hair smiling, with a model of the space shuttle behind her.",
-        "Official portrait of an astronaut next to a flag and a space shuttle model.",
-    ]),
-    (2, "brick.png", "photo", [
-        "A black and white close-up of a brick wall with light mortar lines.",
-        "Long narrow bricks laid in staggered rows, seen at an angle.",
-        "Grayscale texture of a brick surface.",
-    ]),
-    (3, "camera.png", "photo", [
-        "A black and white photo of a man looking through a camera on a tripod.",
-        "A man in a dark coat filming with a camera mounted on a tripod in a grassy field.",
-        "A cameraman standing on a lawn with buildings far in the background.",
-    ]),
-    (4, "cell.png", "photo", [
-        "A microscope image of a single round cell floating in liquid.",
-        "A bright round cell on a gray background, seen under a microscope.",
-        "Grayscale microscopy of one cell to the right of the frame.",
-    ]),
-    (5, "chelsea.png", "photo", [
-        "A close-up of a tabby cat's face with green eyes.",
-        "A brown striped cat looking slightly to the side.",
-        "The face of a tabby cat with a pink nose and long white whiskers.",
-    ]),
-    (6, "clock_motion.png", "photo", [
-        "A round wall clock blurred by motion against a plain gray wall.",
-        "A grayscale photo of a clock smeared sideways by camera motion.",
-        "A blurry bright round object in the middle of a gray background.",
-    ]),
-    (7, "coffee.png", "photo", [
-        "A cup of espresso on a red saucer with a small spoon.",
-        "A red and white coffee cup on a wooden table.",
-        "An espresso with golden crema in a red cup, seen from above.",
-    ]),
-    (8, "coins.png", "photo", [
-        "Ancient coins arranged in four rows on a dark background.",
-        "A black and white photo of twenty four old coins.",
-        "Rows of ancient coins showing heads and standing figures.",
-    ]),
-    (9, "color.png", "graphic", [
-        "A colour wheel with a white centre and every hue around it, on a black background.",
-        "A circular chart of hues that fade from white in the middle to dark at the edge.",
-        "A rainbow coloured disc showing red, yellow, green, cyan, blue and magenta.",
-    ]),
-    (10, "grass.png", "photo", [
-        "A grayscale close-up of grass and small leaves.",
-        "Black and white texture of a lawn seen from above.",
-        "Dense blades of grass photographed from above.",
-    ]),
-    (11, "gravel.png", "photo", [
-        "A grayscale image of small gravel stones.",
-        "A close-up texture of crushed rock.",
-        "A dense layer of angular gravel seen from above.",
-    ]),
-    (12, "horse.png", "graphic", [
-        "A black silhouette of a horse on a white background.",
-        "The side view of a standing horse drawn in solid black.",
-        "A horse shape facing right.",
-    ]),
-    (13, "hubble_deep_field.jpg", "photo", [
-        "A deep space telescope image full of distant galaxies.",
-        "A black sky dotted with many small colourful galaxies.",
-        "The Hubble deep field showing thousands of faint galaxies.",
-    ]),
-    (14, "ihc.png", "photo", [
-        "A microscope image of tissue stained brown and blue.",
-        "A stained tissue sample with brown cell membranes and blue nuclei.",
-        "Immunohistochemistry slide of glands in tissue under a microscope.",
-    ]),
-    (15, "logo.png", "graphic", [
-        "The scikit-image logo, a green and orange circle with a snake.",
-        "A round logo split into green and orange halves by a white curved line.",
-        "A circular emblem showing the head of a snake in orange and green.",
-    ]),
-    (16, "microaneurysms.png", "photo", [
-        "A small grayscale crop of a retina with blood vessels and two dark spots.",
-        "A close-up retinal image with dark vessel lines and small round dots.",
-    ]),
-    (17, "moon.png", "photo", [
-        "A grayscale image of the surface of the moon with small craters.",
-        "A close-up of gray lunar terrain with a bright crater in the upper left.",
-        "The surface of the moon seen from above.",
-    ]),
-    (18, "motorcycle_left.png", "photo", [
-        "A red motorcycle parked in a garage.",
-        "A red motorbike standing on its stand in front of shelves.",
-        "A red and black motorcycle in a cluttered workshop.",
-    ]),
-    (19, "page.png", "photo", [
-        "A photo of a printed page about region-based segmentation.",
-        "A grayscale picture of a book page with a heading and a line of code.",
-        "Printed text explaining how to find markers of coins and background.",
-    ]),
-    (20, "retina.jpg", "photo", [
-        "A colour photo of the back of a human eye showing blood vessels.",
-        "A retina image with red vessels and a bright optic disc on the left.",
-        "An orange-red retina on a black background.",
-    ]),
-    (21, "rocket.jpg", "photo", [
-        "A rocket on a launch pad at dusk between tall towers.",
-        "A white rocket standing upright under a dark blue evening sky.",
-        "A launch pad with bright lights and tall towers around a rocket.",
-    ]),
-    (22, "text.png", "photo", [
-        "Handwritten mathematical notes photographed at an angle.",
-        "A grayscale image of handwritten equations on paper.",
-        "A close-up of pen writing with fractions and symbols.",
-    ]),
+    (
+        1,
+        "astronaut.png",
+        "photo",
+        [
+            "A smiling astronaut in an orange spacesuit posing beside an American flag.",
+            "Portrait of a woman astronaut in an orange flight suit with a helmet in front of her.",
+            "An astronaut with short hair smiling, with a model of the space shuttle behind her.",
+            "Official portrait of an astronaut next to a flag and a space shuttle model.",
+        ],
+    ),
+    (
+        2,
+        "brick.png",
+        "photo",
+        [
+            "A black and white close-up of a brick wall with light mortar lines.",
+            "Long narrow bricks laid in staggered rows, seen at an angle.",
+            "Grayscale texture of a brick surface.",
+        ],
+    ),
+    (
+        3,
+        "camera.png",
+        "photo",
+        [
+            "A black and white photo of a man looking through a camera on a tripod.",
+            "A man in a dark coat filming with a camera mounted on a tripod in a grassy field.",
+            "A cameraman standing on a lawn with buildings far in the background.",
+        ],
+    ),
+    (
+        4,
+        "cell.png",
+        "photo",
+        [
+            "A microscope image of a single round cell floating in liquid.",
+            "A bright round cell on a gray background, seen under a microscope.",
+            "Grayscale microscopy of one cell to the right of the frame.",
+        ],
+    ),
+    (
+        5,
+        "chelsea.png",
+        "photo",
+        [
+            "A close-up of a tabby cat's face with green eyes.",
+            "A brown striped cat looking slightly to the side.",
+            "The face of a tabby cat with a pink nose and long white whiskers.",
+        ],
+    ),
+    (
+        6,
+        "clock_motion.png",
+        "photo",
+        [
+            "A round wall clock blurred by motion against a plain gray wall.",
+            "A grayscale photo of a clock smeared sideways by camera motion.",
+            "A blurry bright round object in the middle of a gray background.",
+        ],
+    ),
+    (
+        7,
+        "coffee.png",
+        "photo",
+        [
+            "A cup of espresso on a red saucer with a small spoon.",
+            "A red and white coffee cup on a wooden table.",
+            "An espresso with golden crema in a red cup, seen from above.",
+        ],
+    ),
+    (
+        8,
+        "coins.png",
+        "photo",
+        [
+            "Ancient coins arranged in four rows on a dark background.",
+            "A black and white photo of twenty four old coins.",
+            "Rows of ancient coins showing heads and standing figures.",
+        ],
+    ),
+    (
+        9,
+        "color.png",
+        "graphic",
+        [
+            "A colour wheel with a white centre and every hue around it, on a black background.",
+            "A circular chart of hues that fade from white in the middle to dark at the edge.",
+            "A rainbow coloured disc showing red, yellow, green, cyan, blue and magenta.",
+        ],
+    ),
+    (
+        10,
+        "grass.png",
+        "photo",
+        [
+            "A grayscale close-up of grass and small leaves.",
+            "Black and white texture of a lawn seen from above.",
+            "Dense blades of grass photographed from above.",
+        ],
+    ),
+    (
+        11,
+        "gravel.png",
+        "photo",
+        [
+            "A grayscale image of small gravel stones.",
+            "A close-up texture of crushed rock.",
+            "A dense layer of angular gravel seen from above.",
+        ],
+    ),
+    (
+        12,
+        "horse.png",
+        "graphic",
+        [
+            "A black silhouette of a horse on a white background.",
+            "The side view of a standing horse drawn in solid black.",
+            "A horse shape facing right.",
+        ],
+    ),
+    (
+        13,
+        "hubble_deep_field.jpg",
+        "photo",
+        [
+            "A deep space telescope image full of distant galaxies.",
+            "A black sky dotted with many small colourful galaxies.",
+            "The Hubble deep field showing thousands of faint galaxies.",
+        ],
+    ),
+    (
+        14,
+        "ihc.png",
+        "photo",
+        [
+            "A microscope image of tissue stained brown and blue.",
+            "A stained tissue sample with brown cell membranes and blue nuclei.",
+            "Immunohistochemistry slide of glands in tissue under a microscope.",
+        ],
+    ),
+    (
+        15,
+        "logo.png",
+        "graphic",
+        [
+            "The scikit-image logo, a green and orange circle with a snake.",
+            "A round logo split into green and orange halves by a white curved line.",
+            "A circular emblem showing the head of a snake in orange and green.",
+        ],
+    ),
+    (
+        16,
+        "microaneurysms.png",
+        "photo",
+        [
+            "A small grayscale crop of a retina with blood vessels and two dark spots.",
+            "A close-up retinal image with dark vessel lines and small round dots.",
+        ],
+    ),
+    (
+        17,
+        "moon.png",
+        "photo",
+        [
+            "A grayscale image of the surface of the moon with small craters.",
+            "A close-up of gray lunar terrain with a bright crater in the upper left.",
+            "The surface of the moon seen from above.",
+        ],
+    ),
+    (
+        18,
+        "motorcycle_left.png",
+        "photo",
+        [
+            "A red motorcycle parked in a garage.",
+            "A red motorbike standing on its stand in front of shelves.",
+            "A red and black motorcycle in a cluttered workshop.",
+        ],
+    ),
+    (
+        19,
+        "page.png",
+        "photo",
+        [
+            "A photo of a printed page about region-based segmentation.",
+            "A grayscale picture of a book page with a heading and a line of code.",
+            "Printed text explaining how to find markers of coins and background.",
+        ],
+    ),
+    (
+        20,
+        "retina.jpg",
+        "photo",
+        [
+            "A colour photo of the back of a human eye showing blood vessels.",
+            "A retina image with red vessels and a bright optic disc on the left.",
+            "An orange-red retina on a black background.",
+        ],
+    ),
+    (
+        21,
+        "rocket.jpg",
+        "photo",
+        [
+            "A rocket on a launch pad at dusk between tall towers.",
+            "A white rocket standing upright under a dark blue evening sky.",
+            "A launch pad with bright lights and tall towers around a rocket.",
+        ],
+    ),
+    (
+        22,
+        "text.png",
+        "photo",
+        [
+            "Handwritten mathematical notes photographed at an angle.",
+            "A grayscale image of handwritten equations on paper.",
+            "A close-up of pen writing with fractions and symbols.",
+        ],
+    ),
 ]
 EXIF_ROTATED_SOURCE = "chelsea.png"
 EXIF_ORIENTATION = 6  # "rotate 90 degrees clockwise to display"
@@ -296,8 +406,17 @@ def write_photos(img_dir: Path, images: list, annotations: list, info: dict) -> 
             info["exif_rotated_image_id"] = image_id
             info["exif_orientation"] = EXIF_ORIENTATION
         im.save(img_dir / out_name, format="JPEG", **opts)
-        images.append({"id": image_id, "file_name": out_name, "width": width, "height": height,
-                       "license": 1, "source": f"skimage.data/{fname}", "kind": kind})
+        images.append(
+            {
+                "id": image_id,
+                "file_name": out_name,
+                "width": width,
+                "height": height,
+                "license": 1,
+                "source": f"skimage.data/{fname}",
+                "kind": kind,
+            }
+        )
         for cap in captions:
             annotations.append({"image_id": image_id, "caption": cap})
         used.append(fname)
@@ -341,13 +460,20 @@ SHAPES = ["circle", "square", "triangle", "star", "diamond", "hexagon", "cross",
 PATTERNS = ["horizontal stripes", "vertical stripes", "checkerboard"]
 SIZES = {"small": (0.13, 0.17), "medium": (0.20, 0.25), "large": (0.30, 0.40)}  # radius / min side
 NUM_WORDS = {3: "three", 4: "four", 5: "five", 6: "six"}
-POS_NAMES = [["top left", "top", "top right"],
-             ["left", "center", "right"],
-             ["bottom left", "bottom", "bottom right"]]
+POS_NAMES = [
+    ["top left", "top", "top right"],
+    ["left", "center", "right"],
+    ["bottom left", "bottom", "bottom right"],
+]
 POS_PHRASES = {
-    "top left": "in the top left corner", "top": "at the top", "top right": "in the top right corner",
-    "left": "on the left", "center": "in the center", "right": "on the right",
-    "bottom left": "in the bottom left corner", "bottom": "at the bottom",
+    "top left": "in the top left corner",
+    "top": "at the top",
+    "top right": "in the top right corner",
+    "left": "on the left",
+    "center": "in the center",
+    "right": "on the right",
+    "bottom left": "in the bottom left corner",
+    "bottom": "at the bottom",
     "bottom right": "in the bottom right corner",
 }
 
@@ -370,8 +496,9 @@ def _polygon(cx, cy, r, n, phase, inner=None):
     return pts
 
 
-def draw_shape(d: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill,
-               bg) -> None:
+def draw_shape(
+    d: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill, bg
+) -> None:
     """Draw `shape` inside the disc of radius r around (cx, cy) (image y axis points down)."""
     up = -math.pi / 2
     if shape == "circle":
@@ -403,8 +530,11 @@ def _pick_colour(rng: random.Random, bg_name: str, avoid: set[str]) -> str:
     """A colour that stands out from the background and whose name is not part of the
     background's name (no "blue on light blue")."""
     bg_rgb = BACKGROUNDS[bg_name]
-    names = [n for n in COLOURS if n not in avoid and n not in bg_name.split()
-             and _dist(COLOURS[n], bg_rgb) > 150]
+    names = [
+        n
+        for n in COLOURS
+        if n not in avoid and n not in bg_name.split() and _dist(COLOURS[n], bg_rgb) > 150
+    ]
     return rng.choice(names)
 
 
@@ -461,14 +591,19 @@ def make_generated(rng: random.Random) -> tuple[Image.Image, list[str]]:
             for i in range(n):
                 for j in range(n):
                     if (i + j) % 2 == 0:
-                        d.rectangle([i * sx, j * sy, (i + 1) * sx - 1, (j + 1) * sy - 1],
-                                    fill=COLOURS[col])
+                        d.rectangle(
+                            [i * sx, j * sy, (i + 1) * sx - 1, (j + 1) * sy - 1], fill=COLOURS[col]
+                        )
         if pattern == "checkerboard":
-            caps = [f"{_article(col)} {col} and {bg_name} checkerboard pattern",
-                    f"checkerboard, {col} on {bg_name}, {NUM_WORDS[n]} by {NUM_WORDS[n]} squares"]
+            caps = [
+                f"{_article(col)} {col} and {bg_name} checkerboard pattern",
+                f"checkerboard, {col} on {bg_name}, {NUM_WORDS[n]} by {NUM_WORDS[n]} squares",
+            ]
         else:
-            caps = [f"{col} {pattern} on a {bg_name} background",
-                    f"{NUM_WORDS[n]} {col} {pattern.split()[0]} stripes, {bg_name} background"]
+            caps = [
+                f"{col} {pattern} on a {bg_name} background",
+                f"{NUM_WORDS[n]} {col} {pattern.split()[0]} stripes, {bg_name} background",
+            ]
     else:
         n_shapes = 2 if kind > 0.75 else 1
         objs, taken, used_cols = [], [], set()
@@ -492,16 +627,20 @@ def make_generated(rng: random.Random) -> tuple[Image.Image, list[str]]:
             if t == 0:
                 c1 = f"{_article(size)} {size} {col} {shape} on {_article(bg_name)} {bg_name} background"
             elif t == 1:
-                c1 = (f"{_article(size)} {size} {col} {shape} {POS_PHRASES[pos]} "
-                      f"on {_article(bg_name)} {bg_name} background")
+                c1 = (
+                    f"{_article(size)} {size} {col} {shape} {POS_PHRASES[pos]} "
+                    f"on {_article(bg_name)} {bg_name} background"
+                )
             else:
                 c1 = f"{_article(col)} {col} {shape} {POS_PHRASES[pos]}, {bg_name} background"
             caps = [c1, f"{col} {shape}, {pos}"]
         else:
             (s1, c1_, sh1, p1), (s2, c2_, sh2, p2) = objs
-            caps = [f"{_article(s1)} {s1} {c1_} {sh1} and {_article(s2)} {s2} {c2_} {sh2} "
-                    f"on {_article(bg_name)} {bg_name} background",
-                    f"two shapes: {c1_} {sh1} {POS_PHRASES[p1]}, {c2_} {sh2} {POS_PHRASES[p2]}"]
+            caps = [
+                f"{_article(s1)} {s1} {c1_} {sh1} and {_article(s2)} {s2} {c2_} {sh2} "
+                f"on {_article(bg_name)} {bg_name} background",
+                f"two shapes: {c1_} {sh1} {POS_PHRASES[p1]}, {c2_} {sh2} {POS_PHRASES[p2]}",
+            ]
     im = canvas.resize((w, h), Image.Resampling.LANCZOS)
     return im, caps
 
@@ -513,8 +652,17 @@ def write_generated(img_dir: Path, images: list, annotations: list) -> int:
         im, caps = make_generated(rng)
         name = f"COCO_mini_{image_id:012d}.png"
         im.save(img_dir / name, format="PNG", optimize=False, compress_level=9)
-        images.append({"id": image_id, "file_name": name, "width": im.width, "height": im.height,
-                       "license": 2, "source": "generated", "kind": "generated"})
+        images.append(
+            {
+                "id": image_id,
+                "file_name": name,
+                "width": im.width,
+                "height": im.height,
+                "license": 2,
+                "source": "generated",
+                "kind": "generated",
+            }
+        )
         for cap in caps:
             annotations.append({"image_id": image_id, "caption": cap})
     return N_GENERATED
@@ -526,7 +674,7 @@ def make_coco(out: Path) -> dict:
     img_dir.mkdir(parents=True)
     info = {
         "description": "coco_mini: scikit-image sample photos plus generated shapes, "
-                       "made by scripts/make_default_data.py",
+        "made by scripts/make_default_data.py",
         "version": "1.0",
         "year": 2024,
         "size_convention": "width/height are of the displayed image, after EXIF orientation",
@@ -537,24 +685,34 @@ def make_coco(out: Path) -> dict:
     n_gen = write_generated(img_dir, images, annotations)
     for i, a in enumerate(annotations, start=1):
         a["id"] = i
-    annotations = [{"id": a["id"], "image_id": a["image_id"], "caption": a["caption"]}
-                   for a in annotations]
+    annotations = [
+        {"id": a["id"], "image_id": a["image_id"], "caption": a["caption"]} for a in annotations
+    ]
     doc = {
         "info": info,
         "licenses": [
-            {"id": 1, "name": "scikit-image sample data (see skimage/data/README and the "
-                              "scikit-image documentation for each image's source and licence)",
-             "url": "https://scikit-image.org/docs/stable/api/skimage.data.html"},
+            {
+                "id": 1,
+                "name": "scikit-image sample data (see skimage/data/README and the "
+                "scikit-image documentation for each image's source and licence)",
+                "url": "https://scikit-image.org/docs/stable/api/skimage.data.html",
+            },
             {"id": 2, "name": "CC0 (generated by this project)", "url": ""},
         ],
         "images": images,
         "annotations": annotations,
     }
-    (root / "captions.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n",
-                                        encoding="utf-8")
+    (root / "captions.json").write_text(
+        json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     n_conv = write_conversations(root, images)
-    return {"photos": used, "n_generated": n_gen, "n_images": len(images),
-            "n_captions": len(annotations), "n_conversations": n_conv}
+    return {
+        "photos": used,
+        "n_generated": n_gen,
+        "n_images": len(images),
+        "n_captions": len(annotations),
+        "n_conversations": n_conv,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -565,92 +723,260 @@ def make_coco(out: Path) -> dict:
 # (conv-0025) gets them in front of its first question, one entry has a system turn, and two
 # are text only.
 CONVERSATIONS: list[tuple[str, list[int], list[tuple[str, str]]]] = [
-    ("conv-0001", [1], [("human", "<image>\nWhat is the person wearing?"),
-                        ("gpt", "An orange spacesuit with mission patches on it."),
-                        ("human", "Is there a flag in the picture?"),
-                        ("gpt", "Yes, an American flag on the left."),
-                        ("human", "What is behind her on the right?"),
-                        ("gpt", "A model of the space shuttle. A white helmet is in front of her.")]),
-    ("conv-0002", [2], [("human", "<image>\nWhat surface is shown here?"),
-                        ("gpt", "A brick wall, seen close up in black and white."),
-                        ("human", "How are the bricks laid?"),
-                        ("gpt", "In staggered rows of long, narrow bricks with light mortar between them.")]),
-    ("conv-0003", [3], [("human", "<image>\nWhat is the man doing?"),
-                        ("gpt", "He is looking through a camera mounted on a tripod."),
-                        ("human", "Where is he standing?"),
-                        ("gpt", "On a grassy field, with buildings far away in the background.")]),
-    ("conv-0004", [4], [("human", "<image>\nHow many cells can you see?"),
-                        ("gpt", "One round, bright cell."),
-                        ("human", "Where is it in the frame?"),
-                        ("gpt", "A little right of the centre, on a plain gray background.")]),
-    ("conv-0005", [5], [("human", "<image>\nWhat animal is this?"),
-                        ("gpt", "A tabby cat, seen close up."),
-                        ("human", "What colour are its eyes?"),
-                        ("gpt", "Green.")]),
-    ("conv-0006", [6], [("human", "<image>\nIs the object in focus?"),
-                        ("gpt", "No. It is a round wall clock, blurred sideways by motion.")]),
-    ("conv-0007", [7], [("human", "<image>\nWhat drink is in the cup?"),
-                        ("gpt", "An espresso with golden crema."),
-                        ("human", "What colour is the saucer?"),
-                        ("gpt", "Red, like the cup."),
-                        ("human", "Is there a spoon?"),
-                        ("gpt", "Yes, a small metal spoon lies on the saucer.")]),
-    ("conv-0008", [8], [("human", "<image>\nHow many coins are there?"),
-                        ("gpt", "Twenty four, in four rows of six.")]),
-    ("conv-0009", [9], [("human", "<image>\nWhat colour is the centre of the wheel?"),
-                        ("gpt", "White."),
-                        ("human", "And the background?"),
-                        ("gpt", "Black.")]),
-    ("conv-0010", [10], [("human", "<image>\nIs this photo in colour?"),
-                         ("gpt", "No, it is a grayscale close-up of grass and small leaves.")]),
-    ("conv-0011", [11], [("human", "What is shown in this picture?\n<image>"),
-                         ("gpt", "Many small gravel stones, in grayscale.")]),
-    ("conv-0012", [12], [("human", "<image>\nWhat animal is shown?"),
-                         ("gpt", "A horse, drawn as a black silhouette on a white background."),
-                         ("human", "Which way is it facing?"),
-                         ("gpt", "To the right.")]),
-    ("conv-0013", [13], [("human", "<image>\nWhat does this image show?"),
-                         ("gpt", "A deep space telescope image full of distant galaxies.")]),
-    ("conv-0014", [14], [("human", "<image>\nWhat kind of image is this?"),
-                         ("gpt", "A microscope image of stained tissue."),
-                         ("human", "Which colours does the stain show?"),
-                         ("gpt", "Brown and blue.")]),
-    ("conv-0015", [15], [("human", "<image>\nWhat is drawn inside the circle?"),
-                         ("gpt", "A snake."),
-                         ("human", "Which colours does the logo use?"),
-                         ("gpt", "Green and orange.")]),
-    ("conv-0016", [16], [("human", "<image>\nWhat part of the body is this?"),
-                         ("gpt", "A small grayscale crop of a retina, with blood vessels and two dark spots.")]),
-    ("conv-0017", [17], [("human", "<image>\nWhat surface is this?"),
-                         ("gpt", "The surface of the moon, with small craters.")]),
-    ("conv-0018", [18], [("human", "<image>\nWhat vehicle is this?"),
-                         ("gpt", "A motorcycle."),
-                         ("human", "What colour is it?"),
-                         ("gpt", "Red, with a black seat."),
-                         ("human", "Where is it parked?"),
-                         ("gpt", "In a garage, in front of shelves with boxes.")]),
-    ("conv-0019", [19], [("human", "<image>\nWhat is the heading of the page?"),
-                         ("gpt", "Region-based segmentation.")]),
-    ("conv-0020", [20], [("human", "<image>\nWhat does this photo show?"),
-                         ("gpt", "The back of a human eye, with red blood vessels spreading from a bright spot.")]),
-    ("conv-0021", [21], [("human", "<image>\nWhat stands on the launch pad?"),
-                         ("gpt", "A rocket, between tall towers."),
-                         ("human", "Is it day or night?"),
-                         ("gpt", "Dusk: the sky is dark blue and the lights are on.")]),
-    ("conv-0022", [22], [("human", "<image>\nIs the writing printed or handwritten?"),
-                         ("gpt", "Handwritten. It looks like mathematical notes, photographed at an angle.")]),
-    ("conv-0023", [5, 12], [("human", "<image>\n<image>\nWhich of the two pictures shows a cat?"),
-                            ("gpt", "The first one. The second shows the silhouette of a horse.")]),
-    ("conv-0024", [7, 18], [("human", "<image>\n<image>\nWhat colour do the saucer in the first picture and "
-                                      "the motorcycle in the second share?"),
-                            ("gpt", "Both are red.")]),
-    ("conv-0025", [13, 17], [("human", "Which picture shows distant galaxies, the first or the second?"),
-                             ("gpt", "The first. The second shows the surface of the moon.")]),
-    ("conv-0026", [], [("human", "What does a tripod do for a camera?"),
-                       ("gpt", "It holds the camera steady on three legs.")]),
-    ("conv-0027", [], [("system", "Answer in one short sentence."),
-                       ("human", "What is an espresso?"),
-                       ("gpt", "A small, strong coffee made by forcing hot water through ground beans.")]),
+    (
+        "conv-0001",
+        [1],
+        [
+            ("human", "<image>\nWhat is the person wearing?"),
+            ("gpt", "An orange spacesuit with mission patches on it."),
+            ("human", "Is there a flag in the picture?"),
+            ("gpt", "Yes, an American flag on the left."),
+            ("human", "What is behind her on the right?"),
+            ("gpt", "A model of the space shuttle. A white helmet is in front of her."),
+        ],
+    ),
+    (
+        "conv-0002",
+        [2],
+        [
+            ("human", "<image>\nWhat surface is shown here?"),
+            ("gpt", "A brick wall, seen close up in black and white."),
+            ("human", "How are the bricks laid?"),
+            ("gpt", "In staggered rows of long, narrow bricks with light mortar between them."),
+        ],
+    ),
+    (
+        "conv-0003",
+        [3],
+        [
+            ("human", "<image>\nWhat is the man doing?"),
+            ("gpt", "He is looking through a camera mounted on a tripod."),
+            ("human", "Where is he standing?"),
+            ("gpt", "On a grassy field, with buildings far away in the background."),
+        ],
+    ),
+    (
+        "conv-0004",
+        [4],
+        [
+            ("human", "<image>\nHow many cells can you see?"),
+            ("gpt", "One round, bright cell."),
+            ("human", "Where is it in the frame?"),
+            ("gpt", "A little right of the centre, on a plain gray background."),
+        ],
+    ),
+    (
+        "conv-0005",
+        [5],
+        [
+            ("human", "<image>\nWhat animal is this?"),
+            ("gpt", "A tabby cat, seen close up."),
+            ("human", "What colour are its eyes?"),
+            ("gpt", "Green."),
+        ],
+    ),
+    (
+        "conv-0006",
+        [6],
+        [
+            ("human", "<image>\nIs the object in focus?"),
+            ("gpt", "No. It is a round wall clock, blurred sideways by motion."),
+        ],
+    ),
+    (
+        "conv-0007",
+        [7],
+        [
+            ("human", "<image>\nWhat drink is in the cup?"),
+            ("gpt", "An espresso with golden crema."),
+            ("human", "What colour is the saucer?"),
+            ("gpt", "Red, like the cup."),
+            ("human", "Is there a spoon?"),
+            ("gpt", "Yes, a small metal spoon lies on the saucer."),
+        ],
+    ),
+    (
+        "conv-0008",
+        [8],
+        [
+            ("human", "<image>\nHow many coins are there?"),
+            ("gpt", "Twenty four, in four rows of six."),
+        ],
+    ),
+    (
+        "conv-0009",
+        [9],
+        [
+            ("human", "<image>\nWhat colour is the centre of the wheel?"),
+            ("gpt", "White."),
+            ("human", "And the background?"),
+            ("gpt", "Black."),
+        ],
+    ),
+    (
+        "conv-0010",
+        [10],
+        [
+            ("human", "<image>\nIs this photo in colour?"),
+            ("gpt", "No, it is a grayscale close-up of grass and small leaves."),
+        ],
+    ),
+    (
+        "conv-0011",
+        [11],
+        [
+            ("human", "What is shown in this picture?\n<image>"),
+            ("gpt", "Many small gravel stones, in grayscale."),
+        ],
+    ),
+    (
+        "conv-0012",
+        [12],
+        [
+            ("human", "<image>\nWhat animal is shown?"),
+            ("gpt", "A horse, drawn as a black silhouette on a white background."),
+            ("human", "Which way is it facing?"),
+            ("gpt", "To the right."),
+        ],
+    ),
+    (
+        "conv-0013",
+        [13],
+        [
+            ("human", "<image>\nWhat does this image show?"),
+            ("gpt", "A deep space telescope image full of distant galaxies."),
+        ],
+    ),
+    (
+        "conv-0014",
+        [14],
+        [
+            ("human", "<image>\nWhat kind of image is this?"),
+            ("gpt", "A microscope image of stained tissue."),
+            ("human", "Which colours does the stain show?"),
+            ("gpt", "Brown and blue."),
+        ],
+    ),
+    (
+        "conv-0015",
+        [15],
+        [
+            ("human", "<image>\nWhat is drawn inside the circle?"),
+            ("gpt", "A snake."),
+            ("human", "Which colours does the logo use?"),
+            ("gpt", "Green and orange."),
+        ],
+    ),
+    (
+        "conv-0016",
+        [16],
+        [
+            ("human", "<image>\nWhat part of the body is this?"),
+            ("gpt", "A small grayscale crop of a retina, with blood vessels and two dark spots."),
+        ],
+    ),
+    (
+        "conv-0017",
+        [17],
+        [
+            ("human", "<image>\nWhat surface is this?"),
+            ("gpt", "The surface of the moon, with small craters."),
+        ],
+    ),
+    (
+        "conv-0018",
+        [18],
+        [
+            ("human", "<image>\nWhat vehicle is this?"),
+            ("gpt", "A motorcycle."),
+            ("human", "What colour is it?"),
+            ("gpt", "Red, with a black seat."),
+            ("human", "Where is it parked?"),
+            ("gpt", "In a garage, in front of shelves with boxes."),
+        ],
+    ),
+    (
+        "conv-0019",
+        [19],
+        [
+            ("human", "<image>\nWhat is the heading of the page?"),
+            ("gpt", "Region-based segmentation."),
+        ],
+    ),
+    (
+        "conv-0020",
+        [20],
+        [
+            ("human", "<image>\nWhat does this photo show?"),
+            (
+                "gpt",
+                "The back of a human eye, with red blood vessels spreading from a bright spot.",
+            ),
+        ],
+    ),
+    (
+        "conv-0021",
+        [21],
+        [
+            ("human", "<image>\nWhat stands on the launch pad?"),
+            ("gpt", "A rocket, between tall towers."),
+            ("human", "Is it day or night?"),
+            ("gpt", "Dusk: the sky is dark blue and the lights are on."),
+        ],
+    ),
+    (
+        "conv-0022",
+        [22],
+        [
+            ("human", "<image>\nIs the writing printed or handwritten?"),
+            ("gpt", "Handwritten. It looks like mathematical notes, photographed at an angle."),
+        ],
+    ),
+    (
+        "conv-0023",
+        [5, 12],
+        [
+            ("human", "<image>\n<image>\nWhich of the two pictures shows a cat?"),
+            ("gpt", "The first one. The second shows the silhouette of a horse."),
+        ],
+    ),
+    (
+        "conv-0024",
+        [7, 18],
+        [
+            (
+                "human",
+                "<image>\n<image>\nWhat colour do the saucer in the first picture and "
+                "the motorcycle in the second share?",
+            ),
+            ("gpt", "Both are red."),
+        ],
+    ),
+    (
+        "conv-0025",
+        [13, 17],
+        [
+            ("human", "Which picture shows distant galaxies, the first or the second?"),
+            ("gpt", "The first. The second shows the surface of the moon."),
+        ],
+    ),
+    (
+        "conv-0026",
+        [],
+        [
+            ("human", "What does a tripod do for a camera?"),
+            ("gpt", "It holds the camera steady on three legs."),
+        ],
+    ),
+    (
+        "conv-0027",
+        [],
+        [
+            ("system", "Answer in one short sentence."),
+            ("human", "What is an espresso?"),
+            ("gpt", "A small, strong coffee made by forcing hot water through ground beans."),
+        ],
+    ),
 ]
 
 
@@ -669,8 +995,9 @@ def write_conversations(root: Path, images: list) -> int:
             entry["images"] = [files[i] for i in photo_ids]
         entry["conversations"] = [{"from": who, "value": text} for who, text in turns]
         entries.append(entry)
-    (root / "conversations.json").write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n",
-                                             encoding="utf-8")
+    (root / "conversations.json").write_text(
+        json.dumps(entries, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     return len(entries)
 
 
@@ -713,7 +1040,7 @@ def tone(freqs: list[float], dur: float, harmonics) -> np.ndarray:
     env = np.ones(n)
     att, rel = int(0.01 * SR), int(0.04 * SR)
     env[:att] = np.linspace(0.0, 1.0, att, endpoint=False)
-    env[n - rel:] = np.linspace(1.0, 0.0, rel)
+    env[n - rel :] = np.linspace(1.0, 0.0, rel)
     return x * env
 
 
@@ -738,8 +1065,11 @@ def make_utterance(rng: random.Random, note_s: float) -> tuple[list, str]:
     names = [rng.choice(NOTE_ORDER) for _ in range(n)]
     if kind == "pause":
         cut = rng.randint(1, n - 1)
-        events = [("note", x) for x in names[:cut]] + [("pause", None)] + \
-                 [("note", x) for x in names[cut:]]
+        events = (
+            [("note", x) for x in names[:cut]]
+            + [("pause", None)]
+            + [("note", x) for x in names[cut:]]
+        )
         words = [f"NOTE {x}" for x in names[:cut]] + ["PAUSE"] + [f"NOTE {x}" for x in names[cut:]]
         return events, " ".join(words)
     return [("note", x) for x in names], " ".join(f"NOTE {x}" for x in names)
@@ -789,8 +1119,12 @@ def make_librispeech(out: Path) -> dict:
                 total_s += dur
                 durations.append(dur)
             (d / f"{spk}-{chap}.trans.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return {"n_utterances": n_utt, "total_seconds": total_s,
-            "min_seconds": min(durations), "max_seconds": max(durations)}
+    return {
+        "n_utterances": n_utt,
+        "total_seconds": total_s,
+        "min_seconds": min(durations),
+        "max_seconds": max(durations),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -801,140 +1135,223 @@ TEXT_FILE = "documents.jsonl"
 # file inside skimage/data -> a few true sentences about what the photo shows
 PHOTO_FACTS = {
     "astronaut.png": "Astronauts train for years before a spaceflight. The bright orange suit is worn for "
-                     "launch and landing, and its colour makes a crew member easy to find after a landing at sea.",
+    "launch and landing, and its colour makes a crew member easy to find after a landing at sea.",
     "brick.png": "Bricks are blocks of fired clay. Laying each row offset by half a brick from the row below "
-                 "spreads the load and makes the wall stronger.",
+    "spreads the load and makes the wall stronger.",
     "camera.png": "This cameraman picture is one of the classic test images of image processing. A tripod holds "
-                  "a camera steady, so long exposures and slow pans stay sharp.",
+    "a camera steady, so long exposures and slow pans stay sharp.",
     "cell.png": "Cells are the smallest units of living things. A light microscope magnifies them enough to show "
-                "their outline and, with staining, parts such as the nucleus.",
+    "their outline and, with staining, parts such as the nucleus.",
     "chelsea.png": "Tabby is not a breed of cat but a coat pattern of stripes, swirls or spots. In coco_mini this "
-                   "photo is stored sideways with an EXIF orientation tag of 6, so a reader must rotate it to "
-                   "show the cat upright.",
+    "photo is stored sideways with an EXIF orientation tag of 6, so a reader must rotate it to "
+    "show the cat upright.",
     "clock_motion.png": "Motion blur appears when the camera or the subject moves while the shutter is open. "
-                        "Here the round face of the clock is smeared sideways into a streak.",
+    "Here the round face of the clock is smeared sideways into a streak.",
     "coffee.png": "Espresso is made by forcing hot water through finely ground coffee under pressure. The "
-                  "golden foam on top is called crema.",
+    "golden foam on top is called crema.",
     "coins.png": "People have struck coins from metal for more than two and a half thousand years. This photo "
-                 "is often used to test how well a program separates objects from their background.",
+    "is often used to test how well a program separates objects from their background.",
     "color.png": "A colour wheel arranges the hues in a circle, with red, yellow, green, cyan, blue and magenta "
-                 "following each other. Two colours opposite each other on the wheel are called complementary.",
+    "following each other. Two colours opposite each other on the wheel are called complementary.",
     "grass.png": "Grass grows from the base of its leaves rather than from the tips, so a lawn keeps growing "
-                 "after it is mowed. A texture image like this one has no single object, only a repeating pattern.",
+    "after it is mowed. A texture image like this one has no single object, only a repeating pattern.",
     "gravel.png": "Gravel is made of loose rock fragments, larger than grains of sand and smaller than cobbles. "
-                  "Crushed gravel has sharp edges, while river gravel is rounded by water.",
+    "Crushed gravel has sharp edges, while river gravel is rounded by water.",
     "horse.png": "A silhouette shows only the outline of a shape, filled with one colour. Binary images like "
-                 "this horse are used to test shape analysis such as skeletonization.",
+    "this horse are used to test shape analysis such as skeletonization.",
     "hubble_deep_field.jpg": "The Hubble Deep Field was made from many exposures of one tiny patch of sky, taken "
-                             "by the Hubble Space Telescope in 1995. Almost every point of light in it is a galaxy.",
+    "by the Hubble Space Telescope in 1995. Almost every point of light in it is a galaxy.",
     "ihc.png": "Immunohistochemistry uses antibodies to stain chosen proteins in a tissue sample. In this slide "
-               "the brown stain marks the protein and the blue stain marks the cell nuclei.",
+    "the brown stain marks the protein and the blue stain marks the cell nuclei.",
     "logo.png": "scikit-image is an open source library of image processing algorithms for Python. Its logo "
-                "includes a snake, the usual symbol of the Python language.",
+    "includes a snake, the usual symbol of the Python language.",
     "microaneurysms.png": "Microaneurysms are tiny bulges in the walls of small blood vessels of the retina. "
-                          "They show up as small dark dots and are an early sign of diabetic retinopathy.",
+    "They show up as small dark dots and are an early sign of diabetic retinopathy.",
     "moon.png": "The surface of the Moon is covered with craters left by asteroids and comets. Since the Moon "
-                "has almost no air and no weather, its craters stay sharp for a very long time.",
+    "has almost no air and no weather, its craters stay sharp for a very long time.",
     "motorcycle_left.png": "This photo is the left view of a stereo pair, the same scene taken from two nearby "
-                           "positions. Comparing the two views lets a program estimate how far away each point is.",
+    "positions. Comparing the two views lets a program estimate how far away each point is.",
     "page.png": "The page photo shows printed text under uneven lighting. It is used to test thresholding, where "
-                "a program decides for every pixel whether it belongs to the ink or to the paper.",
+    "a program decides for every pixel whether it belongs to the ink or to the paper.",
     "retina.jpg": "The retina is the light-sensitive layer at the back of the eye. The bright disc is where the "
-                  "optic nerve leaves the eye; it has no light receptors, which makes a blind spot.",
+    "optic nerve leaves the eye; it has no light receptors, which makes a blind spot.",
     "rocket.jpg": "A rocket carries both its fuel and the oxygen to burn it, so it can fly where there is no "
-                  "air. Towers next to a launch pad carry fuel lines and cables, and some protect the rocket "
-                  "from lightning.",
+    "air. Towers next to a launch pad carry fuel lines and cables, and some protect the rocket "
+    "from lightning.",
     "text.png": "Handwriting recognition turns pictures of written characters into text that a computer can "
-                "search. A page photographed at an angle, like this one, is usually straightened first.",
+    "search. A page photographed at an angle, like this one, is usually straightened first.",
 }
 SHAPE_FACTS = {
     "circle": "A circle is the set of points at the same distance from its centre. Its circumference is pi "
-              "times its diameter, a little more than three times.",
+    "times its diameter, a little more than three times.",
     "square": "A square has four equal sides and four right angles. Its two diagonals have the same length and "
-              "cross at right angles.",
+    "cross at right angles.",
     "triangle": "The triangles are equilateral and point up: all three sides have the same length and every "
-                "angle is 60 degrees.",
+    "angle is 60 degrees.",
     "star": "The stars have five points. Their outline has ten corners, alternating between the tips and the "
-            "inner corners, which are 42 percent as far from the centre as the tips.",
+    "inner corners, which are 42 percent as far from the centre as the tips.",
     "diamond": "A diamond here is a rhombus standing on one corner, taller than it is wide. All four of its "
-               "sides have the same length.",
+    "sides have the same length.",
     "hexagon": "A regular hexagon has six equal sides and six angles of 120 degrees. Bees build the cells of "
-               "their honeycomb in this shape.",
+    "their honeycomb in this shape.",
     "cross": "The crosses are plus signs: two bars of the same length crossing at their middles at a right "
-             "angle.",
+    "angle.",
     "ring": "A ring is a disc with a round hole in the middle. In these images the hole is a little more than "
-            "half as wide as the ring and shows the background colour.",
+    "half as wide as the ring and shows the background colour.",
 }
 PATTERN_FACTS = {
     "horizontal stripes": "Horizontal stripes run from the left edge of the image to the right edge.",
     "vertical stripes": "Vertical stripes run from the top of the image to the bottom.",
     "checkerboard": "A checkerboard alternates squares of two colours in rows and columns, so that no two "
-                    "squares sharing a side have the same colour.",
+    "squares sharing a side have the same colour.",
 }
 # What the platform does, in plain words: (id, text). Each entry is a short paragraph.
 PLATFORM_FACTS = [
-    ("shard", "A shard is a tar file that holds many samples one after the other. Reading a few large files "
-              "is much faster than reading millions of small ones, on local disks and on object storage alike."),
-    ("sample-key", "Every sample in a shard has a key, and all files of one sample share it, such as KEY.image.png "
-                   "and KEY.text.json. A key never contains a dot, because the loader splits file names at the "
-                   "first dot."),
-    ("text-json", "The text.json part of a sample holds its caption, transcript or document text together with "
-                  "provenance: the source kind, the source id and the original file name."),
-    ("energon-index", "The .nv-meta folder of a dataset holds the index that Energon builds over its shards. With "
-                      "the index, the loader can read any sample directly, without scanning the shards before it."),
-    ("dataset-yaml", "The dataset.yaml file names the sample type of a dataset and says which part of each sample "
-                     "fills which field. A text dataset maps the text field to the text entry of text.json."),
-    ("work-unit", "A conversion is cut into work units, one unit for each output shard. Units are independent, "
-                  "so they can run in local processes or as Ray tasks and still write the same bytes."),
-    ("atomic-write", "Each shard is first written under a temporary name and renamed once it is complete. A "
-                     "reader therefore sees either the whole shard or no shard at all."),
-    ("convert-resume", "A conversion that is killed can be run again with the same arguments. It writes only the "
-                       "shards that are missing, and the result is byte for byte the same as an uninterrupted run."),
-    ("bad-input", "Bad input is skipped and counted, never silently dropped. The report lists each reason, such "
-                  "as empty text or invalid UTF-8, with examples, and skipped.jsonl lists every skipped record."),
-    ("val-split", "The validation split is chosen by a hash of each sample key. A sample therefore lands in the "
-                  "same split whatever else is in the corpus."),
-    ("data-loader", "A data loader reads samples, turns them into tensors and groups them into batches while the "
-                    "model trains. Worker processes prepare the next batches in the background."),
-    ("global-batch", "A global batch is everything one training step consumes across all data-parallel ranks. "
-                     "Each rank takes its own part of every global batch."),
-    ("micro-batch", "When a rank cannot fit its whole share in memory, it splits it into micro-batches and adds "
-                    "up their gradients before the optimizer step."),
-    ("epoch", "An epoch visits every sample of a dataset once. Here the order of each epoch is a permutation "
-              "computed from the seed and the epoch number, so every epoch is shuffled differently but "
-              "reproducibly."),
-    ("seeded-augmentation", "Random augmentations, such as crops and flips, are drawn from a generator seeded by "
-                            "the run seed, the sample key and the epoch. The same sample in the same epoch always "
-                            "gets the same tensors, whichever worker encodes it."),
-    ("packing", "Packing places several short documents into one sequence, so fewer tokens are wasted on "
-                "padding. Position ids restart at every document and cu_seqlens marks where each one begins."),
-    ("checkpoint", "A checkpoint stores the model, the optimizer, the learning rate schedule, the random number "
-                   "generators and the state of the data loader. It is written to a temporary folder and renamed, "
-                   "so a crash never leaves half a checkpoint behind."),
-    ("loader-state", "The state of the loader is a small JSON document: mainly the number of the next global "
-                     "batch. Restoring it takes as long as starting fresh, because nothing is replayed."),
-    ("fingerprint", "The loader state carries a fingerprint of the dataset, the encoder configuration, the seed "
-                    "and the batch size. A state restored into a different setup is refused with an error that "
-                    "names the difference."),
-    ("exact-resume", "After a crash, training resumes from the latest checkpoint with the same samples in the same "
-                     "order. On a CPU the loss after the resume matches an uninterrupted run bit for bit."),
-    ("elastic-resume", "A run may resume with another number of workers, or another number of ranks that divides "
-                       "the global batch. The global batches stay the same, because they do not depend on the layout."),
-    ("blend", "A blend mixes several datasets in one run with given weights. A text corpus such as this one can "
-              "join a blend with image-text and audio-text data."),
+    (
+        "shard",
+        "A shard is a tar file that holds many samples one after the other. Reading a few large files "
+        "is much faster than reading millions of small ones, on local disks and on object storage alike.",
+    ),
+    (
+        "sample-key",
+        "Every sample in a shard has a key, and all files of one sample share it, such as KEY.image.png "
+        "and KEY.text.json. A key never contains a dot, because the loader splits file names at the "
+        "first dot.",
+    ),
+    (
+        "text-json",
+        "The text.json part of a sample holds its caption, transcript or document text together with "
+        "provenance: the source kind, the source id and the original file name.",
+    ),
+    (
+        "energon-index",
+        "The .nv-meta folder of a dataset holds the index that Energon builds over its shards. With "
+        "the index, the loader can read any sample directly, without scanning the shards before it.",
+    ),
+    (
+        "dataset-yaml",
+        "The dataset.yaml file names the sample type of a dataset and says which part of each sample "
+        "fills which field. A text dataset maps the text field to the text entry of text.json.",
+    ),
+    (
+        "work-unit",
+        "A conversion is cut into work units, one unit for each output shard. Units are independent, "
+        "so they can run in local processes or as Ray tasks and still write the same bytes.",
+    ),
+    (
+        "atomic-write",
+        "Each shard is first written under a temporary name and renamed once it is complete. A "
+        "reader therefore sees either the whole shard or no shard at all.",
+    ),
+    (
+        "convert-resume",
+        "A conversion that is killed can be run again with the same arguments. It writes only the "
+        "shards that are missing, and the result is byte for byte the same as an uninterrupted run.",
+    ),
+    (
+        "bad-input",
+        "Bad input is skipped and counted, never silently dropped. The report lists each reason, such "
+        "as empty text or invalid UTF-8, with examples, and skipped.jsonl lists every skipped record.",
+    ),
+    (
+        "val-split",
+        "The validation split is chosen by a hash of each sample key. A sample therefore lands in the "
+        "same split whatever else is in the corpus.",
+    ),
+    (
+        "data-loader",
+        "A data loader reads samples, turns them into tensors and groups them into batches while the "
+        "model trains. Worker processes prepare the next batches in the background.",
+    ),
+    (
+        "global-batch",
+        "A global batch is everything one training step consumes across all data-parallel ranks. "
+        "Each rank takes its own part of every global batch.",
+    ),
+    (
+        "micro-batch",
+        "When a rank cannot fit its whole share in memory, it splits it into micro-batches and adds "
+        "up their gradients before the optimizer step.",
+    ),
+    (
+        "epoch",
+        "An epoch visits every sample of a dataset once. Here the order of each epoch is a permutation "
+        "computed from the seed and the epoch number, so every epoch is shuffled differently but "
+        "reproducibly.",
+    ),
+    (
+        "seeded-augmentation",
+        "Random augmentations, such as crops and flips, are drawn from a generator seeded by "
+        "the run seed, the sample key and the epoch. The same sample in the same epoch always "
+        "gets the same tensors, whichever worker encodes it.",
+    ),
+    (
+        "packing",
+        "Packing places several short documents into one sequence, so fewer tokens are wasted on "
+        "padding. Position ids restart at every document and cu_seqlens marks where each one begins.",
+    ),
+    (
+        "checkpoint",
+        "A checkpoint stores the model, the optimizer, the learning rate schedule, the random number "
+        "generators and the state of the data loader. It is written to a temporary folder and renamed, "
+        "so a crash never leaves half a checkpoint behind.",
+    ),
+    (
+        "loader-state",
+        "The state of the loader is a small JSON document: mainly the number of the next global "
+        "batch. Restoring it takes as long as starting fresh, because nothing is replayed.",
+    ),
+    (
+        "fingerprint",
+        "The loader state carries a fingerprint of the dataset, the encoder configuration, the seed "
+        "and the batch size. A state restored into a different setup is refused with an error that "
+        "names the difference.",
+    ),
+    (
+        "exact-resume",
+        "After a crash, training resumes from the latest checkpoint with the same samples in the same "
+        "order. On a CPU the loss after the resume matches an uninterrupted run bit for bit.",
+    ),
+    (
+        "elastic-resume",
+        "A run may resume with another number of workers, or another number of ranks that divides "
+        "the global batch. The global batches stay the same, because they do not depend on the layout.",
+    ),
+    (
+        "blend",
+        "A blend mixes several datasets in one run with given weights. A text corpus such as this one can "
+        "join a blend with image-text and audio-text data.",
+    ),
 ]
 SEMITONE_NAMES = {0: "C", 2: "D", 4: "E", 5: "F", 7: "G", 9: "A", 11: "B"}
 ACCIDENTALS = {-1: " flat", 0: "", 1: " sharp"}
 TRANSCRIPT_KINDS = [
-    ("sequence", "NOTE C NOTE E NOTE G", "A transcript such as {ex} names each note in the order it is played."),
-    ("rising", "THREE RISING NOTES C E G", "A transcript such as {ex} says how many notes are played and that each "
-                                           "one is higher than the one before."),
-    ("falling", "FOUR FALLING NOTES B G E C", "A transcript such as {ex} lists notes that each sound lower than the "
-                                              "one before."),
-    ("repeat", "NOTE D THREE TIMES", "A transcript such as {ex} means that one note is played several times in a "
-                                     "row."),
-    ("pause", "NOTE A PAUSE NOTE D", "A transcript such as {ex} marks a silence of {pause} seconds between two "
-                                     "groups of notes."),
+    (
+        "sequence",
+        "NOTE C NOTE E NOTE G",
+        "A transcript such as {ex} names each note in the order it is played.",
+    ),
+    (
+        "rising",
+        "THREE RISING NOTES C E G",
+        "A transcript such as {ex} says how many notes are played and that each "
+        "one is higher than the one before.",
+    ),
+    (
+        "falling",
+        "FOUR FALLING NOTES B G E C",
+        "A transcript such as {ex} lists notes that each sound lower than the one before.",
+    ),
+    (
+        "repeat",
+        "NOTE D THREE TIMES",
+        "A transcript such as {ex} means that one note is played several times in a row.",
+    ),
+    (
+        "pause",
+        "NOTE A PAUSE NOTE D",
+        "A transcript such as {ex} marks a silence of {pause} seconds between two groups of notes.",
+    ),
 ]
 
 
@@ -965,55 +1382,84 @@ def text_documents() -> list[dict]:
 
     kinds = {"photo": "a photograph", "graphic": "a drawn image"}
     for image_id, fname, kind, captions in PHOTOS:
-        add(f"photo-{Path(fname).stem.replace('_', '-')}", "coco_mini photos", captions[0],
+        add(
+            f"photo-{Path(fname).stem.replace('_', '-')}",
+            "coco_mini photos",
+            captions[0],
             f"It is image {image_id} of coco_mini, {kinds[kind]} from the sample data of scikit-image.",
-            PHOTO_FACTS[fname])
+            PHOTO_FACTS[fname],
+        )
     for shape in SHAPES:
-        add(f"shape-{shape}", "coco_mini shapes",
+        add(
+            f"shape-{shape}",
+            "coco_mini shapes",
             f"Many generated images of coco_mini show {_article(shape)} {shape} in one of {len(COLOURS)} colours on "
-            f"one of {len(BACKGROUNDS)} plain backgrounds.", SHAPE_FACTS[shape])
+            f"one of {len(BACKGROUNDS)} plain backgrounds.",
+            SHAPE_FACTS[shape],
+        )
     for pattern in PATTERNS:
-        add(f"pattern-{pattern.replace(' ', '-')}", "coco_mini shapes",
+        add(
+            f"pattern-{pattern.replace(' ', '-')}",
+            "coco_mini shapes",
             f"Some generated images of coco_mini are covered by {'a ' if pattern == 'checkerboard' else ''}"
             f"{pattern}, with three to six "
-            f"{'squares along each side' if pattern == 'checkerboard' else 'stripes'}.", PATTERN_FACTS[pattern])
+            f"{'squares along each side' if pattern == 'checkerboard' else 'stripes'}.",
+            PATTERN_FACTS[pattern],
+        )
     octaves = {spk: octave for spk, (octave, _) in SPEAKERS.items()}
     for name in NOTE_ORDER:
-        freqs = _join(f"{note_freq(name, o):.2f} Hz in octave {o}" for o in sorted(set(octaves.values())))
-        add(f"note-{name}", "librispeech_mini notes",
+        freqs = _join(
+            f"{note_freq(name, o):.2f} Hz in octave {o}" for o in sorted(set(octaves.values()))
+        )
+        add(
+            f"note-{name}",
+            "librispeech_mini notes",
             f"The note {name} has a frequency of {freqs}.",
             "Going up one octave doubles the frequency of a note.",
             f"In librispeech_mini, speakers {_join(sorted(octaves))} play their notes in octaves "
-            f"{_join(octaves[s] for s in sorted(octaves))}, in that order.")
+            f"{_join(octaves[s] for s in sorted(octaves))}, in that order.",
+        )
     for spk, (octave, harmonics) in sorted(SPEAKERS.items()):
         present = [k for k, a in enumerate(harmonics, start=1) if a]
         odd = all(k % 2 for k in present)
-        add(f"speaker-{spk}", "librispeech_mini speakers",
+        add(
+            f"speaker-{spk}",
+            "librispeech_mini speakers",
             f"Speaker {spk} of librispeech_mini is not a person but a synthesised timbre.",
             f"It plays notes in octave {octave} and mixes {len(present)} harmonics of each note"
             + (", only odd ones, which gives a hollow sound." if odd and len(present) > 1 else "."),
             f"The strongest is the fundamental; the weakest has {min(a for a in harmonics if a):.2f} of its "
-            f"amplitude.")
+            f"amplitude.",
+        )
     for chap, note_s in sorted(CHAPTERS.items()):
-        add(f"chapter-{chap}", "librispeech_mini chapters",
+        add(
+            f"chapter-{chap}",
+            "librispeech_mini chapters",
             f"Chapter {chap} of every speaker in librispeech_mini holds each note for {note_s:.2f} seconds, "
             f"about {1 / note_s:.1f} notes per second.",
             f"Each chapter has {UTTERANCES_PER_CHAPTER} utterances, and every utterance lasts between 0.6 and "
-            f"2.5 seconds.")
+            f"2.5 seconds.",
+        )
     for root in NOTE_ORDER:
         for quality in sorted(CHORDS):
             _, third, fifth = CHORDS[quality]
             notes = [root, spell_interval(root, 2, third), spell_interval(root, 4, fifth)]
-            add(f"chord-{root}-{quality.lower()}", "librispeech_mini chords",
+            add(
+                f"chord-{root}-{quality.lower()}",
+                "librispeech_mini chords",
                 f"{_article_text(root)} {root} {quality.lower()} chord is made of the notes {notes[0]}, {notes[1]} "
                 f"and {notes[2]}.",
                 f"Its third is {third} semitones above the root and its fifth is {fifth} semitones above it.",
                 f"In librispeech_mini a chord is held for 0.8 seconds, and its transcript reads "
-                f"{_article_text(root).upper()} {root} {quality} CHORD.")
+                f"{_article_text(root).upper()} {root} {quality} CHORD.",
+            )
     for kind, example, template in TRANSCRIPT_KINDS:
-        add(f"transcript-{kind}", "librispeech_mini transcripts",
+        add(
+            f"transcript-{kind}",
+            "librispeech_mini transcripts",
             "The transcripts of librispeech_mini are written in capital letters and spell out what is played.",
-            template.format(ex=example, pause=PAUSE_S))
+            template.format(ex=example, pause=PAUSE_S),
+        )
     for doc_id, text in PLATFORM_FACTS:
         add(f"platform-{doc_id}", "data platform", text)
     return docs
@@ -1023,7 +1469,9 @@ def make_text(out: Path) -> dict:
     root = out / "text_mini"
     root.mkdir(parents=True)
     docs = text_documents()
-    (root / TEXT_FILE).write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    (root / TEXT_FILE).write_text(
+        "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
+    )
     return {"n_documents": len(docs), "n_words": sum(len(d["text"].split()) for d in docs)}
 
 
@@ -1035,18 +1483,37 @@ def make_text(out: Path) -> dict:
 # --------------------------------------------------------------------------------------------
 VIDEO_W, VIDEO_H, VIDEO_FPS = 96, 72, 12
 VIDEO_BITEXACT = {"fflags": "+bitexact"}  # no random Matroska segment id, no date, no encoder tag
-VIDEO_COLOURS = {"red": (220, 40, 40), "green": (40, 190, 60), "blue": (50, 90, 230), "yellow": (240, 220, 40),
-                 "white": (245, 245, 245), "orange": (245, 140, 30), "purple": (150, 60, 200)}
-VIDEO_BACKGROUNDS = {"black": (10, 10, 10), "grey": (110, 110, 110), "dark blue": (15, 20, 70),
-                     "dark green": (15, 60, 25)}
+VIDEO_COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 190, 60),
+    "blue": (50, 90, 230),
+    "yellow": (240, 220, 40),
+    "white": (245, 245, 245),
+    "orange": (245, 140, 30),
+    "purple": (150, 60, 200),
+}
+VIDEO_BACKGROUNDS = {
+    "black": (10, 10, 10),
+    "grey": (110, 110, 110),
+    "dark blue": (15, 20, 70),
+    "dark green": (15, 60, 25),
+}
 # name -> (start (x, y) and end (x, y) as fractions of the frame, how the caption says it)
 VIDEO_MOTIONS = {
     "right": ((0.15, 0.5), (0.85, 0.5), "moves from left to right"),
     "left": ((0.85, 0.5), (0.15, 0.5), "moves from right to left"),
     "down": ((0.5, 0.18), (0.5, 0.82), "moves down from the top to the bottom"),
     "up": ((0.5, 0.82), (0.5, 0.18), "moves up from the bottom to the top"),
-    "diagonal": ((0.15, 0.18), (0.85, 0.82), "moves diagonally from the top left to the bottom right"),
-    "anti-diagonal": ((0.15, 0.82), (0.85, 0.18), "moves diagonally from the bottom left to the top right"),
+    "diagonal": (
+        (0.15, 0.18),
+        (0.85, 0.82),
+        "moves diagonally from the top left to the bottom right",
+    ),
+    "anti-diagonal": (
+        (0.15, 0.82),
+        (0.85, 0.18),
+        "moves diagonally from the bottom left to the top right",
+    ),
 }
 VIDEO_SHAPES = ("circle", "square", "triangle")
 
@@ -1056,16 +1523,27 @@ def _video_plan(rng: random.Random) -> list[dict]:
     every 6th is WebM (VP9) instead of MP4 (H.264); 6 carry a tone; 4 are 8 s long (the rest 2-3 s);
     6 have a second shape moving the opposite way."""
     plan = []
-    for i, (motion, shape) in enumerate((m, s) for _ in range(2) for m in VIDEO_MOTIONS for s in VIDEO_SHAPES):
+    for i, (motion, shape) in enumerate(
+        (m, s) for _ in range(2) for m in VIDEO_MOTIONS for s in VIDEO_SHAPES
+    ):
         bg = rng.choice(sorted(VIDEO_BACKGROUNDS))
         colour = rng.choice(sorted(VIDEO_COLOURS))
         second = None
         if i % 6 == 5:
             second = (rng.choice(sorted(set(VIDEO_COLOURS) - {colour})), rng.choice(VIDEO_SHAPES))
-        plan.append({
-            "id": f"video_{i:03d}", "motion": motion, "shape": shape, "colour": colour, "background": bg,
-            "second": second, "webm": i % 6 == 3, "tone": i % 6 == 1,
-            "frames": 96 if i % 9 == 4 else rng.choice((24, 30, 36))})
+        plan.append(
+            {
+                "id": f"video_{i:03d}",
+                "motion": motion,
+                "shape": shape,
+                "colour": colour,
+                "background": bg,
+                "second": second,
+                "webm": i % 6 == 3,
+                "tone": i % 6 == 1,
+                "frames": 96 if i % 9 == 4 else rng.choice((24, 30, 36)),
+            }
+        )
     return plan
 
 
@@ -1078,8 +1556,10 @@ def _video_captions(v: dict) -> list[str]:
     if v["tone"]:
         text += ", with a steady tone playing"
     seconds = v["frames"] / VIDEO_FPS
-    short = (f"{v['colour']} {v['shape']} moving {v['motion'].replace('-', ' ')}, "
-             f"{seconds:g} seconds, {v['background']} background")
+    short = (
+        f"{v['colour']} {v['shape']} moving {v['motion'].replace('-', ' ')}, "
+        f"{seconds:g} seconds, {v['background']} background"
+    )
     return [text + ".", short]
 
 
@@ -1092,7 +1572,15 @@ def _draw_video_frame(v: dict, t: float) -> np.ndarray:
     if v["second"]:  # the same path backwards
         shapes.append((v["second"][1], v["second"][0], x1 + (x0 - x1) * t, y1 + (y0 - y1) * t))
     for shape, colour, fx, fy in shapes:
-        draw_shape(d, shape, fx * VIDEO_W, fy * VIDEO_H, r, VIDEO_COLOURS[colour], VIDEO_BACKGROUNDS[v["background"]])
+        draw_shape(
+            d,
+            shape,
+            fx * VIDEO_W,
+            fy * VIDEO_H,
+            r,
+            VIDEO_COLOURS[colour],
+            VIDEO_BACKGROUNDS[v["background"]],
+        )
     return np.asarray(img)
 
 
@@ -1110,15 +1598,22 @@ def encode_video_file(v: dict) -> bytes:
         vs = out.add_stream("libvpx-vp9" if v["webm"] else "libx264", rate=VIDEO_FPS)
         vs.width, vs.height, vs.pix_fmt = VIDEO_W, VIDEO_H, "yuv420p"
         vs.codec_context.thread_count = 1
-        vs.codec_context.gop_size = VIDEO_FPS  # a keyframe every second: clips seek close to their start
-        vs.options = ({"threads": "1", "crf": "32", "b": "0", "deadline": "good", "cpu-used": "4"} if v["webm"]
-                      else {"preset": "medium", "crf": "26", "threads": "1", "x264-params": "mbtree=0"})
+        vs.codec_context.gop_size = (
+            VIDEO_FPS  # a keyframe every second: clips seek close to their start
+        )
+        vs.options = (
+            {"threads": "1", "crf": "32", "b": "0", "deadline": "good", "cpu-used": "4"}
+            if v["webm"]
+            else {"preset": "medium", "crf": "26", "threads": "1", "x264-params": "mbtree=0"}
+        )
         if v["tone"]:
             rate = 48000 if v["webm"] else 16000
             aus = out.add_stream("libopus" if v["webm"] else "aac", rate=rate, layout="mono")
             aus.bit_rate = 24000
         for i in range(v["frames"]):
-            frame = av.VideoFrame.from_ndarray(_draw_video_frame(v, i / (v["frames"] - 1)), format="rgb24")
+            frame = av.VideoFrame.from_ndarray(
+                _draw_video_frame(v, i / (v["frames"] - 1)), format="rgb24"
+            )
             frame.pts = i
             for packet in vs.encode(frame):
                 out.mux(packet)
@@ -1155,39 +1650,117 @@ def make_video_mini(out: Path) -> dict:
     writer.writeheader()
     writer.writerows(rows)
     (root / "manifest.csv").write_text(text.getvalue(), encoding="utf-8")
-    return {"n_videos": len(plan), "n_webm": sum(v["webm"] for v in plan), "n_tone": sum(v["tone"] for v in plan),
-            "seconds": sum(v["frames"] for v in plan) / VIDEO_FPS}
-
+    return {
+        "n_videos": len(plan),
+        "n_webm": sum(v["webm"] for v in plan),
+        "n_tone": sum(v["tone"] for v in plan),
+        "seconds": sum(v["frames"] for v in plan) / VIDEO_FPS,
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # mesh_mini: generated 3D shapes with truthful captions
 # --------------------------------------------------------------------------------------------
-MESH_COLOURS = [("red", (200, 40, 40)), ("green", (40, 160, 60)), ("blue", (40, 70, 200)),
-                ("yellow", (220, 200, 40)), ("purple", (130, 50, 160)), ("orange", (230, 130, 30))]
+MESH_COLOURS = [
+    ("red", (200, 40, 40)),
+    ("green", (40, 160, 60)),
+    ("blue", (40, 70, 200)),
+    ("yellow", (220, 200, 40)),
+    ("purple", (130, 50, 160)),
+    ("orange", (230, 130, 30)),
+]
 # (shape, format, [(proportion words, parameters)]) in file order
 MESH_PLAN = [
-    ("box", "obj", [("a cube", (1.0, 1.0, 1.0)), ("a flat square slab", (2.0, 0.3, 2.0)),
-                    ("a tall square column", (0.5, 2.5, 0.5))]),
-    ("sphere", "ply", [("a sphere", (1.0, 1.0, 1.0)), ("a flattened ellipsoid", (1.5, 0.5, 1.5)),
-                       ("an elongated ellipsoid", (0.6, 2.0, 0.6))]),
-    ("cylinder", "off", [("a tall thin cylinder", (0.3, 2.5)), ("a short wide cylinder, like a disc", (1.5, 0.3)),
-                         ("a cylinder as tall as it is wide", (0.5, 1.0))]),
-    ("cone", "stl", [("a tall pointed cone", (0.5, 2.5)), ("a flat wide cone", (1.5, 0.5)),
-                     ("a cone as tall as it is wide", (0.5, 1.0))]),
-    ("pyramid", "stl-ascii", [("a square pyramid", (1.0, 1.0)), ("a tall narrow square pyramid", (0.5, 2.5)),
-                              ("a low flat square pyramid", (2.0, 0.4))]),
-    ("torus", "glb", [("a thin ring", (1.0, 0.1)), ("a thick ring, like a doughnut", (1.0, 0.45)),
-                      ("a medium ring", (1.0, 0.25))]),
-    ("shell", "ply-points", [("a cloud of points on a sphere", 1.0), ("a cloud of points on a flattened sphere", 0.4),
-                             ("a cloud of points on a stretched sphere", 2.2)]),
-    ("helix", "npy6", [("a cloud of points along a helix with three turns", 3),
-                       ("a cloud of points along a helix with one turn", 1),
-                       ("a cloud of points along a helix with five turns", 5)]),
-    ("grid", "npy3", [("a cloud of points on a flat square", 1.0), ("a cloud of points on a flat long strip", 4.0),
-                      ("a cloud of points on a flat rectangle twice as long as it is wide", 2.0)]),
-    ("box", "ply", [("a coloured cube", (1.0, 1.0, 1.0)), ("a coloured flat slab", (2.0, 0.3, 2.0)),
-                    ("a coloured tall column", (0.5, 2.5, 0.5))]),
+    (
+        "box",
+        "obj",
+        [
+            ("a cube", (1.0, 1.0, 1.0)),
+            ("a flat square slab", (2.0, 0.3, 2.0)),
+            ("a tall square column", (0.5, 2.5, 0.5)),
+        ],
+    ),
+    (
+        "sphere",
+        "ply",
+        [
+            ("a sphere", (1.0, 1.0, 1.0)),
+            ("a flattened ellipsoid", (1.5, 0.5, 1.5)),
+            ("an elongated ellipsoid", (0.6, 2.0, 0.6)),
+        ],
+    ),
+    (
+        "cylinder",
+        "off",
+        [
+            ("a tall thin cylinder", (0.3, 2.5)),
+            ("a short wide cylinder, like a disc", (1.5, 0.3)),
+            ("a cylinder as tall as it is wide", (0.5, 1.0)),
+        ],
+    ),
+    (
+        "cone",
+        "stl",
+        [
+            ("a tall pointed cone", (0.5, 2.5)),
+            ("a flat wide cone", (1.5, 0.5)),
+            ("a cone as tall as it is wide", (0.5, 1.0)),
+        ],
+    ),
+    (
+        "pyramid",
+        "stl-ascii",
+        [
+            ("a square pyramid", (1.0, 1.0)),
+            ("a tall narrow square pyramid", (0.5, 2.5)),
+            ("a low flat square pyramid", (2.0, 0.4)),
+        ],
+    ),
+    (
+        "torus",
+        "glb",
+        [
+            ("a thin ring", (1.0, 0.1)),
+            ("a thick ring, like a doughnut", (1.0, 0.45)),
+            ("a medium ring", (1.0, 0.25)),
+        ],
+    ),
+    (
+        "shell",
+        "ply-points",
+        [
+            ("a cloud of points on a sphere", 1.0),
+            ("a cloud of points on a flattened sphere", 0.4),
+            ("a cloud of points on a stretched sphere", 2.2),
+        ],
+    ),
+    (
+        "helix",
+        "npy6",
+        [
+            ("a cloud of points along a helix with three turns", 3),
+            ("a cloud of points along a helix with one turn", 1),
+            ("a cloud of points along a helix with five turns", 5),
+        ],
+    ),
+    (
+        "grid",
+        "npy3",
+        [
+            ("a cloud of points on a flat square", 1.0),
+            ("a cloud of points on a flat long strip", 4.0),
+            ("a cloud of points on a flat rectangle twice as long as it is wide", 2.0),
+        ],
+    ),
+    (
+        "box",
+        "ply",
+        [
+            ("a coloured cube", (1.0, 1.0, 1.0)),
+            ("a coloured flat slab", (2.0, 0.3, 2.0)),
+            ("a coloured tall column", (0.5, 2.5, 0.5)),
+        ],
+    ),
 ]
 MESH_POINTS = 512
 
@@ -1206,15 +1779,23 @@ def _obj_quad_box(size) -> bytes:
 
 
 def _ply_binary(vertices, faces, colours) -> bytes:
-    head = ["ply", "format binary_little_endian 1.0", f"element vertex {len(vertices)}",
-            "property float x", "property float y", "property float z"]
+    head = [
+        "ply",
+        "format binary_little_endian 1.0",
+        f"element vertex {len(vertices)}",
+        "property float x",
+        "property float y",
+        "property float z",
+    ]
     if colours is not None:
         head += ["property uchar red", "property uchar green", "property uchar blue"]
     if faces is not None:
         head += [f"element face {len(faces)}", "property list uchar int vertex_indices"]
     out = io.BytesIO()
     out.write(("\n".join(head + ["end_header"]) + "\n").encode())
-    vt = [("x", "<f4"), ("y", "<f4"), ("z", "<f4")] + ([("r", "u1"), ("g", "u1"), ("b", "u1")] if colours is not None else [])
+    vt = [("x", "<f4"), ("y", "<f4"), ("z", "<f4")] + (
+        [("r", "u1"), ("g", "u1"), ("b", "u1")] if colours is not None else []
+    )
     rec = np.zeros(len(vertices), dtype=vt)
     rec["x"], rec["y"], rec["z"] = vertices.T
     if colours is not None:
@@ -1228,14 +1809,29 @@ def _ply_binary(vertices, faces, colours) -> bytes:
 
 
 def _ply_ascii_points(points, colours) -> bytes:
-    head = ["ply", "format ascii 1.0", f"element vertex {len(points)}", "property float x", "property float y",
-            "property float z", "property uchar red", "property uchar green", "property uchar blue", "end_header"]
-    rows = [f"{_f(x)} {_f(y)} {_f(z)} {r} {g} {b}" for (x, y, z), (r, g, b) in zip(points.tolist(), colours.tolist())]
+    head = [
+        "ply",
+        "format ascii 1.0",
+        f"element vertex {len(points)}",
+        "property float x",
+        "property float y",
+        "property float z",
+        "property uchar red",
+        "property uchar green",
+        "property uchar blue",
+        "end_header",
+    ]
+    rows = [
+        f"{_f(x)} {_f(y)} {_f(z)} {r} {g} {b}"
+        for (x, y, z), (r, g, b) in zip(points.tolist(), colours.tolist())
+    ]
     return ("\n".join(head + rows) + "\n").encode()
 
 
 def _off(vertices, faces) -> bytes:
-    lines = ["OFF", f"{len(vertices)} {len(faces)} 0"] + [" ".join(_f(x) for x in v) for v in vertices.tolist()]
+    lines = ["OFF", f"{len(vertices)} {len(faces)} 0"] + [
+        " ".join(_f(x) for x in v) for v in vertices.tolist()
+    ]
     lines += ["3 " + " ".join(map(str, f)) for f in faces.tolist()]
     return ("\n".join(lines) + "\n").encode()
 
@@ -1246,17 +1842,25 @@ def _stl_binary(vertices, faces) -> bytes:
     normals /= np.linalg.norm(normals, axis=1, keepdims=True)
     rec = np.zeros(len(faces), dtype=[("n", "<f4", (3,)), ("v", "<f4", (3, 3)), ("a", "<u2")])
     rec["n"], rec["v"] = normals, tri
-    return b"energon-platform mesh_mini".ljust(80, b" ") + struct.pack("<I", len(faces)) + rec.tobytes()
+    return (
+        b"energon-platform mesh_mini".ljust(80, b" ")
+        + struct.pack("<I", len(faces))
+        + rec.tobytes()
+    )
 
 
 def _stl_ascii_pyramid(base: float, height: float) -> bytes:
     h = base / 2
     apex, corners = (0.0, height, 0.0), [(-h, 0.0, -h), (h, 0.0, -h), (h, 0.0, h), (-h, 0.0, h)]
-    tris = [(corners[i], corners[(i + 1) % 4], apex) for i in range(4)] + [(corners[0], corners[2], corners[1]),
-                                                                           (corners[0], corners[3], corners[2])]
+    tris = [(corners[i], corners[(i + 1) % 4], apex) for i in range(4)] + [
+        (corners[0], corners[2], corners[1]),
+        (corners[0], corners[3], corners[2]),
+    ]
     lines = ["solid pyramid"]
     for t in tris:
-        lines += ["  facet normal 0 0 0", "    outer loop"] + [f"      vertex {_f(a)} {_f(b)} {_f(c)}" for a, b, c in t]
+        lines += ["  facet normal 0 0 0", "    outer loop"] + [
+            f"      vertex {_f(a)} {_f(b)} {_f(c)}" for a, b, c in t
+        ]
         lines += ["    endloop", "  endfacet"]
     return ("\n".join(lines + ["endsolid pyramid"]) + "\n").encode()
 
@@ -1277,11 +1881,15 @@ def _shape_file(shape: str, fmt: str, param, colour, rng: np.random.Generator) -
     if shape == "sphere":
         m = trimesh.creation.icosphere(subdivisions=2)
         v = np.asarray(m.vertices) * np.asarray(param)
-        return "ply", _ply_binary(v, np.asarray(m.faces), np.tile(np.asarray(colour, np.uint8), (len(v), 1)))
+        return "ply", _ply_binary(
+            v, np.asarray(m.faces), np.tile(np.asarray(colour, np.uint8), (len(v), 1))
+        )
     if shape == "box":  # coloured PLY box: vertex colours
         m = trimesh.creation.box(extents=param)
         v = np.asarray(m.vertices)
-        return "ply", _ply_binary(v, np.asarray(m.faces), np.tile(np.asarray(colour, np.uint8), (len(v), 1)))
+        return "ply", _ply_binary(
+            v, np.asarray(m.faces), np.tile(np.asarray(colour, np.uint8), (len(v), 1))
+        )
     if fmt == "off":
         m = trimesh.creation.cylinder(radius=param[0], height=param[1], sections=24)
         return "off", _off(_y_up(m.vertices), np.asarray(m.faces))
@@ -1291,12 +1899,16 @@ def _shape_file(shape: str, fmt: str, param, colour, rng: np.random.Generator) -
     if fmt == "stl-ascii":
         return "stl", _stl_ascii_pyramid(*param)
     if fmt == "glb":
-        m = trimesh.creation.torus(major_radius=param[0], minor_radius=param[1], major_sections=24, minor_sections=12)
+        m = trimesh.creation.torus(
+            major_radius=param[0], minor_radius=param[1], major_sections=24, minor_sections=12
+        )
         return "glb", m.export(file_type="glb")
     if fmt == "ply-points":
         p = rng.normal(size=(MESH_POINTS, 3))
         p = p / np.linalg.norm(p, axis=1, keepdims=True) * np.array([1.0, param, 1.0])
-        return "ply", _ply_ascii_points(np.round(p, 5), np.tile(np.asarray(colour, np.uint8), (MESH_POINTS, 1)))
+        return "ply", _ply_ascii_points(
+            np.round(p, 5), np.tile(np.asarray(colour, np.uint8), (MESH_POINTS, 1))
+        )
     if fmt == "npy6":
         t = np.linspace(0.0, 2 * np.pi * param, MESH_POINTS)
         xyz = np.stack([np.cos(t), t / (2 * np.pi), np.sin(t)], axis=1)
@@ -1306,7 +1918,10 @@ def _shape_file(shape: str, fmt: str, param, colour, rng: np.random.Generator) -
         return "npy", buf.getvalue()
     u, w = rng.random(MESH_POINTS), rng.random(MESH_POINTS)  # grid: a flat rectangle param x 1
     buf = io.BytesIO()
-    np.save(buf, np.stack([(u - 0.5) * param, np.zeros(MESH_POINTS), w - 0.5], axis=1).astype(np.float32))
+    np.save(
+        buf,
+        np.stack([(u - 0.5) * param, np.zeros(MESH_POINTS), w - 0.5], axis=1).astype(np.float32),
+    )
     return "npy", buf.getvalue()
 
 
@@ -1316,8 +1931,11 @@ def _mesh_captions(words: str, fmt: str, colour_name: str) -> list[str]:
         article, rest = words.split(" ", 1)
         first = f"{'an' if colour_name[0] in 'aeiou' else 'a'} {colour_name} {rest}"
         if rest.startswith("coloured "):
-            first = f"{'an' if colour_name[0] in 'aeiou' else 'a'} {colour_name} {rest[len('coloured '):]}"
-        return [first.capitalize() + ".", f"A 3D model: {words.replace('coloured ', '')}, coloured {colour_name}."]
+            first = f"{'an' if colour_name[0] in 'aeiou' else 'a'} {colour_name} {rest[len('coloured ') :]}"
+        return [
+            first.capitalize() + ".",
+            f"A 3D model: {words.replace('coloured ', '')}, coloured {colour_name}.",
+        ]
     return [words.capitalize() + ".", f"A 3D model of {words}, without colour."]
 
 
@@ -1336,7 +1954,9 @@ def make_mesh_mini(out: Path) -> dict:
             uid = f"shape_{n:03d}"
             (root / "shapes" / f"{uid}.{ext}").write_bytes(data)
             captions = _mesh_captions(words, fmt, colour_name)
-            (root / "shapes" / f"{uid}.txt").write_text("\n".join(captions) + "\n", encoding="utf-8")
+            (root / "shapes" / f"{uid}.txt").write_text(
+                "\n".join(captions) + "\n", encoding="utf-8"
+            )
             rows.append({"uid": uid, "caption": captions[0], "path": f"shapes/{uid}.{ext}"})
             n += 1
     text = io.StringIO(newline="")
@@ -1345,6 +1965,7 @@ def make_mesh_mini(out: Path) -> dict:
     writer.writerows(rows)
     (root / "captions.csv").write_text(text.getvalue(), encoding="utf-8")
     return {"n_shapes": n}
+
 
 # --------------------------------------------------------------------------------------------
 
@@ -1362,11 +1983,20 @@ def main(argv: list[str] | None = None) -> int:
         "moving shapes with captions) and mesh_mini/ (30 generated 3D shapes with captions) under --out. "
         "Deterministic: two runs give "
         "byte-identical files. See the module docstring for details.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help=f"output folder (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/ in the repo)")
-    ap.add_argument("--only", choices=["coco", "librispeech", "text", "video", "3d"], default=None,
-                    help="regenerate only one of the corpora")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"output folder (default: {DEFAULT_OUT.relative_to(REPO_ROOT)}/ in the repo)",
+    )
+    ap.add_argument(
+        "--only",
+        choices=["coco", "librispeech", "text", "video", "3d"],
+        default=None,
+        help="regenerate only one of the corpora",
+    )
     args = ap.parse_args(argv)
 
     out: Path = args.out
@@ -1398,26 +2028,36 @@ def main(argv: list[str] | None = None) -> int:
     if "coco" in summary:
         c = summary["coco"]
         n, size = _dir_size(out / "coco_mini")
-        print(f"coco_mini: {c['n_images']} images ({len(c['photos'])} from skimage.data, "
-              f"{c['n_generated']} generated), {c['n_captions']} captions, "
-              f"{n} files, {size / 1e6:.2f} MB")
+        print(
+            f"coco_mini: {c['n_images']} images ({len(c['photos'])} from skimage.data, "
+            f"{c['n_generated']} generated), {c['n_captions']} captions, "
+            f"{n} files, {size / 1e6:.2f} MB"
+        )
         print(f"  photos: {', '.join(c['photos'])}")
-        print(f"  conversations.json: {c['n_conversations']} hand-written conversations about the photos")
+        print(
+            f"  conversations.json: {c['n_conversations']} hand-written conversations about the photos"
+        )
     if "librispeech" in summary:
         s = summary["librispeech"]
         n, size = _dir_size(out / "librispeech_mini")
-        print(f"librispeech_mini: {s['n_utterances']} utterances, {s['total_seconds']:.1f} s "
-              f"({s['min_seconds']:.2f}-{s['max_seconds']:.2f} s each), {n} files, "
-              f"{size / 1e6:.2f} MB")
+        print(
+            f"librispeech_mini: {s['n_utterances']} utterances, {s['total_seconds']:.1f} s "
+            f"({s['min_seconds']:.2f}-{s['max_seconds']:.2f} s each), {n} files, "
+            f"{size / 1e6:.2f} MB"
+        )
     if "text" in summary:
         t = summary["text"]
-        print(f"text_mini: {t['n_documents']} documents, {t['n_words']} words, "
-              f"{(out / 'text_mini' / TEXT_FILE).stat().st_size / 1e3:.1f} kB")
+        print(
+            f"text_mini: {t['n_documents']} documents, {t['n_words']} words, "
+            f"{(out / 'text_mini' / TEXT_FILE).stat().st_size / 1e3:.1f} kB"
+        )
     if "video" in summary:
         v = summary["video"]
         n, size = _dir_size(out / "video_mini")
-        print(f"video_mini: {v['n_videos']} videos ({v['n_webm']} WebM, {v['n_tone']} with a tone), "
-              f"{v['seconds']:.1f} s in all, {n} files, {size / 1e6:.2f} MB")
+        print(
+            f"video_mini: {v['n_videos']} videos ({v['n_webm']} WebM, {v['n_tone']} with a tone), "
+            f"{v['seconds']:.1f} s in all, {n} files, {size / 1e6:.2f} MB"
+        )
     if "3d" in summary:
         n, size = _dir_size(out / "mesh_mini")
         print(f"mesh_mini: {summary['3d']['n_shapes']} shapes, {n} files, {size / 1e3:.0f} kB")

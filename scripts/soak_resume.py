@@ -47,22 +47,44 @@ sys.path.insert(0, str(REPO))
 from energon_platform.config import load_config  # noqa: E402
 from energon_platform.training import checkpoint  # noqa: E402
 from energon_platform.training.resume_check import (  # noqa: E402
-    LogTail, RunSpec, _run, kill_tree, kill_when, launch, trainer_command)
+    LogTail,
+    RunSpec,
+    _run,
+    kill_when,
+    launch,
+    trainer_command,
+)
 
 
 def tiny_config(out: Path, seed: int) -> Path:
     from converters.convert import ConvertOptions, run_conversion
 
     data = out / "data" / "coco_mini"
-    run_conversion("coco", {"annotations": str(REPO / "data/coco_mini/captions.json"),
-                            "images": str(REPO / "data/coco_mini/images")},
-                   ConvertOptions(out=str(data), samples_per_shard=64, val_fraction=0.1, progress=False))
+    run_conversion(
+        "coco",
+        {
+            "annotations": str(REPO / "data/coco_mini/captions.json"),
+            "images": str(REPO / "data/coco_mini/images"),
+        },
+        ConvertOptions(out=str(data), samples_per_shard=64, val_fraction=0.1, progress=False),
+    )
     path = out / "run.yaml"
-    path.write_text(yaml.safe_dump({
-        "data": {"path": str(data)}, "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-        "loader": {"global_batch_size": 4, "num_workers": 0, "seed": seed, "shuffle_buffer": 64},
-        "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 100, "checkpoint_every": 2, "warmup": 1, "keep_checkpoints": 3}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(data)},
+                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+                "loader": {
+                    "global_batch_size": 4,
+                    "num_workers": 0,
+                    "seed": seed,
+                    "shuffle_buffer": 64,
+                },
+                "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 100, "checkpoint_every": 2, "warmup": 1, "keep_checkpoints": 3},
+            }
+        )
+    )
     return path
 
 
@@ -103,14 +125,24 @@ def newest_checkpoint(ckpt: Path) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", help="run config (default: a tiny one on data/coco_mini, converted into OUT/data)")
+    p.add_argument(
+        "--config",
+        help="run config (default: a tiny one on data/coco_mini, converted into OUT/data)",
+    )
     p.add_argument("--out", default="out/soak", help="work folder (its runs are replaced)")
     p.add_argument("--kills", type=int, default=50)
     p.add_argument("--steps", type=int, help="steps of the run (default: 3 per kill, at least 12)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-nproc", type=int, default=2, help="largest world size drawn (default 2)")
-    p.add_argument("--max-workers", type=int, default=3, help="most loader workers per rank drawn (default 3)")
-    p.add_argument("--max-minutes", type=float, default=20.0, help="no kill after this (the run is then finished)")
+    p.add_argument(
+        "--max-workers", type=int, default=3, help="most loader workers per rank drawn (default 3)"
+    )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=20.0,
+        help="no kill after this (the run is then finished)",
+    )
     p.add_argument("--json", help="write the figures and every attempt there")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
@@ -132,14 +164,23 @@ def main(argv=None) -> int:
             shutil.rmtree(d)
         d.mkdir(parents=True)
     t0 = time.perf_counter()
-    _run(trainer_command(RunSpec(str(config), steps, 1, 0, own_cache(ref_dir)), ref_dir), ref_dir / "stdout.txt")
+    _run(
+        trainer_command(RunSpec(str(config), steps, 1, 0, own_cache(ref_dir)), ref_dir),
+        ref_dir / "stdout.txt",
+    )
     ref_wall = time.perf_counter() - t0
     reference = {r["step"]: r for r in log_lines(ref_dir / "log.jsonl")}
-    assert sorted(reference) == list(range(1, steps + 1)), "the reference run did not log every step"
-    step_s = reference[steps]["elapsed_s"] / steps  # mean step time, checkpoints and evaluations included
+    assert sorted(reference) == list(range(1, steps + 1)), (
+        "the reference run did not log every step"
+    )
+    step_s = (
+        reference[steps]["elapsed_s"] / steps
+    )  # mean step time, checkpoints and evaluations included
     first_step_s = ref_wall - reference[steps]["elapsed_s"]  # start-up until the first step
-    print(f"reference: {steps} steps in {ref_wall:.1f} s ({step_s * 1000:.0f} ms/step, {first_step_s:.1f} s start-up)",
-          flush=True)
+    print(
+        f"reference: {steps} steps in {ref_wall:.1f} s ({step_s * 1000:.0f} ms/step, {first_step_s:.1f} s start-up)",
+        flush=True,
+    )
 
     log_path, ckpt = run_dir / "log.jsonl", run_dir / "checkpoints"
     attempts: list[dict] = []
@@ -151,16 +192,28 @@ def main(argv=None) -> int:
         start = newest_checkpoint(ckpt)
         layout = {"nproc": rng.choice(sizes), "num_workers": rng.randint(0, args.max_workers)}
         kill = len([a for a in attempts if a["killed"]]) < args.kills and time.time() < deadline
-        kind = rng.choices(["step", "checkpoint", "startup"], weights=[2, 1, 1])[0] if kill else None
+        kind = (
+            rng.choices(["step", "checkpoint", "startup"], weights=[2, 1, 1])[0] if kill else None
+        )
         if kind == "step" and start + 2 > steps:
             kind = "checkpoint" if start + every <= steps else "startup"
-        target = rng.randint(start + 2, min(steps, start + 2 * every + 1)) if kind == "step" else None
+        target = (
+            rng.randint(start + 2, min(steps, start + 2 * every + 1)) if kind == "step" else None
+        )
         delay = rng.random()  # where in the window the kill lands
         stale = tmp_checkpoints(ckpt)
         tail = LogTail(log_path)
         lines_before = len(done)
-        spec = RunSpec(str(config), steps, layout["nproc"], layout["num_workers"], own_cache(run_dir))
-        record = {"layout": layout, "resume_from": start, "kind": kind, "target": target, "killed": False}
+        spec = RunSpec(
+            str(config), steps, layout["nproc"], layout["num_workers"], own_cache(run_dir)
+        )
+        record = {
+            "layout": layout,
+            "resume_from": start,
+            "kind": kind,
+            "target": target,
+            "killed": False,
+        }
         t_launch = time.perf_counter()
         with open(run_dir / "stdout.txt", "ab") as f:
             proc = launch(trainer_command(spec, run_dir, resume=True), f)
@@ -183,30 +236,49 @@ def main(argv=None) -> int:
                         at.setdefault("seen", time.perf_counter())
                         return time.perf_counter() - at["seen"] >= delay * 0.1
                     return bool(tail.steps())
-                return time.perf_counter() - t_launch >= 0.3 + delay * first_step_s or bool(tail.steps())
+                return time.perf_counter() - t_launch >= 0.3 + delay * first_step_s or bool(
+                    tail.steps()
+                )
 
             if kind is not None:
                 try:
                     kill_when(proc, ready, 600, f"the {kind} moment")
                     record.update(killed=True, exit=None)
-                except Exception as e:  # the process ended before the moment came (run finished, or crashed)
+                except (
+                    Exception
+                ) as e:  # the process ended before the moment came (run finished, or crashed)
                     record.update(exit=proc.returncode, note=str(e).splitlines()[0])
             else:
                 record["exit"] = proc.wait(timeout=3600)
         record["wall_s"] = round(time.perf_counter() - t_launch, 3)
         rows = log_lines(log_path)[lines_before:]
-        record.update(rows=[r["step"] for r in rows], resumed_from=rows[0].get("resumed_from") if rows else None,
-                      mismatched=[r["step"] for r in rows if not same_batch(r, reference.get(r["step"]))])
+        record.update(
+            rows=[r["step"] for r in rows],
+            resumed_from=rows[0].get("resumed_from") if rows else None,
+            mismatched=[r["step"] for r in rows if not same_batch(r, reference.get(r["step"]))],
+        )
         if record["killed"]:
             record["in_checkpoint_write"] = bool(tmp_checkpoints(ckpt) - stale)
-            record["landed"] = ("checkpoint" if record["in_checkpoint_write"] else "step" if rows else "startup")
+            record["landed"] = (
+                "checkpoint" if record["in_checkpoint_write"] else "step" if rows else "startup"
+            )
             record["checkpoint_after"] = newest_checkpoint(ckpt)
         attempts.append(record)
-        print(f"  {len(attempts):3d}: {layout['nproc']} rank(s) x {layout['num_workers']} worker(s), from step "
-              f"{start}: " + (f"killed ({record['landed']}) after step {rows[-1]['step'] if rows else start}"
-                              if record["killed"] else f"exit {record['exit']}"), flush=True)
+        print(
+            f"  {len(attempts):3d}: {layout['nproc']} rank(s) x {layout['num_workers']} worker(s), from step "
+            f"{start}: "
+            + (
+                f"killed ({record['landed']}) after step {rows[-1]['step'] if rows else start}"
+                if record["killed"]
+                else f"exit {record['exit']}"
+            ),
+            flush=True,
+        )
         if not record["killed"] and record["exit"] != 0:
-            print(f"a process failed (exit {record['exit']}); see {run_dir / 'stdout.txt'}", flush=True)
+            print(
+                f"a process failed (exit {record['exit']}); see {run_dir / 'stdout.txt'}",
+                flush=True,
+            )
             break
     report = judge(attempts, reference, steps, step_s, ref_wall, time.perf_counter() - t_soak)
     report.update(seed=args.seed, config=str(config), out=str(out))
@@ -218,19 +290,38 @@ def main(argv=None) -> int:
 
 
 def same_batch(row: dict, ref: dict | None) -> bool:
-    return ref is not None and row["keys"] == ref["keys"] and row["batch_sha256"] == ref["batch_sha256"] \
+    return (
+        ref is not None
+        and row["keys"] == ref["keys"]
+        and row["batch_sha256"] == ref["batch_sha256"]
         and row["global_batch"] == ref["global_batch"]
+    )
 
 
-def judge(attempts: list[dict], reference: dict, steps: int, step_s: float, ref_wall: float, soak_wall: float) -> dict:
+def judge(
+    attempts: list[dict],
+    reference: dict,
+    steps: int,
+    step_s: float,
+    ref_wall: float,
+    soak_wall: float,
+) -> dict:
     kills = [i for i, a in enumerate(attempts) if a["killed"]]
     training = [i for i, a in enumerate(attempts) if a["rows"]]
     survived = 0
-    for i in kills:  # the next process that trains must continue from the newest complete checkpoint
+    for (
+        i
+    ) in kills:  # the next process that trains must continue from the newest complete checkpoint
         nxt = next((j for j in training if j > i), None)
-        ok = nxt is not None and attempts[nxt]["resumed_from"] == attempts[i]["checkpoint_after"] \
-            and not attempts[nxt]["mismatched"] and not attempts[i]["mismatched"] \
-            and all(attempts[j]["killed"] or attempts[j]["exit"] == 0 for j in range(i + 1, nxt + 1))
+        ok = (
+            nxt is not None
+            and attempts[nxt]["resumed_from"] == attempts[i]["checkpoint_after"]
+            and not attempts[nxt]["mismatched"]
+            and not attempts[i]["mismatched"]
+            and all(
+                attempts[j]["killed"] or attempts[j]["exit"] == 0 for j in range(i + 1, nxt + 1)
+            )
+        )
         attempts[i]["survived"] = ok
         survived += ok
     # the lineage: each training process's steps up to where the next one resumed
@@ -245,34 +336,53 @@ def judge(attempts: list[dict], reference: dict, steps: int, step_s: float, ref_
     mismatched = sorted({s for a in attempts for s in a["mismatched"]})
     in_order = lineage == list(range(1, steps + 1))
     layouts = sorted({f"{a['layout']['nproc']}x{a['layout']['num_workers']}" for a in attempts})
-    landed = {k: sum(1 for i in kills if attempts[i]["landed"] == k) for k in ("step", "checkpoint", "startup")}
+    landed = {
+        k: sum(1 for i in kills if attempts[i]["landed"] == k)
+        for k in ("step", "checkpoint", "startup")
+    }
     return {
-        "passed": survived == len(kills) and in_order and not mismatched and attempts[-1].get("exit") == 0,
-        "kills_made": len(kills), "kills_survived": survived, "kills_landed": landed,
-        "processes": len(attempts), "layouts_used": layouts, "steps": steps,
-        "batches_checked": len(lineage), "every_batch_once_in_order": in_order,
-        "rows_logged": sum(len(a["rows"]) for a in attempts), "rows_mismatched": mismatched,
-        "time_lost_per_kill_s": {"mean": round(statistics.fmean(lost), 2) if lost else 0.0,
-                                 "median": round(statistics.median(lost), 2) if lost else 0.0,
-                                 "max": round(max(lost), 2) if lost else 0.0},
-        "extra_wall_per_kill_s": round((sum(a["wall_s"] for a in attempts) - ref_wall) / max(1, len(kills)), 2),
-        "reference_wall_s": round(ref_wall, 1), "soak_wall_s": round(soak_wall, 1),
+        "passed": survived == len(kills)
+        and in_order
+        and not mismatched
+        and attempts[-1].get("exit") == 0,
+        "kills_made": len(kills),
+        "kills_survived": survived,
+        "kills_landed": landed,
+        "processes": len(attempts),
+        "layouts_used": layouts,
+        "steps": steps,
+        "batches_checked": len(lineage),
+        "every_batch_once_in_order": in_order,
+        "rows_logged": sum(len(a["rows"]) for a in attempts),
+        "rows_mismatched": mismatched,
+        "time_lost_per_kill_s": {
+            "mean": round(statistics.fmean(lost), 2) if lost else 0.0,
+            "median": round(statistics.median(lost), 2) if lost else 0.0,
+            "max": round(max(lost), 2) if lost else 0.0,
+        },
+        "extra_wall_per_kill_s": round(
+            (sum(a["wall_s"] for a in attempts) - ref_wall) / max(1, len(kills)), 2
+        ),
+        "reference_wall_s": round(ref_wall, 1),
+        "soak_wall_s": round(soak_wall, 1),
     }
 
 
 def summary(r: dict) -> str:
     t = r["time_lost_per_kill_s"]
-    return "\n".join([
-        f"{'PASS' if r['passed'] else 'FAIL'}: kills survived {r['kills_survived']}/{r['kills_made']} "
-        f"(landed: {r['kills_landed']['step']} inside steps, {r['kills_landed']['checkpoint']} during checkpoint writes, "
-        f"{r['kills_landed']['startup']} during start-up), {r['processes']} processes",
-        f"layouts used (ranks x workers): {', '.join(r['layouts_used'])}",
-        f"batches checked: {r['batches_checked']} of {r['steps']}: every global batch once, in order: "
-        f"{r['every_batch_once_in_order']}; {r['rows_logged']} rows logged, "
-        f"{len(r['rows_mismatched'])} with other keys or tensors than the reference",
-        f"time lost per kill: mean {t['mean']} s, median {t['median']} s, max {t['max']} s "
-        f"(process wall time minus the steps it kept); soak {r['soak_wall_s']} s, reference {r['reference_wall_s']} s",
-    ])
+    return "\n".join(
+        [
+            f"{'PASS' if r['passed'] else 'FAIL'}: kills survived {r['kills_survived']}/{r['kills_made']} "
+            f"(landed: {r['kills_landed']['step']} inside steps, {r['kills_landed']['checkpoint']} during checkpoint writes, "
+            f"{r['kills_landed']['startup']} during start-up), {r['processes']} processes",
+            f"layouts used (ranks x workers): {', '.join(r['layouts_used'])}",
+            f"batches checked: {r['batches_checked']} of {r['steps']}: every global batch once, in order: "
+            f"{r['every_batch_once_in_order']}; {r['rows_logged']} rows logged, "
+            f"{len(r['rows_mismatched'])} with other keys or tensors than the reference",
+            f"time lost per kill: mean {t['mean']} s, median {t['median']} s, max {t['max']} s "
+            f"(process wall time minus the steps it kept); soak {r['soak_wall_s']} s, reference {r['reference_wall_s']} s",
+        ]
+    )
 
 
 if __name__ == "__main__":

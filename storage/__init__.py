@@ -13,5 +13,12 @@ from storage.errors import DatasetError, StorageError, storage_errors
 from storage.paths import dataset_root, is_remote
 from storage.retry import RetriesExhausted, with_retries
 
-__all__ = ["DatasetError", "RetriesExhausted", "StorageError", "dataset_root", "is_remote", "storage_errors",
-           "with_retries"]
+__all__ = [
+    "DatasetError",
+    "RetriesExhausted",
+    "StorageError",
+    "dataset_root",
+    "is_remote",
+    "storage_errors",
+    "with_retries",
+]

@@ -44,8 +44,9 @@ def storage_errors(path: str, what: str):
     except DatasetError:
         raise
     except RetriesExhausted as e:
-        raise StorageError(f"{path}: cannot reach {what} after {e.tries} tries "
-                           f"({type(e.last).__name__}: {e.last})") from e
+        raise StorageError(
+            f"{path}: cannot reach {what} after {e.tries} tries ({type(e.last).__name__}: {e.last})"
+        ) from e
     except (OSError, RuntimeError, RetryableError) as e:
         hint = ""
         if isinstance(e, PermissionError) and path.startswith("msc://"):

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -33,8 +34,9 @@ def _permanent(e: BaseException) -> bool:
     return any(isinstance(x, (PermissionError, FileNotFoundError)) for x in (e, e.__cause__))
 
 
-def with_retries(action: Callable[[], T], attempts: int | None = None,
-                 backoff: float | None = None) -> tuple[T, int]:
+def with_retries(
+    action: Callable[[], T], attempts: int | None = None, backoff: float | None = None
+) -> tuple[T, int]:
     """``(action(), retries)``: ``action`` retried on ``OSError``/``RuntimeError``/``ValueError``
     (MSC's failed requests are ``RuntimeError``; a ``StorageError`` is an ``OSError``). A permanent
     failure (module doc) is raised as it is; when every try failed, :class:`RetriesExhausted`
@@ -50,5 +52,5 @@ def with_retries(action: Callable[[], T], attempts: int | None = None,
                 raise
             if attempt + 1 == attempts:
                 raise RetriesExhausted(e, attempts) from e
-            time.sleep(backoff * 2 ** attempt)
+            time.sleep(backoff * 2**attempt)
     raise AssertionError("unreachable")

@@ -19,10 +19,9 @@
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass, field
 from typing import Any
-
-import math
 
 import av
 import numpy as np
@@ -47,9 +46,15 @@ class SpecAugmentConfig:
     def check(self, at: At) -> None:
         for name in ("freq_masks", "freq_width", "time_masks", "time_width"):
             value = getattr(self, name)
-            require(0 <= value <= 10_000, at.child(name), f"got {value}", "an integer from 0 to 10000")
-        require(0.0 <= self.max_time_fraction <= 1.0, at.child("max_time_fraction"), f"got {self.max_time_fraction}",
-                "a number from 0 to 1")
+            require(
+                0 <= value <= 10_000, at.child(name), f"got {value}", "an integer from 0 to 10000"
+            )
+        require(
+            0.0 <= self.max_time_fraction <= 1.0,
+            at.child("max_time_fraction"),
+            f"got {self.max_time_fraction}",
+            "a number from 0 to 1",
+        )
 
 
 @dataclass(frozen=True)
@@ -66,19 +71,49 @@ class AudioConfig:
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
 
     def check(self, at: At) -> None:
-        require(1000 <= self.sample_rate <= 192_000, at.child("sample_rate"), f"got {self.sample_rate}",
-                "an integer from 1000 to 192000 (Hz)")
-        require(8 <= self.n_fft <= 65536, at.child("n_fft"), f"got {self.n_fft}", "an integer from 8 to 65536")
+        require(
+            1000 <= self.sample_rate <= 192_000,
+            at.child("sample_rate"),
+            f"got {self.sample_rate}",
+            "an integer from 1000 to 192000 (Hz)",
+        )
+        require(
+            8 <= self.n_fft <= 65536,
+            at.child("n_fft"),
+            f"got {self.n_fft}",
+            "an integer from 8 to 65536",
+        )
         window = self.win_length or self.n_fft
-        require(1 <= window <= self.n_fft, at.child("win_length"), f"got {window}", f"an integer from 1 to n_fft={self.n_fft}")
-        require(1 <= self.hop_length <= window, at.child("hop_length"), f"got {self.hop_length}",
-                f"an integer from 1 to the window length {window}")
-        require(1 <= self.n_mels <= self.n_fft // 2 + 1, at.child("n_mels"), f"got {self.n_mels}",
-                f"an integer from 1 to n_fft // 2 + 1 = {self.n_fft // 2 + 1}")
-        require(0.0 < self.max_seconds <= 3600.0, at.child("max_seconds"), f"got {self.max_seconds}",
-                "a number of seconds in (0, 3600]")
-        require(self.spec_augment.freq_width <= self.n_mels, at.child("spec_augment").child("freq_width"),
-                f"{self.spec_augment.freq_width} is wider than n_mels={self.n_mels}", f"at most {self.n_mels}")
+        require(
+            1 <= window <= self.n_fft,
+            at.child("win_length"),
+            f"got {window}",
+            f"an integer from 1 to n_fft={self.n_fft}",
+        )
+        require(
+            1 <= self.hop_length <= window,
+            at.child("hop_length"),
+            f"got {self.hop_length}",
+            f"an integer from 1 to the window length {window}",
+        )
+        require(
+            1 <= self.n_mels <= self.n_fft // 2 + 1,
+            at.child("n_mels"),
+            f"got {self.n_mels}",
+            f"an integer from 1 to n_fft // 2 + 1 = {self.n_fft // 2 + 1}",
+        )
+        require(
+            0.0 < self.max_seconds <= 3600.0,
+            at.child("max_seconds"),
+            f"got {self.max_seconds}",
+            "a number of seconds in (0, 3600]",
+        )
+        require(
+            self.spec_augment.freq_width <= self.n_mels,
+            at.child("spec_augment").child("freq_width"),
+            f"{self.spec_augment.freq_width} is wider than n_mels={self.n_mels}",
+            f"at most {self.n_mels}",
+        )
 
 
 def decode_audio(decoder: Any) -> tuple[torch.Tensor, int]:
@@ -138,8 +173,13 @@ class LogMel:
     def __init__(self, config: AudioConfig):
         self.config = config
         self.mel = torchaudio.transforms.MelSpectrogram(
-            sample_rate=config.sample_rate, n_fft=config.n_fft, win_length=config.win_length,
-            hop_length=config.hop_length, n_mels=config.n_mels, power=2.0)
+            sample_rate=config.sample_rate,
+            n_fft=config.n_fft,
+            win_length=config.win_length,
+            hop_length=config.hop_length,
+            n_mels=config.n_mels,
+            power=2.0,
+        )
 
     @property
     def max_samples(self) -> int:
@@ -163,20 +203,26 @@ class LogMel:
         if waveform.numel() == 0:
             raise ValueError("empty audio")
         if sample_rate != self.config.sample_rate:
-            waveform = torchaudio.functional.resample(waveform, sample_rate, self.config.sample_rate)
+            waveform = torchaudio.functional.resample(
+                waveform, sample_rate, self.config.sample_rate
+            )
         waveform = waveform[: self.max_samples]
         with torch.no_grad():
             return torch.log(self.mel(waveform) + 1e-6).to(torch.float32)
 
 
-def spec_augment(features: torch.Tensor, config: SpecAugmentConfig, generator: torch.Generator) -> torch.Tensor:
+def spec_augment(
+    features: torch.Tensor, config: SpecAugmentConfig, generator: torch.Generator
+) -> torch.Tensor:
     """A masked copy of ``(n_mels, frames)`` features; every draw from ``generator``."""
     out = features.clone()
     n_mels, frames = out.shape
     fill = features.mean()
     max_time = min(config.time_width, int(config.max_time_fraction * frames))
-    for count, width_limit, size, axis in ((config.freq_masks, config.freq_width, n_mels, 0),
-                                           (config.time_masks, max_time, frames, 1)):
+    for count, width_limit, size, axis in (
+        (config.freq_masks, config.freq_width, n_mels, 0),
+        (config.time_masks, max_time, frames, 1),
+    ):
         for _ in range(count):
             width = int(torch.randint(0, width_limit + 1, (1,), generator=generator))
             start = int(torch.randint(0, size - width + 1, (1,), generator=generator))

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 from megatron.energon import edataclass
 
-from task_encoders.audio_features import AudioConfig, LogMel, audio_header, decode_audio, spec_augment, to_float_mono
+from task_encoders.audio_features import (
+    AudioConfig,
+    LogMel,
+    audio_header,
+    decode_audio,
+    spec_augment,
+    to_float_mono,
+)
 from task_encoders.config import EncoderConfig
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.registry import register
@@ -70,7 +77,9 @@ class AudioTextTaskEncoder(DocumentTaskEncoder):
         features = self.log_mel(to_float_mono(clip), rate)
         augment = self.config.audio.spec_augment
         if self.training and augment.enabled:
-            features = spec_augment(features, augment, self.sample_generator(sample, "spec_augment"))
+            features = spec_augment(
+                features, augment, self.sample_generator(sample, "spec_augment")
+            )
         return {"features": features}
 
     def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:

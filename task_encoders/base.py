@@ -25,7 +25,13 @@ import torch
 from megatron.energon import DefaultTaskEncoder, WorkerConfig, stateless
 
 from task_encoders.config import At, EncoderConfig, parse, read_yaml
-from task_encoders.seeding import derive_seed, make_generator, sample_epoch, sample_key, single_intra_op_thread
+from task_encoders.seeding import (
+    derive_seed,
+    make_generator,
+    sample_epoch,
+    sample_key,
+    single_intra_op_thread,
+)
 from task_encoders.skipping import SkipPolicy
 
 ConfigLike = EncoderConfig | Mapping | str | Path | None
@@ -47,7 +53,9 @@ class SeededTaskEncoder(DefaultTaskEncoder):
     #: The registered name (set by ``task_encoders.registry.register``).
     name: ClassVar[str] = ""
 
-    def __init__(self, config: ConfigLike = None, *, seed: int | None = None, training: bool = True):
+    def __init__(
+        self, config: ConfigLike = None, *, seed: int | None = None, training: bool = True
+    ):
         super().__init__()
         self.config, self.config_at = self._coerce_config(config)
         self.seed = self.config.seed if seed is None else seed
@@ -66,7 +74,9 @@ class SeededTaskEncoder(DefaultTaskEncoder):
             data, at = read_yaml(config)
         data.setdefault("encoder", cls.name)
         if data["encoder"] != cls.name:
-            raise at.child("encoder").error(f"{data['encoder']!r} given to {cls.__name__}", repr(cls.name))
+            raise at.child("encoder").error(
+                f"{data['encoder']!r} given to {cls.__name__}", repr(cls.name)
+            )
         return parse(cls.config_class, data, at), at
 
     # --- per-sample randomness -----------------------------------------------------------------
@@ -81,10 +91,17 @@ class SeededTaskEncoder(DefaultTaskEncoder):
 
     # --- Energon hooks -------------------------------------------------------------------------
 
-    def worker_config(self, *, rank: int = 0, world_size: int = 1, num_workers: int = 0, **kwargs: Any) -> WorkerConfig:
+    def worker_config(
+        self, *, rank: int = 0, world_size: int = 1, num_workers: int = 0, **kwargs: Any
+    ) -> WorkerConfig:
         """An Energon ``WorkerConfig`` whose error handler is this encoder's :class:`SkipPolicy`."""
-        return WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers,
-                            global_error_handler=self.skip_policy, **kwargs)
+        return WorkerConfig(
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            global_error_handler=self.skip_policy,
+            **kwargs,
+        )
 
     @stateless
     def encode_sample(self, sample: Any) -> Any:

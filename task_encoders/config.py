@@ -59,7 +59,9 @@ class At:
         return dataclasses.replace(self, key=f"{self.key}[{index}]")
 
     def error(self, problem: str, expected: str | None = None) -> ConfigError:
-        return ConfigError(self.source, self.key, problem + (f" (expected {expected})" if expected else ""))
+        return ConfigError(
+            self.source, self.key, problem + (f" (expected {expected})" if expected else "")
+        )
 
 
 def read_yaml(path: str | Path) -> tuple[dict, At]:
@@ -131,13 +133,21 @@ def _parse_scalar(tp: Any, value: Any, at: At) -> Any:
     if tp is Path and isinstance(value, str) and value:
         path = Path(value).expanduser()
         return path if path.is_absolute() else (at.base_dir / path).resolve()
-    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a path"}
+    expected = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        Path: "a path",
+    }
     raise at.error(f"got {_kind(value)} {value!r}", expected.get(tp, str(tp)))
 
 
 #: A number YAML 1.1 (PyYAML) leaves a string: ``1e308``, ``3e-4`` (no dot, or no sign in the
 #: exponent), ``nan``, ``inf``; ``.inf`` and ``.nan`` are YAML's own spellings.
-_NUMBER_TEXT = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|[-+]?\.?(inf|nan)", re.IGNORECASE)
+_NUMBER_TEXT = re.compile(
+    r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|[-+]?\.?(inf|nan)", re.IGNORECASE
+)
 
 
 def _number_text(text: str) -> float | None:
@@ -168,7 +178,9 @@ def _parse_dataclass(cls: type[T], value: Any, at: At, default: Any = None) -> T
         kwargs = {}
         for name in fields:
             if name in value:
-                kwargs[name] = parse(hints[name], value[name], at.child(name), getattr(default, name, None))
+                kwargs[name] = parse(
+                    hints[name], value[name], at.child(name), getattr(default, name, None)
+                )
             elif not hasattr(default, name):
                 raise at.child(name).error("missing", _describe(hints[name]))
             else:
@@ -238,11 +250,19 @@ class TextConfig:
     pad_token: str | None = None
 
     def check(self, at: At) -> None:
-        require(4 <= self.seq_len <= 1 << 20, at.child("seq_len"), f"{self.seq_len} is impossible",
-                "an integer from 4 (BOS, two tokens, EOS) to 1048576")
+        require(
+            4 <= self.seq_len <= 1 << 20,
+            at.child("seq_len"),
+            f"{self.seq_len} is impossible",
+            "an integer from 4 (BOS, two tokens, EOS) to 1048576",
+        )
         if self.tokenizer is not None:
-            require(self.tokenizer.is_dir(), at.child("tokenizer"), f"no directory {self.tokenizer}",
-                    "a local Hugging Face tokenizer directory")
+            require(
+                self.tokenizer.is_dir(),
+                at.child("tokenizer"),
+                f"no directory {self.tokenizer}",
+                "a local Hugging Face tokenizer directory",
+            )
 
 
 @dataclass(frozen=True)
@@ -260,9 +280,16 @@ class PackingConfig:
     max_docs: int | None = None
 
     def check(self, at: At) -> None:
-        require(self.buffer_size >= 1, at.child("buffer_size"), f"got {self.buffer_size}", "an integer >= 1")
+        require(
+            self.buffer_size >= 1,
+            at.child("buffer_size"),
+            f"got {self.buffer_size}",
+            "an integer >= 1",
+        )
         if self.max_docs is not None:
-            require(self.max_docs >= 1, at.child("max_docs"), f"got {self.max_docs}", "an integer >= 1")
+            require(
+                self.max_docs >= 1, at.child("max_docs"), f"got {self.max_docs}", "an integer >= 1"
+            )
 
 
 @dataclass(frozen=True)
@@ -280,12 +307,24 @@ class ErrorsConfig:
     fraction_after: int = 200
 
     def check(self, at: At) -> None:
-        require(self.max_consecutive_failures >= 1, at.child("max_consecutive_failures"),
-                f"got {self.max_consecutive_failures}", "an integer >= 1")
-        require(0.0 <= self.max_skipped_fraction <= 1.0, at.child("max_skipped_fraction"),
-                f"got {self.max_skipped_fraction}", "a number from 0 to 1")
-        require(self.fraction_after >= 1, at.child("fraction_after"), f"got {self.fraction_after}",
-                "an integer >= 1")
+        require(
+            self.max_consecutive_failures >= 1,
+            at.child("max_consecutive_failures"),
+            f"got {self.max_consecutive_failures}",
+            "an integer >= 1",
+        )
+        require(
+            0.0 <= self.max_skipped_fraction <= 1.0,
+            at.child("max_skipped_fraction"),
+            f"got {self.max_skipped_fraction}",
+            "a number from 0 to 1",
+        )
+        require(
+            self.fraction_after >= 1,
+            at.child("fraction_after"),
+            f"got {self.fraction_after}",
+            "an integer >= 1",
+        )
 
 
 @dataclass(frozen=True)
@@ -305,4 +344,9 @@ class EncoderConfig:
     errors: ErrorsConfig = field(default_factory=ErrorsConfig)
 
     def check(self, at: At) -> None:
-        require(0 <= self.seed < 1 << 63, at.child("seed"), f"got {self.seed}", "an integer from 0 to 2**63-1")
+        require(
+            0 <= self.seed < 1 << 63,
+            at.child("seed"),
+            f"got {self.seed}",
+            "an integer from 0 to 2**63-1",
+        )

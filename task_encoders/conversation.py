@@ -59,7 +59,13 @@ from task_encoders.registry import register
 from task_encoders.seeding import sample_key
 
 #: Role names accepted in a turn, mapped to the template's roles.
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,11 @@ class ChatConfig:
     assistant_turn: TurnTemplate = field(default_factory=lambda: TurnTemplate("Assistant: ", "\n"))
 
     def turn(self, role: str) -> TurnTemplate:
-        return {"system": self.system_turn, "user": self.user_turn, "assistant": self.assistant_turn}[role]
+        return {
+            "system": self.system_turn,
+            "user": self.user_turn,
+            "assistant": self.assistant_turn,
+        }[role]
 
 
 @dataclass(frozen=True)
@@ -92,21 +102,31 @@ class ConversationConfig(ImageTextConfig):
     chat: ChatConfig = field(default_factory=ChatConfig)
 
     def check(self, at: At) -> None:
-        require(self.prompt.enabled, at.child("prompt").child("enabled"), "false",
-                "true (the conversation encoder always puts image placeholders in the text)")
+        require(
+            self.prompt.enabled,
+            at.child("prompt").child("enabled"),
+            "false",
+            "true (the conversation encoder always puts image placeholders in the text)",
+        )
         super().check(at)
         for role in ("system", "user", "assistant"):
             turn = self.chat.turn(role)
             for name in ("prefix", "suffix"):
-                require(self.prompt.image_token not in getattr(turn, name), at.child("chat").child(f"{role}_turn"),
-                        f"{name} holds the image placeholder", "template text without prompt.image_token")
+                require(
+                    self.prompt.image_token not in getattr(turn, name),
+                    at.child("chat").child(f"{role}_turn"),
+                    f"{name} holds the image placeholder",
+                    "template text without prompt.image_token",
+                )
 
 
 def normalize_turns(conversation: Any, key: str) -> list[tuple[str, str]]:
     """``[(role, content)]`` with roles ``system``/``user``/``assistant``; ``ValueError`` naming the
     sample for anything else (not a list, a turn without text, an unknown role, no assistant turn)."""
     if not isinstance(conversation, list) or not conversation:
-        raise ValueError(f"sample {key!r}: conversation is {type(conversation).__name__}, not a non-empty list of turns")
+        raise ValueError(
+            f"sample {key!r}: conversation is {type(conversation).__name__}, not a non-empty list of turns"
+        )
     turns = []
     for i, turn in enumerate(conversation):
         if not isinstance(turn, dict):
@@ -114,8 +134,10 @@ def normalize_turns(conversation: Any, key: str) -> list[tuple[str, str]]:
         role = turn.get("from", turn.get("role"))
         content = turn.get("value", turn.get("content"))
         if role not in ROLES or not isinstance(content, str):
-            raise ValueError(f"sample {key!r}: turn {i} has role {role!r} and {type(content).__name__} content "
-                             f"(expected one of {sorted(ROLES)} and a string)")
+            raise ValueError(
+                f"sample {key!r}: turn {i} has role {role!r} and {type(content).__name__} content "
+                f"(expected one of {sorted(ROLES)} and a string)"
+            )
         turns.append((ROLES[role], content.strip()))
     if not any(role == "assistant" and content for role, content in turns):
         raise ValueError(f"sample {key!r}: no assistant turn with text (nothing to learn)")
@@ -138,7 +160,9 @@ class ConversationTaskEncoder(ImageTextTaskEncoder):
             return [sample.image]
         images = getattr(sample, "images", None)
         if not isinstance(images, (list, tuple)):
-            raise TypeError(f"{type(sample).__name__} has no 'images' list (expected a ConversationSample or VQASample)")
+            raise TypeError(
+                f"{type(sample).__name__} has no 'images' list (expected a ConversationSample or VQASample)"
+            )
         return list(images)
 
     def sample_turns(self, sample: Any) -> list[tuple[str, str]]:
@@ -149,15 +173,26 @@ class ConversationTaskEncoder(ImageTextTaskEncoder):
             if isinstance(answers, str):
                 answers = [answers]
             if not answers:
-                raise ValueError(f"sample {key!r}: a VQASample without answers has nothing to learn")
+                raise ValueError(
+                    f"sample {key!r}: a VQASample without answers has nothing to learn"
+                )
             index = 0
             if len(answers) > 1:
                 generator = self.sample_generator(sample, "answer")
                 weights = sample.answer_weights
-                weights = torch.as_tensor(weights, dtype=torch.float64) if weights is not None else torch.ones(len(answers))
+                weights = (
+                    torch.as_tensor(weights, dtype=torch.float64)
+                    if weights is not None
+                    else torch.ones(len(answers))
+                )
                 index = int(torch.multinomial(weights.double(), 1, generator=generator))
-            return normalize_turns([{"from": "human", "value": sample.context},
-                                    {"from": "gpt", "value": answers[index]}], key)
+            return normalize_turns(
+                [
+                    {"from": "human", "value": sample.context},
+                    {"from": "gpt", "value": answers[index]},
+                ],
+                key,
+            )
         return normalize_turns(getattr(sample, "conversation", None), key)
 
     def text_pieces(self, sample: Any, num_images: int) -> list[tuple[str, bool]]:
@@ -167,7 +202,9 @@ class ConversationTaskEncoder(ImageTextTaskEncoder):
         if found < num_images:
             first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), None)
             if first_user is None:
-                raise ValueError(f"sample {sample_key(sample)!r}: {num_images} image(s) and no user turn to put them in")
+                raise ValueError(
+                    f"sample {sample_key(sample)!r}: {num_images} image(s) and no user turn to put them in"
+                )
             role, content = turns[first_user]
             turns[first_user] = (role, (token + "\n") * (num_images - found) + content)
         if turns[0][0] != "system" and chat.system is not None:
@@ -185,17 +222,27 @@ class ConversationTaskEncoder(ImageTextTaskEncoder):
         """``(ids, end of the last placeholder, first answer id, images, tiles)`` of the whole document
         (:meth:`fitted_length`), uncut: a conversation draws nothing per epoch. A VQA sample's answer is
         drawn per epoch, so one whose answers differ in layout raises ``NotImplementedError``."""
-        if isinstance(sample, VQASample) and not isinstance(sample.answers, str) and len(sample.answers) > 1:
-            facts = {self.sample_facts(dataclasses.replace(sample, answers=[a], answer_weights=None))
-                     for a in sample.answers}
+        if (
+            isinstance(sample, VQASample)
+            and not isinstance(sample.answers, str)
+            and len(sample.answers) > 1
+        ):
+            facts = {
+                self.sample_facts(dataclasses.replace(sample, answers=[a], answer_weights=None))
+                for a in sample.answers
+            }
             if len(facts) > 1:
-                raise NotImplementedError(f"sample {sample_key(sample)!r}: VQA answers of different lengths are drawn "
-                                          f"per epoch; fixed-width facts cannot hold every answer's length")
+                raise NotImplementedError(
+                    f"sample {sample_key(sample)!r}: VQA answers of different lengths are drawn "
+                    f"per epoch; fixed-width facts cannot hold every answer's length"
+                )
             return facts.pop()
         images = self.sample_images(sample)
         ids, targets = self.document_ids(self.text_pieces(sample, len(images)), sample)
         self.check_placeholders(ids, len(images), sample)
         return (*self.id_layout(ids, targets, self.image_token_index), *self.image_facts(images))
 
-    def document_layout(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[tuple[int, int, int], int, int]:
+    def document_layout(
+        self, facts: tuple[int, ...], key: str, epoch: int
+    ) -> tuple[tuple[int, int, int], int, int]:
         return tuple(facts[:3]), facts[3], facts[4]

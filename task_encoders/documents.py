@@ -91,8 +91,11 @@ def moved(value: Any, device: torch.device | str, non_blocking: bool = False) ->
     if isinstance(value, torch.Tensor):
         return value.to(device, non_blocking=non_blocking)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: moved(getattr(value, f.name), device, non_blocking)
-                   for f in dataclasses.fields(value) if f.init}
+        changes = {
+            f.name: moved(getattr(value, f.name), device, non_blocking)
+            for f in dataclasses.fields(value)
+            if f.init
+        }
         return dataclasses.replace(value, **changes)
     if isinstance(value, dict):
         return type(value)((k, moved(v, device, non_blocking)) for k, v in value.items())
@@ -119,7 +122,9 @@ class DocumentTaskEncoder(SeededTaskEncoder):
     #: The batch dataclass; subclasses add their media fields.
     batch_type: ClassVar[type[TextBatch]] = TextBatch
 
-    def __init__(self, config: ConfigLike = None, *, seed: int | None = None, training: bool = True):
+    def __init__(
+        self, config: ConfigLike = None, *, seed: int | None = None, training: bool = True
+    ):
         super().__init__(config, seed=seed, training=training)
         self.tokenizer = TextTokenizer(self.config.text, self.config_at)
 
@@ -205,18 +210,25 @@ class DocumentTaskEncoder(SeededTaskEncoder):
 
     # --- packing and batching ------------------------------------------------------------------
 
-    def build_batch(self, dataset: Any, *, packing_buffer_size: int | None = None, **kwargs: Any) -> Any:
+    def build_batch(
+        self, dataset: Any, *, packing_buffer_size: int | None = None, **kwargs: Any
+    ) -> Any:
         """Energon's batching stage; refuses a packing setting that contradicts the config."""
         if (packing_buffer_size is not None) != self.config.packing.enabled:
             raise ValueError(
                 f"{self.config_at.source}: packing.enabled is {self.config.packing.enabled} but Energon got "
                 f"packing_buffer_size={packing_buffer_size}; pass the encoder's packing_buffer_size "
-                f"({self.packing_buffer_size}) to get_train_dataset/get_val_dataset")
+                f"({self.packing_buffer_size}) to get_train_dataset/get_val_dataset"
+            )
         return super().build_batch(dataset, packing_buffer_size=packing_buffer_size, **kwargs)
 
     def select_samples_to_pack(self, samples: list[EncodedDoc]) -> list[list[EncodedDoc]]:
-        groups = first_fit_decreasing([int(d.tokens.numel()) for d in samples], [sample_key(d) for d in samples],
-                                      self.seq_len, self.config.packing.max_docs)
+        groups = first_fit_decreasing(
+            [int(d.tokens.numel()) for d in samples],
+            [sample_key(d) for d in samples],
+            self.seq_len,
+            self.config.packing.max_docs,
+        )
         return [[samples[i] for i in group] for group in groups]
 
     @stateless
@@ -225,8 +237,13 @@ class DocumentTaskEncoder(SeededTaskEncoder):
 
     def _pack(self, docs: list[EncodedDoc]) -> Pack:
         row = layout_row([d.tokens for d in docs], self.seq_len, self.tokenizer.special.pad)
-        return Pack.derive_from(docs[0], __key__="+".join(sample_key(d) for d in docs), docs=list(docs), row=row,
-                                __sources__=tuple(s for d in docs for s in d.__sources__ or ()))
+        return Pack.derive_from(
+            docs[0],
+            __key__="+".join(sample_key(d) for d in docs),
+            docs=list(docs),
+            row=row,
+            __sources__=tuple(s for d in docs for s in d.__sources__ or ()),
+        )
 
     @stateless
     def batch(self, samples: list[EncodedDoc] | list[Pack]) -> TextBatch:
@@ -234,6 +251,11 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         docs = [d for p in packs for d in p.docs]
         keys = [sample_key(d) for d in docs]
         return self.batch_type(
-            __key__=keys, __restore_key__=(), __subflavors__=[d.__subflavors__ for d in docs],
+            __key__=keys,
+            __restore_key__=(),
+            __subflavors__=[d.__subflavors__ for d in docs],
             __sources__=tuple(s for p in packs for s in p.__sources__ or ()),
-            keys=keys, **collate_rows([p.row for p in packs]), **self.collate_media(docs))
+            keys=keys,
+            **collate_rows([p.row for p in packs]),
+            **self.collate_media(docs),
+        )

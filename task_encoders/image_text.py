@@ -44,7 +44,12 @@ from megatron.energon import edataclass
 
 from task_encoders.config import At, EncoderConfig, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, Pack, TextBatch, length_probe
-from task_encoders.image_transforms import TransformSpec, build_pipeline, default_eval_specs, output_size
+from task_encoders.image_transforms import (
+    TransformSpec,
+    build_pipeline,
+    default_eval_specs,
+    output_size,
+)
 from task_encoders.registry import register
 from task_encoders.seeding import sample_key, seeded_global_torch
 from task_encoders.sequences import first_fit_decreasing
@@ -69,10 +74,14 @@ def image_size(image: Any) -> tuple[int, int]:
 
 
 def _default_transforms() -> tuple[TransformSpec, ...]:
-    return tuple(TransformSpec.from_config_value(v, At(key="image.transforms")) for v in (
-        {"name": "RandomResizedCrop", "size": 224, "scale": [0.5, 1.0]},
-        {"name": "RandomHorizontalFlip"},
-        _IMAGENET_MEAN))
+    return tuple(
+        TransformSpec.from_config_value(v, At(key="image.transforms"))
+        for v in (
+            {"name": "RandomResizedCrop", "size": 224, "scale": [0.5, 1.0]},
+            {"name": "RandomHorizontalFlip"},
+            _IMAGENET_MEAN,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -88,17 +97,26 @@ class ImageConfig:
 
     def check(self, at: At) -> None:
         if self.tiling.enabled:
-            for key, specs in (("transforms", self.transforms), ("eval_transforms", self.eval_transforms or ())):
+            for key, specs in (
+                ("transforms", self.transforms),
+                ("eval_transforms", self.eval_transforms or ()),
+            ):
                 for i, spec in enumerate(specs):
-                    require(spec.name in WHOLE_IMAGE_TRANSFORMS, at.child(key).item(i).child("name"),
-                            f"{spec.name} with image.tiling.enabled (tiles are cut after the transforms, "
-                            f"at vision.image_size)", "one of " + ", ".join(WHOLE_IMAGE_TRANSFORMS))
+                    require(
+                        spec.name in WHOLE_IMAGE_TRANSFORMS,
+                        at.child(key).item(i).child("name"),
+                        f"{spec.name} with image.tiling.enabled (tiles are cut after the transforms, "
+                        f"at vision.image_size)",
+                        "one of " + ", ".join(WHOLE_IMAGE_TRANSFORMS),
+                    )
             return
         size = output_size(self.transforms, at.child("transforms"))
         if self.eval_transforms is not None:
             eval_size = output_size(self.eval_transforms, at.child("eval_transforms"))
             if eval_size != size:
-                raise at.child("eval_transforms").error(f"output size {list(eval_size)}", f"the training size {list(size)}")
+                raise at.child("eval_transforms").error(
+                    f"output size {list(eval_size)}", f"the training size {list(size)}"
+                )
 
     @property
     def size(self) -> tuple[int, int]:
@@ -130,16 +148,30 @@ class PromptConfig:
     instructions: tuple[str, ...] = ("Give a short description of the image.",)
 
     def check(self, at: At) -> None:
-        require(self.image_token in self.special_tokens, at.child("special_tokens"),
-                f"{list(self.special_tokens)} lacks image_token {self.image_token!r}", "a list holding prompt.image_token")
+        require(
+            self.image_token in self.special_tokens,
+            at.child("special_tokens"),
+            f"{list(self.special_tokens)} lacks image_token {self.image_token!r}",
+            "a list holding prompt.image_token",
+        )
         try:
             names = [name for _, name, _, _ in Formatter().parse(self.template) if name is not None]
         except ValueError as e:
-            raise at.child("template").error(f"{self.template!r}: {e}", "a template with {image} and {instruction}") from None
-        require(names.count("image") == 1 and set(names) <= {"image", "instruction"}, at.child("template"),
-                f"{self.template!r} has fields {names}", "{image} exactly once and {instruction} at most once")
-        require(bool(self.instructions) or "instruction" not in names, at.child("instructions"), "empty",
-                "at least one instruction for the template's {instruction}")
+            raise at.child("template").error(
+                f"{self.template!r}: {e}", "a template with {image} and {instruction}"
+            ) from None
+        require(
+            names.count("image") == 1 and set(names) <= {"image", "instruction"},
+            at.child("template"),
+            f"{self.template!r} has fields {names}",
+            "{image} exactly once and {instruction} at most once",
+        )
+        require(
+            bool(self.instructions) or "instruction" not in names,
+            at.child("instructions"),
+            "empty",
+            "at least one instruction for the template's {instruction}",
+        )
 
     def user_text(self, instruction: str, num_images: int = 1) -> str:
         return self.template.format(image=self.image_token * num_images, instruction=instruction)
@@ -155,19 +187,38 @@ class ImageTextConfig(EncoderConfig):
     def check(self, at: At) -> None:
         super().check(at)
         if self.image.tiling.enabled:
-            require(self.prompt.enabled, at.child("prompt").child("enabled"), "false with image.tiling.enabled",
-                    "true: tiles need image placeholders and num_tiles (vision-language mode)")
-            require(self.vision.image_size is not None, at.child("vision").child("image_size"), "missing with tiling",
-                    "the vision encoder's image size (Megatron --img-h), the tile side")
+            require(
+                self.prompt.enabled,
+                at.child("prompt").child("enabled"),
+                "false with image.tiling.enabled",
+                "true: tiles need image placeholders and num_tiles (vision-language mode)",
+            )
+            require(
+                self.vision.image_size is not None,
+                at.child("vision").child("image_size"),
+                "missing with tiling",
+                "the vision encoder's image size (Megatron --img-h), the tile side",
+            )
         elif self.prompt.enabled:
             height, width = self.image.size
-            require(height == width, at.child("image").child("transforms"), f"output size {[height, width]}",
-                    "square images (the vision encoder's img_h = img_w)")
-            require(self.vision.image_size in (None, height), at.child("vision").child("image_size"),
-                    f"{self.vision.image_size} but image.transforms give {height}",
-                    "the image pipeline's output size (or none)")
-            require(height % self.vision.patch_dim == 0, at.child("vision").child("patch_dim"),
-                    f"{self.vision.patch_dim} does not divide the image size {height}", "a divisor of the image size")
+            require(
+                height == width,
+                at.child("image").child("transforms"),
+                f"output size {[height, width]}",
+                "square images (the vision encoder's img_h = img_w)",
+            )
+            require(
+                self.vision.image_size in (None, height),
+                at.child("vision").child("image_size"),
+                f"{self.vision.image_size} but image.transforms give {height}",
+                "the image pipeline's output size (or none)",
+            )
+            require(
+                height % self.vision.patch_dim == 0,
+                at.child("vision").child("patch_dim"),
+                f"{self.vision.patch_dim} does not divide the image size {height}",
+                "a divisor of the image size",
+            )
 
     @property
     def tile_size(self) -> int:
@@ -229,7 +280,8 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         if self.vision_language:
             prompt = self.config.prompt
             self.special_token_ids = self.tokenizer.add_special_tokens(
-                prompt.special_tokens, self.config_at.child("prompt").child("special_tokens"))
+                prompt.special_tokens, self.config_at.child("prompt").child("special_tokens")
+            )
             self.image_token_index = self.special_token_ids[prompt.image_token]
             self.batch_type = VisionLanguageBatch
             self.tile_size = self.config.tile_size
@@ -273,18 +325,35 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
             image = self._float_image(raw)
             with seeded_global_torch(self.sample_seed(sample, "image" if i == 0 else f"image{i}")):
                 image = self.pipeline(image)
-            image = tile_image(image, self.tile_size, tiling) if tiling.enabled else image[None].to(torch.float32)
+            image = (
+                tile_image(image, self.tile_size, tiling)
+                if tiling.enabled
+                else image[None].to(torch.float32)
+            )
             tiles.append(image)
             counts.append(int(image.shape[0]))
         channels = 3 if not tiles else tiles[0].shape[1]
-        stacked = torch.cat(tiles) if tiles else torch.zeros((0, channels, self.tile_size, self.tile_size))
-        return {"images": stacked.contiguous(), "num_tiles": torch.tensor(counts, dtype=torch.int32)}
+        stacked = (
+            torch.cat(tiles)
+            if tiles
+            else torch.zeros((0, channels, self.tile_size, self.tile_size))
+        )
+        return {
+            "images": stacked.contiguous(),
+            "num_tiles": torch.tensor(counts, dtype=torch.int32),
+        }
 
     def text_pieces(self, sample: Any, num_images: int) -> list[tuple[str, bool]]:
         """The document's text as ``(text, is_answer)`` pieces, without BOS/EOS."""
-        instruction = self.config.prompt.instructions[self.instruction_index(sample)] \
-            if self.config.prompt.instructions else ""
-        return [(self.config.prompt.user_text(instruction, num_images), False), (self.sample_text(sample).strip(), True)]
+        instruction = (
+            self.config.prompt.instructions[self.instruction_index(sample)]
+            if self.config.prompt.instructions
+            else ""
+        )
+        return [
+            (self.config.prompt.user_text(instruction, num_images), False),
+            (self.sample_text(sample).strip(), True),
+        ]
 
     def instruction_index(self, sample: Any) -> int:
         """The index of the sample's instruction in ``prompt.instructions`` (its own generator, stream
@@ -297,15 +366,19 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.hf(text, add_special_tokens=False)["input_ids"] if text else []
 
-    def document_ids(self, pieces: list[tuple[str, bool]], sample: Any) -> tuple[list[int], list[bool]]:
+    def document_ids(
+        self, pieces: list[tuple[str, bool]], sample: Any
+    ) -> tuple[list[int], list[bool]]:
         """``[BOS] + pieces`` as ids and answer flags, uncut; ``ValueError`` when an answer holds the
         image placeholder."""
         ids, targets = [self.tokenizer.special.bos], [False]
         for text, is_answer in pieces:
             piece = self._ids(text)
             if is_answer and self.image_token_index in piece:
-                raise ValueError(f"sample {sample_key(sample)!r}: an answer holds the image placeholder "
-                                 f"{self.config.prompt.image_token!r}")
+                raise ValueError(
+                    f"sample {sample_key(sample)!r}: an answer holds the image placeholder "
+                    f"{self.config.prompt.image_token!r}"
+                )
             ids += piece
             targets += [is_answer] * len(piece)
         return ids, targets
@@ -314,13 +387,17 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         """``ValueError`` unless ``ids`` hold one placeholder per image."""
         found = ids.count(self.image_token_index)
         if found != num_images:
-            raise ValueError(f"sample {sample_key(sample)!r}: {found} image placeholder(s) for {num_images} image(s)")
+            raise ValueError(
+                f"sample {sample_key(sample)!r}: {found} image placeholder(s) for {num_images} image(s)"
+            )
 
     def extra_positions(self, num_images: int, num_tiles: int) -> int:
         """Positions the image embeddings add to a document's tokens when they replace its placeholders."""
         return num_tiles * self.tokens_per_tile - num_images
 
-    def fitted_length(self, layout: tuple[int, int, int], num_images: int, num_tiles: int, key: str) -> int:
+    def fitted_length(
+        self, layout: tuple[int, int, int], num_images: int, num_tiles: int, key: str
+    ) -> int:
         """How many of a document's ids (``[BOS] + pieces``, before EOS) survive the cut to
         ``text.seq_len`` spliced positions. ``layout``: ``(ids, end of the last placeholder, index of
         the first answer id or ids)``. ``ValueError`` (the sample is skipped and counted) when the cut
@@ -331,8 +408,10 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
             return length
         keep = max(room, 0)
         if placeholder_end > keep or first_answer >= keep:
-            raise ValueError(f"sample {key!r}: {num_images} image(s) of {num_tiles} tile(s) x {self.tokens_per_tile} "
-                             f"embeddings leave no room for its answer in text.seq_len {self.seq_len}")
+            raise ValueError(
+                f"sample {key!r}: {num_images} image(s) of {num_tiles} tile(s) x {self.tokens_per_tile} "
+                f"embeddings leave no room for its answer in text.seq_len {self.seq_len}"
+            )
         return keep
 
     @staticmethod
@@ -341,8 +420,9 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         placeholder_end = max((i + 1 for i, t in enumerate(ids) if t == placeholder), default=0)
         return len(ids), placeholder_end, next((i for i, t in enumerate(targets) if t), len(ids))
 
-    def fit_document(self, pieces: list[tuple[str, bool]], num_tiles: torch.Tensor, sample: Any
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def fit_document(
+        self, pieces: list[tuple[str, bool]], num_tiles: torch.Tensor, sample: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[BOS] + pieces + [EOS]`` as int64 tokens and bool ``targets`` (answer tokens and EOS),
         cut at the end (EOS kept) so the spliced length fits ``text.seq_len`` (:meth:`fitted_length`).
         Raises ``ValueError`` (the sample is skipped and counted) when the placeholders do not match
@@ -350,8 +430,12 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         ids, targets = self.document_ids(pieces, sample)
         num_images = int(num_tiles.numel())
         self.check_placeholders(ids, num_images, sample)
-        keep = self.fitted_length(self.id_layout(ids, targets, self.image_token_index), num_images,
-                                  int(num_tiles.sum()), sample_key(sample))
+        keep = self.fitted_length(
+            self.id_layout(ids, targets, self.image_token_index),
+            num_images,
+            int(num_tiles.sum()),
+            sample_key(sample),
+        )
         ids, targets = ids[:keep] + [self.tokenizer.special.eos], targets[:keep] + [True]
         return torch.tensor(ids, dtype=torch.int64), torch.tensor(targets, dtype=torch.bool)
 
@@ -368,7 +452,9 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         """``(images, tiles)`` of image parts (bytes: header only), as :meth:`encode_images` cuts them."""
         if not self.config.image.tiling.enabled:
             return len(images), len(images)
-        return len(images), sum(tile_count(*image_size(im), self.tile_size, self.config.image.tiling) for im in images)
+        return len(images), sum(
+            tile_count(*image_size(im), self.tile_size, self.config.image.tiling) for im in images
+        )
 
     def sample_facts(self, sample: Any) -> tuple[int, ...]:
         """Plain captions: the text document's facts. Vision-language: ``(caption tokens, images,
@@ -378,22 +464,38 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         caption, _ = self.document_ids([(self.sample_text(sample).strip(), True)], sample)
         return (len(caption) - 1, *self.image_facts(self.sample_images(sample)))
 
-    def document_layout(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[tuple[int, int, int], int, int]:
+    def document_layout(
+        self, facts: tuple[int, ...], key: str, epoch: int
+    ) -> tuple[tuple[int, int, int], int, int]:
         """``(id layout (see fitted_length), images, tiles)`` of the sample's document at ``epoch``."""
         caption, num_images, num_tiles = facts
         index = self.instruction_index(length_probe(key, epoch))
         if (index, num_images) not in self._prompt_layouts:
-            instruction = self.config.prompt.instructions[index] if self.config.prompt.instructions else ""
-            ids, targets = self.document_ids([(self.config.prompt.user_text(instruction, num_images), False)], None)
-            self._prompt_layouts[index, num_images] = self.id_layout(ids, targets, self.image_token_index)[:2]
+            instruction = (
+                self.config.prompt.instructions[index] if self.config.prompt.instructions else ""
+            )
+            ids, targets = self.document_ids(
+                [(self.config.prompt.user_text(instruction, num_images), False)], None
+            )
+            self._prompt_layouts[index, num_images] = self.id_layout(
+                ids, targets, self.image_token_index
+            )[:2]
         prompt, placeholder_end = self._prompt_layouts[index, num_images]
-        return (prompt + caption, placeholder_end, prompt if caption else prompt + caption), num_images, num_tiles
+        return (
+            (prompt + caption, placeholder_end, prompt if caption else prompt + caption),
+            num_images,
+            num_tiles,
+        )
 
     def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
         if not self.vision_language:
             return super().sample_length(facts, key, epoch)
         layout, num_images, num_tiles = self.document_layout(facts, key, epoch)
-        row = self.fitted_length(layout, num_images, num_tiles, key) + 1 + self.extra_positions(num_images, num_tiles)
+        row = (
+            self.fitted_length(layout, num_images, num_tiles, key)
+            + 1
+            + self.extra_positions(num_images, num_tiles)
+        )
         return row, row
 
     def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
@@ -405,8 +507,12 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
     def select_samples_to_pack(self, samples: list[EncodedDoc]) -> list[list[EncodedDoc]]:
         if not self.vision_language:
             return super().select_samples_to_pack(samples)
-        groups = first_fit_decreasing([self.spliced_length(d) for d in samples], [sample_key(d) for d in samples],
-                                      self.seq_len, self.config.packing.max_docs)
+        groups = first_fit_decreasing(
+            [self.spliced_length(d) for d in samples],
+            [sample_key(d) for d in samples],
+            self.seq_len,
+            self.config.packing.max_docs,
+        )
         return [[samples[i] for i in group] for group in groups]
 
     def _pack(self, docs: list[EncodedDoc]) -> Pack:
@@ -415,7 +521,7 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
             loss_mask, start = pack.row["loss_mask"], 0
             for doc in docs:
                 length = int(doc.tokens.numel())
-                loss_mask[start:start + length - 1] = doc.media["targets"][1:].to(torch.float32)
+                loss_mask[start : start + length - 1] = doc.media["targets"][1:].to(torch.float32)
                 start += length
         return pack
 
@@ -423,8 +529,15 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         if not self.vision_language:
             return {"images": torch.stack([d.media["image"] for d in docs])}
         images = [d.media["images"] for d in docs]
-        return {"images": torch.cat(images).contiguous(),
-                "num_tiles": torch.cat([d.media["num_tiles"] for d in docs]),
-                "num_images": torch.tensor([d.media["num_tiles"].numel() for d in docs], dtype=torch.int32),
-                "spliced_lengths": torch.tensor([self.spliced_length(d) for d in docs], dtype=torch.int32),
-                "image_token_index": int(self.image_token_index), "tokens_per_tile": int(self.tokens_per_tile)}
+        return {
+            "images": torch.cat(images).contiguous(),
+            "num_tiles": torch.cat([d.media["num_tiles"] for d in docs]),
+            "num_images": torch.tensor(
+                [d.media["num_tiles"].numel() for d in docs], dtype=torch.int32
+            ),
+            "spliced_lengths": torch.tensor(
+                [self.spliced_length(d) for d in docs], dtype=torch.int32
+            ),
+            "image_token_index": int(self.image_token_index),
+            "tokens_per_tile": int(self.tokens_per_tile),
+        }

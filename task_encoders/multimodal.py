@@ -64,8 +64,13 @@ from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR
 from task_encoders.video_text import VideoTextBatch
 
 #: Media kind of a modality encoder, by its batch type.
-_KINDS = {TextBatch: "text", ImageTextBatch: "image", AudioTextBatch: "audio", VideoTextBatch: "video",
-          PointCloudTextBatch: "pointcloud"}
+_KINDS = {
+    TextBatch: "text",
+    ImageTextBatch: "image",
+    AudioTextBatch: "audio",
+    VideoTextBatch: "video",
+    PointCloudTextBatch: "pointcloud",
+}
 
 
 class UnknownModality(FatalSampleError):
@@ -74,18 +79,31 @@ class UnknownModality(FatalSampleError):
 
 def media_kind(cls: type, at: At) -> str:
     """``"text"``, ``"image"``, ``"audio"``, ``"video"`` or ``"pointcloud"`` for a modality encoder class; ``ConfigError`` otherwise."""
-    if not isinstance(cls, type) or not issubclass(cls, DocumentTaskEncoder) or issubclass(cls, MultimodalTaskEncoder):
-        raise at.error(f"{getattr(cls, '__name__', cls)} cannot be a modality", "a document encoder (not multimodal)")
+    if (
+        not isinstance(cls, type)
+        or not issubclass(cls, DocumentTaskEncoder)
+        or issubclass(cls, MultimodalTaskEncoder)
+    ):
+        raise at.error(
+            f"{getattr(cls, '__name__', cls)} cannot be a modality",
+            "a document encoder (not multimodal)",
+        )
     kind = _KINDS.get(cls.batch_type)
     if kind is None:
-        raise at.error(f"{cls.name!r} makes {cls.batch_type.__name__}",
-                       "an encoder whose batch is TextBatch, ImageTextBatch, AudioTextBatch, VideoTextBatch or "
-                       "PointCloudTextBatch (e.g. text, image_text, audio_text, video_text, pointcloud_text)")
+        raise at.error(
+            f"{cls.name!r} makes {cls.batch_type.__name__}",
+            "an encoder whose batch is TextBatch, ImageTextBatch, AudioTextBatch, VideoTextBatch or "
+            "PointCloudTextBatch (e.g. text, image_text, audio_text, video_text, pointcloud_text)",
+        )
     return kind
 
 
 def _same_text(a: TextConfig, b: TextConfig) -> bool:
-    norm = lambda t: dataclasses.replace(t, tokenizer=Path(t.tokenizer or DEFAULT_TOKENIZER_DIR).resolve())
+    def norm(t: TextConfig) -> TextConfig:
+        return dataclasses.replace(
+            t, tokenizer=Path(t.tokenizer or DEFAULT_TOKENIZER_DIR).resolve()
+        )
+
     return norm(a) == norm(b)
 
 
@@ -114,40 +132,75 @@ class MultimodalConfig(_MultimodalSections):
         top = parse(_MultimodalSections, data, at)
         mods_at = at.child("modalities")
         if not isinstance(specs, Mapping) or not specs:
-            raise mods_at.error("missing" if specs is None else f"got {specs!r}",
-                                "a mapping of modality name -> encoder config (a mapping or a YAML path)")
-        modalities = {str(name): _modality_config(str(name), spec, top, mods_at.child(str(name)))
-                      for name, spec in specs.items()}
-        shared = {f.name: getattr(top, f.name) for f in dataclasses.fields(top) if f.name != "modalities"}
+            raise mods_at.error(
+                "missing" if specs is None else f"got {specs!r}",
+                "a mapping of modality name -> encoder config (a mapping or a YAML path)",
+            )
+        modalities = {
+            str(name): _modality_config(str(name), spec, top, mods_at.child(str(name)))
+            for name, spec in specs.items()
+        }
+        shared = {
+            f.name: getattr(top, f.name) for f in dataclasses.fields(top) if f.name != "modalities"
+        }
         return cls(**shared, modalities=modalities)
 
     def check(self, at: At) -> None:
         super().check(at)
         for class_name, name in self.sample_types.items():
             if name not in self.modalities:
-                raise at.child("sample_types").child(class_name).error(
-                    f"unknown modality {name!r}", "one of " + ", ".join(self.modalities))
-        first: dict[str, tuple[str, Any]] = {}  # kind -> (modality, media shape) of its first modality
+                raise (
+                    at.child("sample_types")
+                    .child(class_name)
+                    .error(f"unknown modality {name!r}", "one of " + ", ".join(self.modalities))
+                )
+        first: dict[
+            str, tuple[str, Any]
+        ] = {}  # kind -> (modality, media shape) of its first modality
         for name, sub in self.modalities.items():
-            kind = media_kind(encoder_class(sub.encoder), at.child("modalities").child(name).child("encoder"))
+            kind = media_kind(
+                encoder_class(sub.encoder), at.child("modalities").child(name).child("encoder")
+            )
             if kind == "text":
                 continue
             if kind == "video" and sub.video.audio is not None:
-                raise at.child("modalities").child(name).child("video").child("audio").error(
-                    "audio features of videos", "null: a multimodal batch carries video clips, not their audio")
+                raise (
+                    at.child("modalities")
+                    .child(name)
+                    .child("video")
+                    .child("audio")
+                    .error(
+                        "audio features of videos",
+                        "null: a multimodal batch carries video clips, not their audio",
+                    )
+                )
             if kind == "image":
                 key, shape, what = "image", list(sub.image.size), "image size"
             elif kind == "audio":
                 key, shape, what = "audio.n_mels", sub.audio.n_mels, "n_mels"
             elif kind == "pointcloud":
-                key, shape, what = "pointcloud", [sub.pointcloud.num_points, sub.pointcloud.channels], "[num_points, channels]"
+                key, shape, what = (
+                    "pointcloud",
+                    [sub.pointcloud.num_points, sub.pointcloud.channels],
+                    "[num_points, channels]",
+                )
             else:
-                key, shape, what = "video", [sub.video.num_frames, *sub.video.size], "[num_frames, h, w]"
+                key, shape, what = (
+                    "video",
+                    [sub.video.num_frames, *sub.video.size],
+                    "[num_frames, h, w]",
+                )
             other, other_shape = first.setdefault(kind, (name, shape))
             if shape != other_shape:
-                raise at.child("modalities").child(name).child(key).error(
-                    f"{shape} differs from modality {other!r}'s {other_shape}",
-                    f"the same {what} in every {kind} modality (their media share one tensor)")
+                raise (
+                    at.child("modalities")
+                    .child(name)
+                    .child(key)
+                    .error(
+                        f"{shape} differs from modality {other!r}'s {other_shape}",
+                        f"the same {what} in every {kind} modality (their media share one tensor)",
+                    )
+                )
 
 
 def _modality_config(name: str, spec: Any, top: _MultimodalSections, at: At) -> EncoderConfig:
@@ -159,19 +212,29 @@ def _modality_config(name: str, spec: Any, top: _MultimodalSections, at: At) -> 
     elif isinstance(spec, Mapping) or spec is None:
         data = dict(spec or {})
     else:
-        raise at.error(f"got {type(spec).__name__}", "a mapping (the modality's encoder config) or a YAML path")
+        raise at.error(
+            f"got {type(spec).__name__}", "a mapping (the modality's encoder config) or a YAML path"
+        )
     _import_module(data.get("module"), at)
     data.setdefault("encoder", name)
     if not isinstance(data["encoder"], str):
-        raise at.child("encoder").error(f"got {data['encoder']!r}", "the name of a registered encoder")
+        raise at.child("encoder").error(
+            f"got {data['encoder']!r}", "the name of a registered encoder"
+        )
     cls = encoder_class(data["encoder"], at)
     media_kind(cls, at.child("encoder"))
     if "seed" in data and data["seed"] != top.seed:
-        raise at.child("seed").error(f"{data['seed']!r} differs from the shared seed {top.seed}",
-                                     "the top-level seed or none here: every modality encodes with the run seed")
-    if "text" in data and not _same_text(parse(TextConfig, data["text"], at.child("text")), top.text):
-        raise at.child("text").error(f"{data['text']!r} differs from the shared text section {to_plain(top.text)}",
-                                     "the top-level text section or none here: every modality shares one tokenizer and seq_len")
+        raise at.child("seed").error(
+            f"{data['seed']!r} differs from the shared seed {top.seed}",
+            "the top-level seed or none here: every modality encodes with the run seed",
+        )
+    if "text" in data and not _same_text(
+        parse(TextConfig, data["text"], at.child("text")), top.text
+    ):
+        raise at.child("text").error(
+            f"{data['text']!r} differs from the shared text section {to_plain(top.text)}",
+            "the top-level text section or none here: every modality shares one tokenizer and seq_len",
+        )
     shared = {key: to_plain(getattr(top, key)) for key in ("text", "packing", "errors")}
     return parse(cls.config_class, {**data, "seed": top.seed, **shared}, at)
 
@@ -254,8 +317,10 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
 
     def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
         super().__init__(config, seed=seed, training=training)
-        self.encoders = {name: encoder_class(sub.encoder)(sub, seed=self.seed, training=training)
-                         for name, sub in self.config.modalities.items()}
+        self.encoders = {
+            name: encoder_class(sub.encoder)(sub, seed=self.seed, training=training)
+            for name, sub in self.config.modalities.items()
+        }
         self.kinds = {name: _KINDS[type(enc).batch_type] for name, enc in self.encoders.items()}
         self._by_type: dict[type, str | None] = {}
         self.facts_width = 1 + max(enc.facts_width for enc in self.encoders.values())
@@ -271,11 +336,16 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
             if kind not in self._by_type:
                 self._by_type[kind] = self._type_rule(kind)
             name = self._by_type[kind]
-            why = f"dispatch by sample type gives {name!r}" if name else "dispatch by sample type has no rule for it"
+            why = (
+                f"dispatch by sample type gives {name!r}"
+                if name
+                else "dispatch by sample type has no rule for it"
+            )
         if not isinstance(name, str) or name not in self.encoders:
             raise UnknownModality(
                 f"{self.config_at.source}: sample {sample_key(sample)!r} of type {type(sample).__name__}: {why}; "
-                f"configured modalities: {', '.join(self.encoders)} (dispatch: {cfg.dispatch})")
+                f"configured modalities: {', '.join(self.encoders)} (dispatch: {cfg.dispatch})"
+            )
         return name
 
     def _type_rule(self, kind: type) -> str | None:
@@ -284,7 +354,9 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
                 return self.config.sample_types[klass.__name__]
         if issubclass(kind, CaptioningSample):
             return "image_text"
-        fields = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set()
+        fields = (
+            {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else set()
+        )
         if "video" in fields:
             return "video_text"
         if "geometry" in fields:
@@ -307,11 +379,13 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         """``(modality index in modalities, *that encoder's facts, zeros up to facts_width)``."""
         name = self.modality_of(sample)
         facts = tuple(self.encoders[name].sample_facts(sample))
-        return (list(self.encoders).index(name), *facts) + (0,) * (self.facts_width - 1 - len(facts))
+        return (list(self.encoders).index(name), *facts) + (0,) * (
+            self.facts_width - 1 - len(facts)
+        )
 
     def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
         encoder = list(self.encoders.values())[facts[0]]
-        return encoder.sample_length(tuple(facts[1:1 + encoder.facts_width]), key, epoch)
+        return encoder.sample_length(tuple(facts[1 : 1 + encoder.facts_width]), key, epoch)
 
     def encoded_length(self, doc: MultimodalDoc) -> tuple[int, int]:
         return self.encoders[doc.modality].encoded_length(doc)
@@ -321,12 +395,18 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         modality encoder of that kind; counts per document; empty tensors for absent kinds."""
         kinds = [self.kinds[d.modality] for d in docs]
         out: dict[str, Any] = {"modalities": [d.modality for d in docs]}
-        for kind, count in (("image", "num_images"), ("audio", "num_audio"), ("video", "num_videos"),
-                            ("pointcloud", "num_clouds")):
+        for kind, count in (
+            ("image", "num_images"),
+            ("audio", "num_audio"),
+            ("video", "num_videos"),
+            ("pointcloud", "num_clouds"),
+        ):
             out[count] = torch.tensor([k == kind for k in kinds], dtype=torch.int32)
             group = [d for d, k in zip(docs, kinds) if k == kind]
             media = self._collator(kind).collate_media(group) if group else self._empty(kind)
-            if kind == "video":  # the clips' (empty) audio fields: video.audio is refused by the config check
+            if (
+                kind == "video"
+            ):  # the clips' (empty) audio fields: video.audio is refused by the config check
                 media = {name: media[name] for name in ("videos", "num_frames")}
             out.update(media)
         return out
@@ -341,11 +421,18 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
             return {"images": torch.zeros((0, 3, h, w), dtype=torch.float32)}
         if kind == "video":
             t, (h, w) = (subs[0].video.num_frames, subs[0].video.size) if subs else (0, (0, 0))
-            return {"videos": torch.zeros((0, t, 3, h, w), dtype=torch.float32),
-                    "num_frames": torch.zeros(0, dtype=torch.int32)}
+            return {
+                "videos": torch.zeros((0, t, 3, h, w), dtype=torch.float32),
+                "num_frames": torch.zeros(0, dtype=torch.int32),
+            }
         if kind == "pointcloud":
             p, c = (subs[0].pointcloud.num_points, subs[0].pointcloud.channels) if subs else (0, 3)
-            return {"points": torch.zeros((0, p, c), dtype=torch.float32), "has_colors": torch.zeros(0, dtype=torch.bool)}
+            return {
+                "points": torch.zeros((0, p, c), dtype=torch.float32),
+                "has_colors": torch.zeros(0, dtype=torch.bool),
+            }
         n_mels = subs[0].audio.n_mels if subs else 0
-        return {"features": torch.zeros((0, n_mels, 0), dtype=torch.float32),
-                "feature_lengths": torch.zeros(0, dtype=torch.int64)}
+        return {
+            "features": torch.zeros((0, n_mels, 0), dtype=torch.float32),
+            "feature_lengths": torch.zeros(0, dtype=torch.int64),
+        }

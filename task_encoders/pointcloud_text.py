@@ -55,13 +55,30 @@ class PointCloudConfig:
     dropout: float = 0.0
 
     def check(self, at: At) -> None:
-        require(1 <= self.num_points <= 1_000_000, at.child("num_points"), f"got {self.num_points}",
-                "an integer from 1 to 1000000")
-        require(0 < self.scale[0] <= self.scale[1], at.child("scale"), f"got {list(self.scale)}",
-                "[low, high] with 0 < low <= high")
-        require(self.jitter >= 0 and self.jitter_clip >= 0, at.child("jitter"), f"got {self.jitter}/{self.jitter_clip}",
-                "jitter and jitter_clip >= 0")
-        require(0 <= self.dropout < 1, at.child("dropout"), f"got {self.dropout}", "a fraction in [0, 1)")
+        require(
+            1 <= self.num_points <= 1_000_000,
+            at.child("num_points"),
+            f"got {self.num_points}",
+            "an integer from 1 to 1000000",
+        )
+        require(
+            0 < self.scale[0] <= self.scale[1],
+            at.child("scale"),
+            f"got {list(self.scale)}",
+            "[low, high] with 0 < low <= high",
+        )
+        require(
+            self.jitter >= 0 and self.jitter_clip >= 0,
+            at.child("jitter"),
+            f"got {self.jitter}/{self.jitter_clip}",
+            "jitter and jitter_clip >= 0",
+        )
+        require(
+            0 <= self.dropout < 1,
+            at.child("dropout"),
+            f"got {self.dropout}",
+            "a fraction in [0, 1)",
+        )
 
     @property
     def channels(self) -> int:
@@ -102,7 +119,7 @@ def geometry_of(sample: Any) -> Geometry:
 def normalise(points: np.ndarray) -> np.ndarray:
     """Centred on the mean, the farthest point at distance 1; ``ValueError`` when all points are equal."""
     centred = points - points.mean(axis=0)
-    radius = float(np.sqrt((centred ** 2).sum(axis=1).max()))
+    radius = float(np.sqrt((centred**2).sum(axis=1).max()))
     if not radius > 0:
         raise ValueError("every sampled point is the same (degenerate geometry)")
     return centred / radius
@@ -125,12 +142,16 @@ def rotation_matrix(cfg: PointCloudConfig, rng: np.random.Generator) -> np.ndarr
     return q if np.linalg.det(q) > 0 else -q
 
 
-def augment(points: np.ndarray, colors: np.ndarray | None, cfg: PointCloudConfig, rng: np.random.Generator):
+def augment(
+    points: np.ndarray, colors: np.ndarray | None, cfg: PointCloudConfig, rng: np.random.Generator
+):
     """Module doc, step 3: rotation, scale, jitter, dropout (in this order, every draw from ``rng``)."""
     points = points @ rotation_matrix(cfg, rng).T
     points = points * rng.uniform(cfg.scale[0], cfg.scale[1])
     if cfg.jitter > 0:
-        points = points + np.clip(rng.normal(0.0, cfg.jitter, points.shape), -cfg.jitter_clip, cfg.jitter_clip)
+        points = points + np.clip(
+            rng.normal(0.0, cfg.jitter, points.shape), -cfg.jitter_clip, cfg.jitter_clip
+        )
     if cfg.dropout > 0:
         dropped = rng.random(len(points)) < rng.uniform(0.0, cfg.dropout)
         points[dropped] = points[0]
@@ -152,10 +173,14 @@ class PointCloudTextTaskEncoder(DocumentTaskEncoder):
         """float64 ``(P, 3)`` points after steps 1-3 and uint8 ``(P, 3)`` colours (or None)."""
         cfg = self.config.pointcloud
         geom = geometry_of(sample)
-        points, colors = sample_surface(geom, cfg.num_points, np.random.default_rng(self.sample_seed(sample, "points")))
+        points, colors = sample_surface(
+            geom, cfg.num_points, np.random.default_rng(self.sample_seed(sample, "points"))
+        )
         points = normalise(points)
         if self.training:
-            points, colors = augment(points, colors, cfg, np.random.default_rng(self.sample_seed(sample, "augment")))
+            points, colors = augment(
+                points, colors, cfg, np.random.default_rng(self.sample_seed(sample, "augment"))
+            )
         return points, colors
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
@@ -168,8 +193,10 @@ class PointCloudTextTaskEncoder(DocumentTaskEncoder):
         return {"points": torch.from_numpy(out), "has_colors": torch.tensor(colors is not None)}
 
     def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
-        return {"points": torch.stack([d.media["points"] for d in docs]),
-                "has_colors": torch.stack([d.media["has_colors"] for d in docs])}
+        return {
+            "points": torch.stack([d.media["points"] for d in docs]),
+            "has_colors": torch.stack([d.media["has_colors"] for d in docs]),
+        }
 
     # --- lengths without decoding (DocumentTaskEncoder's contract): work adds the cloud's points ---
 
@@ -178,7 +205,7 @@ class PointCloudTextTaskEncoder(DocumentTaskEncoder):
     def sample_facts(self, sample: Any) -> tuple[int, ...]:
         """``(caption tokens, vertices or points in the file)``: the count from the converter's
         ``text.json`` when there, else by parsing the file; ``ValueError`` for a file without any."""
-        source = ((getattr(sample, "meta", None) or {}).get("source") or {})
+        source = (getattr(sample, "meta", None) or {}).get("source") or {}
         count = source.get("vertices")
         if not isinstance(count, int):
             count = len(geometry_of(sample).vertices)

@@ -20,20 +20,28 @@ from typing import Any
 
 from task_encoders.config import At, ConfigError, EncoderConfig, read_yaml
 
-_BUILTIN_MODULES = ("task_encoders.text", "task_encoders.image_text", "task_encoders.audio_text",
-                    "task_encoders.video_text", "task_encoders.multimodal",
-                    "task_encoders.conversation", "task_encoders.pointcloud_text")
+_BUILTIN_MODULES = (
+    "task_encoders.text",
+    "task_encoders.image_text",
+    "task_encoders.audio_text",
+    "task_encoders.video_text",
+    "task_encoders.multimodal",
+    "task_encoders.conversation",
+    "task_encoders.pointcloud_text",
+)
 _REGISTRY: dict[str, type] = {}
 
 
 def register(name: str) -> Callable[[type], type]:
     """Class decorator: make an encoder class available under ``name`` (sets ``cls.name``)."""
+
     def decorate(cls: type) -> type:
         if _REGISTRY.get(name, cls) is not cls:
             raise ValueError(f"encoder name {name!r} is taken by {_REGISTRY[name].__qualname__}")
         cls.name = name
         _REGISTRY[name] = cls
         return cls
+
     return decorate
 
 
@@ -47,7 +55,11 @@ def encoder_class(name: str, at: At | None = None) -> type:
     """The class registered as ``name``; ``ConfigError`` listing the known names otherwise."""
     _load_builtins()
     if name not in _REGISTRY:
-        raise (at or At()).child("encoder").error(f"unknown encoder {name!r}", "one of " + ", ".join(sorted(_REGISTRY)))
+        raise (
+            (at or At())
+            .child("encoder")
+            .error(f"unknown encoder {name!r}", "one of " + ", ".join(sorted(_REGISTRY)))
+        )
     return _REGISTRY[name]
 
 
@@ -61,7 +73,11 @@ def get_encoder(name_or_config: str | Path | Mapping | EncoderConfig, **kwargs: 
         return encoder_class(name_or_config.encoder)(name_or_config, **kwargs)
     if isinstance(name_or_config, Mapping):
         data, at, config = dict(name_or_config), At(), name_or_config
-    elif isinstance(name_or_config, str) and not name_or_config.endswith((".yaml", ".yml")) and "/" not in name_or_config:
+    elif (
+        isinstance(name_or_config, str)
+        and not name_or_config.endswith((".yaml", ".yml"))
+        and "/" not in name_or_config
+    ):
         return encoder_class(name_or_config)(**kwargs)
     else:
         data, at = read_yaml(name_or_config)
@@ -79,7 +95,9 @@ def _import_module(module: Any, at: At) -> None:
     try:
         importlib.import_module(module)
     except (ImportError, TypeError) as e:
-        raise at.child("module").error(f"cannot import {module!r}: {e}", "an importable module") from None
+        raise at.child("module").error(
+            f"cannot import {module!r}: {e}", "an importable module"
+        ) from None
 
 
 def _load_builtins() -> None:

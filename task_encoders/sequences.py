@@ -21,8 +21,9 @@ from collections.abc import Sequence
 import torch
 
 
-def first_fit_decreasing(lengths: Sequence[int], keys: Sequence[str], capacity: int,
-                         max_docs: int | None = None) -> list[list[int]]:
+def first_fit_decreasing(
+    lengths: Sequence[int], keys: Sequence[str], capacity: int, max_docs: int | None = None
+) -> list[list[int]]:
     """Group item indices into packs of total length ``<= capacity`` (first-fit decreasing).
 
     Deterministic: items are placed longest first, ties broken by key, so the result depends only on
@@ -60,14 +61,19 @@ def layout_row(docs: Sequence[torch.Tensor], seq_len: int, pad_id: int) -> dict[
     loss_mask = torch.zeros(seq_len, dtype=torch.float32)
     start = 0
     for doc, length in zip(docs, lengths):
-        tokens[start:start + length] = doc
-        labels[start:start + length - 1] = doc[1:]
-        loss_mask[start:start + length - 1] = 1.0
+        tokens[start : start + length] = doc
+        labels[start : start + length - 1] = doc[1:]
+        loss_mask[start : start + length - 1] = 1.0
         start += length
     segments = lengths[:-1] + [seq_len - sum(lengths[:-1])]
     position_ids = torch.cat([torch.arange(n, dtype=torch.int64) for n in segments])
-    return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids,
-            "doc_lengths": torch.tensor(lengths, dtype=torch.int32)}
+    return {
+        "tokens": tokens,
+        "labels": labels,
+        "loss_mask": loss_mask,
+        "position_ids": position_ids,
+        "doc_lengths": torch.tensor(lengths, dtype=torch.int32),
+    }
 
 
 def collate_rows(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor | int]:
@@ -85,15 +91,21 @@ def collate_rows(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     cu_seqlens = torch.zeros(len(segments) + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.cumsum(torch.tensor(segments, dtype=torch.int64), 0).to(torch.int32)
     out: dict[str, torch.Tensor | int] = {
-        name: torch.stack([row[name] for row in rows]) for name in ("tokens", "labels", "loss_mask", "position_ids")
+        name: torch.stack([row[name] for row in rows])
+        for name in ("tokens", "labels", "loss_mask", "position_ids")
     }
-    out.update(cu_seqlens=cu_seqlens, max_seqlen=max(segments),
-               num_docs=torch.tensor([row["doc_lengths"].numel() for row in rows], dtype=torch.int32),
-               doc_lengths=torch.cat([row["doc_lengths"] for row in rows]))
+    out.update(
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max(segments),
+        num_docs=torch.tensor([row["doc_lengths"].numel() for row in rows], dtype=torch.int32),
+        doc_lengths=torch.cat([row["doc_lengths"] for row in rows]),
+    )
     return out
 
 
-def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_stack(
+    tensors: Sequence[torch.Tensor], pad_value: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack tensors that differ only in their last dimension, padding it at the end.
 
     Returns the stacked ``(N, *shape[:-1], T_max)`` tensor and int64 ``(N,)`` lengths.

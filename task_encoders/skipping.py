@@ -90,8 +90,14 @@ class SkipPolicy:
         self.failures += 1
         self.consecutive += 1
         self.recent.extend(keys)
-        log.warning("skipped sample %s%s: %s (%d skipped, %d encoded in this worker)", ",".join(keys),
-                    _where(sample, sources), _reason(exception), self.failures, self.successes)
+        log.warning(
+            "skipped sample %s%s: %s (%d skipped, %d encoded in this worker)",
+            ",".join(keys),
+            _where(sample, sources),
+            _reason(exception),
+            self.failures,
+            self.successes,
+        )
         self._check_limits()
 
     def _check_limits(self) -> None:
@@ -99,9 +105,13 @@ class SkipPolicy:
         attempted = self.failures + self.successes
         if self.consecutive >= cfg.max_consecutive_failures:
             why = f"{self.consecutive} samples failed in a row (errors.max_consecutive_failures={cfg.max_consecutive_failures})"
-        elif attempted >= cfg.fraction_after and self.failures > cfg.max_skipped_fraction * attempted:
-            why = (f"{self.failures} of {attempted} samples failed "
-                   f"(errors.max_skipped_fraction={cfg.max_skipped_fraction})")
+        elif (
+            attempted >= cfg.fraction_after and self.failures > cfg.max_skipped_fraction * attempted
+        ):
+            why = (
+                f"{self.failures} of {attempted} samples failed "
+                f"(errors.max_skipped_fraction={cfg.max_skipped_fraction})"
+            )
         else:
             return
         raise TooManyBadSamples(

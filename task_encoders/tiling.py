@@ -59,13 +59,25 @@ class VisionConfig:
     pixel_shuffle: bool = False
 
     def check(self, at: At) -> None:
-        require(1 <= self.patch_dim <= 512, at.child("patch_dim"), f"got {self.patch_dim}", "an integer from 1 to 512")
+        require(
+            1 <= self.patch_dim <= 512,
+            at.child("patch_dim"),
+            f"got {self.patch_dim}",
+            "an integer from 1 to 512",
+        )
         if self.image_size is not None:
-            require(self.patch_dim <= self.image_size <= 4096 and self.image_size % self.patch_dim == 0,
-                    at.child("image_size"), f"{self.image_size} with patch_dim {self.patch_dim}",
-                    "a multiple of vision.patch_dim, at most 4096")
-        require(0 <= self.class_token_len <= 64, at.child("class_token_len"), f"got {self.class_token_len}",
-                "an integer from 0 to 64")
+            require(
+                self.patch_dim <= self.image_size <= 4096 and self.image_size % self.patch_dim == 0,
+                at.child("image_size"),
+                f"{self.image_size} with patch_dim {self.patch_dim}",
+                "a multiple of vision.patch_dim, at most 4096",
+            )
+        require(
+            0 <= self.class_token_len <= 64,
+            at.child("class_token_len"),
+            f"got {self.class_token_len}",
+            "an integer from 0 to 64",
+        )
 
     def embeddings_per_tile(self, image_size: int) -> int:
         """Image embeddings the language model gets per tile of ``image_size`` pixels a side
@@ -91,10 +103,18 @@ class TilingConfig:
     interpolation: Literal["bilinear", "bicubic"] = "bicubic"
 
     def check(self, at: At) -> None:
-        require(1 <= self.max_num_tiles <= MAX_TILES, at.child("max_num_tiles"), f"got {self.max_num_tiles}",
-                f"an integer from 1 to {MAX_TILES}")
-        require(1 <= self.min_num_tiles <= self.max_num_tiles, at.child("min_num_tiles"),
-                f"got {self.min_num_tiles} with max_num_tiles {self.max_num_tiles}", "1 <= min_num_tiles <= max_num_tiles")
+        require(
+            1 <= self.max_num_tiles <= MAX_TILES,
+            at.child("max_num_tiles"),
+            f"got {self.max_num_tiles}",
+            f"an integer from 1 to {MAX_TILES}",
+        )
+        require(
+            1 <= self.min_num_tiles <= self.max_num_tiles,
+            at.child("min_num_tiles"),
+            f"got {self.min_num_tiles} with max_num_tiles {self.max_num_tiles}",
+            "1 <= min_num_tiles <= max_num_tiles",
+        )
 
     @property
     def most_tiles(self) -> int:
@@ -104,7 +124,12 @@ class TilingConfig:
 
 def candidate_grids(min_tiles: int, max_tiles: int) -> list[tuple[int, int]]:
     """``(cols, rows)`` with ``min_tiles <= cols * rows <= max_tiles``, by tile count, cols, rows."""
-    grids = {(c, r) for c in range(1, max_tiles + 1) for r in range(1, max_tiles + 1) if min_tiles <= c * r <= max_tiles}
+    grids = {
+        (c, r)
+        for c in range(1, max_tiles + 1)
+        for r in range(1, max_tiles + 1)
+        if min_tiles <= c * r <= max_tiles
+    }
     return sorted(grids, key=lambda g: (g[0] * g[1], g[0], g[1]))
 
 
@@ -147,7 +172,11 @@ def tile_image(image: torch.Tensor, tile: int, cfg: TilingConfig) -> torch.Tenso
     cols, rows = choose_grid(width, height, tile, cfg)
     mode = _INTERPOLATION[cfg.interpolation]
     resized = F.resize(image, [rows * tile, cols * tile], interpolation=mode, antialias=True)
-    tiles = [resized[:, r * tile:(r + 1) * tile, c * tile:(c + 1) * tile] for r in range(rows) for c in range(cols)]
+    tiles = [
+        resized[:, r * tile : (r + 1) * tile, c * tile : (c + 1) * tile]
+        for r in range(rows)
+        for c in range(cols)
+    ]
     if _thumbnail(cfg, len(tiles)):
         tiles.append(F.resize(image, [tile, tile], interpolation=mode, antialias=True))
     return torch.stack(tiles).to(torch.float32).contiguous()

@@ -49,30 +49,46 @@ class TextTokenizer:
         from transformers import AutoTokenizer
 
         at = (at or At()).child("text")
-        self.path = Path(config.tokenizer) if config.tokenizer is not None else DEFAULT_TOKENIZER_DIR
+        self.path = (
+            Path(config.tokenizer) if config.tokenizer is not None else DEFAULT_TOKENIZER_DIR
+        )
         self.seq_len = config.seq_len
         if not self.path.is_dir():
-            raise at.child("tokenizer").error(f"no directory {self.path}", "a local Hugging Face tokenizer directory")
+            raise at.child("tokenizer").error(
+                f"no directory {self.path}", "a local Hugging Face tokenizer directory"
+            )
         try:
             self.hf = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
         except Exception as e:  # transformers raises OSError/ValueError/... for broken folders
-            raise at.child("tokenizer").error(f"cannot load {self.path}: {e}", "a Hugging Face tokenizer") from None
+            raise at.child("tokenizer").error(
+                f"cannot load {self.path}: {e}", "a Hugging Face tokenizer"
+            ) from None
         bos = self._token_id(config.bos_token, self.hf.bos_token_id, at.child("bos_token"))
         eos = self._token_id(config.eos_token, self.hf.eos_token_id, at.child("eos_token"))
         pad_default = self.hf.pad_token_id if self.hf.pad_token_id is not None else eos
-        self.special = SpecialIds(pad=self._token_id(config.pad_token, pad_default, at.child("pad_token")), bos=bos, eos=eos)
+        self.special = SpecialIds(
+            pad=self._token_id(config.pad_token, pad_default, at.child("pad_token")),
+            bos=bos,
+            eos=eos,
+        )
 
     def _token_id(self, token: str | None, default: int | None, at: At) -> int:
         if token is None:
             if default is None:
-                raise at.error(f"tokenizer {self.path} defines none", "a token string in the config")
+                raise at.error(
+                    f"tokenizer {self.path} defines none", "a token string in the config"
+                )
             return int(default)
         token_id = self.hf.convert_tokens_to_ids(token)
         if token_id is None or (token_id == self.hf.unk_token_id and token != self.hf.unk_token):
-            raise at.error(f"{token!r} is not in the vocabulary of {self.path}", "a token of the tokenizer")
+            raise at.error(
+                f"{token!r} is not in the vocabulary of {self.path}", "a token of the tokenizer"
+            )
         return int(token_id)
 
-    def add_special_tokens(self, tokens: tuple[str, ...] | list[str], at: At | None = None) -> dict[str, int]:
+    def add_special_tokens(
+        self, tokens: tuple[str, ...] | list[str], at: At | None = None
+    ) -> dict[str, int]:
         """Add ``tokens`` as special tokens (module doc); returns ``{token: id}``. A token that the
         vocabulary has as an ordinary (non-special) token is refused (its text would then also be
         part of ordinary words): ``ConfigError`` at ``at``."""
@@ -80,17 +96,24 @@ class TextTokenizer:
         tokens = list(tokens)
         if len(set(tokens)) != len(tokens) or not all(isinstance(t, str) and t for t in tokens):
             raise at.error(f"got {tokens!r}", "distinct non-empty token strings")
-        special = set(self.hf.all_special_tokens) | {t.content for t in self.hf.added_tokens_decoder.values() if t.special}
+        special = set(self.hf.all_special_tokens) | {
+            t.content for t in self.hf.added_tokens_decoder.values() if t.special
+        }
         vocab = self.hf.get_vocab()
         for token in tokens:
             if token in vocab and token not in special:
-                raise at.error(f"{token!r} is an ordinary token of {self.path}", "a token the tokenizer does not have, "
-                               "or has as a special token")
+                raise at.error(
+                    f"{token!r} is an ordinary token of {self.path}",
+                    "a token the tokenizer does not have, or has as a special token",
+                )
         self.hf.add_tokens(tokens, special_tokens=True)
         ids = {t: int(self.hf.convert_tokens_to_ids(t)) for t in tokens}
         for token, token_id in ids.items():
             if self.hf(token, add_special_tokens=False)["input_ids"] != [token_id]:
-                raise at.error(f"{token!r} does not encode to its own id {token_id}", "a token the tokenizer keeps whole")
+                raise at.error(
+                    f"{token!r} does not encode to its own id {token_id}",
+                    "a token the tokenizer keeps whole",
+                )
         return ids
 
     @property

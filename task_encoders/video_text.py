@@ -47,9 +47,13 @@ from task_encoders.sequences import pad_stack
 
 
 def _default_transforms() -> tuple[TransformSpec, ...]:
-    return tuple(TransformSpec.from_config_value(v, At(key="video.transforms")) for v in (
-        {"name": "RandomResizedCrop", "size": 112, "scale": [0.5, 1.0]},
-        {"name": "Normalize", "mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]}))
+    return tuple(
+        TransformSpec.from_config_value(v, At(key="video.transforms"))
+        for v in (
+            {"name": "RandomResizedCrop", "size": 112, "scale": [0.5, 1.0]},
+            {"name": "Normalize", "mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]},
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,25 @@ class VideoConfig:
     audio: AudioConfig | None = None
 
     def check(self, at: At) -> None:
-        require(1 <= self.num_frames <= 1024, at.child("num_frames"), f"got {self.num_frames}", "an integer from 1 to 1024")
-        require(1 <= self.stride <= 1000, at.child("stride"), f"got {self.stride}", "an integer from 1 to 1000")
+        require(
+            1 <= self.num_frames <= 1024,
+            at.child("num_frames"),
+            f"got {self.num_frames}",
+            "an integer from 1 to 1024",
+        )
+        require(
+            1 <= self.stride <= 1000,
+            at.child("stride"),
+            f"got {self.stride}",
+            "an integer from 1 to 1000",
+        )
         if self.fps is not None:
-            require(0 < self.fps <= 1000, at.child("fps"), f"got {self.fps}", "null or frames per second in (0, 1000]")
+            require(
+                0 < self.fps <= 1000,
+                at.child("fps"),
+                f"got {self.fps}",
+                "null or frames per second in (0, 1000]",
+            )
         self.frames.check(at)
 
     @property
@@ -114,8 +133,13 @@ class VideoTextBatch(TextBatch):
     audio_lengths: torch.Tensor
 
 
-def clip_indices(total: int, native_fps: float, cfg: VideoConfig, training: bool,
-                 generator: torch.Generator | None) -> list[int]:
+def clip_indices(
+    total: int,
+    native_fps: float,
+    cfg: VideoConfig,
+    training: bool,
+    generator: torch.Generator | None,
+) -> list[int]:
     """The source frame indices of the clip, increasing (module doc, step 1).
 
     ``total``: frames in the video; ``native_fps``: its frame rate. Training draws the start
@@ -139,7 +163,7 @@ def video_facts(sample: Any) -> tuple[int, float, bool | None]:
     """(frame count, fps, has audio or None if unknown): from the converter's provenance in
     ``sample.meta`` when there (no file access), else from Energon's decoder (a demux pass; video
     bytes of a light sample are wrapped in one)."""
-    source = ((getattr(sample, "meta", None) or {}).get("source") or {})
+    source = (getattr(sample, "meta", None) or {}).get("source") or {}
     frames, fps = source.get("frames"), source.get("fps")
     if isinstance(frames, int) and isinstance(fps, (int, float)) and frames > 0 and fps > 0:
         audio = source.get("audio")
@@ -169,8 +193,12 @@ def decode_frames(decoder: Any, indices: list[int], fps: float) -> torch.Tensor:
     kind = "pts" if head[:4] == _EBML_MAGIC else "frames" if head[4:8] == b"ftyp" else None
     if kind is None:
         ranges = [((i + 0.5) / fps, (i + 0.5) / fps) for i in indices]
-        with warnings.catch_warnings():  # Energon converts the seconds to its index's unit and says so
-            warnings.filterwarnings("ignore", message="Video container unit", category=RuntimeWarning)
+        with (
+            warnings.catch_warnings()
+        ):  # Energon converts the seconds to its index's unit and says so
+            warnings.filterwarnings(
+                "ignore", message="Video container unit", category=RuntimeWarning
+            )
             clips, _ = decoder.get_video_clips(ranges, video_unit="seconds")
         frames = [c[0] for c in clips]
     else:
@@ -244,8 +272,13 @@ def clip_pipeline(specs: tuple[TransformSpec, ...]) -> Any:
     from torchvision.transforms import v2
 
     n = next((i for i, spec in enumerate(specs) if spec.name not in _GEOMETRIC), len(specs))
-    return v2.Compose([*(s.build() for s in specs[:n]), v2.ToDtype(torch.float32, scale=True),
-                       *(s.build() for s in specs[n:])])
+    return v2.Compose(
+        [
+            *(s.build() for s in specs[:n]),
+            v2.ToDtype(torch.float32, scale=True),
+            *(s.build() for s in specs[n:]),
+        ]
+    )
 
 
 @register("video_text")
@@ -266,7 +299,9 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
     def clip_of(self, sample: Any) -> list[int]:
         """The sample's clip (source frame indices) in this epoch."""
         total, fps, _ = video_facts(sample)
-        return clip_indices(total, fps, self.config.video, self.training, self.sample_generator(sample, "clip"))
+        return clip_indices(
+            total, fps, self.config.video, self.training, self.sample_generator(sample, "clip")
+        )
 
     # --- lengths without decoding (DocumentTaskEncoder's contract): work adds the clip's frames ---
 
@@ -277,23 +312,32 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
         start: every start keeps the whole clip inside the video, or the video is shorter and the clip
         starts at 0 (:func:`clip_indices`)."""
         total, fps, _ = video_facts(sample)
-        return (*super().sample_facts(sample), len(clip_indices(total, fps, self.config.video, False, None)))
+        return (
+            *super().sample_facts(sample),
+            len(clip_indices(total, fps, self.config.video, False, None)),
+        )
 
     def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
         if self.log_mel is not None:
-            raise NotImplementedError("video.audio: the clip's audio frames depend on how Energon's AV decoder "
-                                      "cuts the track; not derived from headers")
+            raise NotImplementedError(
+                "video.audio: the clip's audio frames depend on how Energon's AV decoder "
+                "cuts the track; not derived from headers"
+            )
         row, _ = super().sample_length(facts[:1], key, epoch)
         return row, row + facts[1]
 
     def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
         row, _ = super().encoded_length(doc)
         audio = doc.media.get("audio")
-        return row, row + int(doc.media["video"].shape[0]) + (int(audio.shape[-1]) if audio is not None else 0)
+        return row, row + int(doc.media["video"].shape[0]) + (
+            int(audio.shape[-1]) if audio is not None else 0
+        )
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
         total, fps, has_audio = video_facts(sample)
-        indices = clip_indices(total, fps, self.config.video, self.training, self.sample_generator(sample, "clip"))
+        indices = clip_indices(
+            total, fps, self.config.video, self.training, self.sample_generator(sample, "clip")
+        )
         frames = decode_frames(sample.video, indices, fps)
         with seeded_global_torch(self.sample_seed(sample, "video")):
             clip = self.pipeline(tv_tensors.Video(frames))
@@ -302,7 +346,9 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
             media["audio"] = self._audio_features(sample, indices, fps, has_audio)
         return media
 
-    def _audio_features(self, sample: Any, indices: list[int], fps: float, has_audio: bool | None) -> torch.Tensor:
+    def _audio_features(
+        self, sample: Any, indices: list[int], fps: float, has_audio: bool | None
+    ) -> torch.Tensor:
         cfg = self.config.video.audio
         if has_audio is None:
             has_audio = sample.video.has_audio_stream()
@@ -311,9 +357,13 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
         clips, _ = sample.video.get_audio_clips([(indices[0] / fps, (indices[-1] + 1) / fps)])
         if not clips or clips[0].numel() == 0:
             return torch.zeros((cfg.n_mels, 0), dtype=torch.float32)
-        features = self.log_mel(to_float_mono(clips[0]), sample.video.get_audio_samples_per_second())
+        features = self.log_mel(
+            to_float_mono(clips[0]), sample.video.get_audio_samples_per_second()
+        )
         if self.training and cfg.spec_augment.enabled:
-            features = spec_augment(features, cfg.spec_augment, self.sample_generator(sample, "spec_augment"))
+            features = spec_augment(
+                features, cfg.spec_augment, self.sample_generator(sample, "spec_augment")
+            )
         return features
 
     def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
@@ -322,9 +372,14 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
         videos = clips[0].new_zeros((len(clips), length, *clips[0].shape[1:]))
         for i, clip in enumerate(clips):
             videos[i, : clip.shape[0]] = clip
-        out = {"videos": videos, "num_frames": torch.tensor([c.shape[0] for c in clips], dtype=torch.int32)}
+        out = {
+            "videos": videos,
+            "num_frames": torch.tensor([c.shape[0] for c in clips], dtype=torch.int32),
+        }
         if self.log_mel is not None:
-            out["audio_features"], out["audio_lengths"] = pad_stack([d.media["audio"] for d in docs])
+            out["audio_features"], out["audio_lengths"] = pad_stack(
+                [d.media["audio"] for d in docs]
+            )
         else:
             out["audio_features"] = torch.zeros((len(docs), 0, 0), dtype=torch.float32)
             out["audio_lengths"] = torch.zeros(len(docs), dtype=torch.int64)

@@ -13,8 +13,10 @@ import pytest
 # --- task_encoders: tokenizer and small Energon datasets -----------------------------------------
 
 SHIPPED_TOKENIZER = Path(__file__).resolve().parents[1] / "task_encoders" / "assets" / "tokenizer"
-_WORDS = ("a small red cat sits on the green mat near two dogs while blue birds fly over an old "
-          "wooden house by the river at night under bright stars and grey clouds").split()
+_WORDS = (
+    "a small red cat sits on the green mat near two dogs while blue birds fly over an old "
+    "wooden house by the river at night under bright stars and grey clouds"
+).split()
 
 
 def caption_for(index: int) -> str:
@@ -34,7 +36,9 @@ def _png(rng: np.random.Generator, height: int, width: int) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buf, format="PNG")
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(
+        buf, format="PNG"
+    )
     return buf.getvalue()
 
 
@@ -51,13 +55,21 @@ def _flac(rng: np.random.Generator, seconds: float, rate: int) -> bytes:
 def _image_item(index: int, broken: bool) -> tuple[str, bytes, str]:
     """(key, PNG bytes of 20-32 x 24-39 px, caption); the key is what the COCO converter makes."""
     rng = np.random.default_rng(index)
-    return f"{index:012d}", b"not a png" if broken else _png(rng, 20 + index % 3 * 6, 24 + index % 4 * 5), caption_for(index)
+    return (
+        f"{index:012d}",
+        b"not a png" if broken else _png(rng, 20 + index % 3 * 6, 24 + index % 4 * 5),
+        caption_for(index),
+    )
 
 
 def _audio_item(index: int, broken: bool) -> tuple[str, bytes, str]:
     """(key, FLAC of 0.25-0.45 s at 16 or 22.05 kHz, transcript); key as the LibriSpeech converter makes."""
     rng = np.random.default_rng(index)
-    audio = b"fLaC garbage" if broken else _flac(rng, 0.25 + 0.05 * (index % 5), (16000, 22050)[index % 2])
+    audio = (
+        b"fLaC garbage"
+        if broken
+        else _flac(rng, 0.25 + 0.05 * (index % 5), (16000, 22050)[index % 2])
+    )
     return f"9001-1-{index:04d}", audio, caption_for(index)
 
 
@@ -70,26 +82,39 @@ def _convert(kind: str, items: list[tuple[str, bytes, str]], raw: Path, out: Pat
         (raw / "images").mkdir(parents=True)
         for key, data, _ in items:
             (raw / "images" / f"{key}.png").write_bytes(data)
-        coco = {"images": [{"id": int(key), "file_name": f"{key}.png"} for key, _, _ in items],
-                "annotations": [{"id": i, "image_id": int(key), "caption": text} for i, (key, _, text) in enumerate(items)]}
+        coco = {
+            "images": [{"id": int(key), "file_name": f"{key}.png"} for key, _, _ in items],
+            "annotations": [
+                {"id": i, "image_id": int(key), "caption": text}
+                for i, (key, _, text) in enumerate(items)
+            ],
+        }
         (raw / "captions.json").write_text(json.dumps(coco))
-        outcome = run_conversion("coco", {"annotations": str(raw / "captions.json"), "images": str(raw / "images")}, opts)
+        outcome = run_conversion(
+            "coco", {"annotations": str(raw / "captions.json"), "images": str(raw / "images")}, opts
+        )
     else:
         chapter = raw / "9001" / "1"
         chapter.mkdir(parents=True)
         for key, data, _ in items:
             (chapter / f"{key}.flac").write_bytes(data)
-        (chapter / "9001-1.trans.txt").write_text("".join(f"{key} {text}\n" for key, _, text in items))
+        (chapter / "9001-1.trans.txt").write_text(
+            "".join(f"{key} {text}\n" for key, _, text in items)
+        )
         outcome = run_conversion("librispeech", {"root": str(raw)}, opts)
     assert outcome.ok and outcome.report["totals"]["skipped"] == 0, outcome.report
     return out
 
 
 _DATASET_YAML = {
-    "image_text": ("sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\n"
-                   "field_map:\n  image: image.png\n  caption: text.json[caption]\n"),
-    "audio_text": ("sample_type:\n  __module__: converters.sample_types\n  __class__: AudioTextSample\n"
-                   "field_map:\n  audio: audio.flac\n  text: text.json[text]\n  meta: text.json\n"),
+    "image_text": (
+        "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\n"
+        "field_map:\n  image: image.png\n  caption: text.json[caption]\n"
+    ),
+    "audio_text": (
+        "sample_type:\n  __module__: converters.sample_types\n  __class__: AudioTextSample\n"
+        "field_map:\n  audio: audio.flac\n  text: text.json[text]\n  meta: text.json\n"
+    ),
 }
 
 
@@ -105,9 +130,13 @@ def _write_unchecked(kind: str, items: list[tuple[str, bytes, str]], out: Path) 
     for shard, start in enumerate(range(0, len(items), 8)):
         tars.append(f"train/shard-{shard:06d}.tar")
         with webdataset.TarWriter(str(out / tars[-1])) as writer:
-            for key, data, text in items[start:start + 8]:
-                writer.write({"__key__": key, media: data, "text.json": json.dumps({field: text}).encode()})
-    BaseWebdatasetFactory.prepare_dataset(out, tars, split_parts_patterns=[("train", "train/.*")], workers=1)
+            for key, data, text in items[start : start + 8]:
+                writer.write(
+                    {"__key__": key, media: data, "text.json": json.dumps({field: text}).encode()}
+                )
+    BaseWebdatasetFactory.prepare_dataset(
+        out, tars, split_parts_patterns=[("train", "train/.*")], workers=1
+    )
     (out / ".nv-meta" / "dataset.yaml").write_text(_DATASET_YAML[kind])
     return out
 
@@ -126,7 +155,11 @@ def make_dataset(tmp_path_factory) -> Callable[..., Path]:
         broken = set(broken)
         data = [items[kind](i, i in broken) for i in range(n)]
         tmp = tmp_path_factory.mktemp(kind)
-        return _write_unchecked(kind, data, tmp / "shards") if broken else _convert(kind, data, tmp / "raw", tmp / "shards")
+        return (
+            _write_unchecked(kind, data, tmp / "shards")
+            if broken
+            else _convert(kind, data, tmp / "raw", tmp / "shards")
+        )
 
     return make
 
@@ -149,12 +182,14 @@ def per_doc_digests(batch) -> dict[str, str]:
     out = {}
     for j, key in enumerate(batch.keys):
         start = int(batch.cu_seqlens[j])
-        parts = [flat[start:start + int(batch.doc_lengths[j])]]
+        parts = [flat[start : start + int(batch.doc_lengths[j])]]
         if hasattr(batch, "images"):
             parts.append(batch.images[j])
         if hasattr(batch, "features"):  # without the batch's time padding
             parts.append(batch.features[j, :, : int(batch.feature_lengths[j])])
-        out[key] = hashlib.sha256(b"".join(p.contiguous().numpy().tobytes() for p in parts)).hexdigest()
+        out[key] = hashlib.sha256(
+            b"".join(p.contiguous().numpy().tobytes() for p in parts)
+        ).hexdigest()
     return out
 
 
@@ -177,21 +212,39 @@ def one_pass():
     (val-style: no shuffle, no repeat)."""
     from megatron.energon import get_savable_loader, get_val_dataset
 
-    def run(encoder, path, num_workers: int = 0, batch_size: int = 4, rank: int = 0, world_size: int = 1) -> list:
-        worker_config = encoder.worker_config(rank=rank, world_size=world_size, num_workers=num_workers)
-        dataset = get_val_dataset(path, split_part="train", worker_config=worker_config,
-                                  batch_size=batch_size, packing_buffer_size=encoder.packing_buffer_size,
-                                  task_encoder=encoder)
+    def run(
+        encoder, path, num_workers: int = 0, batch_size: int = 4, rank: int = 0, world_size: int = 1
+    ) -> list:
+        worker_config = encoder.worker_config(
+            rank=rank, world_size=world_size, num_workers=num_workers
+        )
+        dataset = get_val_dataset(
+            path,
+            split_part="train",
+            worker_config=worker_config,
+            batch_size=batch_size,
+            packing_buffer_size=encoder.packing_buffer_size,
+            task_encoder=encoder,
+        )
         return list(get_savable_loader(dataset))
 
     return run
 
 
-SMALL_IMAGE = {"transforms": [{"name": "RandomResizedCrop", "size": 16, "scale": [0.4, 1.0]},
-                              {"name": "RandomHorizontalFlip"},
-                              {"name": "ColorJitter", "brightness": 0.3, "contrast": 0.3},
-                              {"name": "Normalize", "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}]}
-SMALL_AUDIO = {"n_fft": 256, "hop_length": 128, "n_mels": 32, "spec_augment": {"freq_width": 8, "time_width": 6}}
+SMALL_IMAGE = {
+    "transforms": [
+        {"name": "RandomResizedCrop", "size": 16, "scale": [0.4, 1.0]},
+        {"name": "RandomHorizontalFlip"},
+        {"name": "ColorJitter", "brightness": 0.3, "contrast": 0.3},
+        {"name": "Normalize", "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]},
+    ]
+}
+SMALL_AUDIO = {
+    "n_fft": 256,
+    "hop_length": 128,
+    "n_mels": 32,
+    "spec_augment": {"freq_width": 8, "time_width": 6},
+}
 
 
 @pytest.fixture(scope="session")
@@ -202,10 +255,20 @@ def make_encoder(tokenizer_dir):
     from task_encoders.registry import get_encoder
 
     def make(kind: str, seed: int | None = None, training: bool = True, **sections):
-        config = {"encoder": kind, "seed": 1234, "text": {"tokenizer": str(tokenizer_dir), "seq_len": 32}}
-        config.update({"image_text": {"image": SMALL_IMAGE}, "audio_text": {"audio": SMALL_AUDIO}}.get(kind, {}))
+        config = {
+            "encoder": kind,
+            "seed": 1234,
+            "text": {"tokenizer": str(tokenizer_dir), "seq_len": 32},
+        }
+        config.update(
+            {"image_text": {"image": SMALL_IMAGE}, "audio_text": {"audio": SMALL_AUDIO}}.get(
+                kind, {}
+            )
+        )
         for name, section in sections.items():
-            config[name] = {**config.get(name, {}), **section} if isinstance(section, dict) else section
+            config[name] = (
+                {**config.get(name, {}), **section} if isinstance(section, dict) else section
+            )
         return get_encoder(config, seed=seed, training=training)
 
     return make
@@ -231,8 +294,13 @@ def raw_samples(image_text_shards, audio_text_shards):
 
     def get(kind: str) -> list:
         if kind not in cache:
-            dataset = get_val_dataset(paths[kind], split_part="train", batch_size=None, task_encoder=DefaultTaskEncoder(),
-                                      worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+            dataset = get_val_dataset(
+                paths[kind],
+                split_part="train",
+                batch_size=None,
+                task_encoder=DefaultTaskEncoder(),
+                worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            )
             cache[kind] = list(get_loader(dataset))
         return cache[kind]
 

@@ -11,8 +11,14 @@ import numpy as np
 from PIL import Image
 
 COLORS = ["red", "green", "blue", "yellow", "purple", "orange"]
-RGB = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (240, 220, 40),
-       "purple": (140, 50, 170), "orange": (250, 140, 20)}
+RGB = {
+    "red": (220, 30, 30),
+    "green": (30, 180, 60),
+    "blue": (40, 60, 220),
+    "yellow": (240, 220, 40),
+    "purple": (140, 50, 170),
+    "orange": (250, 140, 20),
+}
 
 
 def image_bytes(i: int, size=(40, 32), fmt="PNG", exif_orientation: int | None = None) -> bytes:
@@ -73,8 +79,10 @@ def make_coco(root: Path, n_good: int = 20, bad: bool = False) -> tuple[Path, Pa
         name = f"img_{i:04d}.png"
         (images / name).write_bytes(image_bytes(i))
         img_rows.append({"id": i, "file_name": name, "width": 40, "height": 32})
-        anns += [{"id": 10 * i, "image_id": i, "caption": caption(i)},
-                 {"id": 10 * i + 1, "image_id": i, "caption": f"picture {i}"}]
+        anns += [
+            {"id": 10 * i, "image_id": i, "caption": caption(i)},
+            {"id": 10 * i + 1, "image_id": i, "caption": f"picture {i}"},
+        ]
     expected = {}
     if bad:
         bad_files = {
@@ -92,14 +100,22 @@ def make_coco(root: Path, n_good: int = 20, bad: bool = False) -> tuple[Path, Pa
         img_rows.append({"id": 1005, "file_name": "nocap.png"})
         anns.append({"id": 10050, "image_id": 1005, "caption": "   "})
         img_rows.append({"id": 1, "file_name": "img_0002.png"})  # duplicate id
-        expected = {"empty_file": 1, "not_an_image": 1, "undecodable_image": 1, "missing_file": 1,
-                    "empty_text": 1, "duplicate_id": 1}
+        expected = {
+            "empty_file": 1,
+            "not_an_image": 1,
+            "undecodable_image": 1,
+            "missing_file": 1,
+            "empty_text": 1,
+            "duplicate_id": 1,
+        }
     ann_path = root / "captions.json"
     ann_path.write_text(json.dumps({"images": img_rows, "annotations": anns}))
     return ann_path, images, expected
 
 
-def make_librispeech(root: Path, speakers=(19, 26), chapters=(198, 227), utts=3, bad: bool = False) -> tuple[Path, dict]:
+def make_librispeech(
+    root: Path, speakers=(19, 26), chapters=(198, 227), utts=3, bad: bool = False
+) -> tuple[Path, dict]:
     """LibriSpeech layout with flac tones. With ``bad``: an undecodable flac, a transcript line
     without audio, an audio file without transcript, an empty transcript, a zero-byte file."""
     n = 0
@@ -122,7 +138,9 @@ def make_librispeech(root: Path, speakers=(19, 26), chapters=(198, 227), utts=3,
         (d / f"{speakers[0]}-{chapters[0]}-0100.flac").write_bytes(b"fLaC" + b"\x00" * 50)
         extra.append(f"{speakers[0]}-{chapters[0]}-0100 BROKEN AUDIO")
         extra.append(f"{speakers[0]}-{chapters[0]}-0101 NO AUDIO FILE")
-        (d / f"{speakers[0]}-{chapters[0]}-0102.flac").write_bytes(tone_bytes(1))  # no transcript line
+        (d / f"{speakers[0]}-{chapters[0]}-0102.flac").write_bytes(
+            tone_bytes(1)
+        )  # no transcript line
         (d / f"{speakers[0]}-{chapters[0]}-0103.flac").write_bytes(tone_bytes(2))
         extra.append(f"{speakers[0]}-{chapters[0]}-0103 ")
         (d / f"{speakers[0]}-{chapters[0]}-0104.flac").write_bytes(b"")

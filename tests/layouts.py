@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def loaders_at(config, ranks: int, state: dict | None = None, workers: int = 0) -> list:
@@ -18,7 +18,9 @@ def loaders_at(config, ranks: int, state: dict | None = None, workers: int = 0) 
     ``state`` (a saved loader state) when given."""
     from energon_platform.loader.train_loader import TrainLoader
 
-    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
+    loaders = [
+        TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)
+    ]
     if state is not None:
         for loader in loaders:
             loader.load_state_dict(state)
@@ -31,7 +33,9 @@ def layout_batches(config, ranks: int, workers: int, steps: int, digests: Callab
     ``states[rank]`` (or ``states[0]`` for ranks the saved run did not have) first."""
     from energon_platform.loader.train_loader import TrainLoader
 
-    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
+    loaders = [
+        TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)
+    ]
     if states is not None:
         for r, loader in enumerate(loaders):
             loader.load_state_dict(states[r] if r < len(states) else states[0])
@@ -51,12 +55,18 @@ def logged_lines(out: Path) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
-def run_logging_script(script: str, args: list, out: Path, cwd: Path, kill_after: int | None = None) -> None:
+def run_logging_script(
+    script: str, args: list, out: Path, cwd: Path, kill_after: int | None = None
+) -> None:
     """Run ``python -c script *args`` (it writes ``out/log.jsonl``): to its end (a non-zero exit
     fails with its stderr), or SIGKILLed as soon as it logged ``kill_after`` lines."""
     out.mkdir(exist_ok=True)
-    with subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=cwd,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    ) as proc:
         if kill_after is None:
             assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-3000:]
             return

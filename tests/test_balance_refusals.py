@@ -34,15 +34,26 @@ def _loader(coco, encoder=SMALL, **loader):
     from energon_platform import TrainLoader, load_config
 
     base, data = coco
-    cfg = load_config({"data": {"path": str(data), "val_split": None}, "encoder": encoder,
-                       "loader": {"global_batch_size": 8, "num_workers": 0, "length_cache": str(base / "lengths"),
-                                  **loader}})
+    cfg = load_config(
+        {
+            "data": {"path": str(data), "val_split": None},
+            "encoder": encoder,
+            "loader": {
+                "global_batch_size": 8,
+                "num_workers": 0,
+                "length_cache": str(base / "lengths"),
+                **loader,
+            },
+        }
+    )
     return TrainLoader(cfg, num_workers=0)
 
 
 @pytest.mark.parametrize("balance", ["none", "tokens"])
 def test_a_dataset_smaller_than_a_global_batch_is_refused(coco, balance):
-    with pytest.raises(PlanError, match=r"has 286 samples, but its share of a global batch of 512 samples is 512"):
+    with pytest.raises(
+        PlanError, match=r"has 286 samples, but its share of a global batch of 512 samples is 512"
+    ):
         _loader(coco, global_batch_size=512, balance=balance)
     assert issubclass(PlanError, DatasetError)  # the CLI prints it as one line, exit 2
 
@@ -54,7 +65,9 @@ def test_global_batch_tokens_with_a_packing_encoder_is_refused(coco):
 
 def test_a_token_budget_distinct_samples_cannot_fill_stops_naming_it(coco):
     loader = _loader(coco, balance="tokens", global_batch_tokens=10**6)
-    with pytest.raises(PlanError, match="global_batch_tokens=1e\\+06 cannot be reached without repeating a sample"):
+    with pytest.raises(
+        PlanError, match="global_batch_tokens=1e\\+06 cannot be reached without repeating a sample"
+    ):
         loader.planner.plan(0)
 
 
@@ -80,7 +93,9 @@ def test_a_cost_that_is_not_a_finite_number_is_refused_naming_the_encoder(coco, 
 def test_documents_as_long_as_a_row_keep_the_carried_pool_small():
     planner = Planner(lambda ps: [(128, 128)] * len(ps), float, 8, capacity=128)
     carried = [len(planner.plan(b).next_state.carried) for b in range(60)]
-    assert max(carried) <= 4 * 3 * 8, max(carried)  # a few batches of leads, not the 4096-sample window
+    assert max(carried) <= 4 * 3 * 8, max(
+        carried
+    )  # a few batches of leads, not the 4096-sample window
 
 
 def test_logged_padding_counts_positions_the_rows_left_empty():
@@ -90,7 +105,9 @@ def test_logged_padding_counts_positions_the_rows_left_empty():
 
     loader = SimpleNamespace(packed_rows=True)
     full = SimpleNamespace(doc_lengths=torch.tensor([60, 68]), tokens=torch.zeros(1, 128))
-    emptied = SimpleNamespace(doc_lengths=torch.tensor([32]), tokens=torch.zeros(1, 128))  # an excluded document
+    emptied = SimpleNamespace(
+        doc_lengths=torch.tensor([32]), tokens=torch.zeros(1, 128)
+    )  # an excluded document
     assert _filled([full, emptied], loader, 1, "cpu") == {"padding": round(1 - 160 / 256, 4)}
     assert _filled([full], SimpleNamespace(packed_rows=False), 1, "cpu") == {}
 

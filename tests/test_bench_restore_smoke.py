@@ -15,10 +15,28 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_restore.py"
 def test_bench_restore_toy(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--samples", "600", "--positions", "3", "--repeats", "1",
-         "--loaders", "ours", "--throughput-batches", "0", "--workdir", str(tmp_path / "work"),
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--samples",
+            "600",
+            "--positions",
+            "3",
+            "--repeats",
+            "1",
+            "--loaders",
+            "ours",
+            "--throughput-batches",
+            "0",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["dataset"]["num_samples"] == 600 and not report["errors"]

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import _convert, _image_item
 from demo_datasets import REPO
+
 from energon_platform.config import load_config
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
@@ -27,29 +27,56 @@ def corpora(tmp_path_factory) -> Path:
     """Three image-text datasets of 24, 10 and 6 samples in one folder: ``big``, ``small``, ``tiny``."""
     root = tmp_path_factory.mktemp("blend")
     for name, n, offset in (("big", 24, 0), ("small", 10, 100), ("tiny", 6, 200)):
-        _convert("image_text", [_image_item(offset + i, False) for i in range(n)], root / f"raw-{name}", root / name)
+        _convert(
+            "image_text",
+            [_image_item(offset + i, False) for i in range(n)],
+            root / f"raw-{name}",
+            root / name,
+        )
     return root
 
 
 def metadataset(root: Path, name: str, split: dict) -> Path:
     path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
-                                    "splits": {"train": split}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {"train": split},
+            }
+        )
+    )
     return path
 
 
 def blend_of(root: Path, name: str, **weights: float) -> Path:
-    return metadataset(root, name, {"blend": [{"weight": w, "path": f"./{d}"} for d, w in weights.items()]})
+    return metadataset(
+        root, name, {"blend": [{"weight": w, "path": f"./{d}"} for d, w in weights.items()]}
+    )
 
 
 def cfg(path: Path, **loader):
-    return load_config({"data": {"path": str(path), "val_split": None}, "encoder": IMAGE,
-                        "loader": {"global_batch_size": 8, "num_workers": 0, **loader}})
+    return load_config(
+        {
+            "data": {"path": str(path), "val_split": None},
+            "encoder": IMAGE,
+            "loader": {"global_batch_size": 8, "num_workers": 0, **loader},
+        }
+    )
 
 
-def keys_of(config, steps: int, ranks: int = 1, workers: int = 0, state: dict | None = None,
-            digests: bool = False) -> list:
-    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
+def keys_of(
+    config,
+    steps: int,
+    ranks: int = 1,
+    workers: int = 0,
+    state: dict | None = None,
+    digests: bool = False,
+) -> list:
+    loaders = [
+        TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)
+    ]
     for loader in loaders:
         if state is not None:
             loader.load_state_dict(state)
@@ -83,21 +110,31 @@ def test_realised_counts_within_one_in_every_prefix_and_two_in_every_window(corp
 
 def test_each_dataset_walks_its_own_epochs_once_per_epoch(corpora):
     config = cfg(blend_of(corpora, "b11", big=1, small=1))
-    keys = [k for batch in keys_of(config, 10) for k in batch]  # 40 of each: 1.67 epochs of big, 4 of small
+    keys = [
+        k for batch in keys_of(config, 10) for k in batch
+    ]  # 40 of each: 1.67 epochs of big, 4 of small
     small = [k for k in keys if dataset_of(k) == "small"]
-    epochs = [small[i:i + 10] for i in range(0, 40, 10)]
-    assert all(len(set(e)) == 10 for e in epochs), "a small-dataset epoch repeated or skipped a sample"
+    epochs = [small[i : i + 10] for i in range(0, 40, 10)]
+    assert all(len(set(e)) == 10 for e in epochs), (
+        "a small-dataset epoch repeated or skipped a sample"
+    )
     assert epochs[0] != epochs[1], "the next epoch must have a new order"
     big = [k for k in keys if dataset_of(k) == "big"]
     assert len(set(big[:24])) == 24
     loader = TrainLoader(config)
     loader.next_microbatch = 10
-    assert loader.consumed() == {"big": {"samples": 40, "epochs": round(40 / 24, 6)},
-                                 "small": {"samples": 40, "epochs": 4.0}}
+    assert loader.consumed() == {
+        "big": {"samples": 40, "epochs": round(40 / 24, 6)},
+        "small": {"samples": 40, "epochs": 4.0},
+    }
 
 
 def test_same_dataset_twice_has_independent_orders(corpora):
-    path = metadataset(corpora, "twice", {"blend": [{"weight": 1, "path": "./small"}, {"weight": 1, "path": "./small"}]})
+    path = metadataset(
+        corpora,
+        "twice",
+        {"blend": [{"weight": 1, "path": "./small"}, {"weight": 1, "path": "./small"}]},
+    )
     keys = [k for batch in keys_of(cfg(path), 5) for k in batch]
     a = [k.split(":", 1)[1] for k in keys if dataset_of(k) == "small"]
     b = [k.split(":", 1)[1] for k in keys if dataset_of(k) == "small#2"]
@@ -108,57 +145,108 @@ def test_same_dataset_twice_has_independent_orders(corpora):
 def test_blend_resumes_exactly_on_another_layout(corpora, saved, resumed):
     config = cfg(blend_of(corpora, "b312", big=3, small=1, tiny=2), micro_batch_size=2)
     reference = keys_of(config, 12, digests=True)
-    loaders = [TrainLoader(config, rank=r, world_size=saved[0], num_workers=saved[1]) for r in range(saved[0])]
+    loaders = [
+        TrainLoader(config, rank=r, world_size=saved[0], num_workers=saved[1])
+        for r in range(saved[0])
+    ]
     before = []
     for _ in range(5):
         parts = [next(ld) for ld in loaders for _ in range(ld.accumulation)]
-        before.append(([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)]))
+        before.append(
+            ([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)])
+        )
     state = loaders[0].state_dict()  # what the saving run holds after 5 steps
     for ld in loaders:
         ld.close()
     assert before == reference[:5]
-    loaders = [TrainLoader(config, rank=r, world_size=resumed[0], num_workers=resumed[1]) for r in range(resumed[0])]
+    loaders = [
+        TrainLoader(config, rank=r, world_size=resumed[0], num_workers=resumed[1])
+        for r in range(resumed[0])
+    ]
     after = []
     for ld in loaders:
         ld.load_state_dict(state)
     for _ in range(7):
         parts = [next(ld) for ld in loaders for _ in range(ld.accumulation)]
-        after.append(([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)]))
+        after.append(
+            ([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)])
+        )
     for ld in loaders:
         ld.close()
-    assert after == reference[5:], "the resumed layout must produce the same global batches and tensors"
+    assert after == reference[5:], (
+        "the resumed layout must produce the same global batches and tensors"
+    )
 
 
 def test_blend_epochized_repetitions_are_exact(corpora):
-    path = metadataset(corpora, "epochized", {"blend_epochized": [{"repetitions": 2, "path": "./small"},
-                                                                 {"repetitions": 0.5, "path": "./tiny"}]})
-    stream = [dataset_of(k) for batch in keys_of(cfg(path), 23) for k in batch]  # 23 x 8 = 184 = 8 blend epochs of 23
+    path = metadataset(
+        corpora,
+        "epochized",
+        {
+            "blend_epochized": [
+                {"repetitions": 2, "path": "./small"},
+                {"repetitions": 0.5, "path": "./tiny"},
+            ]
+        },
+    )
+    stream = [
+        dataset_of(k) for batch in keys_of(cfg(path), 23) for k in batch
+    ]  # 23 x 8 = 184 = 8 blend epochs of 23
     epoch = 2 * 10 + 3
     for e in range(8):
-        part = Counter(stream[e * epoch:(e + 1) * epoch])
+        part = Counter(stream[e * epoch : (e + 1) * epoch])
         assert part == {"small": 20, "tiny": 3}
 
 
 def test_nested_blend_multiplies_weights_down(corpora):
-    metadataset(corpora, "inner", {"blend": [{"weight": 1, "path": "./small"}, {"weight": 1, "path": "./tiny"}]})
-    outer = metadataset(corpora, "outer", {"blend": [{"weight": 1, "path": "./big"}, {"weight": 1, "path": "./inner.yaml"}]})
+    metadataset(
+        corpora,
+        "inner",
+        {"blend": [{"weight": 1, "path": "./small"}, {"weight": 1, "path": "./tiny"}]},
+    )
+    outer = metadataset(
+        corpora,
+        "outer",
+        {"blend": [{"weight": 1, "path": "./big"}, {"weight": 1, "path": "./inner.yaml"}]},
+    )
     stream = Counter(dataset_of(k) for batch in keys_of(cfg(outer), 8) for k in batch)
     assert stream == {"big": 32, "small": 16, "tiny": 16}
 
 
 def test_the_older_metadataset_format_works(corpora):
     path = corpora / "old.yaml"
-    path.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "Metadataset",
-                                    "splits": {"train": {"datasets": [{"weight": 1, "path": "./big"},
-                                                                      {"weight": 3, "path": "./small"}]}}}))
-    assert Counter(dataset_of(k) for batch in keys_of(cfg(path), 4) for k in batch) == {"big": 8, "small": 24}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "Metadataset",
+                "splits": {
+                    "train": {
+                        "datasets": [
+                            {"weight": 1, "path": "./big"},
+                            {"weight": 3, "path": "./small"},
+                        ]
+                    }
+                },
+            }
+        )
+    )
+    assert Counter(dataset_of(k) for batch in keys_of(cfg(path), 4) for k in batch) == {
+        "big": 8,
+        "small": 24,
+    }
 
 
 def test_unsupported_constructs_are_refused_with_file_and_key(corpora):
     path = metadataset(corpora, "join", {"join": [{"path": "./big"}, {"path": "./small"}]})
-    with pytest.raises(DatasetError, match=r"join\.yaml: splits\.train\.join: 'join' is not supported.*supported: blend"):
+    with pytest.raises(
+        DatasetError,
+        match=r"join\.yaml: splits\.train\.join: 'join' is not supported.*supported: blend",
+    ):
         TrainLoader(cfg(path))
-    path = metadataset(corpora, "subset", {"blend": [{"weight": 1, "path": "./big", "subset": {"range": [0, 5]}}]})
+    path = metadataset(
+        corpora, "subset", {"blend": [{"weight": 1, "path": "./big", "subset": {"range": [0, 5]}}]}
+    )
     with pytest.raises(DatasetError, match=r"splits\.train\.blend\[0\]\.subset"):
         TrainLoader(cfg(path))
 
@@ -187,20 +275,28 @@ def test_weights_changed_at_resume_keep_the_past_and_are_recorded(corpora):
     again = TrainLoader(skewed)
     again.load_state_dict(later)
     assert not again.blend_changes
-    assert [list(next(again).keys) for _ in range(2)] == [list(next(resumed).keys) for _ in range(2)]
+    assert [list(next(again).keys) for _ in range(2)] == [
+        list(next(resumed).keys) for _ in range(2)
+    ]
     resumed.close()
     again.close()
 
 
 def test_blend_schedule_changes_weights_at_the_step(corpora):
-    config = cfg(blend_of(corpora, "curriculum", big=1, small=1),
-                 blend_schedule=[{"step": 3, "weights": {"big": 1}}])
+    config = cfg(
+        blend_of(corpora, "curriculum", big=1, small=1),
+        blend_schedule=[{"step": 3, "weights": {"big": 1}}],
+    )
     batches = keys_of(config, 6)
     assert all(any(dataset_of(k) == "small" for k in b) for b in batches[:3])
     assert all(dataset_of(k) == "big" for b in batches[3:] for k in b)
     with pytest.raises(DatasetError, match="nope"):
-        TrainLoader(cfg(blend_of(corpora, "curriculum", big=1, small=1),
-                        blend_schedule=[{"step": 3, "weights": {"nope": 1}}]))
+        TrainLoader(
+            cfg(
+                blend_of(corpora, "curriculum", big=1, small=1),
+                blend_schedule=[{"step": 3, "weights": {"nope": 1}}],
+            )
+        )
 
 
 def test_dataset_added_at_resume_joins_from_then_and_removal_is_refused(corpora):
@@ -243,21 +339,36 @@ def test_state_is_plain_json_with_the_blend_history_and_accounting(corpora):
     for _ in range(2):
         next(loader)
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["datasets"] == ["big", "small"] and state["blend"] == [{"start": 0, "weights": ["3/4", "1/4"]}]
+    assert state["datasets"] == ["big", "small"] and state["blend"] == [
+        {"start": 0, "weights": ["3/4", "1/4"]}
+    ]
     assert state["consumed"] == [{"samples": 12, "epochs": 0.5}, {"samples": 4, "epochs": 0.4}]
 
 
-def test_megatron_provider_takes_a_blend_and_restores_on_another_data_parallel_size(corpora, tmp_path):
+def test_megatron_provider_takes_a_blend_and_restores_on_another_data_parallel_size(
+    corpora, tmp_path
+):
     from energon_platform.integrations.megatron import make_provider, save_dataloader_state
 
-    config = {"data": {"path": str(blend_of(corpora, "megatron", big=2, small=1)), "val_split": None},
-              "encoder": IMAGE, "loader": {"global_batch_size": 8, "num_workers": 0}}
+    config = {
+        "data": {"path": str(blend_of(corpora, "megatron", big=2, small=1)), "val_split": None},
+        "encoder": IMAGE,
+        "loader": {"global_batch_size": 8, "num_workers": 0},
+    }
 
     def iterators(dp, restore=None):
         its = []
         for rank in range(dp):
-            provider = make_provider(config, dp_rank=rank, dp_size=dp, micro_batch_size=2, global_batch_size=8,
-                                     dataloader_save=tmp_path / "save", restore_iteration=restore, build_valid=False)
+            provider = make_provider(
+                config,
+                dp_rank=rank,
+                dp_size=dp,
+                micro_batch_size=2,
+                global_batch_size=8,
+                dataloader_save=tmp_path / "save",
+                restore_iteration=restore,
+                build_valid=False,
+            )
             its.append(provider(None)[0])
         return its
 

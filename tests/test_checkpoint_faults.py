@@ -17,12 +17,18 @@ from energon_platform.training.checkpoint import CheckpointError, RunLock
 def _tmpfs(path, size="64k") -> bool:
     """Mount a size-limited tmpfs at ``path`` where the machine allows it (root in a sandbox may not)."""
     path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _save(root, step, model_state):
-    return checkpoint.save(root, step, 0, 1, model_state=model_state, loader_state={"position": step})
+    return checkpoint.save(
+        root, step, 0, 1, model_state=model_state, loader_state={"position": step}
+    )
 
 
 def test_disk_full_during_a_checkpoint_keeps_the_previous_latest(tmp_path, monkeypatch):
@@ -34,11 +40,14 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_latest(tmp_path, monke
         _save(root, 5, {"w": torch.zeros(10)})
         big = {"w": torch.zeros(1 << 16)}  # 256 KiB: more than a 64 KiB tmpfs holds
         if not mounted:  # no tmpfs here: the write fails the way a full disk makes it fail
+
             def full(fd):
                 raise OSError(28, "No space left on device")
 
             monkeypatch.setattr(os, "fsync", full)
-        with pytest.raises(CheckpointError, match=r"no space left on the device \(.* MiB needed for this file"):
+        with pytest.raises(
+            CheckpointError, match=r"no space left on the device \(.* MiB needed for this file"
+        ):
             _save(root, 10, big)
         monkeypatch.undo()
         assert (root / "latest").read_text() == "step_000005"
@@ -82,11 +91,26 @@ def test_disk_full_on_one_rank_stops_every_rank_at_once(tmp_path):
     script.write_text(RANKS_SCRIPT)
     root = tmp_path / "ckpt"
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(script), str(root)], capture_output=True, text=True, timeout=90)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     out = r.stdout + r.stderr[-3000:]
     assert "rank 1: CheckpointError: " in out and "no space left on the device" in out, out
-    assert "rank 0: CheckpointError: " in out and "another rank could not write its part" in out, out
+    assert "rank 0: CheckpointError: " in out and "another rank could not write its part" in out, (
+        out
+    )
     assert time.time() - t0 < 60, out
     assert (root / "latest").read_text() == "step_000005"
     assert not list(root.glob(".tmp-*")), "nothing half-written stays behind"
@@ -94,7 +118,9 @@ def test_disk_full_on_one_rank_stops_every_rank_at_once(tmp_path):
 
 def test_a_second_run_on_the_same_checkpoint_folder_is_refused(tmp_path):
     with RunLock(tmp_path / "ckpt"):
-        with pytest.raises(CheckpointError, match=rf"another training run is using .*pid {os.getpid()}"):
+        with pytest.raises(
+            CheckpointError, match=rf"another training run is using .*pid {os.getpid()}"
+        ):
             with RunLock(tmp_path / "ckpt"):
                 pass
     with RunLock(tmp_path / "ckpt"):  # released when the first run ends
@@ -102,9 +128,13 @@ def test_a_second_run_on_the_same_checkpoint_folder_is_refused(tmp_path):
 
 
 def test_a_sigkilled_holder_does_not_leave_the_lock_stuck(tmp_path):
-    code = ("import sys, time; from energon_platform.training.checkpoint import RunLock\n"
-            f"with RunLock({str(tmp_path / 'ckpt')!r}):\n    print('held', flush=True); time.sleep(60)\n")
-    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
+    code = (
+        "import sys, time; from energon_platform.training.checkpoint import RunLock\n"
+        f"with RunLock({str(tmp_path / 'ckpt')!r}):\n    print('held', flush=True); time.sleep(60)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    ) as holder:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CheckpointError, match=f"pid {holder.pid}"):
             RunLock(tmp_path / "ckpt").__enter__()
@@ -116,10 +146,14 @@ def test_a_sigkilled_holder_does_not_leave_the_lock_stuck(tmp_path):
 
 def _lock_state_elsewhere(root) -> str:
     """``free`` or ``held``: what another process finds when it tries :class:`RunLock` on ``root``."""
-    code = ("import sys; from energon_platform.training.checkpoint import CheckpointError, RunLock\n"
-            f"try:\n    RunLock({str(root)!r}).__enter__()\n    print('free')\n"
-            "except CheckpointError:\n    print('held')\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    code = (
+        "import sys; from energon_platform.training.checkpoint import CheckpointError, RunLock\n"
+        f"try:\n    RunLock({str(root)!r}).__enter__()\n    print('free')\n"
+        "except CheckpointError:\n    print('held')\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    ).stdout.strip()
 
 
 def test_a_refused_second_lock_in_the_holding_process_keeps_the_first(tmp_path):
@@ -133,12 +167,16 @@ def test_a_refused_second_lock_in_the_holding_process_keeps_the_first(tmp_path):
 def test_processes_forked_by_a_killed_holder_do_not_keep_the_lock(tmp_path):
     """A run forks helpers while it holds the lock (length index pool, loader workers); killed
     alone, it must leave the folder free even while such a child still lives."""
-    code = ("import os, time; from energon_platform.training.checkpoint import RunLock\n"
-            f"lock = RunLock({str(tmp_path / 'ckpt')!r}).__enter__()\n"
-            "child = os.fork()\n"
-            "if child == 0:\n    time.sleep(60); os._exit(0)\n"
-            "print(child, flush=True); time.sleep(60)\n")
-    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
+    code = (
+        "import os, time; from energon_platform.training.checkpoint import RunLock\n"
+        f"lock = RunLock({str(tmp_path / 'ckpt')!r}).__enter__()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n    time.sleep(60); os._exit(0)\n"
+        "print(child, flush=True); time.sleep(60)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    ) as holder:
         child = int(holder.stdout.readline())
         try:
             holder.kill()
@@ -164,7 +202,11 @@ def fs_steps(monkeypatch, tmp_path):
 
     def rel(path) -> str | None:
         try:
-            return os.path.relpath(os.fspath(path), root) if os.fspath(path).startswith(str(root)) else None
+            return (
+                os.path.relpath(os.fspath(path), root)
+                if os.fspath(path).startswith(str(root))
+                else None
+            )
         except TypeError:  # a file descriptor
             return None
 
@@ -191,6 +233,7 @@ def fs_steps(monkeypatch, tmp_path):
         def move(src, dst, *args, **kwargs):
             real(src, dst, *args, **kwargs)
             steps.append(("rename", rel(src), rel(dst)))
+
         return move
 
     monkeypatch.setattr(builtins, "open", logged_open)
@@ -215,10 +258,19 @@ def test_checkpoint_save_makes_each_step_durable_before_the_next(fs_steps):
     assert files == ["loader_rank0.json", "meta.json", "model.pt", "rng_rank0.pt"]
     cut = steps.index(("fsync", tmp)) if ("fsync", tmp) in steps else len(steps)
     written = [s[1] for s in steps[:cut] if s[0] == "write"]
-    assert sorted(written) == [f"{tmp}/{f}" for f in files] and written[-1] == f"{tmp}/meta.json", steps
-    assert steps[:cut] == [step for f in written for step in (("write", f), ("fsync", f))], \
+    assert sorted(written) == [f"{tmp}/{f}" for f in files] and written[-1] == f"{tmp}/meta.json", (
+        steps
+    )
+    assert steps[:cut] == [step for f in written for step in (("write", f), ("fsync", f))], (
         "each file fsynced right after it is written"
-    assert steps[cut:] == [("fsync", tmp), ("rename", tmp, name), ("fsync", "."),
-                           ("write", "latest.tmp"), ("fsync", "latest.tmp"), ("rename", "latest.tmp", "latest"),
-                           ("fsync", ".")], steps[cut:]
+    )
+    assert steps[cut:] == [
+        ("fsync", tmp),
+        ("rename", tmp, name),
+        ("fsync", "."),
+        ("write", "latest.tmp"),
+        ("fsync", "latest.tmp"),
+        ("rename", "latest.tmp", "latest"),
+        ("fsync", "."),
+    ], steps[cut:]
     assert (root / "latest").read_text() == name

@@ -40,26 +40,37 @@ def _glb_with_chunk_length(glb: bytes, delta: int) -> bytes:
 
 
 def _ply_ascii(vertices, faces=None, colours=None) -> bytes:
-    head = ["ply", "format ascii 1.0", f"element vertex {len(vertices)}", "property float x", "property float y",
-            "property float z"] + (["property uchar red", "property uchar green", "property uchar blue"] if colours else [])
+    head = [
+        "ply",
+        "format ascii 1.0",
+        f"element vertex {len(vertices)}",
+        "property float x",
+        "property float y",
+        "property float z",
+    ] + (["property uchar red", "property uchar green", "property uchar blue"] if colours else [])
     if faces:
         head += [f"element face {len(faces)}", "property list uchar int vertex_indices"]
-    rows = [" ".join(map(str, [*v, *(colours[i] if colours else ())])) for i, v in enumerate(vertices)]
+    rows = [
+        " ".join(map(str, [*v, *(colours[i] if colours else ())])) for i, v in enumerate(vertices)
+    ]
     rows += [" ".join(map(str, [len(f), *f])) for f in faces or []]
     return ("\n".join(head + ["end_header"] + rows) + "\n").encode()
 
 
 TETRA = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]
 TETRA_FACES = [(0, 2, 1), (0, 1, 3), (0, 3, 2), (1, 2, 3)]
-OBJ_TRIS = ("".join(f"v {x} {y} {z}\n" for x, y, z in TETRA) + "f 1 3 2\nf 1 2 4\nf 1 4 3\nf 2 3 4\n").encode()
+OBJ_TRIS = (
+    "".join(f"v {x} {y} {z}\n" for x, y, z in TETRA) + "f 1 3 2\nf 1 2 4\nf 1 4 3\nf 2 3 4\n"
+).encode()
 
 
 def _gltf_files() -> dict[str, bytes]:
     """A glTF whose buffer lives in another file (trimesh's exporter names it)."""
     import trimesh
 
-    return trimesh.Scene(trimesh.Trimesh(np.array(TETRA, float), np.array(TETRA_FACES), process=False)).export(
-        file_type="gltf")
+    return trimesh.Scene(
+        trimesh.Trimesh(np.array(TETRA, float), np.array(TETRA_FACES), process=False)
+    ).export(file_type="gltf")
 
 
 def good_files() -> dict[str, bytes]:
@@ -110,8 +121,13 @@ def bad_files() -> dict[str, tuple[bytes, str]]:
 
 
 def convert(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "energon_platform", "convert", "3d", *args, "--no-progress"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "energon_platform", "convert", "3d", *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def samples_of(out: Path) -> dict[str, dict[str, bytes]]:
@@ -145,7 +161,16 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def converted(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("conv3d") / "out"
-    r = convert("--root", str(corpus), "--out", str(out), "--samples-per-shard", "5", "--max-error-fraction", "0.9")
+    r = convert(
+        "--root",
+        str(corpus),
+        "--out",
+        str(out),
+        "--samples-per-shard",
+        "5",
+        "--max-error-fraction",
+        "0.9",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -159,7 +184,9 @@ def test_every_form_is_kept_and_every_bad_kind_counted_by_reason(corpus, convert
     got = {r: v["count"] for r, v in report["skipped_by_reason"].items()}
     assert got == {r: len(ids) for r, ids in expected.items()}, report["skipped_by_reason"]
     skipped = [json.loads(x) for x in (converted / "skipped.jsonl").read_text().splitlines()]
-    assert {(p["reason"], p["id"]) for p in skipped} == {(r, i) for r, ids in expected.items() for i in ids}
+    assert {(p["reason"], p["id"]) for p in skipped} == {
+        (r, i) for r, ids in expected.items() for i in ids
+    }
     samples = samples_of(converted)
     good = good_files()
     assert sorted(samples) == sorted([Path(n).stem for n in good] + ["model"])
@@ -170,34 +197,79 @@ def test_every_form_is_kept_and_every_bad_kind_counted_by_reason(corpus, convert
         source = json.loads(sample["text.json"])["source"]
         assert source["format"] == ext and source["vertices"] > 0, source
     gltf = samples["model"]
-    assert sorted(gltf) == ["pointcloud.glb", "text.json"], "glTF with an external buffer becomes one GLB"
+    assert sorted(gltf) == ["pointcloud.glb", "text.json"], (
+        "glTF with an external buffer becomes one GLB"
+    )
     src = json.loads(gltf["text.json"])["source"]
-    assert (src["format"], src["source_format"], src["vertices"], src["faces"]) == ("glb", "gltf", 4, 4)
+    assert (src["format"], src["source_format"], src["vertices"], src["faces"]) == (
+        "glb",
+        "gltf",
+        4,
+        4,
+    )
 
 
 def test_text_json_records_counts_bounds_and_colours(converted):
     samples = samples_of(converted)
     src = {k: json.loads(v["text.json"])["source"] for k, v in samples.items()}
-    assert src["obj_quads"]["kind"] == "mesh" and (src["obj_quads"]["vertices"], src["obj_quads"]["faces"]) == (8, 12)
+    assert src["obj_quads"]["kind"] == "mesh" and (
+        src["obj_quads"]["vertices"],
+        src["obj_quads"]["faces"],
+    ) == (8, 12)
     assert src["obj_quads"]["area"] == 6.0 and src["obj_quads"]["bounds"] == [[-0.5] * 3, [0.5] * 3]
     assert (src["ply_ascii_mesh"]["faces"], src["ply_ascii_mesh"]["colors"]) == (4, False)
-    assert (src["ply_points_rgb"]["kind"], src["ply_points_rgb"]["colors"], src["ply_points_rgb"]["vertices"]) == (
-        "points", True, 512)
-    assert (src["ply_points"]["kind"], src["ply_points"]["colors"], src["ply_points"]["bounds"]) == (
-        "points", False, [[0.0, 0.0, 0.0], [2.0, 2.0, 3.0]])
-    assert src["npy6"]["colors"] is True and src["npy3"]["colors"] is False and src["npy3"]["vertices"] == 50
-    assert src["stl_binary"]["faces"] == 48 and src["stl_ascii"]["faces"] == 6 and src["glb_mesh"]["faces"] == 576
+    assert (
+        src["ply_points_rgb"]["kind"],
+        src["ply_points_rgb"]["colors"],
+        src["ply_points_rgb"]["vertices"],
+    ) == ("points", True, 512)
+    assert (
+        src["ply_points"]["kind"],
+        src["ply_points"]["colors"],
+        src["ply_points"]["bounds"],
+    ) == ("points", False, [[0.0, 0.0, 0.0], [2.0, 2.0, 3.0]])
+    assert (
+        src["npy6"]["colors"] is True
+        and src["npy3"]["colors"] is False
+        and src["npy3"]["vertices"] == 50
+    )
+    assert (
+        src["stl_binary"]["faces"] == 48
+        and src["stl_ascii"]["faces"] == 6
+        and src["glb_mesh"]["faces"] == 576
+    )
     assert json.loads(samples["obj_tris"]["text.json"])["text"] == "a caption of obj_tris.obj"
 
 
 def test_identical_bytes_across_workers_and_reruns_and_nothing_to_do(corpus, converted, tmp_path):
     other = tmp_path / "w2"
-    r = convert("--root", str(corpus), "--out", str(other), "--samples-per-shard", "5", "--max-error-fraction", "0.9",
-                "--workers", "2")
+    r = convert(
+        "--root",
+        str(corpus),
+        "--out",
+        str(other),
+        "--samples-per-shard",
+        "5",
+        "--max-error-fraction",
+        "0.9",
+        "--workers",
+        "2",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    shards = lambda out: {s["shard"]: s["sha256"] for s in json.loads((out / "report.json").read_text())["shards"]}
+    shards = lambda out: {
+        s["shard"]: s["sha256"] for s in json.loads((out / "report.json").read_text())["shards"]
+    }
     assert shards(other) == shards(converted) and len(shards(other)) >= 3
-    again = convert("--root", str(corpus), "--out", str(other), "--samples-per-shard", "5", "--max-error-fraction", "0.9")
+    again = convert(
+        "--root",
+        str(corpus),
+        "--out",
+        str(other),
+        "--samples-per-shard",
+        "5",
+        "--max-error-fraction",
+        "0.9",
+    )
     assert again.returncode == 0 and "nothing to do" in again.stdout
 
 
@@ -206,15 +278,45 @@ def test_manifest_forms_csv_and_parquet_bytes(tmp_path):
     import pyarrow.parquet as pq
 
     out = tmp_path / "csv"
-    r = convert("--manifest", str(MESH_MINI / "captions.csv"), "--out", str(out), "--samples-per-shard", "16")
+    r = convert(
+        "--manifest",
+        str(MESH_MINI / "captions.csv"),
+        "--out",
+        str(out),
+        "--samples-per-shard",
+        "16",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     from_csv = samples_of(out)
-    assert len(from_csv) == 30 and json.loads(from_csv["shape_007"]["text.json"])["text"] == "A short wide cylinder, like a disc."
-    names = ["shape_000.obj", "shape_003.ply", "shape_006.off", "shape_009.stl", "shape_015.glb", "shape_021.npy"]
-    table = pa.table({"uid": [Path(n).stem for n in names], "caption": ["a shape"] * len(names),
-                      "mesh": [(MESH_MINI / "shapes" / n).read_bytes() for n in names]})
+    assert (
+        len(from_csv) == 30
+        and json.loads(from_csv["shape_007"]["text.json"])["text"]
+        == "A short wide cylinder, like a disc."
+    )
+    names = [
+        "shape_000.obj",
+        "shape_003.ply",
+        "shape_006.off",
+        "shape_009.stl",
+        "shape_015.glb",
+        "shape_021.npy",
+    ]
+    table = pa.table(
+        {
+            "uid": [Path(n).stem for n in names],
+            "caption": ["a shape"] * len(names),
+            "mesh": [(MESH_MINI / "shapes" / n).read_bytes() for n in names],
+        }
+    )
     pq.write_table(table, tmp_path / "shapes.parquet")
-    r = convert("--manifest", str(tmp_path / "shapes.parquet"), "--path-column", "mesh", "--out", str(tmp_path / "pq"))
+    r = convert(
+        "--manifest",
+        str(tmp_path / "shapes.parquet"),
+        "--path-column",
+        "mesh",
+        "--out",
+        str(tmp_path / "pq"),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     from_parquet = samples_of(tmp_path / "pq")
     for n in names:  # no file name: the format is recognised by content, the bytes kept
@@ -233,7 +335,9 @@ def test_file_name_not_utf8_is_skipped_with_its_reason_and_the_rest_written(tmp_
     r = convert("--root", str(root), "--out", str(tmp_path / "out"), "--max-error-fraction", "0.6")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["skipped_by_reason"] == {"invalid_file_name": {"count": 1, "examples": ["caf\\xe9"]}}
+    assert report["skipped_by_reason"] == {
+        "invalid_file_name": {"count": 1, "examples": ["caf\\xe9"]}
+    }
     assert sorted(samples_of(tmp_path / "out")) == ["good"]
 
 
@@ -243,11 +347,33 @@ def test_pickled_npy_and_lying_glb_chunk_lengths_are_named_for_what_they_are():
 
     glb = (MESH_MINI / "shapes" / "shape_015.glb").read_bytes()
     (total,) = struct.unpack("<I", glb[8:12])
-    cases = {"pickled": (_pickled_npy(), "npy", "not_a_3d_file", "pickled Python objects"),
-             "json longer": (_glb_with_chunk_length(glb, 4), "glb", "corrupt_3d", "chunk lengths do not add up"),
-             "json shorter": (_glb_with_chunk_length(glb, -4), "glb", "corrupt_3d", "chunk lengths do not add up"),
-             "total shorter": (glb[:8] + struct.pack("<I", 20) + glb[12:], "glb", "corrupt_3d", f"{total} bytes, the header declares 20"),
-             "cut": (glb[: total // 2], "glb", "truncated_3d", f"{total // 2} bytes, the header declares {total}")}
+    cases = {
+        "pickled": (_pickled_npy(), "npy", "not_a_3d_file", "pickled Python objects"),
+        "json longer": (
+            _glb_with_chunk_length(glb, 4),
+            "glb",
+            "corrupt_3d",
+            "chunk lengths do not add up",
+        ),
+        "json shorter": (
+            _glb_with_chunk_length(glb, -4),
+            "glb",
+            "corrupt_3d",
+            "chunk lengths do not add up",
+        ),
+        "total shorter": (
+            glb[:8] + struct.pack("<I", 20) + glb[12:],
+            "glb",
+            "corrupt_3d",
+            f"{total} bytes, the header declares 20",
+        ),
+        "cut": (
+            glb[: total // 2],
+            "glb",
+            "truncated_3d",
+            f"{total // 2} bytes, the header declares {total}",
+        ),
+    }
     for name, (data, fmt, reason, detail) in cases.items():
         with pytest.raises(MediaError) as e:
             check(data, fmt)
@@ -268,12 +394,18 @@ def test_a_glb_of_two_meshes_keeps_each_ones_faces_on_its_own_vertices():
     geom = check(scene.export(file_type="glb"), "glb")
     big = small.copy().apply_transform(moved)
     assert (len(geom.vertices), len(geom.faces)) == (8, 8)
-    assert geom.area() == pytest.approx(small.area + big.area) and big.area == pytest.approx(9 * small.area)
+    assert geom.area() == pytest.approx(small.area + big.area) and big.area == pytest.approx(
+        9 * small.area
+    )
     points, _ = sample_surface(geom, 2000, np.random.default_rng(0))
-    on = {name: trimesh.proximity.closest_point_naive(mesh, points)[1] < 1e-9 for name, mesh in
-          (("small", small), ("big", big))}
+    on = {
+        name: trimesh.proximity.closest_point_naive(mesh, points)[1] < 1e-9
+        for name, mesh in (("small", small), ("big", big))
+    }
     assert (on["small"] | on["big"]).all(), "every sampled point lies on one of the two tetrahedra"
-    assert on["big"].mean() == pytest.approx(0.9, abs=0.03), "points follow the area: 9 of 10 on the big one"
+    assert on["big"].mean() == pytest.approx(0.9, abs=0.03), (
+        "points follow the area: 9 of 10 on the big one"
+    )
 
 
 def test_user_errors_exit_2_with_one_line(tmp_path):
@@ -283,9 +415,25 @@ def test_user_errors_exit_2_with_one_line(tmp_path):
 
 
 def test_mesh_mini_is_what_the_script_writes_and_captions_fit_the_shapes(tmp_path):
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_default_data.py"), "--only", "3d",
-                    "--out", str(tmp_path)], check=True, cwd=tmp_path, capture_output=True, timeout=120)
-    tree = lambda root: {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "make_default_data.py"),
+            "--only",
+            "3d",
+            "--out",
+            str(tmp_path),
+        ],
+        check=True,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+    )
+    tree = lambda root: {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
     assert tree(tmp_path / "mesh_mini") == tree(MESH_MINI)
     assert sum(len(b) for b in tree(MESH_MINI).values()) < 400_000
     from converters.mesh3d import encode_3d
@@ -299,7 +447,10 @@ def test_mesh_mini_is_what_the_script_writes_and_captions_fit_the_shapes(tmp_pat
         if "as tall as it is wide" in caption:
             assert extent[1] == pytest.approx(max(extent[0], extent[2])), (path.name, caption)
         elif "tall" in caption:
-            assert extent[1] == extent.max() and extent[1] > 1.5 * min(extent[0], extent[2]), (path.name, caption)
+            assert extent[1] == extent.max() and extent[1] > 1.5 * min(extent[0], extent[2]), (
+                path.name,
+                caption,
+            )
         if "flat" in caption or "short wide" in caption:
             assert extent[1] == extent.min(), (path.name, caption)
         assert ("cloud of points" in caption) == (info["kind"] == "points"), (path.name, caption)

@@ -21,17 +21,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from corpora import caption, image_bytes, make_coco, make_image_files, make_librispeech, tone_bytes
 from PIL import Image
+from test_convert import convert, members, run_cli, tree_digest
 
 from converters.convert import ConvertError, reason_counts
 from converters.media import AudioOptions, ImageOptions
 from converters.records import KEY_PATTERN, MAX_KEY_LENGTH, make_key
-from corpora import caption, image_bytes, make_coco, make_image_files, make_librispeech, tone_bytes
-from test_convert import convert, members, run_cli, tree_digest
 
 
 def one_line_error(r) -> bool:
-    return r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    return (
+        r.returncode == 2
+        and "Traceback" not in r.stderr
+        and len(r.stderr.strip().splitlines()) == 1
+    )
 
 
 def folder_corpus(root: Path, n: int = 6) -> Path:
@@ -44,7 +48,10 @@ def folder_corpus(root: Path, n: int = 6) -> Path:
 
 def stamps(out: Path) -> dict[str, tuple[int, int]]:
     """(inode, mtime_ns) of every shard: a rewritten shard gets another one."""
-    return {str(p.relative_to(out)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(out.glob("*/shard-*.tar"))}
+    return {
+        str(p.relative_to(out)): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(out.glob("*/shard-*.tar"))
+    }
 
 
 # ---------------------------------------------------------------- 2: --overwrite deletes only ours
@@ -58,8 +65,13 @@ def test_overwrite_never_deletes_what_a_conversion_did_not_write(tmp_path):
         (user / name).write_text("mine")
     with pytest.raises(ConvertError, match="holds no energon-platform conversion"):
         convert("folder", user, reader=reader, overwrite=True)
-    assert sorted(str(p.relative_to(user)) for p in user.rglob("*")) == ["report.json", "train", "train/notes.txt",
-                                                                          "val", "val/notes.txt"]
+    assert sorted(str(p.relative_to(user)) for p in user.rglob("*")) == [
+        "report.json",
+        "train",
+        "train/notes.txt",
+        "val",
+        "val/notes.txt",
+    ]
 
     out = tmp_path / "out"
     convert("folder", out, reader=reader, samples_per_shard=2)
@@ -82,13 +94,25 @@ def test_out_equal_to_the_input_root_is_refused_and_the_input_kept(tmp_path):
     (root / "train" / "x.txt").write_text("an input image in a folder named train")
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     for overwrite in (False, True):
-        r = run_cli("convert", "folder", "--root", root, "--out", root, "--no-progress",
-                    *(["--overwrite"] if overwrite else []))
+        r = run_cli(
+            "convert",
+            "folder",
+            "--root",
+            root,
+            "--out",
+            root,
+            "--no-progress",
+            *(["--overwrite"] if overwrite else []),
+        )
         assert one_line_error(r) and "input" in r.stderr
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     from converters.output import check_target
 
-    for inside in (root, root / "train", root / "x.png"):  # never an input inside what --overwrite may remove
+    for inside in (
+        root,
+        root / "train",
+        root / "x.png",
+    ):  # never an input inside what --overwrite may remove
         with pytest.raises(ConvertError, match="is or holds the input"):
             check_target(root, [inside])
 
@@ -101,7 +125,11 @@ def test_high_bit_depth_is_scaled_not_clipped(mode):
     from converters.media import encode_image
 
     ramp = np.tile(np.linspace(0, 65535, 64), (8, 1))
-    data = {"I;16": ramp.astype(np.uint16), "I": ramp.astype(np.int32), "F": (ramp / 65535).astype(np.float32)}[mode]
+    data = {
+        "I;16": ramp.astype(np.uint16),
+        "I": ramp.astype(np.int32),
+        "F": (ramp / 65535).astype(np.float32),
+    }[mode]
     buf = io.BytesIO()
     Image.fromarray(data).save(buf, format="PNG" if mode == "I;16" else "TIFF")
     assert Image.open(io.BytesIO(buf.getvalue())).mode == mode
@@ -124,14 +152,29 @@ def test_deleted_or_truncated_shard_is_reported_and_only_it_rewritten(tmp_path):
     (out / "train" / "shard-000001.tar").unlink()
     with open(out / "train" / "shard-000003.tar", "r+b") as f:
         f.truncate(1000)
-    untouched = {k: v for k, v in stamps(out).items() if not k.endswith(("000001.tar", "000003.tar"))}
+    untouched = {
+        k: v for k, v in stamps(out).items() if not k.endswith(("000001.tar", "000003.tar"))
+    }
 
     r = run_cli("info", out)
     assert r.returncode == 1 and "UNHEALTHY" in r.stdout
-    assert "train/shard-000001.tar: missing" in r.stdout and "train/shard-000003.tar: 1000 bytes" in r.stdout
+    assert (
+        "train/shard-000001.tar: missing" in r.stdout
+        and "train/shard-000003.tar: 1000 bytes" in r.stdout
+    )
     assert run_cli("info", ref).returncode == 0
 
-    r = run_cli("convert", "folder", "--root", reader["root"], "--out", out, "--samples-per-shard", 2, "--no-progress")
+    r = run_cli(
+        "convert",
+        "folder",
+        "--root",
+        reader["root"],
+        "--out",
+        out,
+        "--samples-per-shard",
+        2,
+        "--no-progress",
+    )
     assert r.returncode == 0 and "nothing to do" not in r.stdout
     assert "rewrote 2 shard(s)" in r.stdout and "train/shard-000001.tar" in r.stdout
     assert tree_digest(out) == tree_digest(ref)
@@ -147,8 +190,12 @@ def test_deleted_or_truncated_shard_is_reported_and_only_it_rewritten(tmp_path):
 def test_librispeech_chapter_without_transcript_file_is_counted(tmp_path):
     root, _ = make_librispeech(tmp_path / "ls")  # 2 speakers x 2 chapters x 3 utterances
     (root / "19" / "198" / "19-198.trans.txt").unlink()
-    outcome = convert("librispeech", tmp_path / "out", reader={"root": str(root)}, max_error_fraction=0.5)
-    assert outcome.report["totals"]["written"] == 9 and reason_counts(outcome.report) == {"empty_text": 3}
+    outcome = convert(
+        "librispeech", tmp_path / "out", reader={"root": str(root)}, max_error_fraction=0.5
+    )
+    assert outcome.report["totals"]["written"] == 9 and reason_counts(outcome.report) == {
+        "empty_text": 3
+    }
     assert "19-198-0000" in outcome.report["skipped_by_reason"]["empty_text"]["examples"]
 
 
@@ -157,21 +204,31 @@ def test_folder_dangling_symlink_and_loop_are_counted(tmp_path):
     for name, target in (("dangling", "nowhere.png"), ("loop", "loop.png")):
         (root / f"{name}.png").symlink_to(target)
         (root / f"{name}.txt").write_text("a caption for an image that cannot be read")
-    outcome = convert("folder", tmp_path / "out", reader={"root": str(root)}, max_error_fraction=0.5)
+    outcome = convert(
+        "folder", tmp_path / "out", reader={"root": str(root)}, max_error_fraction=0.5
+    )
     assert reason_counts(outcome.report) == {"missing_file": 2}
-    details = [json.loads(line)["detail"] for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    details = [
+        json.loads(line)["detail"]
+        for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()
+    ]
     assert any("dangling" in d for d in details) and any("loop" in d for d in details)
 
 
 def test_coco_annotations_with_unknown_string_or_bad_image_ids_are_counted(tmp_path):
     ann, images, _ = make_coco(tmp_path / "raw", n_good=30)
     doc = json.loads(ann.read_text())
-    doc["annotations"] += [{"id": 1, "image_id": 999, "caption": "no such image"},
-                           {"id": 2, "image_id": "3", "caption": "a string id"},
-                           {"id": 3, "image_id": [1], "caption": "a list id"},
-                           "not an object", {"id": 4, "image_id": 5, "caption": 7}]
+    doc["annotations"] += [
+        {"id": 1, "image_id": 999, "caption": "no such image"},
+        {"id": 2, "image_id": "3", "caption": "a string id"},
+        {"id": 3, "image_id": [1], "caption": "a list id"},
+        "not an object",
+        {"id": 4, "image_id": 5, "caption": 7},
+    ]
     ann.write_text(json.dumps(doc))
-    outcome = convert("coco", tmp_path / "out", reader={"annotations": str(ann), "images": str(images)})
+    outcome = convert(
+        "coco", tmp_path / "out", reader={"annotations": str(ann), "images": str(images)}
+    )
     assert reason_counts(outcome.report) == {"unknown_image_id": 3, "malformed_line": 2}
     assert outcome.report["totals"]["written"] == 30
 
@@ -203,7 +260,20 @@ def test_read_only_out_gives_one_line(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(Path, "mkdir", read_only)
     root = folder_corpus(tmp_path / "raw")
-    assert main(["convert", "folder", "--root", str(root), "--out", str(tmp_path / "ro" / "out"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "convert",
+                "folder",
+                "--root",
+                str(root),
+                "--out",
+                str(tmp_path / "ro" / "out"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "Read-only file system" in err and len(err.strip().splitlines()) == 1
 
@@ -214,7 +284,9 @@ def test_coco_null_lists_give_one_line(tmp_path, field):
     doc = json.loads(ann.read_text())
     doc[field] = None
     ann.write_text(json.dumps(doc))
-    r = run_cli("convert", "coco", "--annotations", ann, "--images", images, "--out", tmp_path / "o")
+    r = run_cli(
+        "convert", "coco", "--annotations", ann, "--images", images, "--out", tmp_path / "o"
+    )
     assert one_line_error(r) and "not a COCO captions file" in r.stderr and field in r.stderr
     assert not (tmp_path / "o").exists()
 
@@ -222,8 +294,20 @@ def test_coco_null_lists_give_one_line(tmp_path, field):
 def test_unreachable_ray_address_fails_fast(tmp_path):
     root = folder_corpus(tmp_path / "raw")
     start = time.monotonic()
-    r = run_cli("convert", "folder", "--root", root, "--out", tmp_path / "o", "--no-progress", "--executor", "ray",
-                "--ray-address", "127.0.0.1:1", timeout=90)
+    r = run_cli(
+        "convert",
+        "folder",
+        "--root",
+        root,
+        "--out",
+        tmp_path / "o",
+        "--no-progress",
+        "--executor",
+        "ray",
+        "--ray-address",
+        "127.0.0.1:1",
+        timeout=90,
+    )
     assert time.monotonic() - start < 30
     assert one_line_error(r) and "--ray-address" in r.stderr and "cannot reach" in r.stderr
     assert not (tmp_path / "o").exists()
@@ -244,12 +328,24 @@ def test_bom_in_csv_header_jsonl_and_sidecars_is_stripped(tmp_path):
     root = tmp_path / "raw"
     rels = make_image_files(root, 2)
     bom = "\ufeff".encode()
-    (root / "m.csv").write_bytes(bom + f"image,caption\n{rels[0]},first\n{rels[1]},second\n".encode())
-    (root / "m.jsonl").write_bytes(bom + b"\n".join(json.dumps({"image": r, "caption": c}).encode()
-                                                    for r, c in zip(rels, ("first", "second"))))
+    (root / "m.csv").write_bytes(
+        bom + f"image,caption\n{rels[0]},first\n{rels[1]},second\n".encode()
+    )
+    (root / "m.jsonl").write_bytes(
+        bom
+        + b"\n".join(
+            json.dumps({"image": r, "caption": c}).encode()
+            for r, c in zip(rels, ("first", "second"))
+        )
+    )
     for fmt in ("csv", "jsonl"):
         outcome = convert("manifest", tmp_path / fmt, reader={"manifest": str(root / f"m.{fmt}")})
-        assert outcome.report["totals"] == {"seen": 2, "written": 2, "skipped": 0, "skipped_fraction": 0.0}, fmt
+        assert outcome.report["totals"] == {
+            "seen": 2,
+            "written": 2,
+            "skipped": 0,
+            "skipped_fraction": 0.0,
+        }, fmt
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "a.png").write_bytes(image_bytes(1))
@@ -257,8 +353,15 @@ def test_bom_in_csv_header_jsonl_and_sidecars_is_stripped(tmp_path):
     (folder / "b.png").write_bytes(image_bytes(2))
     (folder / "b.json").write_bytes(bom + json.dumps({"caption": "json with a BOM"}).encode())
     convert("folder", tmp_path / "fo", reader={"root": str(folder)})
-    texts = {k: json.loads(v)["caption"] for k, v in members(tmp_path / "fo").items() if k.endswith("text.json")}
-    assert texts == {"train/a.text.json": "a caption with a BOM", "train/b.text.json": "json with a BOM"}
+    texts = {
+        k: json.loads(v)["caption"]
+        for k, v in members(tmp_path / "fo").items()
+        if k.endswith("text.json")
+    }
+    assert texts == {
+        "train/a.text.json": "a caption with a BOM",
+        "train/b.text.json": "json with a BOM",
+    }
 
 
 def test_bom_in_librispeech_transcript_is_stripped(tmp_path):
@@ -278,7 +381,13 @@ def wav(subtype: str, seconds=0.2, rate=16000, fmt="WAV") -> bytes:
 
     t = np.arange(int(seconds * rate)) / rate
     buf = io.BytesIO()
-    soundfile.write(buf, (0.4 * np.sin(2 * np.pi * 330 * t)).astype(np.float64), rate, format=fmt, subtype=subtype)
+    soundfile.write(
+        buf,
+        (0.4 * np.sin(2 * np.pi * 330 * t)).astype(np.float64),
+        rate,
+        format=fmt,
+        subtype=subtype,
+    )
     return buf.getvalue()
 
 
@@ -287,44 +396,80 @@ def audio_manifest(root: Path, files: dict[str, bytes]) -> str:
     lines = []
     for name, data in files.items():
         (root / name).write_bytes(data)
-        lines.append(json.dumps({"audio_filepath": name, "text": f"clip {name}", "id": name.split(".")[0]}))
+        lines.append(
+            json.dumps({"audio_filepath": name, "text": f"clip {name}", "id": name.split(".")[0]})
+        )
     (root / "m.jsonl").write_text("\n".join(lines) + "\n")
     return str(root / "m.jsonl")
 
 
 def test_audio_parts_are_named_by_detected_format(tmp_path):
-    manifest = audio_manifest(tmp_path / "raw", {"noext": wav("PCM_16"), "liar.flac": wav("PCM_16"),
-                                                 "real.flac": wav("PCM_16", fmt="FLAC")})
-    convert("audio-manifest", tmp_path / "keep", reader={"manifest": manifest}, audio=AudioOptions("keep"))
+    manifest = audio_manifest(
+        tmp_path / "raw",
+        {
+            "noext": wav("PCM_16"),
+            "liar.flac": wav("PCM_16"),
+            "real.flac": wav("PCM_16", fmt="FLAC"),
+        },
+    )
+    convert(
+        "audio-manifest",
+        tmp_path / "keep",
+        reader={"manifest": manifest},
+        audio=AudioOptions("keep"),
+    )
     keep = members(tmp_path / "keep")
-    assert sorted(k for k in keep if "audio" in k) == ["train/liar.audio.wav", "train/noext.audio.wav",
-                                                        "train/real.audio.flac"]
+    assert sorted(k for k in keep if "audio" in k) == [
+        "train/liar.audio.wav",
+        "train/noext.audio.wav",
+        "train/real.audio.flac",
+    ]
     assert keep["train/liar.audio.wav"] == (tmp_path / "raw" / "liar.flac").read_bytes()
     convert("audio-manifest", tmp_path / "flac", reader={"manifest": manifest})
     flac = members(tmp_path / "flac")
-    assert sorted(k for k in flac if "audio" in k) == ["train/liar.audio.flac", "train/noext.audio.flac",
-                                                        "train/real.audio.flac"]
-    assert flac["train/liar.audio.flac"][:4] == b"fLaC"  # re-encoded, not WAV bytes under a FLAC name
-    assert flac["train/real.audio.flac"] == keep["train/real.audio.flac"] == (tmp_path / "raw" / "real.flac").read_bytes()
+    assert sorted(k for k in flac if "audio" in k) == [
+        "train/liar.audio.flac",
+        "train/noext.audio.flac",
+        "train/real.audio.flac",
+    ]
+    assert (
+        flac["train/liar.audio.flac"][:4] == b"fLaC"
+    )  # re-encoded, not WAV bytes under a FLAC name
+    assert (
+        flac["train/real.audio.flac"]
+        == keep["train/real.audio.flac"]
+        == (tmp_path / "raw" / "real.flac").read_bytes()
+    )
 
 
 def test_24_bit_and_float_wav_keep_their_depth(tmp_path):
     import soundfile
 
-    manifest = audio_manifest(tmp_path / "raw", {"deep.wav": wav("PCM_24"), "float.wav": wav("FLOAT"),
-                                                 "plain.wav": wav("PCM_16")})
+    manifest = audio_manifest(
+        tmp_path / "raw",
+        {"deep.wav": wav("PCM_24"), "float.wav": wav("FLOAT"), "plain.wav": wav("PCM_16")},
+    )
     convert("audio-manifest", tmp_path / "out", reader={"manifest": manifest})
     m = members(tmp_path / "out")
-    assert sorted(k for k in m if "audio" in k) == ["train/deep.audio.flac", "train/float.audio.wav",
-                                                     "train/plain.audio.flac"]
+    assert sorted(k for k in m if "audio" in k) == [
+        "train/deep.audio.flac",
+        "train/float.audio.wav",
+        "train/plain.audio.flac",
+    ]
     assert soundfile.info(io.BytesIO(m["train/deep.audio.flac"])).subtype == "PCM_24"
     deep, _ = soundfile.read(io.BytesIO(m["train/deep.audio.flac"]), dtype="int32")
     src, _ = soundfile.read(tmp_path / "raw" / "deep.wav", dtype="int32")
     assert np.array_equal(deep, src)  # lossless, all 24 bits
     assert m["train/float.audio.wav"] == (tmp_path / "raw" / "float.wav").read_bytes()
     assert soundfile.info(io.BytesIO(m["train/plain.audio.flac"])).subtype == "PCM_16"
-    meta = {k: json.loads(v)["source"]["sample_format"] for k, v in m.items() if k.endswith("text.json")}
-    assert meta == {"train/deep.text.json": "s24", "train/float.text.json": "f32", "train/plain.text.json": "s16"}
+    meta = {
+        k: json.loads(v)["source"]["sample_format"] for k, v in m.items() if k.endswith("text.json")
+    }
+    assert meta == {
+        "train/deep.text.json": "s24",
+        "train/float.text.json": "f32",
+        "train/plain.text.json": "s16",
+    }
 
 
 # ---------------------------------------------------------------- 10: lock and index bytes
@@ -345,12 +490,26 @@ def test_second_conversion_is_refused_while_one_runs_and_a_killed_holder_frees_i
     out = tmp_path / "out"
     convert("folder", out, reader=reader)
     before = tree_digest(out)
-    with subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True) as holder:
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True
+    ) as holder:
         try:
             assert holder.stdout.readline().strip() == "locked"
             for extra in ([], ["--overwrite"], ["--samples-per-shard", "2", "--overwrite"]):
-                r = run_cli("convert", "folder", "--root", reader["root"], "--out", out, "--no-progress", *extra)
-                assert one_line_error(r) and f"being written by another conversion (pid {holder.pid}" in r.stderr
+                r = run_cli(
+                    "convert",
+                    "folder",
+                    "--root",
+                    reader["root"],
+                    "--out",
+                    out,
+                    "--no-progress",
+                    *extra,
+                )
+                assert (
+                    one_line_error(r)
+                    and f"being written by another conversion (pid {holder.pid}" in r.stderr
+                )
             assert tree_digest(out) == before  # --overwrite did not delete the running conversion
         finally:
             os.kill(holder.pid, signal.SIGKILL)
@@ -363,14 +522,18 @@ def test_index_sqlite_bytes_after_an_interrupted_finish_equal_an_uninterrupted_r
     ref, out = tmp_path / "ref", tmp_path / "out"
     convert("folder", ref, reader=reader, samples_per_shard=2, val_fraction=0.3)
     convert("folder", out, reader=reader, samples_per_shard=2, val_fraction=0.3)
-    assert (out / ".nv-meta" / "index.sqlite").read_bytes() == (ref / ".nv-meta" / "index.sqlite").read_bytes()
+    assert (out / ".nv-meta" / "index.sqlite").read_bytes() == (
+        ref / ".nv-meta" / "index.sqlite"
+    ).read_bytes()
     # SIGINT during Energon's indexing: the index exists (partly written), the run is not finished
     state = json.loads((out / ".convert" / "state.json").read_text())
     (out / ".convert" / "state.json").write_text(json.dumps({**state, "finished": False}))
     (out / "report.json").unlink()
     again = convert("folder", out, reader=reader, samples_per_shard=2, val_fraction=0.3)
     assert not again.already_done
-    assert (out / ".nv-meta" / "index.sqlite").read_bytes() == (ref / ".nv-meta" / "index.sqlite").read_bytes()
+    assert (out / ".nv-meta" / "index.sqlite").read_bytes() == (
+        ref / ".nv-meta" / "index.sqlite"
+    ).read_bytes()
     assert tree_digest(out) == tree_digest(ref)
 
 
@@ -380,15 +543,28 @@ def test_index_sqlite_bytes_after_an_interrupted_finish_equal_an_uninterrupted_r
 def test_null_or_missing_manifest_id_never_becomes_a_key(tmp_path):
     root = tmp_path / "raw"
     rels = make_image_files(root, 4)
-    rows = [{"image": rels[0], "caption": "a", "uid": None}, {"image": rels[1], "caption": "b"},
-            {"image": rels[2], "caption": "c", "uid": "ok"}, {"image": rels[3], "caption": "d", "uid": 0}]
+    rows = [
+        {"image": rels[0], "caption": "a", "uid": None},
+        {"image": rels[1], "caption": "b"},
+        {"image": rels[2], "caption": "c", "uid": "ok"},
+        {"image": rels[3], "caption": "d", "uid": 0},
+    ]
     (root / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    outcome = convert("manifest", tmp_path / "out", reader={"manifest": str(root / "m.jsonl"), "id_column": "uid"},
-                      max_error_fraction=0.6)
+    outcome = convert(
+        "manifest",
+        tmp_path / "out",
+        reader={"manifest": str(root / "m.jsonl"), "id_column": "uid"},
+        max_error_fraction=0.6,
+    )
     assert reason_counts(outcome.report) == {"malformed_line": 2}
     assert {k.split("/")[1].split(".")[0] for k in members(tmp_path / "out")} == {"ok", "0"}
-    audio = audio_manifest(tmp_path / "a", {"x.wav": tone_bytes(1, fmt="wav"), "y.wav": tone_bytes(2, fmt="wav")})
-    lines = [dict(json.loads(line), id=v) for line, v in zip(Path(audio).read_text().splitlines(), (None, 0))]
+    audio = audio_manifest(
+        tmp_path / "a", {"x.wav": tone_bytes(1, fmt="wav"), "y.wav": tone_bytes(2, fmt="wav")}
+    )
+    lines = [
+        dict(json.loads(line), id=v)
+        for line, v in zip(Path(audio).read_text().splitlines(), (None, 0))
+    ]
     Path(audio).write_text("\n".join(map(json.dumps, lines)) + "\n")
     convert("audio-manifest", tmp_path / "ao", reader={"manifest": audio})
     keys = {k.split("/")[1].split(".")[0] for k in members(tmp_path / "ao")}
@@ -398,9 +574,14 @@ def test_null_or_missing_manifest_id_never_becomes_a_key(tmp_path):
 def test_duplicate_id_messages_name_both_files(tmp_path):
     ann, images, _ = make_coco(tmp_path / "raw", n_good=12, bad=True)
     convert("coco", tmp_path / "out", reader={"annotations": str(ann), "images": str(images)})
-    dup = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()
-           if json.loads(line)["reason"] == "duplicate_id"]
-    assert len(dup) == 1 and "img_0002.png" in dup[0]["detail"] and "img_0001.png" in dup[0]["detail"]
+    dup = [
+        json.loads(line)
+        for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()
+        if json.loads(line)["reason"] == "duplicate_id"
+    ]
+    assert (
+        len(dup) == 1 and "img_0002.png" in dup[0]["detail"] and "img_0001.png" in dup[0]["detail"]
+    )
 
 
 def test_sidecars_empty_txt_does_not_hide_json_and_case_is_ignored(tmp_path):
@@ -413,10 +594,17 @@ def test_sidecars_empty_txt_does_not_hide_json_and_case_is_ignored(tmp_path):
     (root / "b.TXT").write_text("upper-case sidecar")
     (root / "c.Json").write_text(json.dumps("a json string"))
     outcome = convert("folder", tmp_path / "out", reader={"root": str(root)})
-    texts = {k: json.loads(v)["caption"] for k, v in members(tmp_path / "out").items() if k.endswith("text.json")}
+    texts = {
+        k: json.loads(v)["caption"]
+        for k, v in members(tmp_path / "out").items()
+        if k.endswith("text.json")
+    }
     assert outcome.report["totals"]["skipped"] == 0
-    assert texts == {"train/a.text.json": "from the json", "train/b.text.json": "upper-case sidecar",
-                     "train/c.text.json": "a json string"}
+    assert texts == {
+        "train/a.text.json": "from the json",
+        "train/b.text.json": "upper-case sidecar",
+        "train/c.text.json": "a json string",
+    }
 
 
 def test_long_ids_give_bounded_unique_stable_keys(tmp_path):
@@ -427,18 +615,28 @@ def test_long_ids_give_bounded_unique_stable_keys(tmp_path):
     assert make_key("x" * MAX_KEY_LENGTH) == "x" * MAX_KEY_LENGTH  # short enough: kept verbatim
     root = tmp_path / "raw"
     rels = make_image_files(root, 2)
-    (root / "m.jsonl").write_text("".join(json.dumps({"image": r, "caption": caption(i), "uid": uid}) + "\n"
-                                          for i, (r, uid) in enumerate(zip(rels, (long_a, long_b)))))
+    (root / "m.jsonl").write_text(
+        "".join(
+            json.dumps({"image": r, "caption": caption(i), "uid": uid}) + "\n"
+            for i, (r, uid) in enumerate(zip(rels, (long_a, long_b)))
+        )
+    )
     out = tmp_path / "out"
     convert("manifest", out, reader={"manifest": str(root / "m.jsonl"), "id_column": "uid"})
     with tarfile.open(next(out.glob("train/*.tar"))) as tf:
         names = tf.getnames()
     assert len(names) == 4 and max(len(n) for n in names) <= MAX_KEY_LENGTH + len(".image.png")
-    subprocess.run(["tar", "xf", str(next(out.glob("train/*.tar"))), "-C", str(tmp_path)], check=True)
+    subprocess.run(
+        ["tar", "xf", str(next(out.glob("train/*.tar"))), "-C", str(tmp_path)], check=True
+    )
 
 
 def test_root_and_manifest_have_help():
-    for kind, arg in (("folder", "--root"), ("librispeech", "--root"), ("audio-manifest", "--manifest")):
+    for kind, arg in (
+        ("folder", "--root"),
+        ("librispeech", "--root"),
+        ("audio-manifest", "--manifest"),
+    ):
         r = run_cli("convert", kind, "--help")
         options = r.stdout.split("\n\n", 1)[1]  # after the usage lines
         line = next(ln for ln in options.splitlines() if ln.strip().startswith(arg))
@@ -475,7 +673,9 @@ def test_rerun_after_a_kill_converts_only_the_missing_shards(tmp_path):
     convert("folder", out, reader=reader, samples_per_shard=2)
     # what a SIGKILL in the middle leaves: some units done, others without stats or tar, no report
     state = json.loads((out / ".convert" / "state.json").read_text())
-    (out / ".convert" / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "finished"}))
+    (out / ".convert" / "state.json").write_text(
+        json.dumps({k: v for k, v in state.items() if k != "finished"})
+    )
     for name in ("report.json", "skipped.jsonl"):
         (out / name).unlink()
     for i in (2, 4):
@@ -487,7 +687,10 @@ def test_rerun_after_a_kill_converts_only_the_missing_shards(tmp_path):
     assert not again.already_done
     after = stamps(out)
     assert {k: after[k] for k in finished} == finished  # finished shards untouched
-    assert sorted(set(after) - set(finished)) == ["train/shard-000002.tar", "train/shard-000004.tar"]
+    assert sorted(set(after) - set(finished)) == [
+        "train/shard-000002.tar",
+        "train/shard-000004.tar",
+    ]
     assert tree_digest(out) == tree_digest(ref)
 
 

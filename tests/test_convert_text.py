@@ -14,17 +14,25 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_convert import (
+    assert_kill_and_rerun_is_byte_identical,
+    convert,
+    members,
+    run_cli,
+    tree_digest,
+)
 
 from converters.convert import ConvertError, reason_counts
 from converters.readers import InputError
 from converters.records import KEY_PATTERN
-from test_convert import assert_kill_and_rerun_is_byte_identical, convert, members, run_cli, tree_digest
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT_MINI = REPO / "data" / "text_mini" / "documents.jsonl"
 TEXT_SMALL = str(REPO / "configs" / "encoders" / "text_small.yaml")
-WORDS = ("the loader reads shards of short documents and packs them into rows while a small model "
-         "learns to predict the next token from the ones before it").split()
+WORDS = (
+    "the loader reads shards of short documents and packs them into rows while a small model "
+    "learns to predict the next token from the ones before it"
+).split()
 
 
 def doc(i: int) -> str:
@@ -58,9 +66,14 @@ def read_back(out: Path, split: str = "train") -> dict[str, object]:
     """Every sample of one pass over ``split`` through Energon's get_train_dataset, by key."""
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
-    ds = get_train_dataset(out, split_part=split, batch_size=None, shuffle_buffer_size=None,
-                           max_samples_per_sequence=None,
-                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+    ds = get_train_dataset(
+        out,
+        split_part=split,
+        batch_size=None,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+    )
     seen = {}
     for s in get_loader(ds):
         if s.__key__ in seen:
@@ -80,22 +93,36 @@ def test_documents_convert_to_text_samples_energon_reads(tmp_path, fmt):
     rows[3]["body"] = "  Leading and trailing blanks go.\nInner lines stay.  "
     path = write_docs(tmp_path / "raw" / f"docs.{fmt}", rows)
     out = tmp_path / "out"
-    outcome = convert("text", out, reader={"manifest": str(path), "text_column": "body", "id_column": "uid"},
-                      samples_per_shard=6)
+    outcome = convert(
+        "text",
+        out,
+        reader={"manifest": str(path), "text_column": "body", "id_column": "uid"},
+        samples_per_shard=6,
+    )
     rep = outcome.report
     assert outcome.ok and rep["modality"] == "text"
     assert rep["totals"] == {"seen": 20, "written": 20, "skipped": 0, "skipped_fraction": 0.0}
     assert [s["samples"] for s in rep["shards"]] == [6, 6, 6, 2]
 
     m = members(out)
-    assert sorted(m) == sorted(f"train/doc-{i:03d}.text.json" for i in range(20))  # one part per sample
+    assert sorted(m) == sorted(
+        f"train/doc-{i:03d}.text.json" for i in range(20)
+    )  # one part per sample
     first = json.loads(m["train/doc-003.text.json"])
     row = 3 if fmt == "parquet" else (4 if fmt == "jsonl" else 5)  # row index / line number
-    assert first == {"text": "Leading and trailing blanks go.\nInner lines stay.",
-                     "source": {"kind": "text", "id": "doc-003", "file": f"docs.{fmt}[{row}]", "manifest_row": row}}
+    assert first == {
+        "text": "Leading and trailing blanks go.\nInner lines stay.",
+        "source": {
+            "kind": "text",
+            "id": "doc-003",
+            "file": f"docs.{fmt}[{row}]",
+            "manifest_row": row,
+        },
+    }
     assert yaml.safe_load((out / ".nv-meta" / "dataset.yaml").read_text()) == {
         "sample_type": {"__module__": "megatron.energon", "__class__": "TextSample"},
-        "field_map": {"text": "text.json[text]"}}
+        "field_map": {"text": "text.json[text]"},
+    }
 
     seen = read_back(out)
     assert sorted(seen) == [r["uid"] for r in rows]
@@ -107,22 +134,36 @@ def test_default_columns_and_row_keys(tmp_path):
     path = write_docs(tmp_path / "raw" / "plain.jsonl", [{"text": doc(i)} for i in range(5)])
     out = tmp_path / "out"
     outcome = convert("text", out, reader={"manifest": str(path)})
-    assert outcome.ok and sorted(read_back(out)) == [f"row-{n:09d}" for n in range(1, 6)]  # by line number
+    assert outcome.ok and sorted(read_back(out)) == [
+        f"row-{n:09d}" for n in range(1, 6)
+    ]  # by line number
     info = run_cli("info", out)
-    assert info.returncode == 0 and "sample type: TextSample" in info.stdout and "parts: text.json" in info.stdout
+    assert (
+        info.returncode == 0
+        and "sample type: TextSample" in info.stdout
+        and "parts: text.json" in info.stdout
+    )
 
 
 def test_parquet_bytes_column_is_decoded(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"id": ["a", "b", "c"], "text": pa.array([b"caf\xc3\xa9 au lait", b"caf\xe9", b"  "],
-                                                              type=pa.binary())})
+    table = pa.table(
+        {
+            "id": ["a", "b", "c"],
+            "text": pa.array([b"caf\xc3\xa9 au lait", b"caf\xe9", b"  "], type=pa.binary()),
+        }
+    )
     path = tmp_path / "raw" / "bytes.parquet"
     path.parent.mkdir()
     pq.write_table(table, path)
-    outcome = convert("text", tmp_path / "out", reader={"manifest": str(path), "id_column": "id"},
-                      max_error_fraction=1.0)
+    outcome = convert(
+        "text",
+        tmp_path / "out",
+        reader={"manifest": str(path), "id_column": "id"},
+        max_error_fraction=1.0,
+    )
     assert reason_counts(outcome.report) == {"invalid_utf8": 1, "empty_text": 1}
     assert {k: s.text for k, s in read_back(tmp_path / "out").items()} == {"a": "café au lait"}
 
@@ -154,33 +195,71 @@ def test_every_bad_input_reason_is_counted_and_listed(tmp_path):
     path.parent.mkdir()
     path.write_bytes(("\n".join(lines) + "\n").encode() + b'{"id": "latin1", "text": "caf\xe9"}\n')
     out = tmp_path / "out"
-    outcome = convert("text", out, reader={"manifest": str(path), "id_column": "id"}, max_error_fraction=1.0)
-    assert reason_counts(outcome.report) == {"empty_text": 4, "invalid_utf8": 3, "malformed_line": 7,
-                                             "duplicate_id": 1}
+    outcome = convert(
+        "text", out, reader={"manifest": str(path), "id_column": "id"}, max_error_fraction=1.0
+    )
+    assert reason_counts(outcome.report) == {
+        "empty_text": 4,
+        "invalid_utf8": 3,
+        "malformed_line": 7,
+        "duplicate_id": 1,
+    }
     assert outcome.report["totals"]["written"] == 3 and outcome.report["totals"]["seen"] == 18
-    assert {k: s.text for k, s in read_back(out).items()} == {"good-1": doc(1), "good-2": doc(2), "7": doc(7)}
+    assert {k: s.text for k, s in read_back(out).items()} == {
+        "good-1": doc(1),
+        "good-2": doc(2),
+        "7": doc(7),
+    }
     skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
     by_id = {p["id"]: p for p in skipped}
-    assert by_id["surrogate"]["reason"] == "invalid_utf8" and by_id["line 18"]["reason"] == "invalid_utf8"
+    assert (
+        by_id["surrogate"]["reason"] == "invalid_utf8"
+        and by_id["line 18"]["reason"] == "invalid_utf8"
+    )
     assert by_id["row 17"]["reason"] == "invalid_utf8"  # the id
-    assert by_id["number"]["reason"] == "malformed_line" and "not a string" in by_id["number"]["detail"]
-    assert by_id["good-1"]["reason"] == "duplicate_id" and "bad.jsonl[12]" in by_id["good-1"]["detail"]
-    assert {by_id[f"row {n}"]["reason"] for n in (13, 14, 15)} == {"malformed_line"}  # null, empty, missing id
+    assert (
+        by_id["number"]["reason"] == "malformed_line"
+        and "not a string" in by_id["number"]["detail"]
+    )
+    assert (
+        by_id["good-1"]["reason"] == "duplicate_id" and "bad.jsonl[12]" in by_id["good-1"]["detail"]
+    )
+    assert {by_id[f"row {n}"]["reason"] for n in (13, 14, 15)} == {
+        "malformed_line"
+    }  # null, empty, missing id
     assert "null" in by_id["row 13"]["detail"]
     assert len(skipped) == 15
 
 
 def test_bad_rows_in_parquet_and_csv(tmp_path):
-    rows = [{"id": "a", "text": doc(0)}, {"id": None, "text": doc(1)}, {"id": "c", "text": None},
-            {"id": "a", "text": doc(3)}, {"id": "e", "text": doc(4)}]
+    rows = [
+        {"id": "a", "text": doc(0)},
+        {"id": None, "text": doc(1)},
+        {"id": "c", "text": None},
+        {"id": "a", "text": doc(3)},
+        {"id": "e", "text": doc(4)},
+    ]
     p = write_docs(tmp_path / "raw" / "d.parquet", rows)
-    rep = convert("text", tmp_path / "pq", reader={"manifest": str(p), "id_column": "id"}, max_error_fraction=1.0).report
+    rep = convert(
+        "text",
+        tmp_path / "pq",
+        reader={"manifest": str(p), "id_column": "id"},
+        max_error_fraction=1.0,
+    ).report
     assert reason_counts(rep) == {"malformed_line": 1, "empty_text": 1, "duplicate_id": 1}
     c = tmp_path / "raw" / "d.csv"
     c.write_text('id,text\na,one document\n,no id\nc,\nd,"two\nlines"\ne,too,many\n')
-    rep = convert("text", tmp_path / "csv", reader={"manifest": str(c), "id_column": "id"}, max_error_fraction=1.0).report
+    rep = convert(
+        "text",
+        tmp_path / "csv",
+        reader={"manifest": str(c), "id_column": "id"},
+        max_error_fraction=1.0,
+    ).report
     assert reason_counts(rep) == {"malformed_line": 2, "empty_text": 1}
-    assert {k: s.text for k, s in read_back(tmp_path / "csv").items()} == {"a": "one document", "d": "two\nlines"}
+    assert {k: s.text for k, s in read_back(tmp_path / "csv").items()} == {
+        "a": "one document",
+        "d": "two\nlines",
+    }
 
 
 def test_user_errors_are_one_line_exit_2(tmp_path, capsys):
@@ -189,17 +268,24 @@ def test_user_errors_are_one_line_exit_2(tmp_path, capsys):
     r = run_cli(*base, "--manifest", path)
     assert r.returncode == 2 and "no column 'text'" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    for reader, expected in (({"manifest": str(path), "text_column": "body", "id_column": "nope"}, "no column 'nope'"),
-                             ({"manifest": str(tmp_path / "absent.jsonl")}, "not found"),
-                             ({"manifest": str(tmp_path / "raw")}, "not found"),
-                             ({"manifest": str(write_docs(tmp_path / "raw" / "d.txt", good_rows(2), "jsonl"))}, "--format")):
+    for reader, expected in (
+        ({"manifest": str(path), "text_column": "body", "id_column": "nope"}, "no column 'nope'"),
+        ({"manifest": str(tmp_path / "absent.jsonl")}, "not found"),
+        ({"manifest": str(tmp_path / "raw")}, "not found"),
+        (
+            {"manifest": str(write_docs(tmp_path / "raw" / "d.txt", good_rows(2), "jsonl"))},
+            "--format",
+        ),
+    ):
         with pytest.raises(InputError, match=expected):
             convert("text", tmp_path / "o1", reader=reader)
     latin = tmp_path / "raw" / "latin.csv"
     latin.write_bytes(b"text\ncaf\xe9\n")
     with pytest.raises(InputError, match="not UTF-8"):
         convert("text", tmp_path / "o2", reader={"manifest": str(latin)})
-    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()  # refused before writing
+    assert (
+        not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    )  # refused before writing
     r = run_cli(*base, "--manifest", path, "--text-column", "body", "--id-column", "uid")
     assert r.returncode == 0 and "3 samples written, 0 skipped" in r.stdout, r.stderr
 
@@ -214,7 +300,9 @@ def test_user_errors_are_one_line_exit_2(tmp_path, capsys):
 
 
 def test_too_many_skipped_exits_1(tmp_path):
-    path = write_docs(tmp_path / "raw" / "docs.jsonl", [{"text": doc(0)}, {"text": ""}, {"text": " "}])
+    path = write_docs(
+        tmp_path / "raw" / "docs.jsonl", [{"text": doc(0)}, {"text": ""}, {"text": " "}]
+    )
     r = run_cli("convert", "text", "--manifest", path, "--out", tmp_path / "out", "--no-progress")
     assert r.returncode == 1 and "exceeds --max-error-fraction" in r.stdout
 
@@ -224,8 +312,10 @@ def test_too_many_skipped_exits_1(tmp_path):
 
 @pytest.fixture(scope="module")
 def docs120(tmp_path_factory) -> Path:
-    rows = [{"uid": f"d{i:04d}", "body": doc(i)} for i in range(120)] + [{"uid": "d0000", "body": "dup"},
-                                                                        {"uid": "empty", "body": ""}]
+    rows = [{"uid": f"d{i:04d}", "body": doc(i)} for i in range(120)] + [
+        {"uid": "d0000", "body": "dup"},
+        {"uid": "empty", "body": ""},
+    ]
     return write_docs(tmp_path_factory.mktemp("docs120") / "docs.jsonl", rows)
 
 
@@ -237,8 +327,14 @@ def reader_of(path: Path) -> dict:
 def test_same_bytes_twice_and_for_any_worker_count(tmp_path, docs120):
     digests = []
     for name, workers in (("a", 1), ("b", 1), ("c", 2)):
-        convert("text", tmp_path / name, reader=reader_of(docs120), samples_per_shard=9, val_fraction=0.2,
-                workers=workers)
+        convert(
+            "text",
+            tmp_path / name,
+            reader=reader_of(docs120),
+            samples_per_shard=9,
+            val_fraction=0.2,
+            workers=workers,
+        )
         digests.append(tree_digest(tmp_path / name))
     assert digests[0] == digests[1] == digests[2]
     report = json.loads(digests[0]["report.json"])
@@ -255,13 +351,33 @@ def test_rerun_does_nothing_and_changed_documents_are_refused(tmp_path, docs120)
     again = convert("text", out, reader=reader_of(docs120), samples_per_shard=16)
     assert again.already_done and again.report == first.report
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    args = ["convert", "text", "--manifest", docs120, "--text-column", "body", "--id-column", "uid",
-            "--samples-per-shard", 16, "--out", out, "--no-progress"]
+    args = [
+        "convert",
+        "text",
+        "--manifest",
+        docs120,
+        "--text-column",
+        "body",
+        "--id-column",
+        "uid",
+        "--samples-per-shard",
+        16,
+        "--out",
+        out,
+        "--no-progress",
+    ]
     r = run_cli(*args)
     assert r.returncode == 0 and "nothing to do" in r.stdout
-    r = run_cli(*args, "--image-format", "keep", "--audio-format", "keep")  # no media: no media options
-    assert r.returncode == 2 and "unrecognized arguments: --image-format keep --audio-format keep" in r.stderr, r.stderr
-    state_path = next(out.rglob("state.json"))  # an output of the release that counted media options for text
+    r = run_cli(
+        *args, "--image-format", "keep", "--audio-format", "keep"
+    )  # no media: no media options
+    assert (
+        r.returncode == 2
+        and "unrecognized arguments: --image-format keep --audio-format keep" in r.stderr
+    ), r.stderr
+    state_path = next(
+        out.rglob("state.json")
+    )  # an output of the release that counted media options for text
     old_state = json.loads(state_path.read_text())
     old_state["options"].update(image={"image_format": "png"}, audio={"audio_format": "flac"})
     state_path.write_text(json.dumps(old_state))
@@ -272,7 +388,9 @@ def test_rerun_does_nothing_and_changed_documents_are_refused(tmp_path, docs120)
     with pytest.raises(ConvertError, match="different source and records"):
         convert("text", out, reader=reader_of(changed), samples_per_shard=16)
     with pytest.raises(ConvertError, match="different source"):
-        convert("text", out, reader={**reader_of(docs120), "text_column": "uid"}, samples_per_shard=16)
+        convert(
+            "text", out, reader={**reader_of(docs120), "text_column": "uid"}, samples_per_shard=16
+        )
     (out / "train" / "shard-000002.tar").unlink()
     repaired = convert("text", out, reader=reader_of(docs120), samples_per_shard=16)
     assert repaired.repaired == ["train/shard-000002.tar"]
@@ -283,16 +401,42 @@ def test_rerun_does_nothing_and_changed_documents_are_refused(tmp_path, docs120)
 
 @pytest.mark.slow
 def test_sigkill_then_rerun_is_byte_identical(tmp_path):
-    path = write_docs(tmp_path / "raw" / "docs.jsonl", [{"id": f"d{i:05d}", "text": doc(i)} for i in range(3000)])
-    args = ["convert", "text", "--manifest", path, "--id-column", "id", "--samples-per-shard", 1,
-            "--val-fraction", 0.1, "--no-progress"]
+    path = write_docs(
+        tmp_path / "raw" / "docs.jsonl", [{"id": f"d{i:05d}", "text": doc(i)} for i in range(3000)]
+    )
+    args = [
+        "convert",
+        "text",
+        "--manifest",
+        path,
+        "--id-column",
+        "id",
+        "--samples-per-shard",
+        1,
+        "--val-fraction",
+        0.1,
+        "--no-progress",
+    ]
     assert_kill_and_rerun_is_byte_identical(args, tmp_path, kill_after_units=20, total_units=3000)
 
 
 @pytest.mark.slow
 def test_ray_executor_same_bytes_as_local(tmp_path, docs120):
-    args = ["convert", "text", "--manifest", docs120, "--text-column", "body", "--id-column", "uid",
-            "--samples-per-shard", 9, "--val-fraction", 0.2, "--no-progress"]
+    args = [
+        "convert",
+        "text",
+        "--manifest",
+        docs120,
+        "--text-column",
+        "body",
+        "--id-column",
+        "uid",
+        "--samples-per-shard",
+        9,
+        "--val-fraction",
+        0.2,
+        "--no-progress",
+    ]
     assert run_cli(*args, "--out", tmp_path / "local").returncode == 0
     r = run_cli(*args, "--out", tmp_path / "ray", "--executor", "ray", "--workers", 2, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -314,8 +458,13 @@ def test_train_loader_with_the_text_encoder(text_shards):
     from energon_platform.loader.train_loader import TrainLoader
     from task_encoders.documents import TextBatch
 
-    config = load_config({"data": {"path": str(text_shards), "val_split": None}, "encoder": TEXT_SMALL,
-                          "loader": {"global_batch_size": 1, "num_workers": 0}})
+    config = load_config(
+        {
+            "data": {"path": str(text_shards), "val_split": None},
+            "encoder": TEXT_SMALL,
+            "loader": {"global_batch_size": 1, "num_workers": 0},
+        }
+    )
     loader = TrainLoader(config)
     assert loader.pack_group == 8  # text_small.yaml: packing.buffer_size
     tokenizer = loader.encoder.tokenizer.hf
@@ -323,11 +472,13 @@ def test_train_loader_with_the_text_encoder(text_shards):
     for _ in range(15):  # one epoch: 120 documents, one pack group of 8 per global batch
         batch = next(loader)
         assert isinstance(batch, TextBatch) and batch.tokens.shape[1] == 48
-        assert int(batch.num_docs.sum()) == len(batch.keys) == 8 and batch.tokens.shape[0] < 8  # packed
+        assert (
+            int(batch.num_docs.sum()) == len(batch.keys) == 8 and batch.tokens.shape[0] < 8
+        )  # packed
         flat = batch.tokens.flatten()
         for j, key in enumerate(batch.keys):
             start, length = int(batch.cu_seqlens[j]), int(batch.doc_lengths[j])
-            assert tokenizer.decode(flat[start + 1:start + length - 1].tolist()) == texts[key]
+            assert tokenizer.decode(flat[start + 1 : start + length - 1].tolist()) == texts[key]
         keys += batch.keys
     assert sorted(keys) == sorted(texts)  # every document once per epoch
     assert next(TrainLoader(config)).keys == keys[:8]  # the same order on a fresh loader
@@ -345,7 +496,9 @@ def test_multimodal_encoder_dispatches_text_samples_to_text(text_shards, make_en
     assert all(isinstance(b, MultimodalBatch) for b in mixed)
     assert {m for b in mixed for m in b.modalities} == {"text"}
     assert all(int(b.num_images.sum()) == 0 and int(b.num_audio.sum()) == 0 for b in mixed)
-    assert [b.keys for b in mixed] == [b.keys for b in plain] and sum(len(b.keys) for b in plain) == 120
+    assert [b.keys for b in mixed] == [b.keys for b in plain] and sum(
+        len(b.keys) for b in plain
+    ) == 120
     for a, b in zip(plain, mixed):  # the same tensors as the text encoder's own
         for name in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "doc_lengths"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
@@ -357,11 +510,28 @@ def test_multimodal_encoder_dispatches_text_samples_to_text(text_shards, make_en
 def test_embedded_text_corpus_converts_with_nothing_skipped(tmp_path):
     lines = TEXT_MINI.read_text(encoding="utf-8").splitlines()
     out = tmp_path / "out"
-    r = run_cli("convert", "text", "--manifest", TEXT_MINI, "--id-column", "id", "--out", out, "--no-progress")
+    r = run_cli(
+        "convert",
+        "text",
+        "--manifest",
+        TEXT_MINI,
+        "--id-column",
+        "id",
+        "--out",
+        out,
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
-    assert rep["totals"] == {"seen": len(lines), "written": len(lines), "skipped": 0, "skipped_fraction": 0.0}
+    assert rep["totals"] == {
+        "seen": len(lines),
+        "written": len(lines),
+        "skipped": 0,
+        "skipped_fraction": 0.0,
+    }
     ids = [json.loads(line)["id"] for line in lines]
     seen = read_back(out)
     assert sorted(seen) == sorted(ids) and all(KEY_PATTERN.match(k) for k in seen)
-    assert {k: s.text for k, s in seen.items()} == {json.loads(x)["id"]: json.loads(x)["text"] for x in lines}
+    assert {k: s.text for k, s in seen.items()} == {
+        json.loads(x)["id"]: json.loads(x)["text"] for x in lines
+    }

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import yaml
-
 from conftest import _convert, _image_item
 from demo_datasets import REPO
+
 from energon_platform.config import load_config
 from energon_platform.integrations.dcp import KEY, DCPLoader, decode_state, encode_state
 from energon_platform.loader.state import StateMismatchError
@@ -26,16 +26,33 @@ IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 def blend(tmp_path_factory):
     root = tmp_path_factory.mktemp("dcp")
     for name, n, offset in (("a", 20, 0), ("b", 8, 300)):
-        _convert("image_text", [_image_item(offset + i, False) for i in range(n)], root / f"raw-{name}", root / name)
+        _convert(
+            "image_text",
+            [_image_item(offset + i, False) for i in range(n)],
+            root / f"raw-{name}",
+            root / name,
+        )
     path = root / "blend.yaml"
-    path.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
-        "train": {"blend": [{"weight": 2, "path": "./a"}, {"weight": 1, "path": "./b"}]}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {
+                    "train": {"blend": [{"weight": 2, "path": "./a"}, {"weight": 1, "path": "./b"}]}
+                },
+            }
+        )
+    )
     return path
 
 
 def config(path):
-    return {"data": {"path": str(path), "val_split": None}, "encoder": IMAGE,
-            "loader": {"global_batch_size": 6, "num_workers": 0, "seed": 5}}
+    return {
+        "data": {"path": str(path), "val_split": None},
+        "encoder": IMAGE,
+        "loader": {"global_batch_size": 6, "num_workers": 0, "seed": 5},
+    }
 
 
 def test_state_round_trips_as_a_byte_tensor_and_garbage_is_refused():
@@ -92,8 +109,20 @@ LOOP = textwrap.dedent("""
 
 
 def torchrun(script, nproc, *args):
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                    str(script), *map(str, args)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(script),
+            *map(str, args),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -105,7 +134,10 @@ def test_dcp_checkpoint_from_two_ranks_resumes_on_one(blend, tmp_path):
     torchrun(script, 2, cfg, tmp_path / "ckpt", 2, "save", tmp_path / "before.json")
     torchrun(script, 1, cfg, tmp_path / "ckpt", 4, "load", tmp_path / "after.json")
     straight = json.loads((tmp_path / "straight.json").read_text())
-    before, after = json.loads((tmp_path / "before.json").read_text()), json.loads((tmp_path / "after.json").read_text())
+    before, after = (
+        json.loads((tmp_path / "before.json").read_text()),
+        json.loads((tmp_path / "after.json").read_text()),
+    )
     assert before == straight[:2] and after == straight[2:]
     # the checkpoint holds the state once, as tensor data (no pickled loader object)
     meta = dcp.FileSystemReader(str(tmp_path / "ckpt")).read_metadata()
@@ -115,9 +147,20 @@ def test_dcp_checkpoint_from_two_ranks_resumes_on_one(blend, tmp_path):
 def test_dcp_takes_balanced_fixed_shape_batches_unchanged(blend, tmp_path):
     """``loader.balance`` through DCP: the plan (position and carried samples) rides in the same
     byte tensor; the resumed loader continues with the same rows and shapes."""
-    cfg = load_config({**config(blend), "encoder": str(REPO / "configs/encoders/image_text_small_packed.yaml"),
-                       "loader": {"global_batch_size": 4, "micro_batch_size": 2, "num_workers": 0, "seed": 5,
-                                  "balance": "tokens", "length_cache": str(tmp_path / "lengths")}})
+    cfg = load_config(
+        {
+            **config(blend),
+            "encoder": str(REPO / "configs/encoders/image_text_small_packed.yaml"),
+            "loader": {
+                "global_batch_size": 4,
+                "micro_batch_size": 2,
+                "num_workers": 0,
+                "seed": 5,
+                "balance": "tokens",
+                "length_cache": str(tmp_path / "lengths"),
+            },
+        }
+    )
     straight = TrainLoader(cfg)
     reference = [next(straight) for _ in range(7)]
     straight.close()

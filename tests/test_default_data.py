@@ -27,7 +27,11 @@ def _coco() -> dict:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _transcripts() -> dict[str, str]:
@@ -54,13 +58,19 @@ def test_coco_json_consistent():
     by_image: dict[int, list[str]] = {}
     for a in anns:
         assert a["image_id"] in set(ids), a
-        assert isinstance(a["caption"], str) and a["caption"].strip() == a["caption"] and a["caption"]
+        assert (
+            isinstance(a["caption"], str) and a["caption"].strip() == a["caption"] and a["caption"]
+        )
         by_image.setdefault(a["image_id"], []).append(a["caption"])
     for im in images:
         assert (COCO / "images" / im["file_name"]).is_file(), im
         assert 2 <= len(by_image.get(im["id"], [])) <= 5, im
-        assert im["file_name"] == f"COCO_mini_{im['id']:012d}." + ("png" if im["kind"] == "generated" else "jpg")
-    assert sorted(p.name for p in (COCO / "images").iterdir()) == sorted(im["file_name"] for im in images)
+        assert im["file_name"] == f"COCO_mini_{im['id']:012d}." + (
+            "png" if im["kind"] == "generated" else "jpg"
+        )
+    assert sorted(p.name for p in (COCO / "images").iterdir()) == sorted(
+        im["file_name"] for im in images
+    )
 
 
 def test_coco_images_decode_and_match_sizes():
@@ -162,11 +172,15 @@ def test_text_mini_documents_are_short_plain_prose():
 
     docs = _documents()
     assert 60 <= len(docs) <= 120
-    assert len({d["id"] for d in docs}) == len(docs) and all(KEY_PATTERN.match(d["id"]) for d in docs)
+    assert len({d["id"] for d in docs}) == len(docs) and all(
+        KEY_PATTERN.match(d["id"]) for d in docs
+    )
     for d in docs:
         assert list(d) == ["id", "topic", "text"], d
         text = d["text"]
-        assert text == text.strip() and text.isascii() and text.isprintable() and "  " not in text, d
+        assert (
+            text == text.strip() and text.isascii() and text.isprintable() and "  " not in text
+        ), d
         assert text[0].isupper() and text.endswith("."), d
         assert 1 <= len(re.findall(r"[.!?](?:\s|$)", text)) <= 5, d
     topics = {d["topic"] for d in docs}
@@ -178,18 +192,43 @@ def test_text_mini_facts_match_the_other_corpora():
     docs = {d["id"]: d["text"] for d in _documents()}
     photo_ids = {im["file_name"]: im["id"] for im in _coco()["images"] if im["kind"] != "generated"}
     assert sum(k.startswith("photo-") for k in docs) == len(photo_ids)
-    assert "It is image 5 of coco_mini" in docs["photo-chelsea"] and "EXIF orientation tag of 6" in docs["photo-chelsea"]
+    assert (
+        "It is image 5 of coco_mini" in docs["photo-chelsea"]
+        and "EXIF orientation tag of 6" in docs["photo-chelsea"]
+    )
     assert "440.00 Hz in octave 4" in docs["note-A"] and "261.63 Hz in octave 4" in docs["note-C"]
-    assert "B, D sharp and F sharp" in docs["chord-B-major"] and "C, E flat and G" in docs["chord-C-minor"]
-    quoted = {text.rsplit("reads ", 1)[1].rstrip(".") for key, text in docs.items() if key.startswith("chord-")}
+    assert (
+        "B, D sharp and F sharp" in docs["chord-B-major"]
+        and "C, E flat and G" in docs["chord-C-minor"]
+    )
+    quoted = {
+        text.rsplit("reads ", 1)[1].rstrip(".")
+        for key, text in docs.items()
+        if key.startswith("chord-")
+    }
     chords = {t for t in _transcripts().values() if t.endswith("CHORD")}
-    assert len(quoted) == 14 and chords and chords <= quoted  # every chord the corpus plays, as its transcript says it
+    assert (
+        len(quoted) == 14 and chords and chords <= quoted
+    )  # every chord the corpus plays, as its transcript says it
 
 
 def test_text_mini_is_what_the_script_writes(tmp_path):
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_default_data.py"), "--only", "text",
-                    "--out", str(tmp_path)], check=True, cwd=tmp_path, capture_output=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["text_mini"]  # the other corpora untouched
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "make_default_data.py"),
+            "--only",
+            "text",
+            "--out",
+            str(tmp_path),
+        ],
+        check=True,
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "text_mini"
+    ]  # the other corpora untouched
     assert (tmp_path / "text_mini" / "documents.jsonl").read_bytes() == TEXT.read_bytes()
     assert _tree(tmp_path / "text_mini") == _tree(TEXT.parent)
 
@@ -220,7 +259,12 @@ def hf_tokenizer():
 def test_tokenizer_loads_with_special_tokens(hf_tokenizer):
     t = hf_tokenizer
     assert t.is_fast
-    assert (t.pad_token, t.bos_token, t.eos_token, t.unk_token) == ("<pad>", "<bos>", "<eos>", "<unk>")
+    assert (t.pad_token, t.bos_token, t.eos_token, t.unk_token) == (
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        "<unk>",
+    )
     assert (t.pad_token_id, t.bos_token_id, t.eos_token_id, t.unk_token_id) == (0, 1, 2, 3)
     assert t.model_max_length == 4096
     assert 1024 <= len(t) <= 2048
@@ -232,7 +276,10 @@ def test_tokenizer_round_trips(hf_tokenizer):
     ids = t.encode(s, add_special_tokens=False)
     assert len(ids) <= 12  # common words are whole tokens
     assert t.decode(ids, skip_special_tokens=True) == s
-    assert t.decode([t.bos_token_id, *ids, t.eos_token_id, t.pad_token_id], skip_special_tokens=True) == s
+    assert (
+        t.decode([t.bos_token_id, *ids, t.eos_token_id, t.pad_token_id], skip_special_tokens=True)
+        == s
+    )
     texts = [a["caption"] for a in _coco()["annotations"]] + list(_transcripts().values())
     texts += ["  leading and trailing spaces  ", "tabs\tand\nnewlines", "ünïcödé ✓ 日本語", ""]
     for s in texts:
@@ -248,11 +295,27 @@ def test_scripts_reproduce_committed_files(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     data = tmp_path / "data"
     tok = tmp_path / "tokenizer"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_default_data.py"), "--out", str(data)],
-                   check=True, env=env, cwd=tmp_path, capture_output=True)
-    subprocess.run([sys.executable, str(REPO / "scripts" / "build_tokenizer.py"),
-                    "--data", str(data), "--out", str(tok)],
-                   check=True, env=env, cwd=tmp_path, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_default_data.py"), "--out", str(data)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "build_tokenizer.py"),
+            "--data",
+            str(data),
+            "--out",
+            str(tok),
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+    )
     for new, committed in ((data, DATA), (tok, TOKENIZER)):
         a, b = _tree(new), _tree(committed)
         assert sorted(a) == sorted(b), (committed, sorted(set(a) ^ set(b))[:10])

@@ -17,13 +17,21 @@ RENDER = ROOT / "scripts" / "render_measurements.py"
 
 def test_readme_is_short_and_opens_with_the_two_commands():
     text = README.read_text()
-    assert len(text) <= 15_000, f"README.md is {len(text)} characters (at most 15,000: the rest belongs in docs/)"
+    assert len(text) <= 15_000, (
+        f"README.md is {len(text)} characters (at most 15,000: the rest belongs in docs/)"
+    )
     lines = text.splitlines()
     assert lines[0].startswith("# ")
     body = [line for line in lines[1:] if line.strip()]
-    assert body[0].startswith("```"), "the first thing after the title is the code block of the two commands"
-    assert re.match(r"make demo\s+#\s*\S", body[1]), f"first command: `make demo  # explanation`, got {body[1]!r}"
-    assert re.match(r"make test\s+#\s*\S", body[2]), f"second command: `make test  # explanation`, got {body[2]!r}"
+    assert body[0].startswith("```"), (
+        "the first thing after the title is the code block of the two commands"
+    )
+    assert re.match(r"make demo\s+#\s*\S", body[1]), (
+        f"first command: `make demo  # explanation`, got {body[1]!r}"
+    )
+    assert re.match(r"make test\s+#\s*\S", body[2]), (
+        f"second command: `make test  # explanation`, got {body[2]!r}"
+    )
     assert body[3] == "```"
 
 
@@ -70,24 +78,43 @@ def test_every_command_or_code_block_is_tested_or_marked_illustrative():
             marks = (first + " " + before).lower()
             if not any(m in marks for m in ("illustrative", "run by")):
                 unmarked.append(f"{page.relative_to(ROOT)}: ```{lang} {first[:60]}")
-    assert not unmarked, "blocks neither run by a test nor marked illustrative:\n" + "\n".join(unmarked)
+    assert not unmarked, "blocks neither run by a test nor marked illustrative:\n" + "\n".join(
+        unmarked
+    )
 
 
 def test_mkdocs_build_is_strict_and_clean(tmp_path):
     # no -q: mkdocs counts warnings for --strict only at the log levels it shows
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "load_state_dict" in api and "StepLog" in api, "the API reference renders the docstrings"
-    for page in ("convert", "balance", "measurements", "reference/cli", "reference/config", "reference/state"):
+    for page in (
+        "convert",
+        "balance",
+        "measurements",
+        "reference/cli",
+        "reference/config",
+        "reference/state",
+    ):
         assert (tmp_path / "site" / page / "index.html").is_file(), page
 
 
 def render(tmp_path, *args):
-    return subprocess.run([sys.executable, str(RENDER), *map(str, args)], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, str(RENDER), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
 
 
 def test_measurements_without_json_say_how_to_produce_them(tmp_path):
@@ -96,6 +123,7 @@ def test_measurements_without_json_say_how_to_produce_them(tmp_path):
     r = render(tmp_path, "--out", out, empty)
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
     from importlib import util
+
     spec = util.spec_from_file_location("render_measurements", RENDER)
     mod = util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -104,17 +132,29 @@ def test_measurements_without_json_say_how_to_produce_them(tmp_path):
 
 
 def test_measurements_render_one_run_per_benchmark(tmp_path):
-    old = {"date": "2026-01-01T00:00:00+00:00", "machine": {"cpus": 2}, "load_before": [0.5, 0.4, 0.3],
-           "ratios": {"d_over_b": 0.9}}
-    new = {"date": "2026-02-01T00:00:00+00:00", "machine": {"cpus": 4}, "load_before": [1.5, 1.0, 0.7],
-           "load_after": [2.0, 1.1, 0.8], "ratios": {"d_over_b": 1.07}, "rate": 123.0,
-           "targets": [{"target": "d/b >= 1.0", "value": 1.07, "met": True}]}
+    old = {
+        "date": "2026-01-01T00:00:00+00:00",
+        "machine": {"cpus": 2},
+        "load_before": [0.5, 0.4, 0.3],
+        "ratios": {"d_over_b": 0.9},
+    }
+    new = {
+        "date": "2026-02-01T00:00:00+00:00",
+        "machine": {"cpus": 4},
+        "load_before": [1.5, 1.0, 0.7],
+        "load_after": [2.0, 1.1, 0.8],
+        "ratios": {"d_over_b": 1.07},
+        "rate": 123.0,
+        "targets": [{"target": "d/b >= 1.0", "value": 1.07, "met": True}],
+    }
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "bench-loader.json").write_text(json.dumps(old))
     (tmp_path / "bench-loader.json").write_text(json.dumps(new))
     (tmp_path / "bench-bad.json").write_text("{not json")
     out = tmp_path / "m.md"
-    r = render(tmp_path, "--out", out, tmp_path / "a" / "bench-loader.json", tmp_path / "bench-loader.json")
+    r = render(
+        tmp_path, "--out", out, tmp_path / "a" / "bench-loader.json", tmp_path / "bench-loader.json"
+    )
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     assert page.count("## loader") == 1 and "2026-02-01" in page and "2026-01-01" not in page

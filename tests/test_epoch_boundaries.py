@@ -21,8 +21,18 @@ from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import Schedule
 
 
-@pytest.mark.parametrize("n,guard,buffer", [(4, 1, None), (7, 3, None), (9, 100, None), (50, 12, None),
-                                            (1000, 64, None), (1003, 40, 100), (257, 30, 16)])
+@pytest.mark.parametrize(
+    "n,guard,buffer",
+    [
+        (4, 1, None),
+        (7, 3, None),
+        (9, 100, None),
+        (50, 12, None),
+        (1000, 64, None),
+        (1003, 40, 100),
+        (257, 30, 16),
+    ],
+)
 def test_a_guarded_epoch_is_a_bijection_whose_head_avoids_the_last_epochs_tail(n, guard, buffer):
     order = DatasetOrder(n, 77, buffer, guard=guard)
     g = order.boundary
@@ -70,9 +80,13 @@ def test_a_state_saved_without_the_guard_resumes_with_its_own_order(tmp_path):
     from tests.demo_datasets import REPO, coco_dataset
 
     data = coco_dataset(tmp_path)
-    cfg = load_config({"data": {"path": str(data), "val_split": None},
-                       "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-                       "loader": {"global_batch_size": 8, "num_workers": 0}})
+    cfg = load_config(
+        {
+            "data": {"path": str(data), "val_split": None},
+            "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+            "loader": {"global_batch_size": 8, "num_workers": 0},
+        }
+    )
     loader = TrainLoader(cfg, num_workers=0)
     assert loader.orders[0].guard == 8 and loader.fingerprint["shuffle"]["guard"] == 8
     state = loader.state_dict()

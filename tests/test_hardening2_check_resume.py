@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from energon_platform.training.checkpoint import CheckpointError
-from energon_platform.training.resume_check import CommandSpec, RunSpec, check_resume, check_resume_cmd, verdict
+from energon_platform.training.resume_check import (
+    CommandSpec,
+    RunSpec,
+    check_resume,
+    check_resume_cmd,
+    verdict,
+)
 
 CLI = [sys.executable, "-m", "energon_platform"]
 PY = shlex.quote(sys.executable)
@@ -59,8 +65,13 @@ def fake(tmp_path) -> str:
 
 
 def cli(*argv, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "check-resume", *map(str, argv)], capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
+    return subprocess.run(
+        [*CLI, "check-resume", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
 
 
 # ---------------------------------------------------------------- 1. an --out it did not make
@@ -71,30 +82,57 @@ def dataset_like(folder: Path) -> dict[str, bytes]:
     (folder / ".nv-meta").mkdir(parents=True)
     (folder / ".nv-meta" / "split.yaml").write_text("split_parts: {train: [shard-000000.tar]}\n")
     (folder / "shard-000000.tar").write_bytes(b"\0" * 1024)
-    (folder / "report.json").write_text(json.dumps({"totals": {"written": 3},
-                                                    "shards": [{"name": "shard-000000.tar", "sha256": "ab" * 32}]}))
+    (folder / "report.json").write_text(
+        json.dumps(
+            {
+                "totals": {"written": 3},
+                "shards": [{"name": "shard-000000.tar", "sha256": "ab" * 32}],
+            }
+        )
+    )
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("content", ["dataset", "report-only", "other-file", "plot-only"])
-def test_an_out_holding_files_check_resume_did_not_write_is_refused_before_running(fake, tmp_path, content):
+def test_an_out_holding_files_check_resume_did_not_write_is_refused_before_running(
+    fake, tmp_path, content
+):
     out = tmp_path / "target"
     if content == "dataset":
         before = dataset_like(out)
     else:
         out.mkdir()
-        name = {"report-only": "report.json", "other-file": "notes.txt", "plot-only": "loss.png"}[content]
+        name = {"report-only": "report.json", "other-file": "notes.txt", "plot-only": "loss.png"}[
+            content
+        ]
         (out / name).write_text('{"totals": {}, "shards": []}' if name == "report.json" else "mine")
         before = {name: (out / name).read_bytes()}
-    r = cli("--cmd", fake, "--resume-cmd", fake + " --resume", "--steps", 10, "--kill-at", 7, "--out", out)
+    r = cli(
+        "--cmd",
+        fake,
+        "--resume-cmd",
+        fake + " --resume",
+        "--steps",
+        10,
+        "--kill-at",
+        7,
+        "--out",
+        out,
+    )
     err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and "which check-resume did not write" in err[0], r.stderr
+    assert r.returncode == 2 and len(err) == 1 and "which check-resume did not write" in err[0], (
+        r.stderr
+    )
     assert str(out) in err[0] and "choose another --out" in err[0]
     after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before  # nothing written, nothing deleted, nothing ran
-    with pytest.raises(CheckpointError, match="which check-resume did not write"):  # the --config form too
+    with pytest.raises(
+        CheckpointError, match="which check-resume did not write"
+    ):  # the --config form too
         check_resume(RunSpec("never-read.yaml", 6), 4, out, **QUIET)
-    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert {
+        str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()
+    } == before
 
 
 def test_a_folder_an_earlier_check_made_is_reused(fake, tmp_path):
@@ -104,16 +142,27 @@ def test_a_folder_an_earlier_check_made_is_reused(fake, tmp_path):
     for _ in range(2):
         result = check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, out, **QUIET)
         assert result["passed"], verdict(result)
-    assert sorted(p.name for p in out.iterdir()) == ["killed", "loss.png", "report.json", "straight"]
-    (out / "killed" / "out" / "mine.txt").write_text("x")  # a run folder's own out/ is the command's: still ours
+    assert sorted(p.name for p in out.iterdir()) == [
+        "killed",
+        "loss.png",
+        "report.json",
+        "straight",
+    ]
+    (out / "killed" / "out" / "mine.txt").write_text(
+        "x"
+    )  # a run folder's own out/ is the command's: still ours
     assert check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, out, **QUIET)["passed"]
     (out / "straight" / "mine.txt").write_text("x")  # beside the run's files: not ours
     with pytest.raises(CheckpointError, match="straight: holds mine.txt"):
         check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, out, **QUIET)
-    assert (out / "killed" / "out" / "steps.jsonl").exists()  # refused before either run folder was emptied
+    assert (
+        out / "killed" / "out" / "steps.jsonl"
+    ).exists()  # refused before either run folder was emptied
     (out / "straight" / "mine.txt").unlink()
     shutil.rmtree(out / "killed")
-    (out / "killed").symlink_to(tmp_path / "scratch")  # a run folder is deleted whole: never through a link
+    (out / "killed").symlink_to(
+        tmp_path / "scratch"
+    )  # a run folder is deleted whole: never through a link
     with pytest.raises(CheckpointError, match="killed: a link check-resume did not make"):
         check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, out, **QUIET)
     assert (out / "straight" / "out" / "steps.jsonl").exists()
@@ -122,54 +171,106 @@ def test_a_folder_an_earlier_check_made_is_reused(fake, tmp_path):
 # ---------------------------------------------------------------- 2. {out}: absolute, quoted once
 
 
-@pytest.mark.parametrize("placeholder", ["{out}", "'{out}'", '"{out}"'], ids=["bare", "single-quoted", "double-quoted"])
+@pytest.mark.parametrize(
+    "placeholder", ["{out}", "'{out}'", '"{out}"'], ids=["bare", "single-quoted", "double-quoted"]
+)
 def test_out_is_absolute_and_quoted_once_wherever_the_placeholder_stands(tmp_path, placeholder):
     fake = tmp_path / "fake trainer.py"
     fake.write_text(FAKE)
     cmd = f"cd / && {PY} {shlex.quote(str(fake))} {placeholder} 10"  # a command that runs elsewhere
-    r = cli("--cmd", cmd, "--resume-cmd", cmd + " --resume", "--steps", 10, "--kill-at", 7,
-            "--out", "dir with 'space'", cwd=tmp_path)  # relative, with a space and quotes
+    r = cli(
+        "--cmd",
+        cmd,
+        "--resume-cmd",
+        cmd + " --resume",
+        "--steps",
+        10,
+        "--kill-at",
+        7,
+        "--out",
+        "dir with 'space'",
+        cwd=tmp_path,
+    )  # relative, with a space and quotes
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr[-3000:]
     out = tmp_path / "dir with 'space'"
     assert (out / "straight" / "out" / "ran").exists() and (out / "killed" / "out" / "ran").exists()
     report = json.loads((out / "report.json").read_text())
-    assert str(out / "straight" / "out") in shlex.split(report["commands"]["straight"])  # one word, absolute
+    assert str(out / "straight" / "out") in shlex.split(
+        report["commands"]["straight"]
+    )  # one word, absolute
 
 
 # ---------------------------------------------------------------- 3. a log counted from 0
 
 
 def test_a_log_counted_from_zero_is_checked_like_one_counted_from_one(fake, tmp_path):
-    result = check_resume_cmd(CommandSpec(fake + " --base0", fake + " --base0 --resume", 10), 7, tmp_path / "c", **QUIET)
-    assert result["passed"] and result["first_step"] == 0 and not result["missing_steps"], verdict(result)
+    result = check_resume_cmd(
+        CommandSpec(fake + " --base0", fake + " --base0 --resume", 10), 7, tmp_path / "c", **QUIET
+    )
+    assert result["passed"] and result["first_step"] == 0 and not result["missing_steps"], verdict(
+        result
+    )
     # killed once step 6 (the 7th) was logged, after the checkpoint of 6 steps: resumes at step 6
-    assert result["resume_step"] == 6 and result["first_resumed_step"] == 6 and result["steps_compared"] == 4
+    assert (
+        result["resume_step"] == 6
+        and result["first_resumed_step"] == 6
+        and result["steps_compared"] == 4
+    )
     assert "the log counts steps from 0" in verdict(result)
-    result = check_resume_cmd(CommandSpec(fake + " --base0", fake + " --base0", 10), 7, tmp_path / "c", **QUIET)
+    result = check_resume_cmd(
+        CommandSpec(fake + " --base0", fake + " --base0", 10), 7, tmp_path / "c", **QUIET
+    )
     assert not result["passed"] and "started again from step 0" in verdict(result), verdict(result)
 
 
 def test_kill_at_past_the_last_step_of_a_log_counted_from_zero_is_one_line(fake, tmp_path):
-    r = cli("--cmd", fake + " --base0", "--resume-cmd", fake + " --base0 --resume", "--steps", 10, "--kill-at", 10,
-            "--out", tmp_path / "c")
+    r = cli(
+        "--cmd",
+        fake + " --base0",
+        "--resume-cmd",
+        fake + " --base0 --resume",
+        "--steps",
+        10,
+        "--kill-at",
+        10,
+        "--out",
+        tmp_path / "c",
+    )
     err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and "counts steps from 0" in err[0] and "between 2 and 9" in err[0], \
-        r.stderr
+    assert (
+        r.returncode == 2
+        and len(err) == 1
+        and "counts steps from 0" in err[0]
+        and "between 2 and 9" in err[0]
+    ), r.stderr
 
 
 # ---------------------------------------------------------------- 4. a log that lies about resumed_from
 
 
-@pytest.mark.parametrize("lie", [" --lie 2", " --lie -2", " --restart"], ids=["claims-later", "claims-earlier",
-                                                                                "restarts-claiming-a-resume"])
+@pytest.mark.parametrize(
+    "lie",
+    [" --lie 2", " --lie -2", " --restart"],
+    ids=["claims-later", "claims-earlier", "restarts-claiming-a-resume"],
+)
 def test_a_trainer_whose_log_lies_about_resumed_from_fails(fake, tmp_path, lie):
-    result = check_resume_cmd(CommandSpec(fake, fake + " --resume" + lie, 10), 7, tmp_path / "c", **QUIET)
+    result = check_resume_cmd(
+        CommandSpec(fake, fake + " --resume" + lie, 10), 7, tmp_path / "c", **QUIET
+    )
     assert not result["passed"] and not result["restored"], verdict(result)
     assert verdict(result).startswith("FAIL")
     if lie != " --restart":  # the batches agree: only the log's own word gives it away
-        assert result["keys_identical"] and result["tensors_identical"] and result["max_abs_loss_diff"] == 0
-        assert result["resumed_from_logged"] == 6 + int(lie.split()[-1]) and result["resume_step"] == 6
-        assert f"says resumed_from={6 + int(lie.split()[-1])}, but its first step is 7" in verdict(result)
+        assert (
+            result["keys_identical"]
+            and result["tensors_identical"]
+            and result["max_abs_loss_diff"] == 0
+        )
+        assert (
+            result["resumed_from_logged"] == 6 + int(lie.split()[-1]) and result["resume_step"] == 6
+        )
+        assert f"says resumed_from={6 + int(lie.split()[-1])}, but its first step is 7" in verdict(
+            result
+        )
 
 
 # ---------------------------------------------------------------- a NaN loss anywhere in the compared steps
@@ -177,8 +278,15 @@ def test_a_trainer_whose_log_lies_about_resumed_from_fails(fake, tmp_path, lie):
 
 def steps_with_loss(first: int, last: int, nan_at: int | None = None) -> dict[int, dict]:
     """Rows ``first..last`` as a log holds them (keys, digest, loss), the loss NaN at ``nan_at``."""
-    return {s: {"step": s, "keys": [f"k{s}"], "batch_sha256": f"b{s}",
-                "loss": float("nan") if s == nan_at else 1.0 / s} for s in range(first, last + 1)}
+    return {
+        s: {
+            "step": s,
+            "keys": [f"k{s}"],
+            "batch_sha256": f"b{s}",
+            "loss": float("nan") if s == nan_at else 1.0 / s,
+        }
+        for s in range(first, last + 1)
+    }
 
 
 @pytest.mark.parametrize("side", ["resumed", "straight", "both"])
@@ -190,7 +298,9 @@ def test_a_nan_loss_at_any_compared_step_fails(side, nan_at):
     resumed = steps_with_loss(6, 10, nan_at if side in ("resumed", "both") else None)
     assert compare(steps_with_loss(1, 10), steps_with_loss(6, 10), 6, 10, 0.0)["passed"]
     result = compare(straight, resumed, 6, 10, 0.0)
-    assert not result["passed"] and result["max_abs_loss_diff"] != result["max_abs_loss_diff"], result
+    assert not result["passed"] and result["max_abs_loss_diff"] != result["max_abs_loss_diff"], (
+        result
+    )
     assert result["keys_identical"] and result["tensors_identical"]  # the loss alone fails it
 
 

@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 import yaml
-
 from demo_datasets import REPO
 
 CLI = [sys.executable, "-m", "energon_platform"]
@@ -23,26 +22,51 @@ def truncated(tmp_path_factory):
     from converters.convert import ConvertOptions, run_conversion
 
     out = tmp_path_factory.mktemp("h2r") / "coco_one_shard"
-    run_conversion("coco", {"annotations": str(REPO / "data/coco_mini/captions.json"),
-                            "images": str(REPO / "data/coco_mini/images")},
-                   ConvertOptions(out=str(out), samples_per_shard=1000, val_fraction=0.0, progress=False))
+    run_conversion(
+        "coco",
+        {
+            "annotations": str(REPO / "data/coco_mini/captions.json"),
+            "images": str(REPO / "data/coco_mini/images"),
+        },
+        ConvertOptions(out=str(out), samples_per_shard=1000, val_fraction=0.0, progress=False),
+    )
     (shard,) = (out / "train").glob("*.tar")
     offsets = np.fromfile(str(shard) + ".idx", dtype="<u8")
     shard.write_bytes(shard.read_bytes()[: int(offsets[1])])
     config = out.parent / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"path": str(out), "val_split": None}, "encoder": IMAGE,
-        "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
-        "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 2, "checkpoint_every": 2, "warmup": 1}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(out), "val_split": None},
+                "encoder": IMAGE,
+                "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
+                "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 2, "checkpoint_every": 2, "warmup": 1},
+            }
+        )
+    )
     return out, shard, config
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_truncated_shard_stops_training_with_one_line_naming_it(truncated, tmp_path, workers):
     data, shard, config = truncated
-    r = subprocess.run([*CLI, "train", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet",
-                        "--num-workers", str(workers)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            *CLI,
+            "train",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+            "--num-workers",
+            str(workers),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
@@ -63,8 +87,13 @@ def test_an_exception_in_a_loader_worker_is_not_reported_as_its_death(make_datas
         raise RuntimeError("the encoder's own failure")
 
     monkeypatch.setattr(MicroBatchMaker, "_make", broken)  # the workers are forked: they see it
-    config = load_config({"data": {"path": str(make_dataset("image_text")), "val_split": None}, "encoder": IMAGE,
-                          "loader": {"global_batch_size": 4}})
+    config = load_config(
+        {
+            "data": {"path": str(make_dataset("image_text")), "val_split": None},
+            "encoder": IMAGE,
+            "loader": {"global_batch_size": 4},
+        }
+    )
     loader = TrainLoader(config, num_workers=2)
     with pytest.raises(RuntimeError, match="the encoder's own failure") as caught:
         next(loader)

@@ -22,11 +22,19 @@ ABOVE = {
     "storage": {"energon_platform", "converters", "task_encoders"},
     "converters": {"energon_platform"},
     "task_encoders": {"energon_platform"},
-    "energon_platform/loader": {"energon_platform.training", "energon_platform.integrations",
-                                "energon_platform.tools", "energon_platform.cli"},
+    "energon_platform/loader": {
+        "energon_platform.training",
+        "energon_platform.integrations",
+        "energon_platform.tools",
+        "energon_platform.cli",
+    },
     "energon_platform/training": {"energon_platform.tools", "energon_platform.cli"},
     "energon_platform/integrations": {"energon_platform.tools", "energon_platform.cli"},
-    "energon_platform/tools": {"energon_platform.training", "energon_platform.integrations", "energon_platform.cli"},
+    "energon_platform/tools": {
+        "energon_platform.training",
+        "energon_platform.integrations",
+        "energon_platform.cli",
+    },
 }
 
 
@@ -39,8 +47,12 @@ def imported_modules(source: str) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module))  # relative imports stay inside their package
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
             if name in ("import_module", "__import__"):
@@ -60,9 +72,11 @@ def violations(package: str) -> list[str]:
 
 
 def test_the_checker_sees_lazy_and_dynamic_imports():
-    source = ("import os\nfrom . import sibling\n"
-              "def f():\n    from energon_platform.loader.source import SampleSource\n"
-              "    import importlib\n    return importlib.import_module('converters.remote')\n")
+    source = (
+        "import os\nfrom . import sibling\n"
+        "def f():\n    from energon_platform.loader.source import SampleSource\n"
+        "    import importlib\n    return importlib.import_module('converters.remote')\n"
+    )
     names = [name for _, name in imported_modules(source)]
     assert names == ["os", "energon_platform.loader.source", "importlib", "converters.remote"]
 

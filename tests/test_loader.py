@@ -5,20 +5,32 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from demo_datasets import REPO, coco_dataset, librispeech_dataset
+
 from energon_platform.config import load_config
-from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.loader.schedule import LayoutError, Schedule
 from energon_platform.loader.state import StateMismatchError
+from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
 from task_encoders.config import ConfigError
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 IMAGE_PACKED = str(REPO / "configs/encoders/image_text_small_packed.yaml")
-AUDIO = {"encoder": "audio_text", "text": {"seq_len": 48},
-         "audio": {"n_mels": 32, "spec_augment": {"enabled": True, "freq_masks": 1, "freq_width": 4,
-                                                  "time_masks": 1, "time_width": 10, "max_time_fraction": 0.2}}}
+AUDIO = {
+    "encoder": "audio_text",
+    "text": {"seq_len": 48},
+    "audio": {
+        "n_mels": 32,
+        "spec_augment": {
+            "enabled": True,
+            "freq_masks": 1,
+            "freq_width": 4,
+            "time_masks": 1,
+            "time_width": 10,
+            "max_time_fraction": 0.2,
+        },
+    },
+}
 AUDIO_PACKED = {**AUDIO, "text": {"seq_len": 96}, "packing": {"enabled": True, "buffer_size": 4}}
 
 
@@ -33,30 +45,43 @@ def speech(tmp_path_factory):
 
 
 def cfg(path, encoder=IMAGE, **loader):
-    return load_config({"data": {"path": str(path)}, "encoder": encoder,
-                        "loader": {"global_batch_size": 8, "num_workers": 0, **loader}})
+    return load_config(
+        {
+            "data": {"path": str(path)},
+            "encoder": encoder,
+            "loader": {"global_batch_size": 8, "num_workers": 0, **loader},
+        }
+    )
 
 
-def run_layout(config, ranks: int, workers: int, steps: int, states: list[dict] | None = None) -> tuple[list, list]:
+def run_layout(
+    config, ranks: int, workers: int, steps: int, states: list[dict] | None = None
+) -> tuple[list, list]:
     """``steps`` global batches as (keys, row digests), ranks simulated in this process, each rank
     taking its ``accumulation`` micro-batches per step (rank order, then micro-batch order, as the
     trainer logs them); then every rank's ``state_dict()``. ``states``: the saved ranks' states to
     restore first; a rank beyond the saved ones gets rank 0's (as ``checkpoint.load`` does)."""
-    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
+    loaders = [
+        TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)
+    ]
     for r, loader in enumerate(loaders):
         if states is not None:
             loader.load_state_dict(states[r] if r < len(states) else states[0])
     out = []
     for _ in range(steps):
         parts = [next(loader) for loader in loaders for _ in range(loader.accumulation)]
-        out.append(([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)]))
+        out.append(
+            ([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)])
+        )
     saved = [json.loads(json.dumps(loader.state_dict())) for loader in loaders]  # travels as JSON
     for loader in loaders:
         loader.close()
     return out, saved
 
 
-def global_batches(config, ranks: int, workers: int, steps: int, state: dict | None = None) -> list[tuple]:
+def global_batches(
+    config, ranks: int, workers: int, steps: int, state: dict | None = None
+) -> list[tuple]:
     """:func:`run_layout`'s batches, every rank restored from ``state`` first (when given)."""
     return run_layout(config, ranks, workers, steps, None if state is None else [state])[0]
 
@@ -78,7 +103,9 @@ def test_schedule_every_sample_once_per_epoch_and_epochs_differ():
 
 def test_schedule_refuses_world_size_that_cannot_split_the_batch():
     s = Schedule.for_dataset(10, seed=0, items_per_batch=6)
-    with pytest.raises(LayoutError, match=r"world sizes that keep the same global batches: \[1, 2, 3, 6\]"):
+    with pytest.raises(
+        LayoutError, match=r"world sizes that keep the same global batches: \[1, 2, 3, 6\]"
+    ):
         s.check_world_size(4)
 
 
@@ -138,15 +165,28 @@ LAYOUTS = [
     ("image", False, (4, 1), (2, 0), None),
     # gradient accumulation: 2 micro-batches per step on each of 2 ranks, then 4 on one rank
     ("image", False, (2, 1), (1, 2), 2),
-    ("image", True, (1, 1), (2, 0), 1),  # packed: 4 pack groups per step, 4 then 2 micro-batches per rank
+    (
+        "image",
+        True,
+        (1, 1),
+        (2, 0),
+        1,
+    ),  # packed: 4 pack groups per step, 4 then 2 micro-batches per rank
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("modality,packed,saved,resumed,micro", LAYOUTS,
-                         ids=[f"{m}{'-packed' if p else ''}-{a[0]}x{a[1]}-to-{b[0]}x{b[1]}{f'-micro{u}' if u else ''}"
-                              for m, p, a, b, u in LAYOUTS])
-def test_layout_change_keeps_global_batches_and_exactly_once(coco, speech, modality, packed, saved, resumed, micro):
+@pytest.mark.parametrize(
+    "modality,packed,saved,resumed,micro",
+    LAYOUTS,
+    ids=[
+        f"{m}{'-packed' if p else ''}-{a[0]}x{a[1]}-to-{b[0]}x{b[1]}{f'-micro{u}' if u else ''}"
+        for m, p, a, b, u in LAYOUTS
+    ],
+)
+def test_layout_change_keeps_global_batches_and_exactly_once(
+    coco, speech, modality, packed, saved, resumed, micro
+):
     if modality == "image":
         data, encoder, gb = coco, IMAGE_PACKED if packed else IMAGE, 4 if packed else 8
     else:
@@ -160,7 +200,9 @@ def test_layout_change_keeps_global_batches_and_exactly_once(coco, speech, modal
     before, states = run_layout(config, *saved, stop)  # the saving loaders' own states
     assert before == reference[:stop]
     if micro:
-        assert TrainLoader(config, rank=0, world_size=saved[0]).accumulation > 1, "the layout must accumulate"
+        assert TrainLoader(config, rank=0, world_size=saved[0]).accumulation > 1, (
+            "the layout must accumulate"
+        )
     after, _ = run_layout(config, *resumed, steps_per_epoch - stop, states)
     assert after == reference[stop:], "the resumed layout must produce the same global batches"
     # exactly once: every sample of the epoch appears, and repeats are only the next epoch's
@@ -182,7 +224,9 @@ def test_mismatched_dataset_config_and_layout_are_refused(coco, speech):
     with pytest.raises(StateMismatchError, match=r"seed"):
         TrainLoader(cfg(coco, seed=99)).load_state_dict(state)
     with pytest.raises(StateMismatchError, match=r"encoder.config_sha"):
-        TrainLoader(cfg(coco, {"encoder": "image_text", "text": {"seq_len": 40}})).load_state_dict(state)
+        TrainLoader(cfg(coco, {"encoder": "image_text", "text": {"seq_len": 40}})).load_state_dict(
+            state
+        )
     with pytest.raises(StateMismatchError, match=r"dataset\.(index_uuid|num_samples)"):
         TrainLoader(cfg(speech, AUDIO)).load_state_dict(state)
     with pytest.raises(LayoutError, match=r"\[1, 2, 4, 8\]"):

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from demo_datasets import REPO, coco_dataset
+
 from energon_platform.config import load_config
 from energon_platform.loader.batches import MicroBatchMaker
 from energon_platform.loader.state import StateMismatchError
@@ -22,8 +22,13 @@ IMAGE_PACKED = str(REPO / "configs/encoders/image_text_small_packed.yaml")
 
 
 def cfg(path, encoder=IMAGE, **loader):
-    return load_config({"data": {"path": str(path)}, "encoder": encoder,
-                        "loader": {"global_batch_size": 8, "num_workers": 0, **loader}})
+    return load_config(
+        {
+            "data": {"path": str(path)},
+            "encoder": encoder,
+            "loader": {"global_batch_size": 8, "num_workers": 0, **loader},
+        }
+    )
 
 
 def saved_state(config) -> dict:
@@ -35,7 +40,9 @@ def saved_state(config) -> dict:
 # ---------------------------------------------------------------- (a) the fingerprint, one field at a time
 
 
-@pytest.mark.parametrize("saved,restored", [(None, 64), (32, 64)], ids=["permutation-to-window", "window-32-to-64"])
+@pytest.mark.parametrize(
+    "saved,restored", [(None, 64), (32, 64)], ids=["permutation-to-window", "window-32-to-64"]
+)
 def test_only_shuffle_buffer_changed_is_refused(image_text_shards, saved, restored):
     """Mutation: the shuffle setting left out of the loader's fingerprint."""
     state = saved_state(cfg(image_text_shards, shuffle_buffer=saved))
@@ -45,9 +52,13 @@ def test_only_shuffle_buffer_changed_is_refused(image_text_shards, saved, restor
 
 def test_only_pack_group_changed_is_refused(image_text_shards):
     """Mutation: ``pack_group`` left out of the fingerprint (the encoder config is the same)."""
-    state = saved_state(cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1))  # the encoder's buffer size
+    state = saved_state(
+        cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1)
+    )  # the encoder's buffer size
     with pytest.raises(StateMismatchError, match="pack_group"):
-        TrainLoader(cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1, pack_group=4)).load_state_dict(state)
+        TrainLoader(
+            cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1, pack_group=4)
+        ).load_state_dict(state)
 
 
 def test_only_index_uuid_changed_is_refused(image_text_shards, tmp_path):
@@ -71,7 +82,9 @@ def test_train_loader_counts_bad_samples_by_key(make_dataset):
     loader (``TrainLoader`` → ``MicroBatchMaker``), the one train, check-resume and Megatron use."""
     broken = {3, 10, 17}
     loader = TrainLoader(cfg(make_dataset("image_text", n=24, broken=broken)))
-    keys = [k for _ in range(3) for k in next(loader).keys]  # one epoch: 24 samples in 3 batches of 8
+    keys = [
+        k for _ in range(3) for k in next(loader).keys
+    ]  # one epoch: 24 samples in 3 batches of 8
     policy = loader.encoder.skip_policy
     # every broken sample is counted and logged by key, and replaced by a stand-in (batches stay full)
     assert len(keys) == 24 and not {f"{i:012d}" for i in broken} & set(keys)
@@ -99,6 +112,7 @@ def _kill_at(monkeypatch, k: int) -> list[str]:
                     Path(args[0]).write_bytes(args[1][: len(args[1]) // 2])
                 raise Killed
             return real(*args, **kwargs)
+
         return run
 
     monkeypatch.setattr(checkpoint, "_fsync_write", step("write", checkpoint._fsync_write))
@@ -112,6 +126,7 @@ def test_latest_never_names_an_incomplete_checkpoint(tmp_path, monkeypatch):
     """Mutation: ``latest`` replaced before the folder rename (or before its files are synced).
     Kills ``save`` at every one of its file-system steps in turn; after each, ``latest`` must name a
     checkpoint that verifies, and loading must give step 5 or step 10, whole."""
+
     def save(root, step):
         checkpoint.save(root, step, 0, 1, model_state={"w": step}, loader_state={"pos": step})
 
@@ -131,7 +146,9 @@ def test_latest_never_names_an_incomplete_checkpoint(tmp_path, monkeypatch):
         named = (root / "latest").read_text().strip()
         checkpoint.verify(root / named)  # raises if latest names an incomplete folder
         loaded = checkpoint.load(checkpoint.latest(root), 0)
-        assert loaded["loader_state"] == {"pos": loaded["step"]} and loaded["model_state"] == {"w": loaded["step"]}
+        assert loaded["loader_state"] == {"pos": loaded["step"]} and loaded["model_state"] == {
+            "w": loaded["step"]
+        }
         outcomes.append((done[-1], loaded["step"]))
     assert outcomes[0][1] == 5 and outcomes[-1][1] in (5, 10)
     save(tmp_path / "kill0", 10)  # a later save over the debris of a killed one completes
@@ -142,19 +159,36 @@ def test_latest_never_names_an_incomplete_checkpoint(tmp_path, monkeypatch):
 
 
 def _rows(steps, **change):
-    rows = {s: {"step": s, "keys": [f"k{s}a", f"k{s}b"], "batch_sha256": f"sha{s}", "loss": 1.0 / s} for s in steps}
+    rows = {
+        s: {"step": s, "keys": [f"k{s}a", f"k{s}b"], "batch_sha256": f"sha{s}", "loss": 1.0 / s}
+        for s in steps
+    }
     for step, (field, value) in change.items():
         rows[int(step)][field] = value
     return rows
 
 
-@pytest.mark.parametrize("resumed,tolerance,field,value", [
-    (_rows(range(6, 11), **{"8": ("keys", ["k8b", "k8a"])}), 0.0, "keys_identical", False),
-    (_rows(range(6, 11), **{"9": ("batch_sha256", "other")}), 0.0, "tensors_identical", False),
-    (_rows(range(6, 11), **{"7": ("loss", 1.0 / 7 + 1e-3)}), 1e-5, "max_abs_loss_diff", pytest.approx(1e-3)),
-    ({s: r for s, r in _rows(range(6, 11)).items() if s != 9}, 0.0, "missing_steps", [9]),
-    (_rows(range(1, 11)), 0.0, "resumed_steps_before_resume_point", [1, 2, 3, 4, 5]),  # restarted from 0
-], ids=["keys", "tensors", "loss", "missing-step", "restarted-from-zero"])
+@pytest.mark.parametrize(
+    "resumed,tolerance,field,value",
+    [
+        (_rows(range(6, 11), **{"8": ("keys", ["k8b", "k8a"])}), 0.0, "keys_identical", False),
+        (_rows(range(6, 11), **{"9": ("batch_sha256", "other")}), 0.0, "tensors_identical", False),
+        (
+            _rows(range(6, 11), **{"7": ("loss", 1.0 / 7 + 1e-3)}),
+            1e-5,
+            "max_abs_loss_diff",
+            pytest.approx(1e-3),
+        ),
+        ({s: r for s, r in _rows(range(6, 11)).items() if s != 9}, 0.0, "missing_steps", [9]),
+        (
+            _rows(range(1, 11)),
+            0.0,
+            "resumed_steps_before_resume_point",
+            [1, 2, 3, 4, 5],
+        ),  # restarted from 0
+    ],
+    ids=["keys", "tensors", "loss", "missing-step", "restarted-from-zero"],
+)
 def test_compare_fails_on_each_kind_of_difference(resumed, tolerance, field, value):
     """Mutation: ``compare`` comparing a row with itself, or ignoring one kind of difference."""
     straight = _rows(range(1, 11))
@@ -166,7 +200,10 @@ def test_compare_fails_on_each_kind_of_difference(resumed, tolerance, field, val
 def test_compare_loss_within_tolerance_passes():
     straight = _rows(range(1, 11))
     resumed = _rows(range(6, 11), **{"7": ("loss", 1.0 / 7 + 1e-6)})
-    assert not compare(straight, resumed, 6, 10, 0.0)["passed"] and compare(straight, resumed, 6, 10, 1e-5)["passed"]
+    assert (
+        not compare(straight, resumed, 6, 10, 0.0)["passed"]
+        and compare(straight, resumed, 6, 10, 1e-5)["passed"]
+    )
 
 
 # ---------------------------------------------------------------- (e) O(1) restore
@@ -180,17 +217,23 @@ def coco(tmp_path_factory):
 def test_restore_builds_only_the_requested_micro_batches(coco, monkeypatch):
     """Mutation: a restore that replays (builds the micro-batches before the saved position and
     throws them away). Counts the micro-batches built, with 0 workers (built in this process)."""
-    config = cfg(coco, micro_batch_size=4)  # 2 micro-batches per step: the position is micro-batch-exact
+    config = cfg(
+        coco, micro_batch_size=4
+    )  # 2 micro-batches per step: the position is micro-batch-exact
     saver = TrainLoader(config)
     saver.next_microbatch = 1000  # the position a saving loader holds after 500 steps
     state = saver.state_dict()
     expected = [saver.maker(1000).keys, saver.maker(1001).keys]
     built = []
     real = MicroBatchMaker.__call__
-    monkeypatch.setattr(MicroBatchMaker, "__call__", lambda self, c: built.append(c) or real(self, c))
+    monkeypatch.setattr(
+        MicroBatchMaker, "__call__", lambda self, c: built.append(c) or real(self, c)
+    )
     restored = TrainLoader(config)
     restored.load_state_dict(state)
     got = [next(restored).keys, next(restored).keys]
     restored.close()
-    assert built == [1000, 1001], f"built {len(built)} micro-batches for 2 requested (first {built[:3]})"
+    assert built == [1000, 1001], (
+        f"built {len(built)} micro-batches for 2 requested (first {built[:3]})"
+    )
     assert got == expected and restored.state_dict()["next_microbatch"] == 1002

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from demo_datasets import REPO
+
 from energon_platform.config import load_config
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.train_loader import TrainLoader
@@ -20,19 +20,28 @@ def clean_dataset(make_dataset):
 
 
 def cfg(path, **loader):
-    return load_config({"data": {"path": str(path), "val_split": None}, "encoder": IMAGE,
-                        "loader": {"global_batch_size": 8, "num_workers": 0, **loader}})
+    return load_config(
+        {
+            "data": {"path": str(path), "val_split": None},
+            "encoder": IMAGE,
+            "loader": {"global_batch_size": 8, "num_workers": 0, **loader},
+        }
+    )
 
 
 def steps(config, n, ranks=1, workers=0, state=None):
-    loaders = [TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)]
+    loaders = [
+        TrainLoader(config, rank=r, world_size=ranks, num_workers=workers) for r in range(ranks)
+    ]
     out = []
     for ld in loaders:
         if state:
             ld.load_state_dict(state)
     for _ in range(n):
         parts = [next(ld) for ld in loaders for _ in range(ld.accumulation)]
-        out.append(([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)]))
+        out.append(
+            ([k for p in parts for k in p.keys], [d for p in parts for d in batch_digest(p)])
+        )
     replaced = [r for ld in loaders for r in ld.maker.replaced]
     for ld in loaders:
         ld.close()
@@ -44,7 +53,9 @@ def test_stand_ins_are_a_pure_function_of_the_failed_sample():
     first = [order.replacement(0, 3, a) for a in range(1, 6)]
     assert first == [DatasetOrder(24, key=9).replacement(0, 3, a) for a in range(1, 6)]
     assert 3 not in first and len(set(first)) == 5
-    assert first != [order.replacement(1, 3, a) for a in range(1, 6)], "another epoch, other stand-ins"
+    assert first != [order.replacement(1, 3, a) for a in range(1, 6)], (
+        "another epoch, other stand-ins"
+    )
 
 
 def test_failed_samples_are_replaced_so_every_micro_batch_is_full_on_every_layout(make_dataset):
@@ -76,20 +87,23 @@ def test_the_skip_policy_still_counts_every_failure(make_dataset):
     loader.close()
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda s: s.update(next_microbatch="5"), "next_microbatch must be an integer"),
-    (lambda s: s.update(next_microbatch=5.0), "next_microbatch must be an integer"),
-    (lambda s: s.update(next_microbatch=-1), "next_microbatch must be an integer"),
-    (lambda s: s.update(next_microbatch=10**30), "next_microbatch must be an integer"),
-    (lambda s: s.update(accumulation=True), "accumulation must be an integer"),
-    (lambda s: s.update(version=3), "version 3 is not supported"),
-    (lambda s: s.update(extra={"__reduce__": "os.system"}), r"unknown field\(s\) \['extra'\]"),
-    (lambda s: s.pop("blend"), r"missing field\(s\) \['blend'\]"),
-    (lambda s: s.update(fingerprint=[1]), "fingerprint must be a dict"),
-    (lambda s: s.update(blend=[{"start": 0, "weights": ["-1"]}]), "non-negative fractions"),
-    (lambda s: s.update(blend=[{"start": 5, "weights": ["1"]}]), "start at 0"),
-    (lambda s: s.update(datasets=[]), "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda s: s.update(next_microbatch="5"), "next_microbatch must be an integer"),
+        (lambda s: s.update(next_microbatch=5.0), "next_microbatch must be an integer"),
+        (lambda s: s.update(next_microbatch=-1), "next_microbatch must be an integer"),
+        (lambda s: s.update(next_microbatch=10**30), "next_microbatch must be an integer"),
+        (lambda s: s.update(accumulation=True), "accumulation must be an integer"),
+        (lambda s: s.update(version=3), "version 3 is not supported"),
+        (lambda s: s.update(extra={"__reduce__": "os.system"}), r"unknown field\(s\) \['extra'\]"),
+        (lambda s: s.pop("blend"), r"missing field\(s\) \['blend'\]"),
+        (lambda s: s.update(fingerprint=[1]), "fingerprint must be a dict"),
+        (lambda s: s.update(blend=[{"start": 0, "weights": ["-1"]}]), "non-negative fractions"),
+        (lambda s: s.update(blend=[{"start": 5, "weights": ["1"]}]), "start at 0"),
+        (lambda s: s.update(datasets=[]), "non-empty list"),
+    ],
+)
 def test_tampered_state_is_a_named_error(clean_dataset, edit, match):
     from energon_platform.loader.state import StateMismatchError
 
@@ -103,13 +117,17 @@ def test_tampered_state_is_a_named_error(clean_dataset, edit, match):
         TrainLoader(config).load_state_dict(state)
 
 
-def test_a_shard_truncated_after_conversion_is_replaced_the_same_on_every_layout(tmp_path, make_dataset):
+def test_a_shard_truncated_after_conversion_is_replaced_the_same_on_every_layout(
+    tmp_path, make_dataset
+):
     import shutil
 
     data = tmp_path / "data"
     shutil.copytree(make_dataset("image_text", n=24), data)
     shard = sorted((data / "train").glob("*.tar"))[1]
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # the second half of its samples is gone
+    shard.write_bytes(
+        shard.read_bytes()[: shard.stat().st_size // 2]
+    )  # the second half of its samples is gone
     config = cfg(data)
     one, replaced = steps(config, 3)
     assert all(len(keys) == 8 for keys, _ in one) and replaced
@@ -122,6 +140,7 @@ def test_verify_names_changed_and_missing_shards(tmp_path, capsys):
     import shutil
 
     from demo_datasets import coco_dataset
+
     from energon_platform.cli import main
 
     data = tmp_path / "data"
@@ -156,7 +175,10 @@ def test_a_killed_loader_worker_is_named_and_the_run_resumes_exactly(clean_datas
     workers = [w.pid for w in loader._iter._workers]  # the DataLoader's worker processes
     assert len(workers) == 2 and all(psutil.pid_exists(p) for p in workers)
     os.kill(workers[1], signal.SIGKILL)  # what the kernel's OOM killer does
-    with pytest.raises(LoaderWorkerError, match=r"loader worker \d \(pid \S+\) of rank 0 died while making micro-batch \d+"):
+    with pytest.raises(
+        LoaderWorkerError,
+        match=r"loader worker \d \(pid \S+\) of rank 0 died while making micro-batch \d+",
+    ):
         for _ in range(4):
             next(loader)
     resumed = TrainLoader(config, num_workers=2)

@@ -23,7 +23,7 @@ from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.packer import sample_cost
 from energon_platform.loader.permutation import derive_key
-from energon_platform.loader.planner import PlanError, PlanState, Planner, check_distinct, deal_plan
+from energon_platform.loader.planner import PlanError, Planner, PlanState, check_distinct, deal_plan
 from energon_platform.loader.schedule import Schedule
 
 CAP = 64  #: packed row length
@@ -48,7 +48,10 @@ class Case:
 
     def lookup(self, positions):
         d, _, i = self.schedule.samples(positions)
-        return [(int(self.lengths[a][b]), int(self.lengths[a][b])) for a, b in zip(d.tolist(), i.tolist())]
+        return [
+            (int(self.lengths[a][b]), int(self.lengths[a][b]))
+            for a, b in zip(d.tolist(), i.tolist())
+        ]
 
     def identity(self, positions):
         d, _, i = self.schedule.samples(positions)
@@ -81,24 +84,32 @@ def _check(case: Case, plans: list, start: PlanState) -> None:
         ids = case.identity(positions)
         assert len(ids) == len(set(ids)), f"a sample twice in one global batch: {sorted(ids)}"
         d, e, i = case.schedule.samples(positions)
-        placed += [(dd, ee, ii, b, read_at[p]) for dd, ee, ii, p in zip(d.tolist(), e.tolist(), i.tolist(), positions)]
+        placed += [
+            (dd, ee, ii, b, read_at[p])
+            for dd, ee, ii, p in zip(d.tolist(), e.tolist(), i.tolist(), positions)
+        ]
         for world in (1, 2, 8):  # every rank's share, on any world size: each item exactly once
             fixed = case.mode != "budget"
             if (fixed and len(plan.items) % world) or len(plan.items) < world:
                 continue
             dealt = deal_plan(plan, world, 1, fixed=fixed)
-            assert sorted(x for rank in dealt for m in rank for x in m) == list(range(len(plan.items)))
+            assert sorted(x for rank in dealt for m in rank for x in m) == list(
+                range(len(plan.items))
+            )
     copies = [t[:3] for t in placed]
     assert len(copies) == len(set(copies)), "one copy of a sample placed twice"
     end = plans[-1].next_state
     read = list(zip(*[x.tolist() for x in case.schedule.samples(list(range(end.position)))]))
     pending = {read[p] for p in end.carried} | {read[p] for p in start.carried}
-    assert set(copies) | pending == set(read[start.position:]) | pending, "a read sample was dropped"
+    assert set(copies) | pending == set(read[start.position :]) | pending, (
+        "a read sample was dropped"
+    )
     epochs = defaultdict(list)
     for dd, ee, ii in copies:
         epochs[dd, ii].append(ee)
-    assert all(es == sorted(es) and len(set(es)) == len(es) for es in epochs.values()), \
+    assert all(es == sorted(es) and len(set(es)) == len(es) for es in epochs.values()), (
         "a sample's later copy was placed before its earlier one"
+    )
     if start.batch == 0:
         _check_lookahead(case, placed, plans, read)
 
@@ -117,27 +128,41 @@ def _check_lookahead(case: Case, placed: list, plans: list, read: list) -> None:
         mine = [t for t in placed if t[0] == dd]
         for k, (_, ee, ii, b, r) in enumerate(mine):
             j = stream[dd, ee, ii]
-            assert j - carried[b][dd] <= k <= j + sum(per_batch[x][dd] for x in range(r, b)), (dd, k, j)
+            assert j - carried[b][dd] <= k <= j + sum(per_batch[x][dd] for x in range(r, b)), (
+                dd,
+                k,
+                j,
+            )
 
 
 def _cases(mode: str, count: int):
     return [pytest.param(s, mode, id=f"{mode}-{s}") for s in range(count)]
 
 
-@pytest.mark.parametrize("seed,mode", _cases("unpacked", 30) + _cases("packed", 30) + _cases("budget", 15))
+@pytest.mark.parametrize(
+    "seed,mode", _cases("unpacked", 30) + _cases("packed", 30) + _cases("budget", 15)
+)
 def test_no_sample_twice_in_a_global_batch_straight_and_resumed(seed, mode):
     case = Case(seed, mode)
     if mode == "unpacked":
         if _infeasible(case):
             with pytest.raises(PlanError, match="every global batch would repeat"):
-                check_distinct(case.blend, case.sizes, [f"d{d}" for d in range(len(case.sizes))], case.g)
+                check_distinct(
+                    case.blend, case.sizes, [f"d{d}" for d in range(len(case.sizes))], case.g
+                )
             return
         check_distinct(case.blend, case.sizes, [f"d{d}" for d in range(len(case.sizes))], case.g)
     straight = case.planner()
     try:
         plans = _plans(case, straight, range(BATCHES))
-    except PlanError as e:  # too few distinct samples in reach for the rows: refused, never repeated
-        assert mode != "unpacked" and "\n" not in str(e) and ("distinct" in str(e) or "repeating" in str(e)), e
+    except (
+        PlanError
+    ) as e:  # too few distinct samples in reach for the rows: refused, never repeated
+        assert (
+            mode != "unpacked"
+            and "\n" not in str(e)
+            and ("distinct" in str(e) or "repeating" in str(e))
+        ), e
         return
     _check(case, plans, PlanState())
     middle = BATCHES // 3
@@ -173,12 +198,20 @@ def test_two_samples_at_100_to_1_wait_instead_of_repeating():
     case = Case(0, "unpacked")
     case.sizes, case.weights, case.g = [2, 500], [1, 1], 4
     case.blend = Blend([Segment(0, ("1", "1"))], 2)
-    case.schedule = Schedule(tuple(DatasetOrder(n, derive_key(9, d)) for d, n in enumerate(case.sizes)), 4, 1,
-                             case.blend)
+    case.schedule = Schedule(
+        tuple(DatasetOrder(n, derive_key(9, d)) for d, n in enumerate(case.sizes)), 4, 1, case.blend
+    )
     case.lengths = [np.array([5, 60]), np.full(500, 7)]
     planner = case.planner()
     plans = _plans(case, planner, range(40))
     _check(case, plans, PlanState())
-    assert all(sum(1 for d, _ in case.identity([p[0] for p in plan.items]) if d == 0) == 2 for plan in plans)
-    with pytest.raises(PlanError, match="'small' has 2 samples, but its share of a global batch of 8"):
-        check_distinct(Blend([Segment(0, ("100", "1"))], 2), [2, 500], ["small", "large"], 4, unit=2)
+    assert all(
+        sum(1 for d, _ in case.identity([p[0] for p in plan.items]) if d == 0) == 2
+        for plan in plans
+    )
+    with pytest.raises(
+        PlanError, match="'small' has 2 samples, but its share of a global batch of 8"
+    ):
+        check_distinct(
+            Blend([Segment(0, ("100", "1"))], 2), [2, 500], ["small", "large"], 4, unit=2
+        )

@@ -35,9 +35,20 @@ def _encoder(base, name: str, **image) -> str:
 def _loader(data, encoder, cache):
     from energon_platform import TrainLoader, load_config
 
-    cfg = load_config({"data": {"path": str(data), "val_split": None}, "encoder": encoder,
-                       "loader": {"global_batch_size": 4, "micro_batch_size": 2, "num_workers": 0, "seed": 3,
-                                  "balance": "tokens", "length_cache": str(cache)}})
+    cfg = load_config(
+        {
+            "data": {"path": str(data), "val_split": None},
+            "encoder": encoder,
+            "loader": {
+                "global_batch_size": 4,
+                "micro_batch_size": 2,
+                "num_workers": 0,
+                "seed": 3,
+                "balance": "tokens",
+                "length_cache": str(cache),
+            },
+        }
+    )
     return TrainLoader(cfg, num_workers=0)
 
 
@@ -50,7 +61,9 @@ def _planned_equals_encoded(loader, batches: int = 2) -> None:
             mb = next(loader)
             start = 0
             for n in mb.num_docs.tolist():
-                encoded.append(int(getattr(mb, "spliced_lengths", mb.doc_lengths)[start:start + n].sum()))
+                encoded.append(
+                    int(getattr(mb, "spliced_lengths", mb.doc_lengths)[start : start + n].sum())
+                )
                 start += n
         assert sorted(encoded) == planned, (b, sorted(encoded), planned)
     loader.close()
@@ -60,15 +73,26 @@ def test_one_cache_two_tilings_each_plans_what_it_encodes(coco):
     base, data = coco
     cache = base / "lengths_tiles"
     for tiles in (4, 1):
-        _planned_equals_encoded(_loader(data, _encoder(base, f"tiles{tiles}", max_num_tiles=tiles), cache))
-    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2, "one length index per encoder config"
+        _planned_equals_encoded(
+            _loader(data, _encoder(base, f"tiles{tiles}", max_num_tiles=tiles), cache)
+        )
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2, (
+        "one length index per encoder config"
+    )
 
 
 def test_in_a_blend_the_instruction_drawn_per_prefixed_key_is_planned(coco):
     base, data = coco
     mds = base / "one_entry_blend.yaml"
-    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
-                                   "splits": {"train": {"blend": [{"weight": 1, "path": str(data)}]}}}))
+    mds.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {"train": {"blend": [{"weight": 1, "path": str(data)}]}},
+            }
+        )
+    )
     loader = _loader(mds, str(VLM), base / "lengths_blend")
     assert loader.planner.lengths.prefixes == ["coco_mini:"]
     _planned_equals_encoded(loader, batches=3)
@@ -78,9 +102,17 @@ def test_in_a_blend_the_instruction_drawn_per_prefixed_key_is_planned(coco):
 def test_a_plan_state_carrying_the_next_position_or_one_twice_is_refused(carried):
     from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError
 
-    good = {"version": STATE_VERSION, "fingerprint": {}, "next_microbatch": 2, "accumulation": 1, "layout": {},
-            "datasets": ["d"], "blend": [{"start": 0, "weights": ["1"]}], "consumed": [],
-            "plan": {"batch": 2, "position": 10, "carried": [2, 9]}}
+    good = {
+        "version": STATE_VERSION,
+        "fingerprint": {},
+        "next_microbatch": 2,
+        "accumulation": 1,
+        "layout": {},
+        "datasets": ["d"],
+        "blend": [{"start": 0, "weights": ["1"]}],
+        "consumed": [],
+        "plan": {"batch": 2, "position": 10, "carried": [2, 9]},
+    }
     LoaderState.from_dict(good)  # a well-formed plan loads
     with pytest.raises(StateMismatchError, match="plan.carried"):
         LoaderState.from_dict({**good, "plan": {"batch": 2, "position": 10, "carried": carried}})

@@ -11,8 +11,9 @@ import re
 import subprocess
 import sys
 
-import energon_platform
 from demo_datasets import REPO
+
+import energon_platform
 
 
 def documented_names() -> list[str]:
@@ -25,7 +26,9 @@ def documented_integrations() -> dict[str, list[str]]:
     """Module -> names, from the page's trainer-integrations table."""
     page = (REPO / "docs/reference/api.md").read_text()
     section = page.split("## Trainer integrations", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(energon_platform\.integrations\.\w+)` \| (.+) \|$", section, flags=re.M)
+    rows = re.findall(
+        r"^\| `(energon_platform\.integrations\.\w+)` \| (.+) \|$", section, flags=re.M
+    )
     return {module: re.findall(r"`(\w+)`", names) for module, names in rows}
 
 
@@ -43,12 +46,25 @@ def imports_of(path) -> list[tuple[str, str | None]]:
 def non_public_imports(path) -> list[str]:
     """What ``path`` imports from this repository other than the documented public names."""
     public = {("energon_platform", name) for name in energon_platform.__all__}
-    public |= {(module, name) for module, names in documented_integrations().items() for name in names}
-    public |= {(module, None) for module in ("energon_platform", *documented_integrations())}  # import module
-    ours = {p.name for p in REPO.iterdir() if (p / "__init__.py").exists()}  # packages, and the scripts' helpers
-    ours |= {p.stem for folder in ("scripts", "scripts/examples", "tests") for p in (REPO / folder).glob("*.py")}
-    return [f"{module}: {name}" for module, name in imports_of(path)
-            if (module.split(".")[0] in ours or module.startswith(".")) and (module, name) not in public]
+    public |= {
+        (module, name) for module, names in documented_integrations().items() for name in names
+    }
+    public |= {
+        (module, None) for module in ("energon_platform", *documented_integrations())
+    }  # import module
+    ours = {
+        p.name for p in REPO.iterdir() if (p / "__init__.py").exists()
+    }  # packages, and the scripts' helpers
+    ours |= {
+        p.stem
+        for folder in ("scripts", "scripts/examples", "tests")
+        for p in (REPO / folder).glob("*.py")
+    }
+    return [
+        f"{module}: {name}"
+        for module, name in imports_of(path)
+        if (module.split(".")[0] in ours or module.startswith(".")) and (module, name) not in public
+    ]
 
 
 def test_every_public_name_imports_from_the_package():
@@ -71,7 +87,7 @@ def test_the_public_names_are_the_internal_objects_and_unknown_names_fail():
 
     assert energon_platform.TrainLoader is TrainLoader and energon_platform.StepLog is StepLog
     try:
-        energon_platform.NoSuchName
+        energon_platform.NoSuchName  # noqa: B018 (the attribute access is the test)
     except AttributeError as e:
         assert "NoSuchName" in str(e)
     else:
@@ -80,18 +96,25 @@ def test_the_public_names_are_the_internal_objects_and_unknown_names_fail():
 
 def test_importing_the_package_loads_no_torch():
     code = "import sys, energon_platform; print('torch' in sys.modules, 'TrainLoader' in dir(energon_platform))"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert r.stdout.split() == ["False", "True"], r.stdout + r.stderr
 
 
 def test_the_trainer_integrations_documented_names_import_from_their_modules():
     documented = documented_integrations()
-    assert {"energon_platform.integrations.lightning", "energon_platform.integrations.accelerate",
-            "energon_platform.integrations.deepspeed"} <= set(documented)
+    assert {
+        "energon_platform.integrations.lightning",
+        "energon_platform.integrations.accelerate",
+        "energon_platform.integrations.deepspeed",
+    } <= set(documented)
     for module_name, names in documented.items():
         module = importlib.import_module(module_name)
         assert names and all(getattr(module, name, None) is not None for name in names), module_name
-        assert set(names) <= set(getattr(module, "__all__", names)), module_name  # exported where it says
+        assert set(names) <= set(getattr(module, "__all__", names)), (
+            module_name
+        )  # exported where it says
 
 
 def test_the_public_api_script_imports_only_documented_names(tmp_path):
@@ -99,7 +122,9 @@ def test_the_public_api_script_imports_only_documented_names(tmp_path):
     assert ("energon_platform.integrations.lightning", "EnergonHooks") in imports_of(script)
     assert non_public_imports(script) == []
     # the check bites: the other examples reach a helper of their own; an internal path is caught
-    assert "tiny_model: TinyModel" in non_public_imports(REPO / "scripts/examples/lightning_example.py")
+    assert "tiny_model: TinyModel" in non_public_imports(
+        REPO / "scripts/examples/lightning_example.py"
+    )
     internal = tmp_path / "internal.py"
     internal.write_text("from energon_platform.loader.train_loader import TrainLoader\n")
     assert non_public_imports(internal) == ["energon_platform.loader.train_loader: TrainLoader"]
@@ -108,9 +133,19 @@ def test_the_public_api_script_imports_only_documented_names(tmp_path):
 def test_examples_docs_and_docstrings_import_energon_platform_by_its_public_names():
     """What users copy (the examples, the docs' snippets, the docstrings' examples) imports from
     ``energon_platform`` and the documented integration modules only."""
-    internal = re.compile(r"^\s*(?:from|import) (energon_platform\.(?!integrations\.)\w+[.\w]*)", re.M)
-    texts = [*(REPO / "scripts/examples").glob("*.py"), *(REPO / "docs").rglob("*.md"), REPO / "README.md"]
-    found = [f"{path.relative_to(REPO)}: {m}" for path in texts for m in internal.findall(path.read_text())]
+    internal = re.compile(
+        r"^\s*(?:from|import) (energon_platform\.(?!integrations\.)\w+[.\w]*)", re.M
+    )
+    texts = [
+        *(REPO / "scripts/examples").glob("*.py"),
+        *(REPO / "docs").rglob("*.md"),
+        REPO / "README.md",
+    ]
+    found = [
+        f"{path.relative_to(REPO)}: {m}"
+        for path in texts
+        for m in internal.findall(path.read_text())
+    ]
     for module in ("energon_platform.training.step_log", "energon_platform.loader.train_loader"):
         doc = importlib.import_module(module).__doc__ or ""
         found += [f"{module} docstring: {m}" for m in internal.findall(doc)]

@@ -17,14 +17,19 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from energon_platform.cli import main as cli_main
 from s3_server import s3, s3_server  # noqa: F401  (fixtures)
 from test_hardening2_convert import docs
 
+from energon_platform.cli import main as cli_main
+
 #: A hand-made WebDataset: shards named as a conversion names them (the case a careless
 #: ``--overwrite`` would delete).
-WDS_TARS = ("train/shard-000000.tar", "train/shard-000001.tar", "val/shard-000000.tar", "val/shard-000001.tar")
+WDS_TARS = (
+    "train/shard-000000.tar",
+    "train/shard-000001.tar",
+    "val/shard-000000.tar",
+    "val/shard-000001.tar",
+)
 
 
 def make_tar(name: str = "s", samples: int = 3, word: str = "cat") -> bytes:
@@ -33,7 +38,10 @@ def make_tar(name: str = "s", samples: int = 3, word: str = "cat") -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for i in range(samples):
-            for part, data in (("txt", f"a {word} number {i}".encode()), ("json", json.dumps({"i": i}).encode())):
+            for part, data in (
+                ("txt", f"a {word} number {i}".encode()),
+                ("json", json.dumps({"i": i}).encode()),
+            ):
                 info = tarfile.TarInfo(f"{name}-{i:06d}.{part}")
                 info.size, info.mtime = len(data), 0
                 tar.addfile(info, io.BytesIO(data))
@@ -44,7 +52,7 @@ def etags(s3, key: str) -> dict[str, str]:
     """Every object under ``key/`` (``""``: the whole bucket): relative key → ETag."""
     base = f"{key}/" if key else ""
     pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=base)
-    return {o["Key"][len(base):]: o["ETag"] for page in pages for o in page.get("Contents", [])}
+    return {o["Key"][len(base) :]: o["ETag"] for page in pages for o in page.get("Contents", [])}
 
 
 def read(s3, key: str) -> bytes:
@@ -69,9 +77,25 @@ def run(argv: list[str], capsys, staging: Path | None = None, monkeypatch=None) 
     return rc, capsys.readouterr().err.strip()
 
 
-def convert_text(url: str, manifest: Path, tmp_path: Path, monkeypatch, capsys, *extra) -> tuple[int, str]:
-    return run(["convert", "text", "--manifest", str(manifest), "--out", url, "--samples-per-shard", "2", *extra],
-               capsys, tmp_path / f"staging-{len(list(tmp_path.glob('staging-*')))}", monkeypatch)
+def convert_text(
+    url: str, manifest: Path, tmp_path: Path, monkeypatch, capsys, *extra
+) -> tuple[int, str]:
+    return run(
+        [
+            "convert",
+            "text",
+            "--manifest",
+            str(manifest),
+            "--out",
+            url,
+            "--samples-per-shard",
+            "2",
+            *extra,
+        ],
+        capsys,
+        tmp_path / f"staging-{len(list(tmp_path.glob('staging-*')))}",
+        monkeypatch,
+    )
 
 
 def refused(rc: int, err: str, *names: str) -> bool:
@@ -81,7 +105,9 @@ def refused(rc: int, err: str, *names: str) -> bool:
 # ---------------------------------------------------------------- a prefix that holds no conversion
 
 
-def test_overwrite_refuses_a_prepared_webdataset_and_keeps_its_tars(s3, tmp_path, monkeypatch, capsys):
+def test_overwrite_refuses_a_prepared_webdataset_and_keeps_its_tars(
+    s3, tmp_path, monkeypatch, capsys
+):
     key = "safety-wds"
     hand_made_webdataset(s3, key)
     assert run(["prepare", s3.url(key)], capsys)[0] == 0
@@ -95,11 +121,15 @@ def test_overwrite_refuses_a_prepared_webdataset_and_keeps_its_tars(s3, tmp_path
         assert etags(s3, key) == before, f"the user's WebDataset changed ({extra})"
 
 
-def test_conversion_into_a_bucket_root_beside_other_datasets_is_refused(s3, tmp_path, monkeypatch, capsys):
+def test_conversion_into_a_bucket_root_beside_other_datasets_is_refused(
+    s3, tmp_path, monkeypatch, capsys
+):
     put(s3, "safety-other-dataset/train/shard-000000.tar", make_tar())
     before = etags(s3, "")
     for extra in ((), ("--overwrite",)):
-        rc, err = convert_text(s3.url(""), docs(tmp_path / "docs.jsonl"), tmp_path, monkeypatch, capsys, *extra)
+        rc, err = convert_text(
+            s3.url(""), docs(tmp_path / "docs.jsonl"), tmp_path, monkeypatch, capsys, *extra
+        )
         assert refused(rc, err, s3.url("").rstrip("/"), "no energon-platform conversion"), err
         assert etags(s3, "") == before, "nothing in the bucket may change"
 
@@ -107,7 +137,9 @@ def test_conversion_into_a_bucket_root_beside_other_datasets_is_refused(s3, tmp_
 # ---------------------------------------------------------------- a conversion holding a user's object
 
 
-def test_overwrite_refuses_a_conversion_holding_an_object_no_conversion_wrote(s3, tmp_path, monkeypatch, capsys):
+def test_overwrite_refuses_a_conversion_holding_an_object_no_conversion_wrote(
+    s3, tmp_path, monkeypatch, capsys
+):
     url, key = s3.url("safety-notes"), "safety-notes"
     assert convert_text(url, docs(tmp_path / "a.jsonl", 4), tmp_path, monkeypatch, capsys)[0] == 0
     put(s3, f"{key}/train/user_notes.txt", b"mine")
@@ -118,7 +150,9 @@ def test_overwrite_refuses_a_conversion_holding_an_object_no_conversion_wrote(s3
     assert etags(s3, key) == before
     # without --overwrite: refused as another conversion, and --overwrite is not offered
     rc, err = convert_text(url, other, tmp_path, monkeypatch, capsys)
-    assert refused(rc, err, url, "different", "train/user_notes.txt") and "pass --overwrite" not in err, err
+    assert (
+        refused(rc, err, url, "different", "train/user_notes.txt") and "pass --overwrite" not in err
+    ), err
     assert etags(s3, key) == before
 
 
@@ -130,8 +164,14 @@ def _cut(at: str) -> bytes:
     tar = make_tar()
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
         member, end = t.getmembers()[2], t.offset
-    return tar[:{"header": member.offset + 300, "data": member.offset_data + 5, "end": end,
-                 "end blocks": end + 700}[at]]
+    return tar[
+        : {
+            "header": member.offset + 300,
+            "data": member.offset_data + 5,
+            "end": end,
+            "end blocks": end + 700,
+        }[at]
+    ]
 
 
 BAD_TARS = {
@@ -183,20 +223,26 @@ def test_prepare_keeps_index_uuid_exactly_while_the_tars_are_the_same(s3, capsys
     assert read(s3, uuid_key) == first, "the same tars prepared again: old checkpoints stay valid"
     hand_made_webdataset(s3, key, word="dog")  # same names, sizes and sample counts; other bytes
     assert run(["prepare", s3.url(key)], capsys)[0] == 0
-    assert read(s3, uuid_key) != first, "changed tars kept the uuid: stale checkpoints and length caches accepted"
+    assert read(s3, uuid_key) != first, (
+        "changed tars kept the uuid: stale checkpoints and length caches accepted"
+    )
 
 
 # ---------------------------------------------------------------- the prefix records progress
 
 
-def test_a_shard_of_another_size_on_the_prefix_is_converted_again(s3, tmp_path, monkeypatch, capsys):
+def test_a_shard_of_another_size_on_the_prefix_is_converted_again(
+    s3, tmp_path, monkeypatch, capsys
+):
     manifest = docs(tmp_path / "docs.jsonl", 8)
     assert convert_text(s3.url("safety-whole"), manifest, tmp_path, monkeypatch, capsys)[0] == 0
     url, key = s3.url("safety-resized"), "safety-resized"
     assert convert_text(url, manifest, tmp_path, monkeypatch, capsys)[0] == 0
     shard = f"{key}/train/shard-000001.tar"
     put(s3, shard, read(s3, shard)[:-512] + b"x" * 100)  # other bytes, another size
-    assert convert_text(url, manifest, tmp_path, monkeypatch, capsys)[0] == 0  # an empty staging folder
+    assert (
+        convert_text(url, manifest, tmp_path, monkeypatch, capsys)[0] == 0
+    )  # an empty staging folder
     whole = {k: read(s3, f"safety-whole/{k}") for k in etags(s3, "safety-whole")}
     assert {k: read(s3, f"{key}/{k}") for k in etags(s3, key)} == whole
 
@@ -204,7 +250,9 @@ def test_a_shard_of_another_size_on_the_prefix_is_converted_again(s3, tmp_path, 
 # ---------------------------------------------------------------- upload retries over runs
 
 
-def test_retries_of_a_run_whose_upload_failed_every_try_are_counted(s3, tmp_path, monkeypatch, capsys):
+def test_retries_of_a_run_whose_upload_failed_every_try_are_counted(
+    s3, tmp_path, monkeypatch, capsys
+):
     """A shard's tar needs one retry, then every try of its ``.tar.idx`` fails (5 tries, 4
     retries): the run that completes reports all 5."""
     import converters.remote as remote
@@ -215,13 +263,20 @@ def test_retries_of_a_run_whose_upload_failed_every_try_are_counted(s3, tmp_path
 
     def failing(local_path, url):
         calls.append(url)
-        if url.endswith("/train/shard-000001.tar.idx") or url.endswith("/train/shard-000001.tar") \
-                and calls.count(url) == 1:
+        if (
+            url.endswith("/train/shard-000001.tar.idx")
+            or url.endswith("/train/shard-000001.tar")
+            and calls.count(url) == 1
+        ):
             raise OSError("injected failure")
         return real(local_path, url)
 
     monkeypatch.setattr(remote, "upload_file", failing)
-    url, key, manifest = s3.url("safety-retries"), "safety-retries", docs(tmp_path / "docs.jsonl", 6)
+    url, key, manifest = (
+        s3.url("safety-retries"),
+        "safety-retries",
+        docs(tmp_path / "docs.jsonl", 6),
+    )
     rc, err = convert_text(url, manifest, tmp_path, monkeypatch, capsys)
     assert refused(rc, err, "train/shard-000001.tar.idx", "5 tries"), err
     monkeypatch.setattr(remote, "upload_file", real)

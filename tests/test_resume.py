@@ -9,10 +9,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from demo_datasets import REPO, coco_dataset
+
 from energon_platform.training import checkpoint
-from energon_platform.training.resume_check import RunSpec, _count_lines, _run, compare, read_log, run_killed, trainer_command
+from energon_platform.training.resume_check import (
+    RunSpec,
+    _count_lines,
+    _run,
+    compare,
+    read_log,
+    run_killed,
+    trainer_command,
+)
 
 CLI = [sys.executable, "-m", "energon_platform"]
 
@@ -21,19 +29,32 @@ CLI = [sys.executable, "-m", "energon_platform"]
 def config_file(tmp_path_factory) -> Path:
     data = coco_dataset(tmp_path_factory.getbasetemp())
     path = tmp_path_factory.mktemp("cfg") / "run.yaml"
-    path.write_text(yaml.safe_dump({
-        "data": {"path": str(data)},
-        "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-        "loader": {"global_batch_size": 8, "num_workers": 2, "seed": 7, "shuffle_buffer": 64},
-        "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 24, "checkpoint_every": 5, "warmup": 2},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(data)},
+                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+                "loader": {
+                    "global_batch_size": 8,
+                    "num_workers": 2,
+                    "seed": 7,
+                    "shuffle_buffer": 64,
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 24, "checkpoint_every": 5, "warmup": 2},
+            }
+        )
+    )
     return path
 
 
 def check_resume_cli(config_file, out, *args):
-    return subprocess.run([*CLI, "check-resume", "--config", str(config_file), "--out", str(out), *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [*CLI, "check-resume", "--config", str(config_file), "--out", str(out), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -69,33 +90,74 @@ def test_killed_twice_in_a_row(config_file, tmp_path):
     assert run_killed(spec, out, 17, resume=True) == 16
     lines = _count_lines(out / "log.jsonl")
     _run(trainer_command(spec, out, resume=True), out / "stdout.txt")
-    result = compare(read_log(tmp_path / "straight" / "log.jsonl"), read_log(out / "log.jsonl", lines), 16, 24, 0.0)
+    result = compare(
+        read_log(tmp_path / "straight" / "log.jsonl"),
+        read_log(out / "log.jsonl", lines),
+        16,
+        24,
+        0.0,
+    )
     assert result["passed"] and result["steps_compared"] == 9
 
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_across_epoch_boundary(config_file, tmp_path):
     # 286 training samples, 8 per step: epoch 1 starts during step 36; resume from step 35
-    r = check_resume_cli(config_file, tmp_path, "--steps", 40, "--kill-at", 38, "--nproc", 2, "--num-workers", 1,
-                         "--set", "train.checkpoint_every=35", "--set", "model.dropout=0.1")  # RNG restored too
+    r = check_resume_cli(
+        config_file,
+        tmp_path,
+        "--steps",
+        40,
+        "--kill-at",
+        38,
+        "--nproc",
+        2,
+        "--num-workers",
+        1,
+        "--set",
+        "train.checkpoint_every=35",
+        "--set",
+        "model.dropout=0.1",
+    )  # RNG restored too
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["passed"] and report["resume_step"] == 35 and report["steps_compared"] == 5
     assert report["kill_landed_mid_step"] and report["max_abs_loss_diff"] == 0.0
     assert (tmp_path / "loss.png").stat().st_size > 10_000
     rows = read_log(tmp_path / "straight" / "log.jsonl")
-    assert rows[35]["epoch"] < 1.0 < rows[36]["epoch"] and rows[40]["world_size"] == 2  # epoch: at the end of a step
+    assert (
+        rows[35]["epoch"] < 1.0 < rows[36]["epoch"] and rows[40]["world_size"] == 2
+    )  # epoch: at the end of a step
     resumed = read_log(tmp_path / "killed" / "log.jsonl")
-    assert "val_loss" in rows[35] and resumed[40]["val_loss"] == rows[40]["val_loss"]  # evaluation resumes exactly
+    assert (
+        "val_loss" in rows[35] and resumed[40]["val_loss"] == rows[40]["val_loss"]
+    )  # evaluation resumes exactly
     assert "PASS" in r.stdout
 
 
 @pytest.mark.slow
 def test_elastic_two_ranks_to_one_rank_more_workers_with_packing(config_file, tmp_path):
     packed = REPO / "configs/encoders/image_text_small_packed.yaml"  # pack groups of 16 samples
-    r = check_resume_cli(config_file, tmp_path, "--steps", 16, "--kill-at", 12, "--nproc", 2, "--num-workers", 1,
-                         "--resume-nproc", 1, "--resume-workers", 2,
-                         "--set", f"encoder={packed}", "--set", "loader.global_batch_size=2")
+    r = check_resume_cli(
+        config_file,
+        tmp_path,
+        "--steps",
+        16,
+        "--kill-at",
+        12,
+        "--nproc",
+        2,
+        "--num-workers",
+        1,
+        "--resume-nproc",
+        1,
+        "--resume-workers",
+        2,
+        "--set",
+        f"encoder={packed}",
+        "--set",
+        "loader.global_batch_size=2",
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["keys_identical"] and report["tensors_identical"] and report["tolerance"] == 1e-5
@@ -105,11 +167,30 @@ def test_elastic_two_ranks_to_one_rank_more_workers_with_packing(config_file, tm
 
 def test_resume_with_other_config_is_refused(config_file, tmp_path):
     out = tmp_path / "run"
-    r = subprocess.run([*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "5", "--quiet"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "5", "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "8", "--quiet",
-                        "--resume", "--set", "loader.seed=8"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            *CLI,
+            "train",
+            "--config",
+            str(config_file),
+            "--out",
+            str(out),
+            "--steps",
+            "8",
+            "--quiet",
+            "--resume",
+            "--set",
+            "loader.seed=8",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "seed: saved 7, now 8" in r.stderr and "Traceback" not in r.stderr
     assert len(read_log(out / "log.jsonl")) == 5  # nothing trained on the wrong data
 
@@ -128,8 +209,12 @@ def test_checkpoint_killed_mid_write_is_ignored(tmp_path):
         "        print('written', flush=True); time.sleep(60)\n"
         "checkpoint.save(sys.argv[1], 10, 0, 1, model_state={'w': 2}, loader_state={'pos': 10}, barrier=hang)\n"
     )
-    with subprocess.Popen([sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout.readline().strip() == "written"  # files of step 10 written, not yet renamed
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert (
+            proc.stdout.readline().strip() == "written"
+        )  # files of step 10 written, not yet renamed
         proc.kill()
     assert (root / ".tmp-step_000010" / "model.pt").exists()
     latest = checkpoint.latest(root)
@@ -147,12 +232,17 @@ def test_layout_refused_before_training_and_checkpoints_protected(config_file, t
     for step in (10, 20, 30, 40, 10):
         checkpoint.save(root, step, 0, 1, model_state={}, loader_state={"step": step})
         checkpoint.prune(root, 3)
-    assert checkpoint.latest(root).name == "step_000010" and checkpoint.load(checkpoint.latest(root), 0)
+    assert checkpoint.latest(root).name == "step_000010" and checkpoint.load(
+        checkpoint.latest(root), 0
+    )
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
     checkpoint.save(out / "checkpoints", 5, 0, 1, model_state={}, loader_state={})
-    r = subprocess.run([*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "6", "--quiet"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "6", "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -164,7 +254,16 @@ def test_audio_text_training_resumes_bit_exact(tmp_path, tmp_path_factory):
     config["data"]["path"] = str(librispeech_dataset(tmp_path_factory.getbasetemp()))
     path = tmp_path / "audio.yaml"
     path.write_text(yaml.safe_dump(config))
-    r = check_resume_cli(path, tmp_path / "check", "--steps", 13, "--kill-at", 12, "--set", "train.checkpoint_every=5")
+    r = check_resume_cli(
+        path,
+        tmp_path / "check",
+        "--steps",
+        13,
+        "--kill-at",
+        12,
+        "--set",
+        "train.checkpoint_every=5",
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads((tmp_path / "check" / "report.json").read_text())
     assert report["passed"] and report["steps_compared"] == 3 and report["max_abs_loss_diff"] == 0.0

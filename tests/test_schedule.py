@@ -9,7 +9,13 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from energon_platform.loader.blend import Blend, Interleave, Segment, chairman_period, integer_counts
+from energon_platform.loader.blend import (
+    Blend,
+    Interleave,
+    Segment,
+    chairman_period,
+    integer_counts,
+)
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import KeyedPermutation
 from energon_platform.loader.schedule import Schedule
@@ -24,9 +30,13 @@ def test_keyed_permutation_is_a_bijection_for_every_size(n):
 def test_keyed_permutation_pinned_values_and_same_in_another_process():
     # pinned: a change of the mixer or round count changes every run's data order
     here = KeyedPermutation(10**9, 7)(np.arange(5)).tolist()
-    code = ("import numpy as np; from energon_platform.loader.permutation import KeyedPermutation;"
-            "print(KeyedPermutation(10**9, 7)(np.arange(5)).tolist())")
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    code = (
+        "import numpy as np; from energon_platform.loader.permutation import KeyedPermutation;"
+        "print(KeyedPermutation(10**9, 7)(np.arange(5)).tolist())"
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert str(here) == there
     assert KeyedPermutation(10, 3)(np.arange(10)).tolist() == PINNED_10_3
 
@@ -104,7 +114,9 @@ def test_blend_weights_that_change_continue_every_stream_without_repeats():
     blend = Blend([Segment(0, ("1", "3")), Segment(40, ("1", "1")), Segment(100, ("0", "1"))], 2)
     d, j = blend.locate(np.arange(200))
     for dd in (0, 1):
-        assert sorted(j[d == dd].tolist()) == list(range((d == dd).sum()))  # each stream once, in order
+        assert sorted(j[d == dd].tolist()) == list(
+            range((d == dd).sum())
+        )  # each stream once, in order
     assert (d[:40] == 0).sum() == 10 and (d[40:100] == 0).sum() == 30 and (d[100:] == 0).sum() == 0
     assert blend.consumed(200).tolist() == [40, 160]
 
@@ -127,7 +139,7 @@ def test_batch_unit_blend_takes_whole_micro_batches_from_one_dataset():
     orders = (DatasetOrder(30, 1), DatasetOrder(30, 2))
     s = Schedule(orders, items_per_batch=8, blend=Blend([Segment(0, ("1", "1"))], 2), unit=4)
     d, _, _ = s.samples(np.arange(64))
-    assert all(len(set(d[k:k + 4].tolist())) == 1 for k in range(0, 64, 4))
+    assert all(len(set(d[k : k + 4].tolist())) == 1 for k in range(0, 64, 4))
     assert (d == 0).sum() == 32
 
 

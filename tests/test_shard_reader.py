@@ -23,17 +23,23 @@ def tar_bytes(fmt, members):
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
-@pytest.mark.parametrize("members", [
-    [("k.image.png", b"\x89PNG" + bytes(600)), ("k.text.json", b'{"caption": "x"}')],
-    [("a/b/c/key.text.json", b"{}"), ("key.audio.flac", b"")],  # a prefix, an empty member
-    [("x" * 150 + ".image.png", b"\x01" * 513)],  # a long name: GNU or pax headers
-])
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("k.image.png", b"\x89PNG" + bytes(600)), ("k.text.json", b'{"caption": "x"}')],
+        [("a/b/c/key.text.json", b"{}"), ("key.audio.flac", b"")],  # a prefix, an empty member
+        [("x" * 150 + ".image.png", b"\x01" * 513)],  # a long name: GNU or pax headers
+    ],
+)
 def test_fast_member_parsing_equals_tarfile(fmt, members):
     if fmt == tarfile.USTAR_FORMAT and len(members[0][0]) > 100 and "/" not in members[0][0]:
         pytest.skip("ustar cannot store a 150-character name without a slash")
     data = tar_bytes(fmt, members)
-    assert [(n, read()) for n, read in _members(data)] == [(n, read()) for n, read in _members_tarfile(data)] \
+    assert (
+        [(n, read()) for n, read in _members(data)]
+        == [(n, read()) for n, read in _members_tarfile(data)]
         == members
+    )
 
 
 def test_raw_samples_equal_energons_reader_in_a_random_order(image_text_shards):
@@ -41,7 +47,9 @@ def test_raw_samples_equal_energons_reader_in_a_random_order(image_text_shards):
 
     source = SampleSource(str(image_text_shards))
     f = source._factory
-    energon = ShardInfosITarReader(f.path, f.shards, part_filter=f.part_filter, sample_filter=f.sample_filter)
+    energon = ShardInfosITarReader(
+        f.path, f.shards, part_filter=f.part_filter, sample_filter=f.sample_filter
+    )
     source[0]
     for i in np.random.default_rng(0).permutation(len(source)).tolist():
         assert source._reader[i] == energon[i], i
@@ -70,7 +78,9 @@ def counted_reads(monkeypatch):
     return reads
 
 
-def test_each_index_is_read_once_and_each_sample_is_one_ranged_read(image_text_shards, counted_reads):
+def test_each_index_is_read_once_and_each_sample_is_one_ranged_read(
+    image_text_shards, counted_reads
+):
     """The reader's contract (module doc): a shard's .tar.idx is read once, not per sample, and a
     sample is one byte range. A random order over every shard, twice."""
     source = SampleSource(str(image_text_shards))

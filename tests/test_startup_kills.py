@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from demo_datasets import REPO, coco_dataset, librispeech_dataset
+
 from energon_platform.loader.lengths import CHUNK
 from energon_platform.training.resume_check import RunSpec, _run, launch, read_log, trainer_command
 
@@ -36,22 +36,54 @@ def balanced_config(tmp_path_factory) -> Path:
 
     base = tmp_path_factory.mktemp("startup-kills")
     manifest = base / "docs.jsonl"
-    manifest.write_text("".join(json.dumps({"id": f"doc-{i:05d}", "text": f"document {i} says {i % 97} things."}) + "\n"
-                                for i in range(2 * CHUNK + 100)))
+    manifest.write_text(
+        "".join(
+            json.dumps({"id": f"doc-{i:05d}", "text": f"document {i} says {i % 97} things."}) + "\n"
+            for i in range(2 * CHUNK + 100)
+        )
+    )
     text = base / "text"
-    run_conversion("text", {"manifest": str(manifest), "text_column": "text", "id_column": "id", "fmt": None},
-                   ConvertOptions(out=str(text), samples_per_shard=CHUNK, progress=False))
+    run_conversion(
+        "text",
+        {"manifest": str(manifest), "text_column": "text", "id_column": "id", "fmt": None},
+        ConvertOptions(out=str(text), samples_per_shard=CHUNK, progress=False),
+    )
     blend = base / "blend.yaml"
-    blend.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {
-        "train": {"blend": [{"weight": 2, "path": str(coco_dataset(base))},
-                            {"weight": 1, "path": str(librispeech_dataset(base))}, {"weight": 1, "path": str(text)}]}}}))
+    blend.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {
+                    "train": {
+                        "blend": [
+                            {"weight": 2, "path": str(coco_dataset(base))},
+                            {"weight": 1, "path": str(librispeech_dataset(base))},
+                            {"weight": 1, "path": str(text)},
+                        ]
+                    }
+                },
+            }
+        )
+    )
     config = base / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"path": str(blend), "val_split": None},
-        "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-        "loader": {"global_batch_size": 8, "micro_batch_size": 4, "num_workers": 2, "seed": 5, "balance": "attention"},
-        "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": STEPS, "checkpoint_every": 2, "warmup": 1}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(blend), "val_split": None},
+                "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+                "loader": {
+                    "global_batch_size": 8,
+                    "micro_batch_size": 4,
+                    "num_workers": 2,
+                    "seed": 5,
+                    "balance": "attention",
+                },
+                "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": STEPS, "checkpoint_every": 2, "warmup": 1},
+            }
+        )
+    )
     return config
 
 
@@ -59,7 +91,11 @@ def balanced_config(tmp_path_factory) -> Path:
 def reference(balanced_config, tmp_path_factory) -> tuple[dict, Path]:
     """The uninterrupted run's rows, and the length cache it built."""
     out = tmp_path_factory.mktemp("reference")
-    _run(trainer_command(_spec(balanced_config, out / "lengths"), out), out / "stdout.txt", timeout=600)
+    _run(
+        trainer_command(_spec(balanced_config, out / "lengths"), out),
+        out / "stdout.txt",
+        timeout=600,
+    )
     return read_log(out / "log.jsonl"), out / "lengths"
 
 
@@ -79,7 +115,10 @@ def _processes_naming(out: Path) -> list[psutil.Process]:
     """Live processes whose command line names ``out`` (forked children keep their parent's)."""
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
-        if str(out) in " ".join(p.info["cmdline"] or ()) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if (
+            str(out) in " ".join(p.info["cmdline"] or ())
+            and p.info["status"] != psutil.STATUS_ZOMBIE
+        ):
             found.append(p)
     return found
 
@@ -92,7 +131,9 @@ def _kill_trainer_when(spec: RunSpec, out: Path, moment, what: str) -> None:
         deadline = time.time() + 300
         while proc.poll() is None and time.time() < deadline and not moment(proc.pid):
             time.sleep(0.002)
-        assert proc.poll() is None, f"the run ended before {what}: " + (out / "stdout.txt").read_text()[-2000:]
+        assert proc.poll() is None, (
+            f"the run ended before {what}: " + (out / "stdout.txt").read_text()[-2000:]
+        )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     left = _processes_naming(out)
@@ -103,7 +144,9 @@ def _kill_trainer_when(spec: RunSpec, out: Path, moment, what: str) -> None:
         left = _processes_naming(out)
     for p in left:  # do not leak them into other tests
         p.kill()
-    assert not left, f"processes of the run killed {what} outlived it: {[(p.pid, p.name()) for p in left]}"
+    assert not left, (
+        f"processes of the run killed {what} outlived it: {[(p.pid, p.name()) for p in left]}"
+    )
 
 
 def _children(pid: int) -> list[psutil.Process]:
@@ -120,11 +163,17 @@ def _resume_is_exact(spec: RunSpec, out: Path, rows: dict) -> None:
     assert sorted(resumed) == list(range(1, STEPS + 1))
     for step, row in rows.items():
         got = resumed[step]
-        assert (got["keys"], got["batch_sha256"], got["loss"]) == (row["keys"], row["batch_sha256"], row["loss"]), step
+        assert (got["keys"], got["batch_sha256"], got["loss"]) == (
+            row["keys"],
+            row["batch_sha256"],
+            row["loss"],
+        ), step
 
 
 @pytest.mark.slow
-def test_run_killed_while_its_length_index_builds_resumes_at_once_and_exactly(balanced_config, reference, tmp_path):
+def test_run_killed_while_its_length_index_builds_resumes_at_once_and_exactly(
+    balanced_config, reference, tmp_path
+):
     rows, _ = reference
     cache = tmp_path / "lengths"
     spec = _spec(balanced_config, cache)
@@ -133,16 +182,23 @@ def test_run_killed_while_its_length_index_builds_resumes_at_once_and_exactly(ba
         return any(cache.glob("*/parts")) and bool(_children(pid))
 
     _kill_trainer_when(spec, tmp_path, building, "while its length index was built")
-    assert [d for d in cache.iterdir() if (d / "parts").is_dir() and not (d / "meta.json").exists()], \
-        "the kill must land while the index is built"
+    assert [
+        d for d in cache.iterdir() if (d / "parts").is_dir() and not (d / "meta.json").exists()
+    ], "the kill must land while the index is built"
     _resume_is_exact(spec, tmp_path, rows)
 
 
 @pytest.mark.slow
-def test_run_killed_while_its_loader_workers_start_resumes_at_once_and_exactly(balanced_config, reference, tmp_path):
-    rows, cache = reference  # the index is built: the trainer's first children are its loader workers
+def test_run_killed_while_its_loader_workers_start_resumes_at_once_and_exactly(
+    balanced_config, reference, tmp_path
+):
+    rows, cache = (
+        reference  # the index is built: the trainer's first children are its loader workers
+    )
     spec = _spec(balanced_config, cache)
-    _kill_trainer_when(spec, tmp_path, lambda pid: bool(_children(pid)), "while its loader workers started")
+    _kill_trainer_when(
+        spec, tmp_path, lambda pid: bool(_children(pid)), "while its loader workers started"
+    )
     assert not read_log(tmp_path / "log.jsonl"), "the kill must land before the first step"
     _resume_is_exact(spec, tmp_path, rows)
 
@@ -160,8 +216,11 @@ def test_loader_workers_die_with_a_killed_parent(balanced_config, reference, tmp
         "loader = TrainLoader(cfg, num_workers=2)\n"
         "next(loader)\n"
         "print(' '.join(str(w.pid) for w in loader._iter._workers), flush=True)\n"
-        "time.sleep(120)\n")
-    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as holder:
+        "time.sleep(120)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True
+    ) as holder:
         workers = [psutil.Process(int(pid)) for pid in holder.stdout.readline().split()]
         assert len(workers) == 2
         holder.kill()
@@ -185,10 +244,15 @@ def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
         "class Source(list):\n"
         "    path = 'slow'\n"
         f"lengths.build(lengths.Path({str(tmp_path / 'index')!r}), Source(range(3 * lengths.CHUNK)), Slow(),\n"
-        "              workers=2, progress=False)\n")
+        "              workers=2, progress=False)\n"
+    )
     with subprocess.Popen([sys.executable, str(script)]) as holder:
         deadline = time.time() + 120
-        while len(workers := _children(holder.pid)) < 2 and holder.poll() is None and time.time() < deadline:
+        while (
+            len(workers := _children(holder.pid)) < 2
+            and holder.poll() is None
+            and time.time() < deadline
+        ):
             time.sleep(0.01)
         assert len(workers) == 2, "the build's pool did not start"
         time.sleep(0.2)  # the workers are inside their first chunk

@@ -20,16 +20,15 @@ import time
 
 import pytest
 import torch
+from demo_datasets import REPO
+from s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
 
 from converters.remote import dataset_files, upload_dataset
 from energon_platform.cli import main as cli_main
 from energon_platform.config import load_config
 from energon_platform.loader.source import SampleSource
 from energon_platform.loader.train_loader import TrainLoader
-from s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
 from storage import DatasetError, StorageError
-
-from demo_datasets import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 
@@ -51,13 +50,21 @@ def remote(s3_server, local) -> str:
 
 
 def cfg(path, **loader):
-    return load_config({"data": {"path": str(path), "val_split": None}, "encoder": IMAGE,
-                        "loader": {"global_batch_size": 8, "num_workers": 0, **loader}})
+    return load_config(
+        {
+            "data": {"path": str(path), "val_split": None},
+            "encoder": IMAGE,
+            "loader": {"global_batch_size": 8, "num_workers": 0, **loader},
+        }
+    )
 
 
 def fields(batch) -> dict:
-    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)} if dataclasses.is_dataclass(batch) \
+    return (
+        {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        if dataclasses.is_dataclass(batch)
         else dict(vars(batch))
+    )
 
 
 def assert_same_batch(a, b) -> None:
@@ -65,7 +72,9 @@ def assert_same_batch(a, b) -> None:
     fa, fb = fields(a), fields(b)
     assert fa.keys() == fb.keys()
     for f in (fa, fb):
-        f["__sources__"] = [(s.index, s.shard_name, s.file_names) for s in f.get("__sources__") or ()]
+        f["__sources__"] = [
+            (s.index, s.shard_name, s.file_names) for s in f.get("__sources__") or ()
+        ]
     for name in fa:
         if isinstance(fa[name], torch.Tensor):
             assert torch.equal(fa[name], fb[name]), name
@@ -88,9 +97,16 @@ def test_upload_copies_the_conversion_once_and_skips_what_is_there(s3, local, tm
     url = s3.url("upload-check")
     first = upload_dataset(local, url)
     names = dataset_files(local)
-    assert [f.url for f in first.files] == [f"{url}/{n}" for n in names] and first.uploaded == len(names)
-    assert names[-2:] == [".nv-meta/.info.json", ".nv-meta/dataset.yaml"]  # what makes it a dataset: last
-    assert not any(n.startswith(".convert/") for n in names) and any(n.endswith(".tar.idx") for n in names)
+    assert [f.url for f in first.files] == [f"{url}/{n}" for n in names] and first.uploaded == len(
+        names
+    )
+    assert names[-2:] == [
+        ".nv-meta/.info.json",
+        ".nv-meta/dataset.yaml",
+    ]  # what makes it a dataset: last
+    assert not any(n.startswith(".convert/") for n in names) and any(
+        n.endswith(".tar.idx") for n in names
+    )
     listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix="upload-check/")["Contents"]
     assert sorted(o["Key"].split("/", 1)[1] for o in listed) == sorted(names)
 
@@ -111,8 +127,16 @@ def test_info_reads_an_msc_dataset(s3, remote, local, capsys):
     from converters.info import dataset_info
 
     here, there = dataset_info(str(local)), dataset_info(remote)
-    assert there["path"] == remote and there["splits"] == here["splits"] and here["splits"]["train"] == {"shards": 6, "samples": 48}
-    assert (there["sample_type"], there["parts"], there["report"]) == (here["sample_type"], here["parts"], here["report"])
+    assert (
+        there["path"] == remote
+        and there["splits"] == here["splits"]
+        and here["splits"]["train"] == {"shards": 6, "samples": 48}
+    )
+    assert (there["sample_type"], there["parts"], there["report"]) == (
+        here["sample_type"],
+        here["parts"],
+        here["report"],
+    )
     assert cli_main(["info", remote]) == 0
     assert f"dataset: {remote}" in capsys.readouterr().out
 
@@ -132,7 +156,9 @@ def test_shard_missing_on_the_store_is_named_at_start(s3, local):
     url = s3.url("missing-shard")
     upload_dataset(local, url)
     s3.client().delete_object(Bucket=s3.bucket, Key="missing-shard/train/shard-000003.tar")
-    with pytest.raises(DatasetError, match=r"shard train/shard-000003.tar of split 'train' is missing \(1 of 6"):
+    with pytest.raises(
+        DatasetError, match=r"shard train/shard-000003.tar of split 'train' is missing \(1 of 6"
+    ):
         SampleSource(url)
     with pytest.raises(DatasetError, match="shard-000003.tar"):
         TrainLoader(cfg(url))
@@ -147,7 +173,9 @@ def test_wrong_credentials_are_one_named_line(s3, remote, capsys):
     for argv in (["info", bad], ["info", "msc://no-such-profile/x"]):
         assert cli_main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith("energon-platform info: error: msc://") and "Traceback" not in "\n".join(err)
+        assert err[-1].startswith(
+            "energon-platform info: error: msc://"
+        ) and "Traceback" not in "\n".join(err)
 
 
 def test_refused_credentials_fail_an_upload_at_once_without_backoff(s3, tmp_path, monkeypatch):
@@ -164,8 +192,13 @@ def test_refused_credentials_fail_an_upload_at_once_without_backoff(s3, tmp_path
     monkeypatch.setattr(remote, "upload_file", lambda *a: tries.append(a) or real(*a))
     (tmp_path / "f.bin").write_bytes(b"x" * 10)
     with pytest.raises(remote.UploadError, match="after 1 try") as e:
-        remote.put_checked(str(tmp_path / "f.bin"), s3.url("refused/f.bin", profile=s3.bad_profile), "f.bin",
-                           attempts=5, backoff=10.0)
+        remote.put_checked(
+            str(tmp_path / "f.bin"),
+            s3.url("refused/f.bin", profile=s3.bad_profile),
+            "f.bin",
+            attempts=5,
+            backoff=10.0,
+        )
     assert len(tries) == 1 and isinstance(e.value.__cause__.__cause__, PermissionError), e.value
 
 
@@ -219,7 +252,9 @@ def test_stall_shorter_than_the_retries_is_waited_out_with_the_same_sample(own_s
     sample = stalled[0]
     time.sleep(0.2)  # the server counts the abandoned request when it answers it, after SIGCONT
     assert sample.__key__ == expected.__key__ and torch.equal(sample.image, expected.image)
-    assert (own_server.counters() - before).requests > calm_requests  # the timed-out request was retried
+    assert (
+        own_server.counters() - before
+    ).requests > calm_requests  # the timed-out request was retried
 
 
 # --- the converter writes to object storage; a whole train, SIGKILL and resume reads from it ---------------
@@ -235,32 +270,59 @@ def _coco(raw, n=20):
     items = [_image_item(i, False) for i in range(n)]
     for key, data, _ in items:
         (raw / "images" / f"{key}.png").write_bytes(data)
-    (raw / "captions.json").write_text(json.dumps({
-        "images": [{"id": int(k), "file_name": f"{k}.png"} for k, _, _ in items],
-        "annotations": [{"id": i, "image_id": int(k), "caption": t} for i, (k, _, t) in enumerate(items)]}))
+    (raw / "captions.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": int(k), "file_name": f"{k}.png"} for k, _, _ in items],
+                "annotations": [
+                    {"id": i, "image_id": int(k), "caption": t} for i, (k, _, t) in enumerate(items)
+                ],
+            }
+        )
+    )
     return ["--annotations", str(raw / "captions.json"), "--images", str(raw / "images")]
 
 
 @pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])
-def test_convert_to_object_storage_matches_a_local_conversion(s3, tmp_path, monkeypatch, capsys, executor):
+def test_convert_to_object_storage_matches_a_local_conversion(
+    s3, tmp_path, monkeypatch, capsys, executor
+):
     monkeypatch.setenv("ENERGON_PLATFORM_STAGING", str(tmp_path / "staging"))
     args = _coco(tmp_path / "raw")
     url = s3.url(f"converted-{executor}")
     common = ["--samples-per-shard", "8", "--no-progress", "--workers", "2", "--executor", executor]
     assert cli_main(["convert", "coco", *args, "--out", url, *common]) == 0
-    assert cli_main(["convert", "coco", *args, "--out", str(tmp_path / "local"), "--samples-per-shard", "8",
-                     "--no-progress"]) == 0
+    assert (
+        cli_main(
+            [
+                "convert",
+                "coco",
+                *args,
+                "--out",
+                str(tmp_path / "local"),
+                "--samples-per-shard",
+                "8",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     remote_batches = [next(TrainLoader(cfg(url))) for _ in range(1)]
     local_batches = [next(TrainLoader(cfg(tmp_path / "local"))) for _ in range(1)]
     assert remote_batches[0].keys == local_batches[0].keys
     assert torch.equal(remote_batches[0].images, local_batches[0].images)
     # identical bytes: the shards on the store are the local conversion's shards
-    assert SampleSource(url).identity()["index_uuid"] == SampleSource(str(tmp_path / "local")).identity()["index_uuid"]
+    assert (
+        SampleSource(url).identity()["index_uuid"]
+        == SampleSource(str(tmp_path / "local")).identity()["index_uuid"]
+    )
     before = s3.counters()
     capsys.readouterr()
     assert cli_main(["convert", "coco", *args, "--out", url, *common]) == 0
     assert "nothing to do" in capsys.readouterr().out
-    assert dict((s3.counters() - before).by_type).get("PUT", 0) == 0, "a finished upload is not sent again"
+    assert dict((s3.counters() - before).by_type).get("PUT", 0) == 0, (
+        "a finished upload is not sent again"
+    )
 
 
 @pytest.mark.slow
@@ -271,12 +333,42 @@ def test_train_killed_and_resumed_on_object_storage_is_bit_exact(s3, tmp_path, m
 
     monkeypatch.setenv("ENERGON_PLATFORM_STAGING", str(tmp_path / "staging"))
     url = s3.url("train-resume")
-    assert cli_main(["convert", "coco", *_coco(tmp_path / "raw", 40), "--out", url, "--samples-per-shard", "8",
-                     "--val-fraction", "0.2", "--no-progress"]) == 0
+    assert (
+        cli_main(
+            [
+                "convert",
+                "coco",
+                *_coco(tmp_path / "raw", 40),
+                "--out",
+                url,
+                "--samples-per-shard",
+                "8",
+                "--val-fraction",
+                "0.2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"path": url}, "encoder": IMAGE,
-        "loader": {"global_batch_size": 4, "num_workers": 2, "seed": 3, "shuffle_buffer": 16, "shuffle_run": 2},
-        "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 8}, "train": {"steps": 8, "checkpoint_every": 3}}))
-    result = check_resume(RunSpec(str(config), 8), kill_at=5, out=tmp_path / "check", log=lambda *_: None)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": url},
+                "encoder": IMAGE,
+                "loader": {
+                    "global_batch_size": 4,
+                    "num_workers": 2,
+                    "seed": 3,
+                    "shuffle_buffer": 16,
+                    "shuffle_run": 2,
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 8},
+                "train": {"steps": 8, "checkpoint_every": 3},
+            }
+        )
+    )
+    result = check_resume(
+        RunSpec(str(config), 8), kill_at=5, out=tmp_path / "check", log=lambda *_: None
+    )
     assert result["passed"] and result["resume_step"] == 3, result

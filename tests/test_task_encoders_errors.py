@@ -23,7 +23,9 @@ def keys_of(batches):
     return sorted(k for b in batches for k in b.keys)
 
 
-def test_undecodable_images_are_skipped_logged_and_counted(make_encoder, broken_images, one_pass, caplog):
+def test_undecodable_images_are_skipped_logged_and_counted(
+    make_encoder, broken_images, one_pass, caplog
+):
     encoder = make_encoder("image_text")
     with caplog.at_level(logging.WARNING, logger="task_encoders.skipping"):
         batches = one_pass(encoder, broken_images)
@@ -46,11 +48,22 @@ def test_undecodable_audio_is_skipped(make_encoder, make_dataset, one_pass):
     assert encoder.skip_policy.failures == 1
 
 
-@pytest.mark.parametrize("errors, message", [
-    ({"max_consecutive_failures": 4}, "4 samples failed in a row (errors.max_consecutive_failures=4)"),
-    ({"max_skipped_fraction": 0.3, "fraction_after": 8}, "of 8 samples failed (errors.max_skipped_fraction=0.3)"),
-])
-def test_a_flood_of_bad_samples_is_a_clear_error(make_encoder, flood_images, one_pass, errors, message):
+@pytest.mark.parametrize(
+    "errors, message",
+    [
+        (
+            {"max_consecutive_failures": 4},
+            "4 samples failed in a row (errors.max_consecutive_failures=4)",
+        ),
+        (
+            {"max_skipped_fraction": 0.3, "fraction_after": 8},
+            "of 8 samples failed (errors.max_skipped_fraction=0.3)",
+        ),
+    ],
+)
+def test_a_flood_of_bad_samples_is_a_clear_error(
+    make_encoder, flood_images, one_pass, errors, message
+):
     with pytest.raises(TooManyBadSamples, match="too many bad samples in one worker") as info:
         one_pass(make_encoder("image_text", errors=errors), flood_images)
     assert message in str(info.value) and "section errors" in str(info.value)
@@ -58,4 +71,8 @@ def test_a_flood_of_bad_samples_is_a_clear_error(make_encoder, flood_images, one
 
 def test_a_flood_in_a_worker_process_reaches_the_main_process(make_encoder, flood_images, one_pass):
     with pytest.raises(Exception, match="errors.max_consecutive_failures=3"):
-        one_pass(make_encoder("image_text", errors={"max_consecutive_failures": 3}), flood_images, num_workers=2)
+        one_pass(
+            make_encoder("image_text", errors={"max_consecutive_failures": 3}),
+            flood_images,
+            num_workers=2,
+        )

@@ -17,11 +17,22 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_example_trains_a_batch_through_energons_loader(audio_text_shards, tokenizer_dir):
     module = importlib.import_module("task_encoders.examples.waveform_text")
     assert "waveform_text" in available()
-    encoder = get_encoder({"module": "task_encoders.examples.waveform_text", "encoder": "waveform_text",
-                           "text": {"tokenizer": str(tokenizer_dir), "seq_len": 32}})
+    encoder = get_encoder(
+        {
+            "module": "task_encoders.examples.waveform_text",
+            "encoder": "waveform_text",
+            "text": {"tokenizer": str(tokenizer_dir), "seq_len": 32},
+        }
+    )
     assert isinstance(encoder, module.WaveformTextTaskEncoder)
-    dataset = get_train_dataset(audio_text_shards, worker_config=encoder.worker_config(num_workers=1), batch_size=4,
-                                shuffle_buffer_size=4, max_samples_per_sequence=None, task_encoder=encoder)
+    dataset = get_train_dataset(
+        audio_text_shards,
+        worker_config=encoder.worker_config(num_workers=1),
+        batch_size=4,
+        shuffle_buffer_size=4,
+        max_samples_per_sequence=None,
+        task_encoder=encoder,
+    )
     batch = next(iter(get_savable_loader(dataset)))
     assert isinstance(batch, module.WaveformTextBatch) and len(batch.keys) == 4
     assert batch.waveforms.dtype == torch.float32 and batch.waveforms.shape[0] == 4
@@ -34,9 +45,11 @@ def test_example_trains_a_batch_through_energons_loader(audio_text_shards, token
     head = torch.nn.Linear(16, encoder.tokenizer.vocab_size)
     params = [*embed.parameters(), *audio.parameters(), *head.parameters()]
     optimizer = torch.optim.SGD(params, lr=0.1)
-    energy = (batch.waveforms ** 2).sum(1, keepdim=True) / batch.waveform_lengths[:, None]
+    energy = (batch.waveforms**2).sum(1, keepdim=True) / batch.waveform_lengths[:, None]
     hidden = embed(batch.tokens) + audio(energy)[:, None, :]
-    losses = torch.nn.functional.cross_entropy(head(hidden).transpose(1, 2), batch.labels, reduction="none")
+    losses = torch.nn.functional.cross_entropy(
+        head(hidden).transpose(1, 2), batch.labels, reduction="none"
+    )
     loss = (losses * batch.loss_mask).sum() / batch.loss_mask.sum()
     before = head.weight.detach().clone()
     loss.backward()
@@ -47,10 +60,17 @@ def test_example_trains_a_batch_through_energons_loader(audio_text_shards, token
 def test_gain_is_seeded_per_key_and_epoch(tokenizer_dir, raw_samples):
 
     encoder = get_encoder(
-        {"module": "task_encoders.examples.waveform_text", "encoder": "waveform_text", "text": {"tokenizer": str(tokenizer_dir)}})
+        {
+            "module": "task_encoders.examples.waveform_text",
+            "encoder": "waveform_text",
+            "text": {"tokenizer": str(tokenizer_dir)},
+        }
+    )
     sample = raw_samples("audio_text")[0]
     first, again = (encoder.encode_sample(sample).media["waveform"] for _ in range(2))
-    later = encoder.encode_sample(dataclasses.replace(sample, __subflavors__={"epoch": 1})).media["waveform"]
+    later = encoder.encode_sample(dataclasses.replace(sample, __subflavors__={"epoch": 1})).media[
+        "waveform"
+    ]
     assert torch.equal(first, again) and not torch.equal(first, later)
 
 
@@ -58,4 +78,6 @@ def test_the_document_shows_the_example_module_verbatim():
     doc = (ROOT / "docs" / "encoders.md").read_text()
     source = (ROOT / "task_encoders" / "examples" / "waveform_text.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
-    assert source in blocks, "docs/encoders.md, section 'Adding a modality', must show task_encoders/examples/waveform_text.py verbatim"
+    assert source in blocks, (
+        "docs/encoders.md, section 'Adding a modality', must show task_encoders/examples/waveform_text.py verbatim"
+    )

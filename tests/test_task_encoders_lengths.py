@@ -29,12 +29,29 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("lengths")
     out = {"coco": coco_dataset(base), "speech": librispeech_dataset(base)}
     for name, kind, args in (
-            ("text", "text", {"manifest": str(REPO / "data/text_mini/documents.jsonl"), "text_column": "text",
-                              "id_column": "id", "fmt": None}),
-            ("video", "video", {"root": str(REPO / "data/video_mini/clips")}),
-            ("llava", "llava", {"json_file": str(REPO / "data/coco_mini/conversations.json"),
-                                "images": str(REPO / "data/coco_mini/images")})):
-        outcome = run_conversion(kind, args, ConvertOptions(out=str(base / name), samples_per_shard=64, progress=False))
+        (
+            "text",
+            "text",
+            {
+                "manifest": str(REPO / "data/text_mini/documents.jsonl"),
+                "text_column": "text",
+                "id_column": "id",
+                "fmt": None,
+            },
+        ),
+        ("video", "video", {"root": str(REPO / "data/video_mini/clips")}),
+        (
+            "llava",
+            "llava",
+            {
+                "json_file": str(REPO / "data/coco_mini/conversations.json"),
+                "images": str(REPO / "data/coco_mini/images"),
+            },
+        ),
+    ):
+        outcome = run_conversion(
+            kind, args, ConvertOptions(out=str(base / name), samples_per_shard=64, progress=False)
+        )
         assert outcome.ok, outcome.report
         out[name] = base / name
     return out
@@ -60,18 +77,34 @@ CASES = [
     ("image_text_vlm", _config("image_text_vlm.yaml"), ("coco",), 6),
     ("image_text_vlm_small", _config("image_text_vlm_small.yaml"), ("coco",), 24),
     ("image_text_vlm_small_packed", _config("image_text_vlm_small_packed.yaml"), ("coco",), 12),
-    ("image_text_vlm_cut", _config("image_text_vlm_small.yaml", text={"seq_len": 96}), ("coco",), 24),
+    (
+        "image_text_vlm_cut",
+        _config("image_text_vlm_small.yaml", text={"seq_len": 96}),
+        ("coco",),
+        24,
+    ),
     ("conversation", _config("conversation.yaml"), ("llava",), 6),
     ("conversation_small", _config("conversation_small.yaml"), ("llava",), 24),
     ("conversation_small_packed", _config("conversation_small_packed.yaml"), ("llava",), 12),
     ("conversation_cut", _config("conversation_small.yaml", text={"seq_len": 104}), ("llava",), 40),
     ("audio_text", _config("audio_text.yaml"), ("speech",), 12),
-    ("audio_text_cut", _config("audio_text.yaml", text={"seq_len": 8}, audio={"sample_rate": 8000, "max_seconds": 1.2}),
-     ("speech",), 12),
+    (
+        "audio_text_cut",
+        _config(
+            "audio_text.yaml", text={"seq_len": 8}, audio={"sample_rate": 8000, "max_seconds": 1.2}
+        ),
+        ("speech",),
+        12,
+    ),
     ("waveform_text", _config("waveform_text.yaml"), ("speech",), 6),
     ("video_text", _config("video_text.yaml"), ("video",), 6),
     ("video_text_small", _config("video_text_small.yaml"), ("video",), 8),
-    ("video_text_fps", _config("video_text_small.yaml", video={"fps": 30.0, "num_frames": 6}), ("video",), 6),
+    (
+        "video_text_fps",
+        _config("video_text_small.yaml", video={"fps": 30.0, "num_frames": 6}),
+        ("video",),
+        6,
+    ),
     ("multimodal", _config("multimodal.yaml"), ("coco", "speech", "text"), 6),
     ("multimodal_packed", _config("multimodal_packed.yaml"), ("coco", "speech", "text"), 6),
 ]
@@ -101,15 +134,23 @@ def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]
         for i in _spread(len(source), per_corpus):
             light = light_sample(source, i)
             facts = encoder.sample_facts(light)
-            assert len(facts) == encoder.facts_width and all(isinstance(f, int) and f >= 0 for f in facts), facts
+            assert len(facts) == encoder.facts_width and all(
+                isinstance(f, int) and f >= 0 for f in facts
+            ), facts
             for epoch in EPOCHS:
                 sample = source[i]  # decoded afresh: encoding must not see another epoch's sample
                 key = PREFIX + sample.__key__
                 sample.__key__ = key
-                sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": "ds"}
+                sample.__subflavors__ = {
+                    **(sample.__subflavors__ or {}),
+                    "epoch": epoch,
+                    "dataset": "ds",
+                }
                 encoded = _outcome(lambda: encoder.encoded_length(encoder.encode(sample)))
                 derived = _outcome(lambda: encoder.sample_length(facts, key, epoch))
-                assert derived == encoded, f"{path.name} sample {i} ({key}) epoch {epoch}: derived {derived}, encoded {encoded}"
+                assert derived == encoded, (
+                    f"{path.name} sample {i} ({key}) epoch {epoch}: derived {derived}, encoded {encoded}"
+                )
                 seen[encoded[0]] += 1
                 seen["cut"] += encoded[0] == "ok" and encoded[1][0] >= encoder.seq_len - 1
     return seen
@@ -133,7 +174,10 @@ def test_evaluation_lengths_equal_encoded_lengths(corpora):
     """training=False (centred clips, eval transforms) derives the same lengths as it encodes."""
     from task_encoders.registry import get_encoder
 
-    for config, corpus in ((_config("video_text_small.yaml"), "video"), (_config("image_text_vlm_small.yaml"), "coco")):
+    for config, corpus in (
+        (_config("video_text_small.yaml"), "video"),
+        (_config("image_text_vlm_small.yaml"), "coco"),
+    ):
         seen = check_lengths(get_encoder(config, training=False), [corpora[corpus]], 6)
         assert seen["ok"] >= 6, seen
 
@@ -157,13 +201,21 @@ def test_light_sample_keeps_media_as_bytes(corpora):
     from energon_platform.loader.light_sample import light_sample
     from energon_platform.loader.source import SampleSource
 
-    for corpus, kind, media in (("coco", CaptioningSample, "image"), ("speech", AudioTextSample, "audio"),
-                                ("video", VideoTextSample, "video"), ("llava", ConversationSample, "images")):
+    for corpus, kind, media in (
+        ("coco", CaptioningSample, "image"),
+        ("speech", AudioTextSample, "audio"),
+        ("video", VideoTextSample, "video"),
+        ("llava", ConversationSample, "images"),
+    ):
         source = SampleSource(str(corpora[corpus]), "train")
         light = light_sample(source, 1)
         assert type(light) is kind and light.__key__ == source[1].__key__
         value = getattr(light, media)
-        assert all(isinstance(v, bytes) for v in value) if media == "images" else isinstance(value, bytes)
+        assert (
+            all(isinstance(v, bytes) for v in value)
+            if media == "images"
+            else isinstance(value, bytes)
+        )
 
 
 def test_video_audio_config_refuses_to_guess():

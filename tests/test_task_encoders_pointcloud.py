@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import layouts
+import numpy as np
 import pytest
 import torch
 
@@ -28,8 +28,16 @@ SMALL = {"num_points": 256, "colors": True, "dropout": 0.2}
 
 def pc_encoder(tokenizer_dir=None, seed=None, training=True, **pointcloud):
     text = {"seq_len": 32, **({"tokenizer": str(tokenizer_dir)} if tokenizer_dir else {})}
-    return get_encoder({"encoder": "pointcloud_text", "seed": 1234, "text": text,
-                        "pointcloud": {**SMALL, **pointcloud}}, seed=seed, training=training)
+    return get_encoder(
+        {
+            "encoder": "pointcloud_text",
+            "seed": 1234,
+            "text": text,
+            "pointcloud": {**SMALL, **pointcloud},
+        },
+        seed=seed,
+        training=training,
+    )
 
 
 def with_epoch(sample, epoch):
@@ -44,8 +52,10 @@ def digests(batch) -> dict[str, str]:
     out = {}
     for j, key in enumerate(batch.keys):
         start = int(batch.cu_seqlens[j])
-        parts = [flat[start:start + int(batch.doc_lengths[j])], batch.points[j]]
-        out[key] = hashlib.sha256(b"".join(p.contiguous().numpy().tobytes() for p in parts)).hexdigest()
+        parts = [flat[start : start + int(batch.doc_lengths[j])], batch.points[j]]
+        out[key] = hashlib.sha256(
+            b"".join(p.contiguous().numpy().tobytes() for p in parts)
+        ).hexdigest()
     return out
 
 
@@ -54,8 +64,11 @@ def shapes_dataset(base: Path) -> Path:
 
     out = base / "mesh_mini"
     if not (out / "report.json").is_file():
-        run_conversion("3d", {"root": str(REPO / "data/mesh_mini/shapes")},
-                       ConvertOptions(out=str(out), samples_per_shard=8, progress=False))
+        run_conversion(
+            "3d",
+            {"root": str(REPO / "data/mesh_mini/shapes")},
+            ConvertOptions(out=str(out), samples_per_shard=8, progress=False),
+        )
     return out
 
 
@@ -68,16 +81,25 @@ def shards(tmp_path_factory) -> Path:
 def samples(shards):
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
-    ds = get_val_dataset(shards, split_part="train", batch_size=None,
-                         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+    ds = get_val_dataset(
+        shards,
+        split_part="train",
+        batch_size=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+    )
     return {s.__key__: s for s in get_loader(ds)}
 
 
 def one_pass(encoder, path, num_workers=0, batch_size=4):
     from megatron.energon import get_savable_loader, get_val_dataset
 
-    ds = get_val_dataset(path, split_part="train", batch_size=batch_size, task_encoder=encoder,
-                         worker_config=encoder.worker_config(num_workers=num_workers))
+    ds = get_val_dataset(
+        path,
+        split_part="train",
+        batch_size=batch_size,
+        task_encoder=encoder,
+        worker_config=encoder.worker_config(num_workers=num_workers),
+    )
     return list(get_savable_loader(ds))
 
 
@@ -102,7 +124,10 @@ def test_sampled_points_lie_on_the_mesh_surface_and_follow_area(samples):
         assert distance.max() < 1e-6 * max(1.0, np.abs(geom.vertices).max()), key
         points, _ = encoder.cloud(samples[key])  # evaluation: steps 1-2 only
         np.testing.assert_array_equal(points, normalise(raw))
-        assert np.sqrt((points ** 2).sum(1)).max() == pytest.approx(1.0) and np.abs(points.mean(0)).max() < 1e-12
+        assert (
+            np.sqrt((points**2).sum(1)).max() == pytest.approx(1.0)
+            and np.abs(points.mean(0)).max() < 1e-12
+        )
     slab = samples["shape_001"]  # 2 x 0.3 x 2: top and bottom hold 8 of its 10.4 area units
     points, _ = sample_surface(geometry_of(slab), 4000, np.random.default_rng(0))
     assert np.mean(np.isclose(np.abs(points[:, 1]), 0.15)) == pytest.approx(8 / 10.4, abs=0.03)
@@ -120,11 +145,15 @@ def test_stored_clouds_give_their_own_points_and_colours(samples):
         assert len(cloud) == 300 and batch.points.shape == (1, 300, 6)
         rgb = batch.points[0, :, 3:]
         if geom.colors is not None:
-            assert bool(batch.has_colors[0]) and torch.allclose(rgb, torch.tensor(geom.colors[0] / 255.0).float())
+            assert bool(batch.has_colors[0]) and torch.allclose(
+                rgb, torch.tensor(geom.colors[0] / 255.0).float()
+            )
         else:
             assert not bool(batch.has_colors[0]) and not rgb.any()
         assert len(stored) == len(geom.vertices)
-    few = pc_encoder(training=False, num_points=600).cloud(samples["shape_018"])[0]  # 512 stored: all, then repeats
+    few = pc_encoder(training=False, num_points=600).cloud(samples["shape_018"])[
+        0
+    ]  # 512 stored: all, then repeats
     assert len({tuple(p) for p in few.tolist()}) == 512
 
 
@@ -134,29 +163,45 @@ def test_augmentation_is_seeded_up_axis_turn_scale_jitter_dropout(samples, token
     turn = pc_encoder(tokenizer_dir, scale=[1, 1], jitter=0.0, dropout=0.0)
     base, _ = plain.cloud(sample)
     turned, _ = turn.cloud(sample)
-    np.testing.assert_allclose(turned[:, 1], base[:, 1], atol=1e-12)  # a turn about y keeps every height
+    np.testing.assert_allclose(
+        turned[:, 1], base[:, 1], atol=1e-12
+    )  # a turn about y keeps every height
     assert not np.allclose(turned[:, 0], base[:, 0])
-    np.testing.assert_allclose(np.linalg.norm(turned, axis=1), np.linalg.norm(base, axis=1), atol=1e-12)
-    so3, _ = pc_encoder(tokenizer_dir, rotation="so3", scale=[1, 1], jitter=0.0, dropout=0.0).cloud(sample)
+    np.testing.assert_allclose(
+        np.linalg.norm(turned, axis=1), np.linalg.norm(base, axis=1), atol=1e-12
+    )
+    so3, _ = pc_encoder(tokenizer_dir, rotation="so3", scale=[1, 1], jitter=0.0, dropout=0.0).cloud(
+        sample
+    )
     assert not np.allclose(so3[:, 1], base[:, 1])
-    np.testing.assert_allclose(np.linalg.norm(so3, axis=1), np.linalg.norm(base, axis=1), atol=1e-12)
+    np.testing.assert_allclose(
+        np.linalg.norm(so3, axis=1), np.linalg.norm(base, axis=1), atol=1e-12
+    )
     dropped, _ = pc_encoder(tokenizer_dir, dropout=0.9).cloud(sample)
     assert (dropped == dropped[0]).all(axis=1).sum() > 1
     full = pc_encoder(tokenizer_dir)
     clouds = {e: full.cloud(with_epoch(sample, e))[0] for e in range(3)}
     assert not np.array_equal(clouds[0], clouds[1])
-    np.testing.assert_array_equal(clouds[1], pc_encoder(tokenizer_dir).cloud(with_epoch(sample, 1))[0])
-    assert not np.array_equal(clouds[0], pc_encoder(tokenizer_dir, seed=99).cloud(with_epoch(sample, 0))[0])
+    np.testing.assert_array_equal(
+        clouds[1], pc_encoder(tokenizer_dir).cloud(with_epoch(sample, 1))[0]
+    )
+    assert not np.array_equal(
+        clouds[0], pc_encoder(tokenizer_dir, seed=99).cloud(with_epoch(sample, 0))[0]
+    )
 
 
 def test_a_dropped_point_takes_the_first_points_colour_with_its_place(samples):
     rng = np.random.default_rng(0)
     sample = copy.copy(samples["shape_021"])  # a stored cloud, given points of many colours
-    sample.geometry = np.concatenate([rng.normal(size=(400, 3)), rng.uniform(size=(400, 3))], axis=1)
+    sample.geometry = np.concatenate(
+        [rng.normal(size=(400, 3)), rng.uniform(size=(400, 3))], axis=1
+    )
     points = pc_encoder(num_points=256, dropout=0.9).encode_media(sample)["points"].numpy()
     xyz, rgb = points[:, :3], points[:, 3:]
     dropped = (xyz == xyz[0]).all(axis=1)
-    assert dropped.sum() > 10 and len(np.unique(rgb[dropped], axis=0)) == 1 < len(np.unique(rgb, axis=0))
+    assert dropped.sum() > 10 and len(np.unique(rgb[dropped], axis=0)) == 1 < len(
+        np.unique(rgb, axis=0)
+    )
     assert (rgb[dropped] == rgb[0]).all()
 
 
@@ -182,7 +227,10 @@ def test_derived_lengths_equal_encoded_lengths(shards):
 
 def test_same_tensors_per_key_for_0_1_2_workers(shards, tokenizer_dir):
     encoder = pc_encoder(tokenizer_dir)
-    runs = [{k: v for b in one_pass(encoder, shards, num_workers=w) for k, v in digests(b).items()} for w in (0, 1, 2)]
+    runs = [
+        {k: v for b in one_pass(encoder, shards, num_workers=w) for k, v in digests(b).items()}
+        for w in (0, 1, 2)
+    ]
     assert len(runs[0]) == 30 and runs[0] == runs[1] == runs[2]
 
 
@@ -199,11 +247,18 @@ print("DIGESTS " + json.dumps(out))
 
 @pytest.mark.slow
 def test_another_process_with_other_workers_gives_the_same_tensors(shards, tokenizer_dir):
-    r = subprocess.run([sys.executable, "-c", PROCESS_SCRIPT, str(TESTS), str(shards), str(tokenizer_dir)],
-                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-c", PROCESS_SCRIPT, str(TESTS), str(shards), str(tokenizer_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("DIGESTS "))[8:])
-    ours = {k: v for b in one_pass(pc_encoder(tokenizer_dir), shards) for k, v in digests(b).items()}
+    ours = {
+        k: v for b in one_pass(pc_encoder(tokenizer_dir), shards) for k, v in digests(b).items()
+    }
     assert len(ours) == 30 and theirs == ours
 
 
@@ -213,9 +268,13 @@ def test_another_process_with_other_workers_gives_the_same_tensors(shards, token
 def run_config(path: Path, **loader):
     from energon_platform.config import load_config
 
-    return load_config({"data": {"path": str(path), "val_split": None},
-                        "encoder": {"encoder": "pointcloud_text", "text": {"seq_len": 32}, "pointcloud": SMALL},
-                        "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 7, **loader}})
+    return load_config(
+        {
+            "data": {"path": str(path), "val_split": None},
+            "encoder": {"encoder": "pointcloud_text", "text": {"seq_len": 32}, "pointcloud": SMALL},
+            "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 7, **loader},
+        }
+    )
 
 
 def layout_batches(config, ranks: int, workers: int, steps: int, states=None):
@@ -262,7 +321,9 @@ with open(os.path.join(out, "log.jsonl"), "a") as log:
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
     def run(out: Path, workers: int, steps: int, kill_after: int | None = None) -> None:
-        layouts.run_logging_script(KILL_SCRIPT, [TESTS, shards, out, workers, steps], out, REPO, kill_after)
+        layouts.run_logging_script(
+            KILL_SCRIPT, [TESTS, shards, out, workers, steps], out, REPO, kill_after
+        )
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run(straight, 2, 10)
@@ -281,26 +342,53 @@ def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
 
 
 @pytest.mark.slow
-def test_three_modality_blend_with_3d_through_the_train_loader(shards, image_text_shards, tmp_path, tokenizer_dir):
+def test_three_modality_blend_with_3d_through_the_train_loader(
+    shards, image_text_shards, tmp_path, tokenizer_dir
+):
     import yaml
-
     from conftest import SMALL_IMAGE
+
     from energon_platform.config import load_config
-    from tests.demo_datasets import text_dataset
     from task_encoders.multimodal import MultimodalBatch
+    from tests.demo_datasets import text_dataset
 
     text = text_dataset(tmp_path)
-    blend = [{"weight": 2, "path": str(image_text_shards)}, {"weight": 1, "path": str(text)},
-             {"weight": 1, "path": str(shards)}]
+    blend = [
+        {"weight": 2, "path": str(image_text_shards)},
+        {"weight": 1, "path": str(text)},
+        {"weight": 1, "path": str(shards)},
+    ]
     meta = tmp_path / "blend.yaml"
-    meta.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
-                                    "splits": {"train": {"blend": blend}}}))
-    encoder = {"encoder": "multimodal", "seed": 1234, "text": {"seq_len": 32},
-               "modalities": {"image_text": {"image": SMALL_IMAGE}, "text": {}, "pointcloud_text": {"pointcloud": SMALL}}}
-    config = load_config({"data": {"path": str(meta), "val_split": None}, "encoder": encoder,
-                          "loader": {"global_batch_size": 8, "num_workers": 0, "seed": 3}})
-    mm_digest = lambda b: [(k, hashlib.sha256(b.points[i].numpy().tobytes()).hexdigest())
-                           for i, k in zip(range(len(b.points)), [k for k, n in zip(b.keys, b.num_clouds) if n])]
+    meta.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {"train": {"blend": blend}},
+            }
+        )
+    )
+    encoder = {
+        "encoder": "multimodal",
+        "seed": 1234,
+        "text": {"seq_len": 32},
+        "modalities": {
+            "image_text": {"image": SMALL_IMAGE},
+            "text": {},
+            "pointcloud_text": {"pointcloud": SMALL},
+        },
+    }
+    config = load_config(
+        {
+            "data": {"path": str(meta), "val_split": None},
+            "encoder": encoder,
+            "loader": {"global_batch_size": 8, "num_workers": 0, "seed": 3},
+        }
+    )
+    mm_digest = lambda b: [
+        (k, hashlib.sha256(b.points[i].numpy().tobytes()).hexdigest())
+        for i, k in zip(range(len(b.points)), [k for k, n in zip(b.keys, b.num_clouds) if n])
+    ]
     from energon_platform.loader.train_loader import TrainLoader
 
     def run(workers, steps, state=None):
@@ -320,7 +408,9 @@ def test_three_modality_blend_with_3d_through_the_train_loader(shards, image_tex
     for b in reference:
         assert isinstance(b, MultimodalBatch) and b.points.shape[1:] == (256, 6)
         assert b.points.shape[0] == int(b.num_clouds.sum()) == b.modalities.count("pointcloud_text")
-        assert b.cloud_docs.tolist() == [i for i, m in enumerate(b.modalities) if m == "pointcloud_text"]
+        assert b.cloud_docs.tolist() == [
+            i for i, m in enumerate(b.modalities) if m == "pointcloud_text"
+        ]
     first, state = run(2, 2)
     rest, _ = run(1, 4, state)
     assert [mm_digest(b) for b in first + rest] == [mm_digest(b) for b in reference]
@@ -342,8 +432,12 @@ def test_three_modality_blend_with_3d_through_the_train_loader(shards, image_tex
 def _samples_of(path: Path) -> list:
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
-    ds = get_val_dataset(path, split_part="train", batch_size=None,
-                         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+    ds = get_val_dataset(
+        path,
+        split_part="train",
+        batch_size=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+    )
     return list(get_loader(ds))
 
 
@@ -358,8 +452,12 @@ def test_reference_model_reads_the_points(samples, tokenizer_dir):
     assert media_of(encoder) == ("points",)
     batch = encoder.batch([encoder.encode_sample(samples[k]) for k in ("shape_000", "shape_018")])
     torch.manual_seed(0)
-    model = CaptionModel(ModelConfig(dim=16, layers=1, heads=2, patch=16), encoder.tokenizer.vocab_size, 32,
-                         media_of(encoder))
+    model = CaptionModel(
+        ModelConfig(dim=16, layers=1, heads=2, patch=16),
+        encoder.tokenizer.vocab_size,
+        32,
+        media_of(encoder),
+    )
     loss = model(batch)
     batch.points = batch.points.flip(1) * 0.5
     assert not torch.equal(loss, model(batch)), "the loss must depend on the points"
@@ -372,11 +470,24 @@ def test_sigkill_mid_step_of_the_reference_trainer_resumes_bit_exact(shards, tmp
     from energon_platform.training.resume_check import RunSpec, check_resume
 
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"path": str(shards), "val_split": None},
-        "encoder": {"encoder": "pointcloud_text", "text": {"seq_len": 32}, "pointcloud": SMALL},
-        "loader": {"global_batch_size": 4, "num_workers": 2, "seed": 5},
-        "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 8, "checkpoint_every": 3, "warmup": 2}}))
-    result = check_resume(RunSpec(str(config), 8), kill_at=5, out=tmp_path / "check", log=lambda *_: None)
-    assert result["passed"] and result["max_abs_loss_diff"] == 0.0, {k: v for k, v in result.items() if k != "rows"}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(shards), "val_split": None},
+                "encoder": {
+                    "encoder": "pointcloud_text",
+                    "text": {"seq_len": 32},
+                    "pointcloud": SMALL,
+                },
+                "loader": {"global_batch_size": 4, "num_workers": 2, "seed": 5},
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 8, "checkpoint_every": 3, "warmup": 2},
+            }
+        )
+    )
+    result = check_resume(
+        RunSpec(str(config), 8), kill_at=5, out=tmp_path / "check", log=lambda *_: None
+    )
+    assert result["passed"] and result["max_abs_loss_diff"] == 0.0, {
+        k: v for k, v in result.items() if k != "rows"
+    }

@@ -26,13 +26,23 @@ print("DIGESTS " + json.dumps(digests))
 
 
 @pytest.mark.slow
-def test_two_processes_produce_identical_tensors_per_key(image_text_encoder, image_text_shards, tokenizer_dir,
-                                                         one_pass, doc_digests):
+def test_two_processes_produce_identical_tensors_per_key(
+    image_text_encoder, image_text_shards, tokenizer_dir, one_pass, doc_digests
+):
     tests_dir = Path(__file__).resolve().parent
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tests_dir), str(image_text_shards), str(tokenizer_dir)],
-                            capture_output=True, text=True, timeout=120, cwd=tests_dir.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tests_dir), str(image_text_shards), str(tokenizer_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tests_dir.parent,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("DIGESTS "))
-    theirs = json.loads(line[len("DIGESTS "):])
-    ours = {k: v for b in one_pass(image_text_encoder, image_text_shards, num_workers=0) for k, v in doc_digests(b).items()}
+    theirs = json.loads(line[len("DIGESTS ") :])
+    ours = {
+        k: v
+        for b in one_pass(image_text_encoder, image_text_shards, num_workers=0)
+        for k, v in doc_digests(b).items()
+    }
     assert len(ours) == 24 and theirs == ours

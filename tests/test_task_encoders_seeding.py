@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from task_encoders.seeding import derive_seed, make_generator, sample_epoch, sample_key, seeded_global_torch
+from task_encoders.seeding import (
+    derive_seed,
+    make_generator,
+    sample_epoch,
+    sample_key,
+    seeded_global_torch,
+)
 
 
 def sample(key="000123", subflavors=None):
@@ -20,8 +26,12 @@ def test_derive_seed_is_stable_63_bit_and_sensitive_to_each_input():
     assert 0 <= base < 2**63
     # Pinned: the seed must not change between releases, or resumed runs change augmentation.
     assert base == 2312940371684387062
-    variants = {derive_seed(1235, "000123", 0), derive_seed(1234, "000124", 0), derive_seed(1234, "000123", 1),
-                derive_seed(1234, "000123", 0, "image")}
+    variants = {
+        derive_seed(1235, "000123", 0),
+        derive_seed(1234, "000124", 0),
+        derive_seed(1234, "000123", 1),
+        derive_seed(1234, "000123", 0, "image"),
+    }
     assert base not in variants and len(variants) == 4
 
 

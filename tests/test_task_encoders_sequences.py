@@ -25,7 +25,9 @@ def test_first_fit_decreasing_fills_capacity_and_ignores_input_order():
     assert len(packs) <= -(-sum(lengths) // 64) + 2  # FFD is near optimal on small items
     perm = list(range(200))
     rng.shuffle(perm)
-    shuffled = first_fit_decreasing([lengths[i] for i in perm], [keys[i] for i in perm], capacity=64)
+    shuffled = first_fit_decreasing(
+        [lengths[i] for i in perm], [keys[i] for i in perm], capacity=64
+    )
     assert [[keys[perm[i]] for i in p] for p in shuffled] == [[keys[i] for i in p] for p in packs]
     assert all(len(p) <= 3 for p in first_fit_decreasing(lengths, keys, capacity=64, max_docs=3))
     with pytest.raises(ValueError):
@@ -46,9 +48,16 @@ def test_layout_row_targets_masks_and_positions():
 
 
 def test_collate_rows_cu_seqlens_cover_every_token_and_match_positions():
-    rows = [layout_row([doc(4), doc(3)], 10, PAD), layout_row([doc(10)], 10, PAD), layout_row([doc(2)], 10, PAD)]
+    rows = [
+        layout_row([doc(4), doc(3)], 10, PAD),
+        layout_row([doc(10)], 10, PAD),
+        layout_row([doc(2)], 10, PAD),
+    ]
     batch = collate_rows(rows)
-    assert batch["cu_seqlens"].tolist() == [0, 4, 10, 20, 30] and batch["cu_seqlens"].dtype == torch.int32
+    assert (
+        batch["cu_seqlens"].tolist() == [0, 4, 10, 20, 30]
+        and batch["cu_seqlens"].dtype == torch.int32
+    )
     assert batch["max_seqlen"] == 10
     assert batch["num_docs"].tolist() == [2, 1, 1] and batch["num_docs"].dtype == torch.int32
     assert batch["doc_lengths"].tolist() == [4, 3, 10, 2]
@@ -56,8 +65,14 @@ def test_collate_rows_cu_seqlens_cover_every_token_and_match_positions():
     starts = batch["cu_seqlens"][:-1].long()
     assert (positions[starts] == 0).all() and int((positions == 0).sum()) == len(starts)
     assert int(batch["loss_mask"].sum()) == sum(n - 1 for n in batch["doc_lengths"].tolist())
-    assert {k: v.dtype for k, v in batch.items() if isinstance(v, torch.Tensor) and v.ndim == 2} == {
-        "tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64}
+    assert {
+        k: v.dtype for k, v in batch.items() if isinstance(v, torch.Tensor) and v.ndim == 2
+    } == {
+        "tokens": torch.int64,
+        "labels": torch.int64,
+        "loss_mask": torch.float32,
+        "position_ids": torch.int64,
+    }
 
 
 def test_pad_stack_pads_last_dim_and_reports_lengths():

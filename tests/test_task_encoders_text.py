@@ -9,9 +9,15 @@ from task_encoders.documents import TextBatch
 
 
 def train_loader(encoder, path, batch_size=2, shuffle=None):
-    dataset = get_train_dataset(path, worker_config=encoder.worker_config(), batch_size=batch_size,
-                                shuffle_buffer_size=shuffle, max_samples_per_sequence=None, task_encoder=encoder,
-                                packing_buffer_size=encoder.packing_buffer_size)
+    dataset = get_train_dataset(
+        path,
+        worker_config=encoder.worker_config(),
+        batch_size=batch_size,
+        shuffle_buffer_size=shuffle,
+        max_samples_per_sequence=None,
+        task_encoder=encoder,
+        packing_buffer_size=encoder.packing_buffer_size,
+    )
     return get_savable_loader(dataset)
 
 
@@ -27,14 +33,21 @@ def assert_consistent(batch, seq_len, pad_id):
     assert ((cu[:-1] // seq_len) == row_of).all() and (batch.doc_lengths.long() <= segments).all()
     positions, tokens = batch.position_ids.flatten(), batch.tokens.flatten()
     labels, mask = batch.labels.flatten(), batch.loss_mask.flatten()
-    for start, length, segment in zip(cu[:-1].tolist(), batch.doc_lengths.tolist(), segments.tolist()):
-        assert torch.equal(positions[start:start + segment], torch.arange(segment))
-        assert torch.equal(labels[start:start + length - 1], tokens[start + 1:start + length])
-        assert mask[start:start + length - 1].all() and not mask[start + length - 1:start + segment].any()
-        assert (tokens[start + length:start + segment] == pad_id).all()
+    for start, length, segment in zip(
+        cu[:-1].tolist(), batch.doc_lengths.tolist(), segments.tolist()
+    ):
+        assert torch.equal(positions[start : start + segment], torch.arange(segment))
+        assert torch.equal(labels[start : start + length - 1], tokens[start + 1 : start + length])
+        assert (
+            mask[start : start + length - 1].all()
+            and not mask[start + length - 1 : start + segment].any()
+        )
+        assert (tokens[start + length : start + segment] == pad_id).all()
 
 
-def test_packed_rows_are_consistent_and_hold_every_document_once(make_encoder, image_text_shards, one_pass):
+def test_packed_rows_are_consistent_and_hold_every_document_once(
+    make_encoder, image_text_shards, one_pass
+):
     encoder = make_encoder("text", text={"seq_len": 40}, packing={"buffer_size": 10})
     batches = one_pass(encoder, image_text_shards, batch_size=2)
     assert all(isinstance(b, TextBatch) and b.tokens.shape[1] == 40 for b in batches)
@@ -54,14 +67,20 @@ def test_unpacked_text_is_one_document_per_row(make_encoder, image_text_shards, 
 
 def test_text_sample_input_and_truncation_keeps_eos(make_encoder):
     encoder = make_encoder("text", text={"seq_len": 6})
-    doc = encoder.encode_sample(TextSample(__key__="shard/doc-1", __restore_key__=(), text="one two three four five six"))
+    doc = encoder.encode_sample(
+        TextSample(__key__="shard/doc-1", __restore_key__=(), text="one two three four five six")
+    )
     special = encoder.tokenizer.special
     assert doc.tokens.dtype == torch.int64 and len(doc.tokens) == 6
     assert doc.tokens[0] == special.bos and doc.tokens[-1] == special.eos
 
 
-def test_restoring_a_saved_packing_state_continues_with_identical_batches(make_encoder, image_text_shards, doc_digests):
-    encoder = make_encoder("image_text", text={"seq_len": 48}, packing={"enabled": True, "buffer_size": 10})
+def test_restoring_a_saved_packing_state_continues_with_identical_batches(
+    make_encoder, image_text_shards, doc_digests
+):
+    encoder = make_encoder(
+        "image_text", text={"seq_len": 48}, packing={"enabled": True, "buffer_size": 10}
+    )
     loader = train_loader(encoder, image_text_shards, shuffle=6)
     it = iter(loader)
     list(itertools.islice(it, 3))

@@ -9,25 +9,39 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-import pytest
-
 import layouts
+import pytest
 from demo_datasets import REPO, coco_dataset, three_modality_blend
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     base = tmp_path_factory.mktemp("trace-balance")
-    return {"blend": three_modality_blend(base), "coco": coco_dataset(base), "lengths": base / "lengths"}
+    return {
+        "blend": three_modality_blend(base),
+        "coco": coco_dataset(base),
+        "lengths": base / "lengths",
+    }
 
 
 def config(data, encoder="multimodal_packed.yaml", path="blend", **loader):
     from energon_platform.config import load_config
 
-    return load_config({"data": {"path": str(data[path]), "val_split": None},
-                        "encoder": str(REPO / "configs/encoders" / encoder),
-                        "loader": {"global_batch_size": 8, "micro_batch_size": 2, "num_workers": 0, "seed": 5,
-                                   "balance": "attention", "length_cache": str(data["lengths"]), **loader}})
+    return load_config(
+        {
+            "data": {"path": str(data[path]), "val_split": None},
+            "encoder": str(REPO / "configs/encoders" / encoder),
+            "loader": {
+                "global_batch_size": 8,
+                "micro_batch_size": 2,
+                "num_workers": 0,
+                "seed": 5,
+                "balance": "attention",
+                "length_cache": str(data["lengths"]),
+                **loader,
+            },
+        }
+    )
 
 
 def run(cfg, steps, ranks=1, state=None):
@@ -75,9 +89,13 @@ def test_trace_of_a_balanced_run_after_an_elastic_resume_with_an_exclusion(data)
     after, state2, loader = run(cfg, 3, 2, state=state)
     assert not set(rule["keys"]) & {k for keys, _ in after for k in keys}
     t = tracer(cfg, 2, state=state2)
-    assert [t.step(s)["keys"] for s in (1, 2, 3)] == [keys for keys, _ in before]  # trained on 1 rank
+    assert [t.step(s)["keys"] for s in (1, 2, 3)] == [
+        keys for keys, _ in before
+    ]  # trained on 1 rank
     assert_traced(t, after, first=4)
-    assert sum(len(t.step(s)["excluded"]) for s in range(4, 7)) >= 3, "the rule must bite in this run"
+    assert sum(len(t.step(s)["excluded"]) for s in range(4, 7)) >= 3, (
+        "the rule must bite in this run"
+    )
     seen: dict = {}  # a key's steps: its own uses and those as a stand-in in a packed row
     for step, (keys, _) in enumerate(before + after, start=1):
         for k in keys:
@@ -92,7 +110,9 @@ def test_trace_of_a_balanced_run_after_an_elastic_resume_with_an_exclusion(data)
         assert counts[b] == ({"excluded": dict(traced)} if traced else {}), b
 
 
-@pytest.mark.parametrize("encoder,balance", [("multimodal_packed.yaml", "attention"), ("multimodal.yaml", "tokens")])
+@pytest.mark.parametrize(
+    "encoder,balance", [("multimodal_packed.yaml", "attention"), ("multimodal.yaml", "tokens")]
+)
 def test_key_of_a_balanced_run_equals_a_brute_force_scan(data, encoder, balance):
     cfg = config(data, encoder, balance=balance)
     t = tracer(cfg, 2)
@@ -105,7 +125,9 @@ def test_key_of_a_balanced_run_equals_a_brute_force_scan(data, encoder, balance)
     for key, used in seen.items():
         found = t.find(key, steps)
         assert [(u["step"], u["rank"], u["micro_batch"]) for u in found["uses"]] == used, key
-    assert t.find(next(iter(seen)), 1)["steps"] == [s for s, _, _ in seen[next(iter(seen))] if s == 1]
+    assert t.find(next(iter(seen)), 1)["steps"] == [
+        s for s, _, _ in seen[next(iter(seen))] if s == 1
+    ]
 
 
 def test_exclusion_counts_per_step_equal_trace_and_start_at_the_rule(data):
@@ -124,14 +146,21 @@ def test_exclusion_counts_per_step_equal_trace_and_start_at_the_rule(data):
 
 def test_an_exclusion_is_no_failure_and_logged_once_per_dataset_and_step(data, caplog):
     probe, _, _ = run(config(data, "multimodal.yaml", balance="none"), 4)
-    rule = {"step": 1, "keys": [k for keys, _ in probe[1:] for k in keys if k.startswith("coco_mini:")][:4]}
+    rule = {
+        "step": 1,
+        "keys": [k for keys, _ in probe[1:] for k in keys if k.startswith("coco_mini:")][:4],
+    }
     with caplog.at_level(logging.INFO, logger="energon_platform.loader.batches"):
         _, _, loader = run(config(data, "multimodal.yaml", balance="none", exclude=[rule]), 4)
-    assert not [r for r in caplog.records if "replaced by" in r.getMessage()], "an exclusion is no failure"
+    assert not [r for r in caplog.records if "replaced by" in r.getMessage()], (
+        "an exclusion is no failure"
+    )
     assert loader.maker.replaced == [] and sum(loader.maker.excluded.values()) >= 4
     said = [r for r in caplog.records if "loader.exclude" in r.getMessage()]
     assert said and all(r.levelno == logging.INFO for r in said)
-    firsts = [r.getMessage().split(", first")[0] for r in said]  # "global batch B: ... samples of DATASET"
+    firsts = [
+        r.getMessage().split(", first")[0] for r in said
+    ]  # "global batch B: ... samples of DATASET"
     assert len(firsts) == len(set(firsts)), "one line per dataset and global batch"
 
 
@@ -144,18 +173,43 @@ def test_trace_cli_of_a_balanced_run(data, tmp_path):
 
     steps, _, _ = run(config(data), 3, 2)
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"data": {"path": str(data["blend"]), "val_split": None},
-                                    "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-                                    "loader": {"global_batch_size": 8, "micro_batch_size": 2, "num_workers": 0,
-                                               "seed": 5, "balance": "attention",
-                                               "length_cache": str(data["lengths"])}}))
-    base = [sys.executable, "-m", "energon_platform", "trace", "--config", str(path), "--world-size", "2", "--json"]
-    out = subprocess.run(base + ["--steps", "1:3"], capture_output=True, text=True, check=True).stdout
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(data["blend"]), "val_split": None},
+                "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+                "loader": {
+                    "global_batch_size": 8,
+                    "micro_batch_size": 2,
+                    "num_workers": 0,
+                    "seed": 5,
+                    "balance": "attention",
+                    "length_cache": str(data["lengths"]),
+                },
+            }
+        )
+    )
+    base = [
+        sys.executable,
+        "-m",
+        "energon_platform",
+        "trace",
+        "--config",
+        str(path),
+        "--world-size",
+        "2",
+        "--json",
+    ]
+    out = subprocess.run(
+        base + ["--steps", "1:3"], capture_output=True, text=True, check=True
+    ).stdout
     assert [json.loads(line)["keys"] for line in out.splitlines()] == [keys for keys, _ in steps]
 
 
 @pytest.mark.slow
-def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_size(data, tmp_path):
+def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_size(
+    data, tmp_path
+):
     """Our trainer, ``balance: attention``: 2 ranks, SIGKILL during step 5, resumed on 1 rank;
     ``trace --checkpoint`` of each run's output equals the keys its log.jsonl holds for every step."""
     import json
@@ -167,22 +221,56 @@ def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_
     from energon_platform.training.resume_check import RunSpec, check_resume, read_log
 
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({
-        "data": {"path": str(data["blend"]), "val_split": None},
-        "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-        "loader": {"global_batch_size": 4, "micro_batch_size": 1, "num_workers": 1, "seed": 11,
-                   "balance": "attention", "length_cache": str(data["lengths"])},
-        "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2}}))
-    result = check_resume(RunSpec(str(path), 6, nproc=2), kill_at=5, out=tmp_path / "check", resume_nproc=1,
-                          tolerance=1e-5, log=lambda *_: None)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(data["blend"]), "val_split": None},
+                "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+                "loader": {
+                    "global_batch_size": 4,
+                    "micro_batch_size": 1,
+                    "num_workers": 1,
+                    "seed": 11,
+                    "balance": "attention",
+                    "length_cache": str(data["lengths"]),
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
+            }
+        )
+    )
+    result = check_resume(
+        RunSpec(str(path), 6, nproc=2),
+        kill_at=5,
+        out=tmp_path / "check",
+        resume_nproc=1,
+        tolerance=1e-5,
+        log=lambda *_: None,
+    )
     assert result["passed"] and result["keys_identical"], result
     for run_dir in ("straight", "killed"):
         rows = read_log(tmp_path / "check" / run_dir / "log.jsonl")
-        out = subprocess.run([sys.executable, "-m", "energon_platform", "trace", "--config", str(path),
-                              "--steps", "1:6", "--json", "--checkpoint", str(tmp_path / "check" / run_dir)],
-                             capture_output=True, text=True, check=True).stdout
-        assert [json.loads(line)["keys"] for line in out.splitlines()] == [rows[s]["keys"] for s in range(1, 7)]
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "energon_platform",
+                "trace",
+                "--config",
+                str(path),
+                "--steps",
+                "1:6",
+                "--json",
+                "--checkpoint",
+                str(tmp_path / "check" / run_dir),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert [json.loads(line)["keys"] for line in out.splitlines()] == [
+            rows[s]["keys"] for s in range(1, 7)
+        ]
 
 
 def test_excluded_samples_left_as_padding_log_one_info_line_per_dataset_and_step(data, caplog):
@@ -192,7 +280,13 @@ def test_excluded_samples_left_as_padding_log_one_info_line_per_dataset_and_step
     with caplog.at_level(logging.INFO, logger="energon_platform.loader.batches"):
         run(cfg, 4)
     t = tracer(cfg)
-    assert any(x["stand_in"] is None for s in range(2, 5) for x in t.step(s)["excluded"]), "rows left as padding"
+    assert any(x["stand_in"] is None for s in range(2, 5) for x in t.step(s)["excluded"]), (
+        "rows left as padding"
+    )
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    said = [r.getMessage().split(", first")[0] for r in caplog.records if "loader.exclude" in r.getMessage()]
+    said = [
+        r.getMessage().split(", first")[0]
+        for r in caplog.records
+        if "loader.exclude" in r.getMessage()
+    ]
     assert any("as padding" in m for m in said) and len(said) == len(set(said)), said

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from demo_datasets import REPO, coco_dataset, librispeech_dataset
+
 from energon_platform import cli
 from energon_platform.config import load_config
 from energon_platform.training import checkpoint
@@ -38,29 +38,43 @@ def speech(tmp_path_factory):
 
 
 def run_config(data, encoder=IMAGE, **train) -> dict:
-    return {"data": {"path": str(data)}, "encoder": encoder,
-            "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
-            "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-            "train": {"steps": 4, "checkpoint_every": 2, "warmup": 1, **train}}
+    return {
+        "data": {"path": str(data)},
+        "encoder": encoder,
+        "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
+        "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
+        "train": {"steps": 4, "checkpoint_every": 2, "warmup": 1, **train},
+    }
 
 
 @pytest.fixture(scope="module")
 def config_file(coco, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cfg") / "run.yaml"
-    path.write_text(yaml.safe_dump(run_config(coco, out=str(path.parent / "default-out"))))  # never in the repo
+    path.write_text(
+        yaml.safe_dump(run_config(coco, out=str(path.parent / "default-out")))
+    )  # never in the repo
     return path
 
 
 def train_cli(config_file, out, *args):
-    return subprocess.run([*CLI, "train", "--config", str(config_file), "--out", str(out), *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*CLI, "train", "--config", str(config_file), "--out", str(out), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def one_line_error(r, *needles):
     """Exit status 2 and one line on stderr (no traceback) that contains every needle."""
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-2000:])
-    assert lines[0].startswith("energon-platform ") and all(n in lines[0] for n in needles), lines[0]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (
+        r.returncode,
+        r.stderr[-2000:],
+    )
+    assert lines[0].startswith("energon-platform ") and all(n in lines[0] for n in needles), lines[
+        0
+    ]
     return lines[0]
 
 
@@ -76,46 +90,100 @@ def main_error(capsys, *argv) -> str:
 
 
 def test_checkpoint_every_step_without_quiet_logs_the_right_val_loss(config_file, tmp_path):
-    loud = train_cli(config_file, tmp_path / "loud", "--steps", 3, "--set", "train.checkpoint_every=1")
+    loud = train_cli(
+        config_file, tmp_path / "loud", "--steps", 3, "--set", "train.checkpoint_every=1"
+    )
     assert loud.returncode == 0, loud.stderr[-3000:]
-    quiet = train_cli(config_file, tmp_path / "quiet", "--steps", 3, "--set", "train.checkpoint_every=1", "--quiet")
+    quiet = train_cli(
+        config_file,
+        tmp_path / "quiet",
+        "--steps",
+        3,
+        "--set",
+        "train.checkpoint_every=1",
+        "--quiet",
+    )
     assert quiet.returncode == 0, quiet.stderr[-3000:]
-    rows, reference = read_log(tmp_path / "loud" / "log.jsonl"), read_log(tmp_path / "quiet" / "log.jsonl")
+    rows, reference = (
+        read_log(tmp_path / "loud" / "log.jsonl"),
+        read_log(tmp_path / "quiet" / "log.jsonl"),
+    )
     assert sorted(rows) == [1, 2, 3] and all(r["val_loss"] > 1.0 for r in rows.values())
     assert [r["val_loss"] for r in rows.values()] == [r["val_loss"] for r in reference.values()]
-    assert len({r["val_loss"] for r in rows.values()}) == 3  # evaluated after each step, not a stale value
+    assert (
+        len({r["val_loss"] for r in rows.values()}) == 3
+    )  # evaluated after each step, not a stale value
     assert "val loss" in loud.stdout and "val loss" not in quiet.stdout
 
 
 # ---------------------------------------------------------------- 6: one line, exit 2
 
 
-@pytest.mark.parametrize("override,key", [
-    ("model.heads=0", "model.heads"), ("model.dim=0", "model.dim"), ("model.patch=0", "model.patch"),
-    ("model.dropout=2", "model.dropout"), ("model.dropout=-0.1", "model.dropout"), ("model.layers=-1", "model.layers"),
-    ("train.lr=-1", "train.lr"), ("train.lr=.nan", "train.lr"), ("train.weight_decay=-1", "train.weight_decay"),
-    ("train.warmup=-2", "train.warmup"), ("loader.seed=-1", "loader.seed"), ("model.dim=31", "model.dim"),
-    ("train.steps=[1,", "train.steps"), ("model.dim.x=1", "model.dim"), ("train=3", "train"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.heads=0", "model.heads"),
+        ("model.dim=0", "model.dim"),
+        ("model.patch=0", "model.patch"),
+        ("model.dropout=2", "model.dropout"),
+        ("model.dropout=-0.1", "model.dropout"),
+        ("model.layers=-1", "model.layers"),
+        ("train.lr=-1", "train.lr"),
+        ("train.lr=.nan", "train.lr"),
+        ("train.weight_decay=-1", "train.weight_decay"),
+        ("train.warmup=-2", "train.warmup"),
+        ("loader.seed=-1", "loader.seed"),
+        ("model.dim=31", "model.dim"),
+        ("train.steps=[1,", "train.steps"),
+        ("model.dim.x=1", "model.dim"),
+        ("train=3", "train"),
+    ],
+)
 def test_set_values_that_break_the_run_are_one_line(config_file, capsys, override, key):
     line = main_error(capsys, "train", "--config", config_file, "--set", override)
     assert line.startswith("energon-platform train: error: ") and key in line
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("loader.global_batch_size=99999999999", "loader.global_batch_size: got 99999999999 (expected at most"),
-    ("loader.micro_batch_size=99999999999", "loader.micro_batch_size: got 99999999999 (expected at most"),
-    ("loader.num_workers=100000", "loader.num_workers: got 100000 (expected at most"),
-    ("loader.prefetch_factor=99999999999", "loader.prefetch_factor: got 99999999999 (expected at most"),
-    ("train.steps=99999999999999", "train.steps: got 99999999999999 (expected at most"),
-    ("train.checkpoint_every=99999999999999", "train.checkpoint_every: got 99999999999999 (expected at most"),
-    ("train.weight_decay=.inf", "train.weight_decay: got inf (expected a finite number"),
-    ("loader.balance_linear=.inf", "loader.balance_linear: got inf (expected a finite number"),
-    ("loader.balance_lookahead=1e308", "loader.balance_lookahead: got 1e+308 (expected at most balance_window"),
-    ("loader.balance_lookahead=nan", "loader.balance_lookahead: got nan (expected a finite number"),
-    ("loader.balance_lookahead=inf", "loader.balance_lookahead: got inf (expected a finite number"),
-])
-def test_absurd_and_non_finite_numbers_are_one_line_at_config_load(config_file, capsys, override, needle):
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        (
+            "loader.global_batch_size=99999999999",
+            "loader.global_batch_size: got 99999999999 (expected at most",
+        ),
+        (
+            "loader.micro_batch_size=99999999999",
+            "loader.micro_batch_size: got 99999999999 (expected at most",
+        ),
+        ("loader.num_workers=100000", "loader.num_workers: got 100000 (expected at most"),
+        (
+            "loader.prefetch_factor=99999999999",
+            "loader.prefetch_factor: got 99999999999 (expected at most",
+        ),
+        ("train.steps=99999999999999", "train.steps: got 99999999999999 (expected at most"),
+        (
+            "train.checkpoint_every=99999999999999",
+            "train.checkpoint_every: got 99999999999999 (expected at most",
+        ),
+        ("train.weight_decay=.inf", "train.weight_decay: got inf (expected a finite number"),
+        ("loader.balance_linear=.inf", "loader.balance_linear: got inf (expected a finite number"),
+        (
+            "loader.balance_lookahead=1e308",
+            "loader.balance_lookahead: got 1e+308 (expected at most balance_window",
+        ),
+        (
+            "loader.balance_lookahead=nan",
+            "loader.balance_lookahead: got nan (expected a finite number",
+        ),
+        (
+            "loader.balance_lookahead=inf",
+            "loader.balance_lookahead: got inf (expected a finite number",
+        ),
+    ],
+)
+def test_absurd_and_non_finite_numbers_are_one_line_at_config_load(
+    config_file, capsys, override, needle
+):
     # trace: a command that loads the config and starts no worker process, whatever the value
     line = main_error(capsys, "trace", "--config", config_file, "--step", 1, "--set", override)
     assert line.startswith("energon-platform trace: error: ") and needle in line, line
@@ -126,12 +194,20 @@ def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_expected(coco,
     config = run_config(coco, lr="3e-4")
     config["loader"].update(balance_lookahead="1e1", balance_linear="2.5E+1")
     cfg = load_config(config)
-    assert (cfg.train.lr, cfg.loader.balance_lookahead, cfg.loader.balance_linear) == (3e-4, 10.0, 25.0)
+    assert (cfg.train.lr, cfg.loader.balance_lookahead, cfg.loader.balance_linear) == (
+        3e-4,
+        10.0,
+        25.0,
+    )
     with pytest.raises(ConfigError, match="train.lr: got str 'fast'"):
         load_config(run_config(coco, lr="fast"))
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(run_config(coco)).replace("loader:\n", "loader:\n  balance_linear: .inf\n"))
-    with pytest.raises(ConfigError, match=r"run.yaml: loader.balance_linear: got inf \(expected a finite number"):
+    path.write_text(
+        yaml.safe_dump(run_config(coco)).replace("loader:\n", "loader:\n  balance_linear: .inf\n")
+    )
+    with pytest.raises(
+        ConfigError, match=r"run.yaml: loader.balance_linear: got inf \(expected a finite number"
+    ):
         load_config(path)
 
 
@@ -143,25 +219,35 @@ def test_override_does_not_touch_the_callers_config(coco):
 
 def test_patch_larger_than_the_images_is_refused_before_training(coco):
     config = load_config(run_config(coco), {"model.patch": 65})  # image_text_small crops to 64 px
-    with pytest.raises(ConfigError, match=r"model\.patch: 65 is larger than the encoder's images \(64x64\)"):
+    with pytest.raises(
+        ConfigError, match=r"model\.patch: 65 is larger than the encoder's images \(64x64\)"
+    ):
         preflight(config)
 
 
 def test_encoder_of_another_modality_is_refused_before_training(coco, speech, tmp_path):
-    with pytest.raises(DatasetError, match="image_text encoder cannot encode the AudioTextSample samples"):
+    with pytest.raises(
+        DatasetError, match="image_text encoder cannot encode the AudioTextSample samples"
+    ):
         preflight(load_config(run_config(speech)))
-    with pytest.raises(DatasetError, match="audio_text encoder cannot encode the CaptioningSample samples"):
+    with pytest.raises(
+        DatasetError, match="audio_text encoder cannot encode the CaptioningSample samples"
+    ):
         preflight(load_config(run_config(coco, AUDIO)))
     path = tmp_path / "audio-on-images.yaml"
     path.write_text(yaml.safe_dump(run_config(speech)))
     one_line_error(train_cli(path, tmp_path / "out"), "AudioTextSample", "image_text")
-    assert not (tmp_path / "out" / "log.jsonl").exists() or not read_log(tmp_path / "out" / "log.jsonl")
+    assert not (tmp_path / "out" / "log.jsonl").exists() or not read_log(
+        tmp_path / "out" / "log.jsonl"
+    )
 
 
 def test_dataset_without_the_split_is_one_line(config_file, capsys):
     for command in ("train", "check-resume"):
         extra = ["--steps", 6, "--kill-at", 4] if command == "check-resume" else []
-        line = main_error(capsys, command, "--config", config_file, "--set", "data.train_split=nope", *extra)
+        line = main_error(
+            capsys, command, "--config", config_file, "--set", "data.train_split=nope", *extra
+        )
         assert "no split 'nope'" in line and "train, val" in line
 
 
@@ -177,7 +263,9 @@ def test_deleted_shard_stops_train_at_start(coco, tmp_path):
     one_line_error(train_cli(config, tmp_path / "out"), "shard train/shard-000002.tar", "missing")
     assert not read_log(tmp_path / "out" / "log.jsonl")  # no step trained
     shutil.copy(coco / "train" / "shard-000002.tar", data / "train")
-    next((data / "val").glob("*.tar")).unlink()  # a val shard: caught at start too, not at the first checkpoint
+    next(
+        (data / "val").glob("*.tar")
+    ).unlink()  # a val shard: caught at start too, not at the first checkpoint
     with pytest.raises(DatasetError, match=r"shard val/.* of split 'val' is missing"):
         preflight(load_config(run_config(data)))
 
@@ -205,10 +293,14 @@ def logged_steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-def test_latest_marker_deleted_resumes_from_newest_complete_checkpoint(trained, config_file, tmp_path):
+def test_latest_marker_deleted_resumes_from_newest_complete_checkpoint(
+    trained, config_file, tmp_path
+):
     out = copy_run(trained, tmp_path)
     (out / "checkpoints" / "latest").unlink()
-    one_line_error(train_cli(config_file, out, "--steps", 6, "--quiet"), "--resume")  # a fresh run is refused
+    one_line_error(
+        train_cli(config_file, out, "--steps", 6, "--quiet"), "--resume"
+    )  # a fresh run is refused
     r = train_cli(config_file, out, "--steps", 6, "--quiet", "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     assert logged_steps(out) == [1, 2, 3, 4, 5, 6]
@@ -221,20 +313,38 @@ def test_corrupt_model_falls_back_to_the_older_good_checkpoint(trained, config_f
     model.write_bytes(model.read_bytes()[:-10] + b"0123456789")
     r = train_cli(config_file, out, "--steps", 6, "--quiet", "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "resuming from the older checkpoint" in r.stderr and "step_000002" in r.stderr and "checksum" in r.stderr
+    assert (
+        "resuming from the older checkpoint" in r.stderr
+        and "step_000002" in r.stderr
+        and "checksum" in r.stderr
+    )
     assert logged_steps(out) == [1, 2, 3, 4, 3, 4, 5, 6]
     first = json.loads((out / "log.jsonl").read_text().splitlines()[4])
     assert first["resumed_from"] == 2 and first["checkpoint"] == "step_000002"
     assert "step_000004/model.pt: checksum mismatch" in first["skipped_checkpoints"][0]
 
 
-@pytest.mark.parametrize("damage,needles", [
-    (lambda ck: (ck / "latest").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff"), ("latest", "unreadable")),
-    (lambda ck: (ck / "latest").write_text("../../etc"), ("latest", "not a checkpoint name")),
-    (lambda ck: [(ck / s / "meta.json").write_text("{not json") for s in ("step_000002", "step_000004")],
-     ("no usable checkpoint", "meta.json")),
-], ids=["binary-latest", "foreign-latest", "every-meta-corrupt"])
-def test_unusable_checkpoints_are_one_line_at_resume(trained, config_file, tmp_path, damage, needles):
+@pytest.mark.parametrize(
+    "damage,needles",
+    [
+        (
+            lambda ck: (ck / "latest").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff"),
+            ("latest", "unreadable"),
+        ),
+        (lambda ck: (ck / "latest").write_text("../../etc"), ("latest", "not a checkpoint name")),
+        (
+            lambda ck: [
+                (ck / s / "meta.json").write_text("{not json")
+                for s in ("step_000002", "step_000004")
+            ],
+            ("no usable checkpoint", "meta.json"),
+        ),
+    ],
+    ids=["binary-latest", "foreign-latest", "every-meta-corrupt"],
+)
+def test_unusable_checkpoints_are_one_line_at_resume(
+    trained, config_file, tmp_path, damage, needles
+):
     out = copy_run(trained, tmp_path)
     damage(out / "checkpoints")
     one_line_error(train_cli(config_file, out, "--steps", 6, "--quiet", "--resume"), *needles)
@@ -254,13 +364,19 @@ def test_find_skips_incomplete_and_corrupt_checkpoints(tmp_path):
         checkpoint.save(root, step, 0, 1, model_state={"w": step}, loader_state={"pos": step})
     (root / "step_000006" / "meta.json").write_text("{")
     found = checkpoint.find(root)
-    assert found.path.name == "step_000004" and "step_000006/meta.json: unreadable" in found.skipped[0]
+    assert (
+        found.path.name == "step_000004" and "step_000006/meta.json: unreadable" in found.skipped[0]
+    )
     (root / "latest").write_text("step_000008")  # names a folder that is not there
     assert checkpoint.latest(root).name == "step_000004"
     (root / "latest").unlink()
     (root / "step_000004" / "rng_rank0.pt").unlink()
     found = checkpoint.load_newest(root, 0)
-    assert found.content["step"] == 2 and len(found.skipped) == 2 and "rng_rank0.pt" in found.skipped[1]
+    assert (
+        found.content["step"] == 2
+        and len(found.skipped) == 2
+        and "rng_rank0.pt" in found.skipped[1]
+    )
     assert checkpoint.exists(root) and not checkpoint.exists(tmp_path / "none")
     assert checkpoint.find(tmp_path / "none") is None
 
@@ -296,17 +412,58 @@ def test_out_that_is_a_file_is_one_line(config_file, tmp_path):
 # ---------------------------------------------------------------- 11: check-resume
 
 
-def test_check_resume_refuses_negative_tolerance_and_kill_before_first_checkpoint(config_file, capsys, tmp_path):
+def test_check_resume_refuses_negative_tolerance_and_kill_before_first_checkpoint(
+    config_file, capsys, tmp_path
+):
     with pytest.raises(SystemExit) as e:
-        cli.main(["check-resume", "--config", str(config_file), "--steps", "6", "--kill-at", "4", "--tolerance", "-1"])
+        cli.main(
+            [
+                "check-resume",
+                "--config",
+                str(config_file),
+                "--steps",
+                "6",
+                "--kill-at",
+                "4",
+                "--tolerance",
+                "-1",
+            ]
+        )
     assert e.value.code == 2 and "expected a number >= 0" in capsys.readouterr().err
-    for kill_at in (2, 3):  # once step 2 is logged, checkpoint 2 is being written: no complete one yet
-        line = main_error(capsys, "check-resume", "--config", config_file, "--steps", 6, "--kill-at", kill_at,
-                          "--out", tmp_path / "check")
-        assert "first checkpoint (step 2" in line and "--kill-at >= 4" in line and not (tmp_path / "check").exists()
+    for kill_at in (
+        2,
+        3,
+    ):  # once step 2 is logged, checkpoint 2 is being written: no complete one yet
+        line = main_error(
+            capsys,
+            "check-resume",
+            "--config",
+            config_file,
+            "--steps",
+            6,
+            "--kill-at",
+            kill_at,
+            "--out",
+            tmp_path / "check",
+        )
+        assert (
+            "first checkpoint (step 2" in line
+            and "--kill-at >= 4" in line
+            and not (tmp_path / "check").exists()
+        )
     (tmp_path / "file").write_text("mine")
-    line = main_error(capsys, "check-resume", "--config", config_file, "--steps", 6, "--kill-at", 4,
-                      "--out", tmp_path / "file")
+    line = main_error(
+        capsys,
+        "check-resume",
+        "--config",
+        config_file,
+        "--steps",
+        6,
+        "--kill-at",
+        4,
+        "--out",
+        tmp_path / "file",
+    )
     assert "cannot write" in line and (tmp_path / "file").read_text() == "mine"
 
 
@@ -316,7 +473,9 @@ def test_check_resume_reports_when_nothing_was_restored(config_file, tmp_path):
     result = check_resume(spec, 3, tmp_path, log=lambda *_: None)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["resume_step"] == 0 and report["restored"] is False and not report["passed"]
-    assert report["resumed_steps_before_resume_point"] == [] and "NO loader state was restored" in verdict(result)
+    assert report[
+        "resumed_steps_before_resume_point"
+    ] == [] and "NO loader state was restored" in verdict(result)
 
 
 def test_check_resume_passes_and_says_it_restored(config_file, tmp_path):

@@ -16,17 +16,30 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from trainer_examples import PY, assert_exact_pass, assert_fails, check_resume, example, write_run_config
+from trainer_examples import (
+    PY,
+    assert_exact_pass,
+    assert_fails,
+    check_resume,
+    example,
+    write_run_config,
+)
 
-ACCELERATE = shlex.quote(str(Path(sys.executable).parent / "accelerate"))  # the CLI of this environment
+ACCELERATE = shlex.quote(
+    str(Path(sys.executable).parent / "accelerate")
+)  # the CLI of this environment
 
 
 @pytest.fixture(scope="module")
 def run_config(tmp_path_factory):
-    return write_run_config(tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("accelerate") / "run.yaml")
+    return write_run_config(
+        tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("accelerate") / "run.yaml"
+    )
 
 
-def test_save_state_carries_the_loader_and_load_state_restores_far_positions_without_replay(run_config, tmp_path):
+def test_save_state_carries_the_loader_and_load_state_restores_far_positions_without_replay(
+    run_config, tmp_path
+):
     import torch
     from accelerate import Accelerator
 
@@ -66,7 +79,9 @@ def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config):
     from energon_platform.integrations.accelerate import prepare_loader
 
     with pytest.raises(ValueError, match="set gradient_accumulation_steps=1"):
-        prepare_loader(Accelerator(cpu=True, gradient_accumulation_steps=2), load_config(run_config))
+        prepare_loader(
+            Accelerator(cpu=True, gradient_accumulation_steps=2), load_config(run_config)
+        )
 
 
 def test_load_state_without_the_loader_file_names_it(run_config, tmp_path):
@@ -89,13 +104,19 @@ def test_load_state_without_the_loader_file_names_it(run_config, tmp_path):
     assert loader.next_microbatch == 0
 
 
-@pytest.mark.parametrize("micro_batch_size, world_size", [(None, 1), (None, 2), (1, 1), (1, 2), (2, 1)])
-def test_gradient_accumulation_steps_is_the_loaders_accumulation(tmp_path_factory, tmp_path, micro_batch_size,
-                                                                 world_size):
+@pytest.mark.parametrize(
+    "micro_batch_size, world_size", [(None, 1), (None, 2), (1, 1), (1, 2), (2, 1)]
+)
+def test_gradient_accumulation_steps_is_the_loaders_accumulation(
+    tmp_path_factory, tmp_path, micro_batch_size, world_size
+):
     from energon_platform import TrainLoader, gradient_accumulation_steps, load_config
 
-    cfg = load_config(write_run_config(tmp_path_factory.getbasetemp(), tmp_path / "run.yaml",
-                                       micro_batch_size=micro_batch_size))
+    cfg = load_config(
+        write_run_config(
+            tmp_path_factory.getbasetemp(), tmp_path / "run.yaml", micro_batch_size=micro_batch_size
+        )
+    )
     steps = gradient_accumulation_steps(cfg, world_size)
     assert steps == TrainLoader(cfg, rank=world_size - 1, world_size=world_size).accumulation
     assert steps == 4 // world_size // (micro_batch_size or 4 // world_size)
@@ -104,7 +125,9 @@ def test_gradient_accumulation_steps_is_the_loaders_accumulation(tmp_path_factor
 def test_gradient_accumulation_steps_refuses_a_world_size_that_cannot_split_the_batch(run_config):
     from energon_platform import LayoutError, gradient_accumulation_steps, load_config
 
-    with pytest.raises(LayoutError, match=r"world sizes that keep the same global batches: \[1, 2, 4\]"):
+    with pytest.raises(
+        LayoutError, match=r"world sizes that keep the same global batches: \[1, 2, 4\]"
+    ):
         gradient_accumulation_steps(load_config(run_config), 3)
 
 
@@ -112,11 +135,15 @@ def test_gradient_accumulation_steps_refuses_a_world_size_that_cannot_split_the_
 def test_accelerate_example_resumes_exactly_after_sigkill(run_config, tmp_path):
     cmd = example("accelerate_example.py", run_config, "--out {out} --steps 6")
     assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
-    assert_fails(*check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4))
+    assert_fails(
+        *check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4)
+    )
 
 
 @pytest.mark.slow
-def test_accelerate_launch_two_processes_resumes_exactly_without_double_sharding(run_config, tmp_path):
+def test_accelerate_launch_two_processes_resumes_exactly_without_double_sharding(
+    run_config, tmp_path
+):
     """``accelerate launch`` with 2 processes on CPU (``--multi_gpu`` picks its torchrun launcher;
     ``--cpu`` alone would start one process), killed and resumed: exact. Each process reads its own
     half of every global batch: the halves are disjoint and, in rank order, the global batch a
@@ -126,8 +153,10 @@ def test_accelerate_launch_two_processes_resumes_exactly_without_double_sharding
     with socket.socket() as s:  # a free port for the launcher's rendezvous (its default is fixed)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    launch = (f"{PY} {ACCELERATE} launch --multi_gpu --num_processes 2 --num_machines 1 --main_process_port {port} "
-              f"--mixed_precision no --dynamo_backend no")
+    launch = (
+        f"{PY} {ACCELERATE} launch --multi_gpu --num_processes 2 --num_machines 1 --main_process_port {port} "
+        f"--mixed_precision no --dynamo_backend no"
+    )
     cmd = example("accelerate_example.py", run_config, "--out {out} --steps 6", launcher=launch)
     r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
     assert_exact_pass(r, report)

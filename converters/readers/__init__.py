@@ -84,9 +84,15 @@ def caption_texts(value, field: str) -> tuple[tuple[str, ...], tuple[str, str] |
     items = value if isinstance(value, list) else [value]
     for item in items:
         if item is not None and not isinstance(item, str):
-            return (), ("malformed_line", f"{field!r} holds {type(item).__name__} {item!r:.40}, not a string")
+            return (), (
+                "malformed_line",
+                f"{field!r} holds {type(item).__name__} {item!r:.40}, not a string",
+            )
         if item is not None and not is_utf8(item):
-            return (), ("invalid_utf8", f"{field!r} holds a lone surrogate: {printable(item)[:60]!r}")
+            return (), (
+                "invalid_utf8",
+                f"{field!r} holds a lone surrogate: {printable(item)[:60]!r}",
+            )
     return clean_texts(items), None
 
 

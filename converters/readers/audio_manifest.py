@@ -30,8 +30,18 @@ def read(manifest: str) -> ReadResult:
         if not texts:
             problems.append(Problem("empty_text", source_id, f"line {n}: empty 'text'"))
             continue
-        extra = {"declared_duration": row["duration"]} if isinstance(row.get("duration"), (int, float)) else {}
-        records.append(Record(key=make_key(source_id), source_id=source_id,
-                              media=Media(path=str((path.parent / audio).resolve()), name=audio),
-                              texts=texts, extra=extra))
+        extra = (
+            {"declared_duration": row["duration"]}
+            if isinstance(row.get("duration"), (int, float))
+            else {}
+        )
+        records.append(
+            Record(
+                key=make_key(source_id),
+                source_id=source_id,
+                media=Media(path=str((path.parent / audio).resolve()), name=audio),
+                texts=texts,
+                extra=extra,
+            )
+        )
     return ReadResult("audio", records, problems)

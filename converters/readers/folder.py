@@ -16,7 +16,13 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from converters.readers import IMAGE_EXTENSIONS, caption_texts, decode_text, existing_dir, undecodable_name
+from converters.readers import (
+    IMAGE_EXTENSIONS,
+    caption_texts,
+    decode_text,
+    existing_dir,
+    undecodable_name,
+)
 from converters.records import Media, Problem, ReadResult, Record, clean_texts, make_key
 
 SIDECAR_EXTENSIONS = (".txt", ".json")
@@ -66,7 +72,9 @@ def _broken_link(path: Path) -> str | None:
     return None
 
 
-def read(root: str, extensions=IMAGE_EXTENSIONS, modality: str = "image", what: str = "image folder") -> ReadResult:
+def read(
+    root: str, extensions=IMAGE_EXTENSIONS, modality: str = "image", what: str = "image folder"
+) -> ReadResult:
     """Records of the media files under ``root`` (``extensions``, lower case with the dot; images by
     default, as ``convert folder`` reads them) with their sidecars; ``modality`` names the result."""
     base = existing_dir(root, what)
@@ -81,8 +89,13 @@ def read(root: str, extensions=IMAGE_EXTENSIONS, modality: str = "image", what: 
     for image in (p for p in entries if p.suffix.lower() in extensions):
         rel = image.relative_to(base)
         if undecodable_name(rel):
-            problems.append(Problem("invalid_file_name", undecodable_name(rel.with_suffix("")),
-                                    f"{undecodable_name(rel)}: the file name is not UTF-8; rename it"))
+            problems.append(
+                Problem(
+                    "invalid_file_name",
+                    undecodable_name(rel.with_suffix("")),
+                    f"{undecodable_name(rel)}: the file name is not UTF-8; rename it",
+                )
+            )
             continue
         source_id = rel.with_suffix("").as_posix()
         broken = _broken_link(image)
@@ -96,7 +109,9 @@ def read(root: str, extensions=IMAGE_EXTENSIONS, modality: str = "image", what: 
             problems.append(problem)
             continue
         if not texts:
-            problems.append(Problem("empty_text", source_id, "no caption sidecar (.txt/.json) or it is empty"))
+            problems.append(
+                Problem("empty_text", source_id, "no caption sidecar (.txt/.json) or it is empty")
+            )
             continue
         records.append(
             Record(

@@ -22,10 +22,19 @@ def _chapter_audio(chapter_dir: Path, problems: list[Problem]) -> dict[str, Path
             continue
         utt = p.name.split(".")[0]
         if undecodable_name(p.name):
-            problems.append(Problem("invalid_file_name", undecodable_name(utt),
-                                    f"{undecodable_name(p.name)}: the file name is not UTF-8; rename it"))
+            problems.append(
+                Problem(
+                    "invalid_file_name",
+                    undecodable_name(utt),
+                    f"{undecodable_name(p.name)}: the file name is not UTF-8; rename it",
+                )
+            )
         elif utt in audio:
-            problems.append(Problem("duplicate_id", utt, f"{p.name}: {audio[utt].name} has the same utterance id"))
+            problems.append(
+                Problem(
+                    "duplicate_id", utt, f"{p.name}: {audio[utt].name} has the same utterance id"
+                )
+            )
         else:
             audio[utt] = p
     return audio
@@ -35,7 +44,9 @@ def _transcript_lines(trans: Path, problems: list[Problem]) -> list[str]:
     try:
         raw_lines = trans.read_bytes().splitlines()
     except OSError as e:
-        problems.append(Problem("missing_file", trans.name, f"cannot read {trans}: {e.strerror or e}"))
+        problems.append(
+            Problem("missing_file", trans.name, f"cannot read {trans}: {e.strerror or e}")
+        )
         return []
     lines = []
     for lineno, raw in enumerate(raw_lines, 1):
@@ -46,7 +57,9 @@ def _transcript_lines(trans: Path, problems: list[Problem]) -> list[str]:
     return lines
 
 
-def _read_chapter(base: Path, chapter_dir: Path, transcripts: list[Path], problems: list[Problem]) -> list[Record]:
+def _read_chapter(
+    base: Path, chapter_dir: Path, transcripts: list[Path], problems: list[Problem]
+) -> list[Record]:
     audio = _chapter_audio(chapter_dir, problems)
     records, listed = [], set()
     for trans in transcripts:
@@ -59,15 +72,28 @@ def _read_chapter(base: Path, chapter_dir: Path, transcripts: list[Path], proble
                 problems.append(Problem("empty_text", utt, "empty transcript"))
                 continue
             if utt not in audio:
-                problems.append(Problem("missing_file", utt, f"no audio file for {utt} in {chapter_dir}"))
+                problems.append(
+                    Problem("missing_file", utt, f"no audio file for {utt} in {chapter_dir}")
+                )
                 continue
             speaker, chapter = (utt.split("-") + ["", ""])[:2]
-            records.append(Record(key=make_key(utt), source_id=utt,
-                                  media=Media(path=str(audio[utt]), name=audio[utt].relative_to(base).as_posix()),
-                                  texts=(text.strip(),), extra={"speaker": speaker, "chapter": chapter}))
-    where = ", ".join(t.name for t in transcripts) or f"no *.trans.txt in {chapter_dir.relative_to(base).as_posix() or '.'}"
+            records.append(
+                Record(
+                    key=make_key(utt),
+                    source_id=utt,
+                    media=Media(path=str(audio[utt]), name=audio[utt].relative_to(base).as_posix()),
+                    texts=(text.strip(),),
+                    extra={"speaker": speaker, "chapter": chapter},
+                )
+            )
+    where = (
+        ", ".join(t.name for t in transcripts)
+        or f"no *.trans.txt in {chapter_dir.relative_to(base).as_posix() or '.'}"
+    )
     for utt in sorted(set(audio) - listed):
-        problems.append(Problem("empty_text", utt, f"{audio[utt].name} has no transcript line ({where})"))
+        problems.append(
+            Problem("empty_text", utt, f"{audio[utt].name} has no transcript line ({where})")
+        )
     return records
 
 

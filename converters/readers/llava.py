@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from converters.readers import InputError, decode_text, existing_dir, existing_file, read_input
 from converters.readers.tables import iter_rows
@@ -64,9 +64,17 @@ def part_filter(part):
 
 def dataset_yaml() -> tuple[dict, str]:
     """The ``dataset.yaml`` document and ``sample_loader.py`` source of a conversation dataset."""
-    return ({"sample_type": {"__module__": "converters.sample_types", "__class__": "ConversationSample"},
-             "sample_loader": "sample_loader.py:sample_loader", "part_filter": "sample_loader.py:part_filter"},
-            SAMPLE_LOADER)
+    return (
+        {
+            "sample_type": {
+                "__module__": "converters.sample_types",
+                "__class__": "ConversationSample",
+            },
+            "sample_loader": "sample_loader.py:sample_loader",
+            "part_filter": "sample_loader.py:part_filter",
+        },
+        SAMPLE_LOADER,
+    )
 
 
 def _entries(path: Path):
@@ -80,7 +88,9 @@ def _entries(path: Path):
     except (ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not a JSON file ({type(e).__name__}: {str(e)[:200]})") from e
     if not isinstance(doc, list):
-        raise InputError(f"{path}: expected a JSON array of conversations, got {type(doc).__name__}")
+        raise InputError(
+            f"{path}: expected a JSON array of conversations, got {type(doc).__name__}"
+        )
     for i, entry in enumerate(doc):
         yield f"entry {i}", entry
 
@@ -91,14 +101,24 @@ def _check_conversation(turns, num_images: int) -> tuple[str, str] | None:
         return "malformed_line", "'conversations' is not a non-empty list"
     placeholders = 0
     for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or turn.get("from") not in ROLES or not isinstance(turn.get("value"), str):
-            return "malformed_line", f"turn {i} is not {{'from': one of {list(ROLES)}, 'value': str}}: {str(turn)[:120]}"
+        if (
+            not isinstance(turn, dict)
+            or turn.get("from") not in ROLES
+            or not isinstance(turn.get("value"), str)
+        ):
+            return (
+                "malformed_line",
+                f"turn {i} is not {{'from': one of {list(ROLES)}, 'value': str}}: {str(turn)[:120]}",
+            )
         count = turn["value"].count(IMAGE_TOKEN)
         if count and turn["from"] == "gpt":
             return "malformed_line", f"turn {i} ('gpt') holds an {IMAGE_TOKEN} placeholder"
         placeholders += count
     if placeholders > num_images:
-        return "malformed_line", f"{placeholders} {IMAGE_TOKEN} placeholders for {num_images} image(s)"
+        return (
+            "malformed_line",
+            f"{placeholders} {IMAGE_TOKEN} placeholders for {num_images} image(s)",
+        )
     if not any(t["from"] == "gpt" and t["value"].strip() for t in turns):
         return "empty_text", "no 'gpt' turn with text"
     return None
@@ -125,25 +145,40 @@ def read(json_file: str, images: str) -> ReadResult:
             continue
         source_id = id_text(entry.get("id"))
         if source_id is None:
-            problems.append(Problem("malformed_line", where, f"no 'id' (missing, null or empty): {str(entry)[:200]}"))
+            problems.append(
+                Problem(
+                    "malformed_line", where, f"no 'id' (missing, null or empty): {str(entry)[:200]}"
+                )
+            )
             continue
         names = entry.get("images", entry.get("image", []))
         names = [names] if isinstance(names, str) else names
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            problems.append(Problem("malformed_line", source_id, f"'image'/'images' is not a path or a list of paths: "
-                                                                 f"{str(names)[:200]}"))
+            problems.append(
+                Problem(
+                    "malformed_line",
+                    source_id,
+                    f"'image'/'images' is not a path or a list of paths: {str(names)[:200]}",
+                )
+            )
             continue
         bad = _check_conversation(entry.get("conversations"), len(names))
         if bad:
             problems.append(Problem(bad[0], source_id, bad[1]))
             continue
         files = [img_dir / n for n in names]
-        records.append(Record(
-            key=make_key(source_id), source_id=source_id,
-            media=Media(path=str(files[0]), name=names[0]) if files else Media(name=""),
-            texts=(json.dumps(entry["conversations"], ensure_ascii=False, sort_keys=True),
-                   json.dumps([[n, *_stat(f)] for n, f in zip(names, files)])),
-            extra={"images": [[str(f), n] for f, n in zip(files, names)]}))
+        records.append(
+            Record(
+                key=make_key(source_id),
+                source_id=source_id,
+                media=Media(path=str(files[0]), name=names[0]) if files else Media(name=""),
+                texts=(
+                    json.dumps(entry["conversations"], ensure_ascii=False, sort_keys=True),
+                    json.dumps([[n, *_stat(f)] for n, f in zip(names, files)]),
+                ),
+                extra={"images": [[str(f), n] for f, n in zip(files, names)]},
+            )
+        )
     return ReadResult("conversation", records, problems)
 
 
@@ -157,7 +192,9 @@ def encode_record(rec: Record, opts, read_media: Callable[[Media], bytes]) -> di
         ext, payload, info = encode_image(read_media(Media(path=file, name=name)), opts.image)
         parts[f"image{i}.{ext}"] = payload
         infos.append({"file": name, **info})
-    doc = {"conversation": json.loads(rec.texts[0]),
-           "source": {"kind": opts.source_kind, "id": rec.source_id, "images": infos}}
+    doc = {
+        "conversation": json.loads(rec.texts[0]),
+        "source": {"kind": opts.source_kind, "id": rec.source_id, "images": infos},
+    }
     parts["conversation.json"] = json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")
     return parts

@@ -17,7 +17,9 @@ from converters.readers.tables import binary_columns, detect_format, iter_rows, 
 from converters.records import Media, Problem, ReadResult, Record, id_text, make_key
 
 
-def _source_id(row: dict, n: int, image, id_column: str | None, inline: bool) -> tuple[str, str | None]:
+def _source_id(
+    row: dict, n: int, image, id_column: str | None, inline: bool
+) -> tuple[str, str | None]:
     """``(source id, declared id)``: the declared id when ``id_column`` is given (``row <n>`` in
     its place when missing), else the image path without extension, else ``row-<n>``; printable."""
     declared = id_text(row.get(id_column)) if id_column else None
@@ -39,15 +41,22 @@ def _row_texts(row: dict, n: int, source_id: str, declared, image, columns: tupl
     if not texts:
         return Problem("empty_text", source_id, f"row {n}: empty {text_column!r}")
     if id_column and declared is None:
-        return Problem("malformed_line", source_id, f"row {n}: no {id_column!r} (missing, null or empty)")
+        return Problem(
+            "malformed_line", source_id, f"row {n}: no {id_column!r} (missing, null or empty)"
+        )
     for column, value in ((id_column, declared), (image_column, None if inline else image)):
         if value is not None and not is_utf8(value):
             return Problem("invalid_utf8", source_id, f"row {n}: {column!r} holds a lone surrogate")
     return texts
 
 
-def read(manifest: str, image_column: str = "image", text_column: str = "caption",
-         id_column: str | None = None, fmt: str | None = None) -> ReadResult:
+def read(
+    manifest: str,
+    image_column: str = "image",
+    text_column: str = "caption",
+    id_column: str | None = None,
+    fmt: str | None = None,
+) -> ReadResult:
     path = existing_file(manifest, "manifest")
     fmt = detect_format(path, fmt)
     require_columns(path, fmt, [c for c in (image_column, text_column, id_column) if c])
@@ -59,15 +68,28 @@ def read(manifest: str, image_column: str = "image", text_column: str = "caption
             continue
         image = None if inline else row.get(image_column)
         source_id, declared = _source_id(row, n, image, id_column, inline)
-        texts = _row_texts(row, n, source_id, declared, image, (image_column, text_column, id_column), inline)
+        texts = _row_texts(
+            row, n, source_id, declared, image, (image_column, text_column, id_column), inline
+        )
         if isinstance(texts, Problem):
             problems.append(texts)
             continue
         media = (
-            Media(path=str(path), name=f"{path.name}[{n}].{image_column}", parquet_cell=(image_column, n))
+            Media(
+                path=str(path),
+                name=f"{path.name}[{n}].{image_column}",
+                parquet_cell=(image_column, n),
+            )
             if inline
             else Media(path=str((path.parent / image).resolve()), name=image)
         )
-        records.append(Record(key=make_key(source_id), source_id=source_id, media=media, texts=texts,
-                              extra={"manifest_row": n}))
+        records.append(
+            Record(
+                key=make_key(source_id),
+                source_id=source_id,
+                media=media,
+                texts=texts,
+                extra={"manifest_row": n},
+            )
+        )
     return ReadResult("image", records, problems)

@@ -17,20 +17,34 @@ from __future__ import annotations
 import dataclasses
 
 from converters.mesh3d import EXTENSIONS
-from converters.readers import InputError, folder, manifest as manifest_reader
+from converters.readers import InputError, folder
+from converters.readers import manifest as manifest_reader
 from converters.records import ReadResult
 
 #: What ``convert 3d`` output's samples are (``.nv-meta/dataset.yaml``, the media part names).
 MODALITY = "pointcloud"
 
 
-def read(root: str | None = None, manifest: str | None = None, path_column: str = "path",
-         text_column: str = "caption", id_column: str | None = "uid", fmt: str | None = None) -> ReadResult:
+def read(
+    root: str | None = None,
+    manifest: str | None = None,
+    path_column: str = "path",
+    text_column: str = "caption",
+    id_column: str | None = "uid",
+    fmt: str | None = None,
+) -> ReadResult:
     if (root is None) == (manifest is None):
-        raise InputError("convert 3d needs exactly one of --root (a folder with caption sidecars) "
-                         "or --manifest (JSONL/CSV/TSV/Parquet)")
+        raise InputError(
+            "convert 3d needs exactly one of --root (a folder with caption sidecars) "
+            "or --manifest (JSONL/CSV/TSV/Parquet)"
+        )
     if root is not None:
         return folder.read(root, extensions=set(EXTENSIONS), modality=MODALITY, what="3D folder")
-    result = manifest_reader.read(manifest, image_column=path_column, text_column=text_column,
-                                  id_column=id_column or None, fmt=fmt)
+    result = manifest_reader.read(
+        manifest,
+        image_column=path_column,
+        text_column=text_column,
+        id_column=id_column or None,
+        fmt=fmt,
+    )
     return dataclasses.replace(result, modality=MODALITY)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from converters.readers import InputError, decode_text, open_input, read_input
 from converters.records import Problem
@@ -23,7 +23,9 @@ FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".
 def detect_format(path: Path, fmt: str | None) -> str:
     fmt = fmt or FORMATS.get(path.suffix.lower())
     if fmt not in set(FORMATS.values()):
-        raise InputError(f"{path}: cannot tell the manifest format from {path.suffix!r}; pass --format jsonl|csv|tsv|parquet")
+        raise InputError(
+            f"{path}: cannot tell the manifest format from {path.suffix!r}; pass --format jsonl|csv|tsv|parquet"
+        )
     return fmt
 
 
@@ -63,7 +65,12 @@ def _iter_jsonl(path: Path):
             except ValueError as e:
                 yield n, Problem("malformed_line", f"line {n}", str(e)[:200])
                 continue
-            yield n, row if isinstance(row, dict) else Problem("malformed_line", f"line {n}", "not a JSON object")
+            yield (
+                n,
+                row
+                if isinstance(row, dict)
+                else Problem("malformed_line", f"line {n}", "not a JSON object"),
+            )
 
 
 def _delimited_text(path: Path) -> str:
@@ -79,7 +86,10 @@ def _iter_delimited(path: Path, delimiter: str):
         raise InputError(f"{path}: no header row")
     for n, row in enumerate(reader, 2):
         if None in row or any(v is None for v in row.values()):
-            yield n, Problem("malformed_line", f"line {n}", f"expected {len(reader.fieldnames)} fields")
+            yield (
+                n,
+                Problem("malformed_line", f"line {n}", f"expected {len(reader.fieldnames)} fields"),
+            )
         else:
             yield n, row
 
@@ -87,7 +97,9 @@ def _iter_delimited(path: Path, delimiter: str):
 def _iter_parquet(path: Path, keep_binary: tuple[str, ...] = ()):
     import pyarrow.parquet as pq
 
-    skip = binary_columns(path) - set(keep_binary)  # raises InputError for a file that is not Parquet
+    skip = binary_columns(path) - set(
+        keep_binary
+    )  # raises InputError for a file that is not Parquet
     pf = pq.ParquetFile(path)
     columns = [n for n in pf.schema_arrow.names if n not in skip]
 
@@ -97,10 +109,13 @@ def _iter_parquet(path: Path, keep_binary: tuple[str, ...] = ()):
             for row in batch.to_pylist():
                 yield n, row
                 n += 1
+
     return rows()
 
 
-def iter_rows(path: Path, fmt: str, keep_binary: tuple[str, ...] = ()) -> Iterator[tuple[int, "dict | Problem"]]:
+def iter_rows(
+    path: Path, fmt: str, keep_binary: tuple[str, ...] = ()
+) -> Iterator[tuple[int, dict | Problem]]:
     """``keep_binary``: Parquet binary columns read into the rows anyway (as ``bytes``)."""
     if fmt == "jsonl":
         return _iter_jsonl(path)
@@ -137,4 +152,6 @@ def require_columns(path: Path, fmt: str, columns: list[str]) -> None:
             return
     missing = [c for c in columns if c not in names]
     if missing:
-        raise InputError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(sorted(names))})")
+        raise InputError(
+            f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(sorted(names))})"
+        )

@@ -35,20 +35,27 @@ def document_text(value, column: str, n: int, source_id: str) -> str | Problem:
     if value is None:
         return Problem("empty_text", source_id, f"row {n}: no {column!r}")
     if not isinstance(value, str):
-        return Problem("malformed_line", source_id, f"row {n}: {column!r} is {type(value).__name__}, not a string")
+        return Problem(
+            "malformed_line",
+            source_id,
+            f"row {n}: {column!r} is {type(value).__name__}, not a string",
+        )
     if not is_utf8(value):
         return Problem("invalid_utf8", source_id, f"row {n}: {column!r} holds a lone surrogate")
     text = value.strip()
     return text if text else Problem("empty_text", source_id, f"row {n}: empty {column!r}")
 
 
-def read(manifest: str, text_column: str = "text", id_column: str | None = None,
-         fmt: str | None = None) -> ReadResult:
+def read(
+    manifest: str, text_column: str = "text", id_column: str | None = None, fmt: str | None = None
+) -> ReadResult:
     """The documents of ``manifest`` in file order (module doc: columns, keys, problems)."""
     path = existing_file(manifest, "manifest")
     fmt = detect_format(path, fmt)
     require_columns(path, fmt, [c for c in (text_column, id_column) if c])
-    keep = tuple(c for c in (text_column, id_column) if c and fmt == "parquet" and c in binary_columns(path))
+    keep = tuple(
+        c for c in (text_column, id_column) if c and fmt == "parquet" and c in binary_columns(path)
+    )
     records, problems = [], []
     for n, row in iter_rows(path, fmt, keep_binary=keep):
         if isinstance(row, Problem):
@@ -60,11 +67,20 @@ def read(manifest: str, text_column: str = "text", id_column: str | None = None,
                 raw_id = bytes(raw_id).decode("utf-8", errors="surrogateescape")
             source_id = id_text(raw_id)
             if source_id is None:
-                problems.append(Problem("malformed_line", f"row {n}",
-                                        f"row {n}: no {id_column!r} (missing, null or empty)"))
+                problems.append(
+                    Problem(
+                        "malformed_line",
+                        f"row {n}",
+                        f"row {n}: no {id_column!r} (missing, null or empty)",
+                    )
+                )
                 continue
             if not is_utf8(source_id):
-                problems.append(Problem("invalid_utf8", f"row {n}", f"row {n}: {id_column!r} is not valid UTF-8"))
+                problems.append(
+                    Problem(
+                        "invalid_utf8", f"row {n}", f"row {n}: {id_column!r} is not valid UTF-8"
+                    )
+                )
                 continue
         else:
             source_id = f"row-{n:09d}"
@@ -72,6 +88,13 @@ def read(manifest: str, text_column: str = "text", id_column: str | None = None,
         if isinstance(text, Problem):
             problems.append(text)
             continue
-        records.append(Record(key=make_key(source_id), source_id=source_id, media=Media(name=f"{path.name}[{n}]"),
-                              texts=(text,), extra={"manifest_row": n}))
+        records.append(
+            Record(
+                key=make_key(source_id),
+                source_id=source_id,
+                media=Media(name=f"{path.name}[{n}]"),
+                texts=(text,),
+                extra={"manifest_row": n},
+            )
+        )
     return ReadResult("text", records, problems)

@@ -16,20 +16,34 @@ from __future__ import annotations
 
 import dataclasses
 
-from converters.readers import InputError, folder, manifest as manifest_reader
+from converters.readers import InputError, folder
+from converters.readers import manifest as manifest_reader
 from converters.records import ReadResult
 
 #: File extensions the folder form picks up (any case).
 VIDEO_EXTENSIONS = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".flv", ".ts"}
 
 
-def read(root: str | None = None, manifest: str | None = None, video_column: str = "path",
-         text_column: str = "name", id_column: str | None = "videoid", fmt: str | None = None) -> ReadResult:
+def read(
+    root: str | None = None,
+    manifest: str | None = None,
+    video_column: str = "path",
+    text_column: str = "name",
+    id_column: str | None = "videoid",
+    fmt: str | None = None,
+) -> ReadResult:
     if (root is None) == (manifest is None):
-        raise InputError("convert video needs exactly one of --root (a folder with caption sidecars) "
-                         "or --manifest (JSONL/CSV/TSV/Parquet)")
+        raise InputError(
+            "convert video needs exactly one of --root (a folder with caption sidecars) "
+            "or --manifest (JSONL/CSV/TSV/Parquet)"
+        )
     if root is not None:
         return folder.read(root, extensions=VIDEO_EXTENSIONS, modality="video", what="video folder")
-    result = manifest_reader.read(manifest, image_column=video_column, text_column=text_column,
-                                  id_column=id_column or None, fmt=fmt)
+    result = manifest_reader.read(
+        manifest,
+        image_column=video_column,
+        text_column=text_column,
+        id_column=id_column or None,
+        fmt=fmt,
+    )
     return dataclasses.replace(result, modality="video")

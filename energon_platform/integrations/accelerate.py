@@ -58,16 +58,24 @@ def prepare_loader(accelerator: Any, cfg: Any, num_workers: int | None = None) -
     ``num_processes``), its state saved and restored by ``accelerator.save_state``/``load_state``.
     Call it once per loader, before ``load_state``. ``cfg``: a run config. ``ValueError`` when the
     accelerator's ``gradient_accumulation_steps`` is not the loader's accumulation."""
-    loader = TrainLoader(cfg, rank=accelerator.process_index, world_size=accelerator.num_processes,
-                         num_workers=num_workers)
+    loader = TrainLoader(
+        cfg,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        num_workers=num_workers,
+    )
     if accelerator.gradient_accumulation_steps != loader.accumulation:
-        raise ValueError(f"Accelerator(gradient_accumulation_steps={accelerator.gradient_accumulation_steps}) but "
-                         f"the loader makes {loader.accumulation} micro-batch(es) per global batch on each process: "
-                         f"set gradient_accumulation_steps={loader.accumulation} (energon_platform."
-                         f"gradient_accumulation_steps(cfg, world_size) gives it before the Accelerator exists)")
+        raise ValueError(
+            f"Accelerator(gradient_accumulation_steps={accelerator.gradient_accumulation_steps}) but "
+            f"the loader makes {loader.accumulation} micro-batch(es) per global batch on each process: "
+            f"set gradient_accumulation_steps={loader.accumulation} (energon_platform."
+            f"gradient_accumulation_steps(cfg, world_size) gives it before the Accelerator exists)"
+        )
 
     def save(models: list, weights: list, output_dir: str) -> None:
-        state = loader.state_dict()  # every process: the state is the same global position at a step boundary
+        state = (
+            loader.state_dict()
+        )  # every process: the state is the same global position at a step boundary
         if accelerator.is_main_process:
             path = Path(output_dir) / STATE_FILE
             tmp = path.with_suffix(".tmp")
@@ -80,8 +88,10 @@ def prepare_loader(accelerator: Any, cfg: Any, num_workers: int | None = None) -
     def load(models: list, input_dir: str) -> None:
         path = Path(input_dir) / STATE_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: this checkpoint was not saved by an accelerator whose loader "
-                                    "came from prepare_loader; resume from one that was, or start the data afresh")
+            raise FileNotFoundError(
+                f"{path} is missing: this checkpoint was not saved by an accelerator whose loader "
+                "came from prepare_loader; resume from one that was, or start the data afresh"
+            )
         loader.load_state_dict(json.loads(path.read_text()))
 
     accelerator.register_save_state_pre_hook(save)

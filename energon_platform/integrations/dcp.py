@@ -35,7 +35,9 @@ def encode_state(state: dict) -> torch.Tensor:
     """A loader state as a zero-padded ``uint8`` tensor of ``CAPACITY`` bytes."""
     raw = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
     if len(raw) >= CAPACITY:
-        raise ValueError(f"the loader state is {len(raw)} bytes, more than the {CAPACITY} reserved in DCP checkpoints")
+        raise ValueError(
+            f"the loader state is {len(raw)} bytes, more than the {CAPACITY} reserved in DCP checkpoints"
+        )
     out = torch.zeros(CAPACITY, dtype=torch.uint8)
     out[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     return out

@@ -43,7 +43,9 @@ def init_distributed(dist_backend: str = "gloo") -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
     deepspeed.init_distributed(dist_backend=dist_backend)
 
 
@@ -55,8 +57,11 @@ def batch_config(loader: TrainLoader) -> dict:
     """The batch keys of a DeepSpeed config that match ``loader`` (this rank's micro-batch size,
     micro-batches per global batch, and the global batch in micro-batch items)."""
     micro, accumulation = loader.maker.micro_items, loader.accumulation
-    return {"train_batch_size": micro * accumulation * loader.world_size, "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": accumulation}
+    return {
+        "train_batch_size": micro * accumulation * loader.world_size,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+    }
 
 
 def client_state(loader: TrainLoader, **extra: Any) -> dict:
@@ -71,6 +76,8 @@ def restore_loader(loader: TrainLoader, client: dict | None) -> bool:
     if client is None:
         return False
     if KEY not in client:
-        raise KeyError(f"the DeepSpeed checkpoint's client_state has no {KEY!r}: it was not saved with client_state(loader)")
+        raise KeyError(
+            f"the DeepSpeed checkpoint's client_state has no {KEY!r}: it was not saved with client_state(loader)"
+        )
     loader.load_state_dict(client[KEY])
     return True

@@ -57,11 +57,18 @@ def _rng_state() -> dict:
     tensors and plain values (a checkpoint loaded with ``weights_only=True`` accepts them)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss_next = random.getstate()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached": float(cached)},
-            "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next}}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+    }
 
 
 def _set_rng_state(state: dict) -> None:
@@ -70,7 +77,9 @@ def _set_rng_state(state: dict) -> None:
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"])
+    )
     p = state["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
 
@@ -97,9 +106,11 @@ class EnergonHooks:
         loader = self._energon_loader()
         if loader is not None:
             if self.trainer.accumulate_grad_batches != loader.accumulation:
-                raise ValueError(f"Trainer(accumulate_grad_batches={self.trainer.accumulate_grad_batches}) but the "
-                                 f"loader makes {loader.accumulation} micro-batch(es) per global batch on each rank: "
-                                 f"set accumulate_grad_batches={loader.accumulation}")
+                raise ValueError(
+                    f"Trainer(accumulate_grad_batches={self.trainer.accumulate_grad_batches}) but the "
+                    f"loader makes {loader.accumulation} micro-batch(es) per global batch on each rank: "
+                    f"set accumulate_grad_batches={loader.accumulation}"
+                )
             loader.lightning_hooks = True  # on_save_checkpoint corrects the state Lightning takes
         saved = getattr(self, "_energon_rng", None)
         if saved is not None and self.global_rank < len(saved):
@@ -111,18 +122,24 @@ class EnergonHooks:
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        self._energon_rng = checkpoint.get(RNG_KEY)  # applied at on_train_start, before the first step
+        self._energon_rng = checkpoint.get(
+            RNG_KEY
+        )  # applied at on_train_start, before the first step
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint[RNG_KEY] = _every_rank(_rng_state())  # every rank runs this hook; rank 0 writes the file
+        checkpoint[RNG_KEY] = _every_rank(
+            _rng_state()
+        )  # every rank runs this hook; rank 0 writes the file
         loader = self._energon_loader()
         fit = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         if loader is None or "combined_loader" not in fit:
             return
         if len(fit["combined_loader"]) != 1:
-            raise ValueError("train_dataloader() must return the TrainLoader itself (one stateful loader), "
-                             f"not {len(fit['combined_loader'])} stateful loaders")
+            raise ValueError(
+                "train_dataloader() must return the TrainLoader itself (one stateful loader), "
+                f"not {len(fit['combined_loader'])} stateful loaders"
+            )
         # the batches Lightning's fetcher holds are fetched from the loader but not trained yet
         ahead = len(getattr(self.trainer.fit_loop._data_fetcher, "batches", ()))
         fit["combined_loader"] = [loader.state_at(loader.next_microbatch - ahead)]

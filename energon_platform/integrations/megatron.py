@@ -54,21 +54,36 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 
 from energon_platform.config import RunConfig, load_config
-from energon_platform.loader.train_loader import TrainLoader, build_encoder
 from energon_platform.loader.schedule import LayoutError
 from energon_platform.loader.state import StateMismatchError
+from energon_platform.loader.train_loader import TrainLoader, build_encoder
 
 __all__ = [
-    "IGNORE_INDEX", "BATCH_FORMATS", "to_megatron_batch", "is_dataloader_rank", "state_file", "latest_iteration",
-    "save_dataloader_state", "load_dataloader_state", "make_provider", "provider_kwargs_from_args",
-    "make_provider_from_args", "MegatronTrainIterator", "MegatronValidIterator", "StateMismatchError", "LayoutError",
-    "MegatronArgsError", "megatron_requirements", "check_megatron_args",
+    "IGNORE_INDEX",
+    "BATCH_FORMATS",
+    "to_megatron_batch",
+    "is_dataloader_rank",
+    "state_file",
+    "latest_iteration",
+    "save_dataloader_state",
+    "load_dataloader_state",
+    "make_provider",
+    "provider_kwargs_from_args",
+    "make_provider_from_args",
+    "MegatronTrainIterator",
+    "MegatronValidIterator",
+    "StateMismatchError",
+    "LayoutError",
+    "MegatronArgsError",
+    "megatron_requirements",
+    "check_megatron_args",
 ]
 
 #: Megatron's ``IGNORE_INDEX`` (``megatron/core/models/multimodal/llava_model.py``): a label that is no target.
@@ -77,8 +92,17 @@ BATCH_FORMATS = ("multimodal", "gpt")
 BatchFormat = Literal["multimodal", "gpt"]
 
 #: The fields every ``task_encoders`` batch has (:class:`task_encoders.documents.TextBatch`).
-_TEXT_FIELDS = ("keys", "tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen", "num_docs",
-                "doc_lengths")
+_TEXT_FIELDS = (
+    "keys",
+    "tokens",
+    "labels",
+    "loss_mask",
+    "position_ids",
+    "cu_seqlens",
+    "max_seqlen",
+    "num_docs",
+    "doc_lengths",
+)
 #: Tensor fields of a vision-language batch that travel as ``imgs``/``num_tiles`` (or only describe them).
 _VISION_FIELDS = {"images", "num_tiles", "num_images", "spliced_lengths"}
 
@@ -95,7 +119,9 @@ def _absent(dtype: torch.dtype) -> torch.Tensor:
 # --- batches -------------------------------------------------------------------------------------
 
 
-def to_megatron_batch(batch: Any, format: BatchFormat = "multimodal", *, packed: bool | None = None) -> dict:
+def to_megatron_batch(
+    batch: Any, format: BatchFormat = "multimodal", *, packed: bool | None = None
+) -> dict:
     """One ``task_encoders`` micro-batch (``TextBatch``/``ImageTextBatch``) → the dict Megatron's
     ``get_batch`` reads. ``N`` rows of ``S`` tokens holding ``D`` documents; ``IGNORE_INDEX = -100``.
 
@@ -165,14 +191,18 @@ def to_megatron_batch(batch: Any, format: BatchFormat = "multimodal", *, packed:
         raise TypeError(f"{type(batch).__name__} is not a task_encoders batch (missing {missing})")
     tokens, labels, loss_mask = batch.tokens, batch.labels, batch.loss_mask
     if tokens.ndim != 2 or labels.shape != tokens.shape or loss_mask.shape != tokens.shape:
-        raise ValueError(f"tokens/labels/loss_mask must be (N, S) alike, got {tuple(tokens.shape)}, "
-                         f"{tuple(labels.shape)}, {tuple(loss_mask.shape)}")
+        raise ValueError(
+            f"tokens/labels/loss_mask must be (N, S) alike, got {tuple(tokens.shape)}, "
+            f"{tuple(labels.shape)}, {tuple(loss_mask.shape)}"
+        )
     multi_doc = bool((batch.num_docs > 1).any())
     if packed is None:
         packed = multi_doc
     elif not packed and multi_doc:
-        raise ValueError("packed=False, but rows of this batch hold several documents; without cu_lengths/"
-                         "cu_seqlens Megatron would attend across them")
+        raise ValueError(
+            "packed=False, but rows of this batch hold several documents; without cu_lengths/"
+            "cu_seqlens Megatron would attend across them"
+        )
     if format == "gpt":
         return _gpt_batch(batch)
     return _multimodal_batch(batch, packed)
@@ -189,71 +219,109 @@ def _multimodal_batch(batch: Any, packed: bool) -> dict:
         tokens, targets = tokens.reshape(1, rows * seq_len), targets.reshape(1, rows * seq_len)
         cu_lengths = batch.cu_seqlens.to(torch.int32).reshape(1, -1).clone()
         if int(cu_lengths[0, -1]) != rows * seq_len:
-            raise ValueError(f"cu_seqlens ends at {int(cu_lengths[0, -1])}, not at N*S = {rows * seq_len}")
+            raise ValueError(
+                f"cu_seqlens ends at {int(cu_lengths[0, -1])}, not at N*S = {rows * seq_len}"
+            )
         max_lengths = torch.tensor([int(batch.max_seqlen)], dtype=torch.int32)
     else:
         cu_lengths, max_lengths = _absent(torch.int32), _absent(torch.int32)
-    labels = torch.cat([torch.full((tokens.shape[0], 1), IGNORE_INDEX, dtype=torch.int64), targets], dim=1)
+    labels = torch.cat(
+        [torch.full((tokens.shape[0], 1), IGNORE_INDEX, dtype=torch.int64), targets], dim=1
+    )
     others = _media_fields(batch) - {"images"}
     if others:
-        raise ValueError(f"Megatron's multimodal get_batch has no input for {sorted(others)}; "
-                         f"only images (imgs/num_tiles) travel in this format")
+        raise ValueError(
+            f"Megatron's multimodal get_batch has no input for {sorted(others)}; "
+            f"only images (imgs/num_tiles) travel in this format"
+        )
     images = getattr(batch, "images", None)
     if isinstance(images, torch.Tensor) and images.numel() > 0:
         if images.ndim != 4 or images.shape[0] != len(batch.keys):
-            raise ValueError(f"images must be (D, C, H, W) with one image per document, got {tuple(images.shape)}")
+            raise ValueError(
+                f"images must be (D, C, H, W) with one image per document, got {tuple(images.shape)}"
+            )
         imgs = images.to(torch.float32).contiguous()
         num_tiles = torch.ones(images.shape[0], dtype=torch.int32)
     else:
         imgs, num_tiles = _absent(torch.float32), _absent(torch.int32)
-    return {"tokens": tokens.contiguous(), "labels": labels, "imgs": imgs, "num_tiles": num_tiles,
-            "cu_lengths": cu_lengths, "max_lengths": max_lengths, "__key__": list(batch.keys)}
+    return {
+        "tokens": tokens.contiguous(),
+        "labels": labels,
+        "imgs": imgs,
+        "num_tiles": num_tiles,
+        "cu_lengths": cu_lengths,
+        "max_lengths": max_lengths,
+        "__key__": list(batch.keys),
+    }
 
 
 def _vision_language_batch(batch: Any, packed: bool) -> dict:
     """:func:`to_megatron_batch` of a :class:`task_encoders.image_text.VisionLanguageBatch`."""
     tokens = batch.tokens.to(torch.int64)
     rows, seq_len = tokens.shape
-    targets = torch.where(batch.loss_mask > 0, batch.labels.to(torch.int64), torch.tensor(IGNORE_INDEX))
+    targets = torch.where(
+        batch.loss_mask > 0, batch.labels.to(torch.int64), torch.tensor(IGNORE_INDEX)
+    )
     num_tiles, num_images = batch.num_tiles.to(torch.int32), batch.num_images.to(torch.int64)
     images = batch.images
     placeholders = int((tokens == int(batch.image_token_index)).sum())
     if placeholders != num_tiles.numel() or int(num_images.sum()) != num_tiles.numel():
-        raise ValueError(f"{placeholders} image placeholder(s) (id {batch.image_token_index}) in tokens, "
-                         f"{int(num_images.sum())} image(s) by num_images, {num_tiles.numel()} by num_tiles")
+        raise ValueError(
+            f"{placeholders} image placeholder(s) (id {batch.image_token_index}) in tokens, "
+            f"{int(num_images.sum())} image(s) by num_images, {num_tiles.numel()} by num_tiles"
+        )
     if images.ndim != 4 or images.shape[0] != int(num_tiles.sum()):
-        raise ValueError(f"images must be (tiles, C, H, W) with sum(num_tiles) = {int(num_tiles.sum())} tiles, "
-                         f"got {tuple(images.shape)}")
+        raise ValueError(
+            f"images must be (tiles, C, H, W) with sum(num_tiles) = {int(num_tiles.sum())} tiles, "
+            f"got {tuple(images.shape)}"
+        )
     # Each row's image surplus: what splicing adds to its length.
     surplus_doc = batch.spliced_lengths.to(torch.int64) - batch.doc_lengths.to(torch.int64)
     row_of_doc = torch.repeat_interleave(torch.arange(rows), batch.num_docs.long())
     surplus = torch.zeros(rows, dtype=torch.int64).index_add_(0, row_of_doc, surplus_doc)
-    used = torch.zeros(rows, dtype=torch.int64).index_add_(0, row_of_doc, batch.doc_lengths.to(torch.int64))
+    used = torch.zeros(rows, dtype=torch.int64).index_add_(
+        0, row_of_doc, batch.doc_lengths.to(torch.int64)
+    )
     if bool((used + surplus > seq_len).any()):
-        raise ValueError(f"a row's spliced length {(used + surplus).tolist()} exceeds its {seq_len} positions")
+        raise ValueError(
+            f"a row's spliced length {(used + surplus).tolist()} exceeds its {seq_len} positions"
+        )
     if packed:
         keep = (seq_len - surplus).tolist()
-        tokens = torch.cat([tokens[r, :keep[r]] for r in range(rows)]).reshape(1, -1)
-        targets = torch.cat([targets[r, :keep[r]] for r in range(rows)]).reshape(1, -1)
+        tokens = torch.cat([tokens[r, : keep[r]] for r in range(rows)]).reshape(1, -1)
+        targets = torch.cat([targets[r, : keep[r]] for r in range(rows)]).reshape(1, -1)
         segments, doc = [], 0
-        for r, n in enumerate(batch.num_docs.tolist()):
-            lengths = batch.spliced_lengths[doc:doc + n].tolist()
-            segments += lengths[:-1] + [seq_len - sum(lengths[:-1])]  # the row's padding: its last document's
+        for n in batch.num_docs.tolist():
+            lengths = batch.spliced_lengths[doc : doc + n].tolist()
+            segments += lengths[:-1] + [
+                seq_len - sum(lengths[:-1])
+            ]  # the row's padding: its last document's
             doc += n
         cu_lengths = torch.zeros((1, len(segments) + 1), dtype=torch.int32)
-        cu_lengths[0, 1:] = torch.cumsum(torch.tensor(segments, dtype=torch.int64), 0).to(torch.int32)
+        cu_lengths[0, 1:] = torch.cumsum(torch.tensor(segments, dtype=torch.int64), 0).to(
+            torch.int32
+        )
         max_lengths = torch.tensor([max(segments)], dtype=torch.int32)
     else:
         width = seq_len - int(surplus.min())
         tokens, targets = tokens[:, :width], targets[:, :width]
         cu_lengths, max_lengths = _absent(torch.int32), _absent(torch.int32)
-    labels = torch.cat([torch.full((tokens.shape[0], 1), IGNORE_INDEX, dtype=torch.int64), targets], dim=1)
+    labels = torch.cat(
+        [torch.full((tokens.shape[0], 1), IGNORE_INDEX, dtype=torch.int64), targets], dim=1
+    )
     if num_tiles.numel():
         imgs = images.to(torch.float32).contiguous()
     else:
         imgs, num_tiles = _absent(torch.float32), _absent(torch.int32)
-    return {"tokens": tokens.contiguous(), "labels": labels.contiguous(), "imgs": imgs, "num_tiles": num_tiles,
-            "cu_lengths": cu_lengths, "max_lengths": max_lengths, "__key__": list(batch.keys)}
+    return {
+        "tokens": tokens.contiguous(),
+        "labels": labels.contiguous(),
+        "imgs": imgs,
+        "num_tiles": num_tiles,
+        "cu_lengths": cu_lengths,
+        "max_lengths": max_lengths,
+        "__key__": list(batch.keys),
+    }
 
 
 def _gpt_batch(batch: Any) -> dict:
@@ -263,24 +331,39 @@ def _gpt_batch(batch: Any) -> dict:
     max_seqlen = torch.empty(rows, dtype=torch.int32)
     doc = 0
     for i, n in enumerate(batch.num_docs.tolist()):
-        row = flat[doc:doc + n + 1] - i * seq_len
+        row = flat[doc : doc + n + 1] - i * seq_len
         if row.numel() != n + 1 or int(row[0]) != 0 or int(row[-1]) != seq_len:
-            raise ValueError(f"cu_seqlens does not split row {i} into its {n} document(s): {row.tolist()}")
-        cu_seqlens[i, :n + 1] = row.to(torch.int32)
+            raise ValueError(
+                f"cu_seqlens does not split row {i} into its {n} document(s): {row.tolist()}"
+            )
+        cu_seqlens[i, : n + 1] = row.to(torch.int32)
         max_seqlen[i] = int((row[1:] - row[:-1]).max())
         doc += n
-    return {"tokens": batch.tokens.to(torch.int64).contiguous(), "labels": batch.labels.to(torch.int64).contiguous(),
-            "loss_mask": batch.loss_mask.to(torch.float32).contiguous(),
-            "position_ids": batch.position_ids.to(torch.int64).contiguous(),
-            "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
+    return {
+        "tokens": batch.tokens.to(torch.int64).contiguous(),
+        "labels": batch.labels.to(torch.int64).contiguous(),
+        "loss_mask": batch.loss_mask.to(torch.float32).contiguous(),
+        "position_ids": batch.position_ids.to(torch.int64).contiguous(),
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": max_seqlen,
+    }
 
 
 def _media_fields(batch: Any) -> set[str]:
     """Tensor fields beyond the text fields (``images``, ``features``, ...); the vision fields
     (``num_tiles``, ``num_images``, ``spliced_lengths``) count as images."""
-    names = [f.name for f in dataclasses.fields(batch)] if dataclasses.is_dataclass(batch) else list(vars(batch))
-    found = {n for n in names if n not in _TEXT_FIELDS and not n.startswith("_")
-             and isinstance(getattr(batch, n, None), torch.Tensor)}
+    names = (
+        [f.name for f in dataclasses.fields(batch)]
+        if dataclasses.is_dataclass(batch)
+        else list(vars(batch))
+    )
+    found = {
+        n
+        for n in names
+        if n not in _TEXT_FIELDS
+        and not n.startswith("_")
+        and isinstance(getattr(batch, n, None), torch.Tensor)
+    }
     return {"images"} | (found - _VISION_FIELDS) if found & _VISION_FIELDS else found
 
 
@@ -293,13 +376,23 @@ def is_dataloader_rank(tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1) -> 
     return tp_rank == 0 and (pp_size == 1 or pp_rank in (0, pp_size - 1))
 
 
-def state_file(dataloader_save: str | os.PathLike, iteration: int, dp_rank: int, *,
-               pipeline_parallel: bool = False) -> Path:
+def state_file(
+    dataloader_save: str | os.PathLike,
+    iteration: int,
+    dp_rank: int,
+    *,
+    pipeline_parallel: bool = False,
+) -> Path:
     """``{dataloader_save}/iter_{iteration:07d}/mp_rank_00/train_dataloader_dprank{dp_rank:03d}.pt``
     (``mp_rank_00_000`` when ``pipeline_parallel``), the path Megatron's ``get_checkpoint_name``
     gives the dataloader state (tensor rank 0, pipeline rank 0)."""
     mp = "mp_rank_00_000" if pipeline_parallel else "mp_rank_00"
-    return Path(dataloader_save) / f"iter_{int(iteration):07d}" / mp / f"train_dataloader_dprank{int(dp_rank):03d}.pt"
+    return (
+        Path(dataloader_save)
+        / f"iter_{int(iteration):07d}"
+        / mp
+        / f"train_dataloader_dprank{int(dp_rank):03d}.pt"
+    )
 
 
 def latest_iteration(dataloader_save: str | os.PathLike) -> int:
@@ -307,15 +400,26 @@ def latest_iteration(dataloader_save: str | os.PathLike) -> int:
     folder when there is none. Prefer the iteration of the model checkpoint actually loaded
     (Megatron's ``args.iteration``): a later dataloader state would not match the model."""
     root = Path(dataloader_save)
-    found = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else ())
-             if p.is_dir() and (m := re.fullmatch(r"iter_(\d{7,})", p.name))]
+    found = [
+        int(m.group(1))
+        for p in (root.iterdir() if root.is_dir() else ())
+        if p.is_dir() and (m := re.fullmatch(r"iter_(\d{7,})", p.name))
+    ]
     if not found:
-        raise FileNotFoundError(f"{root}: no iter_NNNNNNN folder with a data loader state to restore")
+        raise FileNotFoundError(
+            f"{root}: no iter_NNNNNNN folder with a data loader state to restore"
+        )
     return max(found)
 
 
-def save_dataloader_state(train_iter: Any, dataloader_save: str | os.PathLike, iteration: int, dp_rank: int, *,
-                          pipeline_parallel: bool = False) -> Path:
+def save_dataloader_state(
+    train_iter: Any,
+    dataloader_save: str | os.PathLike,
+    iteration: int,
+    dp_rank: int,
+    *,
+    pipeline_parallel: bool = False,
+) -> Path:
     """Write ``train_iter.save_state()`` where Megatron's ``maybe_save_dataloader_state`` does, in
     its format (``torch.save({"dataloader_state_dict": state})``, plain data only), atomically
     (temporary file, fsync, rename). ``train_iter`` is a :class:`MegatronTrainIterator` or
@@ -323,7 +427,9 @@ def save_dataloader_state(train_iter: Any, dataloader_save: str | os.PathLike, i
     boundary on the first pipeline stage's tensor-parallel rank 0 of every data-parallel rank.
     Returns the path."""
     source = getattr(train_iter, "iterable", train_iter)
-    state = json.loads(json.dumps(source.save_state()))  # plain data, or TypeError here rather than in torch.load
+    state = json.loads(
+        json.dumps(source.save_state())
+    )  # plain data, or TypeError here rather than in torch.load
     path = state_file(dataloader_save, iteration, dp_rank, pipeline_parallel=pipeline_parallel)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -346,8 +452,10 @@ def load_dataloader_state(path: str | os.PathLike) -> dict:
     :class:`StateMismatchError` naming it when it holds no state of ours."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data loader state {path} does not exist; the data is not restarted from scratch "
-                                f"(resume from an iteration whose state was saved, or start a fresh run)")
+        raise FileNotFoundError(
+            f"data loader state {path} does not exist; the data is not restarted from scratch "
+            f"(resume from an iteration whose state was saved, or start a fresh run)"
+        )
     raw = path.read_bytes()
     try:
         if raw.lstrip()[:1] == b"{":
@@ -355,19 +463,28 @@ def load_dataloader_state(path: str | os.PathLike) -> dict:
         else:
             content = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as e:
-        raise StateMismatchError(f"{path}: not a data loader state this build can read without executing code "
-                                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                                 f"Energon's own savable-loader states are not compatible") from None
+        raise StateMismatchError(
+            f"{path}: not a data loader state this build can read without executing code "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"Energon's own savable-loader states are not compatible"
+        ) from None
     if isinstance(content, dict) and "dataloader_state_dict" in content:
         content = content["dataloader_state_dict"]
     if not isinstance(content, dict) or "fingerprint" not in content:
-        raise StateMismatchError(f"{path}: holds no energon_platform loader state "
-                                 f"(expected {{'dataloader_state_dict': {{'version', 'fingerprint', ...}}}})")
+        raise StateMismatchError(
+            f"{path}: holds no energon_platform loader state "
+            f"(expected {{'dataloader_state_dict': {{'version', 'fingerprint', ...}}}})"
+        )
     return content
 
 
-def _resolve_state_file(dataloader_save: str | os.PathLike, iteration: int, dp_rank: int, dp_size: int,
-                        pipeline_parallel: bool) -> Path:
+def _resolve_state_file(
+    dataloader_save: str | os.PathLike,
+    iteration: int,
+    dp_rank: int,
+    dp_size: int,
+    pipeline_parallel: bool,
+) -> Path:
     """This rank's state file; after a change of data-parallel size, a new rank without a file of its
     own continues from rank 0's (saved at an iteration boundary, the position is the global batch)."""
     own = state_file(dataloader_save, iteration, dp_rank, pipeline_parallel=pipeline_parallel)
@@ -378,9 +495,15 @@ def _resolve_state_file(dataloader_save: str | os.PathLike, iteration: int, dp_r
         saved_world = load_dataloader_state(first).get("layout", {}).get("world_size")
         if saved_world is not None and saved_world != dp_size and dp_rank >= saved_world:
             return first
-    present = sorted(p.name for p in own.parent.glob("train_dataloader_dprank*.pt")) if own.parent.is_dir() else []
-    raise FileNotFoundError(f"data loader state {own} does not exist (found there: {present or 'nothing'}); "
-                            f"the data is not restarted from scratch")
+    present = (
+        sorted(p.name for p in own.parent.glob("train_dataloader_dprank*.pt"))
+        if own.parent.is_dir()
+        else []
+    )
+    raise FileNotFoundError(
+        f"data loader state {own} does not exist (found there: {present or 'nothing'}); "
+        f"the data is not restarted from scratch"
+    )
 
 
 # --- iterators -----------------------------------------------------------------------------------
@@ -395,12 +518,19 @@ class MegatronTrainIterator:
     ``last_batch`` the encoder's batch it was made from.
     """
 
-    def __init__(self, loader: TrainLoader, batch_format: BatchFormat = "multimodal", packed: bool | None = None,
-                 max_sequence_length: int | None = None):
+    def __init__(
+        self,
+        loader: TrainLoader,
+        batch_format: BatchFormat = "multimodal",
+        packed: bool | None = None,
+        max_sequence_length: int | None = None,
+    ):
         if batch_format not in BATCH_FORMATS:
             raise ValueError(f"batch_format {batch_format!r}: expected one of {BATCH_FORMATS}")
         self.loader, self.batch_format = loader, batch_format
-        self.packed = (loader.packed_rows or loader.schedule.group_size > 1) if packed is None else packed
+        self.packed = (
+            (loader.packed_rows or loader.schedule.group_size > 1) if packed is None else packed
+        )
         self.max_sequence_length = max_sequence_length
         self.last_keys: list[str] = []
         self.last_batch: Any = None
@@ -416,7 +546,7 @@ class MegatronTrainIterator:
         """``next()`` calls per iteration on this rank (Megatron's ``get_num_microbatches()``)."""
         return self.loader.accumulation
 
-    def __iter__(self) -> "MegatronTrainIterator":
+    def __iter__(self) -> MegatronTrainIterator:
         return self
 
     def __next__(self) -> dict:
@@ -426,10 +556,12 @@ class MegatronTrainIterator:
         if self.max_sequence_length and self.packed and self.batch_format == "multimodal":
             length = int(data["cu_lengths"][0, -1])
             if length > self.max_sequence_length:
-                raise LayoutError(f"a packed micro-batch of {batch.tokens.shape[0]} rows is {length} positions after "
-                                  f"splicing, more than --decoder-seq-length {self.max_sequence_length}: LLaVAModel "
-                                  f"would cut it; raise --decoder-seq-length or use a smaller pack group "
-                                  f"(keys {self.last_keys[:3]}...)")
+                raise LayoutError(
+                    f"a packed micro-batch of {batch.tokens.shape[0]} rows is {length} positions after "
+                    f"splicing, more than --decoder-seq-length {self.max_sequence_length}: LLaVAModel "
+                    f"would cut it; raise --decoder-seq-length or use a smaller pack group "
+                    f"(keys {self.last_keys[:3]}...)"
+                )
         return data
 
     def save_state(self) -> dict:
@@ -452,28 +584,49 @@ class MegatronValidIterator:
     as in Megatron's ``examples/multimodal/dataloader_provider.py``. ``save_state()`` is None:
     nothing to restore."""
 
-    def __init__(self, cfg: RunConfig, *, dp_rank: int, dp_size: int, batch_size: int, num_workers: int,
-                 batch_format: BatchFormat = "multimodal", packed: bool = False, restart_every: int | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        dp_rank: int,
+        dp_size: int,
+        batch_size: int,
+        num_workers: int,
+        batch_format: BatchFormat = "multimodal",
+        packed: bool = False,
+        restart_every: int | None = None,
+    ):
         from megatron.energon import LimitDataset, RepeatDataset, get_loader, get_val_dataset
 
         encoder = build_encoder(cfg, training=False)
-        worker_config = encoder.worker_config(rank=dp_rank, world_size=dp_size, num_workers=num_workers)
-        dataset = get_val_dataset(str(cfg.data.path), split_part=cfg.data.val_split, batch_size=batch_size,
-                                  worker_config=worker_config, task_encoder=encoder,
-                                  packing_buffer_size=encoder.packing_buffer_size)
+        worker_config = encoder.worker_config(
+            rank=dp_rank, world_size=dp_size, num_workers=num_workers
+        )
+        dataset = get_val_dataset(
+            str(cfg.data.path),
+            split_part=cfg.data.val_split,
+            batch_size=batch_size,
+            worker_config=worker_config,
+            task_encoder=encoder,
+            packing_buffer_size=encoder.packing_buffer_size,
+        )
         if restart_every:
-            dataset = LimitDataset(RepeatDataset(dataset, worker_config=worker_config), length=restart_every,
-                                   reset_after_epoch=True, worker_config=worker_config)
+            dataset = LimitDataset(
+                RepeatDataset(dataset, worker_config=worker_config),
+                length=restart_every,
+                reset_after_epoch=True,
+                worker_config=worker_config,
+            )
         self._loader = get_loader(dataset)
         self.batch_format, self.packed, self.restart_every = batch_format, packed, restart_every
         self._iter = None
         self.last_keys: list[str] = []
 
-    def __iter__(self) -> "MegatronValidIterator":
+    def __iter__(self) -> MegatronValidIterator:
         return self
 
     def __next__(self) -> dict:
-        for attempt in range(2):
+        for _attempt in range(2):
             if self._iter is None:
                 self._iter = iter(self._loader)
             try:
@@ -496,25 +649,48 @@ class MegatronValidIterator:
 # --- the provider --------------------------------------------------------------------------------
 
 
-def _run_config(config: str | os.PathLike | dict | RunConfig, micro_batch_size: int | None,
-                global_batch_size: int | None) -> RunConfig:
-    cfg = config if isinstance(config, RunConfig) else load_config(config if isinstance(config, dict) else Path(config))
+def _run_config(
+    config: str | os.PathLike | dict | RunConfig,
+    micro_batch_size: int | None,
+    global_batch_size: int | None,
+) -> RunConfig:
+    cfg = (
+        config
+        if isinstance(config, RunConfig)
+        else load_config(config if isinstance(config, dict) else Path(config))
+    )
     changes = {}
-    for name, value in (("micro_batch_size", micro_batch_size), ("global_batch_size", global_batch_size)):
+    for name, value in (
+        ("micro_batch_size", micro_batch_size),
+        ("global_batch_size", global_batch_size),
+    ):
         if value is not None:
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
             changes[name] = int(value)
-    return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, **changes)) if changes else cfg
+    return (
+        dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, **changes))
+        if changes
+        else cfg
+    )
 
 
-def make_provider(config: str | os.PathLike | dict | RunConfig, *, dp_rank: int, dp_size: int,
-                  is_data_rank: bool = True, micro_batch_size: int | None = None,
-                  global_batch_size: int | None = None, num_workers: int | None = None,
-                  dataloader_save: str | os.PathLike | None = None, restore_iteration: int | str | None = None,
-                  batch_format: BatchFormat = "multimodal", eval_iters: int | None = None,
-                  build_valid: bool = True, pipeline_parallel: bool = False
-                  ) -> Callable[[Any], tuple[Any, Any, Any]]:
+def make_provider(
+    config: str | os.PathLike | dict | RunConfig,
+    *,
+    dp_rank: int,
+    dp_size: int,
+    is_data_rank: bool = True,
+    micro_batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    num_workers: int | None = None,
+    dataloader_save: str | os.PathLike | None = None,
+    restore_iteration: int | str | None = None,
+    batch_format: BatchFormat = "multimodal",
+    eval_iters: int | None = None,
+    build_valid: bool = True,
+    pipeline_parallel: bool = False,
+) -> Callable[[Any], tuple[Any, Any, Any]]:
     """Megatron's ``train_valid_test_dataloaders_provider`` for one rank, from plain values.
 
     Args:
@@ -550,10 +726,18 @@ def make_provider(config: str | os.PathLike | dict | RunConfig, *, dp_rank: int,
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank {dp_rank} is not in [0, dp_size={dp_size})")
     if restore_iteration is not None and not dataloader_save:
-        raise ValueError(f"restore_iteration={restore_iteration!r} needs dataloader_save (Megatron's "
-                         f"--dataloader-save): without it the data would restart from the beginning")
-    if restore_iteration is not None and restore_iteration != "latest" and not isinstance(restore_iteration, int):
-        raise ValueError(f"restore_iteration must be None, an int or 'latest', got {restore_iteration!r}")
+        raise ValueError(
+            f"restore_iteration={restore_iteration!r} needs dataloader_save (Megatron's "
+            f"--dataloader-save): without it the data would restart from the beginning"
+        )
+    if (
+        restore_iteration is not None
+        and restore_iteration != "latest"
+        and not isinstance(restore_iteration, int)
+    ):
+        raise ValueError(
+            f"restore_iteration must be None, an int or 'latest', got {restore_iteration!r}"
+        )
 
     def train_valid_test_dataloaders_provider(train_val_test_num_samples: Any = None):
         if not is_data_rank:
@@ -563,19 +747,33 @@ def make_provider(config: str | os.PathLike | dict | RunConfig, *, dp_rank: int,
         if micro_batch_size is not None and global_batch_size is not None:
             expected = global_batch_size // (micro_batch_size * dp_size)
             if loader.accumulation != expected or global_batch_size % (micro_batch_size * dp_size):
-                raise LayoutError(f"global batch {global_batch_size} / (micro batch {micro_batch_size} x dp "
-                                  f"{dp_size}) is not the loader's {loader.accumulation} micro-batches per step")
+                raise LayoutError(
+                    f"global batch {global_batch_size} / (micro batch {micro_batch_size} x dp "
+                    f"{dp_size}) is not the loader's {loader.accumulation} micro-batches per step"
+                )
         if restore_iteration is not None:
-            iteration = latest_iteration(dataloader_save) if restore_iteration == "latest" else restore_iteration
-            path = _resolve_state_file(dataloader_save, iteration, dp_rank, dp_size, pipeline_parallel)
+            iteration = (
+                latest_iteration(dataloader_save)
+                if restore_iteration == "latest"
+                else restore_iteration
+            )
+            path = _resolve_state_file(
+                dataloader_save, iteration, dp_rank, dp_size, pipeline_parallel
+            )
             loader.load_state_dict(load_dataloader_state(path))
         train = MegatronTrainIterator(loader, batch_format)
         valid = None
         if build_valid and cfg.data.val_split:
             valid = MegatronValidIterator(
-                cfg, dp_rank=dp_rank, dp_size=dp_size, batch_size=loader.maker.micro_items,
-                num_workers=loader.num_workers, batch_format=batch_format, packed=train.packed,
-                restart_every=eval_iters * loader.accumulation if eval_iters else None)
+                cfg,
+                dp_rank=dp_rank,
+                dp_size=dp_size,
+                batch_size=loader.maker.micro_items,
+                num_workers=loader.num_workers,
+                batch_format=batch_format,
+                packed=train.packed,
+                restart_every=eval_iters * loader.accumulation if eval_iters else None,
+            )
         return train, valid, None
 
     train_valid_test_dataloaders_provider.is_distributed = True
@@ -596,26 +794,43 @@ def megatron_requirements(config: str | os.PathLike | dict | RunConfig | Any) ->
       ``use_tiling``, ``max_num_tiles``, ``use_thumbnail``, ``use_area_weighted_aspect_ratio``,
       ``use_tile_tags`` (False), and ``tokens_per_tile``/``vocab_size`` for reference.
     """
-    encoder = config if hasattr(config, "seq_len") and hasattr(config, "tokenizer") else \
-        build_encoder(_run_config(config, None, None))
+    encoder = (
+        config
+        if hasattr(config, "seq_len") and hasattr(config, "tokenizer")
+        else build_encoder(_run_config(config, None, None))
+    )
     packing = getattr(encoder, "packing_buffer_size", None) is not None
-    req: dict[str, Any] = {"dataloader_type": "external", "decoder_seq_length": int(encoder.seq_len),
-                           "vocab_size": int(encoder.tokenizer.vocab_size)}
+    req: dict[str, Any] = {
+        "dataloader_type": "external",
+        "decoder_seq_length": int(encoder.seq_len),
+        "vocab_size": int(encoder.tokenizer.vocab_size),
+    }
     if packing:
         req["micro_batch_size"] = 1
     if getattr(encoder, "image_token_index", None) is None:
         return req
     cfg = encoder.config
     tiling, vision = cfg.image.tiling, cfg.vision
-    req.update(image_token_index=int(encoder.image_token_index), image_token=cfg.prompt.image_token,
-               special_tokens=list(cfg.prompt.special_tokens),
-               img_h=int(encoder.tile_size), img_w=int(encoder.tile_size), patch_dim=vision.patch_dim,
-               vision_model_type=vision.model_type, disable_vision_class_token=vision.drop_class_token,
-               pixel_shuffle=vision.pixel_shuffle, use_tiling=tiling.enabled, use_tile_tags=False,
-               tokens_per_tile=int(encoder.tokens_per_tile))
+    req.update(
+        image_token_index=int(encoder.image_token_index),
+        image_token=cfg.prompt.image_token,
+        special_tokens=list(cfg.prompt.special_tokens),
+        img_h=int(encoder.tile_size),
+        img_w=int(encoder.tile_size),
+        patch_dim=vision.patch_dim,
+        vision_model_type=vision.model_type,
+        disable_vision_class_token=vision.drop_class_token,
+        pixel_shuffle=vision.pixel_shuffle,
+        use_tiling=tiling.enabled,
+        use_tile_tags=False,
+        tokens_per_tile=int(encoder.tokens_per_tile),
+    )
     if tiling.enabled:
-        req.update(max_num_tiles=tiling.max_num_tiles, use_thumbnail=tiling.use_thumbnail,
-                   use_area_weighted_aspect_ratio=tiling.aspect_ratio == "area_weighted")
+        req.update(
+            max_num_tiles=tiling.max_num_tiles,
+            use_thumbnail=tiling.use_thumbnail,
+            use_area_weighted_aspect_ratio=tiling.aspect_ratio == "area_weighted",
+        )
     return req
 
 
@@ -625,7 +840,7 @@ def _megatron_image_token_id(args: Any, tokenizer: Any, token: str) -> tuple[int
     Megatron's multimodal tokenizer does; (None, why) when neither is possible."""
     if tokenizer is not None:
         hf = getattr(tokenizer, "tokenizer", tokenizer)
-        convert = getattr(hf, "convert_tokens_to_ids", None) or getattr(tokenizer, "convert_tokens_to_ids")
+        convert = getattr(hf, "convert_tokens_to_ids", None) or tokenizer.convert_tokens_to_ids
         return int(convert(token)), "Megatron's tokenizer"
     folder = getattr(args, "tokenizer_model", None)
     if folder and Path(str(folder)).is_dir():
@@ -634,13 +849,19 @@ def _megatron_image_token_id(args: Any, tokenizer: Any, token: str) -> tuple[int
         hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         hf.add_tokens(list(getattr(args, "special_tokens", None) or []), special_tokens=True)
         token_id = hf.convert_tokens_to_ids(token)
-        return (int(token_id) if token_id is not None and token_id != hf.unk_token_id else None), \
-            f"--tokenizer-model {folder} with --special-tokens"
+        return (
+            int(token_id) if token_id is not None and token_id != hf.unk_token_id else None
+        ), f"--tokenizer-model {folder} with --special-tokens"
     return None, "no tokenizer to compare"
 
 
-def check_megatron_args(config: str | os.PathLike | dict | RunConfig | Any, args: Any, *, tokenizer: Any = None,
-                        batch_format: BatchFormat = "multimodal") -> dict:
+def check_megatron_args(
+    config: str | os.PathLike | dict | RunConfig | Any,
+    args: Any,
+    *,
+    tokenizer: Any = None,
+    batch_format: BatchFormat = "multimodal",
+) -> dict:
     """Refuse (:class:`MegatronArgsError`, one line per disagreement, naming Megatron's argument, its
     value and the value the batches need) a Megatron run whose ``args`` do not fit the encoder's
     batches (:func:`megatron_requirements`); returns the requirements. Arguments ``args`` lacks are
@@ -656,40 +877,74 @@ def check_megatron_args(config: str | os.PathLike | dict | RunConfig | Any, args
         return "--" + name.replace("_", "-")
 
     if arg("dataloader_type") not in (None, "external"):
-        problems.append(f"{flag('dataloader_type')} is {arg('dataloader_type')!r}; this provider needs 'external'")
+        problems.append(
+            f"{flag('dataloader_type')} is {arg('dataloader_type')!r}; this provider needs 'external'"
+        )
     vision_language = "image_token_index" in req
-    length = (arg("decoder_seq_length") or arg("seq_length")) if vision_language else arg("seq_length")
+    length = (
+        (arg("decoder_seq_length") or arg("seq_length")) if vision_language else arg("seq_length")
+    )
     if length is not None and int(length) < req["decoder_seq_length"]:
         which = "--decoder-seq-length" if vision_language else "--seq-length"
-        problems.append(f"{which} {length} < the encoder's text.seq_len {req['decoder_seq_length']} "
-                        f"(positions per row after splicing); the model would cut the rows")
-    if batch_format == "multimodal" and "micro_batch_size" in req and arg("micro_batch_size") not in (None, 1):
-        problems.append(f"--micro-batch-size {arg('micro_batch_size')}: packed multimodal batches need 1 "
-                        f"(one packed sequence per micro-batch)")
+        problems.append(
+            f"{which} {length} < the encoder's text.seq_len {req['decoder_seq_length']} "
+            f"(positions per row after splicing); the model would cut the rows"
+        )
+    if (
+        batch_format == "multimodal"
+        and "micro_batch_size" in req
+        and arg("micro_batch_size") not in (None, 1)
+    ):
+        problems.append(
+            f"--micro-batch-size {arg('micro_batch_size')}: packed multimodal batches need 1 "
+            f"(one packed sequence per micro-batch)"
+        )
     vocab = arg("padded_vocab_size")
     if vocab is not None and int(vocab) < req["vocab_size"]:
         problems.append(f"padded vocab size {vocab} < the tokenizer's {req['vocab_size']} tokens")
     if vision_language:
         if batch_format != "multimodal":
-            problems.append(f"batch format {batch_format!r}: vision-language batches travel in the 'multimodal' format")
+            problems.append(
+                f"batch format {batch_format!r}: vision-language batches travel in the 'multimodal' format"
+            )
         given = arg("special_tokens")
-        if given is not None and list(given)[:len(req["special_tokens"])] != req["special_tokens"]:
-            problems.append(f"--special-tokens {list(given)} must start with the encoder's prompt.special_tokens "
-                            f"{req['special_tokens']} (same order, so the ids agree)")
+        if given is not None and list(given)[: len(req["special_tokens"])] != req["special_tokens"]:
+            problems.append(
+                f"--special-tokens {list(given)} must start with the encoder's prompt.special_tokens "
+                f"{req['special_tokens']} (same order, so the ids agree)"
+            )
         token = req["image_token"]
         megatron_id, source = _megatron_image_token_id(args, tokenizer, token)
         if megatron_id is not None and megatron_id != req["image_token_index"]:
-            problems.append(f"{source} gives {token} the id {megatron_id}, the batches use {req['image_token_index']}")
-        for name in ("img_h", "img_w", "patch_dim", "vision_model_type", "disable_vision_class_token",
-                     "pixel_shuffle", "use_tiling", "max_num_tiles", "use_thumbnail", "use_area_weighted_aspect_ratio"):
+            problems.append(
+                f"{source} gives {token} the id {megatron_id}, the batches use {req['image_token_index']}"
+            )
+        for name in (
+            "img_h",
+            "img_w",
+            "patch_dim",
+            "vision_model_type",
+            "disable_vision_class_token",
+            "pixel_shuffle",
+            "use_tiling",
+            "max_num_tiles",
+            "use_thumbnail",
+            "use_area_weighted_aspect_ratio",
+        ):
             if name in req and arg(name) is not None and arg(name) != req[name]:
-                problems.append(f"{flag(name)} is {arg(name)!r}; the encoder's batches need {req[name]!r}")
+                problems.append(
+                    f"{flag(name)} is {arg(name)!r}; the encoder's batches need {req[name]!r}"
+                )
         if arg("use_tile_tags"):
             problems.append("--use-tile-tags: tile tags are not supported by these batches")
         if arg("class_token_len") not in (None, 1):
-            problems.append(f"--class-token-len {arg('class_token_len')}: the encoder counts 1 class token")
+            problems.append(
+                f"--class-token-len {arg('class_token_len')}: the encoder counts 1 class token"
+            )
     if problems:
-        raise MegatronArgsError("Megatron-LM arguments do not fit the data:\n  " + "\n  ".join(problems))
+        raise MegatronArgsError(
+            "Megatron-LM arguments do not fit the data:\n  " + "\n  ".join(problems)
+        )
     return req
 
 
@@ -698,9 +953,15 @@ def provider_kwargs_from_args(args: Any) -> dict:
     ``micro_batch_size``, ``global_batch_size``, ``num_workers``, ``dataloader_save``,
     ``eval_iters``, ``dp_size`` (``data_parallel_size``) and ``restore_iteration``
     (``args.iteration`` when ``args.load`` is set and a checkpoint was loaded, else None)."""
-    kwargs: dict[str, Any] = {"micro_batch_size": args.micro_batch_size, "global_batch_size": args.global_batch_size}
-    for ours, theirs in (("num_workers", "num_workers"), ("dataloader_save", "dataloader_save"),
-                         ("dp_size", "data_parallel_size")):
+    kwargs: dict[str, Any] = {
+        "micro_batch_size": args.micro_batch_size,
+        "global_batch_size": args.global_batch_size,
+    }
+    for ours, theirs in (
+        ("num_workers", "num_workers"),
+        ("dataloader_save", "dataloader_save"),
+        ("dp_size", "data_parallel_size"),
+    ):
         value = getattr(args, theirs, None)
         if value is not None and value != "":
             kwargs[ours] = value
@@ -708,12 +969,22 @@ def provider_kwargs_from_args(args: Any) -> dict:
     if isinstance(eval_iters, int) and eval_iters > 0:
         kwargs["eval_iters"] = eval_iters
     iteration = int(getattr(args, "iteration", 0) or 0)
-    kwargs["restore_iteration"] = iteration if getattr(args, "load", None) is not None and iteration > 0 else None
+    kwargs["restore_iteration"] = (
+        iteration if getattr(args, "load", None) is not None and iteration > 0 else None
+    )
     return kwargs
 
 
-def make_provider_from_args(config: str | os.PathLike | dict | RunConfig, args: Any, *, dp_rank: int,
-                            tp_rank: int = 0, pp_rank: int = 0, tokenizer: Any = None, **overrides: Any):
+def make_provider_from_args(
+    config: str | os.PathLike | dict | RunConfig,
+    args: Any,
+    *,
+    dp_rank: int,
+    tp_rank: int = 0,
+    pp_rank: int = 0,
+    tokenizer: Any = None,
+    **overrides: Any,
+):
     """:func:`make_provider` with Megatron's ``args`` (:func:`provider_kwargs_from_args`) and this
     rank's ``parallel_state`` ranks (tensor, pipeline, data parallel); ``overrides`` win. On a data
     rank the provider first runs :func:`check_megatron_args` (``tokenizer``: Megatron's
@@ -722,7 +993,9 @@ def make_provider_from_args(config: str | os.PathLike | dict | RunConfig, args: 
     than ``args.decoder_seq_length`` after splicing raise instead of being cut."""
     pp_size = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
     kwargs = provider_kwargs_from_args(args)
-    kwargs.update(is_data_rank=is_dataloader_rank(tp_rank, pp_rank, pp_size), pipeline_parallel=pp_size > 1)
+    kwargs.update(
+        is_data_rank=is_dataloader_rank(tp_rank, pp_rank, pp_size), pipeline_parallel=pp_size > 1
+    )
     kwargs.update(overrides)
     if "dp_size" not in kwargs:
         raise ValueError("args has no data_parallel_size; pass dp_size=")

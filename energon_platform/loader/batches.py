@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -55,14 +56,26 @@ class MicroBatchMaker:
     and per-sample seeds say which dataset it came from) and the entry's subflavors.
     """
 
-    def __init__(self, datasets: Any, encoder: Any, schedule: Schedule, rank: int, world_size: int,
-                 micro_items: int, planner: Any = None, exclusions: Any = None):
+    def __init__(
+        self,
+        datasets: Any,
+        encoder: Any,
+        schedule: Schedule,
+        rank: int,
+        world_size: int,
+        micro_items: int,
+        planner: Any = None,
+        exclusions: Any = None,
+    ):
         self.datasets, self.encoder, self.schedule = datasets, encoder, schedule
         #: ``loader.exclude``: an :class:`~energon_platform.loader.exclusions.Excluder`, or None
         self.exclusions = exclusions or None
         #: per dataset name: scheduled samples that loader.exclude replaced, in this process
         self.excluded: dict[str, int] = {}
-        self._excluded_logged: tuple[int, set] = (-1, set())  #: (global batch, (note, dataset) logged in it)
+        self._excluded_logged: tuple[int, set] = (
+            -1,
+            set(),
+        )  #: (global batch, (note, dataset) logged in it)
         #: the rule that excluded the sample :meth:`_load_encoded` last returned None for
         self._rule: Any = None
         #: the rules whose samples this micro-batch leaves as padding (no stand-in fits): to name them
@@ -73,13 +86,19 @@ class MicroBatchMaker:
         self.sources = [e.source for e in datasets.entries]
         self.items = schedule.rank_items(rank, world_size)
         if len(self.items) % micro_items:
-            raise ValueError(f"{len(self.items)} items per rank cannot be cut into micro-batches of {micro_items}")
+            raise ValueError(
+                f"{len(self.items)} items per rank cannot be cut into micro-batches of {micro_items}"
+            )
         self.micro_items = micro_items
         self.accumulation = len(self.items) // micro_items
         self.packing = schedule.group_size > 1 or bool(planner is not None and planner.capacity)
-        encode_name = "preencode_sample" if _overridden(encoder, "preencode_sample") else "encode_sample"
+        encode_name = (
+            "preencode_sample" if _overridden(encoder, "preencode_sample") else "encode_sample"
+        )
         self._encode = getattr(encoder, encode_name)
-        self._postencode = encoder.postencode_sample if _overridden(encoder, "postencode_sample") else None
+        self._postencode = (
+            encoder.postencode_sample if _overridden(encoder, "postencode_sample") else None
+        )
         self._handler = getattr(encoder, "skip_policy", None)
         self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
         #: ``loader.sample_timeout``: the watch this process marks its samples in (None: unwatched),
@@ -93,14 +112,19 @@ class MicroBatchMaker:
         if self._handler is not None:
             self._handler(exc, what)
         else:
-            log.warning("skipped %s: %s: %s", getattr(what, "__key__", what), type(exc).__name__, exc)
+            log.warning(
+                "skipped %s: %s: %s", getattr(what, "__key__", what), type(exc).__name__, exc
+            )
 
     def _load_encoded(self, c: int, dataset: int, epoch: int, index: int) -> list | None:
         """The encoded sample(s) (for micro-batch ``c``); ``[]`` when it failed or timed out before
         (reported to the skip policy), None when ``loader.exclude`` skips it (not a failure)."""
         if (dataset, index) in self.timed_out:
             key, limit = self.timed_out[dataset, index]
-            self._skip(SampleTimeoutError(f"took longer than loader.sample_timeout ({limit:g} s)"), {"__key__": key})
+            self._skip(
+                SampleTimeoutError(f"took longer than loader.sample_timeout ({limit:g} s)"),
+                {"__key__": key},
+            )
             return []
         if self.watch is None:
             return self._read_and_encode(c, dataset, epoch, index)
@@ -113,7 +137,9 @@ class MicroBatchMaker:
         prefix = self.datasets.key_prefix(dataset)
         try:
             sample = self.sources[dataset][index]
-        except StorageError:  # the store failed, not the sample: skipping would change this run's batches
+        except (
+            StorageError
+        ):  # the store failed, not the sample: skipping would change this run's batches
             raise
         except Exception as e:  # undecodable media, missing member: skip and count
             self._skip(e, {"__key__": prefix + (getattr(e, "sample_key", None) or f"#{index}")})
@@ -139,8 +165,15 @@ class MicroBatchMaker:
         them all: :meth:`TrainLoader.exclusion_stats`)."""
         rule = self._rule = self.exclusions.rule(batch, dataset, index, key)
         if rule is not None:
-            self._note_once(batch, dataset, "global batch %d: loader.exclude skips samples of %s, first %s "
-                            "(rule from step %d: %s)", key, rule.start, rule.describe())
+            self._note_once(
+                batch,
+                dataset,
+                "global batch %d: loader.exclude skips samples of %s, first %s "
+                "(rule from step %d: %s)",
+                key,
+                rule.start,
+                rule.describe(),
+            )
         return rule is not None
 
     def _note_once(self, batch: int, dataset: int, message: str, *args: Any) -> None:
@@ -153,7 +186,9 @@ class MicroBatchMaker:
             self._excluded_logged[1].add((message, name))
             log.info(message, batch, name, *args)
 
-    def _load_or_replace(self, c: int, dataset: int, epoch: int, index: int, room: int | None = None) -> list:
+    def _load_or_replace(
+        self, c: int, dataset: int, epoch: int, index: int, room: int | None = None
+    ) -> list:
         """The encoded sample, or, when it fails (counted by the skip policy), its first stand-in
         that loads (:meth:`DatasetOrder.replacement`): micro-batches stay full (fixed shapes for
         Megatron, CUDA graphs, compiled models), the same on every layout and every resume.
@@ -171,36 +206,66 @@ class MicroBatchMaker:
         while not encoded:
             attempt += 1
             if attempt > MAX_REPLACEMENTS:
-                if room is not None and excluded:  # not a failure: one line per dataset and global batch
+                if (
+                    room is not None and excluded
+                ):  # not a failure: one line per dataset and global batch
                     self._padded_by.append(rule)
-                    self._note_once(c // self.accumulation, dataset, "global batch %d: loader.exclude leaves "
-                                    "positions of %s as padding (no stand-in fits the row), first sample %d", index)
+                    self._note_once(
+                        c // self.accumulation,
+                        dataset,
+                        "global batch %d: loader.exclude leaves "
+                        "positions of %s as padding (no stand-in fits the row), first sample %d",
+                        index,
+                    )
                     return []
                 if room is not None:
-                    log.warning("micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
-                                "its positions stay padding", c, index, self.datasets.entries[dataset].name)
+                    log.warning(
+                        "micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
+                        "its positions stay padding",
+                        c,
+                        index,
+                        self.datasets.entries[dataset].name,
+                    )
                     return []
-                raise self.sources[dataset].samples_failed(  # one line: names a corrupt shard, if one was read
+                raise self.sources[
+                    dataset
+                ].samples_failed(  # one line: names a corrupt shard, if one was read
                     f"micro-batch {c}: sample {index} of dataset {self.datasets.entries[dataset].name!r} "
-                    + (f"is excluded by {_named(rule)} and its {MAX_REPLACEMENTS} stand-ins are excluded or failed: "
-                       f"the rule leaves (almost) nothing of the dataset; narrow it" if excluded else
-                       f"failed and {MAX_REPLACEMENTS} stand-ins failed or are excluded"))
+                    + (
+                        f"is excluded by {_named(rule)} and its {MAX_REPLACEMENTS} stand-ins are excluded or failed: "
+                        f"the rule leaves (almost) nothing of the dataset; narrow it"
+                        if excluded
+                        else f"failed and {MAX_REPLACEMENTS} stand-ins failed or are excluded"
+                    )
+                )
             stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
             if room is not None and self.planner.length_of(dataset, epoch, stand_in)[0] > room:
                 continue  # would overflow the planned row
             encoded = self._load_encoded(c, dataset, epoch, stand_in)
             if encoded and not excluded:
-                self.replaced.append({"micro_batch": c, "dataset": self.datasets.entries[dataset].name,
-                                      "failed_index": index, "epoch": epoch, "stand_in": stand_in,
-                                      "key": getattr(encoded[0], "__key__", None)})
-                log.warning("micro-batch %d: sample %d failed; replaced by sample %d (%s)", c, index, stand_in,
-                            self.replaced[-1]["key"])
+                self.replaced.append(
+                    {
+                        "micro_batch": c,
+                        "dataset": self.datasets.entries[dataset].name,
+                        "failed_index": index,
+                        "epoch": epoch,
+                        "stand_in": stand_in,
+                        "key": getattr(encoded[0], "__key__", None),
+                    }
+                )
+                log.warning(
+                    "micro-batch %d: sample %d failed; replaced by sample %d (%s)",
+                    c,
+                    index,
+                    stand_in,
+                    self.replaced[-1]["key"],
+                )
         return encoded
 
     def _pack(self, encoded: list, one_row: bool = False) -> list:
         """Packs of ``encoded``, chosen by the encoder (``one_row``: all of them, as planned)."""
         packs = []
-        for selected in ([encoded] if one_row else self.encoder.select_samples_to_pack(encoded)):
+        for selected in [encoded] if one_row else self.encoder.select_samples_to_pack(encoded):
             if self._postencode is not None:
                 selected = [s for x in selected for s in _as_list(self._postencode(x))]
             packs.append(self.encoder.pack_selected_samples(selected))
@@ -241,26 +306,33 @@ class MicroBatchMaker:
         return [plan.items[i] for i in dealt[self.rank][part]]
 
     def _make_planned(self, c: int) -> Any:
-        items = [[tuple(int(x) for x in t) for t in zip(*self.schedule.samples(positions))]
-                 for positions in self.planned_items(c)]
+        items = [
+            [tuple(int(x) for x in t) for t in zip(*self.schedule.samples(positions))]
+            for positions in self.planned_items(c)
+        ]
         self._prefetch(items)
         samples, self._padded_by = [], []
         for item in items:
             docs = []
             for d, epoch, idx in item:
                 planned = self.planner.length_of(d, epoch, idx)
-                got = self._load_or_replace(c, d, epoch, idx, room=planned[0] if self.packing else None)
+                got = self._load_or_replace(
+                    c, d, epoch, idx, room=planned[0] if self.packing else None
+                )
                 for doc in got:
                     if self.packing and self.encoder.encoded_length(doc)[0] > planned[0]:
                         raise RuntimeError(
                             f"micro-batch {c}: sample {getattr(doc, '__key__', idx)} encodes to "
                             f"{self.encoder.encoded_length(doc)[0]} positions, its length index says {planned[0]}: "
-                            f"{type(self.encoder).__name__}.sample_length is not exact")
+                            f"{type(self.encoder).__name__}.sample_length is not exact"
+                        )
                 docs += got
             samples += self._pack(docs, one_row=True) if self.packing and docs else docs
         if not samples and self._padded_by:
-            raise RuntimeError(f"micro-batch {c}: {_named(self._padded_by[0])} excludes every sample of it and no "
-                               f"stand-in fits: the rule leaves (almost) nothing of the dataset; narrow it")
+            raise RuntimeError(
+                f"micro-batch {c}: {_named(self._padded_by[0])} excludes every sample of it and no "
+                f"stand-in fits: the rule leaves (almost) nothing of the dataset; narrow it"
+            )
         if not samples:
             raise RuntimeError(f"micro-batch {c}: every sample failed; see the log")
         out = self.encoder.encode_batch(self.encoder.batch(samples))
@@ -277,7 +349,9 @@ class MicroBatchMaker:
             encoded = [e for d, epoch, idx in item for e in self._load_or_replace(c, d, epoch, idx)]
             samples += self._pack(encoded) if self.packing and encoded else encoded
         if not samples:
-            raise RuntimeError(f"micro-batch {c} (global batch {batch}): every sample failed; see the log")
+            raise RuntimeError(
+                f"micro-batch {c} (global batch {batch}): every sample failed; see the log"
+            )
         out = self.encoder.batch(samples)
         out = self.encoder.encode_batch(out)
         return next(out) if inspect.isgenerator(out) else out
@@ -306,7 +380,9 @@ class MicroBatchStream(torch.utils.data.IterableDataset):
         self.maker.watch_row = w  # this process's copy of the maker
         c = self.start + w
         remote = any(s.remote for s in self.maker.sources)
-        for k in range(LOOKAHEAD if remote else 0):  # reads of the next micro-batches overlap this one's work
+        for k in range(
+            LOOKAHEAD if remote else 0
+        ):  # reads of the next micro-batches overlap this one's work
             self.maker.prefetch(c + k * n)
         while True:
             if remote:

@@ -27,9 +27,9 @@ remainder, and the realised ratios are exact for the rounded weights.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Sequence
 
 import numpy as np
 
@@ -43,12 +43,18 @@ def weight_problem(value) -> str | None:
     """Why ``value`` is not a usable weight (``"is not a number"``, ``"is out of range ..."``), or None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{value!r} is not a number (expected 0 or a number in [{LOWEST_WEIGHT:g}, {HIGHEST_WEIGHT:g}])"
-    if not math.isfinite(value) or value < 0 or (value != 0 and not LOWEST_WEIGHT <= value <= HIGHEST_WEIGHT):
+    if (
+        not math.isfinite(value)
+        or value < 0
+        or (value != 0 and not LOWEST_WEIGHT <= value <= HIGHEST_WEIGHT)
+    ):
         return f"{value!r} is out of range (expected 0 or a number in [{LOWEST_WEIGHT:g}, {HIGHEST_WEIGHT:g}])"
     return None
 
 
-def integer_counts(weights: Sequence[float | int | str | Fraction], max_period: int = MAX_PERIOD) -> tuple[int, ...]:
+def integer_counts(
+    weights: Sequence[float | int | str | Fraction], max_period: int = MAX_PERIOD
+) -> tuple[int, ...]:
     """Integer units per period, proportional to ``weights`` (exact when the common denominator
     of the weights as decimals is at most ``max_period``, else rounded by largest remainder)."""
     fracs = [Fraction(str(w)) if isinstance(w, float) else Fraction(w) for w in weights]
@@ -146,7 +152,9 @@ class Blend:
     ``locate(units)`` gives ``(dataset, per-dataset unit)``: a pure function of the segments.
     """
 
-    def __init__(self, segments: Sequence[Segment], num_datasets: int, max_period: int = MAX_PERIOD):
+    def __init__(
+        self, segments: Sequence[Segment], num_datasets: int, max_period: int = MAX_PERIOD
+    ):
         if not segments or segments[0].start != 0:
             raise ValueError("a blend starts with a segment at unit 0")
         if any(b.start <= a.start for a, b in zip(segments, segments[1:])):
@@ -159,11 +167,14 @@ class Blend:
         self._starts = np.array([s.start for s in segments], dtype=np.int64)
         bases = [np.zeros(num_datasets, dtype=np.int64)]
         for i in range(1, len(segments)):
-            bases.append(bases[-1] + self._interleaves[i - 1].consumed(segments[i].start - segments[i - 1].start))
+            bases.append(
+                bases[-1]
+                + self._interleaves[i - 1].consumed(segments[i].start - segments[i - 1].start)
+            )
         self._bases = bases
 
     @classmethod
-    def single(cls) -> "Blend":
+    def single(cls) -> Blend:
         return cls([Segment(0, ("1",))], 1)
 
     def locate(self, units) -> tuple[np.ndarray, np.ndarray]:
@@ -182,7 +193,9 @@ class Blend:
         (``int64``; -1 for numbers it never reaches: its weight is 0 from then on)."""
         j = np.asarray(numbers, dtype=np.int64)
         bases = np.array([b[dataset] for b in self._bases], dtype=np.int64)
-        seg = np.searchsorted(bases, j, side="right") - 1  # the last segment that starts at or before j
+        seg = (
+            np.searchsorted(bases, j, side="right") - 1
+        )  # the last segment that starts at or before j
         out = np.full_like(j, -1)
         for s in np.unique(seg):
             inter = self._interleaves[s]

@@ -14,8 +14,9 @@ position and continues with the current config's plan from there, so
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
 from energon_platform.loader.blend import MAX_PERIOD, Segment, integer_counts
 from storage import DatasetError
@@ -24,12 +25,16 @@ from storage import DatasetError
 def _weights_for(names: Sequence[str], mapping: dict[str, Any]) -> tuple[str, ...]:
     unknown = sorted(set(mapping) - set(names))
     if unknown:
-        raise DatasetError(f"loader.blend_schedule names dataset(s) {unknown} that the blend does not have "
-                           f"(its datasets: {list(names)})")
+        raise DatasetError(
+            f"loader.blend_schedule names dataset(s) {unknown} that the blend does not have "
+            f"(its datasets: {list(names)})"
+        )
     return tuple(str(Fraction(str(mapping.get(n, 0)))) for n in names)
 
 
-def plan_segments(datasets: Any, blend_schedule: Sequence[Any], units_per_batch: int) -> list[Segment]:
+def plan_segments(
+    datasets: Any, blend_schedule: Sequence[Any], units_per_batch: int
+) -> list[Segment]:
     """Segments from the metadataset's weights and ``blend_schedule`` (``BlendStep``\\ s: step, weights)."""
     segments = [Segment(0, datasets.weights())]
     for entry in blend_schedule:
@@ -49,11 +54,16 @@ def _checked(segments: list[Segment], datasets: Any, units_per_batch: int) -> li
         for name, w, c in zip(datasets.names, seg.weights, counts):
             if c == 0 and Fraction(w) > 0:
                 total = sum(Fraction(x) for x in seg.weights)
-                what = (f"{w} samples per blend epoch of {total}" if datasets.mode == "repetitions" else
-                        f"{float(Fraction(w) / total):.3g} of the blend")
-                raise DatasetError(f"blend from global batch {seg.start // units_per_batch}: dataset {name!r} has "
-                                   f"{what}, which rounds to 0 of the {sum(counts)} units of a blend period "
-                                   f"(at most {MAX_PERIOD}); raise its weight or set it to 0")
+                what = (
+                    f"{w} samples per blend epoch of {total}"
+                    if datasets.mode == "repetitions"
+                    else f"{float(Fraction(w) / total):.3g} of the blend"
+                )
+                raise DatasetError(
+                    f"blend from global batch {seg.start // units_per_batch}: dataset {name!r} has "
+                    f"{what}, which rounds to 0 of the {sum(counts)} units of a blend period "
+                    f"(at most {MAX_PERIOD}); raise its weight or set it to 0"
+                )
     return segments
 
 
@@ -61,23 +71,37 @@ def _active(segments: Sequence[Segment], unit: int) -> Segment:
     return [s for s in segments if s.start <= unit][-1]
 
 
-def resume_segments(state: Any, datasets: Any, blend_schedule: Sequence[Any], resume_batch: int,
-                    units_per_batch: int, resume_unit: int | None = None) -> tuple[list[Segment], list[str]]:
+def resume_segments(
+    state: Any,
+    datasets: Any,
+    blend_schedule: Sequence[Any],
+    resume_batch: int,
+    units_per_batch: int,
+    resume_unit: int | None = None,
+) -> tuple[list[Segment], list[str]]:
     """``(segments, changes)`` continuing the saved history ``state.blend`` from ``resume_batch``."""
     names = datasets.names
     index = {n: i for i, n in enumerate(state.datasets)}
 
-    def remap(weights: Sequence[str]) -> tuple[str, ...]:  # saved order → current order, new datasets 0
+    def remap(
+        weights: Sequence[str],
+    ) -> tuple[str, ...]:  # saved order → current order, new datasets 0
         return tuple(weights[index[n]] if n in index else "0" for n in names)
 
-    if resume_unit is None:  # a planned run (loader.balance) says where its next batch starts reading
+    if (
+        resume_unit is None
+    ):  # a planned run (loader.balance) says where its next batch starts reading
         resume_unit = resume_batch * units_per_batch
-    kept = [Segment(s["start"], remap(s["weights"])) for s in state.blend if s["start"] <= resume_unit]
+    kept = [
+        Segment(s["start"], remap(s["weights"])) for s in state.blend if s["start"] <= resume_unit
+    ]
     plan = plan_segments(datasets, blend_schedule, units_per_batch)
     now, changes = _active(plan, resume_unit), []
     if now.weights != kept[-1].weights:
         old = dict(zip(names, kept[-1].weights))
-        changes.append(f"from global batch {resume_batch}: weights {old} -> {dict(zip(names, now.weights))}")
+        changes.append(
+            f"from global batch {resume_batch}: weights {old} -> {dict(zip(names, now.weights))}"
+        )
         if kept[-1].start == resume_unit:
             kept[-1] = Segment(resume_unit, now.weights)
         else:

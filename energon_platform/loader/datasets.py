@@ -28,7 +28,11 @@ from typing import Any
 
 import yaml
 
-from energon_platform.loader.metadataset_weights import WrittenLeaf, read_metadataset, written_shares
+from energon_platform.loader.metadataset_weights import (
+    WrittenLeaf,
+    read_metadataset,
+    written_shares,
+)
 from energon_platform.loader.source import SampleSource
 from storage import DatasetError
 
@@ -45,7 +49,9 @@ class BlendEntry:
     source: SampleSource
     share: Fraction  #: weight (``blend``) or units per blend epoch (``blend_epochized``)
     subflavors: dict = field(default_factory=dict)
-    clash: list = field(default_factory=list)  #: the paths of every folder sharing this entry's folder name
+    clash: list = field(
+        default_factory=list
+    )  #: the paths of every folder sharing this entry's folder name
 
 
 @dataclass
@@ -72,15 +78,20 @@ class DatasetSet:
         """For a refused resume: ``". Note: ..."`` explaining that entries of the checkpoint share a
         folder name with other datasets of this run (numbered by path, so a dataset added at resume
         may take an existing entry's name), or ``""``."""
-        clashes = {e.name.split("#")[0]: e.clash for e in self.entries if e.clash and e.name.split("#")[0] in
-                   {n.split("#")[0] for n in saved_names}}
+        clashes = {
+            e.name.split("#")[0]: e.clash
+            for e in self.entries
+            if e.clash and e.name.split("#")[0] in {n.split("#")[0] for n in saved_names}
+        }
         if not clashes:
             return ""
         name, paths = next(iter(clashes.items()))
-        return (f". Note: this run has {len(paths)} datasets in folders named {name!r} ({', '.join(sorted(paths))}); "
-                f"entries that share a folder name are numbered {name!r}, {name + '#2'!r}, ... in the order of "
-                f"their paths, so a dataset added at resume can take the name of the one the checkpoint saved: "
-                f"give the added dataset a folder with another name (a symlink will do)")
+        return (
+            f". Note: this run has {len(paths)} datasets in folders named {name!r} ({', '.join(sorted(paths))}); "
+            f"entries that share a folder name are numbered {name!r}, {name + '#2'!r}, ... in the order of "
+            f"their paths, so a dataset added at resume can take the name of the one the checkpoint saved: "
+            f"give the added dataset a folder with another name (a symlink will do)"
+        )
 
 
 def is_metadataset(path: str) -> bool:
@@ -93,8 +104,10 @@ def _refuse_unsupported(path: Path, node: Any, at: str = "") -> None:
         for k, v in node.items():
             where = f"{at}.{k}" if at else str(k)
             if k in UNSUPPORTED_KEYS:
-                raise DatasetError(f"{path}: {where}: {k!r} is not supported by energon-platform's schedule "
-                                   f"(supported: {SUPPORTED})")
+                raise DatasetError(
+                    f"{path}: {where}: {k!r} is not supported by energon-platform's schedule "
+                    f"(supported: {SUPPORTED})"
+                )
             _refuse_unsupported(path, v, where)
             if k == "path" and isinstance(v, str) and is_metadataset(str(path.parent / v)):
                 nested = path.parent / v
@@ -109,7 +122,9 @@ def _base_name(path: Any, split: str, subflavors: dict | None) -> str:
     name = base if split == "train" else f"{base}@{split}"
     if subflavors:
         name += "[" + ",".join(f"{k}={v}" for k, v in sorted(subflavors.items())) + "]"
-    return name.replace("/", "_").replace(":", "_")  # a key is "{name}:{sample key}"; keys never hold "/"
+    return name.replace("/", "_").replace(
+        ":", "_"
+    )  # a key is "{name}:{sample key}"; keys never hold "/"
 
 
 def _number_clashes(entries: list[BlendEntry]) -> None:
@@ -121,7 +136,11 @@ def _number_clashes(entries: list[BlendEntry]) -> None:
     for name, group in groups.items():
         for n, e in enumerate(sorted(group, key=lambda e: str(e.source.path)), start=1):
             e.name = name if n == 1 else f"{name}#{n}"
-            e.clash = [str(g.source.path) for g in group] if len({str(g.source.path) for g in group}) > 1 else []
+            e.clash = (
+                [str(g.source.path) for g in group]
+                if len({str(g.source.path) for g in group}) > 1
+                else []
+            )
 
 
 def _open_leaf(path: str, split: str, subflavors: dict, where: str) -> SampleSource:
@@ -138,9 +157,11 @@ def _units_per_epoch(leaf: WrittenLeaf, source: SampleSource) -> Fraction:
     """``round(len × repetitions)``; refuses repetitions > 0 that round to no sample at all."""
     units = round(leaf.share * len(source))
     if units == 0 and leaf.share > 0:
-        raise DatasetError(f"{leaf.where}: repetitions {leaf.written} x {len(source)} samples = "
-                           f"{float(leaf.share * len(source)):.4g} rounds to 0 samples per blend epoch; "
-                           f"use repetitions >= {float(Fraction(1, 2 * len(source))):.4g}, or 0 to leave it out")
+        raise DatasetError(
+            f"{leaf.where}: repetitions {leaf.written} x {len(source)} samples = "
+            f"{float(leaf.share * len(source)):.4g} rounds to 0 samples per blend epoch; "
+            f"use repetitions >= {float(Fraction(1, 2 * len(source))):.4g}, or 0 to leave it out"
+        )
     return Fraction(units)
 
 
@@ -152,10 +173,14 @@ def _energon_errors(path: str):
     except DatasetError:
         raise
     except FileNotFoundError as e:  # Energon: a path that is neither a dataset nor a metadataset
-        raise DatasetError(f"{path}: {e}: not an Energon dataset (no .nv-meta) or metadataset; convert it with "
-                           f"`energon-platform convert ...` first") from None
+        raise DatasetError(
+            f"{path}: {e}: not an Energon dataset (no .nv-meta) or metadataset; convert it with "
+            f"`energon-platform convert ...` first"
+        ) from None
     except (ValueError, KeyError, TypeError, AssertionError, yaml.YAMLError) as e:
-        raise DatasetError(f"{path}: not a usable Energon metadataset: {type(e).__name__}: {e}") from None
+        raise DatasetError(
+            f"{path}: not a usable Energon metadataset: {type(e).__name__}: {e}"
+        ) from None
 
 
 def open_datasets(path: str, split: str) -> DatasetSet:
@@ -169,32 +194,51 @@ def open_datasets(path: str, split: str) -> DatasetSet:
 
     mds_path = Path(path)
     _refuse_unsupported(mds_path, read_metadataset(mds_path))
-    mode, written = written_shares(mds_path, split)  # checked before Energon parses them, exact as written
+    mode, written = written_shares(
+        mds_path, split
+    )  # checked before Energon parses them, exact as written
     with _energon_errors(path):
         mds = load_dataset(path)
         leaves = mds.traverse(split_part=split)  # paths, split parts and subflavors, in blend order
     if len(leaves) != len(written):
-        raise DatasetError(f"{path}: the metadataset's leaves and its weights as written disagree "
-                           f"({len(leaves)} against {len(written)})")
+        raise DatasetError(
+            f"{path}: the metadataset's leaves and its weights as written disagree "
+            f"({len(leaves)} against {len(written)})"
+        )
     # each leaf's split opened first: a missing or empty split is refused naming the entry
-    sources = [_open_leaf(str(leaf.path), leaf.split_part or split, dict(leaf.subflavors or {}), w.where)
-               for leaf, w in zip(leaves, written)]
+    sources = [
+        _open_leaf(str(leaf.path), leaf.split_part or split, dict(leaf.subflavors or {}), w.where)
+        for leaf, w in zip(leaves, written)
+    ]
     with _energon_errors(path):
-        loaded = mds.get_datasets(training=False, split_part=split,
-                                  worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+        loaded = mds.get_datasets(
+            training=False,
+            split_part=split,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        )
     repetitions = loaded.blend_mode == DatasetBlendMode.SAMPLE_REPETITIONS
     if len(loaded.datasets) != len(leaves) or repetitions != (mode == "repetitions"):
-        raise DatasetError(f"{path}: the metadataset's leaves and its loaded datasets disagree "
-                           f"({len(leaves)} against {len(loaded.datasets)})")
+        raise DatasetError(
+            f"{path}: the metadataset's leaves and its loaded datasets disagree "
+            f"({len(leaves)} against {len(loaded.datasets)})"
+        )
     entries = []
     for leaf, source, w in zip(leaves, sources, written):
         share = _units_per_epoch(w, source) if repetitions else w.share
-        entries.append(BlendEntry(_base_name(leaf.path, source.split, source.subflavors), source, share,
-                                  dict(leaf.subflavors or {})))
+        entries.append(
+            BlendEntry(
+                _base_name(leaf.path, source.split, source.subflavors),
+                source,
+                share,
+                dict(leaf.subflavors or {}),
+            )
+        )
     _number_clashes(entries)
     if not entries:
         raise DatasetError(f"{path}: the metadataset has no datasets for split {split!r}")
     if all(e.share == 0 for e in entries):
         raise DatasetError(f"{path}: every dataset of the blend has weight 0")
     # canonical order by name: the interleave and the saved history do not depend on the YAML's order
-    return DatasetSet(sorted(entries, key=lambda e: e.name), True, "repetitions" if repetitions else "weights")
+    return DatasetSet(
+        sorted(entries, key=lambda e: e.name), True, "repetitions" if repetitions else "weights"
+    )

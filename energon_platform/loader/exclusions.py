@@ -23,11 +23,12 @@ patterns.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from fractions import Fraction
 from itertools import accumulate
-from typing import Any, Sequence
+from typing import Any
 
 from storage import DatasetError
 
@@ -52,22 +53,44 @@ class Exclusion:
         return self.start <= batch and (self.end is None or batch < self.end)
 
     def describe(self) -> str:
-        parts = [f"{name} {list(v)}" for name, v in zip(("keys", "shards", "datasets"), self.what) if v]
+        parts = [
+            f"{name} {list(v)}" for name, v in zip(("keys", "shards", "datasets"), self.what) if v
+        ]
         return ", ".join(parts)
 
     def to_json(self) -> dict:
-        return {"start": self.start, "end": self.end, "keys": list(self.keys), "shards": list(self.shards),
-                "datasets": list(self.datasets)}
+        return {
+            "start": self.start,
+            "end": self.end,
+            "keys": list(self.keys),
+            "shards": list(self.shards),
+            "datasets": list(self.datasets),
+        }
 
     @classmethod
-    def from_json(cls, data: Any) -> "Exclusion":
+    def from_json(cls, data: Any) -> Exclusion:
         """A saved rule, checked (``ValueError`` naming what is wrong)."""
-        if not isinstance(data, dict) or set(data) != {"start", "end", "keys", "shards", "datasets"}:
+        if not isinstance(data, dict) or set(data) != {
+            "start",
+            "end",
+            "keys",
+            "shards",
+            "datasets",
+        }:
             raise ValueError("each rule must be {start, end, keys, shards, datasets}")
         start, end = data["start"], data["end"]
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0 or \
-                (end is not None and (isinstance(end, bool) or not isinstance(end, int) or end <= start)):
-            raise ValueError(f"start {start!r} / end {end!r} must be integers with 0 <= start < end (or end null)")
+        if (
+            isinstance(start, bool)
+            or not isinstance(start, int)
+            or start < 0
+            or (
+                end is not None
+                and (isinstance(end, bool) or not isinstance(end, int) or end <= start)
+            )
+        ):
+            raise ValueError(
+                f"start {start!r} / end {end!r} must be integers with 0 <= start < end (or end null)"
+            )
         lists = [data[k] for k in ("keys", "shards", "datasets")]
         if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists):
             raise ValueError("keys, shards and datasets must be lists of strings")
@@ -76,7 +99,9 @@ class Exclusion:
 
 def planned(rules: Sequence[Any]) -> list[Exclusion]:
     """The history of a fresh run: one open :class:`Exclusion` per ``loader.exclude`` entry."""
-    return [Exclusion(r.step, None, tuple(r.keys), tuple(r.shards), tuple(r.datasets)) for r in rules]
+    return [
+        Exclusion(r.step, None, tuple(r.keys), tuple(r.shards), tuple(r.datasets)) for r in rules
+    ]
 
 
 def check_rules(rules: Sequence[Any], datasets: Any) -> list[str]:
@@ -94,8 +119,10 @@ def check_rules(rules: Sequence[Any], datasets: Any) -> list[str]:
         matched = _check_rule(rule, datasets, indexes)
         covered.append(matched)
         if matched is None:
-            warnings.append(f"loader.exclude rule from step {rule.step}: key pattern(s) {_patterns(rule.keys)} "
-                            f"match no sample; the rule skips nothing by key")
+            warnings.append(
+                f"loader.exclude rule from step {rule.step}: key pattern(s) {_patterns(rule.keys)} "
+                f"match no sample; the rule skips nothing by key"
+            )
     _check_not_everything(rules, datasets, covered)
     return warnings
 
@@ -127,20 +154,31 @@ def _check_rule(rule: Any, datasets: Any, indexes: Sequence[Any]) -> list[set] |
     prefixes = [f"{n}:" if datasets.metadataset else "" for n in datasets.names]
     for value in (*rule.keys, *rule.shards):
         if _unclosed_bracket(value):
-            raise DatasetError(f"{where}: pattern {value!r} has a '[' without its ']'; write '[[]' for a literal '['")
-        head = value[:min([value.find(c) for c in _PATTERN if c in value] or [len(value)])]
-        if datasets.metadataset and not any(head.startswith(p) or (head != value and p.startswith(head))
-                                            for p in prefixes):
-            raise DatasetError(f"{where}: {value!r} names no dataset of the blend; write DATASET:KEY or "
-                               f"DATASET:SHARD with DATASET one of {datasets.names}")
+            raise DatasetError(
+                f"{where}: pattern {value!r} has a '[' without its ']'; write '[[]' for a literal '['"
+            )
+        head = value[: min([value.find(c) for c in _PATTERN if c in value] or [len(value)])]
+        if datasets.metadataset and not any(
+            head.startswith(p) or (head != value and p.startswith(head)) for p in prefixes
+        ):
+            raise DatasetError(
+                f"{where}: {value!r} names no dataset of the blend; write DATASET:KEY or "
+                f"DATASET:SHARD with DATASET one of {datasets.names}"
+            )
     matched = [set() for _ in datasets.entries]
     for value in rule.shards:
-        hits = [(d, k) for d, e in enumerate(datasets.entries) for k, name in enumerate(e.source.shard_names)
-                if fnmatchcase(prefixes[d] + name, value)]
+        hits = [
+            (d, k)
+            for d, e in enumerate(datasets.entries)
+            for k, name in enumerate(e.source.shard_names)
+            if fnmatchcase(prefixes[d] + name, value)
+        ]
         if not hits:
             example = prefixes[0] + datasets.entries[0].source.shard_names[0]
-            raise DatasetError(f"{where}: shard {value!r} matches no shard of the run (shards are named like "
-                               f"{example!r})")
+            raise DatasetError(
+                f"{where}: shard {value!r} matches no shard of the run (shards are named like "
+                f"{example!r})"
+            )
         for d, k in hits:
             start = sum(datasets.entries[d].source.shard_counts[:k])
             matched[d].update(range(start, start + datasets.entries[d].source.shard_counts[k]))
@@ -148,19 +186,24 @@ def _check_rule(rule: Any, datasets: Any, indexes: Sequence[Any]) -> list[set] |
         if _PATTERN & set(value):
             continue
         d = next((d for d, p in enumerate(prefixes) if value.startswith(p)), None)
-        index = None if d is None else indexes[d].index(value[len(prefixes[d]):])
+        index = None if d is None else indexes[d].index(value[len(prefixes[d]) :])
         if index is None:
-            raise DatasetError(f"{where}: no sample has key {value!r} (keys as logged"
-                               + (": DATASET:KEY)" if datasets.metadataset else ")"))
+            raise DatasetError(
+                f"{where}: no sample has key {value!r} (keys as logged"
+                + (": DATASET:KEY)" if datasets.metadataset else ")")
+            )
         matched[d].add(index)
     patterns = _patterns(rule.keys)
-    if patterns and not any(indexes[d].matching(p, prefixes[d], limit=1) for p in patterns
-                            for d in range(len(prefixes))):
+    if patterns and not any(
+        indexes[d].matching(p, prefixes[d], limit=1) for p in patterns for d in range(len(prefixes))
+    ):
         return None
     return matched
 
 
-def _check_not_everything(rules: Sequence[Any], datasets: Any, covered: Sequence[list[set] | None]) -> None:
+def _check_not_everything(
+    rules: Sequence[Any], datasets: Any, covered: Sequence[list[set] | None]
+) -> None:
     """Refuses rules whose exact keys and shards, from the step where they are all in effect,
     match every sample of a dataset (every stand-in would be excluded too)."""
     for step in sorted({r.step for r in rules}):
@@ -170,15 +213,22 @@ def _check_not_everything(rules: Sequence[Any], datasets: Any, covered: Sequence
                 continue
             if len(set().union(*(c[d] for _, c in active))) >= len(entry.source):
                 steps = sorted({r.step for r, c in active if c[d]})
-                instead = (f"exclude the dataset instead (datasets: [{entry.name}]; with loader.balance, give it "
-                           f"weight 0 in loader.blend_schedule)" if datasets.metadataset
-                           else "nothing would be left to train on")
+                instead = (
+                    f"exclude the dataset instead (datasets: [{entry.name}]; with loader.balance, give it "
+                    f"weight 0 in loader.blend_schedule)"
+                    if datasets.metadataset
+                    else "nothing would be left to train on"
+                )
                 which = f"dataset {entry.name!r}" if datasets.metadataset else "the dataset"
-                raise DatasetError(f"loader.exclude rule(s) from step(s) {steps} exclude every sample of {which} "
-                                   f"from step {step} by keys and shards; {instead}")
+                raise DatasetError(
+                    f"loader.exclude rule(s) from step(s) {steps} exclude every sample of {which} "
+                    f"from step {step} by keys and shards; {instead}"
+                )
 
 
-def resumed(saved: Sequence[Exclusion], rules: Sequence[Any], resume_batch: int) -> tuple[list[Exclusion], list[str]]:
+def resumed(
+    saved: Sequence[Exclusion], rules: Sequence[Any], resume_batch: int
+) -> tuple[list[Exclusion], list[str]]:
     """``(history, changes)`` continuing the ``saved`` history at ``resume_batch`` with the config's ``rules``."""
     wanted = {(tuple(r.keys), tuple(r.shards), tuple(r.datasets)): r.step for r in rules}
     out, changes, open_now = [], [], set()
@@ -196,13 +246,17 @@ def resumed(saved: Sequence[Exclusion], rules: Sequence[Any], resume_batch: int)
             continue
         ex = Exclusion(max(step, resume_batch), None, *what)
         if step < resume_batch:
-            changes.append(f"from global batch {resume_batch}: exclusion of {ex.describe()} added "
-                           f"(configured from step {step})")
+            changes.append(
+                f"from global batch {resume_batch}: exclusion of {ex.describe()} added "
+                f"(configured from step {step})"
+            )
         out.append(ex)
     return out, changes
 
 
-def blend_steps(datasets: Any, blend_schedule: Sequence[Any], history: Sequence[Exclusion]) -> tuple:
+def blend_steps(
+    datasets: Any, blend_schedule: Sequence[Any], history: Sequence[Exclusion]
+) -> tuple:
     """``blend_schedule`` with the dataset exclusions of ``history`` folded in: at every step where
     the planned weights or an exclusion change, the planned weights with excluded datasets at 0
     (``BlendStep``-like entries for :func:`~energon_platform.loader.blend_history.plan_segments`)."""
@@ -214,24 +268,37 @@ def blend_steps(datasets: Any, blend_schedule: Sequence[Any], history: Sequence[
     names = datasets.names
     unknown = sorted({n for ex in dropping for n in ex.datasets} - set(names))
     if unknown:
-        raise DatasetError(f"loader.exclude names dataset(s) {unknown} that the run does not have "
-                           f"(its datasets: {names})")
+        raise DatasetError(
+            f"loader.exclude names dataset(s) {unknown} that the run does not have "
+            f"(its datasets: {names})"
+        )
     for entry in blend_schedule:
         if set(entry.weights) - set(names):
-            raise DatasetError(f"loader.blend_schedule names dataset(s) {sorted(set(entry.weights) - set(names))} "
-                               f"that the blend does not have (its datasets: {list(names)})")
+            raise DatasetError(
+                f"loader.blend_schedule names dataset(s) {sorted(set(entry.weights) - set(names))} "
+                f"that the blend does not have (its datasets: {list(names)})"
+            )
     base = dict(zip(names, (Fraction(w) for w in datasets.weights())))
-    points = sorted({b.step for b in blend_schedule} | {ex.start for ex in dropping} |
-                    {ex.end for ex in dropping if ex.end is not None})
+    points = sorted(
+        {b.step for b in blend_schedule}
+        | {ex.start for ex in dropping}
+        | {ex.end for ex in dropping if ex.end is not None}
+    )
     steps = []
     for step in points:
         planned_now = [b for b in blend_schedule if b.step <= step]
-        weights = ({n: Fraction(str(planned_now[-1].weights.get(n, 0))) for n in names} if planned_now else dict(base))
+        weights = (
+            {n: Fraction(str(planned_now[-1].weights.get(n, 0))) for n in names}
+            if planned_now
+            else dict(base)
+        )
         for ex in dropping:
             if ex.active(step):
                 weights.update({n: Fraction(0) for n in ex.datasets})
         if not any(weights.values()):
-            raise DatasetError(f"loader.exclude leaves no dataset with a weight above 0 from global batch {step}")
+            raise DatasetError(
+                f"loader.exclude leaves no dataset with a weight above 0 from global batch {step}"
+            )
         steps.append(BlendStep(step, {n: str(w) for n, w in weights.items()}))
     return tuple(steps)
 
@@ -247,7 +314,9 @@ class Excluder:
         self._prefixes = [f"{n}:" if datasets.metadataset else "" for n in self.names]
         self._shard_names = [e.source.shard_names for e in datasets.entries]
         self._shard_starts = [[0, *accumulate(e.source.shard_counts)] for e in datasets.entries]
-        self._rules = [(ex, *_matcher(ex.keys), *_matcher(ex.shards), set(ex.datasets)) for ex in self.history]
+        self._rules = [
+            (ex, *_matcher(ex.keys), *_matcher(ex.shards), set(ex.datasets)) for ex in self.history
+        ]
 
     def __bool__(self) -> bool:
         return bool(self.history)
@@ -262,7 +331,11 @@ class Excluder:
         for ex, key_set, key_patterns, shard_set, shard_patterns, names in self._rules:
             if not ex.active(batch):
                 continue
-            if self.names[dataset] in names or key in key_set or any(fnmatchcase(key, p) for p in key_patterns):
+            if (
+                self.names[dataset] in names
+                or key in key_set
+                or any(fnmatchcase(key, p) for p in key_patterns)
+            ):
                 return ex
             if shard_set or shard_patterns:
                 shard = shard or self._prefixes[dataset] + self.shard(dataset, index)

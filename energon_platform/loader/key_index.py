@@ -40,7 +40,9 @@ class KeyIndex:
         tar_ids = {name: i for i, name in enumerate(order)}
         missing = [n for n in self.shard_names if n not in tar_ids]
         if missing:
-            raise DatasetError(f"{source.path}: shard {missing[0]} is not in .nv-meta/.info.json; the index is stale")
+            raise DatasetError(
+                f"{source.path}: shard {missing[0]} is not in .nv-meta/.info.json; the index is stale"
+            )
         self._tar_ids = [tar_ids[n] for n in self.shard_names]
         self._split_shard = {t: k for k, t in enumerate(self._tar_ids)}
         self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -60,14 +62,18 @@ class KeyIndex:
         out = []
         for i in indices:
             k, j = self.shard(int(i))
-            row = self._db.execute("SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
-                                   (self._tar_ids[k], j)).fetchone()
+            row = self._db.execute(
+                "SELECT sample_key FROM samples WHERE tar_file_id = ? AND sample_index = ?",
+                (self._tar_ids[k], j),
+            ).fetchone()
             out.append(row[0] if row else f"#{int(i)}")
         return out
 
     def index(self, key: str) -> int | None:
         """The dataset index of ``key`` in this split, or None when the split has no such sample."""
-        row = self._db.execute("SELECT tar_file_id, sample_index FROM samples WHERE sample_key = ?", (key,)).fetchone()
+        row = self._db.execute(
+            "SELECT tar_file_id, sample_index FROM samples WHERE sample_key = ?", (key,)
+        ).fetchone()
         if row is None or row[0] not in self._split_shard:
             return None
         return self._starts[self._split_shard[row[0]]] + row[1]
@@ -76,8 +82,10 @@ class KeyIndex:
         """The dataset indices (sorted) of this split's samples whose ``prefix + key`` matches
         ``pattern`` (``fnmatchcase``); at most ``limit`` of them when given. A scan of the index,
         stopped at ``limit`` matches."""
-        rows = self._db.execute("SELECT tar_file_id, sample_index FROM samples WHERE fnmatchcase(? || sample_key, ?)",
-                                (prefix, pattern))
+        rows = self._db.execute(
+            "SELECT tar_file_id, sample_index FROM samples WHERE fnmatchcase(? || sample_key, ?)",
+            (prefix, pattern),
+        )
         out = []
         for tar, j in rows:
             if tar in self._split_shard:

@@ -46,12 +46,24 @@ class LengthIndex:
         self.folder = Path(folder)
         meta = json.loads((self.folder / "meta.json").read_text())
         self.num_samples, self.width = int(meta["samples"]), int(meta["width"])
-        self._facts = np.memmap(self.folder / "facts.i32", dtype=np.int32, mode="r",
-                                shape=(self.num_samples, self.width)) if self.num_samples * self.width else \
-            np.zeros((self.num_samples, self.width), np.int32)
-        self._offsets = np.memmap(self.folder / "keys.off", dtype=np.int64, mode="r", shape=(self.num_samples + 1,))
-        self._keys = np.memmap(self.folder / "keys.bin", dtype=np.uint8, mode="r") \
-            if self._offsets[-1] else np.zeros(0, np.uint8)
+        self._facts = (
+            np.memmap(
+                self.folder / "facts.i32",
+                dtype=np.int32,
+                mode="r",
+                shape=(self.num_samples, self.width),
+            )
+            if self.num_samples * self.width
+            else np.zeros((self.num_samples, self.width), np.int32)
+        )
+        self._offsets = np.memmap(
+            self.folder / "keys.off", dtype=np.int64, mode="r", shape=(self.num_samples + 1,)
+        )
+        self._keys = (
+            np.memmap(self.folder / "keys.bin", dtype=np.uint8, mode="r")
+            if self._offsets[-1]
+            else np.zeros(0, np.uint8)
+        )
 
     def __len__(self) -> int:
         return self.num_samples
@@ -69,16 +81,31 @@ class LengthIndex:
         return sum((self.folder / n).stat().st_size for n in ("facts.i32", "keys.bin", "keys.off"))
 
 
-def index_folder(source: Any, encoder: Any, encoder_digest: str, cache_dir: Path | None = None) -> Path:
+def index_folder(
+    source: Any, encoder: Any, encoder_digest: str, cache_dir: Path | None = None
+) -> Path:
     """Where the index of ``source`` under ``encoder`` lives (a digest of both identities)."""
-    ident = {"format": FORMAT, "dataset": source.identity(), "path": str(source.path),
-             "encoder": type(encoder).__name__, "config": encoder_digest}
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    ident = {
+        "format": FORMAT,
+        "dataset": source.identity(),
+        "path": str(source.path),
+        "encoder": type(encoder).__name__,
+        "config": encoder_digest,
+    }
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[
+        :24
+    ]
     return Path(cache_dir or default_cache_dir()) / digest
 
 
-def open_length_index(source: Any, encoder: Any, encoder_digest: str, cache_dir: Path | None = None,
-                      workers: int = 1, progress: bool = True) -> LengthIndex:
+def open_length_index(
+    source: Any,
+    encoder: Any,
+    encoder_digest: str,
+    cache_dir: Path | None = None,
+    workers: int = 1,
+    progress: bool = True,
+) -> LengthIndex:
     """The length index of ``source`` under ``encoder``; built (or its build finished) if missing."""
     import fcntl
 
@@ -86,7 +113,9 @@ def open_length_index(source: Any, encoder: Any, encoder_digest: str, cache_dir:
     if not (folder / "meta.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / ".lock", "w") as lock:  # ranks of one job: one builds, the others wait
-            fcntl.lockf(lock, fcntl.LOCK_EX)  # a record lock: the build's forked workers do not hold it
+            fcntl.lockf(
+                lock, fcntl.LOCK_EX
+            )  # a record lock: the build's forked workers do not hold it
             if not (folder / "meta.json").is_file():
                 build(folder, source, encoder, workers, progress)
     return LengthIndex(folder)
@@ -113,7 +142,9 @@ def _chunk(start: int) -> tuple[int, np.ndarray, list[str]]:
             keys.append(sample.__key__)
         except (OSError, DatasetError, NotImplementedError):  # not the sample's fault: never cached
             raise
-        except Exception as e:  # an unreadable sample: facts -1; the loader replaces it when it fails
+        except (
+            Exception
+        ) as e:  # an unreadable sample: facts -1; the loader replaces it when it fails
             facts[k] = -1
             keys.append(getattr(e, "sample_key", None) or f"#{i}")
     return start, facts, keys
@@ -132,19 +163,28 @@ def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: b
     parts.mkdir(parents=True, exist_ok=True)
     todo = [s for s in range(0, n, CHUNK) if not (parts / f"{s:012d}.npz").is_file()]
     _WORK.update(source=source, encoder=encoder, n=n)
-    bar = tqdm(total=n, initial=n - sum(min(CHUNK, n - s) for s in todo), unit="sample",
-               desc=f"length index {Path(str(source.path)).name}", disable=not progress or not todo)
+    bar = tqdm(
+        total=n,
+        initial=n - sum(min(CHUNK, n - s) for s in todo),
+        unit="sample",
+        desc=f"length index {Path(str(source.path)).name}",
+        disable=not progress or not todo,
+    )
     try:
+
         def save(result):
             start, facts, keys = result
             tmp = parts / f".{start:012d}.{os.getpid()}.tmp.npz"
-            np.savez(tmp, facts=facts, keys=np.frombuffer("\n".join(keys).encode(), np.uint8))  # keys have no newline
+            np.savez(
+                tmp, facts=facts, keys=np.frombuffer("\n".join(keys).encode(), np.uint8)
+            )  # keys have no newline
             os.replace(tmp, parts / f"{start:012d}.npz")
             bar.update(len(keys))
 
         if workers > 1 and len(todo) > 1:
-            with multiprocessing.get_context("fork").Pool(workers, initializer=die_with_parent,
-                                                          initargs=(os.getpid(),)) as pool:
+            with multiprocessing.get_context("fork").Pool(
+                workers, initializer=die_with_parent, initargs=(os.getpid(),)
+            ) as pool:
                 for result in pool.imap_unordered(_chunk, todo):
                     save(result)
         else:
@@ -161,11 +201,15 @@ def _assemble(folder: Path, parts: Path, n: int, width: int) -> None:
     blobs: list[bytes] = []
     for start in range(0, n, CHUNK):
         with np.load(parts / f"{start:012d}.npz") as z:
-            facts[start:start + len(z["facts"])] = z["facts"]
+            facts[start : start + len(z["facts"])] = z["facts"]
             blobs += z["keys"].tobytes().split(b"\n")
     offsets = np.zeros(n + 1, np.int64)
     offsets[1:] = np.cumsum([len(b) for b in blobs])
-    for name, data in (("facts.i32", facts.tobytes()), ("keys.bin", b"".join(blobs)), ("keys.off", offsets.tobytes())):
+    for name, data in (
+        ("facts.i32", facts.tobytes()),
+        ("keys.bin", b"".join(blobs)),
+        ("keys.off", offsets.tobytes()),
+    ):
         tmp = folder / f".{name}.{os.getpid()}.tmp"  # ranks building at once write the same bytes
         tmp.write_bytes(data)
         os.replace(tmp, folder / name)
@@ -182,8 +226,15 @@ class SampleLengths:
     is, the length index gives its facts, the encoder turns them into lengths at that epoch.
     ``prefixes``: per dataset, what the loader puts before a key (``"name:"`` in a metadataset)."""
 
-    def __init__(self, schedule: Any, indexes: list[LengthIndex], encoder: Any, prefixes: list[str]):
-        self.schedule, self.indexes, self.encoder, self.prefixes = schedule, indexes, encoder, prefixes
+    def __init__(
+        self, schedule: Any, indexes: list[LengthIndex], encoder: Any, prefixes: list[str]
+    ):
+        self.schedule, self.indexes, self.encoder, self.prefixes = (
+            schedule,
+            indexes,
+            encoder,
+            prefixes,
+        )
 
     def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, int]:
         """Lengths of one sample; ``(0, 0)`` for a sample whose facts could not be read (it fails
@@ -194,7 +245,9 @@ class SampleLengths:
         key = self.prefixes[dataset] + self.indexes[dataset].key(index)
         try:
             return tuple(int(x) for x in self.encoder.sample_length(facts, key, epoch))
-        except ValueError:  # the encoder rejects this sample at this epoch: it fails when loaded too
+        except (
+            ValueError
+        ):  # the encoder rejects this sample at this epoch: it fails when loaded too
             return 0, 0
 
     def identities(self, positions: list[int]) -> list[tuple[int, int]]:

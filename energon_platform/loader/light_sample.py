@@ -32,7 +32,9 @@ def light_sample(source: Any, index: int) -> Any:
     """The light sample of dataset index ``index`` of ``source`` (module doc). ``KeyError`` when the
     index is excluded from the dataset; a bad record raises with ``sample_key`` set, as
     ``SampleSource[index]`` does."""
-    from megatron.energon.flavors.webdataset.default_generic_webdataset import DefaultGenericWebdatasetFactory
+    from megatron.energon.flavors.webdataset.default_generic_webdataset import (
+        DefaultGenericWebdatasetFactory,
+    )
 
     source._ensure_reader()
     raw = source._reader[index]

@@ -54,15 +54,19 @@ def read_metadataset(path: Path) -> dict:
         text = path.read_bytes()
         doc = yaml.safe_load(text)  # checked first: a clean message for malformed YAML
     except OSError as e:
-        raise DatasetError(f"{path}: cannot read the metadataset ({type(e).__name__}: {e})") from None
+        raise DatasetError(
+            f"{path}: cannot read the metadataset ({type(e).__name__}: {e})"
+        ) from None
     except yaml.YAMLError as e:
         raise DatasetError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if isinstance(doc, dict):
         doc = load_yaml(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("splits"), dict):
-        raise DatasetError(f"{path}: not an Energon metadataset ("
-                           f"{'the file is empty' if doc is None else 'no splits: mapping'}; expected "
-                           f"__class__: MetadatasetV2 with splits: {{train: {{blend: [...]}}}})")
+        raise DatasetError(
+            f"{path}: not an Energon metadataset ("
+            f"{'the file is empty' if doc is None else 'no splits: mapping'}; expected "
+            f"__class__: MetadatasetV2 with splits: {{train: {{blend: [...]}}}})"
+        )
     return doc
 
 
@@ -72,14 +76,22 @@ def written_shares(path: str | Path, split: str) -> tuple[str, list[WrittenLeaf]
     path = Path(path)
     splits = read_metadataset(path)["splits"]
     if split not in splits:
-        raise DatasetError(f"{path}: no split {split!r} (the metadataset has: {', '.join(map(str, splits)) or 'none'})")
+        raise DatasetError(
+            f"{path}: no split {split!r} (the metadataset has: {', '.join(map(str, splits)) or 'none'})"
+        )
     return _node(path, splits[split], f"splits.{split}", split)
 
 
 def _node(path: Path, node: Any, at: str, split: str) -> tuple[str, list[WrittenLeaf]]:
     if not isinstance(node, dict):
-        raise DatasetError(f"{path}: {at}: expected a mapping (blend, blend_epochized or path), got {node!r}")
-    for key, mode in (("blend", "weights"), ("datasets", "weights"), ("blend_epochized", "repetitions")):
+        raise DatasetError(
+            f"{path}: {at}: expected a mapping (blend, blend_epochized or path), got {node!r}"
+        )
+    for key, mode in (
+        ("blend", "weights"),
+        ("datasets", "weights"),
+        ("blend_epochized", "repetitions"),
+    ):
         if key in node:
             return mode, _blend(path, node[key], f"{at}.{key}", split, mode)
     return _reference(path, node, at, split)
@@ -89,7 +101,9 @@ def _reference(path: Path, ref: dict, at: str, split: str) -> tuple[str, list[Wr
     """A ``path:`` reference: a dataset (one leaf, share 1) or a nested metadataset."""
     target = ref.get("path")
     if not isinstance(target, str):
-        return "single", [WrittenLeaf(f"{path}: {at}", Fraction(1), "1")]  # Energon names what is wrong
+        return "single", [
+            WrittenLeaf(f"{path}: {at}", Fraction(1), "1")
+        ]  # Energon names what is wrong
     nested = path.parent / target
     if not (nested.is_file() and nested.suffix in (".yaml", ".yml")):
         return "single", [WrittenLeaf(f"{path}: {at}", Fraction(1), "1")]
@@ -103,18 +117,24 @@ def _blend(path: Path, items: Any, at: str, split: str, mode: str) -> list[Writt
     values = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise DatasetError(f"{path}: {at}[{i}]: expected a mapping with path and {key}, got {item!r}")
+            raise DatasetError(
+                f"{path}: {at}[{i}]: expected a mapping with path and {key}, got {item!r}"
+            )
         values.append(exact_number(item.get(key, 1), f"{path}: {at}[{i}]", key))
     if mode == "weights" and sum(values) == 0:
-        raise DatasetError(f"{path}: {at}: every weight is 0 (expected weights >= 0 with a positive sum)")
+        raise DatasetError(
+            f"{path}: {at}: every weight is 0 (expected weights >= 0 with a positive sum)"
+        )
     total = sum(values) if mode == "weights" else Fraction(1)
     leaves = []
     for i, (item, value) in enumerate(zip(items, values)):
         inner_mode, inner = _reference(path, item, f"{at}[{i}]", item.get("split_part") or split)
         if inner_mode not in ("single", mode):
-            raise DatasetError(f"{path}: {at}[{i}]: a nested {inner_mode} metadataset inside a "
-                               f"{'blend' if mode == 'weights' else 'blend_epochized'} (Energon cannot mix "
-                               f"blend with blend_epochized)")
+            raise DatasetError(
+                f"{path}: {at}[{i}]: a nested {inner_mode} metadataset inside a "
+                f"{'blend' if mode == 'weights' else 'blend_epochized'} (Energon cannot mix "
+                f"blend with blend_epochized)"
+            )
         for leaf in inner:
             written = str(item.get(key, 1)) if inner_mode == "single" else leaf.written
             where = f"{path}: {at}[{i}]" if inner_mode == "single" else leaf.where

@@ -37,7 +37,6 @@ the other: the mode and its parameters are part of the loader fingerprint.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,8 +97,13 @@ class DatasetOrder:
         guard = {"guard": self.guard} if self.guard else {}
         if self.mode == "permutation":
             return {"mode": "permutation", **guard}
-        return {"mode": "locality", "shuffle_buffer": self.shuffle_buffer, "block": self.block_size, "run": self.run,
-                **guard}
+        return {
+            "mode": "locality",
+            "shuffle_buffer": self.shuffle_buffer,
+            "block": self.block_size,
+            "run": self.run,
+            **guard,
+        }
 
     def indices(self, epoch: int, positions) -> np.ndarray:
         """Sample indices (``int64``) at ``positions`` (array of ints in ``[0, num_samples)``) of ``epoch``."""
@@ -181,7 +185,11 @@ class DatasetOrder:
         same on every layout and every resume). Never ``index`` itself unless the dataset has one sample."""
         perm = KeyedPermutation(self.num_samples, derive_key(self.key, epoch, 4, index))
         candidate = perm((attempt - 1) % self.num_samples)
-        return candidate if candidate != index or self.num_samples == 1 else perm(attempt % self.num_samples)
+        return (
+            candidate
+            if candidate != index or self.num_samples == 1
+            else perm(attempt % self.num_samples)
+        )
 
     def shards_per_window(self, shard_counts) -> int:
         """The most shards one window of ``locality`` mode can touch (``permutation``: all)."""
@@ -235,7 +243,9 @@ def _boundary_swaps(order: DatasetOrder, epoch: int) -> _Swaps:
     tail = set(order._shuffled(epoch - 1, np.arange(n - g, n)).tolist())  # tails are never swapped
     bad = [i for i, x in enumerate(order._shuffled(epoch, np.arange(g)).tolist()) if x in tail]
     pairs, j = [], g
-    while len(pairs) < len(bad):  # [g, n - g) holds >= n - 3g >= g >= len(bad) samples outside the tail
+    while len(pairs) < len(
+        bad
+    ):  # [g, n - g) holds >= n - 3g >= g >= len(bad) samples outside the tail
         chunk = np.arange(j, min(n - g, j + max(64, 2 * len(bad))))
         for p, x in zip(chunk.tolist(), order._shuffled(epoch, chunk).tolist()):
             if x not in tail and len(pairs) < len(bad):

@@ -29,8 +29,15 @@ def sample_cost(work_length: int, mode: str, linear: float) -> float:
     return float(work_length)
 
 
-def pack_rows(lengths: Sequence[int], costs: Sequence[float], order: Sequence[int], num_rows: int,
-              capacity: int, balance: bool, first: int = 0) -> tuple[list[list[int]], list[int]]:
+def pack_rows(
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    order: Sequence[int],
+    num_rows: int,
+    capacity: int,
+    balance: bool,
+    first: int = 0,
+) -> tuple[list[list[int]], list[int]]:
     """Place pool items into ``num_rows`` rows of ``capacity`` positions.
 
     ``order``: a tiebreak per item (its stream position). The first ``first`` items (carried from
@@ -81,7 +88,9 @@ def fill_budget(costs: Sequence[float], budget: float, minimum: int) -> tuple[li
     return taken, carried
 
 
-def deal(costs: Sequence[float], order: Sequence[int], parts: int, per_part: int | None) -> list[list[int]]:
+def deal(
+    costs: Sequence[float], order: Sequence[int], parts: int, per_part: int | None
+) -> list[list[int]]:
     """Deal items to ``parts`` groups, largest cost first, each to the group of least cost so far
     (ties: lower group id) among those with fewer than ``per_part`` items (``None``: no limit on
     counts, but every group gets at least one item when there are enough). Groups list item
@@ -111,8 +120,14 @@ def deal(costs: Sequence[float], order: Sequence[int], parts: int, per_part: int
     return groups
 
 
-def pack_led_rows(lengths: Sequence[int], costs: Sequence[float], order: Sequence[int], num_rows: int,
-                  capacity: int, first: int = 0) -> tuple[list[list[int]], list[int]]:
+def pack_led_rows(
+    lengths: Sequence[int],
+    costs: Sequence[float],
+    order: Sequence[int],
+    num_rows: int,
+    capacity: int,
+    first: int = 0,
+) -> tuple[list[list[int]], list[int]]:
     """Rows of like cost: ``num_rows`` *leads*, the pool items nearest in length around the oldest
     item (least ``order``: it is always placed, so nothing waits for ever), one per row; then the
     other items no longer than the shortest lead (or than a quarter row, whichever is more),
@@ -126,14 +141,18 @@ def pack_led_rows(lengths: Sequence[int], costs: Sequence[float], order: Sequenc
     ranked = sorted(range(n), key=lambda i: (lengths[i], order[i]))
     anchor = ranked.index(min(range(n), key=lambda i: order[i]))
     lo, hi = max(0, anchor - num_rows + 1), min(anchor, n - num_rows)
-    start = min(range(lo, hi + 1), key=lambda s: (lengths[ranked[s + num_rows - 1]] - lengths[ranked[s]], s))
-    leads = ranked[start:start + num_rows]
+    start = min(
+        range(lo, hi + 1), key=lambda s: (lengths[ranked[s + num_rows - 1]] - lengths[ranked[s]], s)
+    )
+    leads = ranked[start : start + num_rows]
     limit = max(lengths[leads[0]], capacity // 4)
     rows = [[i] for i in leads]
     room = [capacity - lengths[i] for i in leads]
     cost = [float(costs[i]) for i in leads]
     chosen, carried = set(leads), []
-    for i in sorted((i for i in range(n) if i not in chosen), key=lambda i: (i >= first, -lengths[i], order[i])):
+    for i in sorted(
+        (i for i in range(n) if i not in chosen), key=lambda i: (i >= first, -lengths[i], order[i])
+    ):
         best = -1
         if lengths[i] <= limit:
             for r in range(num_rows):

@@ -27,9 +27,10 @@ so restore is O(1): planning batch ``b`` continues from the saved state.
 from __future__ import annotations
 
 from collections import OrderedDict
-from functools import partial
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from functools import partial
+from typing import Any
 
 from energon_platform.loader.blend import integer_counts
 from energon_platform.loader.packer import deal, fill_budget, pack_led_rows, pack_rows
@@ -54,8 +55,10 @@ class PlanState:
         return {"batch": self.batch, "position": self.position, "carried": list(self.carried)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "PlanState":
-        return cls(int(data["batch"]), int(data["position"]), tuple(int(p) for p in data["carried"]))
+    def from_json(cls, data: dict) -> PlanState:
+        return cls(
+            int(data["batch"]), int(data["position"]), tuple(int(p) for p in data["carried"])
+        )
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,9 @@ class Planner:
     budget: float | None = None  #: cost per global batch (unpacked with a token budget)
     window: int = 4096  #: most samples in the pool
     fill: float = DEFAULT_FILL
-    led: bool = True  #: packed: rows led by like-length documents (:func:`pack_led_rows`), else LPT rows
+    led: bool = (
+        True  #: packed: rows led by like-length documents (:func:`pack_led_rows`), else LPT rows
+    )
     #: ``identity(positions)``: which sample each stream position is (default: ``lengths.identities``,
     #: else the position itself); two positions of one identity are never in one global batch
     identity: Any = None
@@ -133,7 +138,9 @@ class Planner:
     def plan(self, batch: int) -> BatchPlan:
         """The plan of global batch ``batch`` (sequential from the newest cached one)."""
         if batch < self.start.batch:
-            raise ValueError(f"global batch {batch} is before this planner's start {self.start.batch}")
+            raise ValueError(
+                f"global batch {batch} is before this planner's start {self.start.batch}"
+            )
         b = max(k for k in self._cache if k <= batch)
         state, plan = self._cache[b]
         while b < batch or plan is None:
@@ -159,7 +166,7 @@ class Planner:
         """Every rank and micro-batch gets the same number of items (all but the budget mode)."""
         return self.budget is None
 
-    def _bucketed(self, state: PlanState, pool: "Pool") -> BatchPlan:
+    def _bucketed(self, state: PlanState, pool: Pool) -> BatchPlan:
         """Unpacked: the ``items_per_batch`` pool samples nearest in cost around the oldest one
         (which is always taken, so no sample waits more global batches than the pool holds samples;
         most wait a few): samples of like cost, so equal counts per rank are equal work on any
@@ -171,22 +178,26 @@ class Planner:
         pool.require(g, state.batch, "samples")
         live = pool.live
         costs = {i: self.cost(pool.lengths[i][1]) for i in live}
-        forced = [live[0]] + [i for i in pool.due if i != live[0]][:g - 1]
+        forced = [live[0]] + [i for i in pool.due if i != live[0]][: g - 1]
         if len(forced) == 1:  # the common case: a window of like cost around the oldest
             ranked = sorted(live, key=lambda i: (costs[i], i))
             anchor = ranked.index(live[0])
             lo = min(max(0, anchor - g + 1), len(live) - g)
-            best = min(range(lo, min(anchor, len(live) - g) + 1),
-                       key=lambda a: (costs[ranked[a + g - 1]] - costs[ranked[a]], a))
-            taken = sorted(ranked[best:best + g])
+            best = min(
+                range(lo, min(anchor, len(live) - g) + 1),
+                key=lambda a: (costs[ranked[a + g - 1]] - costs[ranked[a]], a),
+            )
+            taken = sorted(ranked[best : best + g])
         else:  # due samples, then the others nearest in cost to them
             centre = sorted(costs[i] for i in forced)[len(forced) // 2]
             chosen = set(forced)
-            rest = sorted((i for i in live if i not in chosen), key=lambda i: (abs(costs[i] - centre), i))
-            taken = sorted(forced + rest[:g - len(forced)])
+            rest = sorted(
+                (i for i in live if i not in chosen), key=lambda i: (abs(costs[i] - centre), i)
+            )
+            taken = sorted(forced + rest[: g - len(forced)])
         return self._batch(state, pool, [[i] for i in taken], costs)
 
-    def _packed(self, state: PlanState, pool: "Pool") -> BatchPlan:
+    def _packed(self, state: PlanState, pool: Pool) -> BatchPlan:
         rows = self.items_per_batch
         target = self.fill * rows * self.capacity
         pool.read(target, lambda i: pool.lengths[i][0], minimum=rows)
@@ -197,44 +208,67 @@ class Planner:
         # four times that: documents that cannot share rows (as long as a row) would otherwise fill the
         # whole window and carry it from batch to batch.
         short = self.capacity // 4
-        pool.read(rows * self.capacity, lambda i: pool.lengths[i][0] if pool.lengths[i][0] <= short else 0,
-                  limit=min(len(pool.positions) + need, 4 * need + pool.waiting))
+        pool.read(
+            rows * self.capacity,
+            lambda i: pool.lengths[i][0] if pool.lengths[i][0] <= short else 0,
+            limit=min(len(pool.positions) + need, 4 * need + pool.waiting),
+        )
         pool.require(rows, state.batch, "documents to lead its rows")
         live = pool.prioritised(state)
         costs = {i: self.cost(pool.lengths[i][1]) for i in live}
         pack = pack_led_rows if self.led else partial(pack_rows, balance=True)
-        rows_, _ = pack([pool.lengths[i][0] for i in live], [costs[i] for i in live],
-                        [pool.positions[i] for i in live], rows, self.capacity, first=pool.first)
+        rows_, _ = pack(
+            [pool.lengths[i][0] for i in live],
+            [costs[i] for i in live],
+            [pool.positions[i] for i in live],
+            rows,
+            self.capacity,
+            first=pool.first,
+        )
         return self._batch(state, pool, [[live[k] for k in row] for row in rows_], costs)
 
-    def _budgeted(self, state: PlanState, pool: "Pool") -> BatchPlan:
+    def _budgeted(self, state: PlanState, pool: Pool) -> BatchPlan:
         cost_of = lambda i: self.cost(pool.lengths[i][1])  # noqa: E731
         pool.read(self.fill * self.budget, cost_of, minimum=self.items_per_batch)
         pool.require(self.items_per_batch, state.batch, "samples")
         live = pool.prioritised(state)
         costs = {i: cost_of(i) for i in live}
-        if pool.starved and pool.waiting and sum(costs.values()) < self.budget:  # repeats, not the window, limit it
-            raise PlanError(f"global batch {state.batch}: loader.global_batch_tokens={self.budget:g} cannot be "
-                            f"reached without repeating a sample (every distinct sample in reach costs "
-                            f"{sum(costs.values()):g}); lower global_batch_tokens")
+        if (
+            pool.starved and pool.waiting and sum(costs.values()) < self.budget
+        ):  # repeats, not the window, limit it
+            raise PlanError(
+                f"global batch {state.batch}: loader.global_batch_tokens={self.budget:g} cannot be "
+                f"reached without repeating a sample (every distinct sample in reach costs "
+                f"{sum(costs.values()):g}); lower global_batch_tokens"
+            )
         taken, _ = fill_budget([costs[i] for i in live], self.budget, minimum=self.items_per_batch)
-        return self._batch(state, pool, [[live[k]] for k in sorted(taken, key=lambda k: live[k])], costs)
+        return self._batch(
+            state, pool, [[live[k]] for k in sorted(taken, key=lambda k: live[k])], costs
+        )
 
-    def _batch(self, state: PlanState, pool: "Pool", rows: list[list[int]], costs: dict) -> BatchPlan:
+    def _batch(self, state: PlanState, pool: Pool, rows: list[list[int]], costs: dict) -> BatchPlan:
         """The :class:`BatchPlan` of ``rows`` (lists of pool indices); everything else is carried."""
         placed = {i for row in rows for i in row}
-        return BatchPlan([[pool.positions[i] for i in row] for row in rows], [sum(costs[i] for i in row) for row in rows],
-                         [sum(pool.lengths[i][0] for i in row) for row in rows],
-                         PlanState(state.batch + 1, pool.position,
-                                   tuple(p for i, p in enumerate(pool.positions) if i not in placed)),
-                         self.capacity)
+        return BatchPlan(
+            [[pool.positions[i] for i in row] for row in rows],
+            [sum(costs[i] for i in row) for row in rows],
+            [sum(pool.lengths[i][0] for i in row) for row in rows],
+            PlanState(
+                state.batch + 1,
+                pool.position,
+                tuple(p for i, p in enumerate(pool.positions) if i not in placed),
+            ),
+            self.capacity,
+        )
 
 
 class PlanError(DatasetError):
     """A global batch cannot be made without putting one sample in it twice (one line)."""
 
 
-def check_distinct(blend: Any, sizes: Sequence[int], names: Sequence[str], units_per_batch: int, unit: int = 1) -> None:
+def check_distinct(
+    blend: Any, sizes: Sequence[int], names: Sequence[str], units_per_batch: int, unit: int = 1
+) -> None:
     """:class:`PlanError` when, in some segment of ``blend`` (``units_per_batch`` blend units of
     ``unit`` samples per global batch), a dataset's share of a global batch exceeds its number of
     samples: every global batch would then hold one of its samples twice, whatever the order
@@ -246,9 +280,11 @@ def check_distinct(blend: Any, sizes: Sequence[int], names: Sequence[str], units
             if c * units_per_batch * unit > size * period:
                 share = c * units_per_batch * unit / period
                 when = f" from global batch {seg.start // units_per_batch}" if seg.start else ""
-                raise PlanError(f"dataset {name!r} has {size} samples, but its share of a global batch of "
-                                f"{units_per_batch * unit} samples is {share:.4g}{when}: every global batch would repeat "
-                                f"some of them; lower its weight or the global batch size")
+                raise PlanError(
+                    f"dataset {name!r} has {size} samples, but its share of a global batch of "
+                    f"{units_per_batch * unit} samples is {share:.4g}{when}: every global batch would repeat "
+                    f"some of them; lower its weight or the global batch size"
+                )
 
 
 class Pool:
@@ -268,7 +304,9 @@ class Pool:
         self.lengths: list[tuple[int, int]] = planner.lengths(self.positions)
         self.position = state.position  #: the next unread stream position
         self.carried = len(state.carried)
-        self.first = 0  #: after :meth:`prioritised`: how many of its indices come first (due or carried)
+        self.first = (
+            0  #: after :meth:`prioritised`: how many of its indices come first (due or carried)
+        )
         self.live: list[int] = []
         self.due: list[int] = []
         self._first: dict = {}  # sample identity -> index of its live copy
@@ -301,7 +339,9 @@ class Pool:
         limit = self.planner.window if limit is None else min(limit, self.planner.window)
         total = sum(measure(i) for i in self.live)
         while (total < target or len(self.live) < minimum) and len(self.positions) < limit:
-            new = list(range(self.position, self.position + max(1, min(limit - len(self.positions), 64))))
+            new = list(
+                range(self.position, self.position + max(1, min(limit - len(self.positions), 64)))
+            )
             start, before = len(self.positions), len(self.live)
             self.positions += new
             self.lengths += self.planner.lengths(new)
@@ -322,10 +362,12 @@ class Pool:
     def require(self, count: int, batch: int, what: str) -> None:
         """:class:`PlanError` unless at least ``count`` samples are live."""
         if len(self.live) < count:
-            raise PlanError(f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
-                            f"within loader.balance_window={self.planner.window} stream positions without repeating "
-                            f"one ({self.waiting} later copies wait): a dataset is too small for its share of the "
-                            f"global batch; lower its weight or the global batch size, or raise balance_window")
+            raise PlanError(
+                f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
+                f"within loader.balance_window={self.planner.window} stream positions without repeating "
+                f"one ({self.waiting} later copies wait): a dataset is too small for its share of the "
+                f"global batch; lower its weight or the global batch size, or raise balance_window"
+            )
 
     def prioritised(self, state: PlanState) -> list[int]:
         """Live indices with the due and carried ones first (see :attr:`first`), oldest first within each."""
@@ -335,7 +377,9 @@ class Pool:
         return front + [i for i in self.live if i not in due and i >= self.carried]
 
 
-def deal_plan(plan: BatchPlan, world_size: int, accumulation: int, fixed: bool) -> list[list[list[int]]]:
+def deal_plan(
+    plan: BatchPlan, world_size: int, accumulation: int, fixed: bool
+) -> list[list[list[int]]]:
     """``[rank][micro-batch]`` → indices into ``plan.items``. ``fixed``: every rank and micro-batch
     gets the same number of items (rows); else counts vary and costs are balanced."""
     n = len(plan.items)
@@ -343,8 +387,12 @@ def deal_plan(plan: BatchPlan, world_size: int, accumulation: int, fixed: bool) 
     ranks = deal(plan.costs, order, world_size, n // world_size if fixed else None)
     out = []
     for share in ranks:
-        micro = deal([plan.costs[i] for i in share], [order[i] for i in share], accumulation,
-                     len(share) // accumulation if fixed else None)
+        micro = deal(
+            [plan.costs[i] for i in share],
+            [order[i] for i in share],
+            accumulation,
+            len(share) // accumulation if fixed else None,
+        )
         out.append([[share[i] for i in m] for m in micro])
     return out
 

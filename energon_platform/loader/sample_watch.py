@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 #: a row: start of the current sample (``time.monotonic_ns``; 0: none), micro-batch, dataset, epoch, index
 _ROW = 5
@@ -43,13 +43,22 @@ class SampleWatch:
 
     def __init__(self, workers: int):
         self.workers = workers
-        self._rows = multiprocessing.get_context("fork").RawArray("q", workers * _ROW)  # zeros: idle
+        self._rows = multiprocessing.get_context("fork").RawArray(
+            "q", workers * _ROW
+        )  # zeros: idle
 
     @contextmanager
-    def on(self, worker: int, micro_batch: int, dataset: int, epoch: int, index: int) -> Iterator[None]:
+    def on(
+        self, worker: int, micro_batch: int, dataset: int, epoch: int, index: int
+    ) -> Iterator[None]:
         """Mark ``worker`` busy with one sample for the duration of the ``with`` block."""
         base = worker * _ROW
-        self._rows[base + 1:base + _ROW] = [micro_batch, dataset, epoch, index]  # where first, then since:
+        self._rows[base + 1 : base + _ROW] = [
+            micro_batch,
+            dataset,
+            epoch,
+            index,
+        ]  # where first, then since:
         self._rows[base] = time.monotonic_ns()  # a reader that sees the start sees where it is
         try:
             yield
@@ -63,7 +72,7 @@ class SampleWatch:
         out = []
         for w in range(self.workers):
             base = w * _ROW
-            since, *where = self._rows[base:base + _ROW]
+            since, *where = self._rows[base : base + _ROW]
             if since and now - since > limit * 1e9 and self._rows[base] == since:
                 out.append(Stuck(w, *where, seconds=(now - since) / 1e9))
         return out

@@ -57,18 +57,32 @@ class Schedule:
         if self.items_per_batch < 1 or self.group_size < 1 or self.unit < 1:
             raise ValueError("items_per_batch, group_size and unit must be >= 1")
         if self.blend.num_datasets != len(self.orders):
-            raise ValueError(f"the blend has {self.blend.num_datasets} datasets, the schedule {len(self.orders)}")
+            raise ValueError(
+                f"the blend has {self.blend.num_datasets} datasets, the schedule {len(self.orders)}"
+            )
         if self.samples_per_batch % self.unit:
-            raise ValueError(f"a global batch of {self.samples_per_batch} samples is not a whole number of "
-                             f"blend units of {self.unit}")
+            raise ValueError(
+                f"a global batch of {self.samples_per_batch} samples is not a whole number of "
+                f"blend units of {self.unit}"
+            )
 
     @classmethod
-    def for_dataset(cls, num_samples: int, seed: int, items_per_batch: int, group_size: int = 1,
-                    shuffle_buffer: int | None = None) -> "Schedule":
+    def for_dataset(
+        cls,
+        num_samples: int,
+        seed: int,
+        items_per_batch: int,
+        group_size: int = 1,
+        shuffle_buffer: int | None = None,
+    ) -> Schedule:
         """The schedule of one dataset (stream id 0)."""
         from energon_platform.loader.permutation import derive_key
 
-        return cls((DatasetOrder(num_samples, derive_key(seed, 0), shuffle_buffer),), items_per_batch, group_size)
+        return cls(
+            (DatasetOrder(num_samples, derive_key(seed, 0), shuffle_buffer),),
+            items_per_batch,
+            group_size,
+        )
 
     @property
     def samples_per_batch(self) -> int:
@@ -82,7 +96,9 @@ class Schedule:
         sizes = np.array([o.num_samples for o in self.orders], dtype=np.int64)
         epoch, i = np.divmod(j, sizes[d])
         index = np.empty_like(i)
-        order = np.lexsort((epoch, d))  # one group per (dataset, epoch): a tiny dataset spans many epochs
+        order = np.lexsort(
+            (epoch, d)
+        )  # one group per (dataset, epoch): a tiny dataset spans many epochs
         ds, es = d[order], epoch[order]
         cuts = np.flatnonzero((ds[1:] != ds[:-1]) | (es[1:] != es[:-1])) + 1
         for group in np.split(order, cuts) if order.size else ():
@@ -101,12 +117,15 @@ class Schedule:
         pos = (starts[:, None] + np.arange(self.group_size)[None, :]).ravel()
         d, e, i = self.samples(pos)
         triples = list(zip(d.tolist(), e.tolist(), i.tolist()))
-        return [triples[k * self.group_size:(k + 1) * self.group_size] for k in range(len(ids))]
+        return [triples[k * self.group_size : (k + 1) * self.group_size] for k in range(len(ids))]
 
     def consumed(self, batch: int) -> list[dict]:
         """Per dataset, before global batch ``batch``: samples taken and epochs completed (fractional)."""
         taken = self.blend.consumed(batch * self.samples_per_batch // self.unit) * self.unit
-        return [{"samples": int(t), "epochs": round(int(t) / o.num_samples, 6)} for t, o in zip(taken, self.orders)]
+        return [
+            {"samples": int(t), "epochs": round(int(t) / o.num_samples, 6)}
+            for t, o in zip(taken, self.orders)
+        ]
 
     def rank_items(self, rank: int, world_size: int) -> range:
         """Items of every global batch that data-parallel rank ``rank`` of ``world_size`` takes."""
@@ -119,7 +138,9 @@ class Schedule:
         return self.check_split(self.items_per_batch, self.group_size, world_size, micro_items)
 
     @staticmethod
-    def check_split(items_per_batch: int, group_size: int, world_size: int, micro_items: int | None = None) -> int:
+    def check_split(
+        items_per_batch: int, group_size: int, world_size: int, micro_items: int | None = None
+    ) -> int:
         """:meth:`check_world_size` before a schedule exists (the split depends on nothing else)."""
         g = items_per_batch
 

@@ -49,7 +49,7 @@ def _members(data: bytes):
     with any other header (GNU long names, pax) is handed to :mod:`tarfile` whole."""
     out, pos, end = [], 0, len(data)
     while pos + 512 <= end:
-        header = data[pos:pos + 512]
+        header = data[pos : pos + 512]
         if header.count(0) == 512:  # end-of-archive blocks
             break
         kind = header[156:157]
@@ -73,7 +73,9 @@ def _members(data: bytes):
 
 def _members_tarfile(data: bytes):
     tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
-    return [(info.name, lambda info=info: tar.extractfile(info).read()) for info in tar if info.isfile()]
+    return [
+        (info.name, lambda info=info: tar.extractfile(info).read()) for info in tar if info.isfile()
+    ]
 
 
 class CorruptShardError(ValueError):
@@ -87,9 +89,12 @@ class CorruptShardError(ValueError):
         self.shard, self.detail = shard, detail or message
 
     @classmethod
-    def of(cls, reader: "ShardReader", shard: int, detail: str) -> "CorruptShardError":
-        return cls(f"{reader.shards[shard].path}: {detail} (check the dataset with `energon-platform verify`)",
-                   shard=reader.shards[shard].name, detail=detail)
+    def of(cls, reader: ShardReader, shard: int, detail: str) -> CorruptShardError:
+        return cls(
+            f"{reader.shards[shard].path}: {detail} (check the dataset with `energon-platform verify`)",
+            shard=reader.shards[shard].name,
+            detail=detail,
+        )
 
 
 class ShardReader:
@@ -137,8 +142,12 @@ class ShardReader:
         short): :class:`CorruptShardError`."""
         data = self._read_range_unchecked(shard, offset, size)
         if len(data) != size:
-            raise CorruptShardError.of(self, shard, f"short read at byte {offset} ({len(data)} of {size} bytes): "
-                                       f"truncated after conversion")
+            raise CorruptShardError.of(
+                self,
+                shard,
+                f"short read at byte {offset} ({len(data)} of {size} bytes): "
+                f"truncated after conversion",
+            )
         return data
 
     def _read_range_unchecked(self, shard: int, offset: int, size: int) -> bytes:
@@ -165,8 +174,12 @@ class ShardReader:
         offsets = self._offsets(shard)
         i = index - self._starts[shard]
         if i + 1 >= len(offsets):
-            raise CorruptShardError.of(self, shard, f"its .tar.idx has {len(offsets)} entries, the dataset "
-                                       f"index promises {self.shards[shard].count} samples")
+            raise CorruptShardError.of(
+                self,
+                shard,
+                f"its .tar.idx has {len(offsets)} entries, the dataset "
+                f"index promises {self.shards[shard].count} samples",
+            )
         return shard, int(offsets[i]), int(offsets[i + 1] - offsets[i])
 
     def __getitem__(self, index: int) -> Any:
@@ -186,15 +199,22 @@ class ShardReader:
         shards = sorted({bisect_right(self._starts, i) - 1 for i in wanted if 0 <= i < len(self)})
         out: dict[int, Any] = {}
         for shard, result in zip(shards, pool.map(self._try, [(self._offsets, s) for s in shards])):
-            if isinstance(result, Exception):  # the shard's index is unreadable: every sample of it fails
-                out.update({i: result for i in wanted if bisect_right(self._starts, i) - 1 == shard})
+            if isinstance(
+                result, Exception
+            ):  # the shard's index is unreadable: every sample of it fails
+                out.update(
+                    {i: result for i in wanted if bisect_right(self._starts, i) - 1 == shard}
+                )
         runs = self._runs([i for i in wanted if i not in out])
         for run, data in zip(runs, pool.map(self._try, [(self._read_range, *r[:3]) for r in runs])):
             shard, offset, _, first, bounds = run
             for k, (start, end) in enumerate(bounds):
                 index = first + k
-                out[index] = data if isinstance(data, Exception) else self._try(
-                    (self._parse, shard, index, data[start - offset:end - offset]))
+                out[index] = (
+                    data
+                    if isinstance(data, Exception)
+                    else self._try((self._parse, shard, index, data[start - offset : end - offset]))
+                )
         return out
 
     def _runs(self, wanted: list[int]) -> list[tuple]:
@@ -219,8 +239,8 @@ class ShardReader:
             return e
 
     def _parse(self, shard: int, index: int, data: bytes) -> Any:
-        from megatron.energon.flavors.webdataset.structs import FilteredSample
         from megatron.energon.flavors.webdataset.config import skip_meta_re, split_name_re
+        from megatron.energon.flavors.webdataset.structs import FilteredSample
         from megatron.energon.source_info import SourceInfo
 
         name = self.shards[shard].name
@@ -244,9 +264,17 @@ class ShardReader:
         if base is None:
             raise ValueError(f"{name}: no valid files in sample {index}")
         return FilteredSample(
-            __key__=base, __shard__=name, __restore_key__=("Webdataset", index),
-            __sources__=(SourceInfo(dataset_path=self.base_path, index=index, shard_name=name,
-                                    file_names=tuple(files)),),
+            __key__=base,
+            __shard__=name,
+            __restore_key__=("Webdataset", index),
+            __sources__=(
+                SourceInfo(
+                    dataset_path=self.base_path,
+                    index=index,
+                    shard_name=name,
+                    file_names=tuple(files),
+                ),
+            ),
             **parts,
         )
 

@@ -45,21 +45,32 @@ def _factory(path: str, split: str, subflavors: dict | None = None):
 
 
 def _factory_unchecked(path: str, split: str, subflavors: dict | None):
-    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
     from megatron.energon.dataset_config import get_dataset_from_config
+    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 
     if not (dataset_root(path) / ".nv-meta" / "dataset.yaml").is_file():
-        raise DatasetError(f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml); "
-                           f"convert it with `energon-platform convert ...` first")
+        raise DatasetError(
+            f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml); "
+            f"convert it with `energon-platform convert ...` first"
+        )
     splits = split_parts(path)
     if split not in splits:
-        raise DatasetError(f"{path}: no split {split!r} (the dataset has: {', '.join(splits) or 'none'}); "
-                           f"set data.train_split / data.val_split to one of them")
+        raise DatasetError(
+            f"{path}: no split {split!r} (the dataset has: {', '.join(splits) or 'none'}); "
+            f"set data.train_split / data.val_split to one of them"
+        )
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    factory = get_dataset_from_config(dataset_root(path), split_part=split, training=False, worker_config=wc,
-                                      subflavors=subflavors)
+    factory = get_dataset_from_config(
+        dataset_root(path),
+        split_part=split,
+        training=False,
+        worker_config=wc,
+        subflavors=subflavors,
+    )
     if not isinstance(factory, BaseWebdatasetFactory):
-        raise DatasetError(f"{path}: a metadataset or non-webdataset source is not supported here yet")
+        raise DatasetError(
+            f"{path}: a metadataset or non-webdataset source is not supported here yet"
+        )
     if not factory.shards:
         raise DatasetError(f"{path}: split {split!r} has no shards")
     if not sum(s.count for s in factory.shards):
@@ -72,10 +83,14 @@ def split_parts(path: str) -> list[str]:
     import yaml
 
     try:
-        parts = yaml.safe_load((dataset_root(path) / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+        parts = yaml.safe_load((dataset_root(path) / ".nv-meta" / "split.yaml").read_text())[
+            "split_parts"
+        ]
         return [name for name, shards in parts.items() if shards]
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
-        raise DatasetError(f"{path}: .nv-meta/split.yaml is missing or unreadable ({type(e).__name__}: {e})") from None
+        raise DatasetError(
+            f"{path}: .nv-meta/split.yaml is missing or unreadable ({type(e).__name__}: {e})"
+        ) from None
 
 
 class SampleSource:
@@ -97,7 +112,9 @@ class SampleSource:
         self._prefetched: dict = {}  #: index → the future of its background read (:meth:`prefetch`)
         self._lookahead = None
         self._pid = os.getpid()
-        self._corrupt: dict[str, str] = {}  #: shard name → what is wrong, found by reads of this process
+        self._corrupt: dict[
+            str, str
+        ] = {}  #: shard name → what is wrong, found by reads of this process
 
     def check_shards(self) -> None:
         """:class:`DatasetError` naming the first shard of the split that is not a file
@@ -111,15 +128,19 @@ class SampleSource:
         for shard in self._factory.shards:
             if not shard.path.is_file():
                 missing = sum(not s.path.is_file() for s in self._factory.shards)
-                raise DatasetError(f"{self.path}: shard {shard.name} of split {self.split!r} is missing "
-                                   f"({missing} of {len(self._factory.shards)} shards missing); the dataset is "
-                                   f"incomplete: restore the shard or convert the dataset again")
+                raise DatasetError(
+                    f"{self.path}: shard {shard.name} of split {self.split!r} is missing "
+                    f"({missing} of {len(self._factory.shards)} shards missing); the dataset is "
+                    f"incomplete: restore the shard or convert the dataset again"
+                )
 
     def __getstate__(self):
         return {"path": self.path, "split": self.split, "subflavors": self.subflavors}
 
     def __setstate__(self, state):
-        self._open(state["path"], state["split"], state.get("subflavors"))  # the shards were checked where it was built
+        self._open(
+            state["path"], state["split"], state.get("subflavors")
+        )  # the shards were checked where it was built
 
     def __len__(self) -> int:
         return sum(self.shard_counts)
@@ -136,12 +157,16 @@ class SampleSource:
 
     def _ensure_reader(self) -> None:
         if self._pid != os.getpid() and self.remote:  # a forked DataLoader worker must not share
-            self._open(self.path, self.split, self.subflavors)  # the parent's S3 client and its connections
+            self._open(
+                self.path, self.split, self.subflavors
+            )  # the parent's S3 client and its connections
         if self._reader is None:
             from energon_platform.loader.shard_reader import ShardReader
 
             f = self._factory
-            self._reader = ShardReader(f.path, f.shards, part_filter=f.part_filter, sample_filter=f.sample_filter)
+            self._reader = ShardReader(
+                f.path, f.shards, part_filter=f.part_filter, sample_filter=f.sample_filter
+            )
 
     def prefetch(self, indices) -> None:
         """Start reading the raw bytes of ``indices`` in the background (object storage only; a
@@ -169,14 +194,18 @@ class SampleSource:
                 raw = future.result()[index] if future is not None else self._reader[index]
                 if isinstance(raw, Exception):
                     raise raw
-        except CorruptShardError as e:  # bad data, skipped by the caller; remembered for samples_failed
+        except (
+            CorruptShardError
+        ) as e:  # bad data, skipped by the caller; remembered for samples_failed
             self._corrupt.setdefault(e.shard, e.detail)
             raise
         if raw is None:
             raise KeyError(f"sample {index} is excluded from the dataset")
         try:
             return self._factory.load_sample(raw)
-        except Exception as e:  # a bad sample (undecodable media): the caller skips it, logged by its key
+        except (
+            Exception
+        ) as e:  # a bad sample (undecodable media): the caller skips it, logged by its key
             e.sample_key = raw.get("__key__")
             raise
 
@@ -188,16 +217,20 @@ class SampleSource:
             return SamplesFailedError(f"{what}; see the skipped samples in the log")
         (shard, detail), others = next(iter(self._corrupt.items())), len(self._corrupt) - 1
         more = f" (and {others} other shard{'s' * (others > 1)})" if others else ""
-        return SamplesFailedError(f"{what}: shard {shard} of {self.path} is corrupt{more} ({detail}); check the "
-                                  f"dataset with `energon-platform verify {shlex.quote(self.path)}`, then restore the shard or "
-                                  f"convert the dataset again")
+        return SamplesFailedError(
+            f"{what}: shard {shard} of {self.path} is corrupt{more} ({detail}); check the "
+            f"dataset with `energon-platform verify {shlex.quote(self.path)}`, then restore the shard or "
+            f"convert the dataset again"
+        )
 
     def identity(self) -> dict:
         """What makes this data *this* data: Energon's index uuid, the split and its shard list."""
         meta = dataset_root(self.path) / ".nv-meta"
         shards = [[s.name, s.count] for s in self._factory.shards]
         return {
-            "index_uuid": (meta / "index.uuid").read_text().strip() if (meta / "index.uuid").is_file() else None,
+            "index_uuid": (meta / "index.uuid").read_text().strip()
+            if (meta / "index.uuid").is_file()
+            else None,
             "split": self.split,
             "num_shards": len(shards),
             "num_samples": len(self),

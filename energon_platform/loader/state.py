@@ -35,7 +35,9 @@ class LoaderState:
     layout: dict  #: {"rank", "world_size", "num_workers", "micro_items"} when saved
     datasets: list  #: dataset names in schedule order
     blend: list  #: segments ``[{"start": unit, "weights": ["1/4", ...]}, ...]`` (one weight per dataset)
-    consumed: list  #: per dataset ``{"samples", "epochs"}`` before the next global batch (informational)
+    consumed: (
+        list  #: per dataset ``{"samples", "epochs"}`` before the next global batch (informational)
+    )
     #: with ``loader.balance``: where planning of the next global batch starts,
     #: ``{"batch", "position", "carried": [stream positions]}`` (:class:`~energon_platform.loader.planner.PlanState`)
     plan: dict | None = None
@@ -59,7 +61,7 @@ class LoaderState:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "LoaderState":
+    def from_dict(cls, data: Any) -> LoaderState:
         """Validate a state read from a checkpoint: exact keys, exact types (no ``"5"`` for 5, no
         floats, no bools), positions in range. Anything else is a :class:`StateMismatchError`
         naming the field: a tampered or hand-edited state never restarts the data silently."""
@@ -67,11 +69,18 @@ class LoaderState:
             raise StateMismatchError(f"loader state must be a mapping, got {type(data).__name__}")
         version = data.get("version")
         if version != STATE_VERSION or isinstance(version, bool):
-            raise StateMismatchError(f"loader state version {version!r} is not supported (this build reads {STATE_VERSION})")
+            raise StateMismatchError(
+                f"loader state version {version!r} is not supported (this build reads {STATE_VERSION})"
+            )
         unknown, missing = sorted(set(data) - _FIELDS), sorted(_REQUIRED - set(data))
         if unknown or missing:
-            raise StateMismatchError(f"loader state is malformed: " + "; ".join(
-                ([f"unknown field(s) {unknown}"] if unknown else []) + ([f"missing field(s) {missing}"] if missing else [])))
+            raise StateMismatchError(
+                "loader state is malformed: "
+                + "; ".join(
+                    ([f"unknown field(s) {unknown}"] if unknown else [])
+                    + ([f"missing field(s) {missing}"] if missing else [])
+                )
+            )
         _require(data, "fingerprint", dict)
         _require(data, "layout", dict)
         _require(data, "datasets", list)
@@ -79,32 +88,63 @@ class LoaderState:
         _position(data, "next_microbatch", low=0)
         _position(data, "accumulation", low=1)
         if not data["datasets"] or not all(isinstance(n, str) for n in data["datasets"]):
-            raise StateMismatchError("loader state is malformed: datasets must be a non-empty list of names")
+            raise StateMismatchError(
+                "loader state is malformed: datasets must be a non-empty list of names"
+            )
         blend = []
         for i, seg in enumerate(data["blend"]):
             if not isinstance(seg, dict) or set(seg) != {"start", "weights"}:
-                raise StateMismatchError(f"loader state is malformed: blend[{i}] must be {{start, weights}}")
+                raise StateMismatchError(
+                    f"loader state is malformed: blend[{i}] must be {{start, weights}}"
+                )
             _position(seg, "start", low=0, where=f"blend[{i}].")
             weights = seg["weights"]
-            if not isinstance(weights, list) or len(weights) != len(data["datasets"]) or \
-                    not all(isinstance(w, str) and _is_weight(w) for w in weights):
-                raise StateMismatchError(f"loader state is malformed: blend[{i}].weights must be "
-                                         f"{len(data['datasets'])} non-negative fractions as strings")
+            if (
+                not isinstance(weights, list)
+                or len(weights) != len(data["datasets"])
+                or not all(isinstance(w, str) and _is_weight(w) for w in weights)
+            ):
+                raise StateMismatchError(
+                    f"loader state is malformed: blend[{i}].weights must be "
+                    f"{len(data['datasets'])} non-negative fractions as strings"
+                )
             blend.append({"start": seg["start"], "weights": list(weights)})
-        if not blend or blend[0]["start"] != 0 or any(b["start"] <= a["start"] for a, b in zip(blend, blend[1:])):
-            raise StateMismatchError("loader state is malformed: blend segments must start at 0 and increase")
+        if (
+            not blend
+            or blend[0]["start"] != 0
+            or any(b["start"] <= a["start"] for a, b in zip(blend, blend[1:]))
+        ):
+            raise StateMismatchError(
+                "loader state is malformed: blend segments must start at 0 and increase"
+            )
         consumed = data.get("consumed", [])
-        return cls(version=version, fingerprint=data["fingerprint"], next_microbatch=data["next_microbatch"],
-                   accumulation=data["accumulation"], layout=data["layout"], datasets=list(data["datasets"]),
-                   blend=blend, consumed=consumed if isinstance(consumed, list) else [], plan=_plan(data.get("plan")),
-                   exclude=_exclude(data.get("exclude")))
+        return cls(
+            version=version,
+            fingerprint=data["fingerprint"],
+            next_microbatch=data["next_microbatch"],
+            accumulation=data["accumulation"],
+            layout=data["layout"],
+            datasets=list(data["datasets"]),
+            blend=blend,
+            consumed=consumed if isinstance(consumed, list) else [],
+            plan=_plan(data.get("plan")),
+            exclude=_exclude(data.get("exclude")),
+        )
 
     @classmethod
-    def from_json(cls, text: str) -> "LoaderState":
+    def from_json(cls, text: str) -> LoaderState:
         return cls.from_dict(json.loads(text))
 
 
-_REQUIRED = {"version", "fingerprint", "next_microbatch", "accumulation", "layout", "datasets", "blend"}
+_REQUIRED = {
+    "version",
+    "fingerprint",
+    "next_microbatch",
+    "accumulation",
+    "layout",
+    "datasets",
+    "blend",
+}
 _FIELDS = _REQUIRED | {"consumed", "plan", "exclude"}
 #: No real run reaches this many micro-batches; a larger position is a corrupted or edited state.
 MAX_POSITION = 2**53
@@ -112,15 +152,19 @@ MAX_POSITION = 2**53
 
 def _require(data: dict, key: str, kind: type, where: str = "") -> None:
     if not isinstance(data[key], kind):
-        raise StateMismatchError(f"loader state is malformed: {where}{key} must be a {kind.__name__}, "
-                                 f"got {type(data[key]).__name__} {data[key]!r}")
+        raise StateMismatchError(
+            f"loader state is malformed: {where}{key} must be a {kind.__name__}, "
+            f"got {type(data[key]).__name__} {data[key]!r}"
+        )
 
 
 def _position(data: dict, key: str, low: int, where: str = "") -> None:
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_POSITION:
-        raise StateMismatchError(f"loader state is malformed: {where}{key} must be an integer in "
-                                 f"[{low}, 2**53], got {value!r}")
+        raise StateMismatchError(
+            f"loader state is malformed: {where}{key} must be an integer in "
+            f"[{low}, 2**53], got {value!r}"
+        )
 
 
 def _plan(plan: Any) -> dict | None:
@@ -128,16 +172,24 @@ def _plan(plan: Any) -> dict | None:
     if plan is None:
         return None
     if not isinstance(plan, dict) or set(plan) != {"batch", "position", "carried"}:
-        raise StateMismatchError("loader state is malformed: plan must be {batch, position, carried}")
+        raise StateMismatchError(
+            "loader state is malformed: plan must be {batch, position, carried}"
+        )
     _position(plan, "batch", low=0, where="plan.")
     _position(plan, "position", low=0, where="plan.")
     carried = plan["carried"]
-    if not isinstance(carried, list) or not all(isinstance(p, int) and not isinstance(p, bool) and
-                                                0 <= p < plan["position"] for p in carried):
-        raise StateMismatchError("loader state is malformed: plan.carried must list stream positions below plan.position")
+    if not isinstance(carried, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 <= p < plan["position"]
+        for p in carried
+    ):
+        raise StateMismatchError(
+            "loader state is malformed: plan.carried must list stream positions below plan.position"
+        )
     if any(b <= a for a, b in zip(carried, carried[1:])):  # a position twice would be trained twice
-        raise StateMismatchError("loader state is malformed: plan.carried must list each stream position once, "
-                                 "in increasing order")
+        raise StateMismatchError(
+            "loader state is malformed: plan.carried must list each stream position once, "
+            "in increasing order"
+        )
     return {"batch": plan["batch"], "position": plan["position"], "carried": list(carried)}
 
 
@@ -176,13 +228,18 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def fingerprint_differences(saved: dict, current: dict) -> list[str]:
     """``["dataset.num_samples: saved 286, now 300", ...]`` for every leaf that differs."""
     a, b = _flatten(saved), _flatten(current)
-    return [f"{k}: saved {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [
+        f"{k}: saved {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
 
 
 def check_fingerprint(saved: dict, current: dict) -> None:
     diff = fingerprint_differences(saved, current)
     if diff:
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
-        raise StateMismatchError(f"the checkpoint's data loader state does not match this run ({shown}). "
-                                 f"Resume with the dataset and config it was saved with; the data is never restarted silently")
+        raise StateMismatchError(
+            f"the checkpoint's data loader state does not match this run ({shown}). "
+            f"Resume with the dataset and config it was saved with; the data is never restarted silently"
+        )

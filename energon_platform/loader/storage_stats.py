@@ -16,7 +16,7 @@ import re
 import urllib.request
 from dataclasses import dataclass
 
-_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][\w:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$')
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -29,12 +29,15 @@ class StorageCounters:
     bytes_out: int
     by_type: tuple[tuple[str, int], ...] = ()
 
-    def __sub__(self, before: "StorageCounters") -> "StorageCounters":
+    def __sub__(self, before: StorageCounters) -> StorageCounters:
         types = dict(self.by_type)
         for name, n in before.by_type:
             types[name] = types.get(name, 0) - n
-        return StorageCounters(self.requests - before.requests, self.bytes_out - before.bytes_out,
-                               tuple(sorted((k, v) for k, v in types.items() if v)))
+        return StorageCounters(
+            self.requests - before.requests,
+            self.bytes_out - before.bytes_out,
+            tuple(sorted((k, v) for k, v in types.items() if v)),
+        )
 
 
 def parse_seaweedfs_metrics(text: str, bucket: str) -> StorageCounters:

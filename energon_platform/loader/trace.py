@@ -34,11 +34,12 @@ orders the keys inside each pack group.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from fnmatch import fnmatchcase
 from heapq import heapify, heappop, heappush
 from itertools import count, islice, takewhile
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -62,25 +63,35 @@ def parse_steps(text: str | None, step: int | None, key: str | None, default: in
         if text is None:
             return default
         if not text.isdigit() or int(text) < 1:
-            raise TraceError(f"--steps {text!r}: with --key, --steps takes a count M (search the first M steps), "
-                             f"e.g. --steps 100")
+            raise TraceError(
+                f"--steps {text!r}: with --key, --steps takes a count M (search the first M steps), "
+                f"e.g. --steps 100"
+            )
         return int(text)
     if text is None:
         return range(step, step + 1)
     first, sep, last = text.partition(":")
     if not sep:
-        raise TraceError(f"--steps {text!r}: without --key, --steps takes a range A:B (both included); "
-                         f"for one step use --step {text} or --steps {text}:{text}")
+        raise TraceError(
+            f"--steps {text!r}: without --key, --steps takes a range A:B (both included); "
+            f"for one step use --step {text} or --steps {text}:{text}"
+        )
     if not (first.isdigit() and last.isdigit()):
-        raise TraceError(f"--steps {text!r}: expected A:B with both ends given as step numbers (from 1), "
-                         f"e.g. --steps 1:10")
+        raise TraceError(
+            f"--steps {text!r}: expected A:B with both ends given as step numbers (from 1), "
+            f"e.g. --steps 1:10"
+        )
     a, b = int(first), int(last)
     if not 1 <= a <= b:
-        raise TraceError(f"--steps {text!r}: expected 1 <= A <= B (steps are numbered from 1, as log.jsonl)")
+        raise TraceError(
+            f"--steps {text!r}: expected 1 <= A <= B (steps are numbered from 1, as log.jsonl)"
+        )
     return range(a, b + 1)
 
 
-def step_layout(schedule: Schedule, batch: int, world_size: int, micro_items: int) -> dict[str, np.ndarray]:
+def step_layout(
+    schedule: Schedule, batch: int, world_size: int, micro_items: int
+) -> dict[str, np.ndarray]:
     """Every sample of global batch ``batch`` of an unbalanced run in logged order: ``dataset,
     epoch, index, rank, micro_batch`` as ``int64`` arrays (no data needed)."""
     spb, group = schedule.samples_per_batch, schedule.group_size
@@ -89,7 +100,13 @@ def step_layout(schedule: Schedule, batch: int, world_size: int, micro_items: in
     item = (pos - batch * spb) // group
     per_rank = schedule.check_world_size(world_size, micro_items)
     rank, within = np.divmod(item, per_rank)
-    return {"dataset": d, "epoch": e, "index": i, "rank": rank, "micro_batch": within // micro_items}
+    return {
+        "dataset": d,
+        "epoch": e,
+        "index": i,
+        "rank": rank,
+        "micro_batch": within // micro_items,
+    }
 
 
 def stream_uses(schedule: Schedule, dataset: int, index: int) -> Iterator[tuple[int, int]]:
@@ -106,7 +123,9 @@ def stream_uses(schedule: Schedule, dataset: int, index: int) -> Iterator[tuple[
         yield epoch, u * unit + offset
 
 
-def uses(schedule: Schedule, dataset: int, index: int, num_batches: int) -> list[tuple[int, int, int]]:
+def uses(
+    schedule: Schedule, dataset: int, index: int, num_batches: int
+) -> list[tuple[int, int, int]]:
     """``(global batch, epoch, stream position)`` of every use of sample ``index`` of ``dataset`` in
     the first ``num_batches`` global batches of an unbalanced run: O(1) per epoch."""
     spb = schedule.samples_per_batch
@@ -124,7 +143,9 @@ class Tracer:
         self.names = loader.datasets.names
         self._prefixes = [f"{n}:" if loader.datasets.metadataset else "" for n in self.names]
         self._keys = [KeyIndex(e.source) for e in loader.datasets.entries]
-        self._replay = None  #: balanced runs: a planner from the start, for batches before the loader's
+        self._replay = (
+            None  #: balanced runs: a planner from the start, for batches before the loader's
+        )
 
     @property
     def schedule(self) -> Schedule:
@@ -155,7 +176,9 @@ class Tracer:
 
                 self._replay = replace(planner, start=PlanState(), _cache=OrderedDict())
             planner = self._replay
-        if batch <= planner.newest and not planner.kept(batch):  # behind the plans it keeps: from its start
+        if batch <= planner.newest and not planner.kept(
+            batch
+        ):  # behind the plans it keeps: from its start
             planner.restart(planner.start)
         first = planner.newest + 1
         total = batch - first + 1
@@ -178,39 +201,55 @@ class Tracer:
         loader, planner = self.loader, self.loader.planner
         plan = self.plan(batch)
         out = []
-        for rank, parts in enumerate(deal_plan(plan, loader.world_size, loader.accumulation, planner.fixed_counts)):
+        for rank, parts in enumerate(
+            deal_plan(plan, loader.world_size, loader.accumulation, planner.fixed_counts)
+        ):
             for micro, rows in enumerate(parts):
                 for row, item in enumerate(rows):
-                    for d, e, i in zip(*(a.tolist() for a in self.schedule.samples(plan.items[item]))):
+                    for d, e, i in zip(
+                        *(a.tolist() for a in self.schedule.samples(plan.items[item]))
+                    ):
                         room = planner.length_of(d, e, i)[0] if planner.capacity else None
                         out.append((d, e, i, rank, micro, row, room))
         return out
 
     # --- exclusions -----------------------------------------------------------------------------
 
-    def _stand_in(self, batch: int, dataset: int, epoch: int, index: int, room: int | None) -> int | None:
+    def _stand_in(
+        self, batch: int, dataset: int, epoch: int, index: int, room: int | None
+    ) -> int | None:
         """The stand-in the loader trains on for an excluded sample (None: no stand-in fits the
         planned row ``room``, which keeps its positions as padding)."""
         order = self.schedule.orders[dataset]
         for attempt in range(1, MAX_REPLACEMENTS + 1):
             candidate = order.replacement(epoch, index, attempt)
-            if room is not None and self.loader.planner.length_of(dataset, epoch, candidate)[0] > room:
+            if (
+                room is not None
+                and self.loader.planner.length_of(dataset, epoch, candidate)[0] > room
+            ):
                 continue
             if not self.excluder.excluded(batch, dataset, candidate, self.key(dataset, candidate)):
                 return candidate
         if room is not None:
             return None
-        raise TraceError(f"global batch {batch}: sample {self.key(dataset, index)} and its {MAX_REPLACEMENTS} "
-                         f"stand-ins are all excluded; the run stops there")
+        raise TraceError(
+            f"global batch {batch}: sample {self.key(dataset, index)} and its {MAX_REPLACEMENTS} "
+            f"stand-ins are all excluded; the run stops there"
+        )
 
-    def _trained(self, batch: int, d: int, e: int, i: int, room: int | None) -> tuple[int | None, dict | None]:
+    def _trained(
+        self, batch: int, d: int, e: int, i: int, room: int | None
+    ) -> tuple[int | None, dict | None]:
         """``(index trained, exclusion record or None)`` for scheduled sample ``i`` of dataset ``d``."""
         key = self.key(d, i)
         if self.excluder is None or not self.excluder.excluded(batch, d, i, key):
             return i, None
         stand_in = self._stand_in(batch, d, e, i, room)
-        return stand_in, {"key": key, "dataset": self.names[d],
-                          "stand_in": None if stand_in is None else self.key(d, stand_in)}
+        return stand_in, {
+            "key": key,
+            "dataset": self.names[d],
+            "stand_in": None if stand_in is None else self.key(d, stand_in),
+        }
 
     def excluded_counts(self, step: int) -> dict[str, int]:
         """Per dataset name: samples of logged step ``step`` (all ranks) that ``loader.exclude``
@@ -231,7 +270,9 @@ class Tracer:
             layout = self._planned_layout(batch)
         else:
             lay = step_layout(self.schedule, batch, self.loader.world_size, self.loader.micro_items)
-            layout = zip(*(lay[k].tolist() for k in ("dataset", "epoch", "index", "rank", "micro_batch")))
+            layout = zip(
+                *(lay[k].tolist() for k in ("dataset", "epoch", "index", "rank", "micro_batch"))
+            )
         samples, excluded = [], []
         for d, e, i, r, m, *rest in layout:
             i, record = self._trained(batch, d, e, i, rest[1] if rest else None)
@@ -239,29 +280,54 @@ class Tracer:
                 excluded.append(record)
             if i is None:  # no stand-in fits the planned row: padding
                 continue
-            sample = {"key": self.key(d, i), "dataset": self.names[d], "epoch": e, "index": i,
-                      "shard": self.shard(d, i), "rank": r, "micro_batch": m}
+            sample = {
+                "key": self.key(d, i),
+                "dataset": self.names[d],
+                "epoch": e,
+                "index": i,
+                "shard": self.shard(d, i),
+                "rank": r,
+                "micro_batch": m,
+            }
             samples.append({**sample, "row": rest[0]} if rest else sample)
         keys = [s["key"] for s in samples]
-        return {"step": step, "global_batch": batch, "world_size": self.loader.world_size,
-                "keys": sorted(keys) if self.loader.planned else keys, "samples": samples, "excluded": excluded}
+        return {
+            "step": step,
+            "global_batch": batch,
+            "world_size": self.loader.world_size,
+            "keys": sorted(keys) if self.loader.planned else keys,
+            "samples": samples,
+            "excluded": excluded,
+        }
 
     def find(self, key: str, steps: int) -> dict:
         """``{"key", "steps", "uses", "excluded_steps"}``: the steps among the first ``steps`` that used ``key``."""
         dataset, raw = self._parse_key(key)
         index = self._keys[dataset].index(raw)
         if index is None:
-            raise TraceError(f"{key}: no such sample in dataset {self.names[dataset]!r} "
-                             f"(split {self.loader.datasets.entries[dataset].source.split!r})")
+            raise TraceError(
+                f"{key}: no such sample in dataset {self.names[dataset]!r} "
+                f"(split {self.loader.datasets.entries[dataset].source.split!r})"
+            )
         found, skipped = [], []
         for use in self._placed_uses(dataset, [index], steps)[index]:
-            if self.excluder is not None and self.excluder.excluded(use["step"] - 1, dataset, index, key):
+            if self.excluder is not None and self.excluder.excluded(
+                use["step"] - 1, dataset, index, key
+            ):
                 skipped.append(use["step"])
             else:
                 found.append(use)
         found = sorted(found + self._stand_in_uses(dataset, index, steps), key=_use_order)
-        return {"key": key, "dataset": self.names[dataset], "index": index, "shard": self.shard(dataset, index),
-                "within_steps": steps, "steps": [u["step"] for u in found], "uses": found, "excluded_steps": skipped}
+        return {
+            "key": key,
+            "dataset": self.names[dataset],
+            "index": index,
+            "shard": self.shard(dataset, index),
+            "within_steps": steps,
+            "steps": [u["step"] for u in found],
+            "uses": found,
+            "excluded_steps": skipped,
+        }
 
     def _placed_uses(self, dataset: int, indices: list[int], steps: int) -> dict[int, list[dict]]:
         """Per index of ``dataset``: its scheduled uses in the first ``steps`` steps (balanced: one
@@ -278,8 +344,8 @@ class Tracer:
             for key in ex.keys:
                 if set("*?[") & set(key):
                     found.update(keys.matching(key, prefix))
-                elif key.startswith(prefix) and keys.index(key[len(prefix):]) is not None:
-                    found.add(keys.index(key[len(prefix):]))
+                elif key.startswith(prefix) and keys.index(key[len(prefix) :]) is not None:
+                    found.add(keys.index(key[len(prefix) :]))
             for k, name in enumerate(keys.shard_names):
                 if any(fnmatchcase(prefix + name, p) for p in ex.shards):
                     found.update(range(keys.shard_start(k), keys.shard_start(k + 1)))
@@ -295,11 +361,17 @@ class Tracer:
         for x, placed in self._placed_uses(dataset, others, steps).items() if others else ():
             for use in placed:
                 batch, epoch = use["step"] - 1, use["epoch"]
-                if index not in {order.replacement(epoch, x, a) for a in range(1, MAX_REPLACEMENTS + 1)}:
+                if index not in {
+                    order.replacement(epoch, x, a) for a in range(1, MAX_REPLACEMENTS + 1)
+                }:
                     continue  # cannot be its stand-in in this epoch
                 if not self.excluder.excluded(batch, dataset, x, self.key(dataset, x)):
                     continue
-                room = planner.length_of(dataset, epoch, x)[0] if planner is not None and planner.capacity else None
+                room = (
+                    planner.length_of(dataset, epoch, x)[0]
+                    if planner is not None and planner.capacity
+                    else None
+                )
                 if self._stand_in(batch, dataset, epoch, x, room) == index:
                     out.append({**use, "stand_in_for": self.key(dataset, x)})
         return out
@@ -311,8 +383,14 @@ class Tracer:
         out = []
         for batch, epoch, pos in uses(self.schedule, dataset, index, steps):
             rank, within = divmod((pos - batch * spb) // group, per_rank)
-            out.append({"step": batch + 1, "epoch": epoch, "rank": rank,
-                        "micro_batch": within // self.loader.micro_items})
+            out.append(
+                {
+                    "step": batch + 1,
+                    "epoch": epoch,
+                    "rank": rank,
+                    "micro_batch": within // self.loader.micro_items,
+                }
+            )
         return out
 
     def _planned_uses(self, dataset: int, indices: list[int], steps: int) -> dict[int, list[dict]]:
@@ -325,9 +403,13 @@ class Tracer:
 
         loader, planner = self.loader, self.loader.planner
         streams = {i: stream_uses(self.schedule, dataset, i) for i in indices}
-        ahead = [(pos, epoch, i) for i, stream in streams.items() for epoch, pos in islice(stream, 1)]
+        ahead = [
+            (pos, epoch, i) for i, stream in streams.items() for epoch, pos in islice(stream, 1)
+        ]
         heapify(ahead)
-        pending: dict[int, tuple[int, int]] = {}  # stream position read, not yet placed -> (epoch, index)
+        pending: dict[
+            int, tuple[int, int]
+        ] = {}  # stream position read, not yet placed -> (epoch, index)
         out: dict[int, list[dict]] = {i: [] for i in indices}
         for batch in range(steps):
             plan = self.plan(batch)
@@ -338,14 +420,28 @@ class Tracer:
                     heappush(ahead, (pos, epoch, i))
             hits = [k for k, item in enumerate(plan.items) if pending.keys() & set(item)]
             if hits:
-                dealt = deal_plan(plan, loader.world_size, loader.accumulation, planner.fixed_counts)
-                where = {item: (r, m, row) for r, parts in enumerate(dealt) for m, rows in enumerate(parts)
-                         for row, item in enumerate(rows)}
+                dealt = deal_plan(
+                    plan, loader.world_size, loader.accumulation, planner.fixed_counts
+                )
+                where = {
+                    item: (r, m, row)
+                    for r, parts in enumerate(dealt)
+                    for m, rows in enumerate(parts)
+                    for row, item in enumerate(rows)
+                }
                 for k in hits:
                     r, m, row = where[k]
                     for pos in sorted(pending.keys() & set(plan.items[k])):
                         epoch, i = pending.pop(pos)
-                        out[i].append({"step": batch + 1, "epoch": epoch, "rank": r, "micro_batch": m, "row": row})
+                        out[i].append(
+                            {
+                                "step": batch + 1,
+                                "epoch": epoch,
+                                "rank": r,
+                                "micro_batch": m,
+                                "row": row,
+                            }
+                        )
             if not ahead and not pending:
                 break
         return {i: sorted(u, key=_use_order) for i, u in out.items()}
@@ -355,7 +451,9 @@ class Tracer:
             return 0, key
         name, sep, raw = key.partition(":")
         if not sep or name not in self.names:
-            raise TraceError(f"{key}: a key of a blend is DATASET:KEY with DATASET one of {self.names}")
+            raise TraceError(
+                f"{key}: a key of a blend is DATASET:KEY with DATASET one of {self.names}"
+            )
         return self.names.index(name), raw
 
 
@@ -363,8 +461,12 @@ def _use_order(use: dict) -> tuple:
     return use["step"], use["rank"], use["micro_batch"], use.get("row", 0)
 
 
-def open_tracer(cfg: Any, world_size: int | None = None, state: dict | None = None,
-                progress: Callable[[int, int], None] | None = None) -> Tracer:
+def open_tracer(
+    cfg: Any,
+    world_size: int | None = None,
+    state: dict | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Tracer:
     """A :class:`Tracer` for run config ``cfg``; ``state``: a checkpoint's loader state (rank 0's,
     :func:`energon_platform.training.checkpoint.loader_state`) that gives the blend and exclusion
     history (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's
@@ -381,23 +483,35 @@ def open_tracer(cfg: Any, world_size: int | None = None, state: dict | None = No
 
 def format_step(trace: dict) -> str:
     """A step as text: one header line, one line per sample."""
-    lines = [f"step {trace['step']} (global batch {trace['global_batch']}, {len(trace['keys'])} samples, "
-             f"{trace['world_size']} rank(s)); {len(trace['excluded'])} excluded"]
-    lines += [f"  rank {s['rank']} micro {s['micro_batch']}" + (f" row {s['row']}" if "row" in s else "") +
-              f"  {s['dataset']}  epoch {s['epoch']}  {s['shard']}  {s['key']}" for s in trace["samples"]]
-    lines += [f"  excluded {x['key']} -> " +
-              (f"stand-in {x['stand_in']}" if x["stand_in"] else "padding (no stand-in fits)")
-              for x in trace["excluded"]]
+    lines = [
+        f"step {trace['step']} (global batch {trace['global_batch']}, {len(trace['keys'])} samples, "
+        f"{trace['world_size']} rank(s)); {len(trace['excluded'])} excluded"
+    ]
+    lines += [
+        f"  rank {s['rank']} micro {s['micro_batch']}"
+        + (f" row {s['row']}" if "row" in s else "")
+        + f"  {s['dataset']}  epoch {s['epoch']}  {s['shard']}  {s['key']}"
+        for s in trace["samples"]
+    ]
+    lines += [
+        f"  excluded {x['key']} -> "
+        + (f"stand-in {x['stand_in']}" if x["stand_in"] else "padding (no stand-in fits)")
+        for x in trace["excluded"]
+    ]
     return "\n".join(lines)
 
 
 def format_key(found: dict) -> str:
     steps = found["steps"]
-    head = (f"{found['key']} ({found['dataset']}, index {found['index']}, {found['shard']}): "
-            f"{len(steps)} step(s) of the first {found['within_steps']}")
-    lines = [head] + [f"  step {u['step']}  epoch {u['epoch']}  rank {u['rank']} micro {u['micro_batch']}" +
-                      (f"  as the stand-in of excluded {u['stand_in_for']}" if "stand_in_for" in u else "")
-                      for u in found["uses"]]
+    head = (
+        f"{found['key']} ({found['dataset']}, index {found['index']}, {found['shard']}): "
+        f"{len(steps)} step(s) of the first {found['within_steps']}"
+    )
+    lines = [head] + [
+        f"  step {u['step']}  epoch {u['epoch']}  rank {u['rank']} micro {u['micro_batch']}"
+        + (f"  as the stand-in of excluded {u['stand_in_for']}" if "stand_in_for" in u else "")
+        for u in found["uses"]
+    ]
     if found["excluded_steps"]:
         lines.append(f"  excluded in step(s) {found['excluded_steps']}")
     return "\n".join(lines)

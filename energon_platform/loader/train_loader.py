@@ -37,13 +37,25 @@ from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
 from energon_platform.loader.blend import Blend
 from energon_platform.loader.blend_history import plan_segments, resume_segments
 from energon_platform.loader.datasets import open_datasets
-from energon_platform.loader.exclusions import Excluder, Exclusion, blend_steps, check_rules, planned, resumed
+from energon_platform.loader.exclusions import (
+    Excluder,
+    Exclusion,
+    blend_steps,
+    check_rules,
+    planned,
+    resumed,
+)
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.processes import die_with_parent
 from energon_platform.loader.sample_watch import SampleWatch, Stuck
 from energon_platform.loader.schedule import LayoutError, Schedule
-from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError, check_fingerprint
+from energon_platform.loader.state import (
+    STATE_VERSION,
+    LoaderState,
+    StateMismatchError,
+    check_fingerprint,
+)
 from storage import DatasetError
 
 log = logging.getLogger(__name__)
@@ -69,27 +81,37 @@ class TrainLoader:
         num_workers: overrides ``cfg.loader.num_workers`` (may differ from the saved run).
     """
 
-    def __init__(self, cfg: RunConfig, rank: int = 0, world_size: int = 1, num_workers: int | None = None):
+    def __init__(
+        self, cfg: RunConfig, rank: int = 0, world_size: int = 1, num_workers: int | None = None
+    ):
         lc = self.config = cfg.loader
         self._source = cfg.source
         self.rank, self.world_size = rank, world_size
         self.num_workers = lc.num_workers if num_workers is None else num_workers
         self.prefetch_factor = lc.prefetch_factor
         self.datasets = open_datasets(str(cfg.data.path), cfg.data.train_split)
-        self.source = self.datasets.entries[0].source  # the first (for one-dataset runs: the) dataset
+        self.source = self.datasets.entries[
+            0
+        ].source  # the first (for one-dataset runs: the) dataset
         self.encoder = build_encoder(cfg)
         pack_group = _pack_group(lc.pack_group, self.encoder, cfg.source)
         self.pack_group = pack_group
         #: ``loader.balance`` set: global batches are planned (:mod:`~energon_platform.loader.planner`)
         self.planned = lc.balance != "none"
         self.packed_rows = self.planned and pack_group > 1  # fixed rows of seq_len, packed globally
-        per_rank = Schedule.check_split(lc.global_batch_size, pack_group, world_size, lc.micro_batch_size)
+        per_rank = Schedule.check_split(
+            lc.global_batch_size, pack_group, world_size, lc.micro_batch_size
+        )
         self.micro_items = lc.micro_batch_size or per_rank
         if lc.blend_unit == "batch" and lc.micro_batch_size is None:
             from task_encoders.config import ConfigError
 
-            raise ConfigError(cfg.source, "loader.micro_batch_size", "blend_unit: batch takes whole micro-batches "
-                              "from one dataset, so the micro-batch size must be fixed (set micro_batch_size)")
+            raise ConfigError(
+                cfg.source,
+                "loader.micro_batch_size",
+                "blend_unit: batch takes whole micro-batches "
+                "from one dataset, so the micro-batch size must be fixed (set micro_batch_size)",
+            )
         self.unit = self.micro_items * pack_group if lc.blend_unit == "batch" else 1
         self.planner = None
         if self.planned:
@@ -98,14 +120,24 @@ class TrainLoader:
         # unplanned, a global batch is consecutive positions: guard each dataset's epoch boundaries
         # against a sample at the end of one epoch and the start of the next in one batch (orders.py)
         self.orders = self._orders(0 if self.planned else lc.global_batch_size * pack_group)
-        self.exclusions = planned(lc.exclude)  #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
+        self.exclusions = planned(
+            lc.exclude
+        )  #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
         for warning in check_rules(lc.exclude, self.datasets) if lc.exclude else ():
             if rank == 0:
                 log.warning("%s", warning)
-        self._set_blend(plan_segments(self.datasets, blend_steps(self.datasets, lc.blend_schedule, self.exclusions),
-                                      self._units_per_batch))
+        self._set_blend(
+            plan_segments(
+                self.datasets,
+                blend_steps(self.datasets, lc.blend_schedule, self.exclusions),
+                self._units_per_batch,
+            )
+        )
         self.fingerprint = {
-            "encoder": {"name": type(self.encoder).__name__, "config_sha": _digest(_encoder_config(self.encoder))},
+            "encoder": {
+                "name": type(self.encoder).__name__,
+                "config_sha": _digest(_encoder_config(self.encoder)),
+            },
             "seed": lc.seed,
             "global_batch_size": lc.global_batch_size,
             "pack_group": pack_group,
@@ -115,16 +147,24 @@ class TrainLoader:
             "schedule": "feistel-chairman-v1",
         }
         if self.planned:  # what changes the rows and batches of a planned run
-            self.fingerprint["balance"] = {"mode": lc.balance, "window": lc.balance_window,
-                                           "lookahead": lc.balance_lookahead,
-                                           "global_batch_tokens": lc.global_batch_tokens, "linear": self._linear,
-                                           "planner": "pool-led-v2"}
+            self.fingerprint["balance"] = {
+                "mode": lc.balance,
+                "window": lc.balance_window,
+                "lookahead": lc.balance_lookahead,
+                "global_batch_tokens": lc.global_batch_tokens,
+                "linear": self._linear,
+                "planner": "pool-led-v2",
+            }
         self.next_microbatch = 0
         self._identities = None
         self._tracer = None  #: for :meth:`exclusion_stats`, built at its first use
-        self.blend_changes: list[str] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
+        self.blend_changes: list[
+            str
+        ] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
         self._iter = None
-        self._watch: SampleWatch | None = None  #: with ``loader.sample_timeout``: the running workers' watch
+        self._watch: SampleWatch | None = (
+            None  #: with ``loader.sample_timeout``: the running workers' watch
+        )
         #: ``(dataset, index)`` → ``(key, limit)``: samples a worker was replaced for (failed from then on)
         self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
         #: set by ``energon_platform.integrations.lightning.EnergonHooks``, which corrects the state
@@ -134,8 +174,16 @@ class TrainLoader:
     def _orders(self, guard: int) -> tuple[DatasetOrder, ...]:
         """Each dataset's epochs, keyed by the seed and the entry's name (entries are independent)."""
         lc = self.config
-        return tuple(DatasetOrder(len(e.source), derive_key(lc.seed, *_stream_id(e.name)), lc.shuffle_buffer,
-                                  run=lc.shuffle_run, guard=guard) for e in self.datasets.entries)
+        return tuple(
+            DatasetOrder(
+                len(e.source),
+                derive_key(lc.seed, *_stream_id(e.name)),
+                lc.shuffle_buffer,
+                run=lc.shuffle_run,
+                guard=guard,
+            )
+            for e in self.datasets.entries
+        )
 
     @property
     def _units_per_batch(self) -> int:
@@ -154,8 +202,12 @@ class TrainLoader:
         digest = _digest(_encoder_config(self.encoder))
         cache = Path(cfg.loader.length_cache) if cfg.loader.length_cache else None
         try:
-            return [open_length_index(e.source, self.encoder, digest, cache, workers=max(1, self.num_workers))
-                    for e in self.datasets.entries]
+            return [
+                open_length_index(
+                    e.source, self.encoder, digest, cache, workers=max(1, self.num_workers)
+                )
+                for e in self.datasets.entries
+            ]
         except NotImplementedError as e:  # the encoder cannot state this config's lengths
             from task_encoders.config import ConfigError
 
@@ -171,39 +223,68 @@ class TrainLoader:
         else:
             cost = sample_cost(work_length, self.config.balance, self._linear)
             where = f"balance {self.config.balance!r} with balance_linear={self._linear!r}"
-        if isinstance(cost, bool) or not isinstance(cost, numbers.Real) or not math.isfinite(cost) or cost < 0:
+        if (
+            isinstance(cost, bool)
+            or not isinstance(cost, numbers.Real)
+            or not math.isfinite(cost)
+            or cost < 0
+        ):
             from task_encoders.config import ConfigError
 
-            raise ConfigError(self._source, "loader.balance", f"{where} returned {cost!r}; a cost must be a finite "
-                              "number >= 0")
+            raise ConfigError(
+                self._source,
+                "loader.balance",
+                f"{where} returned {cost!r}; a cost must be a finite number >= 0",
+            )
         return float(cost)
 
     def _set_blend(self, segments, plan_state=None) -> None:
         """(Re)build the schedule, planner and micro-batch maker for the blend ``segments``;
         a planned run continues from ``plan_state`` (None: where its planner is now, or the start)."""
         self.blend = Blend(segments, len(self.datasets.entries))
-        if not self.packed_rows and self.config.global_batch_tokens is None:  # a fixed number of samples per batch
+        if (
+            not self.packed_rows and self.config.global_batch_tokens is None
+        ):  # a fixed number of samples per batch
             from energon_platform.loader.planner import check_distinct
 
-            check_distinct(self.blend, [o.num_samples for o in self.orders], self.datasets.names,
-                           self._units_per_batch, self.unit)
+            check_distinct(
+                self.blend,
+                [o.num_samples for o in self.orders],
+                self.datasets.names,
+                self._units_per_batch,
+                self.unit,
+            )
         group = 1 if self.planned else self.pack_group
-        self.schedule = Schedule(self.orders, self.config.global_batch_size, group, self.blend, self.unit)
+        self.schedule = Schedule(
+            self.orders, self.config.global_batch_size, group, self.blend, self.unit
+        )
         if self.planned:
             from energon_platform.loader.lengths import SampleLengths
-            from energon_platform.loader.planner import PlanState, Planner
+            from energon_platform.loader.planner import Planner, PlanState
 
             if plan_state is None:
                 plan_state = self.planner.start if self.planner is not None else PlanState()
             prefixes = [self.datasets.key_prefix(d) for d in range(len(self.datasets.entries))]
-            self.planner = Planner(SampleLengths(self.schedule, self.length_indexes, self.encoder, prefixes),
-                                   self._cost, self.config.global_batch_size,
-                                   capacity=self.encoder.seq_len if self.packed_rows else 0,
-                                   budget=self.config.global_batch_tokens, window=self.config.balance_window,
-                                   fill=self.config.balance_lookahead, start=plan_state)
-        self.maker = MicroBatchMaker(self.datasets, self.encoder, self.schedule, self.rank, self.world_size,
-                                     self.micro_items, planner=self.planner,
-                                     exclusions=Excluder(self.exclusions, self.datasets) if self.exclusions else None)
+            self.planner = Planner(
+                SampleLengths(self.schedule, self.length_indexes, self.encoder, prefixes),
+                self._cost,
+                self.config.global_batch_size,
+                capacity=self.encoder.seq_len if self.packed_rows else 0,
+                budget=self.config.global_batch_tokens,
+                window=self.config.balance_window,
+                fill=self.config.balance_lookahead,
+                start=plan_state,
+            )
+        self.maker = MicroBatchMaker(
+            self.datasets,
+            self.encoder,
+            self.schedule,
+            self.rank,
+            self.world_size,
+            self.micro_items,
+            planner=self.planner,
+            exclusions=Excluder(self.exclusions, self.datasets) if self.exclusions else None,
+        )
 
     def balance_stats(self, batch: int) -> dict:
         """Global batch ``batch`` of a planned run: per-rank cost max/mean, padding, samples and
@@ -213,10 +294,17 @@ class TrainLoader:
         from energon_platform.loader.planner import deal_plan, rank_costs
 
         plan = self.planner.plan(batch)
-        costs = rank_costs(plan, deal_plan(plan, self.world_size, self.accumulation, fixed=self.planner.fixed_counts))
+        costs = rank_costs(
+            plan,
+            deal_plan(plan, self.world_size, self.accumulation, fixed=self.planner.fixed_counts),
+        )
         mean = sum(costs) / len(costs)
-        return {"rank_cost": round(max(costs) / mean, 4) if mean else 1.0, "padding": round(plan.padding, 4),
-                "samples": sum(len(i) for i in plan.items), "carried": len(plan.next_state.carried)}
+        return {
+            "rank_cost": round(max(costs) / mean, 4) if mean else 1.0,
+            "padding": round(plan.padding, 4),
+            "samples": sum(len(i) for i in plan.items),
+            "carried": len(plan.next_state.carried),
+        }
 
     def exclusion_stats(self, batch: int) -> dict:
         """``{"excluded": {dataset: n}}``: samples of global batch ``batch`` (all ranks) that
@@ -244,8 +332,10 @@ class TrainLoader:
             taken = self.blend.consumed(state.position).astype(int)
             for d in self.schedule.samples(list(state.carried))[0] if state.carried else ():
                 taken[int(d)] -= 1
-            return {n: {"samples": int(t), "epochs": round(int(t) / o.num_samples, 6)}
-                    for n, t, o in zip(self.datasets.names, taken, self.orders)}
+            return {
+                n: {"samples": int(t), "epochs": round(int(t) / o.num_samples, 6)}
+                for n, t, o in zip(self.datasets.names, taken, self.orders)
+            }
         return dict(zip(self.datasets.names, self.schedule.consumed(self.global_batch)))
 
     # --- iteration --------------------------------------------------------------------------
@@ -270,19 +360,31 @@ class TrainLoader:
         self._start_microbatch = self.next_microbatch
         workers = self.worker_processes
         self.maker.timed_out = self.timed_out  # the workers fork with what timed out so far
-        self.maker.watch = self._watch = SampleWatch(workers) if self.config.sample_timeout else None
+        self.maker.watch = self._watch = (
+            SampleWatch(workers) if self.config.sample_timeout else None
+        )
         stream = MicroBatchStream(self.maker, self.next_microbatch)
         kwargs = {}
         if workers > 0:
-            kwargs = {"prefetch_factor": self.prefetch_factor, "multiprocessing_context": "fork",
-                      "worker_init_fn": _worker_init()}
-        if self._watch is not None:  # wake up to look at the workers while waiting for a micro-batch
+            kwargs = {
+                "prefetch_factor": self.prefetch_factor,
+                "multiprocessing_context": "fork",
+                "worker_init_fn": _worker_init(),
+            }
+        if (
+            self._watch is not None
+        ):  # wake up to look at the workers while waiting for a micro-batch
             kwargs["timeout"] = min(1.0, self.config.sample_timeout / 4)
         # a private generator: creating the iterator would otherwise draw from the global torch RNG
         # (its base seed), which the trainer's dropout uses and a resume restores
-        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
-                                             pin_memory=torch.cuda.is_available(), generator=torch.Generator(),
-                                             **kwargs)
+        loader = torch.utils.data.DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator(),
+            **kwargs,
+        )
         return _without_sigchld_handler(lambda: iter(loader))
 
     def _next_from_workers(self) -> tuple[int, Any]:
@@ -292,7 +394,9 @@ class TrainLoader:
         while True:
             try:
                 return next(self._iter)
-            except RuntimeError as e:  # torch's words for its `timeout` (no worker died: that is checked first)
+            except (
+                RuntimeError
+            ) as e:  # torch's words for its `timeout` (no worker died: that is checked first)
                 if self._watch is None or not str(e).startswith("DataLoader timed out"):
                     raise
             stuck = self._watch.stuck(self.config.sample_timeout)
@@ -311,10 +415,20 @@ class TrainLoader:
             os.kill(self._iter._workers[s.worker].pid, signal.SIGKILL)
             key = self._key_of(s.dataset, s.index)
             self.timed_out[s.dataset, s.index] = (key, limit)
-            log.warning("loader worker %d of rank %d spent %.1f s on sample %s (index %d of dataset %r) in micro-batch "
-                        "%d, longer than loader.sample_timeout=%g s: worker killed, the sample counts as failed and "
-                        "its stand-in is used; workers restart at micro-batch %d", s.worker, self.rank, s.seconds, key,
-                        s.index, self.datasets.entries[s.dataset].name, s.micro_batch, limit, self.next_microbatch)
+            log.warning(
+                "loader worker %d of rank %d spent %.1f s on sample %s (index %d of dataset %r) in micro-batch "
+                "%d, longer than loader.sample_timeout=%g s: worker killed, the sample counts as failed and "
+                "its stand-in is used; workers restart at micro-batch %d",
+                s.worker,
+                self.rank,
+                s.seconds,
+                key,
+                s.index,
+                self.datasets.entries[s.dataset].name,
+                s.micro_batch,
+                limit,
+                self.next_microbatch,
+            )
         self.close()
         self._iter = self._start()
 
@@ -342,24 +456,37 @@ class TrainLoader:
         except (RuntimeError, ConnectionError, EOFError) as e:
             dead = self._dead_workers(wait=0 if isinstance(e, RuntimeError) else 1.0)
             workers = self.worker_processes
-            if not (workers and (dead or "DataLoader worker (pid" in str(e))):  # not "Caught X in ..."
+            if not (
+                workers and (dead or "DataLoader worker (pid" in str(e))
+            ):  # not "Caught X in ..."
                 raise
             # killed (the kernel's OOM killer), or exited: PyTorch says so in a RuntimeError, or the
             # kill cut a tensor's transfer (ConnectionResetError)
-            worker, pid = dead[0] if dead else ((self.next_microbatch - self._start_microbatch) % workers, "?")
+            worker, pid = (
+                dead[0]
+                if dead
+                else ((self.next_microbatch - self._start_microbatch) % workers, "?")
+            )
             self.close()
             raise LoaderWorkerError(
                 f"loader worker {worker} (pid {pid}) of rank {self.rank} died while making micro-batch "
                 f"{self.next_microbatch} (global batch {self.global_batch}): {(str(e).splitlines() or [type(e).__name__])[0]}. "
                 f"Out of memory? Lower loader.num_workers or prefetch_factor; resume from the latest "
-                f"checkpoint and the data continues exactly") from None
-        except DatasetError:  # bad data or a failed store: stop the other workers, so this error is the last line
+                f"checkpoint and the data continues exactly"
+            ) from None
+        except (
+            DatasetError
+        ):  # bad data or a failed store: stop the other workers, so this error is the last line
             self.close()
             raise
-        assert c == self.next_microbatch, f"micro-batch {c} arrived where {self.next_microbatch} was due"
+        assert c == self.next_microbatch, (
+            f"micro-batch {c} arrived where {self.next_microbatch} was due"
+        )
         self.next_microbatch += 1
         if self.planned and self.next_microbatch % self.accumulation == 0:
-            self.planner.plan(self.global_batch)  # keep this process's plans current (state_dict, stats): O(1) a step
+            self.planner.plan(
+                self.global_batch
+            )  # keep this process's plans current (state_dict, stats): O(1) a step
         return batch
 
     def _dead_workers(self, wait: float) -> list[tuple[int, int]]:
@@ -369,7 +496,11 @@ class TrainLoader:
 
         deadline = time.monotonic() + wait
         while True:
-            dead = [(i, w.pid) for i, w in enumerate(getattr(self._iter, "_workers", [])) if not w.is_alive()]
+            dead = [
+                (i, w.pid)
+                for i, w in enumerate(getattr(self._iter, "_workers", []))
+                if not w.is_alive()
+            ]
             if dead or time.monotonic() >= deadline:
                 return dead
             time.sleep(0.02)
@@ -389,11 +520,18 @@ class TrainLoader:
         and the module lacks that mixin: Lightning takes it one prefetched batch ahead."""
         _refuse_lightning_without_hooks(self)
         return LoaderState(
-            version=STATE_VERSION, fingerprint={**self.fingerprint, "datasets": self.dataset_identities()},
-            next_microbatch=self.next_microbatch, accumulation=self.accumulation,
-            layout={"rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
-                    "micro_items": self.maker.micro_items},
-            datasets=self.datasets.names, blend=self.blend.to_json(),
+            version=STATE_VERSION,
+            fingerprint={**self.fingerprint, "datasets": self.dataset_identities()},
+            next_microbatch=self.next_microbatch,
+            accumulation=self.accumulation,
+            layout={
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "num_workers": self.num_workers,
+                "micro_items": self.maker.micro_items,
+            },
+            datasets=self.datasets.names,
+            blend=self.blend.to_json(),
             consumed=list(self.consumed().values()),
             plan=self.planner.state_at(self.global_batch).to_json() if self.planned else None,
             exclude=[ex.to_json() for ex in self.exclusions] or None,
@@ -420,45 +558,72 @@ class TrainLoader:
         current = self.dataset_identities()
         missing = [n for n in state.datasets if n not in current]
         if missing:
-            raise StateMismatchError(f"the checkpoint's blend has dataset(s) {missing} that this run does not "
-                                     f"(this run: {self.datasets.names}); datasets may be added at resume, not removed")
+            raise StateMismatchError(
+                f"the checkpoint's blend has dataset(s) {missing} that this run does not "
+                f"(this run: {self.datasets.names}); datasets may be added at resume, not removed"
+            )
         shuffle = state.fingerprint.get("shuffle")
         if isinstance(shuffle, dict) and "guard" not in shuffle and self.orders[0].guard:
-            self.orders = self._orders(0)  # saved before epoch boundaries were guarded: continue as saved
+            self.orders = self._orders(
+                0
+            )  # saved before epoch boundaries were guarded: continue as saved
             self.fingerprint["shuffle"] = self.orders[0].describe()
         saved = state.fingerprint
         balance = saved.get("balance")
         if isinstance(balance, dict) and balance.get("planner") == "pool-led-v1" and self.planned:
             # the previous planner could place a small dataset's sample twice in a global batch; its
             # saved position and carried samples mean the same to this one, which continues from them
-            saved = {**saved, "balance": {**balance, "planner": self.fingerprint["balance"]["planner"]}}
+            saved = {
+                **saved,
+                "balance": {**balance, "planner": self.fingerprint["balance"]["planner"]},
+            }
             if self.rank == 0:
-                log.warning("the checkpoint was planned by the previous planner (pool-led-v1); global batches "
-                            "from here on are planned by %s, which never repeats a sample in one",
-                            self.fingerprint["balance"]["planner"])
+                log.warning(
+                    "the checkpoint was planned by the previous planner (pool-led-v1); global batches "
+                    "from here on are planned by %s, which never repeats a sample in one",
+                    self.fingerprint["balance"]["planner"],
+                )
         # every saved dataset must be the same data; datasets added since are not compared
         try:
-            check_fingerprint(saved, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}})
-        except StateMismatchError as e:  # a dataset added with an existing entry's folder name: say so
+            check_fingerprint(
+                saved, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}}
+            )
+        except (
+            StateMismatchError
+        ) as e:  # a dataset added with an existing entry's folder name: say so
             raise StateMismatchError(f"{e}{self.datasets.clash_note(state.datasets)}") from None
-        if state.mid_step and (state.accumulation != self.accumulation or state.layout.get("world_size") != self.world_size):
-            raise LayoutError("the state was saved in the middle of a global batch (gradient accumulation); "
-                              "resume it with the same world size and micro-batch size, or save at a step boundary")
+        if state.mid_step and (
+            state.accumulation != self.accumulation
+            or state.layout.get("world_size") != self.world_size
+        ):
+            raise LayoutError(
+                "the state was saved in the middle of a global batch (gradient accumulation); "
+                "resume it with the same world size and micro-batch size, or save at a step boundary"
+            )
         self.close()  # workers already started would produce the old position
         plan_state = None
         if self.planned:
             from energon_platform.loader.planner import PlanState
 
             if state.plan is None or state.plan["batch"] != state.next_global_batch:
-                raise StateMismatchError("the checkpoint's loader state has no plan for global batch "
-                                         f"{state.next_global_batch} (saved without loader.balance?)")
+                raise StateMismatchError(
+                    "the checkpoint's loader state has no plan for global batch "
+                    f"{state.next_global_batch} (saved without loader.balance?)"
+                )
             plan_state = PlanState.from_json(state.plan)
-        self.exclusions, excluded = resumed([Exclusion.from_json(r) for r in state.exclude or ()],
-                                            self.config.exclude, state.next_global_batch)
-        segments, changes = resume_segments(state, self.datasets,
-                                            blend_steps(self.datasets, self.config.blend_schedule, self.exclusions),
-                                            state.next_global_batch, self._units_per_batch,
-                                            resume_unit=plan_state.position if plan_state else None)
+        self.exclusions, excluded = resumed(
+            [Exclusion.from_json(r) for r in state.exclude or ()],
+            self.config.exclude,
+            state.next_global_batch,
+        )
+        segments, changes = resume_segments(
+            state,
+            self.datasets,
+            blend_steps(self.datasets, self.config.blend_schedule, self.exclusions),
+            state.next_global_batch,
+            self._units_per_batch,
+            resume_unit=plan_state.position if plan_state else None,
+        )
         for change in changes if self.rank == 0 else ():  # once per job, not once per rank
             log.warning("blend changed at resume: %s", change)
         for change in excluded if self.rank == 0 else ():
@@ -466,7 +631,8 @@ class TrainLoader:
         self.blend_changes = changes + excluded
         self._set_blend(segments, plan_state)
         self.next_microbatch = state.next_global_batch * self.accumulation + (
-            state.next_microbatch % state.accumulation if state.mid_step else 0)
+            state.next_microbatch % state.accumulation if state.mid_step else 0
+        )
 
 
 def _without_sigchld_handler(start):
@@ -516,7 +682,9 @@ def gradient_accumulation_steps(cfg: RunConfig, world_size: int = 1) -> int:
     before any loader (or trainer) exists, e.g. for ``Accelerator(gradient_accumulation_steps=...)``
     or ``Trainer(accumulate_grad_batches=...)``. :class:`LayoutError` for a world size that cannot
     split the global batch."""
-    per_rank = Schedule.check_split(cfg.loader.global_batch_size, 1, world_size, cfg.loader.micro_batch_size)
+    per_rank = Schedule.check_split(
+        cfg.loader.global_batch_size, 1, world_size, cfg.loader.micro_batch_size
+    )
     return per_rank // (cfg.loader.micro_batch_size or per_rank)
 
 
@@ -527,9 +695,11 @@ def _refuse_lightning_without_hooks(loader: TrainLoader) -> None:
     call of Lightning's code (two frames up: the caller of ``state_dict``) is refused."""
     caller = sys._getframe(2).f_globals.get("__name__", "")
     if caller.split(".")[0] in ("lightning", "pytorch_lightning") and not loader.lightning_hooks:
-        raise RuntimeError("Lightning is checkpointing a TrainLoader one prefetched batch ahead (a resume would skip "
-                           "a batch): mix energon_platform.integrations.lightning.EnergonHooks into the "
-                           "LightningModule, before it (class Model(EnergonHooks, L.LightningModule))")
+        raise RuntimeError(
+            "Lightning is checkpointing a TrainLoader one prefetched batch ahead (a resume would skip "
+            "a batch): mix energon_platform.integrations.lightning.EnergonHooks into the "
+            "LightningModule, before it (class Model(EnergonHooks, L.LightningModule))"
+        )
 
 
 def _stream_id(name: str) -> tuple[int, int]:
@@ -544,16 +714,28 @@ def _check_balance(cfg: RunConfig, encoder: Any, packed: bool) -> None:
     from task_encoders.config import ConfigError
 
     if packed and cfg.loader.global_batch_tokens is not None:
-        raise ConfigError(cfg.source, "loader.global_batch_tokens", f"{cfg.loader.global_batch_tokens} with a packing "
-                          f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
-                          "already (null, or an encoder without packing)")
+        raise ConfigError(
+            cfg.source,
+            "loader.global_batch_tokens",
+            f"{cfg.loader.global_batch_tokens} with a packing "
+            f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
+            "already (null, or an encoder without packing)",
+        )
 
     if not callable(getattr(encoder, "sample_facts", None)):
-        raise ConfigError(cfg.source, "loader.balance", f"{cfg.loader.balance!r} needs lengths before decoding, but "
-                          f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)")
+        raise ConfigError(
+            cfg.source,
+            "loader.balance",
+            f"{cfg.loader.balance!r} needs lengths before decoding, but "
+            f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)",
+        )
     if cfg.loader.balance == "encoder" and not callable(getattr(encoder, "balance_cost", None)):
-        raise ConfigError(cfg.source, "loader.balance", f"'encoder' calls the encoder's balance_cost(length), "
-                          f"which {type(encoder).__name__} does not define")
+        raise ConfigError(
+            cfg.source,
+            "loader.balance",
+            f"'encoder' calls the encoder's balance_cost(length), "
+            f"which {type(encoder).__name__} does not define",
+        )
 
 
 def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
@@ -564,11 +746,19 @@ def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
     if configured is None:
         return packs or 1
     if configured > 1 and not packs:
-        raise ConfigError(source, "loader.pack_group", f"{configured} asks for packing, but the encoder's "
-                          "packing.enabled is false (set it, or pack_group: 1)")
+        raise ConfigError(
+            source,
+            "loader.pack_group",
+            f"{configured} asks for packing, but the encoder's "
+            "packing.enabled is false (set it, or pack_group: 1)",
+        )
     if configured == 1 and packs:
-        raise ConfigError(source, "loader.pack_group", "1 disables packing, but the encoder's packing.enabled is "
-                          "true (use pack_group >= 2 or null)")
+        raise ConfigError(
+            source,
+            "loader.pack_group",
+            "1 disables packing, but the encoder's packing.enabled is "
+            "true (use pack_group >= 2 or null)",
+        )
     return configured
 
 
@@ -586,9 +776,8 @@ def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size:
     """Energon's own validation loader over ``data.val_split`` (no shuffling, no state), or None
     when the dataset has no such split. A metadataset validates over its own ``val_split`` split
     (Energon concatenates its datasets, weights ignored), when it defines one."""
-    from megatron.energon import get_loader, get_val_dataset
-
     import yaml
+    from megatron.energon import get_loader, get_val_dataset
 
     from energon_platform.loader.datasets import is_metadataset
     from storage import dataset_root
@@ -600,15 +789,25 @@ def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size:
         if cfg.data.val_split not in splits:
             return None
     else:
-        split = dataset_root(str(cfg.data.path)) / ".nv-meta" / "split.yaml"  # a folder or msc:// URL
+        split = (
+            dataset_root(str(cfg.data.path)) / ".nv-meta" / "split.yaml"
+        )  # a folder or msc:// URL
         if not yaml.safe_load(split.read_text())["split_parts"].get(cfg.data.val_split):
             return None
     encoder = build_encoder(cfg, training=False)
     wc = encoder.worker_config(rank=rank, world_size=world_size, num_workers=0)
-    ds = get_val_dataset(str(cfg.data.path), split_part=cfg.data.val_split, batch_size=batch_size,
-                         worker_config=wc, task_encoder=encoder, packing_buffer_size=encoder.packing_buffer_size)
+    ds = get_val_dataset(
+        str(cfg.data.path),
+        split_part=cfg.data.val_split,
+        batch_size=batch_size,
+        worker_config=wc,
+        task_encoder=encoder,
+        packing_buffer_size=encoder.packing_buffer_size,
+    )
     loader = get_loader(ds)
-    loader.pin_memory = torch.cuda.is_available()  # Energon always asks for it; without CUDA torch warns at each pass
+    loader.pin_memory = (
+        torch.cuda.is_available()
+    )  # Energon always asks for it; without CUDA torch warns at each pass
     return loader
 
 

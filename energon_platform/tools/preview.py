@@ -23,13 +23,15 @@ def preview_batch(encoder: Any, batch: Any, max_docs: int = 2, max_chars: int = 
             continue
         value = getattr(batch, field.name)
         if isinstance(value, torch.Tensor):
-            lines.append(f"  {field.name}: {str(value.dtype).replace('torch.', '')} {tuple(value.shape)}")
+            lines.append(
+                f"  {field.name}: {str(value.dtype).replace('torch.', '')} {tuple(value.shape)}"
+            )
         elif field.name != "keys":
             lines.append(f"  {field.name}: {value!r}")
     flat = batch.tokens.flatten()
     for j, key in enumerate(batch.keys[:max_docs]):
         start = int(batch.cu_seqlens[j])
-        text = encoder.tokenizer.decode(flat[start:start + int(batch.doc_lengths[j])])
+        text = encoder.tokenizer.decode(flat[start : start + int(batch.doc_lengths[j])])
         lines.append(f"  {key}: {text[:max_chars]!r}")
     return "\n".join(lines)
 
@@ -41,7 +43,10 @@ DEFAULT_ENCODERS = {
     "CaptioningSample": {"encoder": "image_text"},
     "AudioTextSample": {"encoder": "audio_text"},
     "VideoTextSample": {"encoder": "video_text"},
-    "PointCloudTextSample": {"encoder": "pointcloud_text", "pointcloud": {"colors": True}},  # drawn in their colours
+    "PointCloudTextSample": {
+        "encoder": "pointcloud_text",
+        "pointcloud": {"colors": True},
+    },  # drawn in their colours
     "TextSample": {"encoder": "text"},
 }
 TILE = 96  #: pixel height of an image, a video frame or a spectrogram on the sheet
@@ -70,11 +75,15 @@ def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
         for i, j in enumerate(owners("num_images", images.shape[0])):
             out[j].append(("image", images[i]) if images.ndim == 4 else ("tiles", images[i]))
     tiles, num_tiles = getattr(batch, "tiles", None), getattr(batch, "num_tiles", None)
-    if isinstance(tiles, torch.Tensor) and isinstance(num_tiles, torch.Tensor) and num_tiles.numel() == n_docs:
+    if (
+        isinstance(tiles, torch.Tensor)
+        and isinstance(num_tiles, torch.Tensor)
+        and num_tiles.numel() == n_docs
+    ):
         start = 0
         for j, n in enumerate(num_tiles.tolist()):
             if n:
-                out[j].append(("tiles", tiles[start:start + n]))
+                out[j].append(("tiles", tiles[start : start + n]))
             start += n
     videos = getattr(batch, "videos", None)
     if isinstance(videos, torch.Tensor) and videos.ndim == 5:
@@ -86,12 +95,21 @@ def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
         for i, j in enumerate(owners("num_clouds", points.shape[0])):
             coloured = has_colors is None or bool(has_colors[i])
             out[j].append(("points", points[i] if coloured else points[i, :, :3]))
-    for name, lengths_name, count_name in (("features", "feature_lengths", "num_audio"),
-                                           ("audio_features", "audio_lengths", "")):
+    for name, lengths_name, count_name in (
+        ("features", "feature_lengths", "num_audio"),
+        ("audio_features", "audio_lengths", ""),
+    ):
         feats = getattr(batch, name, None)
-        if isinstance(feats, torch.Tensor) and feats.ndim == 3 and feats.shape[1] and feats.shape[2]:
+        if (
+            isinstance(feats, torch.Tensor)
+            and feats.ndim == 3
+            and feats.shape[1]
+            and feats.shape[2]
+        ):
             lengths = getattr(batch, lengths_name).tolist()
-            for i, j in enumerate(owners(count_name, feats.shape[0]) if count_name else range(feats.shape[0])):
+            for i, j in enumerate(
+                owners(count_name, feats.shape[0]) if count_name else range(feats.shape[0])
+            ):
                 if lengths[i]:
                     out[j].append(("mel", feats[i, :, : lengths[i]]))
     return out
@@ -100,8 +118,12 @@ def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
 def doc_texts(encoder: Any, batch: Any) -> list[str]:
     """Each document's tokens decoded with the encoder's tokenizer."""
     flat = batch.tokens.flatten()
-    return [encoder.tokenizer.decode(flat[int(batch.cu_seqlens[j]):int(batch.cu_seqlens[j]) + int(batch.doc_lengths[j])])
-            for j in range(len(batch.keys))]
+    return [
+        encoder.tokenizer.decode(
+            flat[int(batch.cu_seqlens[j]) : int(batch.cu_seqlens[j]) + int(batch.doc_lengths[j])]
+        )
+        for j in range(len(batch.keys))
+    ]
 
 
 def _normalize_of(encoder: Any, modality: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -132,7 +154,9 @@ def _to_pil(image: torch.Tensor, norm) -> Any:
         x = x.expand(3, -1, -1)
     arr = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
     pic = Image.fromarray(arr[:, :, :3], "RGB")
-    return pic.resize((max(1, round(pic.width * TILE / pic.height)), TILE), Image.Resampling.NEAREST)
+    return pic.resize(
+        (max(1, round(pic.width * TILE / pic.height)), TILE), Image.Resampling.NEAREST
+    )
 
 
 def _mel_to_pil(mel: torch.Tensor, width: int) -> Any:
@@ -145,7 +169,9 @@ def _mel_to_pil(mel: torch.Tensor, width: int) -> Any:
     lo, hi = float(np.percentile(x, 2)), float(np.percentile(x, 98))
     x = np.clip((x - lo) / (hi - lo), 0, 1) if hi > lo else np.zeros_like(x)
     rgb = (colormaps["viridis"](x)[:, :, :3] * 255).astype(np.uint8)
-    return Image.fromarray(rgb, "RGB").resize((max(1, min(width, x.shape[1] * 4)), TILE), Image.Resampling.BILINEAR)
+    return Image.fromarray(rgb, "RGB").resize(
+        (max(1, min(width, x.shape[1] * 4)), TILE), Image.Resampling.BILINEAR
+    )
 
 
 #: Views of a point cloud on the sheet: (name, horizontal axis, vertical axis, depth axis), y up.
@@ -163,16 +189,22 @@ def _points_to_pil(points: torch.Tensor, view: tuple[str, int, int, int]) -> Any
     p = points.detach().float().cpu().numpy()
     xyz = p[:, :3]
     extent = float(np.abs(xyz).max()) or 1.0
-    u = np.clip(((xyz[:, h_axis] / extent + 1) / 2 * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2)
-    v = np.clip(((1 - (xyz[:, v_axis] / extent + 1) / 2) * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2)
+    u = np.clip(
+        ((xyz[:, h_axis] / extent + 1) / 2 * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2
+    )
+    v = np.clip(
+        ((1 - (xyz[:, v_axis] / extent + 1) / 2) * (TILE - 3)).round().astype(int) + 1, 0, TILE - 2
+    )
     depth = xyz[:, d_axis]
     if p.shape[1] >= 6:
         rgb = (np.clip(p[:, 3:6], 0, 1) * 255).astype(np.uint8)
     else:
-        rgb = (colormaps["viridis"]((depth - depth.min()) / (np.ptp(depth) or 1.0))[:, :3] * 255).astype(np.uint8)
+        rgb = (
+            colormaps["viridis"]((depth - depth.min()) / (np.ptp(depth) or 1.0))[:, :3] * 255
+        ).astype(np.uint8)
     img = np.full((TILE, TILE, 3), 255, dtype=np.uint8)
     for i in np.argsort(depth, kind="stable"):  # the viewer is on the depth axis' positive side
-        img[v[i]:v[i] + 2, u[i]:u[i] + 2] = rgb[i]
+        img[v[i] : v[i] + 2, u[i] : u[i] + 2] = rgb[i]
     return Image.fromarray(img, "RGB")
 
 
@@ -204,7 +236,9 @@ def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = ""
     rows = []
     for batch in batches:
         modalities = getattr(batch, "modalities", None) or [type(encoder).name] * len(batch.keys)
-        for key, modality, media, text in zip(batch.keys, modalities, doc_media(batch), doc_texts(encoder, batch)):
+        for key, modality, media, text in zip(
+            batch.keys, modalities, doc_media(batch), doc_texts(encoder, batch)
+        ):
             norm = _normalize_of(encoder, modality)
             pics = []
             for kind, tensor in media:
@@ -217,7 +251,9 @@ def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = ""
                     pics += [_to_pil(frame, norm) for frame in tensor[::step]]
                 else:
                     pics.append(_mel_to_pil(tensor, MAX_TILES * (TILE + 2)))
-            label = f"{key}  [{modality}" + "".join(f", {k} {tuple(t.shape)}" for k, t in media) + "]"
+            label = (
+                f"{key}  [{modality}" + "".join(f", {k} {tuple(t.shape)}" for k, t in media) + "]"
+            )
             rows.append((pics, label, text))
             if len(rows) == n:
                 break
@@ -241,7 +277,9 @@ def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = ""
         draw.text((tx, y), label[:70], fill=(90, 90, 90), font=small)
         for i, line in enumerate(_wrap(text, font, TEXT_WIDTH, 5)):
             draw.text((tx, y + 16 + 16 * i), line, fill=(0, 0, 0), font=font)
-        draw.line([(PAD, y + TILE + PAD // 2), (width - PAD, y + TILE + PAD // 2)], fill=(220, 220, 220))
+        draw.line(
+            [(PAD, y + TILE + PAD // 2), (width - PAD, y + TILE + PAD // 2)], fill=(220, 220, 220)
+        )
         y += TILE + PAD
     return sheet
 
@@ -279,21 +317,43 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
         if path.is_dir() and not (path / ".nv-meta" / "dataset.yaml").is_file():
             from storage import DatasetError
 
-            raise DatasetError(f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml) nor a run config; "
-                               f"convert it with `energon-platform convert ...` first")
+            raise DatasetError(
+                f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml) nor a run config; "
+                f"convert it with `energon-platform convert ...` first"
+            )
         sample_class = _dataset_sample_class(path) if path.is_dir() else None
         if sample_class not in DEFAULT_ENCODERS:
-            what = f"sample type {sample_class or 'unknown'}" if path.is_dir() else "a metadataset: its datasets may hold different sample types"
-            raise ConfigError(str(path), "--encoder", f"cannot choose an encoder for {path} ({what}); pass "
-                              f"--encoder CONFIG (e.g. configs/encoders/multimodal.yaml)")
+            what = (
+                f"sample type {sample_class or 'unknown'}"
+                if path.is_dir()
+                else "a metadataset: its datasets may hold different sample types"
+            )
+            raise ConfigError(
+                str(path),
+                "--encoder",
+                f"cannot choose an encoder for {path} ({what}); pass "
+                f"--encoder CONFIG (e.g. configs/encoders/multimodal.yaml)",
+            )
         encoder = DEFAULT_ENCODERS[sample_class]
-    return load_config({"data": {"path": str(path.resolve()), "val_split": None}, "encoder": encoder,
-                        "loader": {"global_batch_size": n, "num_workers": 0}})
+    return load_config(
+        {
+            "data": {"path": str(path.resolve()), "val_split": None},
+            "encoder": encoder,
+            "loader": {"global_batch_size": n, "num_workers": 0},
+        }
+    )
 
 
 #: Picture formats a sheet is written in, by the suffix of ``--out``.
-SHEET_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF",
-                 ".tiff": "TIFF"}
+SHEET_FORMATS = {
+    ".png": "PNG",
+    ".jpg": "JPEG",
+    ".jpeg": "JPEG",
+    ".webp": "WEBP",
+    ".bmp": "BMP",
+    ".tif": "TIFF",
+    ".tiff": "TIFF",
+}
 
 
 def sheet_format(out: str | Path) -> str:
@@ -303,8 +363,12 @@ def sheet_format(out: str | Path) -> str:
 
     suffix = Path(out).suffix.lower()
     if suffix not in SHEET_FORMATS:
-        raise ConfigError(str(out), "--out", f"no picture format is named by the suffix {suffix or '(none)'!r}; "
-                                             f"end the name with one of {', '.join(SHEET_FORMATS)}")
+        raise ConfigError(
+            str(out),
+            "--out",
+            f"no picture format is named by the suffix {suffix or '(none)'!r}; "
+            f"end the name with one of {', '.join(SHEET_FORMATS)}",
+        )
     return SHEET_FORMATS[suffix]
 
 
@@ -333,4 +397,9 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sheet.save(out, format=fmt)
-    return {"path": str(out), "width": sheet.width, "height": sheet.height, "documents": min(n, docs)}
+    return {
+        "path": str(out),
+        "width": sheet.width,
+        "height": sheet.height,
+        "documents": min(n, docs),
+    }

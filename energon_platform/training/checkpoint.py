@@ -28,16 +28,17 @@ import fcntl
 import hashlib
 import json
 import os
-import socket
-import time
 import random
 import re
 import shutil
+import socket
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,7 +69,7 @@ class RunLock:
         self._fd: int | None = None
         self._key: tuple[int, int] | None = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         with _HELD_GUARD:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,13 +78,17 @@ class RunLock:
                     raise self._busy(held)
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
-                raise CheckpointError(f"{self.path.parent}: cannot write checkpoints there ({e.strerror or e})") from None
+                raise CheckpointError(
+                    f"{self.path.parent}: cannot write checkpoints there ({e.strerror or e})"
+                ) from None
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 if e.errno not in (errno.EACCES, errno.EAGAIN):
                     os.close(fd)
-                    raise CheckpointError(f"{self.path}: cannot lock it ({e.strerror or e})") from None
+                    raise CheckpointError(
+                        f"{self.path}: cannot lock it ({e.strerror or e})"
+                    ) from None
                 holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
                 os.close(fd)
                 raise self._busy(holder) from None
@@ -103,8 +108,10 @@ class RunLock:
                 self._fd = self._key = None
 
     def _busy(self, holder: str) -> CheckpointError:
-        return CheckpointError(f"{self.path.parent}: another training run is using this checkpoint folder "
-                               f"({holder}); wait for it to end, or choose another --out")
+        return CheckpointError(
+            f"{self.path.parent}: another training run is using this checkpoint folder "
+            f"({holder}); wait for it to end, or choose another --out"
+        )
 
 
 def _held_by_this_process(path: Path) -> str | None:
@@ -143,9 +150,11 @@ def _fsync_write(path: Path, data: bytes) -> None:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         free = shutil.disk_usage(path.parent).free
-        raise CheckpointError(f"{path}: no space left on the device ({len(data) / 2**20:.1f} MiB needed for this "
-                              f"file, {free / 2**20:.1f} MiB free); the previous checkpoint stays the latest. "
-                              f"Free space, or lower train.keep_checkpoints") from None
+        raise CheckpointError(
+            f"{path}: no space left on the device ({len(data) / 2**20:.1f} MiB needed for this "
+            f"file, {free / 2**20:.1f} MiB free); the previous checkpoint stays the latest. "
+            f"Free space, or lower train.keep_checkpoints"
+        ) from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -190,8 +199,17 @@ def _step_dir(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def save(root: str | Path, step: int, rank: int, world_size: int, *, model_state: dict | None,
-         loader_state: dict, barrier=lambda: None, all_ok=lambda ok: ok) -> Path:
+def save(
+    root: str | Path,
+    step: int,
+    rank: int,
+    world_size: int,
+    *,
+    model_state: dict | None,
+    loader_state: dict,
+    barrier=lambda: None,
+    all_ok=lambda ok: ok,
+) -> Path:
     """Write one checkpoint. Every rank calls it; rank 0 also writes the model/optimizer file
     (replicated under data parallelism), renames the folder and marks it latest, after
     ``barrier()`` (``torch.distributed.barrier`` in multi-rank runs).
@@ -211,21 +229,30 @@ def save(root: str | Path, step: int, rank: int, world_size: int, *, model_state
     error = None
     try:
         _fsync_write(tmp / f"rng_rank{rank}.pt", _torch_bytes(rng_state()))
-        _fsync_write(tmp / f"loader_rank{rank}.json", json.dumps(loader_state, sort_keys=True).encode())
+        _fsync_write(
+            tmp / f"loader_rank{rank}.json", json.dumps(loader_state, sort_keys=True).encode()
+        )
         if rank == 0:
             _fsync_write(tmp / "model.pt", _torch_bytes(model_state))
     except Exception as e:  # a full disk, or any other failed write: every rank must hear of it
         error = e
-    if not all_ok(error is None):  # disk full somewhere: nothing half-written stays behind (nor is ever loaded)
+    if not all_ok(
+        error is None
+    ):  # disk full somewhere: nothing half-written stays behind (nor is ever loaded)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise error or CheckpointError(f"{tmp}: another rank could not write its part of checkpoint {name} (its "
-                                       f"error names the file and the space needed); {root / 'latest'} still "
-                                       f"names the previous checkpoint")
+        raise error or CheckpointError(
+            f"{tmp}: another rank could not write its part of checkpoint {name} (its "
+            f"error names the file and the space needed); {root / 'latest'} still "
+            f"names the previous checkpoint"
+        )
     barrier()
     if rank == 0:
         files = sorted(p.name for p in tmp.iterdir())
-        meta = {"step": step, "world_size": world_size,
-                "files": {f: hashlib.sha256((tmp / f).read_bytes()).hexdigest() for f in files}}
+        meta = {
+            "step": step,
+            "world_size": world_size,
+            "files": {f: hashlib.sha256((tmp / f).read_bytes()).hexdigest() for f in files},
+        }
         _fsync_write(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
         _fsync_dir(tmp)
         final = root / name
@@ -255,17 +282,25 @@ def _read_marker(root: Path) -> str | None:
     try:
         name = marker.read_bytes().decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{marker}: unreadable ({type(e).__name__}); delete it to resume from the newest "
-                              f"complete checkpoint") from None
+        raise CheckpointError(
+            f"{marker}: unreadable ({type(e).__name__}); delete it to resume from the newest "
+            f"complete checkpoint"
+        ) from None
     if _step_of(name) is None:
-        raise CheckpointError(f"{marker}: holds {name[:40]!r}, not a checkpoint name (step_NNNNNN); delete it to "
-                              f"resume from the newest complete checkpoint")
+        raise CheckpointError(
+            f"{marker}: holds {name[:40]!r}, not a checkpoint name (step_NNNNNN); delete it to "
+            f"resume from the newest complete checkpoint"
+        )
     return name
 
 
 def _step_dirs(root: Path) -> list[Path]:
     """``step_*`` folders, newest (highest step) first."""
-    found = [p for p in root.glob("step_*") if p.is_dir() and _step_of(p.name) is not None] if root.is_dir() else []
+    found = (
+        [p for p in root.glob("step_*") if p.is_dir() and _step_of(p.name) is not None]
+        if root.is_dir()
+        else []
+    )
     return sorted(found, key=lambda p: _step_of(p.name), reverse=True)
 
 
@@ -292,17 +327,35 @@ def verify(path: Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no meta.json (an incomplete checkpoint)") from None
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path / 'meta.json'}: unreadable ({type(e).__name__}: {e})") from None
+        raise CheckpointError(
+            f"{path / 'meta.json'}: unreadable ({type(e).__name__}: {e})"
+        ) from None
     files = meta.get("files") if isinstance(meta, dict) else None
-    if not (isinstance(files, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("world_size"), int)
-            and meta["world_size"] >= 1):
-        raise CheckpointError(f"{path / 'meta.json'}: not a checkpoint description (step, world_size, files)")
+    if not (
+        isinstance(files, dict)
+        and isinstance(meta.get("step"), int)
+        and isinstance(meta.get("world_size"), int)
+        and meta["world_size"] >= 1
+    ):
+        raise CheckpointError(
+            f"{path / 'meta.json'}: not a checkpoint description (step, world_size, files)"
+        )
     if meta["step"] != _step_of(path.name):
-        raise CheckpointError(f"{path / 'meta.json'}: says step {meta['step']}, but the folder is {path.name}")
-    needed = {"model.pt", *(f"{kind}_rank{r}.{ext}" for r in range(meta["world_size"])
-                            for kind, ext in (("rng", "pt"), ("loader", "json")))}
+        raise CheckpointError(
+            f"{path / 'meta.json'}: says step {meta['step']}, but the folder is {path.name}"
+        )
+    needed = {
+        "model.pt",
+        *(
+            f"{kind}_rank{r}.{ext}"
+            for r in range(meta["world_size"])
+            for kind, ext in (("rng", "pt"), ("loader", "json"))
+        ),
+    }
     if needed - set(files):
-        raise CheckpointError(f"{path / 'meta.json'}: does not list {sorted(needed - set(files))[0]}")
+        raise CheckpointError(
+            f"{path / 'meta.json'}: does not list {sorted(needed - set(files))[0]}"
+        )
     for name, digest in files.items():
         try:
             data = (path / name).read_bytes()
@@ -339,8 +392,10 @@ def find(root: str | Path, read: Callable[[Path], Any] = verify) -> Found | None
         except CheckpointError as e:
             skipped.append(str(e))
     if skipped:
-        raise CheckpointError(f"{root}: no usable checkpoint ({'; '.join(skipped)}); pass another --out to start "
-                              f"a new run")
+        raise CheckpointError(
+            f"{root}: no usable checkpoint ({'; '.join(skipped)}); pass another --out to start "
+            f"a new run"
+        )
     return None
 
 
@@ -382,7 +437,9 @@ def loader_state(path: str | Path) -> dict:
         root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         found = latest(root) if root.is_dir() else None
         if found is None:
-            raise CheckpointError(f"{path}: no checkpoint there (a step_NNNNNN folder, or a run's output folder)")
+            raise CheckpointError(
+                f"{path}: no checkpoint there (a step_NNNNNN folder, or a run's output folder)"
+            )
         path = found
     verify(path)
     return json.loads((path / "loader_rank0.json").read_text())

@@ -58,18 +58,28 @@ class CaptionModel(nn.Module):
     exist. Mixed batches run each embedding on possibly empty tensors, so every parameter gets a
     gradient every step (DistributedDataParallel requires it)."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, seq_len: int, media: tuple[str, ...] | str | None = (),
-                 n_mels: int = 80):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        vocab_size: int,
+        seq_len: int,
+        media: tuple[str, ...] | str | None = (),
+        n_mels: int = 80,
+    ):
         super().__init__()
         d = cfg.dim
         media = (media,) if isinstance(media, str) else tuple(media or ())
         self.tokens = nn.Embedding(vocab_size, d)
         self.positions = nn.Embedding(seq_len, d)
-        self.patches = nn.Conv2d(3, d, kernel_size=cfg.patch, stride=cfg.patch) if "image" in media else None
+        self.patches = (
+            nn.Conv2d(3, d, kernel_size=cfg.patch, stride=cfg.patch) if "image" in media else None
+        )
         self.audio = nn.Linear(n_mels, d) if "audio" in media else None
         self.points = nn.Linear(POINT_CHANNELS, d) if "points" in media else None
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, cfg.heads, 4 * d, cfg.dropout, batch_first=True, norm_first=True)
+            nn.TransformerEncoderLayer(
+                d, cfg.heads, 4 * d, cfg.dropout, batch_first=True, norm_first=True
+            )
             for _ in range(cfg.layers)
         )
         self.norm = nn.LayerNorm(d)
@@ -81,12 +91,24 @@ class CaptionModel(nn.Module):
         document (``image_docs``/``audio_docs``) and leave the others zero."""
         parts = []
         if self.patches is not None:
-            parts.append((self.patches(batch.images).flatten(2).mean(dim=2), getattr(batch, "image_docs", None)))
+            parts.append(
+                (
+                    self.patches(batch.images).flatten(2).mean(dim=2),
+                    getattr(batch, "image_docs", None),
+                )
+            )
         if self.audio is not None:
             frames = self.audio(batch.features.transpose(1, 2))  # (N, T, dim)
             lengths = batch.feature_lengths.clamp(min=1)
-            valid = (torch.arange(frames.shape[1], device=frames.device)[None, :] < lengths[:, None]).float()
-            parts.append(((frames * valid[..., None]).sum(1) / lengths[:, None].float(), getattr(batch, "audio_docs", None)))
+            valid = (
+                torch.arange(frames.shape[1], device=frames.device)[None, :] < lengths[:, None]
+            ).float()
+            parts.append(
+                (
+                    (frames * valid[..., None]).sum(1) / lengths[:, None].float(),
+                    getattr(batch, "audio_docs", None),
+                )
+            )
         if self.points is not None:
             clouds = F.pad(batch.points, (0, POINT_CHANNELS - batch.points.shape[-1]))  # (N, P, 6)
             parts.append((self.points(clouds).mean(dim=1), getattr(batch, "cloud_docs", None)))
@@ -110,10 +132,18 @@ class CaptionModel(nn.Module):
         if media is not None:
             x = x + media[document_index(batch.position_ids, batch.num_docs)]
         blocked = attention_mask(batch.position_ids)
-        mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(blocked, float("-inf"))
-        mask = mask.repeat_interleave(self.blocks[0].self_attn.num_heads, dim=0) if self.blocks else mask
+        mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(
+            blocked, float("-inf")
+        )
+        mask = (
+            mask.repeat_interleave(self.blocks[0].self_attn.num_heads, dim=0)
+            if self.blocks
+            else mask
+        )
         for block in self.blocks:
             x = block(x, src_mask=mask)
         logits = self.head(self.norm(x))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="none")
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="none"
+        )
         return (loss * batch.loss_mask.flatten()).sum()

@@ -17,9 +17,10 @@ the same numbers as one that does not.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from energon_platform.config import ModelConfig, RunConfig
 from energon_platform.loader.datasets import is_metadataset, open_datasets
@@ -55,21 +56,30 @@ def check_encoder_fits(source: SampleSource, encoder: Any) -> Any:
                 sample = source[index]
                 kind = f"{type(sample).__name__} samples"
                 return encoder.encode(sample)
-            except (StorageError, ImportError):  # the store or the installation failed, not the sample
+            except (
+                StorageError,
+                ImportError,
+            ):  # the store or the installation failed, not the sample
                 raise
             except Exception as e:  # noqa: BLE001 - the sample's failure; reported below
                 error = e
-    raise DatasetError(f"{source.path}: the {getattr(encoder, 'name', type(encoder).__name__)!s} encoder cannot "
-                       f"encode the {kind} of split {source.split!r} ({tries} of {tries} tried failed; first: "
-                       f"{_reason(error).splitlines()[0]}); use an encoder for this dataset's modality")
+    raise DatasetError(
+        f"{source.path}: the {getattr(encoder, 'name', type(encoder).__name__)!s} encoder cannot "
+        f"encode the {kind} of split {source.split!r} ({tries} of {tries} tried failed; first: "
+        f"{_reason(error).splitlines()[0]}); use an encoder for this dataset's modality"
+    )
 
 
 def check_model_fits(model: ModelConfig, encoded: Any, source: str) -> None:
     """:class:`ConfigError` naming ``model.patch`` when it is larger than the encoded images."""
     image = getattr(encoded, "media", {}).get("image")
     if image is not None and model.patch > min(image.shape[-2:]):
-        raise ConfigError(source, "model.patch", f"{model.patch} is larger than the encoder's images "
-                          f"({image.shape[-2]}x{image.shape[-1]}) (expected <= {min(image.shape[-2:])})")
+        raise ConfigError(
+            source,
+            "model.patch",
+            f"{model.patch} is larger than the encoder's images "
+            f"({image.shape[-2]}x{image.shape[-1]}) (expected <= {min(image.shape[-2:])})",
+        )
 
 
 def preflight(cfg: RunConfig, loader: Any = None) -> None:
@@ -84,9 +94,14 @@ def preflight(cfg: RunConfig, loader: Any = None) -> None:
     path = str(cfg.data.path)
     if not cfg.data.val_split:
         return
-    if is_metadataset(path):  # a metadataset's val split, when it has one: every entry's split is opened
+    if is_metadataset(
+        path
+    ):  # a metadataset's val split, when it has one: every entry's split is opened
         if cfg.data.val_split in read_metadataset(Path(path))["splits"]:
             open_datasets(path, cfg.data.val_split)
-    elif (dataset_root(path) / ".nv-meta" / "split.yaml").is_file() \
-            and cfg.data.val_split in split_parts(path):  # no val split: the run logs no val_loss
+    elif (
+        dataset_root(path) / ".nv-meta" / "split.yaml"
+    ).is_file() and cfg.data.val_split in split_parts(
+        path
+    ):  # no val split: the run logs no val_loss
         SampleSource(path, cfg.data.val_split)  # its shards are checked when opened

@@ -43,7 +43,7 @@ from typing import Any
 __all__ = ["StepLog", "batch_digest", "open_for_append"]
 
 
-def _update(h: "hashlib._Hash", obj: Any) -> None:
+def _update(h: hashlib._Hash, obj: Any) -> None:
     torch = sys.modules.get("torch")  # no tensor exists unless torch was imported
     if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
@@ -65,8 +65,10 @@ def _update(h: "hashlib._Hash", obj: Any) -> None:
     elif obj is None or isinstance(obj, (bool, int, float)):
         h.update(f"V{obj!r};".encode())
     else:
-        raise TypeError(f"batch_digest: cannot digest a {type(obj).__name__}; pass tensors, or a dict, list or "
-                        f"tuple of them")
+        raise TypeError(
+            f"batch_digest: cannot digest a {type(obj).__name__}; pass tensors, or a dict, list or "
+            f"tuple of them"
+        )
 
 
 def batch_digest(batch: Any) -> str:
@@ -101,7 +103,9 @@ def open_for_append(path: str | os.PathLike):
 def _this_rank(rank: int | None) -> int:
     if rank is not None:
         return rank
-    dist = sys.modules.get("torch.distributed")  # a process group exists only if the loop imported it
+    dist = sys.modules.get(
+        "torch.distributed"
+    )  # a process group exists only if the loop imported it
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
@@ -116,7 +120,9 @@ class StepLog:
         self.enabled = _this_rank(rank) == 0
         self._file = None
 
-    def write(self, step: int, loss: float, keys: list[str] | None = None, batch: Any = None, **extra: Any) -> None:
+    def write(
+        self, step: int, loss: float, keys: list[str] | None = None, batch: Any = None, **extra: Any
+    ) -> None:
         """Log ``step`` (an int, the count of optimizer steps done, 1 for the first) and its
         ``loss`` (a float or a one-element tensor); ``keys``: sample keys of the step's batch;
         ``batch``: tensors to digest (:func:`batch_digest`); ``extra``: more JSON fields (e.g.
@@ -126,7 +132,10 @@ class StepLog:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"StepLog.write: step must be an integer >= 0, got {step!r}")
         loss = float(loss.item() if hasattr(loss, "item") else loss)
-        row: dict[str, Any] = {"step": step, "loss": loss}  # NaN/Infinity as Python's json writes them
+        row: dict[str, Any] = {
+            "step": step,
+            "loss": loss,
+        }  # NaN/Infinity as Python's json writes them
         if keys is not None:
             row["keys"] = [str(k) for k in keys]
         if batch is not None:
@@ -143,7 +152,7 @@ class StepLog:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "StepLog":
+    def __enter__(self) -> StepLog:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,8 +21,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORMATS", "JsonLines", "MegatronLog", "TorchtitanLog", "RegexLog", "LogFormatError", "get_format",
-           "read_steps", "complete_length"]
+__all__ = [
+    "FORMATS",
+    "JsonLines",
+    "MegatronLog",
+    "TorchtitanLog",
+    "RegexLog",
+    "LogFormatError",
+    "get_format",
+    "read_steps",
+    "complete_length",
+]
 
 #: a float as Python, C printf (``%E``) or torch print it, NaN and infinities included
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)"
@@ -48,8 +57,13 @@ class JsonLines:
             row = json.loads(line)
         except ValueError:
             return None
-        if not (isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool)
-                and isinstance(row.get("loss"), (int, float)) and not isinstance(row["loss"], bool)):
+        if not (
+            isinstance(row, dict)
+            and isinstance(row.get("step"), int)
+            and not isinstance(row["step"], bool)
+            and isinstance(row.get("loss"), (int, float))
+            and not isinstance(row["loss"], bool)
+        ):
             return None
         return row
 
@@ -67,13 +81,19 @@ class MegatronLog:
 
     def __init__(self, loss_key: str = "lm loss"):
         self.iteration = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
-        self.loss = re.compile(r"\|\s*" + re.escape(loss_key) + r":\s*(" + NUMBER + r")\s*\|", re.IGNORECASE)
+        self.loss = re.compile(
+            r"\|\s*" + re.escape(loss_key) + r":\s*(" + NUMBER + r")\s*\|", re.IGNORECASE
+        )
 
     def parse_line(self, line: str) -> dict | None:
         it, loss = self.iteration.search(line), self.loss.search(line)
         if not (it and loss):
             return None
-        return {"step": int(it.group(1)), "loss": float(loss.group(1)), "train_iters": int(it.group(2))}
+        return {
+            "step": int(it.group(1)),
+            "loss": float(loss.group(1)),
+            "train_iters": int(it.group(2)),
+        }
 
 
 class TorchtitanLog:
@@ -85,7 +105,9 @@ class TorchtitanLog:
     """
 
     name = "torchtitan"
-    pattern = re.compile(r"(validate\s+)?\bstep:\s*(\d+)\s+loss:\s*(" + NUMBER + r")", re.IGNORECASE)
+    pattern = re.compile(
+        r"(validate\s+)?\bstep:\s*(\d+)\s+loss:\s*(" + NUMBER + r")", re.IGNORECASE
+    )
 
     def parse_line(self, line: str) -> dict | None:
         for m in self.pattern.finditer(_ANSI.sub("", line)):
@@ -112,8 +134,10 @@ class RegexLog:
             raise LogFormatError(f"--regex {pattern!r}: not a regular expression ({e})") from None
         missing = {"step", "loss"} - set(self.pattern.groupindex)
         if missing:
-            raise LogFormatError(f"--regex {pattern!r}: needs the named groups (?P<step>...) and (?P<loss>...); "
-                                 f"missing {', '.join(sorted(missing))}")
+            raise LogFormatError(
+                f"--regex {pattern!r}: needs the named groups (?P<step>...) and (?P<loss>...); "
+                f"missing {', '.join(sorted(missing))}"
+            )
 
     def parse_line(self, line: str) -> dict | None:
         m = self.pattern.search(_ANSI.sub("", line))
@@ -132,7 +156,9 @@ def get_format(name: str, regex: str | None = None) -> Any:
     """The reader for ``name`` (:data:`FORMATS`); ``regex`` goes with ``regex`` only."""
     if name == "regex":
         if not regex:
-            raise LogFormatError("--log-format regex needs --regex PATTERN with groups (?P<step>...) and (?P<loss>...)")
+            raise LogFormatError(
+                "--log-format regex needs --regex PATTERN with groups (?P<step>...) and (?P<loss>...)"
+            )
         return RegexLog(regex)
     if regex:
         raise LogFormatError(f"--regex goes with --log-format regex, not {name}")

@@ -43,12 +43,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from energon_platform.training import checkpoint
 from energon_platform.config import RunConfig
 from energon_platform.loader.train_loader import TrainLoader, build_val_loader
+from energon_platform.training import checkpoint
 from energon_platform.training.model import CaptionModel, media_of
-from energon_platform.training.step_log import open_for_append
 from energon_platform.training.preflight import preflight
+from energon_platform.training.step_log import open_for_append
+
 
 def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
     """Document index → its media tensors (images; audio features cut to their valid length; point clouds).
@@ -99,8 +100,17 @@ def _n_mels(encoder: Any) -> int:
     return next((c.audio.n_mels for c in configs if getattr(c, "audio", None) is not None), 80)
 
 
-TENSOR_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "images", "features", "feature_lengths", "cu_seqlens",
-                 "points")
+TENSOR_FIELDS = (
+    "tokens",
+    "labels",
+    "loss_mask",
+    "position_ids",
+    "images",
+    "features",
+    "feature_lengths",
+    "cu_seqlens",
+    "points",
+)
 
 
 def _init_distributed() -> tuple[int, int, torch.device]:
@@ -140,8 +150,14 @@ def _filled(micro_batches: list, loader: Any, world: int, device: Any) -> dict:
     an excluded or failed sample count too (the plan cannot know them); ``{}`` otherwise."""
     if not loader.packed_rows:
         return {}
-    counts = torch.tensor([float(sum(int(b.doc_lengths.sum()) for b in micro_batches)),
-                           float(sum(b.tokens.numel() for b in micro_batches))], dtype=torch.float64, device=device)
+    counts = torch.tensor(
+        [
+            float(sum(int(b.doc_lengths.sum()) for b in micro_batches)),
+            float(sum(b.tokens.numel() for b in micro_batches)),
+        ],
+        dtype=torch.float64,
+        device=device,
+    )
     used, slots = _all_reduce(counts, world).tolist()
     return {"padding": round(1.0 - used / slots, 4) if slots else 0.0}
 
@@ -191,6 +207,7 @@ def _lr_lambda(warmup: int, steps: int):
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, steps - warmup)
         return float(0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, progress))))
+
     return f
 
 
@@ -205,20 +222,33 @@ def _resume(ckpt_dir: Path, rank: int, quiet: bool) -> tuple[dict | None, dict]:
     if found.skipped:
         note["skipped_checkpoints"] = list(found.skipped)
         if rank == 0:  # loud whatever --quiet says: the run does not continue where it stopped
-            print(f"warning: resuming from the older checkpoint {found.path} (step {found.content['step']}); "
-                  f"skipped: {'; '.join(found.skipped)}", file=sys.stderr, flush=True)
+            print(
+                f"warning: resuming from the older checkpoint {found.path} (step {found.content['step']}); "
+                f"skipped: {'; '.join(found.skipped)}",
+                file=sys.stderr,
+                flush=True,
+            )
     return found.content, note
 
 
-def train(cfg: RunConfig, *, resume: bool = False, num_workers: int | None = None, out: str | None = None,
-          steps: int | None = None, quiet: bool = False) -> dict:
+def train(
+    cfg: RunConfig,
+    *,
+    resume: bool = False,
+    num_workers: int | None = None,
+    out: str | None = None,
+    steps: int | None = None,
+    quiet: bool = False,
+) -> dict:
     """Run (or continue) training; returns ``{"step", "loss", "out"}`` of the last step. Rank 0
     holds the checkpoint folder's :class:`~energon_platform.training.checkpoint.RunLock` for the
     whole run: a second run pointed at the same folder is refused."""
     ckpt_dir = Path(out or cfg.train.out) / "checkpoints"
     lock = checkpoint.RunLock(ckpt_dir) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock:
-        return _train(cfg, resume=resume, num_workers=num_workers, out=out, steps=steps, quiet=quiet)
+        return _train(
+            cfg, resume=resume, num_workers=num_workers, out=out, steps=steps, quiet=quiet
+        )
 
 
 def _what_changed(ck: dict, tok) -> str:
@@ -233,8 +263,15 @@ def _what_changed(ck: dict, tok) -> str:
     return "model config (model.*)"
 
 
-def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | None, steps: int | None,
-           quiet: bool) -> dict:
+def _train(
+    cfg: RunConfig,
+    *,
+    resume: bool,
+    num_workers: int | None,
+    out: str | None,
+    steps: int | None,
+    quiet: bool,
+) -> dict:
     rank, world, device = _init_distributed()
     out_dir = Path(out or cfg.train.out)
     ckpt_dir = out_dir / "checkpoints"
@@ -243,35 +280,55 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
     preflight(cfg, loader)  # before any global state is touched: a refused run changes nothing
     _seed_everything(cfg.loader.seed)
     tok = loader.encoder.tokenizer
-    model = CaptionModel(cfg.model, tok.vocab_size, tok.seq_len, media_of(loader.encoder), _n_mels(loader.encoder)).to(device)
+    model = CaptionModel(
+        cfg.model, tok.vocab_size, tok.seq_len, media_of(loader.encoder), _n_mels(loader.encoder)
+    ).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps))
     barrier = (lambda: dist.barrier()) if world > 1 else (lambda: None)
-    val = build_val_loader(cfg, max(1, cfg.loader.global_batch_size // world), rank, world)  # re-iterable
+    val = build_val_loader(
+        cfg, max(1, cfg.loader.global_batch_size // world), rank, world
+    )  # re-iterable
 
     step = 0
     if not resume and checkpoint.exists(ckpt_dir):
-        raise checkpoint.CheckpointError(f"{ckpt_dir} already holds checkpoints of a run; pass --resume to continue "
-                                         f"it, or choose another --out")
+        raise checkpoint.CheckpointError(
+            f"{ckpt_dir} already holds checkpoints of a run; pass --resume to continue "
+            f"it, or choose another --out"
+        )
     ck, start_note = _resume(ckpt_dir, rank, quiet) if resume else (None, {"resumed_from": 0})
     if ck is not None:
         try:
             model.load_state_dict(ck["model_state"]["model"])
             opt.load_state_dict(ck["model_state"]["optimizer"])
             sched.load_state_dict(ck["model_state"]["scheduler"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another model config (model.dim, ...)
-            raise checkpoint.CheckpointError(f"{ckpt_dir / start_note['checkpoint']}: does not fit this model and "
-                                             f"optimizer ({type(e).__name__}: {str(e).splitlines()[0]}); resume "
-                                             f"with the {_what_changed(ck, tok)} it was saved with") from None
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            RuntimeError,
+        ) as e:  # another model config (model.dim, ...)
+            raise checkpoint.CheckpointError(
+                f"{ckpt_dir / start_note['checkpoint']}: does not fit this model and "
+                f"optimizer ({type(e).__name__}: {str(e).splitlines()[0]}); resume "
+                f"with the {_what_changed(ck, tok)} it was saved with"
+            ) from None
         loader.load_state_dict(ck["loader_state"])
-        if loader.blend_changes:  # new blend weights or datasets from this step on: logged with the step
+        if (
+            loader.blend_changes
+        ):  # new blend weights or datasets from this step on: logged with the step
             start_note["blend_changes"] = loader.blend_changes  # printed by the loader's log, once
         checkpoint.set_rng_state(ck["rng"])
         step = ck["step"]
         if rank == 0 and not quiet:
-            print(f"resumed from {ckpt_dir / start_note['checkpoint']} (step {step}, saved on {ck['world_size']} "
-                  f"rank(s)) on {world} rank(s) x {loader.num_workers} worker(s)", flush=True)
+            print(
+                f"resumed from {ckpt_dir / start_note['checkpoint']} (step {step}, saved on {ck['world_size']} "
+                f"rank(s)) on {world} rank(s) x {loader.num_workers} worker(s)",
+                flush=True,
+            )
     checkpoint.writable_dir(ckpt_dir, "checkpoints")  # every rank writes its files there
     if rank == 0:
         checkpoint.writable_dir(out_dir, "the training log")
@@ -284,7 +341,9 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
         keys = [k for b in micro_batches for k in b.keys]
         digests = [d for b in micro_batches for d in batch_digest(b)]
         # token-weighted mean over the whole global batch, whatever its split over ranks
-        targets = _all_reduce(sum(b.loss_mask.sum() for b in micro_batches).detach().double(), world)
+        targets = _all_reduce(
+            sum(b.loss_mask.sum() for b in micro_batches).detach().double(), world
+        )
         filled = _filled(micro_batches, loader, world, device)
         local_loss = torch.zeros((), dtype=torch.float64, device=device)
         for micro, batch in enumerate(micro_batches):
@@ -303,17 +362,32 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
         val_loss = evaluate(model, val, world, device) if save and val is not None else None
         gathered = _gather((keys, digests), world)
         if rank == 0:
-            all_keys, all_digests = [k for g in gathered for k in g[0]], [d for g in gathered for d in g[1]]
-            if loader.planned:  # which rank holds which row depends on the world size: log a canonical order
+            all_keys, all_digests = (
+                [k for g in gathered for k in g[0]],
+                [d for g in gathered for d in g[1]],
+            )
+            if (
+                loader.planned
+            ):  # which rank holds which row depends on the world size: log a canonical order
                 all_keys, all_digests = sorted(all_keys), sorted(all_digests)
             consumed = loader.consumed()  # before the next global batch: this step included
-            row = {"step": step, "loss": loss_value, "keys": all_keys,
-                   "batch_sha256": hashlib.sha256("".join(all_digests).encode()).hexdigest(),
-                   "global_batch": global_batch, "epoch": round(next(iter(consumed.values()))["epochs"], 4),
-                   "world_size": world, "num_workers": loader.num_workers,
-                   "lr": sched.get_last_lr()[0], "elapsed_s": round(time.perf_counter() - t0, 3),
-                   "datasets": consumed, "targets": int(targets), **loader.balance_stats(global_batch),
-                   **loader.exclusion_stats(global_batch), **filled}
+            row = {
+                "step": step,
+                "loss": loss_value,
+                "keys": all_keys,
+                "batch_sha256": hashlib.sha256("".join(all_digests).encode()).hexdigest(),
+                "global_batch": global_batch,
+                "epoch": round(next(iter(consumed.values()))["epochs"], 4),
+                "world_size": world,
+                "num_workers": loader.num_workers,
+                "lr": sched.get_last_lr()[0],
+                "elapsed_s": round(time.perf_counter() - t0, 3),
+                "datasets": consumed,
+                "targets": int(targets),
+                **loader.balance_stats(global_batch),
+                **loader.exclusion_stats(global_batch),
+                **filled,
+            }
             if val_loss is not None:
                 row["val_loss"] = val_loss
             row.update(start_note)  # the first row only: where this process started
@@ -322,12 +396,26 @@ def _train(cfg: RunConfig, *, resume: bool, num_workers: int | None, out: str | 
             log.flush()
             if not quiet:
                 shown = f"  val loss {val_loss:.4f}" if val_loss is not None else ""
-                print(f"step {step:5d}  loss {loss_value:.4f}  epoch {row['epoch']:.2f}{shown}", flush=True)
+                print(
+                    f"step {step:5d}  loss {loss_value:.4f}  epoch {row['epoch']:.2f}{shown}",
+                    flush=True,
+                )
         if save:
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
-            checkpoint.save(ckpt_dir, step, rank, world, model_state=state if rank == 0 else None,
-                            loader_state=loader.state_dict(), barrier=barrier,
-                            all_ok=lambda ok: all_ranks_ok(ok, world, device))
+            state = {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+            }
+            checkpoint.save(
+                ckpt_dir,
+                step,
+                rank,
+                world,
+                model_state=state if rank == 0 else None,
+                loader_state=loader.state_dict(),
+                barrier=barrier,
+                all_ok=lambda ok: all_ranks_ok(ok, world, device),
+            )
             if rank == 0:
                 checkpoint.prune(ckpt_dir, cfg.train.keep_checkpoints)
     if log:

@@ -23,26 +23,38 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-
-from energon_platform import (StepLog, TrainLoader, batch_digest, gradient_accumulation_steps, load_config,
-                              to_device)
-from energon_platform.integrations.accelerate import prepare_loader
 from tiny_model import TinyModel, loss_sums
+
+from energon_platform import (
+    StepLog,
+    TrainLoader,
+    batch_digest,
+    gradient_accumulation_steps,
+    load_config,
+    to_device,
+)
+from energon_platform.integrations.accelerate import prepare_loader
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--config", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, required=True)
-p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+p.add_argument(
+    "--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints"
+)
 p.add_argument("--checkpoint-every", type=int, default=2)
-p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
+p.add_argument(
+    "--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch"
+)
 args = p.parse_args()
 
 cfg = load_config(args.config)
 # the Accelerator takes the loader's accumulation when it is built; cpu=True joins the launched
 # processes into one gloo group (without it, on CPU, each process is a world of one)
 world = int(os.environ.get("WORLD_SIZE", 1))  # set by accelerate launch and torchrun
-accelerator = Accelerator(cpu=True, gradient_accumulation_steps=gradient_accumulation_steps(cfg, world))
+accelerator = Accelerator(
+    cpu=True, gradient_accumulation_steps=gradient_accumulation_steps(cfg, world)
+)
 if args.skip_loader_restore:  # a loader that load_state does not restore
     loader = TrainLoader(cfg, rank=accelerator.process_index, world_size=accelerator.num_processes)
 else:
@@ -54,7 +66,9 @@ model, optimizer = accelerator.prepare(model, optimizer)
 ckpt_dir = Path(args.out) / "checkpoints"
 
 step = 0
-saved = sorted(ckpt_dir.glob("step-*"), key=lambda d: int(d.name.split("-")[1])) if args.resume else []
+saved = (
+    sorted(ckpt_dir.glob("step-*"), key=lambda d: int(d.name.split("-")[1])) if args.resume else []
+)
 if saved:  # the newest complete checkpoint: step-N folders appear by rename, once fully written
     accelerator.load_state(str(saved[-1]))
     step = int(saved[-1].name.split("-")[1])
@@ -72,11 +86,20 @@ while step < args.steps:
     step += 1
 
     # the global batch: every process's keys and tensor digest in rank order; the loss averaged
-    part = (list(batch.keys), batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]))
+    part = (
+        list(batch.keys),
+        batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]),
+    )
     parts = accelerator.gather_for_metrics([part], use_gather_object=True)
     global_loss = accelerator.reduce(loss.detach(), reduction="mean")
-    log.write(step, global_loss.item(), keys=[k for keys, _ in parts for k in keys], batch=[d for _, d in parts],
-              rank_keys=[keys for keys, _ in parts], **resumed_from)
+    log.write(
+        step,
+        global_loss.item(),
+        keys=[k for keys, _ in parts for k in keys],
+        batch=[d for _, d in parts],
+        rank_keys=[keys for keys, _ in parts],
+        **resumed_from,
+    )
     resumed_from = {}
 
     if step % args.checkpoint_every == 0 or step == args.steps:

@@ -19,10 +19,15 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
+from tiny_model import TinyModel, loss_sums
 
 from energon_platform import StepLog, TrainLoader, batch_digest, load_config
-from energon_platform.integrations.deepspeed import batch_config, client_state, init_distributed, restore_loader
-from tiny_model import TinyModel, loss_sums
+from energon_platform.integrations.deepspeed import (
+    batch_config,
+    client_state,
+    init_distributed,
+    restore_loader,
+)
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--config", required=True)
@@ -31,7 +36,9 @@ p.add_argument("--steps", type=int, required=True)
 p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/latest")
 p.add_argument("--checkpoint-every", type=int, default=2)
 p.add_argument("--zero-stage", type=int, choices=(1, 2), default=1)
-p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
+p.add_argument(
+    "--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch"
+)
 args = p.parse_args()
 
 init_distributed()  # deepspeed.init_distributed(dist_backend="gloo"); a lone process is a world of one
@@ -40,9 +47,15 @@ loader = TrainLoader(load_config(args.config), rank=rank, world_size=world)
 torch.manual_seed(0)
 model = TinyModel(loader.encoder.tokenizer.vocab_size)
 engine, *_ = deepspeed.initialize(
-    model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3),
-    config={**batch_config(loader), "gradient_clipping": 1.0, "zero_optimization": {"stage": args.zero_stage},
-            "steps_per_print": 1 << 30})
+    model=model,
+    optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3),
+    config={
+        **batch_config(loader),
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": args.zero_stage},
+        "steps_per_print": 1 << 30,
+    },
+)
 ckpt_dir = Path(args.out) / "checkpoints"
 
 step = 0
@@ -57,9 +70,13 @@ resumed_from = {"resumed_from": step} if args.resume else {}
 log = StepLog(Path(args.out) / "steps.jsonl")
 while step < args.steps:
     keys, digests, losses = [], [], []
-    for _ in range(loader.accumulation):  # DeepSpeed steps the optimizer at the global batch's last micro-batch
+    for _ in range(
+        loader.accumulation
+    ):  # DeepSpeed steps the optimizer at the global batch's last micro-batch
         batch = next(loader)
-        loss_sum, targets = loss_sums(engine(batch.tokens, batch.images), batch.labels, batch.loss_mask)
+        loss_sum, targets = loss_sums(
+            engine(batch.tokens, batch.images), batch.labels, batch.loss_mask
+        )
         loss = loss_sum / targets
         engine.backward(loss)  # scaled by 1/gradient_accumulation_steps inside
         engine.step()
@@ -72,13 +89,22 @@ while step < args.steps:
     parts, global_loss = [(keys, digests)] * world, torch.stack(losses).mean()
     dist.all_gather_object(parts, (keys, digests))
     dist.all_reduce(global_loss)
-    log.write(step, global_loss.item() / world, keys=[k for ks, _ in parts for k in ks],
-              batch=[d for _, ds in parts for d in ds], **resumed_from)
+    log.write(
+        step,
+        global_loss.item() / world,
+        keys=[k for ks, _ in parts for k in ks],
+        batch=[d for _, ds in parts for d in ds],
+        **resumed_from,
+    )
     resumed_from = {}
 
     if step % args.checkpoint_every == 0 or step == args.steps:
-        engine.save_checkpoint(str(ckpt_dir), tag=f"step-{step}", client_state=client_state(loader, step=step),
-                               save_latest=False)
+        engine.save_checkpoint(
+            str(ckpt_dir),
+            tag=f"step-{step}",
+            client_state=client_state(loader, step=step),
+            save_latest=False,
+        )
         dist.barrier()  # every rank's files are written
         if rank == 0:  # then the tracker, atomically (DeepSpeed's own rewrites it in place)
             (ckpt_dir / "latest.tmp").write_text(f"step-{step}")

@@ -25,18 +25,22 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from tiny_model import TinyModel, loss_sums
 
 from energon_platform import StepLog, TrainLoader, batch_digest, build_encoder, load_config
 from energon_platform.integrations.lightning import EnergonHooks
-from tiny_model import TinyModel, loss_sums
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--config", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, required=True)
-p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+p.add_argument(
+    "--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints"
+)
 p.add_argument("--checkpoint-every", type=int, default=2)
-p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
+p.add_argument(
+    "--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch"
+)
 args = p.parse_args()
 
 
@@ -55,7 +59,9 @@ class Captioner(EnergonHooks, L.LightningModule):
         return torch.optim.AdamW(self.model.parameters(), lr=3e-3)
 
     def training_step(self, batch, batch_idx):
-        loss_sum, targets = loss_sums(self.model(batch.tokens, batch.images), batch.labels, batch.loss_mask)
+        loss_sum, targets = loss_sums(
+            self.model(batch.tokens, batch.images), batch.labels, batch.loss_mask
+        )
         self.step_sums = loss_sum.detach(), self.sum_over_ranks(targets)
         # DDP averages the gradients over ranks: scaled so, they are those of the global batch's token mean
         return loss_sum * self.trainer.world_size / self.step_sums[1]
@@ -65,32 +71,60 @@ class Captioner(EnergonHooks, L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         # the global batch: every rank's keys and row digests in rank order, the token-mean loss of all ranks
-        rows = [batch_digest([t[i] for t in (batch.tokens, batch.labels, batch.loss_mask, batch.images)])
-                for i in range(len(batch.keys))]
+        rows = [
+            batch_digest(
+                [t[i] for t in (batch.tokens, batch.labels, batch.loss_mask, batch.images)]
+            )
+            for i in range(len(batch.keys))
+        ]
         parts = [(list(batch.keys), rows)] * self.trainer.world_size
         if dist.is_initialized():
             dist.all_gather_object(parts, parts[0])
         loss_sum, targets = self.step_sums
         extra = {"resumed_from": self.resumed_from} if self.resumed_from is not None else {}
-        self.log_file.write(self.global_step, (self.sum_over_ranks(loss_sum) / targets).item(),
-                            keys=[k for keys, _ in parts for k in keys], batch=[d for _, ds in parts for d in ds],
-                            **extra)
+        self.log_file.write(
+            self.global_step,
+            (self.sum_over_ranks(loss_sum) / targets).item(),
+            keys=[k for keys, _ in parts for k in keys],
+            batch=[d for _, ds in parts for d in ds],
+            **extra,
+        )
         self.resumed_from = None
 
     def on_load_checkpoint(self, checkpoint):
         self.resumed_from = checkpoint["global_step"]
-        if args.skip_loader_restore:  # Lightning then restores no loader state: the data starts over
+        if (
+            args.skip_loader_restore
+        ):  # Lightning then restores no loader state: the data starts over
             checkpoint["loops"]["fit_loop"]["state_dict"].pop("combined_loader", None)
 
 
 torch.manual_seed(0)
 ckpt_dir = Path(args.out) / "checkpoints"
-saved = sorted(ckpt_dir.glob("step=*.ckpt"), key=lambda f: int(f.stem.split("=")[1])) if args.resume else []
+saved = (
+    sorted(ckpt_dir.glob("step=*.ckpt"), key=lambda f: int(f.stem.split("=")[1]))
+    if args.resume
+    else []
+)
 world = int(os.environ.get("WORLD_SIZE", 1))  # under torchrun: one process per device
-trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", max_steps=args.steps,
-                    callbacks=[ModelCheckpoint(dirpath=ckpt_dir, filename="{step}",
-                                               every_n_train_steps=args.checkpoint_every, save_top_k=-1)],
-                    logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+trainer = L.Trainer(
+    accelerator="cpu",
+    devices=world,
+    strategy="ddp" if world > 1 else "auto",
+    max_steps=args.steps,
+    callbacks=[
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="{step}",
+            every_n_train_steps=args.checkpoint_every,
+            save_top_k=-1,
+        )
+    ],
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+)
 model = Captioner(load_config(args.config))
 model.resumed_from = 0 if args.resume else None  # a checkpoint sets the step it resumes from
 trainer.fit(model, ckpt_path=str(saved[-1]) if saved else None)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tiny_model import TinyModel, loss_sums
 
 from energon_platform import build_encoder, load_config
 from energon_platform.integrations.megatron import make_provider, save_dataloader_state
-from tiny_model import TinyModel, loss_sums
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--config", required=True)
@@ -40,7 +40,9 @@ p.add_argument("--save-interval", type=int, default=2)
 p.add_argument("--micro-batch-size", type=int, default=2)
 p.add_argument("--global-batch-size", type=int, default=4)
 p.add_argument("--lr", type=float, default=3e-3)
-p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
+p.add_argument(
+    "--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch"
+)
 args = p.parse_args()
 args.dataloader_save = args.dataloader_save or args.save
 
@@ -56,7 +58,9 @@ def ckpt_file(root, iteration):
 
 # 1. model and optimizer, loaded from the latest checkpoint with --load (setup_model_and_optimizer)
 torch.manual_seed(0)
-vocab_size = build_encoder(load_config(args.config)).tokenizer.vocab_size  # Megatron's get_tokenizer()
+vocab_size = build_encoder(
+    load_config(args.config)
+).tokenizer.vocab_size  # Megatron's get_tokenizer()
 model = TinyModel(vocab_size)
 ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -70,9 +74,16 @@ if args.load and tracker.is_file():
 
 # 2. the data, restored at the iteration of the model checkpoint (build_train_valid_test_data_iterators)
 restore = args.iteration if args.iteration and not args.skip_loader_restore else None
-provider = make_provider(args.config, dp_rank=dp_rank, dp_size=dp_size, micro_batch_size=args.micro_batch_size,
-                         global_batch_size=args.global_batch_size, dataloader_save=args.dataloader_save,
-                         restore_iteration=restore, build_valid=False)
+provider = make_provider(
+    args.config,
+    dp_rank=dp_rank,
+    dp_size=dp_size,
+    micro_batch_size=args.micro_batch_size,
+    global_batch_size=args.global_batch_size,
+    dataloader_save=args.dataloader_save,
+    restore_iteration=restore,
+    build_valid=False,
+)
 train_iter, _, _ = provider(None)
 
 
@@ -86,10 +97,14 @@ def all_reduce(t):
 iteration = args.iteration
 while iteration < args.train_iters:
     t0 = time.perf_counter()
-    micro_batches = [next(train_iter) for _ in range(train_iter.accumulation)]  # get_num_microbatches()
+    micro_batches = [
+        next(train_iter) for _ in range(train_iter.accumulation)
+    ]  # get_num_microbatches()
     targets = all_reduce(sum((b["labels"][:, 1:] != -100).sum() for b in micro_batches).float())
     total = torch.zeros(())
-    for mb in micro_batches:  # Megatron's get_batch: labels shifted by one, -100 (IGNORE_INDEX) is no target
+    for mb in (
+        micro_batches
+    ):  # Megatron's get_batch: labels shifted by one, -100 (IGNORE_INDEX) is no target
         labels = mb["labels"][:, 1:]
         loss_sum, _ = loss_sums(ddp(mb["tokens"], mb["imgs"]), labels, labels != -100)
         (loss_sum * dp_size / targets).backward()  # DDP averages over ranks: the global token mean
@@ -100,20 +115,29 @@ while iteration < args.train_iters:
     iteration += 1
     lm_loss = all_reduce(total) / targets
     if dp_rank == dp_size - 1:  # print_rank_last
-        print(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}] iteration {iteration:8d}/{args.train_iters:8d} |"
-              f" consumed samples: {iteration * args.global_batch_size:12d} |"
-              f" elapsed time per iteration (ms): {(time.perf_counter() - t0) * 1000:.1f} |"
-              f" learning rate: {args.lr:.6E} | global batch size: {args.global_batch_size:5d} |"
-              f" lm loss: {lm_loss.item():.6E} | loss scale: 1.0 | grad norm: {grad_norm.item():.3f} |"
-              f" number of skipped iterations:   0 | number of nan iterations:   0 |", flush=True)
+        print(
+            f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}] iteration {iteration:8d}/{args.train_iters:8d} |"
+            f" consumed samples: {iteration * args.global_batch_size:12d} |"
+            f" elapsed time per iteration (ms): {(time.perf_counter() - t0) * 1000:.1f} |"
+            f" learning rate: {args.lr:.6E} | global batch size: {args.global_batch_size:5d} |"
+            f" lm loss: {lm_loss.item():.6E} | loss scale: 1.0 | grad norm: {grad_norm.item():.3f} |"
+            f" number of skipped iterations:   0 | number of nan iterations:   0 |",
+            flush=True,
+        )
 
     # 4. save_checkpoint: model file, data loader state, then the tracker (each written atomically)
     if iteration % args.save_interval == 0 or iteration == args.train_iters:
         if dp_rank == 0:
             path = ckpt_file(args.save, iteration)
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration},
-                       path.with_suffix(".tmp"))
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "iteration": iteration,
+                },
+                path.with_suffix(".tmp"),
+            )
             os.replace(path.with_suffix(".tmp"), path)
         save_dataloader_state(train_iter, args.dataloader_save, iteration, dp_rank)
         if distributed:

@@ -45,14 +45,21 @@ class ColourCaptioner(EnergonHooks, L.LightningModule):
         return TrainLoader(self.cfg)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5, momentum=0.9)  # momentum: optimizer state to restore
+        return torch.optim.SGD(
+            self.parameters(), lr=0.5, momentum=0.9
+        )  # momentum: optimizer state to restore
 
     def training_step(self, batch, batch_idx):
         hidden = self.embed(batch.tokens) + self.colour(batch.images.mean(dim=(2, 3)))[:, None]
         mask = batch.loss_mask.bool()
         loss = F.cross_entropy(self.head(hidden)[mask], batch.labels[mask])
-        self.steps.write(self.global_step + 1, loss.item(), keys=batch.keys,
-                         batch=[batch.tokens, batch.labels, batch.images], **self.resumed_from)
+        self.steps.write(
+            self.global_step + 1,
+            loss.item(),
+            keys=batch.keys,
+            batch=[batch.tokens, batch.labels, batch.images],
+            **self.resumed_from,
+        )
         self.resumed_from = {}
         return loss
 
@@ -61,8 +68,17 @@ class ColourCaptioner(EnergonHooks, L.LightningModule):
 
 
 torch.manual_seed(0)
-trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False, enable_progress_bar=False,
-                    enable_model_summary=False,
-                    callbacks=[ModelCheckpoint(dirpath=Path(args.out) / "checkpoints", every_n_train_steps=2,
-                                               save_last=True)])
+trainer = L.Trainer(
+    accelerator="cpu",
+    devices=1,
+    max_steps=args.steps,
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    callbacks=[
+        ModelCheckpoint(
+            dirpath=Path(args.out) / "checkpoints", every_n_train_steps=2, save_last=True
+        )
+    ],
+)
 trainer.fit(ColourCaptioner(load_config(args.config)), ckpt_path="last")

@@ -19,7 +19,9 @@ class TinyModel(nn.Module):
         return self.head(self.tok(tokens) + self.img(pooled)[:, None, :])
 
 
-def loss_sums(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_sums(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the token losses where ``mask``, number of those tokens)."""
     losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten().clamp(min=0), reduction="none")
     mask = mask.flatten().float()

@@ -28,28 +28,35 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from tiny_model import TinyModel, loss_sums
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from energon_platform import StepLog, TrainLoader, batch_digest, load_config
 from energon_platform.integrations.dcp import DCPLoader
-from tiny_model import TinyModel, loss_sums
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--config", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, required=True)
-p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints")
+p.add_argument(
+    "--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints"
+)
 p.add_argument("--checkpoint-every", type=int, default=2)
-p.add_argument("--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch")
+p.add_argument(
+    "--skip-loader-restore", action="store_true", help="a broken resume, for the check to catch"
+)
 args = p.parse_args()
 
 distributed = "RANK" in os.environ  # under torchrun
 if distributed:
     dist.init_process_group("gloo")
 rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                    format="[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s")
+logging.basicConfig(
+    level=logging.INFO,
+    stream=sys.stdout,
+    format="[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s",
+)
 logger = logging.getLogger()
 
 
@@ -64,7 +71,12 @@ class ModelAndOptimizer(Stateful):
         return {"model": model, "optimizer": optimizer}
 
     def load_state_dict(self, state):
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
 
 
 cfg = load_config(args.config)
@@ -77,7 +89,9 @@ train_state = {"step": torch.tensor(0)}
 ckpt_dir = Path(args.out) / "checkpoints"
 
 step = 0
-saved = sorted(ckpt_dir.glob("step-*"), key=lambda d: int(d.name.split("-")[1])) if args.resume else []
+saved = (
+    sorted(ckpt_dir.glob("step-*"), key=lambda d: int(d.name.split("-")[1])) if args.resume else []
+)
 if saved:  # the newest complete checkpoint: step-N folders appear by rename, once fully written
     state = {"app": ModelAndOptimizer(model, optimizer), "train_state": train_state}
     if not args.skip_loader_restore:
@@ -100,28 +114,44 @@ while step < args.steps:
     step += 1
 
     # the global batch: every rank's keys and tensor digest, in rank order; the loss averaged over ranks
-    part = (list(batch.keys), batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]))
+    part = (
+        list(batch.keys),
+        batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]),
+    )
     parts = [part] * world
     global_loss = loss.detach().clone()
     if distributed:
         dist.all_gather_object(parts, part)
         dist.all_reduce(global_loss)
         global_loss /= world
-    log.write(step, global_loss.item(), keys=[k for keys, _ in parts for k in keys], batch=[d for _, d in parts],
-              **resumed_from)
+    log.write(
+        step,
+        global_loss.item(),
+        keys=[k for keys, _ in parts for k in keys],
+        batch=[d for _, d in parts],
+        **resumed_from,
+    )
     resumed_from = {}
     if rank == 0:
-        logger.info(f"step: {step:2}  loss: {global_loss.item():8.5f}  grad_norm: {grad_norm.item():7.4f}  "
-                    f"memory:  0.00GiB(0.00%)  tps: {batch.tokens.numel() / (time.perf_counter() - t0):,.0f}  "
-                    f"tflops: 0.00  mfu: 0.00%")
+        logger.info(
+            f"step: {step:2}  loss: {global_loss.item():8.5f}  grad_norm: {grad_norm.item():7.4f}  "
+            f"memory:  0.00GiB(0.00%)  tps: {batch.tokens.numel() / (time.perf_counter() - t0):,.0f}  "
+            f"tflops: 0.00  mfu: 0.00%"
+        )
 
     if step % args.checkpoint_every == 0 or step == args.steps:
         tmp, final = ckpt_dir / f".tmp-step-{step}", ckpt_dir / f"step-{step}"
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         train_state["step"] = torch.tensor(step)
-        dcp.save({"app": ModelAndOptimizer(model, optimizer), "dataloader": loader, "train_state": train_state},
-                 checkpoint_id=str(tmp))
+        dcp.save(
+            {
+                "app": ModelAndOptimizer(model, optimizer),
+                "dataloader": loader,
+                "train_state": train_state,
+            },
+            checkpoint_id=str(tmp),
+        )
         if rank == 0:  # every rank's files are written when dcp.save returns on the coordinator
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)

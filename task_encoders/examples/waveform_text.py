@@ -32,11 +32,25 @@ class WaveformConfig:
     gain_db: tuple[float, float] = (-6.0, 6.0)
 
     def check(self, at: At) -> None:
-        require(1000 <= self.sample_rate <= 192_000, at.child("sample_rate"), f"got {self.sample_rate}",
-                "an integer from 1000 to 192000 (Hz)")
-        require(0 < self.max_seconds <= 3600, at.child("max_seconds"), f"got {self.max_seconds}", "seconds in (0, 3600]")
+        require(
+            1000 <= self.sample_rate <= 192_000,
+            at.child("sample_rate"),
+            f"got {self.sample_rate}",
+            "an integer from 1000 to 192000 (Hz)",
+        )
+        require(
+            0 < self.max_seconds <= 3600,
+            at.child("max_seconds"),
+            f"got {self.max_seconds}",
+            "seconds in (0, 3600]",
+        )
         low, high = self.gain_db
-        require(-60 <= low <= high <= 60, at.child("gain_db"), f"got {list(self.gain_db)}", "[low, high] dB within [-60, 60]")
+        require(
+            -60 <= low <= high <= 60,
+            at.child("gain_db"),
+            f"got {list(self.gain_db)}",
+            "[low, high] dB within [-60, 60]",
+        )
 
 
 @dataclass(frozen=True)
