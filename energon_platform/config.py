@@ -9,6 +9,7 @@ resolve against the YAML file's folder.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any, Literal
 from task_encoders.config import At, ConfigError, parse, read_yaml, require
 
 __all__ = ["ConfigError", "RunConfig", "load_config"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,79 @@ class ExcludeRule:
         )
 
 
+#: Bounds of the planner's pool: samples (``balance.window``) and global batches (``balance.lookahead``).
+MAX_BALANCE_WINDOW, MAX_BALANCE_LOOKAHEAD = 65536, 16.0
+
+
+@dataclass(frozen=True)
+class BalanceConfig:
+    """``loader.balance``: how global batches are made (:mod:`~energon_platform.loader.planner`).
+
+    Written as a mode alone (``balance: attention``) or as a group::
+
+        balance:
+          mode: attention      # none | tokens | attention | encoder
+          lookahead: 3.0       # the pool holds this many global batches of positions
+          window: 4096         # and at most this many samples
+          linear: null         # attention's linear term (null: the encoder's seq_len)
+          global_batch_tokens: null   # unpacked: a global batch is this cost budget
+
+    ``mode``: ``none`` (consecutive stream positions), ``tokens`` (equal Σ L per rank),
+    ``attention`` (equal Σ L² + ``linear``·L) or ``encoder`` (the encoder's own
+    ``balance_cost(length)``). The other keys only matter when ``mode`` is not ``none``. The flat
+    keys of earlier configs (``loader.balance_window``, ``balance_lookahead``, ``balance_linear``,
+    ``global_batch_tokens``) are still read, as these keys, with a one-line deprecation note.
+    """
+
+    mode: Literal["none", "tokens", "attention", "encoder"] = "none"
+    window: int = 4096
+    lookahead: float = 3.0
+    linear: float | None = None
+    global_batch_tokens: int | None = None
+
+    @property
+    def planned(self) -> bool:
+        """Whether global batches are planned (any mode but ``none``)."""
+        return self.mode != "none"
+
+    def check(self, at: At) -> None:
+        _at_least(self, at, window=16, lookahead=1.0)
+        require(
+            self.lookahead <= self.window,
+            at.child("lookahead"),
+            f"got {self.lookahead}",
+            f"at most window ({self.window}): the pool never holds more samples than that",
+        )
+        require(
+            self.window <= MAX_BALANCE_WINDOW,
+            at.child("window"),
+            f"got {self.window}",
+            f"at most {MAX_BALANCE_WINDOW} (the pool is planned every global batch and saved in the state)",
+        )
+        require(
+            self.lookahead <= MAX_BALANCE_LOOKAHEAD,
+            at.child("lookahead"),
+            f"got {self.lookahead}",
+            f"at most {MAX_BALANCE_LOOKAHEAD} global batches",
+        )
+        _at_least(self, at, null_ok=True, global_batch_tokens=1, linear=0)
+        require(
+            self.global_batch_tokens is None or self.planned,
+            at.child("global_batch_tokens"),
+            f"{self.global_batch_tokens} with mode 'none'",
+            "null unless a balance mode is set",
+        )
+
+
+#: The flat ``loader`` keys of earlier configs → their key in the ``loader.balance`` group.
+FLAT_BALANCE_KEYS = {
+    "balance_window": "window",
+    "balance_lookahead": "lookahead",
+    "balance_linear": "linear",
+    "global_batch_tokens": "global_batch_tokens",
+}
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """``loader:``
@@ -118,16 +194,14 @@ class LoaderConfig:
     weights from each entry's step on. Weights may change at resume and datasets may be added; the
     history is kept in the loader state.
 
-    Balance (:mod:`~energon_platform.loader.planner`): ``balance``: ``none`` (the above),
-    ``tokens`` (equal Σ L per rank), ``attention`` (equal Σ L² + ``balance_linear``·L; None: the
-    encoder's ``seq_len``) or ``encoder`` (the encoder's own ``balance_cost(length)``). With a
-    packing encoder every micro-batch is then exactly ``micro_batch_size`` rows of ``seq_len``
-    (``global_batch_size`` counts rows), packed globally from a pool of ``balance_lookahead``
-    global batches of positions (at most ``balance_window`` samples); samples that do not fit
-    wait for a later global batch.
-    Unpacked, ``global_batch_tokens`` makes a global batch a cost budget (``global_batch_size``
-    samples at least). Lengths come from a cached length index (``length_cache``: its folder;
-    None: ``$ENERGON_PLATFORM_CACHE/lengths`` or ``~/.cache/energon-platform/lengths``).
+    Balance: ``balance`` (:class:`BalanceConfig`, a mode or a group). With a mode set and a
+    packing encoder every micro-batch is exactly ``micro_batch_size`` rows of ``seq_len``
+    (``global_batch_size`` counts rows), packed globally from a pool of ``balance.lookahead``
+    global batches of positions (at most ``balance.window`` samples); samples that do not fit
+    wait for a later global batch. Unpacked, ``balance.global_batch_tokens`` makes a global batch
+    a cost budget (``global_batch_size`` samples at least). Lengths come from a cached length
+    index (``length_cache``: its folder; None: ``$ENERGON_PLATFORM_CACHE/lengths`` or
+    ``~/.cache/energon-platform/lengths``).
 
     ``sample_timeout``: seconds a loader worker may spend reading and encoding one sample (None:
     no limit). A worker stuck longer is killed, the sample counts as failed (its stand-in is used,
@@ -149,11 +223,7 @@ class LoaderConfig:
     shuffle_run: int = 1
     blend_unit: Literal["sample", "batch"] = "sample"
     blend_schedule: tuple[BlendStep, ...] = ()
-    balance: Literal["none", "tokens", "attention", "encoder"] = "none"
-    global_batch_tokens: int | None = None
-    balance_window: int = 4096
-    balance_lookahead: float = 3.0
-    balance_linear: float | None = None
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
     length_cache: str | None = None
     exclude: tuple[
         ExcludeRule, ...
@@ -179,7 +249,6 @@ class LoaderConfig:
         )
         require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
         _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
-        _at_least(self, at, balance_window=16, balance_lookahead=1.0)
         _at_most(
             self,
             at,
@@ -189,56 +258,31 @@ class LoaderConfig:
             num_workers=MAX_WORKERS,
             prefetch_factor=MAX_WORKERS,
         )
+        mode = self.balance.mode
         require(
-            self.balance_lookahead <= self.balance_window,
-            at.child("balance_lookahead"),
-            f"got {self.balance_lookahead}",
-            f"at most balance_window ({self.balance_window}): the pool never "
-            "holds more samples than that",
-        )
-        require(
-            self.balance == "none" or self.balance_window >= self.global_batch_size,
-            at.child("balance_window"),
-            f"{self.balance_window} < global_batch_size {self.global_batch_size}",
+            mode == "none" or self.balance.window >= self.global_batch_size,
+            at.child("balance").child("window"),
+            f"{self.balance.window} < global_batch_size {self.global_batch_size}",
             "at least global_batch_size (the pool must hold a global batch)",
         )
-        require(
-            self.balance_window <= MAX_BALANCE_WINDOW,
-            at.child("balance_window"),
-            f"got {self.balance_window}",
-            f"at most {MAX_BALANCE_WINDOW} (the pool is planned every global batch and saved in the state)",
-        )
-        require(
-            self.balance_lookahead <= MAX_BALANCE_LOOKAHEAD,
-            at.child("balance_lookahead"),
-            f"got {self.balance_lookahead}",
-            f"at most {MAX_BALANCE_LOOKAHEAD} global batches",
-        )
-        _at_least(self, at, null_ok=True, global_batch_tokens=1, balance_linear=0)
-        if self.balance != "none":
+        if mode != "none":
             require(
                 not self.blend_schedule,
                 at.child("blend_schedule"),
-                f"set with balance {self.balance!r}",
+                f"set with balance {mode!r}",
                 "no blend_schedule with balance (change weights at resume instead)",
             )
             require(
                 self.blend_unit == "sample",
                 at.child("blend_unit"),
-                f"{self.blend_unit!r} with balance {self.balance!r}",
+                f"{self.blend_unit!r} with balance {mode!r}",
                 "sample (the planner interleaves samples)",
             )
         require(
-            self.balance == "none" or not any(r.datasets for r in self.exclude),
+            mode == "none" or not any(r.datasets for r in self.exclude),
             at.child("exclude"),
-            f"datasets listed with balance {self.balance!r}",
+            f"datasets listed with balance {mode!r}",
             "keys or shards (with balance, set a dataset's weight to 0 at resume instead)",
-        )
-        require(
-            self.global_batch_tokens is None or self.balance != "none",
-            at.child("global_batch_tokens"),
-            f"{self.global_batch_tokens} with balance 'none'",
-            "null unless balance is set",
         )
         require(
             self.sample_timeout is None
@@ -247,10 +291,6 @@ class LoaderConfig:
             f"got {self.sample_timeout}",
             "seconds > 0, or null for no limit",
         )
-
-
-#: Bounds of the planner's pool: samples (``balance_window``) and global batches (``balance_lookahead``).
-MAX_BALANCE_WINDOW, MAX_BALANCE_LOOKAHEAD = 65536, 16.0
 
 
 @dataclass(frozen=True)
@@ -367,10 +407,69 @@ def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) 
         data, at = copy.deepcopy(path_or_dict), At()  # overrides never touch the caller's sections
     else:
         data, at = read_yaml(path_or_dict)
+    _group_balance(data, at)
     for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value, at)
+        dotted = _balance_override(data, dotted, value)
+        if dotted is not None:
+            _set_dotted(data, dotted, value, at)
+    _group_balance(data, at)
     data["source"] = at.source
     return parse(RunConfig, data, at)
+
+
+def _group_balance(data: dict, at: At) -> None:
+    """Bring ``loader.balance`` to its group form in place: a mode alone (``balance: tokens``)
+    becomes ``{"mode": "tokens"}``, and the flat keys of earlier configs (:data:`FLAT_BALANCE_KEYS`)
+    move into the group with a one-line deprecation note. A key set both ways is refused."""
+    loader = data.get("loader")
+    if not isinstance(loader, dict):
+        return
+    group = loader.get("balance")
+    if isinstance(group, str):
+        group = loader["balance"] = {"mode": group}
+    flat = [k for k in FLAT_BALANCE_KEYS if k in loader]
+    if not flat:
+        return
+    if group is None:
+        group = loader["balance"] = {}
+    if not isinstance(group, dict):
+        return  # parsing names what is wrong with it
+    for old in flat:
+        new = FLAT_BALANCE_KEYS[old]
+        if new in group:
+            raise ConfigError(
+                at.source,
+                f"loader.{old}",
+                f"set twice: as loader.{old} and as loader.balance.{new} (keep the second)",
+            )
+        group[new] = loader.pop(old)
+        log.warning(
+            "%s: loader.%s is deprecated; write it as loader.balance.%s (read as that now)",
+            at.source,
+            old,
+            new,
+        )
+
+
+def _balance_override(data: dict, dotted: str, value: Any) -> str | None:
+    """Where an override of the balance settings goes: ``loader.balance=MODE`` on a group changes
+    its mode (the group's other keys stay; None: done here), a flat key of earlier configs goes to
+    its group key (with the deprecation note); others as written."""
+    loader = data.get("loader")
+    if dotted == "loader.balance" and isinstance(value, str) and isinstance(loader, dict):
+        group = loader.get("balance")
+        if isinstance(group, dict):
+            group["mode"] = value
+            return None
+    old = dotted.removeprefix("loader.")
+    if old != dotted and old in FLAT_BALANCE_KEYS:
+        log.warning(
+            "loader.%s is deprecated; write it as loader.balance.%s (read as that now)",
+            old,
+            FLAT_BALANCE_KEYS[old],
+        )
+        return f"loader.balance.{FLAT_BALANCE_KEYS[old]}"
+    return dotted
 
 
 def _set_dotted(data: dict, dotted: str, value: Any, at: At) -> None:

@@ -919,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Energon's packing_buffer_size (default: the pack group, i.e. the same setting)",
     )
     p.add_argument(
-        "--window", type=int, default=4096, help="our planner's look-ahead (loader.balance_window)"
+        "--window", type=int, default=4096, help="our planner's look-ahead (loader.balance.window)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

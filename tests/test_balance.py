@@ -298,7 +298,7 @@ def test_restore_far_into_a_run_costs_what_a_start_does(three_packed):
     loader.planner.lengths = lambda positions: calls.append(len(positions)) or lengths(positions)
     loader.planner.restart(PlanState(batch=10**7, position=10**9, carried=(10**9 - 3, 10**9 - 1)))
     plan = loader.planner.plan(10**7)
-    assert len(plan.items) == 8 and sum(calls) <= loader.config.balance_window + 64
+    assert len(plan.items) == 8 and sum(calls) <= loader.config.balance.window + 64
     loader.close()
 
 

@@ -2,7 +2,7 @@
 
 * A dataset smaller than its share of a global batch (the 3-shape dataset of global batch 8).
 * ``global_batch_tokens`` with a packing encoder, or beyond what distinct samples can fill.
-* ``balance_window`` / ``balance_lookahead`` past their bounds.
+* ``balance.window`` / ``balance.lookahead`` past their bounds.
 * A sample cost that is NaN, infinite, negative or not a number.
 * Documents as long as a row cannot share rows: the carried pool stays small, not the window.
 * Logged padding counts the positions the rows trained left empty.
@@ -60,21 +60,21 @@ def test_a_dataset_smaller_than_a_global_batch_is_refused(coco, balance):
 
 def test_global_batch_tokens_with_a_packing_encoder_is_refused(coco):
     with pytest.raises(ConfigError, match="global_batch_tokens: 4096 with a packing encoder"):
-        _loader(coco, PACKED, balance="tokens", global_batch_tokens=4096)
+        _loader(coco, PACKED, balance={"mode": "tokens", "global_batch_tokens": 4096})
 
 
 def test_a_token_budget_distinct_samples_cannot_fill_stops_naming_it(coco):
-    loader = _loader(coco, balance="tokens", global_batch_tokens=10**6)
+    loader = _loader(coco, balance={"mode": "tokens", "global_batch_tokens": 10**6})
     with pytest.raises(
         PlanError, match="global_batch_tokens=1e\\+06 cannot be reached without repeating a sample"
     ):
         loader.planner.plan(0)
 
 
-@pytest.mark.parametrize("key,value", [("balance_window", 100_000), ("balance_lookahead", 17.0)])
+@pytest.mark.parametrize("key,value", [("window", 100_000), ("lookahead", 17.0)])
 def test_pool_bounds_are_refused_at_load(coco, key, value):
-    with pytest.raises(ConfigError, match=f"loader.{key}"):
-        _loader(coco, balance="tokens", **{key: value})
+    with pytest.raises(ConfigError, match=f"loader.balance.{key}"):
+        _loader(coco, balance={"mode": "tokens", key: value})
 
 
 @pytest.mark.parametrize("cost", [math.nan, math.inf, -1.0, "12", None])
@@ -82,7 +82,7 @@ def test_a_cost_that_is_not_a_finite_number_is_refused_naming_the_encoder(coco, 
     from dataclasses import replace
 
     loader = _loader(coco, balance="tokens")
-    loader.config = replace(loader.config, balance="encoder")
+    loader.config = replace(loader.config, balance=replace(loader.config.balance, mode="encoder"))
     loader.encoder.balance_cost = lambda length: cost
     with pytest.raises(ConfigError, match=r"ImageTextTaskEncoder.balance_cost\(7\) returned"):
         loader._cost(7)

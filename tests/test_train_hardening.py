@@ -166,18 +166,18 @@ def test_set_values_that_break_the_run_are_one_line(config_file, capsys, overrid
             "train.checkpoint_every: got 99999999999999 (expected at most",
         ),
         ("train.weight_decay=.inf", "train.weight_decay: got inf (expected a finite number"),
-        ("loader.balance_linear=.inf", "loader.balance_linear: got inf (expected a finite number"),
+        ("loader.balance.linear=.inf", "loader.balance.linear: got inf (expected a finite number"),
         (
-            "loader.balance_lookahead=1e308",
-            "loader.balance_lookahead: got 1e+308 (expected at most balance_window",
+            "loader.balance.lookahead=1e308",
+            "loader.balance.lookahead: got 1e+308 (expected at most window",
         ),
         (
-            "loader.balance_lookahead=nan",
-            "loader.balance_lookahead: got nan (expected a finite number",
+            "loader.balance.lookahead=nan",
+            "loader.balance.lookahead: got nan (expected a finite number",
         ),
         (
-            "loader.balance_lookahead=inf",
-            "loader.balance_lookahead: got inf (expected a finite number",
+            "loader.balance.lookahead=inf",
+            "loader.balance.lookahead: got inf (expected a finite number",
         ),
     ],
 )
@@ -192,9 +192,9 @@ def test_absurd_and_non_finite_numbers_are_one_line_at_config_load(
 def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_expected(coco, tmp_path):
     # PyYAML reads 3e-4 and 1e1 (no dot, no exponent sign) and nan/inf as strings
     config = run_config(coco, lr="3e-4")
-    config["loader"].update(balance_lookahead="1e1", balance_linear="2.5E+1")
+    config["loader"]["balance"] = {"lookahead": "1e1", "linear": "2.5E+1"}
     cfg = load_config(config)
-    assert (cfg.train.lr, cfg.loader.balance_lookahead, cfg.loader.balance_linear) == (
+    assert (cfg.train.lr, cfg.loader.balance.lookahead, cfg.loader.balance.linear) == (
         3e-4,
         10.0,
         25.0,
@@ -203,10 +203,12 @@ def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_expected(coco,
         load_config(run_config(coco, lr="fast"))
     path = tmp_path / "run.yaml"
     path.write_text(
-        yaml.safe_dump(run_config(coco)).replace("loader:\n", "loader:\n  balance_linear: .inf\n")
+        yaml.safe_dump(run_config(coco)).replace(
+            "loader:\n", "loader:\n  balance: {linear: .inf}\n"
+        )
     )
     with pytest.raises(
-        ConfigError, match=r"run.yaml: loader.balance_linear: got inf \(expected a finite number"
+        ConfigError, match=r"run.yaml: loader.balance.linear: got inf \(expected a finite number"
     ):
         load_config(path)
 

@@ -237,9 +237,9 @@ class Planner:
             pool.starved and pool.waiting and sum(costs.values()) < self.budget
         ):  # repeats, not the window, limit it
             raise PlanError(
-                f"global batch {state.batch}: loader.global_batch_tokens={self.budget:g} cannot be "
+                f"global batch {state.batch}: loader.balance.global_batch_tokens={self.budget:g} cannot be "
                 f"reached without repeating a sample (every distinct sample in reach costs "
-                f"{sum(costs.values()):g}); lower global_batch_tokens"
+                f"{sum(costs.values()):g}); lower balance.global_batch_tokens"
             )
         taken, _ = fill_budget([costs[i] for i in live], self.budget, minimum=self.items_per_batch)
         return self._batch(
@@ -364,9 +364,9 @@ class Pool:
         if len(self.live) < count:
             raise PlanError(
                 f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
-                f"within loader.balance_window={self.planner.window} stream positions without repeating "
+                f"within loader.balance.window={self.planner.window} stream positions without repeating "
                 f"one ({self.waiting} later copies wait): a dataset is too small for its share of the "
-                f"global batch; lower its weight or the global batch size, or raise balance_window"
+                f"global batch; lower its weight or the global batch size, or raise balance.window"
             )
 
     def prioritised(self, state: PlanState) -> list[int]:

@@ -97,7 +97,7 @@ class TrainLoader:
         pack_group = _pack_group(lc.pack_group, self.encoder, cfg.source)
         self.pack_group = pack_group
         #: ``loader.balance`` set: global batches are planned (:mod:`~energon_platform.loader.planner`)
-        self.planned = lc.balance != "none"
+        self.planned = lc.balance.planned
         self.packed_rows = self.planned and pack_group > 1  # fixed rows of seq_len, packed globally
         per_rank = Schedule.check_split(
             lc.global_batch_size, pack_group, world_size, lc.micro_batch_size
@@ -148,10 +148,10 @@ class TrainLoader:
         }
         if self.planned:  # what changes the rows and batches of a planned run
             self.fingerprint["balance"] = {
-                "mode": lc.balance,
-                "window": lc.balance_window,
-                "lookahead": lc.balance_lookahead,
-                "global_batch_tokens": lc.global_batch_tokens,
+                "mode": lc.balance.mode,
+                "window": lc.balance.window,
+                "lookahead": lc.balance.lookahead,
+                "global_batch_tokens": lc.balance.global_batch_tokens,
                 "linear": self._linear,
                 "planner": "pool-led-v2",
             }
@@ -192,7 +192,7 @@ class TrainLoader:
     @property
     def _linear(self) -> float:
         """The linear term's weight in ``balance: attention`` (default: the encoder's ``seq_len``)."""
-        linear = self.config.balance_linear
+        linear = self.config.balance.linear
         return float(linear if linear is not None else getattr(self.encoder, "seq_len", 0))
 
     def _length_indexes(self, cfg: RunConfig) -> list:
@@ -217,12 +217,12 @@ class TrainLoader:
         """A sample's balance cost: a finite number >= 0, else :class:`ConfigError` naming where it came from."""
         from energon_platform.loader.packer import sample_cost
 
-        if self.config.balance == "encoder":
+        if self.config.balance.mode == "encoder":
             cost = self.encoder.balance_cost(work_length)
             where = f"{type(self.encoder).__name__}.balance_cost({work_length})"
         else:
-            cost = sample_cost(work_length, self.config.balance, self._linear)
-            where = f"balance {self.config.balance!r} with balance_linear={self._linear!r}"
+            cost = sample_cost(work_length, self.config.balance.mode, self._linear)
+            where = f"balance {self.config.balance.mode!r} with balance.linear={self._linear!r}"
         if (
             isinstance(cost, bool)
             or not isinstance(cost, numbers.Real)
@@ -243,7 +243,7 @@ class TrainLoader:
         a planned run continues from ``plan_state`` (None: where its planner is now, or the start)."""
         self.blend = Blend(segments, len(self.datasets.entries))
         if (
-            not self.packed_rows and self.config.global_batch_tokens is None
+            not self.packed_rows and self.config.balance.global_batch_tokens is None
         ):  # a fixed number of samples per batch
             from energon_platform.loader.planner import check_distinct
 
@@ -270,9 +270,9 @@ class TrainLoader:
                 self._cost,
                 self.config.global_batch_size,
                 capacity=self.encoder.seq_len if self.packed_rows else 0,
-                budget=self.config.global_batch_tokens,
-                window=self.config.balance_window,
-                fill=self.config.balance_lookahead,
+                budget=self.config.balance.global_batch_tokens,
+                window=self.config.balance.window,
+                fill=self.config.balance.lookahead,
                 start=plan_state,
             )
         self.maker = MicroBatchMaker(
@@ -713,11 +713,11 @@ def _check_balance(cfg: RunConfig, encoder: Any, packed: bool) -> None:
     ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
     from task_encoders.config import ConfigError
 
-    if packed and cfg.loader.global_batch_tokens is not None:
+    if packed and cfg.loader.balance.global_batch_tokens is not None:
         raise ConfigError(
             cfg.source,
-            "loader.global_batch_tokens",
-            f"{cfg.loader.global_batch_tokens} with a packing "
+            "loader.balance.global_batch_tokens",
+            f"{cfg.loader.balance.global_batch_tokens} with a packing "
             f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
             "already (null, or an encoder without packing)",
         )
@@ -726,10 +726,12 @@ def _check_balance(cfg: RunConfig, encoder: Any, packed: bool) -> None:
         raise ConfigError(
             cfg.source,
             "loader.balance",
-            f"{cfg.loader.balance!r} needs lengths before decoding, but "
+            f"{cfg.loader.balance.mode!r} needs lengths before decoding, but "
             f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)",
         )
-    if cfg.loader.balance == "encoder" and not callable(getattr(encoder, "balance_cost", None)):
+    if cfg.loader.balance.mode == "encoder" and not callable(
+        getattr(encoder, "balance_cost", None)
+    ):
         raise ConfigError(
             cfg.source,
             "loader.balance",

@@ -1,0 +1,74 @@
+"""``loader.balance`` is a config group (``mode``, ``window``, ``lookahead``, ``linear``,
+``global_batch_tokens``); a mode alone is its short spelling, and the flat keys of earlier configs
+are still read, each with a one-line deprecation note."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from energon_platform.config import BalanceConfig, load_config
+from task_encoders.config import ConfigError
+
+ENCODER = {"name": "image_text", "seq_len": 64}
+
+
+def _balance(loader: dict, overrides: dict | None = None) -> BalanceConfig:
+    cfg = load_config({"data": {"path": "/data"}, "encoder": ENCODER, "loader": loader}, overrides)
+    return cfg.loader.balance
+
+
+def test_a_mode_alone_is_the_group_with_that_mode():
+    assert _balance({"balance": "tokens"}) == BalanceConfig(mode="tokens")
+    assert _balance({}) == BalanceConfig() and not BalanceConfig().planned
+
+
+def test_the_group_reads_its_keys():
+    got = _balance({"balance": {"mode": "attention", "window": 1024, "lookahead": 2, "linear": 8}})
+    assert got == BalanceConfig(mode="attention", window=1024, lookahead=2.0, linear=8.0)
+    assert got.planned
+
+
+def test_flat_keys_of_earlier_configs_are_read_into_the_group_with_one_note_each(caplog):
+    loader = {
+        "balance": "tokens",
+        "balance_window": 1024,
+        "balance_lookahead": 2,
+        "balance_linear": 3,
+    }
+    with caplog.at_level(logging.WARNING, logger="energon_platform.config"):
+        got = _balance({**loader, "global_batch_tokens": 5000})
+    assert got == BalanceConfig("tokens", 1024, 2.0, 3.0, 5000)
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 4 and all("deprecated" in n for n in notes), notes
+    assert any(
+        "loader.balance_window is deprecated; write it as loader.balance.window" in n for n in notes
+    )
+
+
+def test_a_key_set_flat_and_in_the_group_is_refused():
+    with pytest.raises(ConfigError, match="loader.balance_window: set twice"):
+        _balance({"balance": {"mode": "tokens", "window": 1024}, "balance_window": 2048})
+
+
+def test_overrides_change_the_mode_or_one_key_and_keep_the_rest(caplog):
+    group = {"balance": {"mode": "tokens", "window": 1024}}
+    assert _balance(group, {"loader.balance": "attention"}) == BalanceConfig("attention", 1024)
+    assert _balance(group, {"loader.balance.window": 2048}) == BalanceConfig("tokens", 2048)
+    with caplog.at_level(logging.WARNING, logger="energon_platform.config"):
+        assert _balance(group, {"loader.balance_lookahead": 2}).lookahead == 2.0
+    assert "write it as loader.balance.lookahead" in caplog.text
+
+
+def test_bad_group_keys_and_values_are_named():
+    with pytest.raises(ConfigError, match="loader.balance.windw: unknown key"):
+        _balance({"balance": {"mode": "tokens", "windw": 1024}})
+    with pytest.raises(ConfigError, match="loader.balance.mode: got 'fast'"):
+        _balance({"balance": "fast"})
+    with pytest.raises(
+        ConfigError, match="loader.balance.global_batch_tokens: 5000 with mode 'none'"
+    ):
+        _balance({"balance": {"global_batch_tokens": 5000}})
+    with pytest.raises(ConfigError, match="loader.balance.window: 16 < global_batch_size 32"):
+        _balance({"global_batch_size": 32, "balance": {"mode": "tokens", "window": 16}})
