@@ -7,7 +7,7 @@ sample images) to the same output format (RGB PNG at the same zlib level + ``tex
   ours, 1w   ``energon-platform convert coco`` with 1 worker: also validation, report, resume
              bookkeeping, checksums and Energon's index;
   ours, 2w   the same with 2 worker processes;
-  ours → S3  1 and 2 workers into ``msc://`` on a SeaweedFS started on loopback (``tests/s3_server.py``),
+  ours → S3  1 and 2 workers into ``msc://`` on a SeaweedFS started on loopback (``tests/helpers/s3_server.py``),
              bounded staging: each shard is written, uploaded, checked and deleted. Its staging
              folder is sampled every few ms for the peak bytes it held, set against the corpus;
              the upload retries come from the run's ``report.json``. ``--no-s3`` leaves it out.
@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 sys.path.insert(
-    0, str(Path(__file__).resolve().parent.parent / "tests")
+    0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers")
 )  # the test helpers used here
 from folder_sampler import FolderSampler  # noqa: E402
 

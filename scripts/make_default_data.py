@@ -67,7 +67,7 @@ Writes five small corpora under ``--out`` (default: ``<repo>/data``):
 Everything is deterministic: fixed seeds, fixed lists, no timestamps in any file (JPEG carries
 no EXIF except the single orientation tag, PNG has no tIME chunk, FLAC has no date). Output is
 byte-identical across runs with the same library versions (Pillow, libjpeg, zlib, libsndfile
-and scikit-image's bundled files); ``tests/test_default_data.py`` checks that.
+and scikit-image's bundled files); ``tests/project/test_default_data.py`` checks that.
 """
 
 from __future__ import annotations

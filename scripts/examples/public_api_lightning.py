@@ -2,7 +2,7 @@
 ``from energon_platform import ...`` and the documented trainer integration
 ``energon_platform.integrations.lightning``, with Lightning's own checkpointing (``ModelCheckpoint``
 and ``trainer.fit(ckpt_path="last")``). Nothing else from this repository: a held-out check that
-the public API is enough (tests/test_public_api.py checks the imports, tests/test_trainers_lightning.py
+the public API is enough (tests/project/test_public_api.py checks the imports, tests/integrations/test_lightning.py
 kills and resumes it under check-resume).
 
     python scripts/examples/public_api_lightning.py --config run.yaml --out OUT --steps 6

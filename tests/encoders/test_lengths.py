@@ -1,0 +1,226 @@
+"""Lengths without decoding: for every shipped encoder config and the embedded corpus it
+applies to, the length an encoder derives from a *light* sample (media as file bytes) equals the
+length of the sample it encodes, at several epochs, for the final key the loader gives it.
+
+``sample_length(sample_facts(light), key, epoch) == encoded_length(encode(decoded))`` for a subset of
+each corpus; a sample the encoder rejects (``ValueError``: e.g. a conversation whose answer does not
+fit) must be rejected by ``sample_length`` too. Configs whose lengths the encoders cannot derive
+without decoding are pinned to raise ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
+
+ENCODERS = REPO / "configs" / "encoders"
+EPOCHS = (0, 1, 3)
+PREFIX = "ds:"  # the loader's "{dataset}:" key prefix in metadataset runs
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict[str, Path]:
+    from converters.convert import ConvertOptions, run_conversion
+
+    base = tmp_path_factory.mktemp("lengths")
+    out = {"coco": coco_dataset(base), "speech": librispeech_dataset(base)}
+    for name, kind, args in (
+        (
+            "text",
+            "text",
+            {
+                "manifest": str(REPO / "data/text_mini/documents.jsonl"),
+                "text_column": "text",
+                "id_column": "id",
+                "fmt": None,
+            },
+        ),
+        ("video", "video", {"root": str(REPO / "data/video_mini/clips")}),
+        (
+            "llava",
+            "llava",
+            {
+                "json_file": str(REPO / "data/coco_mini/conversations.json"),
+                "images": str(REPO / "data/coco_mini/images"),
+            },
+        ),
+    ):
+        outcome = run_conversion(
+            kind, args, ConvertOptions(out=str(base / name), samples_per_shard=64, progress=False)
+        )
+        assert outcome.ok, outcome.report
+        out[name] = base / name
+    return out
+
+
+def _config(name: str, **override) -> dict:
+    data = yaml.safe_load((ENCODERS / name).read_text())
+    for section, values in override.items():
+        data[section] = {**data.get(section, {}), **values}
+    return data
+
+
+#: (case id, encoder config, corpora, samples per corpus). Every config of configs/encoders/ is here;
+#: the "cut" cases shrink text.seq_len so documents are cut (and some conversations skipped).
+CASES = [
+    ("text", _config("text.yaml"), ("speech",), 10),
+    ("text_small", _config("text_small.yaml"), ("text",), 24),
+    ("text_cut", _config("text_small.yaml", text={"seq_len": 10}), ("text", "coco"), 16),
+    ("image_text", _config("image_text.yaml"), ("coco",), 10),
+    ("image_text_packed", _config("image_text_packed.yaml"), ("coco",), 6),
+    ("image_text_small", _config("image_text_small.yaml"), ("coco",), 12),
+    ("image_text_small_packed", _config("image_text_small_packed.yaml"), ("coco",), 12),
+    ("image_text_vlm", _config("image_text_vlm.yaml"), ("coco",), 6),
+    ("image_text_vlm_small", _config("image_text_vlm_small.yaml"), ("coco",), 24),
+    ("image_text_vlm_small_packed", _config("image_text_vlm_small_packed.yaml"), ("coco",), 12),
+    (
+        "image_text_vlm_cut",
+        _config("image_text_vlm_small.yaml", text={"seq_len": 96}),
+        ("coco",),
+        24,
+    ),
+    ("conversation", _config("conversation.yaml"), ("llava",), 6),
+    ("conversation_small", _config("conversation_small.yaml"), ("llava",), 24),
+    ("conversation_small_packed", _config("conversation_small_packed.yaml"), ("llava",), 12),
+    ("conversation_cut", _config("conversation_small.yaml", text={"seq_len": 104}), ("llava",), 40),
+    ("audio_text", _config("audio_text.yaml"), ("speech",), 12),
+    (
+        "audio_text_cut",
+        _config(
+            "audio_text.yaml", text={"seq_len": 8}, audio={"sample_rate": 8000, "max_seconds": 1.2}
+        ),
+        ("speech",),
+        12,
+    ),
+    ("waveform_text", _config("waveform_text.yaml"), ("speech",), 6),
+    ("video_text", _config("video_text.yaml"), ("video",), 6),
+    ("video_text_small", _config("video_text_small.yaml"), ("video",), 8),
+    (
+        "video_text_fps",
+        _config("video_text_small.yaml", video={"fps": 30.0, "num_frames": 6}),
+        ("video",),
+        6,
+    ),
+    ("multimodal", _config("multimodal.yaml"), ("coco", "speech", "text"), 6),
+    ("multimodal_packed", _config("multimodal_packed.yaml"), ("coco", "speech", "text"), 6),
+]
+
+
+def _spread(n: int, count: int) -> list[int]:
+    """``count`` indices spread over ``range(n)`` (first and last included)."""
+    return sorted({round(i * (n - 1) / max(count - 1, 1)) for i in range(min(count, n))})
+
+
+def _outcome(fn):
+    """``("ok", value)`` or ``("rejected", exception type)`` for ValueError."""
+    try:
+        return "ok", fn()
+    except ValueError:
+        return "rejected", ValueError
+
+
+def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]:
+    """Compare derived and encoded lengths (module doc); returns counts of what was seen."""
+    from energon_platform.loader.light_sample import light_sample
+    from energon_platform.loader.source import SampleSource
+
+    seen = {"ok": 0, "rejected": 0, "cut": 0}
+    for path in paths:
+        source = SampleSource(str(path), "train")
+        for i in _spread(len(source), per_corpus):
+            light = light_sample(source, i)
+            facts = encoder.sample_facts(light)
+            assert len(facts) == encoder.facts_width and all(
+                isinstance(f, int) and f >= 0 for f in facts
+            ), facts
+            for epoch in EPOCHS:
+                sample = source[i]  # decoded afresh: encoding must not see another epoch's sample
+                key = PREFIX + sample.__key__
+                sample.__key__ = key
+                sample.__subflavors__ = {
+                    **(sample.__subflavors__ or {}),
+                    "epoch": epoch,
+                    "dataset": "ds",
+                }
+                encoded = _outcome(lambda: encoder.encoded_length(encoder.encode(sample)))
+                derived = _outcome(lambda: encoder.sample_length(facts, key, epoch))
+                assert derived == encoded, (
+                    f"{path.name} sample {i} ({key}) epoch {epoch}: derived {derived}, encoded {encoded}"
+                )
+                seen[encoded[0]] += 1
+                seen["cut"] += encoded[0] == "ok" and encoded[1][0] >= encoder.seq_len - 1
+    return seen
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_derived_lengths_equal_encoded_lengths(case, corpora, tokenizer_dir):
+    from task_encoders.registry import get_encoder
+
+    name, config, corpus_names, per_corpus = case
+    encoder = get_encoder(config, training=True)
+    seen = check_lengths(encoder, [corpora[c] for c in corpus_names], per_corpus)
+    assert seen["ok"] >= 3 * len(EPOCHS), seen
+    if name.endswith("_cut"):  # the cut (and, for conversations, the skip) is exercised
+        assert seen["cut"] > 0, seen
+    if name == "conversation_cut":
+        assert seen["rejected"] > 0, seen
+
+
+def test_evaluation_lengths_equal_encoded_lengths(corpora):
+    """training=False (centred clips, eval transforms) derives the same lengths as it encodes."""
+    from task_encoders.registry import get_encoder
+
+    for config, corpus in (
+        (_config("video_text_small.yaml"), "video"),
+        (_config("image_text_vlm_small.yaml"), "coco"),
+    ):
+        seen = check_lengths(get_encoder(config, training=False), [corpora[corpus]], 6)
+        assert seen["ok"] >= 6, seen
+
+
+def test_prompt_draw_changes_lengths_across_epochs(corpora):
+    """The instruction is drawn per (key, epoch) and instructions differ in length: the derived
+    lengths of one sample differ between epochs (so the draw is really reproduced, not ignored)."""
+    from energon_platform.loader.light_sample import light_sample
+    from energon_platform.loader.source import SampleSource
+    from task_encoders.registry import get_encoder
+
+    encoder = get_encoder(_config("image_text_vlm_small.yaml"))
+    facts = encoder.sample_facts(light_sample(SampleSource(str(corpora["coco"]), "train"), 0))
+    assert len({encoder.sample_length(facts, f"{PREFIX}x", e) for e in range(12)}) == 2
+
+
+def test_light_sample_keeps_media_as_bytes(corpora):
+    from megatron.energon import CaptioningSample
+
+    from converters.sample_types import AudioTextSample, ConversationSample, VideoTextSample
+    from energon_platform.loader.light_sample import light_sample
+    from energon_platform.loader.source import SampleSource
+
+    for corpus, kind, media in (
+        ("coco", CaptioningSample, "image"),
+        ("speech", AudioTextSample, "audio"),
+        ("video", VideoTextSample, "video"),
+        ("llava", ConversationSample, "images"),
+    ):
+        source = SampleSource(str(corpora[corpus]), "train")
+        light = light_sample(source, 1)
+        assert type(light) is kind and light.__key__ == source[1].__key__
+        value = getattr(light, media)
+        assert (
+            all(isinstance(v, bytes) for v in value)
+            if media == "images"
+            else isinstance(value, bytes)
+        )
+
+
+def test_video_audio_config_refuses_to_guess():
+    from task_encoders.registry import get_encoder
+
+    encoder = get_encoder(_config("video_text_small.yaml", video={"audio": {"n_mels": 16}}))
+    with pytest.raises(NotImplementedError, match="video.audio"):
+        encoder.sample_length((5, 4), "k", 0)

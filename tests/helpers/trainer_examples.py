@@ -1,0 +1,113 @@
+"""Shared by tests/test_trainers_*.py: a small run config on the embedded COCO corpus, the command
+line of an example under scripts/examples/, and ``energon-platform check-resume`` on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.helpers.demo_datasets import REPO, coco_dataset
+
+EXAMPLES = REPO / "scripts" / "examples"
+PY = shlex.quote(sys.executable)
+
+
+def write_run_config(base: Path, out: Path, **loader) -> Path:
+    data = coco_dataset(base)
+    out.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(data)},
+                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+                "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3, **loader},
+            }
+        )
+    )
+    return out
+
+
+def example(
+    script: str, config: Path, *args: str, nproc: int = 1, launcher: str | None = None
+) -> str:
+    """The command line of ``scripts/examples/<script>``: under ``launcher`` if given (a command
+    that takes the script's path next), else torchrun with ``nproc`` processes, else python."""
+    if launcher is None:
+        launcher = (
+            f"{PY} -m torch.distributed.run --standalone --nproc-per-node {nproc}"
+            if nproc > 1
+            else PY
+        )
+    return " ".join(
+        [launcher, shlex.quote(str(EXAMPLES / script)), "--config", shlex.quote(str(config)), *args]
+    )
+
+
+def check_resume(
+    out: Path, cmd: str, resume_cmd: str, steps: int, kill_at: int, tolerance: float | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run check-resume (exact form: the examples log with StepLog; ``tolerance``: its
+    ``--tolerance``, the |Δloss| allowed); its result and report.json."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "energon_platform",
+            "check-resume",
+            "--out",
+            str(out),
+            "--cmd",
+            cmd,
+            "--resume-cmd",
+            resume_cmd,
+            "--steps",
+            str(steps),
+            "--kill-at",
+            str(kill_at),
+            *(["--tolerance", str(tolerance)] if tolerance is not None else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
+    path = out / "report.json"
+    assert path.exists(), (
+        f"check-resume exited {r.returncode} without a report:\n{r.stdout}\n{r.stderr[-4000:]}"
+    )
+    return r, json.loads(path.read_text())
+
+
+def assert_exact_pass(
+    r: subprocess.CompletedProcess, report: dict, loss_tolerance: float = 0.0
+) -> None:
+    """Passed on the same keys and tensors; the loss identical (``loss_tolerance``: within it,
+    for a resume on another number of processes, whose all-reduce sums in another order)."""
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert (
+        report["mode"] == "exact"
+        and report["restored"]
+        and report["resumed_from_logged"] == report["resume_step"]
+    )
+    assert (
+        report["keys_identical"]
+        and report["tensors_identical"]
+        and report["max_abs_loss_diff"] <= loss_tolerance
+    )
+
+
+def assert_fails(r: subprocess.CompletedProcess, report: dict) -> None:
+    assert r.returncode == 1 and "FAIL" in r.stdout and not report["passed"], (
+        r.stdout + r.stderr[-3000:]
+    )
+    assert report["keys_identical"] is False and report["tensors_identical"] is False

@@ -1,0 +1,71 @@
+"""DeepSpeed: the loader state in ``save_checkpoint(client_state=...)``/``load_checkpoint``,
+DeepSpeed's batch arithmetic from the loader, and scripts/examples/deepspeed_example.py (ZeRO on
+CPU with gloo) resuming exactly after SIGKILL, on 1 process and with ZeRO-2 on 2."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+from tests.helpers.trainer_examples import (
+    assert_exact_pass,
+    assert_fails,
+    check_resume,
+    example,
+    write_run_config,
+)
+
+
+@pytest.fixture(scope="module")
+def run_config(tmp_path_factory):
+    return write_run_config(
+        tmp_path_factory.getbasetemp(),
+        tmp_path_factory.mktemp("deepspeed") / "run.yaml",
+        micro_batch_size=1,
+    )
+
+
+def test_batch_config_and_client_state(run_config):
+    from energon_platform import TrainLoader, load_config
+    from energon_platform.integrations.deepspeed import (
+        KEY,
+        batch_config,
+        client_state,
+        restore_loader,
+    )
+
+    loader = TrainLoader(
+        load_config(run_config), rank=1, world_size=2
+    )  # 4 per global batch, 1 per micro-batch
+    assert batch_config(loader) == {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 2,
+    }
+    next(loader), next(loader)
+    state = client_state(loader, step=1)
+    assert state == {KEY: loader.state_dict(), "step": 1}
+    again = TrainLoader(load_config(run_config), rank=1, world_size=2)
+    assert restore_loader(again, state) and again.next_microbatch == 2
+    assert not restore_loader(again, None)  # load_checkpoint found no checkpoint
+    with pytest.raises(KeyError, match="not saved with client_state"):
+        restore_loader(again, {"step": 1})
+
+
+@pytest.mark.slow
+def test_deepspeed_example_resumes_exactly_after_sigkill(run_config, tmp_path):
+    """One process, ZeRO-1, two micro-batches per step (DeepSpeed's gradient accumulation)."""
+    cmd = example("deepspeed_example.py", run_config, "--out {out} --steps 6")
+    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
+    assert_fails(
+        *check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4)
+    )
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_two_processes_resumes_exactly(run_config, tmp_path):
+    cmd = example(
+        "deepspeed_example.py", run_config, "--out {out} --steps 6 --zero-stage 2", nproc=2
+    )
+    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))

@@ -1,0 +1,212 @@
+"""PyTorch Lightning: our TrainLoader returned from ``train_dataloader()``, our batch types moved by
+Lightning's own transfer, a module without ``EnergonHooks`` refused at its first checkpoint,
+Lightning's ModelCheckpoint carrying the loader state and the random state, and
+``trainer.fit(ckpt_path=...)`` resuming exactly after SIGKILL (scripts/examples/lightning_example.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from tests.helpers.trainer_examples import (
+    assert_exact_pass,
+    assert_fails,
+    check_resume,
+    example,
+    write_run_config,
+)
+
+
+@pytest.fixture(scope="module")
+def run_config(tmp_path_factory):
+    return write_run_config(
+        tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("lightning") / "run.yaml"
+    )
+
+
+def test_our_batch_types_move_with_lightnings_own_transfer(run_config):
+    """Lightning's ``move_data_to_device`` (a module without ``EnergonHooks``) calls the batch's
+    ``.to``: a moved copy of the same frozen type; the mixin's transfer gives the same."""
+    import torch
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
+    from energon_platform import TrainLoader, load_config
+    from energon_platform.integrations.lightning import EnergonHooks
+
+    batch = next(TrainLoader(load_config(run_config)))
+    for moved in (
+        move_data_to_device(batch, torch.device("meta")),
+        EnergonHooks().transfer_batch_to_device(batch, torch.device("meta"), 0),
+    ):
+        assert (
+            type(moved) is type(batch)
+            and moved.keys == batch.keys
+            and moved.max_seqlen == batch.max_seqlen
+        )
+        assert moved.tokens.is_meta and moved.images.is_meta and moved.cu_seqlens.is_meta
+    assert batch.tokens.device.type == "cpu"  # the batch itself is left as it was
+
+
+def lightning_module(run_config, hooks: bool, dropout: float = 0.0):
+    """A small LightningModule on the run config's TrainLoader (with or without ``EnergonHooks``)
+    that records each step's loss in ``losses``."""
+    import lightning as L
+    import torch
+
+    from energon_platform import TrainLoader, load_config
+    from energon_platform.integrations.lightning import EnergonHooks
+
+    class Model(*((EnergonHooks,) if hooks else ()), L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(3, 1))
+            self.losses = []
+
+        def train_dataloader(self):
+            return TrainLoader(load_config(run_config))
+
+        def training_step(self, batch, batch_idx):
+            loss = self.net(batch.images.mean(dim=(2, 3))).square().mean()
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Model()
+
+
+def fit(model, root, steps: int, ckpt_path=None, every: int | None = None) -> None:
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    callbacks = (
+        [ModelCheckpoint(dirpath=root, filename="{step}", every_n_train_steps=every, save_top_k=-1)]
+        if every
+        else []
+    )
+    L.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=bool(every),
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    ).fit(model, ckpt_path=ckpt_path)
+
+
+def test_a_module_without_the_mixin_trains_and_its_first_checkpoint_names_the_mixin(
+    run_config, tmp_path
+):
+    """Without ``EnergonHooks`` batches move and train; Lightning's checkpoint, which would hold the
+    state one prefetched batch ahead, is refused at once, naming the mixin."""
+    model = lightning_module(run_config, hooks=False)
+    fit(model, tmp_path / "plain", steps=2)
+    assert len(model.losses) == 2
+    with pytest.raises(
+        RuntimeError, match=r"one prefetched batch ahead.*EnergonHooks into the LightningModule"
+    ):
+        fit(lightning_module(run_config, hooks=False), tmp_path / "saving", steps=3, every=1)
+    assert not list((tmp_path / "saving").glob("*.ckpt"))
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Checkpoint directory .* exists and is not empty"
+)  # resumed in place
+def test_dropout_resumes_exactly_the_mixin_carries_every_generator(run_config, tmp_path):
+    """Dropout draws from torch's generator: resumed from a checkpoint (another seed set before),
+    the steps after it have the losses of the uninterrupted run."""
+    import torch
+
+    torch.manual_seed(0)
+    straight = lightning_module(run_config, hooks=True, dropout=0.5)
+    fit(straight, tmp_path, steps=5, every=2)
+    torch.manual_seed(1)
+    resumed = lightning_module(run_config, hooks=True, dropout=0.5)
+    fit(
+        resumed, tmp_path, steps=5, ckpt_path=tmp_path / "step=2.ckpt", every=2
+    )  # the same callback
+    assert resumed.losses == straight.losses[2:] and len(resumed.losses) == 3
+
+
+def test_state_at_is_the_state_a_loader_had_at_that_position(run_config):
+    from energon_platform import TrainLoader, load_config
+
+    loader, behind = TrainLoader(load_config(run_config)), TrainLoader(load_config(run_config))
+    for _ in range(3):
+        next(loader)
+    next(behind)
+    assert loader.state_at(1) == behind.state_dict() and loader.state_at(3) == loader.state_dict()
+    assert loader.next_microbatch == 3  # not moved
+
+
+def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config, tmp_path):
+    import lightning as L
+    import torch
+
+    from energon_platform import TrainLoader, load_config
+    from energon_platform.integrations.lightning import EnergonHooks
+
+    class Model(EnergonHooks, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def train_dataloader(self):
+            return TrainLoader(load_config(run_config))
+
+        def training_step(self, batch, batch_idx):
+            return self.w * batch.images.mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(ValueError, match="set accumulate_grad_batches=1"):
+        trainer.fit(Model())
+
+
+@pytest.mark.slow
+def test_lightning_example_resumes_exactly_after_sigkill(run_config, tmp_path):
+    """Lightning's own checkpoint and ckpt_path carry the loader (corrected for its one-batch
+    prefetch); the resume that drops the loader state from the checkpoint fails."""
+    cmd = example("lightning_example.py", run_config, "--out {out} --steps 6")
+    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
+    assert_fails(
+        *check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("straight, resumed", [(2, 1), (1, 2)])
+def test_lightning_ddp_resumes_exactly_on_another_number_of_processes(
+    run_config, tmp_path, straight, resumed
+):
+    """DDP on CPU (gloo), killed, resumed with another number of processes: the same global batches
+    (keys and row digests in the loader's global order), the loss within the all-reduce order's 1e-5."""
+    cmd, resume = (
+        example("lightning_example.py", run_config, "--out {out} --steps 6", nproc=n)
+        for n in (straight, resumed)
+    )
+    r, report = check_resume(tmp_path / "ok", cmd, resume + " --resume", 6, 4, tolerance=1e-5)
+    assert_exact_pass(r, report, loss_tolerance=1e-5)
+    assert report["steps_compared"] >= 3
+
+
+@pytest.mark.slow
+def test_a_script_on_the_public_api_alone_resumes_exactly_after_sigkill(run_config, tmp_path):
+    """scripts/examples/public_api_lightning.py: the documented names only (tests/project/test_public_api.py
+    checks its imports) and Lightning's own ``ckpt_path="last"``; the same command resumes."""
+    cmd = example("public_api_lightning.py", run_config, "--out {out} --steps 6")
+    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd, 6, 4))

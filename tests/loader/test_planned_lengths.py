@@ -1,0 +1,140 @@
+"""Planned lengths are the encoded ones, through the loader, where a stale cache or a wrong key
+would make them differ; a tampered plan state is refused.
+
+* The length cache is keyed by the encoder's config: two loaders on one dataset and one cache
+  with ``max_num_tiles`` 4 and 1 each plan the rows they encode.
+* In a metadataset the encoder sees ``"{dataset}:{key}"``: a VLM encoder drawing one of two
+  instructions per key plans the rows it encodes.
+* A saved plan whose ``carried`` holds the next stream position (or one position twice) is refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.helpers.demo_datasets import REPO, coco_dataset
+
+VLM = REPO / "configs/encoders/image_text_vlm_small_packed.yaml"
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory):
+    base = tmp_path_factory.mktemp("planned_lengths")
+    return base, coco_dataset(base)
+
+
+def _encoder(base, name: str, **image) -> str:
+    data = yaml.safe_load(VLM.read_text())
+    data["image"]["tiling"].update(image)
+    path = base / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _loader(data, encoder, cache):
+    from energon_platform import TrainLoader, load_config
+
+    cfg = load_config(
+        {
+            "data": {"path": str(data), "val_split": None},
+            "encoder": encoder,
+            "loader": {
+                "global_batch_size": 4,
+                "micro_batch_size": 2,
+                "num_workers": 0,
+                "seed": 3,
+                "balance": "tokens",
+                "length_cache": str(cache),
+            },
+        }
+    )
+    return TrainLoader(cfg, num_workers=0)
+
+
+def _planned_equals_encoded(loader, batches: int = 2) -> None:
+    """Each row's planned positions (by the length index) equal its encoded documents' lengths."""
+    for b in range(batches):
+        planned = sorted(loader.planner.plan(b).used)
+        encoded = []
+        for _ in range(loader.accumulation):
+            mb = next(loader)
+            start = 0
+            for n in mb.num_docs.tolist():
+                encoded.append(
+                    int(getattr(mb, "spliced_lengths", mb.doc_lengths)[start : start + n].sum())
+                )
+                start += n
+        assert sorted(encoded) == planned, (b, sorted(encoded), planned)
+    loader.close()
+
+
+def test_one_cache_two_tilings_each_plans_what_it_encodes(coco):
+    base, data = coco
+    cache = base / "lengths_tiles"
+    for tiles in (4, 1):
+        _planned_equals_encoded(
+            _loader(data, _encoder(base, f"tiles{tiles}", max_num_tiles=tiles), cache)
+        )
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2, (
+        "one length index per encoder config"
+    )
+
+
+def test_in_a_blend_the_instruction_drawn_per_prefixed_key_is_planned(coco):
+    base, data = coco
+    mds = base / "one_entry_blend.yaml"
+    mds.write_text(
+        yaml.safe_dump(
+            {
+                "__module__": "megatron.energon",
+                "__class__": "MetadatasetV2",
+                "splits": {"train": {"blend": [{"weight": 1, "path": str(data)}]}},
+            }
+        )
+    )
+    loader = _loader(mds, str(VLM), base / "lengths_blend")
+    assert loader.planner.lengths.prefixes == ["coco_mini:"]
+    _planned_equals_encoded(loader, batches=3)
+
+
+@pytest.mark.parametrize("carried", [[10], [3, 3], [5, 2]])
+def test_a_plan_state_carrying_the_next_position_or_one_twice_is_refused(carried):
+    from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError
+
+    good = {
+        "version": STATE_VERSION,
+        "fingerprint": {},
+        "next_microbatch": 2,
+        "accumulation": 1,
+        "layout": {},
+        "datasets": ["d"],
+        "blend": [{"start": 0, "weights": ["1"]}],
+        "consumed": [],
+        "plan": {"batch": 2, "position": 10, "carried": [2, 9]},
+    }
+    LoaderState.from_dict(good)  # a well-formed plan loads
+    with pytest.raises(StateMismatchError, match="plan.carried"):
+        LoaderState.from_dict({**good, "plan": {"batch": 2, "position": 10, "carried": carried}})
+
+
+def test_a_state_of_the_previous_planner_resumes_with_this_one(coco, caplog):
+    """A balanced checkpoint planned by ``pool-led-v1`` (which could repeat samples) continues
+    from its saved position and carried samples; the next global batches never repeat one."""
+    base, data = coco
+    loader = _loader(data, str(VLM), base / "lengths_old_planner")
+    _planned_equals_encoded(loader, batches=1)
+    state = loader.state_dict()
+    state["fingerprint"]["balance"]["planner"] = "pool-led-v1"
+    resumed = _loader(data, str(VLM), base / "lengths_old_planner")
+    with caplog.at_level("WARNING"):
+        resumed.load_state_dict(state)
+    assert "previous planner (pool-led-v1)" in caplog.text
+    for b in range(1, 4):
+        ids = resumed.planner.identities([p for row in resumed.planner.plan(b).items for p in row])
+        assert len(ids) == len(set(ids))
+    state["fingerprint"]["balance"]["planner"] = "pool-led-v0"
+    from energon_platform.loader.state import StateMismatchError
+
+    with pytest.raises(StateMismatchError, match="balance"):
+        _loader(data, str(VLM), base / "lengths_old_planner").load_state_dict(state)

@@ -1,0 +1,108 @@
+"""``scripts/bench_balance.py --quick`` runs, prints the side-by-side table and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bench_balance.py"
+
+
+def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--steps", "12", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for word in ("none", "naive", "energon", "ours-budget", "ours/none", "targets"):
+        assert word in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"date", "machine", "load_before", "load_after", "balance"} <= set(data)
+    results = data["balance"]["results"]
+    assert {(r["cost"], r["layout"]) for r in results} == {
+        (c, lay) for c in ("tokens", "attention") for lay in ("packed", "unpacked")
+    }
+    for r in results:
+        ours = r["variants"]["ours"]
+        assert ours["max_over_mean"]["p90"] >= ours["batch_bound"]["p90"] - 1e-9 >= 1 - 1e-9
+        if r["layout"] == "packed":
+            assert ours["rows_per_rank_min"] == ours["rows_per_rank_max"] == 2  # fixed shapes
+            assert r["variants"]["energon"]["rows_per_rank_max"] == 2
+    targets = data["balance"]["targets"]
+    assert len(targets) == 6 and all(isinstance(t["met"], bool) for t in targets)
+
+
+def test_bad_flag_value_is_a_one_line_user_error():
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--seq-len", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.strip().count("\n") == 0
+        and "Traceback" not in proc.stderr
+    )
+
+
+def test_bad_train_value_is_a_one_line_user_error():
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--train", "--train-steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.strip().count("\n") == 0
+        and "--train-steps" in proc.stderr
+    )
+
+
+@pytest.mark.slow
+def test_train_section_trains_both_variants_on_two_ranks_and_reports_tokens_per_s(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--sections",
+            "train",
+            "--train-steps",
+            "4",
+            "--train-rounds",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens/s ours/today" in proc.stdout and ("met" in proc.stdout)
+    train = json.loads(out.read_text())["train"]
+    assert "balance" not in json.loads(out.read_text())
+    today, ours = train["variants"]["none"], train["variants"]["attention"]
+    for v in (today, ours):
+        assert (
+            v["tokens_per_s"] > 0 and len(v["runs"]) == 1 and v["runs"][0]["steps"] == 2
+        )  # 4 less 2 warm-up
+    assert (
+        ours["rows_per_rank_min"] == ours["rows_per_rank_max"] == 8
+        and ours["padding"] < today["padding"]
+    )
+    assert (
+        0.8 < ours["tokens_per_step"] / today["tokens_per_step"] < 1.25
+    )  # about the same tokens per step
+    assert train["ratio"] == ours["tokens_per_s"] / today["tokens_per_s"]
+    assert train["targets"][0]["met"] == (train["ratio"] >= 1.15)

@@ -1,0 +1,374 @@
+"""Datasets on object storage: a real S3 server (SeaweedFS on loopback), read through Energon's
+``msc://`` paths (multi-storage-client), by the loader and ``info``; written by ``converters.remote``.
+
+What the bad cases rely on (MSC 1.3 with boto3; profiles written by ``tests/helpers/s3_server.py``):
+botocore's ``standard`` retry mode (``retries.max_attempts`` tries, on connection errors, read
+timeouts and 5xx) under every request, and MSC's own ``retry`` (``attempts``, ``delay``,
+``backoff_multiplier``) around ``read``/``download_file``/``upload_file`` for what MSC classes as
+retryable (HTTP 408/429/503, read timeouts, incomplete reads). ``info`` (HEAD, the first request
+of every shard open) has botocore's retries only. A 403 is a ``PermissionError`` at once; a server
+that stays unreachable ends in MSC's ``RuntimeError``. The loader turns all of these into a
+one-line ``StorageError`` (a ``DatasetError``), never a skipped sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+
+from converters.remote import dataset_files, upload_dataset
+from energon_platform.cli import main as cli_main
+from energon_platform.config import load_config
+from energon_platform.loader.source import SampleSource
+from energon_platform.loader.train_loader import TrainLoader
+from storage import DatasetError, StorageError
+from tests.helpers.demo_datasets import REPO
+from tests.helpers.s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
+
+IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
+
+
+@pytest.fixture(scope="module")
+def local(make_dataset):
+    """48 image-text samples in 6 shards of 8 (more shards than Energon's reader keeps open: 5)."""
+    return make_dataset("image_text", n=48)
+
+
+@pytest.fixture(scope="module")
+def remote(s3_server, local) -> str:
+    """``local`` uploaded to the session's server: its ``msc://`` URL."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MSC_CONFIG", str(s3_server.msc_config))
+        url = s3_server.url("image_text")
+        upload_dataset(local, url)
+    return url
+
+
+def cfg(path, **loader):
+    return load_config(
+        {
+            "data": {"path": str(path), "val_split": None},
+            "encoder": IMAGE,
+            "loader": {"global_batch_size": 8, "num_workers": 0, **loader},
+        }
+    )
+
+
+def fields(batch) -> dict:
+    return (
+        {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        if dataclasses.is_dataclass(batch)
+        else dict(vars(batch))
+    )
+
+
+def assert_same_batch(a, b) -> None:
+    """Same tensors and values; ``__sources__`` alike but for where the dataset lives."""
+    fa, fb = fields(a), fields(b)
+    assert fa.keys() == fb.keys()
+    for f in (fa, fb):
+        f["__sources__"] = [
+            (s.index, s.shard_name, s.file_names) for s in f.get("__sources__") or ()
+        ]
+    for name in fa:
+        if isinstance(fa[name], torch.Tensor):
+            assert torch.equal(fa[name], fb[name]), name
+        else:
+            assert fa[name] == fb[name], name
+
+
+def micro_batches(path, n: int, workers: int) -> list:
+    loader = TrainLoader(cfg(path), num_workers=workers)
+    try:
+        return [next(loader) for _ in range(n)]
+    finally:
+        loader.close()
+
+
+# ---------------------------------------------------------------- upload, info, loader
+
+
+def test_upload_copies_the_conversion_once_and_skips_what_is_there(s3, local, tmp_path):
+    url = s3.url("upload-check")
+    first = upload_dataset(local, url)
+    names = dataset_files(local)
+    assert [f.url for f in first.files] == [f"{url}/{n}" for n in names] and first.uploaded == len(
+        names
+    )
+    assert names[-2:] == [
+        ".nv-meta/.info.json",
+        ".nv-meta/dataset.yaml",
+    ]  # what makes it a dataset: last
+    assert not any(n.startswith(".convert/") for n in names) and any(
+        n.endswith(".tar.idx") for n in names
+    )
+    listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix="upload-check/")["Contents"]
+    assert sorted(o["Key"].split("/", 1)[1] for o in listed) == sorted(names)
+
+    before = s3.counters()
+    again = upload_dataset(local, url)
+    cost = s3.counters() - before
+    assert again.uploaded == 0 and again.skipped == len(names)
+    assert cost.requests == len(names) and cost.bytes_out == 0  # one HEAD per file, nothing sent
+
+    changed = tmp_path / "changed"
+    shutil.copytree(local, changed)
+    (changed / "report.json").write_text((changed / "report.json").read_text() + "\n")
+    third = upload_dataset(changed, url)
+    assert [f.url.rsplit("/", 1)[1] for f in third.files if f.uploaded] == ["report.json"]
+
+
+def test_info_reads_an_msc_dataset(s3, remote, local, capsys):
+    from converters.info import dataset_info
+
+    here, there = dataset_info(str(local)), dataset_info(remote)
+    assert (
+        there["path"] == remote
+        and there["splits"] == here["splits"]
+        and here["splits"]["train"] == {"shards": 6, "samples": 48}
+    )
+    assert (there["sample_type"], there["parts"], there["report"]) == (
+        here["sample_type"],
+        here["parts"],
+        here["report"],
+    )
+    assert cli_main(["info", remote]) == 0
+    assert f"dataset: {remote}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_on_s3_gives_the_micro_batches_of_local_disk(s3, remote, local, workers):
+    there, here = micro_batches(remote, 4, workers), micro_batches(local, 4, workers)
+    assert [b.keys for b in there] == [b.keys for b in here]
+    for a, b in zip(there, here):
+        assert_same_batch(a, b)
+
+
+# ---------------------------------------------------------------- bad cases
+
+
+def test_shard_missing_on_the_store_is_named_at_start(s3, local):
+    url = s3.url("missing-shard")
+    upload_dataset(local, url)
+    s3.client().delete_object(Bucket=s3.bucket, Key="missing-shard/train/shard-000003.tar")
+    with pytest.raises(
+        DatasetError, match=r"shard train/shard-000003.tar of split 'train' is missing \(1 of 6"
+    ):
+        SampleSource(url)
+    with pytest.raises(DatasetError, match="shard-000003.tar"):
+        TrainLoader(cfg(url))
+
+
+def test_wrong_credentials_are_one_named_line(s3, remote, capsys):
+    bad = remote.replace(s3.profile, s3.bad_profile)
+    with pytest.raises(StorageError) as e:
+        SampleSource(bad)
+    message = str(e.value)
+    assert "\n" not in message and "status_code: 403" in message and repr(s3.bad_profile) in message
+    for argv in (["info", bad], ["info", "msc://no-such-profile/x"]):
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(
+            "energon-platform info: error: msc://"
+        ) and "Traceback" not in "\n".join(err)
+
+
+def test_refused_credentials_fail_an_upload_at_once_without_backoff(s3, tmp_path, monkeypatch):
+    """A 403 reaches the retry loop as a ``StorageError`` caused by ``PermissionError``: one try,
+    no pause (a retry cannot fix a credential)."""
+    import storage.retry
+    from converters import remote
+
+    def no_pause(seconds):
+        raise AssertionError(f"a refused credential was retried after a {seconds} s pause")
+
+    monkeypatch.setattr(storage.retry.time, "sleep", no_pause)
+    real, tries = remote.upload_file, []
+    monkeypatch.setattr(remote, "upload_file", lambda *a: tries.append(a) or real(*a))
+    (tmp_path / "f.bin").write_bytes(b"x" * 10)
+    with pytest.raises(remote.UploadError, match="after 1 try") as e:
+        remote.put_checked(
+            str(tmp_path / "f.bin"),
+            s3.url("refused/f.bin", profile=s3.bad_profile),
+            "f.bin",
+            attempts=5,
+            backoff=10.0,
+        )
+    assert len(tries) == 1 and isinstance(e.value.__cause__.__cause__, PermissionError), e.value
+
+
+@pytest.fixture
+def own_server(tmp_path, local, monkeypatch):
+    """A server of the test's own (it gets killed or paused) with ``local`` at ``msc://.../ds``;
+    botocore's read timeout 1 s so stalls and deaths show within seconds."""
+    server = S3Server.launch(tmp_path / "s3", read_timeout=1.0)
+    monkeypatch.setenv("MSC_CONFIG", str(server.msc_config))
+    try:
+        upload_dataset(local, server.url("ds"))
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.resume()  # a paused process would not take the SIGKILL until continued
+        server.stop(kill=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_server_killed_mid_run_is_a_named_error_not_a_skip(own_server, workers):
+    url = own_server.url("ds")
+    loader = TrainLoader(cfg(url), num_workers=workers)
+    try:
+        next(loader)
+        own_server.stop(kill=True)
+        start = time.monotonic()
+        with pytest.raises(StorageError) as e:
+            for _ in range(12):  # two epochs: some sample needs a shard that is not open
+                next(loader)
+        assert time.monotonic() - start < 60
+    finally:
+        loader.close()
+    message = str(e.value)
+    # a worker that reopens the dataset after the kill names the metadata, others the sample
+    assert "\n" not in message and message.startswith(f"{url}: cannot read "), message
+
+
+def test_stall_shorter_than_the_retries_is_waited_out_with_the_same_sample(own_server, local):
+    url = own_server.url("ds")
+    expected = SampleSource(str(local))[0]
+    assert torch.equal(SampleSource(url)[0].image, expected.image)  # warms the process's MSC client
+    calm = SampleSource(url)
+    before = own_server.counters()
+    assert torch.equal(calm[0].image, expected.image)
+    calm_requests = (own_server.counters() - before).requests
+
+    stalled = SampleSource(url)
+    before = own_server.counters()
+    own_server.pause()
+    threading.Timer(1.5, own_server.resume).start()  # botocore: 1 s timeout, then a second try
+    sample = stalled[0]
+    time.sleep(0.2)  # the server counts the abandoned request when it answers it, after SIGCONT
+    assert sample.__key__ == expected.__key__ and torch.equal(sample.image, expected.image)
+    assert (
+        own_server.counters() - before
+    ).requests > calm_requests  # the timed-out request was retried
+
+
+# --- the converter writes to object storage; a whole train, SIGKILL and resume reads from it ---------------
+
+
+def _coco(raw, n=20):
+    """A raw COCO corpus of ``n`` images (conftest's items) for the converter."""
+    import json
+
+    from tests.conftest import _image_item
+
+    (raw / "images").mkdir(parents=True)
+    items = [_image_item(i, False) for i in range(n)]
+    for key, data, _ in items:
+        (raw / "images" / f"{key}.png").write_bytes(data)
+    (raw / "captions.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": int(k), "file_name": f"{k}.png"} for k, _, _ in items],
+                "annotations": [
+                    {"id": i, "image_id": int(k), "caption": t} for i, (k, _, t) in enumerate(items)
+                ],
+            }
+        )
+    )
+    return ["--annotations", str(raw / "captions.json"), "--images", str(raw / "images")]
+
+
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_convert_to_object_storage_matches_a_local_conversion(
+    s3, tmp_path, monkeypatch, capsys, executor
+):
+    monkeypatch.setenv("ENERGON_PLATFORM_STAGING", str(tmp_path / "staging"))
+    args = _coco(tmp_path / "raw")
+    url = s3.url(f"converted-{executor}")
+    common = ["--samples-per-shard", "8", "--no-progress", "--workers", "2", "--executor", executor]
+    assert cli_main(["convert", "coco", *args, "--out", url, *common]) == 0
+    assert (
+        cli_main(
+            [
+                "convert",
+                "coco",
+                *args,
+                "--out",
+                str(tmp_path / "local"),
+                "--samples-per-shard",
+                "8",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    remote_batches = [next(TrainLoader(cfg(url))) for _ in range(1)]
+    local_batches = [next(TrainLoader(cfg(tmp_path / "local"))) for _ in range(1)]
+    assert remote_batches[0].keys == local_batches[0].keys
+    assert torch.equal(remote_batches[0].images, local_batches[0].images)
+    # identical bytes: the shards on the store are the local conversion's shards
+    assert (
+        SampleSource(url).identity()["index_uuid"]
+        == SampleSource(str(tmp_path / "local")).identity()["index_uuid"]
+    )
+    before = s3.counters()
+    capsys.readouterr()
+    assert cli_main(["convert", "coco", *args, "--out", url, *common]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert dict((s3.counters() - before).by_type).get("PUT", 0) == 0, (
+        "a finished upload is not sent again"
+    )
+
+
+@pytest.mark.slow
+def test_train_killed_and_resumed_on_object_storage_is_bit_exact(s3, tmp_path, monkeypatch):
+    import yaml
+
+    from energon_platform.training.resume_check import RunSpec, check_resume
+
+    monkeypatch.setenv("ENERGON_PLATFORM_STAGING", str(tmp_path / "staging"))
+    url = s3.url("train-resume")
+    assert (
+        cli_main(
+            [
+                "convert",
+                "coco",
+                *_coco(tmp_path / "raw", 40),
+                "--out",
+                url,
+                "--samples-per-shard",
+                "8",
+                "--val-fraction",
+                "0.2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": url},
+                "encoder": IMAGE,
+                "loader": {
+                    "global_batch_size": 4,
+                    "num_workers": 2,
+                    "seed": 3,
+                    "shuffle_buffer": 16,
+                    "shuffle_run": 2,
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 8},
+                "train": {"steps": 8, "checkpoint_every": 3},
+            }
+        )
+    )
+    result = check_resume(
+        RunSpec(str(config), 8), kill_at=5, out=tmp_path / "check", log=lambda *_: None
+    )
+    assert result["passed"] and result["resume_step"] == 3, result
