@@ -8,7 +8,8 @@ Modules (each with one job; contracts in their docstrings):
 * ``sequences``: packing choice (first-fit decreasing), row layout, ``cu_seqlens``, collation.
 * ``skipping``: ``SkipPolicy``, Energon's error handler with limits for bad samples.
 * ``base``: ``SeededTaskEncoder``; ``documents``: ``DocumentTaskEncoder`` and ``TextBatch``.
-* ``text``, ``image_text`` (+ ``image_transforms``), ``audio_text`` (+ ``audio_features``): the encoders.
+* ``text``, ``image_text`` (+ ``image_transforms``; its vision-language mode: ``vision_language``),
+  ``audio_text`` (+ ``audio_features``): the encoders.
 * ``registry``: name → encoder class, ``get_encoder(name | YAML path | dict | config)``.
 * ``examples``: a worked new modality. (``preview``, a tool on the loader and the encoders, lives in
   ``energon_platform.tools.preview``: this package never imports ``energon_platform``.)

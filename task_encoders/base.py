@@ -52,6 +52,15 @@ class SeededTaskEncoder(DefaultTaskEncoder):
     config_class: ClassVar[type[EncoderConfig]] = EncoderConfig
     #: The registered name (set by ``task_encoders.registry.register``).
     name: ClassVar[str] = ""
+    #: The name a loader's resume fingerprint records for this encoder: the class's own name unless
+    #: the class sets it (a class that took over a mode of another keeps that class's name, so the
+    #: checkpoints saved before it existed still resume). Set for every subclass at its creation.
+    fingerprint_name: ClassVar[str] = "SeededTaskEncoder"
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if "fingerprint_name" not in cls.__dict__:
+            cls.fingerprint_name = cls.__name__
 
     def __init__(
         self, config: ConfigLike = None, *, seed: int | None = None, training: bool = True

@@ -10,10 +10,10 @@ Input:
   ``answer_weights``): one user turn and one assistant turn; with several answers one is drawn from
   the sample's own generator (stream ``"answer"``), by weight when weights are given.
 
-Everything of the vision-language mode of :mod:`task_encoders.image_text` applies (``prompt``,
-``vision``, ``image.tiling``, spliced lengths, packing, :class:`VisionLanguageBatch`); the config is
-that encoder's plus ``chat:``. ``prompt.enabled`` is always on here (``prompt.template`` and
-``prompt.instructions`` are not used).
+Everything of :mod:`task_encoders.vision_language` (the vision-language mode of ``image_text``)
+applies (``prompt``, ``vision``, ``image.tiling``, spliced lengths, packing,
+:class:`VisionLanguageBatch`); the config is ``image_text``'s plus ``chat:``. ``prompt.enabled``
+is always on here (``prompt.template`` and ``prompt.instructions`` are not used).
 
 Placeholders: each ``<image>`` in a turn stands for the next image, in order. With fewer
 placeholders than images the missing ones go, each followed by ``"\\n"``, in front of the first user
@@ -54,9 +54,10 @@ import torch
 from megatron.energon import VQASample
 
 from task_encoders.config import At, require
-from task_encoders.image_text import ImageTextConfig, ImageTextTaskEncoder, PromptConfig
+from task_encoders.image_text import ImageTextConfig, PromptConfig
 from task_encoders.registry import register
 from task_encoders.seeding import sample_key
+from task_encoders.vision_language import VisionLanguageTaskEncoder
 
 #: Role names accepted in a turn, mapped to the template's roles.
 ROLES = {
@@ -145,15 +146,12 @@ def normalize_turns(conversation: Any, key: str) -> list[tuple[str, str]]:
 
 
 @register("conversation")
-class ConversationTaskEncoder(ImageTextTaskEncoder):
+class ConversationTaskEncoder(VisionLanguageTaskEncoder):
     """``ConversationTaskEncoder(config=None, *, seed=None, training=True)``: batches are
-    :class:`task_encoders.image_text.VisionLanguageBatch`; see the module doc."""
+    :class:`task_encoders.vision_language.VisionLanguageBatch`; see the module doc."""
 
     config_class = ConversationConfig
-
-    def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
-        super().__init__(config, seed=seed, training=training)
-        self.facts_width = 5  # (id layout of 3, images, tiles): see sample_facts
+    facts_width = 5  # (id layout of 3, images, tiles): see sample_facts
 
     def sample_images(self, sample: Any) -> list:
         if isinstance(sample, VQASample):

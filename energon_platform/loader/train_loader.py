@@ -135,7 +135,10 @@ class TrainLoader:
         )
         self.fingerprint = {
             "encoder": {
-                "name": type(self.encoder).__name__,
+                # an encoder class may record another class's name (a mode split into a subclass)
+                "name": getattr(
+                    type(self.encoder), "fingerprint_name", type(self.encoder).__name__
+                ),
                 "config_sha": _digest(_encoder_config(self.encoder)),
             },
             "seed": lc.seed,

@@ -356,6 +356,41 @@ def test_config_errors_name_the_key():
         encoder("image_text_vlm_small.yaml", prompt={"template": "{instruction}"})
 
 
+def test_image_text_with_prompt_enabled_builds_the_vision_language_class_under_the_old_fingerprint():
+    """``encoder: image_text`` with ``prompt.enabled`` (a file, a dict or a parsed config) builds
+    the vision-language class, which records the name a resume fingerprint held before it
+    existed; the plain spelling builds the plain class."""
+    from task_encoders.image_text import ImageTextTaskEncoder
+    from task_encoders.registry import get_encoder
+    from task_encoders.vision_language import VisionLanguageBatch, VisionLanguageTaskEncoder
+
+    from_dict = encoder("image_text_vlm_small.yaml")
+    for enc in (
+        get_encoder(ENCODERS / "image_text_vlm_small.yaml"),
+        from_dict,
+        get_encoder(from_dict.config),
+    ):
+        assert type(enc) is VisionLanguageTaskEncoder and enc.batch_type is VisionLanguageBatch
+        assert (enc.name, enc.fingerprint_name) == ("image_text", "ImageTextTaskEncoder")
+    plain = get_encoder(ENCODERS / "image_text_small.yaml")
+    assert type(plain) is ImageTextTaskEncoder and plain.image_token_index is None
+    assert plain.fingerprint_name == "ImageTextTaskEncoder"
+    assert encoder("conversation_small.yaml").fingerprint_name == "ConversationTaskEncoder"
+
+
+def test_each_image_text_class_refuses_the_other_prompt_mode():
+    from task_encoders.config import ConfigError
+    from task_encoders.image_text import ImageTextTaskEncoder
+    from task_encoders.vision_language import VisionLanguageTaskEncoder
+
+    with pytest.raises(
+        ConfigError, match=r"prompt.enabled: true for ImageTextTaskEncoder \(expected .*Vision"
+    ):
+        ImageTextTaskEncoder(ENCODERS / "image_text_vlm_small.yaml")
+    with pytest.raises(ConfigError, match="prompt.enabled: false for VisionLanguageTaskEncoder"):
+        VisionLanguageTaskEncoder(ENCODERS / "image_text_small.yaml")
+
+
 # --- the converter ----------------------------------------------------------------------------------
 
 
