@@ -25,8 +25,8 @@ _NAMES = {
     "gradient_accumulation_steps": "energon_platform.loader.train_loader",
     "StateMismatchError": "energon_platform.loader.state",
     "LayoutError": "energon_platform.loader.schedule",
-    "StepLog": "energon_platform.training.step_log",
-    "batch_digest": "energon_platform.training.step_log",
+    "StepLog": "energon_platform.training.step_log_writer",
+    "batch_digest": "energon_platform.training.step_log_writer",
     "to_device": "energon_platform.integrations.device",
 }
 

@@ -6,6 +6,6 @@
 * :mod:`~energon_platform.training.preflight`: the checks a run makes before its first step.
 * :mod:`~energon_platform.training.resume_check`: ``energon-platform check-resume`` (our trainer,
   or any command).
-* :mod:`~energon_platform.training.step_log` / :mod:`~energon_platform.training.step_logs`: a
+* :mod:`~energon_platform.training.step_log_writer` / :mod:`~energon_platform.training.step_log_readers`: a
   JSON-lines step log any loop can write, and readers for it, Megatron-LM's and torchtitan's logs.
 """

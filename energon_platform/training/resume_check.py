@@ -15,7 +15,7 @@ restarted from step 0, which on a deterministic run would otherwise pass unnotic
 :func:`check_resume_cmd` runs the same check on any training command (``check-resume --cmd``):
 ``{out}`` in the commands becomes a folder per run (an absolute path, quoted for the shell where
 the placeholder stands: bare, in ``'...'`` or in ``"..."``), steps are read from the run's log in
-one of the formats of :mod:`energon_platform.training.step_logs`, counted from 1, or from 0 when
+one of the formats of :mod:`energon_platform.training.step_log_readers`, counted from 1, or from 0 when
 the uninterrupted run's first logged step is 0 (then ``--steps N`` are steps 0..N-1). The resume
 point is where the resumed command's log starts: it must be after the first step, right after a
 step the killed run logged or earlier, and match the ``resumed_from`` the log states, if it
@@ -46,7 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from energon_platform.training import checkpoint
-from energon_platform.training.step_logs import JsonLines, complete_length, get_format, read_steps
+from energon_platform.training.step_log_readers import (
+    JsonLines,
+    complete_length,
+    get_format,
+    read_steps,
+)
 
 
 class RunFailed(RuntimeError):
