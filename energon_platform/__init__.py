@@ -12,8 +12,7 @@ The trainer integrations are public modules of their own, because each works wit
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from storage.lazy_exports import lazy_exports
 
 #: public name -> module that defines it
 _NAMES = {
@@ -31,16 +30,4 @@ _NAMES = {
 }
 
 __all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'energon_platform' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

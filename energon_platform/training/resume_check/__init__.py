@@ -38,6 +38,7 @@ The package, one module per job (import the names below from the package itself)
 * :mod:`~energon_platform.training.resume_check.comparison`: comparing the runs' steps.
 * :mod:`~energon_platform.training.resume_check.plot`: ``loss.png``.
 * :mod:`~energon_platform.training.resume_check.verdict`: the verdict line.
+* :mod:`~energon_platform.training.resume_check.options`: the rules of the command's options.
 """
 
 from __future__ import annotations
