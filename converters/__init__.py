@@ -23,3 +23,24 @@ Shard contract (what ``task_encoders`` and ``energon_platform`` rely on):
 * Image datasets load as Energon's ``CaptioningSample``; audio datasets as
   :class:`converters.sample_types.AudioTextSample`; text datasets as Energon's ``TextSample``.
 """
+
+from storage.lazy_exports import lazy_exports
+
+#: exported name -> module that defines it (imported on first use)
+_NAMES = {
+    "run_conversion": "converters.convert",
+    "ConvertOptions": "converters.convert",
+    "ConvertError": "converters.convert",
+    "summarize": "converters.convert",
+    "InputError": "converters.readers",
+    "ImageOptions": "converters.media",
+    "AudioOptions": "converters.media",
+    "VideoOptions": "converters.media",
+    "dataset_info": "converters.info",
+    "verify_dataset": "converters.verify",
+    "prepare_prefix": "converters.remote_prepare",
+    "upload_dataset": "converters.remote",
+}
+
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

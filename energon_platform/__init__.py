@@ -12,8 +12,7 @@ The trainer integrations are public modules of their own, because each works wit
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from storage.lazy_exports import lazy_exports
 
 #: public name -> module that defines it
 _NAMES = {
@@ -25,22 +24,10 @@ _NAMES = {
     "gradient_accumulation_steps": "energon_platform.loader.train_loader",
     "StateMismatchError": "energon_platform.loader.state",
     "LayoutError": "energon_platform.loader.schedule",
-    "StepLog": "energon_platform.training.step_log",
-    "batch_digest": "energon_platform.training.step_log",
+    "StepLog": "energon_platform.training.step_log_writer",
+    "batch_digest": "energon_platform.training.step_log_writer",
     "to_device": "energon_platform.integrations.device",
 }
 
 __all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'energon_platform' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

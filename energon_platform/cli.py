@@ -594,48 +594,28 @@ def _add_check_resume(sub) -> None:
 
 def _check_resume_cmd(args) -> int:
     """``check-resume --cmd ... --resume-cmd ...`` (any training command)."""
-    from energon_platform.training.resume_check import (
-        CommandSpec,
-        RunFailed,
-        check_resume_cmd,
-        verdict,
-    )
+    from energon_platform.training.resume_check import RunFailed, check_resume_cmd, verdict
+    from energon_platform.training.resume_check.options import command_spec
 
-    if args.config is not None:
-        raise UsageError("--config and --cmd are two forms of the check: give one of them")
-    if not args.cmd or not args.resume_cmd:
-        raise UsageError(
-            "--cmd and --resume-cmd go together: the command, and the one that continues it from its "
-            "latest checkpoint in {out}"
-        )
-    for flag, value in (
-        ("--nproc", args.nproc),
-        ("--resume-nproc", args.resume_nproc),
-        ("--resume-workers", args.resume_workers),
-        ("--num-workers", args.num_workers),
-        ("--set", args.set),
-    ):
-        if value is not None:
-            raise UsageError(
-                f"{flag} goes with --config (the reference trainer); with --cmd, put the layout and "
-                f"settings in the commands themselves"
-            )
-    if not 2 <= args.kill_at <= args.steps:
-        raise UsageError(f"--kill-at must be between 2 and --steps ({args.steps})")
-    spec = CommandSpec(
-        args.cmd,
-        args.resume_cmd,
-        args.steps,
-        args.log,
-        args.log_format or "jsonl",
-        args.regex,
-        args.tolerance,
-        args.timeout,
+    spec = command_spec(
+        config=args.config,
+        cmd=args.cmd,
+        resume_cmd=args.resume_cmd,
+        steps=args.steps,
+        kill_at=args.kill_at,
+        trainer_options={
+            "--nproc": args.nproc,
+            "--resume-nproc": args.resume_nproc,
+            "--resume-workers": args.resume_workers,
+            "--num-workers": args.num_workers,
+            "--set": args.set,
+        },
+        log=args.log,
+        log_format=args.log_format,
+        regex=args.regex,
+        tolerance=args.tolerance,
+        timeout=args.timeout,
     )
-    try:
-        spec.reader()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
     try:
         result = check_resume_cmd(spec, args.kill_at, Path(args.out))
     except (
@@ -645,59 +625,39 @@ def _check_resume_cmd(args) -> int:
         return 1
     except ValueError as e:  # a --kill-at past the last step of a log counted from 0
         raise UsageError(str(e)) from None
-    print(verdict(result))
+    return _print_verdict(verdict(result), args.out, result["passed"])
+
+
+def _print_verdict(text: str, out: str, passed: bool) -> int:
+    """Print a check's verdict and where its report and plot are; the exit status."""
+    print(text)
     print(
-        f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}"
+        f"report: {Path(out).resolve() / 'report.json'}\nplot:   {Path(out).resolve() / 'loss.png'}"
     )
-    return 0 if result["passed"] else 1
-
-
-def _check_kill_after_a_checkpoint(kill_at: int, first_checkpoint: int) -> None:
-    """UsageError unless a checkpoint is complete when the kill lands. The kill comes once step
-    ``kill_at - 1`` is logged, and the reference trainer logs a step before it writes that step's
-    checkpoint: the newest checkpoint sure to be complete is at step ``kill_at - 2`` or before."""
-    if kill_at < first_checkpoint + 2:
-        raise UsageError(
-            f"--kill-at {kill_at} leaves no checkpoint to resume from: the kill comes once step "
-            f"{kill_at - 1} is logged, and the first checkpoint (step {first_checkpoint}, "
-            f"train.checkpoint_every) is written after its step is logged, so the resumed run would "
-            f"restore nothing; use --kill-at >= {first_checkpoint + 2} or a smaller "
-            f"train.checkpoint_every"
-        )
+    return 0 if passed else 1
 
 
 def cmd_check_resume(args) -> int:
     from energon_platform.config import load_config
-    from energon_platform.loader.train_loader import check_layout
-    from energon_platform.training.preflight import preflight
     from energon_platform.training.resume_check import RunFailed, RunSpec, check_resume, verdict
+    from energon_platform.training.resume_check.options import (
+        check_trainer_form,
+        check_trainer_run,
+        default_tolerance,
+        is_command_form,
+    )
 
-    if args.cmd is not None or args.resume_cmd is not None:
+    if is_command_form(args.cmd, args.resume_cmd):
         return _check_resume_cmd(args)
-    if args.config is None:
-        raise UsageError(
-            "give --config FILE (the reference trainer) or --cmd and --resume-cmd (any training command)"
-        )
-    for flag, value in (
-        ("--log", args.log),
-        ("--log-format", args.log_format),
-        ("--regex", args.regex),
-    ):
-        if value is not None:
-            raise UsageError(
-                f"{flag} goes with --cmd; the reference trainer (--config) logs its own steps"
-            )
+    check_trainer_form(
+        args.config, {"--log": args.log, "--log-format": args.log_format, "--regex": args.regex}
+    )
     args.nproc = args.nproc or 1
     cfg = load_config(args.config, _overrides(args.set))  # fail here, in one line, not in a child
-    for world in {args.nproc, args.resume_nproc or args.nproc}:
-        check_layout(cfg, world)
-    if not 2 <= args.kill_at <= args.steps:
-        raise UsageError(f"--kill-at must be between 2 and --steps ({args.steps})")
-    _check_kill_after_a_checkpoint(args.kill_at, min(cfg.train.checkpoint_every, args.steps))
-    preflight(cfg)  # the dataset, encoder and model fit: refused here rather than in a child's log
+    check_trainer_run(cfg, args.nproc, args.resume_nproc, args.kill_at, args.steps)
     spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
     if args.tolerance is None:
-        args.tolerance = 1e-5 if args.resume_nproc not in (None, args.nproc) else 0.0
+        args.tolerance = default_tolerance(args.nproc, args.resume_nproc)
     try:
         result = check_resume(
             spec,
@@ -710,11 +670,7 @@ def cmd_check_resume(args) -> int:
     except RunFailed as e:  # a trainer process failed: its output tail is in the message
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
         return 1
-    print(verdict(result))
-    print(
-        f"report: {Path(args.out).resolve() / 'report.json'}\nplot:   {Path(args.out).resolve() / 'loss.png'}"
-    )
-    return 0 if result["passed"] else 1
+    return _print_verdict(verdict(result), args.out, result["passed"])
 
 
 def _add_preview(sub) -> None:
@@ -749,8 +705,6 @@ def _add_preview(sub) -> None:
 def cmd_preview(args) -> int:
     from energon_platform.tools.preview import preview
 
-    if not Path(args.target).exists():
-        raise UsageError(f"{args.target}: no such run config, dataset or metadataset")
     info = preview(args.target, args.out, n=args.n, encoder=args.encoder)
     print(f"{info['path']}: {info['documents']} documents, {info['width']}x{info['height']} px")
     return 0
@@ -938,6 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     from energon_platform.loader.schedule import LayoutError
     from energon_platform.loader.state import StateMismatchError
     from energon_platform.training.checkpoint import CheckpointError
+    from energon_platform.training.resume_check.options import OptionError
     from storage import DatasetError
     from task_encoders.config import ConfigError
 
@@ -962,6 +917,7 @@ def main(argv: list[str] | None = None) -> int:
         StateMismatchError,
         LayoutError,
         CheckpointError,
+        OptionError,
     ) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
         return 2

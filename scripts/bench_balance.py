@@ -37,13 +37,13 @@ summed cost (reported as p50/p90/max over steps) for:
   tells a planning limit (which samples and rows form the batch) from a dealing one.
 
 A rank's cost is the sum of its samples' costs (padding is not counted: the cost models measure
-useful work). Then ratios ours/none and ours/energon of the p90 max/mean, and whether the issue's
+useful work). Then ratios ours/none and ours/energon of the p90 max/mean, and whether the balance
 targets are met (p90 max/mean <= 1.05 for 8 ranks x 2 rows or samples in both cost models; padding
 <= 2%). Every figure is measured in this run; nothing is typed in. ``--check`` exits 1 when a
 target is missed. Sections are listed in ``SECTIONS``: a later one (e.g. the reference model's
 tokens/s on 2 gloo ranks) adds a function there.
 
-``--train`` (minutes) adds the ``train`` section: the issue's last figure, the reference model's
+``--train`` (minutes) adds the ``train`` section: the last balance figure, the reference model's
 tokens/s on 2 gloo ranks (``torchrun``, one rank per core, ``num_workers: 0``) on a skewed blend of
 the embedded corpora (converted into a temporary folder), today (``balance: none``: global batches
 of pack groups, rows per rank vary) against ours (``balance: attention``: fixed rows), each global
@@ -347,7 +347,7 @@ def balance_section(args) -> dict:
 
 
 def targets(results: list[dict]) -> list[dict]:
-    """The issue's targets, each with the measured value and whether it is met."""
+    """The balance targets, each with the measured value and whether it is met."""
     out = []
     for r in results:
         if r["ranks"] != TARGET_RANKS or r["per_rank"] != 2:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Restore speed: time to the first batch after a resume vs a fresh start, ours vs Energon's.
 
-Issue 4 ("Restore speed"): Energon's savable loader replays up to ``checkpoint_every_sec`` (60 s
+Why it matters: Energon's savable loader replays up to ``checkpoint_every_sec`` (60 s
 by default) of worker work on restore, so its restore time grows with the position. energon_platform's
 ``TrainLoader`` state is one integer position and restore needs no replay; the target is
 ``restore_s / fresh_s <= 1.2`` at every position.

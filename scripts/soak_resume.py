@@ -49,9 +49,9 @@ from energon_platform.training import checkpoint  # noqa: E402
 from energon_platform.training.resume_check import (  # noqa: E402
     LogTail,
     RunSpec,
-    _run,
     kill_when,
     launch,
+    run_command,
     trainer_command,
 )
 
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
             shutil.rmtree(d)
         d.mkdir(parents=True)
     t0 = time.perf_counter()
-    _run(
+    run_command(
         trainer_command(RunSpec(str(config), steps, 1, 0, own_cache(ref_dir)), ref_dir),
         ref_dir / "stdout.txt",
     )

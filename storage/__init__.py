@@ -7,6 +7,8 @@ It sits below the other packages: ``converters/`` (``info``, ``verify``, uploads
 * :mod:`storage.errors`: :class:`DatasetError`, :class:`StorageError`, :func:`storage_errors`.
 * :mod:`storage.paths`: :func:`dataset_root` (path or URL → ``EPath``), :func:`is_remote`.
 * :mod:`storage.retry`: :func:`with_retries` (backoff over a store's passing failures).
+* :mod:`storage.lazy_exports`: :func:`lazy_exports`, the doors of every package (names imported on
+  first use).
 """
 
 from storage.errors import DatasetError, StorageError, storage_errors

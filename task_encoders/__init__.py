@@ -14,5 +14,23 @@ Modules (each with one job; contracts in their docstrings):
 * ``examples``: a worked new modality. (``preview``, a tool on the loader and the encoders, lives in
   ``energon_platform.tools.preview``: this package never imports ``energon_platform``.)
 
-Nothing is imported here, so ``import task_encoders.config`` stays light.
+The names below are imported on first use (:mod:`storage.lazy_exports`), so ``import
+task_encoders.config`` stays light.
 """
+
+from storage.lazy_exports import lazy_exports
+
+#: exported name -> module that defines it (imported on first use)
+_NAMES = {
+    "get_encoder": "task_encoders.registry",
+    "available": "task_encoders.registry",
+    "register": "task_encoders.registry",
+    "ConfigError": "task_encoders.config",
+    "EncoderConfig": "task_encoders.config",
+    "SkipPolicy": "task_encoders.skipping",
+    "sample_key": "task_encoders.seeding",
+    "sample_epoch": "task_encoders.seeding",
+}
+
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

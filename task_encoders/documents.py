@@ -161,7 +161,7 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         """Batch fields built from the documents' media, in document order (none for plain text)."""
         return {}
 
-    # --- lengths without decoding (issue 19) ---------------------------------------------------
+    # --- lengths without decoding --------------------------------------------------------------
     #
     # Contract shared by every document encoder:
     #

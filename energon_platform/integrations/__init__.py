@@ -13,3 +13,18 @@ what it offers.
 * :mod:`~energon_platform.integrations.deepspeed`: the loader state in a DeepSpeed checkpoint's
   ``client_state``.
 """
+
+from storage.lazy_exports import lazy_exports
+
+#: exported name -> module that defines it (imported on first use)
+_NAMES = {
+    "accelerate": "energon_platform.integrations.accelerate",
+    "dcp": "energon_platform.integrations.dcp",
+    "deepspeed": "energon_platform.integrations.deepspeed",
+    "device": "energon_platform.integrations.device",
+    "lightning": "energon_platform.integrations.lightning",
+    "megatron": "energon_platform.integrations.megatron",
+}
+
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -375,10 +375,13 @@ def sheet_format(out: str | Path) -> str:
 def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = None) -> dict:
     """Encode the first training samples of ``target`` (:func:`preview_config`) with
     energon_platform's train loader (epoch 0, training augmentation, per-sample seeds) and write
-    their :func:`contact_sheet` to ``out`` in the format its suffix names (:func:`sheet_format`,
-    checked first). Returns ``{"path", "width", "height", "documents"}``."""
+    their :func:`contact_sheet` to ``out`` in the format its suffix names (:func:`sheet_format`).
+    ``FileNotFoundError`` naming ``target`` when it does not exist, checked first, then the format.
+    Returns ``{"path", "width", "height", "documents"}``."""
     from energon_platform.loader.train_loader import TrainLoader
 
+    if not Path(target).exists():
+        raise FileNotFoundError(f"{target}: no such run config, dataset or metadataset")
     fmt = sheet_format(out)
     cfg = preview_config(target, encoder, n)
     loader = TrainLoader(cfg)

@@ -48,7 +48,7 @@ from energon_platform.loader.train_loader import TrainLoader, build_val_loader
 from energon_platform.training import checkpoint
 from energon_platform.training.model import CaptionModel, media_of
 from energon_platform.training.preflight import preflight
-from energon_platform.training.step_log import open_for_append
+from energon_platform.training.step_log_writer import open_for_append
 
 
 def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:

@@ -89,6 +89,14 @@ def test_image_and_audio_datasets_with_default_encoders_and_cli(
     assert r.returncode == 2 and "no such" in r.stderr
 
 
+def test_a_missing_target_is_refused_by_name_before_the_out_format(tmp_path):
+    """The target is checked first: a missing one is named even when ``--out``'s suffix is bad too."""
+    with pytest.raises(
+        FileNotFoundError, match="absent: no such run config, dataset or metadataset"
+    ):
+        preview(tmp_path / "absent", tmp_path / "sheet.gif")
+
+
 def test_multimodal_blend_run_config(videos, image_text_shards, tmp_path):
     blend = tmp_path / "blend.yaml"
     blend.write_text(

@@ -82,7 +82,7 @@ def test_the_public_names_are_those_the_docs_list():
 
 def test_the_public_names_are_the_internal_objects_and_unknown_names_fail():
     from energon_platform.loader.train_loader import TrainLoader
-    from energon_platform.training.step_log import StepLog
+    from energon_platform.training.step_log_writer import StepLog
 
     assert energon_platform.TrainLoader is TrainLoader and energon_platform.StepLog is StepLog
     try:
@@ -145,7 +145,10 @@ def test_examples_docs_and_docstrings_import_energon_platform_by_its_public_name
         for path in texts
         for m in internal.findall(path.read_text())
     ]
-    for module in ("energon_platform.training.step_log", "energon_platform.loader.train_loader"):
+    for module in (
+        "energon_platform.training.step_log_writer",
+        "energon_platform.loader.train_loader",
+    ):
         doc = importlib.import_module(module).__doc__ or ""
         found += [f"{module} docstring: {m}" for m in internal.findall(doc)]
     assert found == []

@@ -16,14 +16,14 @@ import yaml
 
 from energon_platform import cli
 from energon_platform.training.resume_check import CommandSpec, LogTail, check_resume_cmd, verdict
-from energon_platform.training.step_log import StepLog, batch_digest
-from energon_platform.training.step_logs import (
+from energon_platform.training.step_log_readers import (
     JsonLines,
     MegatronLog,
     RegexLog,
     TorchtitanLog,
     read_steps,
 )
+from energon_platform.training.step_log_writer import StepLog, batch_digest
 from tests.helpers.demo_datasets import REPO, coco_dataset
 
 CLI = [sys.executable, "-m", "energon_platform"]
@@ -253,7 +253,7 @@ FAKE = textwrap.dedent("""
     # a stand-in trainer without torch: 'loss' and 'batch' are functions of the step
     import sys, time
     from pathlib import Path
-    from energon_platform.training.step_log import StepLog
+    from energon_platform.training.step_log_writer import StepLog
     out, steps, resume = Path(sys.argv[1]), int(sys.argv[2]), "--resume" in sys.argv
     start = int((out / "ckpt").read_text()) if resume and (out / "ckpt").exists() else 0
     if "--resume-elsewhere" in sys.argv:  # reads a checkpoint no killed run wrote

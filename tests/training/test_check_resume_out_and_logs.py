@@ -306,10 +306,11 @@ def test_a_nan_loss_at_any_compared_step_fails(side, nan_at):
 
 def test_a_report_with_a_nan_loss_is_strict_json(tmp_path):
     """JSON has no NaN: the report writes null where the comparison found none."""
-    from energon_platform.training.resume_check import _write_report, compare
+    from energon_platform.training.resume_check import compare
+    from energon_platform.training.resume_check.out_folder import write_report
 
     result = compare(steps_with_loss(1, 10, 8), steps_with_loss(6, 10), 6, 10, 0.0)
-    _write_report(tmp_path, {**result, "nested": [float("inf"), {"x": float("-inf")}]})
+    write_report(tmp_path, {**result, "nested": [float("inf"), {"x": float("-inf")}]})
 
     def refuse(constant):
         raise ValueError(f"not JSON: {constant}")

@@ -13,10 +13,10 @@ import yaml
 from energon_platform.training import checkpoint
 from energon_platform.training.resume_check import (
     RunSpec,
-    _count_lines,
-    _run,
     compare,
+    count_lines,
     read_log,
+    run_command,
     run_killed,
     trainer_command,
 )
@@ -61,7 +61,7 @@ def check_resume_cli(config_file, out, *args):
 def test_sigkill_at_five_steps_resumes_bit_exact(config_file, tmp_path):
     spec = RunSpec(str(config_file), steps=24)
     straight = tmp_path / "straight"
-    _run(trainer_command(spec, straight), tmp_path / "straight.txt")
+    run_command(trainer_command(spec, straight), tmp_path / "straight.txt")
     reference = read_log(straight / "log.jsonl")
     assert len(reference) == 24
     for kill_at in (3, 7, 11, 16, 22):
@@ -73,8 +73,8 @@ def test_sigkill_at_five_steps_resumes_bit_exact(config_file, tmp_path):
         # the newest checkpoint at or before the kill (a kill during step 11 may even interrupt the
         # writing of checkpoint 10, which then falls back to 5)
         assert resume_from % 5 == 0 and 0 <= kill_at - 1 - resume_from < 10
-        lines = _count_lines(out / "log.jsonl")
-        _run(trainer_command(spec, out, resume=True), out / "stdout.txt")
+        lines = count_lines(out / "log.jsonl")
+        run_command(trainer_command(spec, out, resume=True), out / "stdout.txt")
         result = compare(reference, read_log(out / "log.jsonl", lines), resume_from + 1, 24, 0.0)
         assert result["passed"], (kill_at, {k: v for k, v in result.items() if k != "rows"})
         assert result["steps_compared"] == 24 - resume_from
@@ -83,13 +83,13 @@ def test_sigkill_at_five_steps_resumes_bit_exact(config_file, tmp_path):
 @pytest.mark.slow
 def test_killed_twice_in_a_row(config_file, tmp_path):
     spec = RunSpec(str(config_file), steps=24)
-    _run(trainer_command(spec, tmp_path / "straight"), tmp_path / "s.txt")
+    run_command(trainer_command(spec, tmp_path / "straight"), tmp_path / "s.txt")
     out = tmp_path / "twice"
     run_killed(spec, out, 8)
     # the second run resumes from step 5 and is killed again during step 17
     assert run_killed(spec, out, 17, resume=True) == 16
-    lines = _count_lines(out / "log.jsonl")
-    _run(trainer_command(spec, out, resume=True), out / "stdout.txt")
+    lines = count_lines(out / "log.jsonl")
+    run_command(trainer_command(spec, out, resume=True), out / "stdout.txt")
     result = compare(
         read_log(tmp_path / "straight" / "log.jsonl"),
         read_log(out / "log.jsonl", lines),

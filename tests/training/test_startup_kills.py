@@ -22,7 +22,13 @@ import pytest
 import yaml
 
 from energon_platform.loader.lengths import CHUNK
-from energon_platform.training.resume_check import RunSpec, _run, launch, read_log, trainer_command
+from energon_platform.training.resume_check import (
+    RunSpec,
+    launch,
+    read_log,
+    run_command,
+    trainer_command,
+)
 from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
 
 STEPS = 4
@@ -91,7 +97,7 @@ def balanced_config(tmp_path_factory) -> Path:
 def reference(balanced_config, tmp_path_factory) -> tuple[dict, Path]:
     """The uninterrupted run's rows, and the length cache it built."""
     out = tmp_path_factory.mktemp("reference")
-    _run(
+    run_command(
         trainer_command(_spec(balanced_config, out / "lengths"), out),
         out / "stdout.txt",
         timeout=600,
@@ -158,7 +164,7 @@ def _children(pid: int) -> list[psutil.Process]:
 
 def _resume_is_exact(spec: RunSpec, out: Path, rows: dict) -> None:
     """The immediate resume succeeds and logs every step with the reference's batches and loss."""
-    _run(trainer_command(spec, out, resume=True), out / "stdout.txt", timeout=600)
+    run_command(trainer_command(spec, out, resume=True), out / "stdout.txt", timeout=600)
     resumed = read_log(out / "log.jsonl")
     assert sorted(resumed) == list(range(1, STEPS + 1))
     for step, row in rows.items():

@@ -5,7 +5,7 @@ float, ...}`` or None (a line that is not a step), and its docstring shows a sam
 :func:`read_steps` reads a whole log (complete lines only: a line a kill cut is not a step yet).
 
 =============  ==========================================================================
-``jsonl``      :class:`JsonLines`: our :class:`~energon_platform.training.step_log.StepLog`
+``jsonl``      :class:`JsonLines`: our :class:`~energon_platform.training.step_log_writer.StepLog`
                (and the reference trainer's ``log.jsonl``); may carry ``keys`` and
                ``batch_sha256``, which make the check exact
 ``megatron``   :class:`MegatronLog`: Megatron-LM's ``training_log`` lines (``--log-interval 1``)

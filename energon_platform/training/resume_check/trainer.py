@@ -1,0 +1,141 @@
+"""``check-resume --config``: the check on the reference trainer (``energon-platform train``), run
+straight, killed mid-step and resumed, optionally on another number of ranks or workers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from energon_platform.training import checkpoint
+from energon_platform.training.resume_check.comparison import balance_summary, compare
+from energon_platform.training.resume_check.out_folder import claim_out, write_report
+from energon_platform.training.resume_check.plot import plot
+from energon_platform.training.resume_check.processes import run_command, run_command_killed
+from energon_platform.training.resume_check.trainer_log import complete_lines, count_lines, read_log
+from energon_platform.training.step_log_readers import (
+    JsonLines,
+)
+
+
+@dataclass
+class RunSpec:
+    config: str
+    steps: int
+    nproc: int = 1
+    num_workers: int | None = None
+    overrides: tuple[str, ...] = ()
+
+
+def trainer_command(spec: RunSpec, out: Path, resume: bool = False) -> list[str]:
+    base = [sys.executable, "-m"]
+    if spec.nproc > 1:
+        base += ["torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}", "-m"]
+    cmd = base + [
+        "energon_platform",
+        "train",
+        "--config",
+        spec.config,
+        "--out",
+        str(out),
+        "--steps",
+        str(spec.steps),
+        "--quiet",
+    ]
+    if spec.num_workers is not None:
+        cmd += ["--num-workers", str(spec.num_workers)]
+    for o in spec.overrides:
+        cmd += ["--set", o]
+    return cmd + (["--resume"] if resume else [])
+
+
+RUN_FILES = {"log.jsonl", "stdout.txt", "checkpoints"}  #: what a trainer run writes in its folder
+
+
+def run_killed(
+    spec: RunSpec, out: Path, kill_at: int, timeout: float = 900, resume: bool = False
+) -> int:
+    """Start a run (``resume``: continue from its latest checkpoint) and SIGKILL its whole process
+    tree once step ``kill_at - 1`` is logged. Returns the last step logged before the kill."""
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "log.jsonl"
+    run_command_killed(
+        trainer_command(spec, out, resume),
+        out / "stdout.txt",
+        log_path,
+        JsonLines(),
+        kill_at,
+        timeout,
+    )
+    return max(read_log(log_path), default=0)
+
+
+def check_resume(
+    spec: RunSpec,
+    kill_at: int,
+    out: Path,
+    resume_nproc: int | None = None,
+    resume_workers: int | None = None,
+    tolerance: float = 0.0,
+    log=print,
+) -> dict:
+    """Run the check (module doc); returns the report (also written to ``OUT/report.json``)."""
+    if not 2 <= kill_at <= spec.steps:
+        raise ValueError(f"--kill-at must be between 2 and --steps ({spec.steps}), got {kill_at}")
+    if not tolerance >= 0:
+        raise ValueError(f"--tolerance must be >= 0, got {tolerance}")
+    straight_dir, killed_dir = claim_out(out, RUN_FILES)
+    log(f"[1/3] uninterrupted run: {spec.steps} steps on {spec.nproc} rank(s)")
+    run_command(trainer_command(spec, straight_dir), straight_dir / "stdout.txt")
+    log(f"[2/3] run killed with SIGKILL during step {kill_at}")
+    last_logged = run_killed(spec, killed_dir, kill_at)
+    before = read_log(killed_dir / "log.jsonl")
+    resume_spec = RunSpec(
+        spec.config,
+        spec.steps,
+        resume_nproc or spec.nproc,
+        resume_workers if resume_workers is not None else spec.num_workers,
+        spec.overrides,
+    )
+    found = checkpoint.find(killed_dir / "checkpoints")  # what the resumed run must continue from
+    resume_step = found.content["step"] if found else 0
+    log(
+        f"      killed after step {last_logged} was logged; latest complete checkpoint: step {resume_step}"
+    )
+    log(
+        f"[3/3] resume on {resume_spec.nproc} rank(s)"
+        + (f" x {resume_workers} worker(s)" if resume_workers is not None else "")
+    )
+    lines_before = count_lines(killed_dir / "log.jsonl")
+    run_command(trainer_command(resume_spec, killed_dir, resume=True), killed_dir / "stdout.txt")
+    # only rows the resumed process wrote count: nothing may have survived the kill
+    straight, resumed = (
+        read_log(straight_dir / "log.jsonl"),
+        read_log(killed_dir / "log.jsonl", lines_before),
+    )
+    result = compare(straight, resumed, resume_step + 1, spec.steps, tolerance)
+    first_row = complete_lines(killed_dir / "log.jsonl")[lines_before:][:1]
+    claimed = (
+        json.loads(first_row[0]).get("resumed_from") if first_row else None
+    )  # the trainer's own word
+    result["restored"] = resume_step > 0 and claimed == resume_step
+    result["passed"] = result["passed"] and result["restored"]
+    result.update(balance_summary(straight))
+    result.update(
+        {
+            "kill_at": kill_at,
+            "killed_after_logged_step": last_logged,
+            "kill_landed_mid_step": last_logged == kill_at - 1 and kill_at not in before,
+            "resume_step": resume_step,
+            "layout": {"nproc": spec.nproc, "num_workers": spec.num_workers},
+            "resume_layout": {"nproc": resume_spec.nproc, "num_workers": resume_spec.num_workers},
+            # per dataset of the blend: samples and epochs consumed by the end of each run
+            "datasets": straight.get(spec.steps, {}).get("datasets"),
+            "datasets_resumed": resumed.get(spec.steps, {}).get("datasets"),
+        }
+    )
+    write_report(out, result)
+    plot(straight, {**before, **resumed}, resume_step, out / "loss.png")
+    return result

@@ -1,0 +1,58 @@
+"""Each package's door (its ``__init__.py``): ``__all__`` names what it exports, every name there
+resolves to the object its module defines, and opening the door imports nothing heavy."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.demo_datasets import REPO
+
+DOORS = [
+    "storage",
+    "converters",
+    "task_encoders",
+    "energon_platform",
+    "energon_platform.loader",
+    "energon_platform.training",
+    "energon_platform.integrations",
+    "energon_platform.tools",
+]
+HEAVY = ("torch", "megatron", "lightning", "PIL", "transformers")
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_every_exported_name_resolves_to_its_module_object(door):
+    package = importlib.import_module(door)
+    assert package.__all__, f"{door} exports nothing"
+    for name in package.__all__:
+        module = getattr(package, "_NAMES", {}).get(name)
+        if module == f"{door}.{name}":  # a submodule: found, not imported (a trainer's framework)
+            assert importlib.util.find_spec(module) is not None, module
+            continue
+        value = getattr(package, name)
+        assert module is None or value is getattr(importlib.import_module(module), name)
+        assert name in dir(package)
+
+
+def test_an_unknown_name_is_an_attribute_error_naming_the_package():
+    import energon_platform.training
+
+    with pytest.raises(AttributeError, match="'energon_platform.training' has no attribute 'nope'"):
+        energon_platform.training.nope  # noqa: B018 (the attribute access is the test)
+
+
+def test_opening_every_door_imports_nothing_heavy():
+    code = (
+        f"import sys\nfor door in {DOORS!r}:\n    __import__(door)\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
