@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from energon_platform.loader.batches import MAX_REPLACEMENTS
 from energon_platform.loader.key_index import KeyIndex
 from energon_platform.loader.schedule import Schedule
+from energon_platform.loader.stand_in import MAX_REPLACEMENTS, candidates, row_fits, stand_in
 
 #: Plans between two progress reports of a planner replay.
 PROGRESS_EVERY = 500
@@ -220,16 +220,15 @@ class Tracer:
     ) -> int | None:
         """The stand-in the loader trains on for an excluded sample (None: no stand-in fits the
         planned row ``room``, which keeps its positions as padding)."""
-        order = self.schedule.orders[dataset]
-        for attempt in range(1, MAX_REPLACEMENTS + 1):
-            candidate = order.replacement(epoch, index, attempt)
-            if (
-                room is not None
-                and self.loader.planner.length_of(dataset, epoch, candidate)[0] > room
-            ):
-                continue
-            if not self.excluder.excluded(batch, dataset, candidate, self.key(dataset, candidate)):
-                return candidate
+        chosen = stand_in(
+            self.schedule.orders[dataset],
+            epoch,
+            index,
+            lambda c: not self.excluder.excluded(batch, dataset, c, self.key(dataset, c)),
+            row_fits(self.loader.planner, dataset, epoch, room),
+        )
+        if chosen is not None:
+            return chosen
         if room is not None:
             return None
         raise TraceError(
@@ -361,9 +360,7 @@ class Tracer:
         for x, placed in self._placed_uses(dataset, others, steps).items() if others else ():
             for use in placed:
                 batch, epoch = use["step"] - 1, use["epoch"]
-                if index not in {
-                    order.replacement(epoch, x, a) for a in range(1, MAX_REPLACEMENTS + 1)
-                }:
+                if index not in set(candidates(order, epoch, x)):
                     continue  # cannot be its stand-in in this epoch
                 if not self.excluder.excluded(batch, dataset, x, self.key(dataset, x)):
                     continue
