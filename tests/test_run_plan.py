@@ -46,12 +46,13 @@ def coco(tmp_path_factory):
     return base, coco_dataset(base)
 
 
-def _state(coco, name: str, resume: bool = False) -> dict:
-    from energon_platform import TrainLoader, load_config
+def _config(coco, name: str):
+    """The run config of ``CONFIGS[name]`` over the converted coco corpus."""
+    from energon_platform import load_config
 
-    encoder, loader, world, microbatch = CONFIGS[name]
+    encoder, loader, _, _ = CONFIGS[name]
     base, data = coco
-    cfg = load_config(
+    return load_config(
         {
             "data": {"path": str(data), "val_split": None},
             "encoder": encoder,
@@ -63,6 +64,13 @@ def _state(coco, name: str, resume: bool = False) -> dict:
             },
         }
     )
+
+
+def _state(coco, name: str, resume: bool = False) -> dict:
+    from energon_platform import TrainLoader
+
+    _, _, world, microbatch = CONFIGS[name]
+    cfg = _config(coco, name)
     state = TrainLoader(cfg, world_size=world, num_workers=0).state_at(microbatch)
     if resume:  # a loader restored from that state saves it again, unchanged
         resumed = TrainLoader(cfg, world_size=world, num_workers=0)
@@ -83,3 +91,24 @@ def test_the_state_and_fingerprint_are_byte_for_byte_those_saved_before(coco, na
 def test_a_resumed_plan_saves_the_same_bytes(coco, name):
     state = _state(coco, name, resume=True)
     assert hashlib.sha256(json.dumps(state).encode()).hexdigest() == EXPECTED[name]
+
+
+def test_every_balance_mode_has_a_batching_mode_and_every_planned_one_a_cost_model():
+    from energon_platform.loader.batching import BATCHING, COST_MODELS, PlannedBatching
+    from energon_platform.loader.packer import BALANCE_MODES
+
+    assert set(BATCHING) == set(BALANCE_MODES)
+    planned = {mode for mode, cls in BATCHING.items() if cls is PlannedBatching}
+    assert planned == set(COST_MODELS) == set(BALANCE_MODES) - {"none"}
+
+
+@pytest.mark.parametrize("name", ["stream_packed", "planned_packed"])
+def test_the_trace_reads_the_plan_alone(coco, name):
+    """A tracer is built from the run plan and its encoder: no loader, no worker."""
+    from energon_platform.loader.trace import open_tracer
+
+    tracer = open_tracer(_config(coco, name), CONFIGS[name][2])
+    assert type(tracer.plan).__name__ == "RunPlan"
+    step = tracer.step(1)
+    assert len(step["keys"]) == len(set(step["keys"])) > 0
+    assert step["keys"] == sorted(step["keys"]) or not tracer.plan.batching.sorts_logged_keys
