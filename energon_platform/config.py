@@ -40,6 +40,24 @@ MAX_STEP = 10**12
 MAX_BATCH = 2**20
 #: The most loader worker processes per rank, and the most batches each may prefetch.
 MAX_WORKERS = 1024
+#: Bounds of a non-zero blend weight (metadataset ``weight`` / ``repetitions``, ``blend_schedule``):
+#: within them every weight is an exact fraction of small integers and the periods stay computable.
+LOWEST_WEIGHT, HIGHEST_WEIGHT = 1e-9, 1e9
+
+
+def weight_problem(value) -> str | None:
+    """Why ``value`` is not a usable blend weight (``"is not a number"``, ``"is out of range ..."``),
+    or None."""
+    expected = f"expected 0 or a number in [{LOWEST_WEIGHT:g}, {HIGHEST_WEIGHT:g}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a number ({expected})"
+    if (
+        not math.isfinite(value)
+        or value < 0
+        or (value != 0 and not LOWEST_WEIGHT <= value <= HIGHEST_WEIGHT)
+    ):
+        return f"{value!r} is out of range ({expected})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -52,8 +70,6 @@ class BlendStep:
     weights: dict[str, float]
 
     def check(self, at: At) -> None:
-        from energon_platform.loader.blend import weight_problem
-
         require(
             0 <= self.step <= MAX_STEP,
             at.child("step"),

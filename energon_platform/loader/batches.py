@@ -25,13 +25,12 @@ import torch
 from energon_platform.loader.sample_watch import SampleTimeoutError
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.source import StorageError
+from energon_platform.loader.stand_in import MAX_REPLACEMENTS, row_fits, stand_in
 
 log = logging.getLogger(__name__)
 
 #: Micro-batches a worker reads ahead on object storage (their bytes only; encoding stays in order).
 LOOKAHEAD = 2
-#: Stand-ins tried for one failed sample before the micro-batch fails.
-MAX_REPLACEMENTS = 16
 
 
 def _overridden(encoder: Any, name: str) -> bool:
@@ -198,69 +197,79 @@ class MicroBatchMaker:
         in :attr:`replaced` (the record of bad data)."""
         encoded = self._load_encoded(c, dataset, epoch, index)
         excluded = encoded is None  # not a failure: no warning, not in `replaced`
+        if encoded:
+            return encoded
         rule = self._rule if excluded else None
         if excluded:
             name = self.datasets.entries[dataset].name
             self.excluded[name] = self.excluded.get(name, 0) + 1
-        attempt = 0
-        while not encoded:
-            attempt += 1
-            if attempt > MAX_REPLACEMENTS:
-                if (
-                    room is not None and excluded
-                ):  # not a failure: one line per dataset and global batch
-                    self._padded_by.append(rule)
-                    self._note_once(
-                        c // self.accumulation,
-                        dataset,
-                        "global batch %d: loader.exclude leaves "
-                        "positions of %s as padding (no stand-in fits the row), first sample %d",
-                        index,
-                    )
-                    return []
-                if room is not None:
-                    log.warning(
-                        "micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
-                        "its positions stay padding",
-                        c,
-                        index,
-                        self.datasets.entries[dataset].name,
-                    )
-                    return []
-                raise self.sources[
-                    dataset
-                ].samples_failed(  # one line: names a corrupt shard, if one was read
-                    f"micro-batch {c}: sample {index} of dataset {self.datasets.entries[dataset].name!r} "
-                    + (
-                        f"is excluded by {_named(rule)} and its {MAX_REPLACEMENTS} stand-ins are excluded or failed: "
-                        f"the rule leaves (almost) nothing of the dataset; narrow it"
-                        if excluded
-                        else f"failed and {MAX_REPLACEMENTS} stand-ins failed or are excluded"
-                    )
-                )
-            stand_in = self.schedule.orders[dataset].replacement(epoch, index, attempt)
-            if room is not None and self.planner.length_of(dataset, epoch, stand_in)[0] > room:
-                continue  # would overflow the planned row
-            encoded = self._load_encoded(c, dataset, epoch, stand_in)
-            if encoded and not excluded:
-                self.replaced.append(
-                    {
-                        "micro_batch": c,
-                        "dataset": self.datasets.entries[dataset].name,
-                        "failed_index": index,
-                        "epoch": epoch,
-                        "stand_in": stand_in,
-                        "key": getattr(encoded[0], "__key__", None),
-                    }
-                )
-                log.warning(
-                    "micro-batch %d: sample %d failed; replaced by sample %d (%s)",
-                    c,
-                    index,
-                    stand_in,
-                    self.replaced[-1]["key"],
-                )
+        loaded: list = []
+
+        def loads(candidate: int) -> bool:
+            loaded[:] = [self._load_encoded(c, dataset, epoch, candidate)]
+            return bool(loaded[0])
+
+        order = self.schedule.orders[dataset]
+        fits = row_fits(self.planner, dataset, epoch, room)
+        chosen = stand_in(order, epoch, index, loads, fits)
+        if chosen is None:
+            return self._without_stand_in(c, dataset, index, room, rule)
+        encoded = loaded[0]
+        if not excluded:
+            self.replaced.append(
+                {
+                    "micro_batch": c,
+                    "dataset": self.datasets.entries[dataset].name,
+                    "failed_index": index,
+                    "epoch": epoch,
+                    "stand_in": chosen,
+                    "key": getattr(encoded[0], "__key__", None),
+                }
+            )
+            log.warning(
+                "micro-batch %d: sample %d failed; replaced by sample %d (%s)",
+                c,
+                index,
+                chosen,
+                self.replaced[-1]["key"],
+            )
         return encoded
+
+    def _without_stand_in(
+        self, c: int, dataset: int, index: int, room: int | None, rule: Any
+    ) -> list:
+        """No stand-in of a failed or excluded (``rule`` not None) sample loads and fits: in a planned
+        row its positions stay padding (``[]``), counted and logged; elsewhere the micro-batch fails
+        (one line naming the dataset, and a corrupt shard if one was read)."""
+        name = self.datasets.entries[dataset].name
+        if room is not None and rule is not None:  # not a failure: one line per dataset and batch
+            self._padded_by.append(rule)
+            self._note_once(
+                c // self.accumulation,
+                dataset,
+                "global batch %d: loader.exclude leaves "
+                "positions of %s as padding (no stand-in fits the row), first sample %d",
+                index,
+            )
+            return []
+        if room is not None:
+            log.warning(
+                "micro-batch %d: sample %d of dataset %r failed and no stand-in fits its row; "
+                "its positions stay padding",
+                c,
+                index,
+                name,
+            )
+            return []
+        raise self.sources[dataset].samples_failed(
+            f"micro-batch {c}: sample {index} of dataset {name!r} "
+            + (
+                f"is excluded by {_named(rule)} and its {MAX_REPLACEMENTS} stand-ins are excluded "
+                f"or failed: the rule leaves (almost) nothing of the dataset; narrow it"
+                if rule is not None
+                else f"failed and {MAX_REPLACEMENTS} stand-ins failed or are excluded"
+            )
+        )
 
     def _pack(self, encoded: list, one_row: bool = False) -> list:
         """Packs of ``encoded``, chosen by the encoder (``one_row``: all of them, as planned)."""

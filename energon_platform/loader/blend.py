@@ -34,22 +34,6 @@ from fractions import Fraction
 import numpy as np
 
 MAX_PERIOD = 1 << 18
-#: Bounds of a non-zero weight (metadataset ``weight`` / ``repetitions``, ``blend_schedule``): within
-#: them every weight is an exact fraction of small integers and the periods stay computable.
-LOWEST_WEIGHT, HIGHEST_WEIGHT = 1e-9, 1e9
-
-
-def weight_problem(value) -> str | None:
-    """Why ``value`` is not a usable weight (``"is not a number"``, ``"is out of range ..."``), or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{value!r} is not a number (expected 0 or a number in [{LOWEST_WEIGHT:g}, {HIGHEST_WEIGHT:g}])"
-    if (
-        not math.isfinite(value)
-        or value < 0
-        or (value != 0 and not LOWEST_WEIGHT <= value <= HIGHEST_WEIGHT)
-    ):
-        return f"{value!r} is out of range (expected 0 or a number in [{LOWEST_WEIGHT:g}, {HIGHEST_WEIGHT:g}])"
-    return None
 
 
 def integer_counts(

@@ -13,7 +13,7 @@ its key path and its exact share:
 
 Every weight and repetitions is a number as Energon's YAML reader reads it (not a quoted string,
 not a bool), finite, 0 or in [``LOWEST_WEIGHT``, ``HIGHEST_WEIGHT``]
-(:mod:`~energon_platform.loader.blend`); a list's weights have a positive sum. Anything else is a
+(:mod:`~energon_platform.config`); a list's weights have a positive sum. Anything else is a
 :class:`DatasetError` naming the file, the key and the value.
 """
 
@@ -24,7 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from energon_platform.loader.blend import weight_problem
+from energon_platform.config import weight_problem
 from storage import DatasetError
 
 
@@ -37,7 +37,7 @@ class WrittenLeaf:
 
 def exact_number(value: Any, where: str, key: str = "weight") -> Fraction:
     """``value`` as an exact fraction of its decimal text; :class:`DatasetError` naming ``where``
-    and ``key`` unless :func:`~energon_platform.loader.blend.weight_problem` accepts it."""
+    and ``key`` unless :func:`~energon_platform.config.weight_problem` accepts it."""
     problem = weight_problem(value)
     if problem:
         raise DatasetError(f"{where}: {key} {problem}")

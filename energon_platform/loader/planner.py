@@ -36,6 +36,10 @@ from energon_platform.loader.blend import integer_counts
 from energon_platform.loader.packer import deal, fill_budget, pack_led_rows, pack_rows
 from storage import DatasetError
 
+#: The planner's version in the fingerprint (``balance.planner``): what its plans are a function of.
+PLANNER_VERSION = "pool-led-v2"
+#: The previous planner, whose checkpoints this one continues (their saved state means the same).
+PREVIOUS_PLANNER_VERSION = "pool-led-v1"
 #: Pool fill (positions or cost, relative to the batch's) the packer looks ahead.
 DEFAULT_FILL = 3.0
 #: Unpacked without a budget: the pool holds this many global batches of samples (at most ``window``).

@@ -34,6 +34,10 @@ import numpy as np
 from energon_platform.loader.blend import Blend
 from energon_platform.loader.orders import DatasetOrder
 
+#: The schedule's version in the fingerprint (``schedule``): the blend interleave and the orders'
+#: bijection that positions are a function of.
+SCHEDULE_VERSION = "feistel-chairman-v1"
+
 
 class LayoutError(ValueError):
     """The requested ranks × workers layout cannot reproduce the schedule's global batches."""

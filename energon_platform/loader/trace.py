@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from energon_platform.loader.batches import MAX_REPLACEMENTS
 from energon_platform.loader.key_index import KeyIndex
 from energon_platform.loader.schedule import Schedule
+from energon_platform.loader.stand_in import MAX_REPLACEMENTS, candidates, row_fits, stand_in
 
 #: Plans between two progress reports of a planner replay.
 PROGRESS_EVERY = 500
@@ -134,26 +134,31 @@ def uses(
 
 
 class Tracer:
-    """Trace of a run built as a :class:`~energon_platform.loader.train_loader.TrainLoader` (not
-    iterated; after ``load_state_dict`` when a checkpoint gives the history). ``progress(done,
-    total)``: called during a long planner replay (balanced runs)."""
+    """Trace of a run's :class:`~energon_platform.loader.run_plan.RunPlan` (after
+    :meth:`~energon_platform.loader.run_plan.RunPlan.resume` when a checkpoint gives the history).
+    ``progress(done, total)``: called during a long planner replay (balanced runs)."""
 
-    def __init__(self, loader: Any, progress: Callable[[int, int], None] | None = None):
-        self.loader, self.progress = loader, progress
-        self.names = loader.datasets.names
-        self._prefixes = [f"{n}:" if loader.datasets.metadataset else "" for n in self.names]
-        self._keys = [KeyIndex(e.source) for e in loader.datasets.entries]
+    def __init__(self, plan: Any, progress: Callable[[int, int], None] | None = None):
+        self.plan, self.progress = plan, progress
+        self.names = plan.datasets.names
+        self._prefixes = [f"{n}:" if plan.datasets.metadataset else "" for n in self.names]
+        self._keys = [KeyIndex(e.source) for e in plan.datasets.entries]
         self._replay = (
-            None  #: balanced runs: a planner from the start, for batches before the loader's
+            None  #: balanced runs: a planner from the start, for batches before the plan's
         )
+        #: the batching mode's answers: a step's samples, and a sample's uses
+        self._layout, self._placed = {
+            "stream": (self._stream_layout, self._stream_uses),
+            "planned": (self._planned_layout, self._planned_uses),
+        }[plan.batching.name]
 
     @property
     def schedule(self) -> Schedule:
-        return self.loader.schedule
+        return self.plan.schedule
 
     @property
     def excluder(self) -> Any:
-        return self.loader.maker.exclusions
+        return self.plan.excluder
 
     def key(self, dataset: int, index: int) -> str:
         """The key training logs for sample ``index`` of ``dataset``."""
@@ -165,11 +170,11 @@ class Tracer:
 
     # --- balanced runs: the planner's plans ----------------------------------------------------
 
-    def plan(self, batch: int) -> Any:
+    def batch_plan(self, batch: int) -> Any:
         """The planner's :class:`~energon_platform.loader.planner.BatchPlan` of global batch
         ``batch``: from the loader's planner at or after its start (a checkpoint's state), else
         replayed from the start of the run; sequential, with progress."""
-        planner = self.loader.planner
+        planner = self.plan.planner
         if batch < planner.start.batch:
             if self._replay is None or self._replay.lengths is not planner.lengths:
                 from energon_platform.loader.planner import PlanState
@@ -198,11 +203,11 @@ class Tracer:
         at most this long, as the loader requires; None unpacked)."""
         from energon_platform.loader.planner import deal_plan
 
-        loader, planner = self.loader, self.loader.planner
-        plan = self.plan(batch)
+        run, planner = self.plan, self.plan.planner
+        plan = self.batch_plan(batch)
         out = []
         for rank, parts in enumerate(
-            deal_plan(plan, loader.world_size, loader.accumulation, planner.fixed_counts)
+            deal_plan(plan, run.world_size, run.accumulation, planner.fixed_counts)
         ):
             for micro, rows in enumerate(parts):
                 for row, item in enumerate(rows):
@@ -220,16 +225,15 @@ class Tracer:
     ) -> int | None:
         """The stand-in the loader trains on for an excluded sample (None: no stand-in fits the
         planned row ``room``, which keeps its positions as padding)."""
-        order = self.schedule.orders[dataset]
-        for attempt in range(1, MAX_REPLACEMENTS + 1):
-            candidate = order.replacement(epoch, index, attempt)
-            if (
-                room is not None
-                and self.loader.planner.length_of(dataset, epoch, candidate)[0] > room
-            ):
-                continue
-            if not self.excluder.excluded(batch, dataset, candidate, self.key(dataset, candidate)):
-                return candidate
+        chosen = stand_in(
+            self.schedule.orders[dataset],
+            epoch,
+            index,
+            lambda c: not self.excluder.excluded(batch, dataset, c, self.key(dataset, c)),
+            row_fits(self.plan.planner, dataset, epoch, room),
+        )
+        if chosen is not None:
+            return chosen
         if room is not None:
             return None
         raise TraceError(
@@ -266,13 +270,7 @@ class Tracer:
         if step < 1:
             raise TraceError(f"steps are numbered from 1 (as log.jsonl), got {step}")
         batch = step - 1
-        if self.loader.planned:
-            layout = self._planned_layout(batch)
-        else:
-            lay = step_layout(self.schedule, batch, self.loader.world_size, self.loader.micro_items)
-            layout = zip(
-                *(lay[k].tolist() for k in ("dataset", "epoch", "index", "rank", "micro_batch"))
-            )
+        layout = self._layout(batch)
         samples, excluded = [], []
         for d, e, i, r, m, *rest in layout:
             i, record = self._trained(batch, d, e, i, rest[1] if rest else None)
@@ -294,8 +292,8 @@ class Tracer:
         return {
             "step": step,
             "global_batch": batch,
-            "world_size": self.loader.world_size,
-            "keys": sorted(keys) if self.loader.planned else keys,
+            "world_size": self.plan.world_size,
+            "keys": sorted(keys) if self.plan.batching.sorts_logged_keys else keys,
             "samples": samples,
             "excluded": excluded,
         }
@@ -307,10 +305,10 @@ class Tracer:
         if index is None:
             raise TraceError(
                 f"{key}: no such sample in dataset {self.names[dataset]!r} "
-                f"(split {self.loader.datasets.entries[dataset].source.split!r})"
+                f"(split {self.plan.datasets.entries[dataset].source.split!r})"
             )
         found, skipped = [], []
-        for use in self._placed_uses(dataset, [index], steps)[index]:
+        for use in self._placed(dataset, [index], steps)[index]:
             if self.excluder is not None and self.excluder.excluded(
                 use["step"] - 1, dataset, index, key
             ):
@@ -328,13 +326,6 @@ class Tracer:
             "uses": found,
             "excluded_steps": skipped,
         }
-
-    def _placed_uses(self, dataset: int, indices: list[int], steps: int) -> dict[int, list[dict]]:
-        """Per index of ``dataset``: its scheduled uses in the first ``steps`` steps (balanced: one
-        planner replay for all of them)."""
-        if self.loader.planned:
-            return self._planned_uses(dataset, indices, steps)
-        return {i: self._uses(dataset, i, steps) for i in indices}
 
     def _excludable(self, dataset: int) -> list[int]:
         """The indices of ``dataset`` that a key or shard rule of the history matches (at any batch):
@@ -355,15 +346,13 @@ class Tracer:
         """The uses of sample ``index`` as the stand-in of an excluded sample in the first ``steps``
         steps, each with ``"stand_in_for"``: the excluded sample's key. Each use of every sample a
         rule can match is checked (its stand-in is a pure function of it): O(those samples x epochs)."""
-        order, planner = self.schedule.orders[dataset], self.loader.planner
+        order, planner = self.schedule.orders[dataset], self.plan.planner
         others = [x for x in self._excludable(dataset) if x != index]
         out = []
-        for x, placed in self._placed_uses(dataset, others, steps).items() if others else ():
+        for x, placed in self._placed(dataset, others, steps).items() if others else ():
             for use in placed:
                 batch, epoch = use["step"] - 1, use["epoch"]
-                if index not in {
-                    order.replacement(epoch, x, a) for a in range(1, MAX_REPLACEMENTS + 1)
-                }:
+                if index not in set(candidates(order, epoch, x)):
                     continue  # cannot be its stand-in in this epoch
                 if not self.excluder.excluded(batch, dataset, x, self.key(dataset, x)):
                     continue
@@ -376,10 +365,20 @@ class Tracer:
                     out.append({**use, "stand_in_for": self.key(dataset, x)})
         return out
 
+    def _stream_layout(self, batch: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """Unbalanced: ``(dataset, epoch, index, rank, micro_batch)`` of every sample of global
+        batch ``batch`` (:func:`step_layout`)."""
+        lay = step_layout(self.schedule, batch, self.plan.world_size, self.plan.micro_items)
+        return zip(*(lay[k].tolist() for k in ("dataset", "epoch", "index", "rank", "micro_batch")))
+
+    def _stream_uses(self, dataset: int, indices: list[int], steps: int) -> dict[int, list[dict]]:
+        """Unbalanced: per index of ``dataset``, its uses in the first ``steps`` steps."""
+        return {i: self._uses(dataset, i, steps) for i in indices}
+
     def _uses(self, dataset: int, index: int, steps: int) -> list[dict]:
         """Unbalanced: the uses by the inverse schedule, O(1) per epoch."""
         spb, group = self.schedule.samples_per_batch, self.schedule.group_size
-        per_rank = self.schedule.check_world_size(self.loader.world_size)
+        per_rank = self.schedule.check_world_size(self.plan.world_size)
         out = []
         for batch, epoch, pos in uses(self.schedule, dataset, index, steps):
             rank, within = divmod((pos - batch * spb) // group, per_rank)
@@ -388,7 +387,7 @@ class Tracer:
                     "step": batch + 1,
                     "epoch": epoch,
                     "rank": rank,
-                    "micro_batch": within // self.loader.micro_items,
+                    "micro_batch": within // self.plan.micro_items,
                 }
             )
         return out
@@ -401,7 +400,7 @@ class Tracer:
         through ``steps``, each plan checked with a set lookup."""
         from energon_platform.loader.planner import deal_plan
 
-        loader, planner = self.loader, self.loader.planner
+        run, planner = self.plan, self.plan.planner
         streams = {i: stream_uses(self.schedule, dataset, i) for i in indices}
         ahead = [
             (pos, epoch, i) for i, stream in streams.items() for epoch, pos in islice(stream, 1)
@@ -412,7 +411,7 @@ class Tracer:
         ] = {}  # stream position read, not yet placed -> (epoch, index)
         out: dict[int, list[dict]] = {i: [] for i in indices}
         for batch in range(steps):
-            plan = self.plan(batch)
+            plan = self.batch_plan(batch)
             while ahead and ahead[0][0] < plan.next_state.position:  # read by this plan
                 pos, epoch, i = heappop(ahead)
                 pending[pos] = (epoch, i)
@@ -420,9 +419,7 @@ class Tracer:
                     heappush(ahead, (pos, epoch, i))
             hits = [k for k, item in enumerate(plan.items) if pending.keys() & set(item)]
             if hits:
-                dealt = deal_plan(
-                    plan, loader.world_size, loader.accumulation, planner.fixed_counts
-                )
+                dealt = deal_plan(plan, run.world_size, run.accumulation, planner.fixed_counts)
                 where = {
                     item: (r, m, row)
                     for r, parts in enumerate(dealt)
@@ -447,7 +444,7 @@ class Tracer:
         return {i: sorted(u, key=_use_order) for i, u in out.items()}
 
     def _parse_key(self, key: str) -> tuple[int, str]:
-        if not self.loader.datasets.metadataset:
+        if not self.plan.datasets.metadataset:
             return 0, key
         name, sep, raw = key.partition(":")
         if not sep or name not in self.names:
@@ -470,15 +467,16 @@ def open_tracer(
     """A :class:`Tracer` for run config ``cfg``; ``state``: a checkpoint's loader state (rank 0's,
     :func:`energon_platform.training.checkpoint.loader_state`) that gives the blend and exclusion
     history (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's
-    state there)."""
-    from energon_platform.loader.train_loader import TrainLoader
+    state there). Builds the run's plan and its encoder, no loader."""
+    from energon_platform.loader.run_plan import RunPlan, build_encoder
+    from energon_platform.loader.state import LoaderState
 
     if world_size is None:
         world_size = (state or {}).get("layout", {}).get("world_size", 1)
-    loader = TrainLoader(cfg, rank=0, world_size=world_size, num_workers=0)
+    plan = RunPlan(cfg, build_encoder(cfg), world_size=world_size)
     if state is not None:
-        loader.load_state_dict(state)
-    return Tracer(loader, progress)
+        plan.resume(LoaderState.from_dict(state))
+    return Tracer(plan, progress)
 
 
 def format_step(trace: dict) -> str:

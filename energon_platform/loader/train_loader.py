@@ -21,11 +21,7 @@ pure functions of their position, so the restart changes no other batch and the 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
-import numbers
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,46 +30,22 @@ import torch
 
 from energon_platform.config import RunConfig
 from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
-from energon_platform.loader.blend import Blend
-from energon_platform.loader.blend_history import plan_segments, resume_segments
-from energon_platform.loader.datasets import open_datasets
-from energon_platform.loader.exclusions import (
-    Excluder,
-    Exclusion,
-    blend_steps,
-    check_rules,
-    planned,
-    resumed,
-)
-from energon_platform.loader.orders import DatasetOrder
-from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.processes import die_with_parent
+from energon_platform.loader.run_plan import RunPlan, build_encoder
 from energon_platform.loader.sample_watch import SampleWatch, Stuck
 from energon_platform.loader.schedule import LayoutError, Schedule
-from energon_platform.loader.state import (
-    STATE_VERSION,
-    LoaderState,
-    StateMismatchError,
-    check_fingerprint,
-)
+from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError
 from storage import DatasetError
 
 log = logging.getLogger(__name__)
 
 
-def build_encoder(cfg: RunConfig, training: bool = True) -> Any:
-    """The task encoder named by the config, seeded with the loader's seed."""
-    from task_encoders.registry import get_encoder
-
-    return get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 class TrainLoader:
     """Micro-batches of one data-parallel rank; infinite (epochs follow each other).
+
+    The global batches are those of its :class:`~energon_platform.loader.run_plan.RunPlan`
+    (:attr:`plan`); the loader adds the worker processes, their supervision, iteration and the
+    ``Stateful`` protocol.
 
     Args:
         cfg: run config (``data``, ``encoder``, ``loader``).
@@ -85,85 +57,15 @@ class TrainLoader:
         self, cfg: RunConfig, rank: int = 0, world_size: int = 1, num_workers: int | None = None
     ):
         lc = self.config = cfg.loader
-        self._source = cfg.source
         self.rank, self.world_size = rank, world_size
         self.num_workers = lc.num_workers if num_workers is None else num_workers
         self.prefetch_factor = lc.prefetch_factor
-        self.datasets = open_datasets(str(cfg.data.path), cfg.data.train_split)
-        self.source = self.datasets.entries[
-            0
-        ].source  # the first (for one-dataset runs: the) dataset
         self.encoder = build_encoder(cfg)
-        pack_group = _pack_group(lc.pack_group, self.encoder, cfg.source)
-        self.pack_group = pack_group
-        #: ``loader.balance`` set: global batches are planned (:mod:`~energon_platform.loader.planner`)
-        self.planned = lc.balance.planned
-        self.packed_rows = self.planned and pack_group > 1  # fixed rows of seq_len, packed globally
-        per_rank = Schedule.check_split(
-            lc.global_batch_size, pack_group, world_size, lc.micro_batch_size
-        )
-        self.micro_items = lc.micro_batch_size or per_rank
-        if lc.blend_unit == "batch" and lc.micro_batch_size is None:
-            from task_encoders.config import ConfigError
-
-            raise ConfigError(
-                cfg.source,
-                "loader.micro_batch_size",
-                "blend_unit: batch takes whole micro-batches "
-                "from one dataset, so the micro-batch size must be fixed (set micro_batch_size)",
-            )
-        self.unit = self.micro_items * pack_group if lc.blend_unit == "batch" else 1
-        self.planner = None
-        if self.planned:
-            _check_balance(cfg, self.encoder, self.packed_rows)
-        self.length_indexes = self._length_indexes(cfg) if self.planned else None
-        # unplanned, a global batch is consecutive positions: guard each dataset's epoch boundaries
-        # against a sample at the end of one epoch and the start of the next in one batch (orders.py)
-        self.orders = self._orders(0 if self.planned else lc.global_batch_size * pack_group)
-        self.exclusions = planned(
-            lc.exclude
-        )  #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
-        for warning in check_rules(lc.exclude, self.datasets) if lc.exclude else ():
-            if rank == 0:
-                log.warning("%s", warning)
-        self._set_blend(
-            plan_segments(
-                self.datasets,
-                blend_steps(self.datasets, lc.blend_schedule, self.exclusions),
-                self._units_per_batch,
-            )
-        )
-        self.fingerprint = {
-            "encoder": {
-                # an encoder class may record another class's name (a mode split into a subclass)
-                "name": getattr(
-                    type(self.encoder), "fingerprint_name", type(self.encoder).__name__
-                ),
-                "config_sha": _digest(_encoder_config(self.encoder)),
-            },
-            "seed": lc.seed,
-            "global_batch_size": lc.global_batch_size,
-            "pack_group": pack_group,
-            "shuffle": self.orders[0].describe(),
-            "blend_unit": lc.blend_unit,
-            "blend_unit_samples": self.unit,
-            "schedule": "feistel-chairman-v1",
-        }
-        if self.planned:  # what changes the rows and batches of a planned run
-            self.fingerprint["balance"] = {
-                "mode": lc.balance.mode,
-                "window": lc.balance.window,
-                "lookahead": lc.balance.lookahead,
-                "global_batch_tokens": lc.balance.global_batch_tokens,
-                "linear": self._linear,
-                "planner": "pool-led-v2",
-            }
+        #: the run's pure plan: datasets, orders, blend, schedule, batching mode, fingerprint
+        self.plan = RunPlan(cfg, self.encoder, world_size, self.num_workers, rank)
+        self.maker = self._maker()
         self.next_microbatch = 0
-        self._identities = None
         self._tracer = None  #: for :meth:`exclusion_stats`, built at its first use
-        self.blend_changes: list[
-            str
-        ] = []  #: what :meth:`load_state_dict` changed in the blend, with steps
         self._iter = None
         self._watch: SampleWatch | None = (
             None  #: with ``loader.sample_timeout``: the running workers' watch
@@ -174,140 +76,94 @@ class TrainLoader:
         #: Lightning's checkpoint takes; Lightning asking for the state without it is refused
         self.lightning_hooks = False
 
-    def _orders(self, guard: int) -> tuple[DatasetOrder, ...]:
-        """Each dataset's epochs, keyed by the seed and the entry's name (entries are independent)."""
-        lc = self.config
-        return tuple(
-            DatasetOrder(
-                len(e.source),
-                derive_key(lc.seed, *_stream_id(e.name)),
-                lc.shuffle_buffer,
-                run=lc.shuffle_run,
-                guard=guard,
-            )
-            for e in self.datasets.entries
-        )
-
-    @property
-    def _units_per_batch(self) -> int:
-        return self.config.global_batch_size * self.pack_group // self.unit
-
-    @property
-    def _linear(self) -> float:
-        """The linear term's weight in ``balance: attention`` (default: the encoder's ``seq_len``)."""
-        linear = self.config.balance.linear
-        return float(linear if linear is not None else getattr(self.encoder, "seq_len", 0))
-
-    def _length_indexes(self, cfg: RunConfig) -> list:
-        """Each dataset's :class:`~energon_platform.loader.lengths.LengthIndex` (built if missing)."""
-        from energon_platform.loader.lengths import open_length_index
-
-        digest = _digest(_encoder_config(self.encoder))
-        cache = Path(cfg.loader.length_cache) if cfg.loader.length_cache else None
-        try:
-            return [
-                open_length_index(
-                    e.source, self.encoder, digest, cache, workers=max(1, self.num_workers)
-                )
-                for e in self.datasets.entries
-            ]
-        except NotImplementedError as e:  # the encoder cannot state this config's lengths
-            from task_encoders.config import ConfigError
-
-            raise ConfigError(cfg.source, "loader.balance", str(e)) from None
-
-    def _cost(self, work_length: int) -> float:
-        """A sample's balance cost: a finite number >= 0, else :class:`ConfigError` naming where it came from."""
-        from energon_platform.loader.packer import sample_cost
-
-        if self.config.balance.mode == "encoder":
-            cost = self.encoder.balance_cost(work_length)
-            where = f"{type(self.encoder).__name__}.balance_cost({work_length})"
-        else:
-            cost = sample_cost(work_length, self.config.balance.mode, self._linear)
-            where = f"balance {self.config.balance.mode!r} with balance.linear={self._linear!r}"
-        if (
-            isinstance(cost, bool)
-            or not isinstance(cost, numbers.Real)
-            or not math.isfinite(cost)
-            or cost < 0
-        ):
-            from task_encoders.config import ConfigError
-
-            raise ConfigError(
-                self._source,
-                "loader.balance",
-                f"{where} returned {cost!r}; a cost must be a finite number >= 0",
-            )
-        return float(cost)
-
-    def _set_blend(self, segments, plan_state=None) -> None:
-        """(Re)build the schedule, planner and micro-batch maker for the blend ``segments``;
-        a planned run continues from ``plan_state`` (None: where its planner is now, or the start)."""
-        self.blend = Blend(segments, len(self.datasets.entries))
-        if (
-            not self.packed_rows and self.config.balance.global_batch_tokens is None
-        ):  # a fixed number of samples per batch
-            from energon_platform.loader.planner import check_distinct
-
-            check_distinct(
-                self.blend,
-                [o.num_samples for o in self.orders],
-                self.datasets.names,
-                self._units_per_batch,
-                self.unit,
-            )
-        group = 1 if self.planned else self.pack_group
-        self.schedule = Schedule(
-            self.orders, self.config.global_batch_size, group, self.blend, self.unit
-        )
-        if self.planned:
-            from energon_platform.loader.lengths import SampleLengths
-            from energon_platform.loader.planner import Planner, PlanState
-
-            if plan_state is None:
-                plan_state = self.planner.start if self.planner is not None else PlanState()
-            prefixes = [self.datasets.key_prefix(d) for d in range(len(self.datasets.entries))]
-            self.planner = Planner(
-                SampleLengths(self.schedule, self.length_indexes, self.encoder, prefixes),
-                self._cost,
-                self.config.global_batch_size,
-                capacity=self.encoder.seq_len if self.packed_rows else 0,
-                budget=self.config.balance.global_batch_tokens,
-                window=self.config.balance.window,
-                fill=self.config.balance.lookahead,
-                start=plan_state,
-            )
-        self.maker = MicroBatchMaker(
-            self.datasets,
+    def _maker(self) -> MicroBatchMaker:
+        """The micro-batch maker of this rank over the plan's current schedule."""
+        plan = self.plan
+        return MicroBatchMaker(
+            plan.datasets,
             self.encoder,
-            self.schedule,
+            plan.schedule,
             self.rank,
             self.world_size,
-            self.micro_items,
-            planner=self.planner,
-            exclusions=Excluder(self.exclusions, self.datasets) if self.exclusions else None,
+            plan.micro_items,
+            planner=plan.planner,
+            exclusions=plan.excluder,
         )
+
+    # --- the plan's parts, as the loader's ----------------------------------------------------
+
+    @property
+    def datasets(self) -> Any:
+        """The run's :class:`~energon_platform.loader.datasets.DatasetSet`."""
+        return self.plan.datasets
+
+    @property
+    def source(self) -> Any:
+        """The first (for one-dataset runs: the) dataset's sample source."""
+        return self.plan.datasets.entries[0].source
+
+    @property
+    def batching(self) -> Any:
+        """The batching mode (:mod:`~energon_platform.loader.batching`)."""
+        return self.plan.batching
+
+    @property
+    def planned(self) -> bool:
+        """``loader.balance`` set: global batches are planned (:mod:`~energon_platform.loader.planner`)."""
+        return self.plan.batching.planned
+
+    @property
+    def packed_rows(self) -> bool:
+        """Planned fixed rows of ``seq_len``, packed across the global batch."""
+        return self.plan.batching.packed_rows
+
+    @property
+    def pack_group(self) -> int:
+        return self.plan.pack_group
+
+    @property
+    def micro_items(self) -> int:
+        return self.plan.micro_items
+
+    @property
+    def unit(self) -> int:
+        return self.plan.unit
+
+    @property
+    def planner(self) -> Any:
+        return self.plan.planner
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.plan.schedule
+
+    @property
+    def orders(self) -> tuple:
+        return self.plan.orders
+
+    @property
+    def blend(self) -> Any:
+        return self.plan.blend
+
+    @property
+    def exclusions(self) -> list:
+        return self.plan.exclusions
+
+    @property
+    def fingerprint(self) -> dict:
+        return self.plan.fingerprint
+
+    @property
+    def blend_changes(self) -> list[str]:
+        """What :meth:`load_state_dict` changed in the blend and the exclusions, with steps."""
+        return self.plan.blend_changes
+
+    # --- statistics -------------------------------------------------------------------------
 
     def balance_stats(self, batch: int) -> dict:
         """Global batch ``batch`` of a planned run: per-rank cost max/mean, padding, samples and
         carried samples (for logs and the resume check); ``{}`` unplanned."""
-        if not self.planned:
-            return {}
-        from energon_platform.loader.planner import deal_plan, rank_costs
-
-        plan = self.planner.plan(batch)
-        costs = rank_costs(
-            plan,
-            deal_plan(plan, self.world_size, self.accumulation, fixed=self.planner.fixed_counts),
-        )
-        mean = sum(costs) / len(costs)
-        return {
-            "rank_cost": round(max(costs) / mean, 4) if mean else 1.0,
-            "padding": round(plan.padding, 4),
-            "samples": sum(len(i) for i in plan.items),
-            "carried": len(plan.next_state.carried),
-        }
+        return self.plan.batching.stats(batch, self.world_size, self.accumulation)
 
     def exclusion_stats(self, batch: int) -> dict:
         """``{"excluded": {dataset: n}}``: samples of global batch ``batch`` (all ranks) that
@@ -318,28 +174,17 @@ class TrainLoader:
         if self._tracer is None:
             from energon_platform.loader.trace import Tracer
 
-            self._tracer = Tracer(self)
+            self._tracer = Tracer(self.plan)
         counts = self._tracer.excluded_counts(batch + 1)
         return {"excluded": counts} if counts else {}
 
     def dataset_identities(self) -> dict:
         """Per dataset name: what makes it *this* data (may not change at resume); read once."""
-        if self._identities is None:
-            self._identities = {e.name: e.source.identity() for e in self.datasets.entries}
-        return self._identities
+        return self.plan.dataset_identities()
 
     def consumed(self) -> dict:
         """Per dataset name: ``{"samples", "epochs"}`` taken before the next global batch."""
-        if self.planned:  # positions read before the batch, less those still waiting (carried)
-            state = self.planner.state_at(self.global_batch)
-            taken = self.blend.consumed(state.position).astype(int)
-            for d in self.schedule.samples(list(state.carried))[0] if state.carried else ():
-                taken[int(d)] -= 1
-            return {
-                n: {"samples": int(t), "epochs": round(int(t) / o.num_samples, 6)}
-                for n, t, o in zip(self.datasets.names, taken, self.orders)
-            }
-        return dict(zip(self.datasets.names, self.schedule.consumed(self.global_batch)))
+        return self.plan.consumed(self.global_batch)
 
     # --- iteration --------------------------------------------------------------------------
 
@@ -486,10 +331,8 @@ class TrainLoader:
             f"micro-batch {c} arrived where {self.next_microbatch} was due"
         )
         self.next_microbatch += 1
-        if self.planned and self.next_microbatch % self.accumulation == 0:
-            self.planner.plan(
-                self.global_batch
-            )  # keep this process's plans current (state_dict, stats): O(1) a step
+        if self.next_microbatch % self.accumulation == 0:
+            self.plan.batching.step_done(self.global_batch)
         return batch
 
     def _dead_workers(self, wait: float) -> list[tuple[int, int]]:
@@ -536,7 +379,7 @@ class TrainLoader:
             datasets=self.datasets.names,
             blend=self.blend.to_json(),
             consumed=list(self.consumed().values()),
-            plan=self.planner.state_at(self.global_batch).to_json() if self.planned else None,
+            plan=self.plan.batching.state_at(self.global_batch),
             exclude=[ex.to_json() for ex in self.exclusions] or None,
         ).to_dict()
 
@@ -558,81 +401,9 @@ class TrainLoader:
         """Continue from a saved position. Raises :class:`StateMismatchError` for other data or
         config, :class:`LayoutError` for a layout that cannot continue the same global batches."""
         state = LoaderState.from_dict(state_dict)
-        current = self.dataset_identities()
-        missing = [n for n in state.datasets if n not in current]
-        if missing:
-            raise StateMismatchError(
-                f"the checkpoint's blend has dataset(s) {missing} that this run does not "
-                f"(this run: {self.datasets.names}); datasets may be added at resume, not removed"
-            )
-        shuffle = state.fingerprint.get("shuffle")
-        if isinstance(shuffle, dict) and "guard" not in shuffle and self.orders[0].guard:
-            self.orders = self._orders(
-                0
-            )  # saved before epoch boundaries were guarded: continue as saved
-            self.fingerprint["shuffle"] = self.orders[0].describe()
-        saved = state.fingerprint
-        balance = saved.get("balance")
-        if isinstance(balance, dict) and balance.get("planner") == "pool-led-v1" and self.planned:
-            # the previous planner could place a small dataset's sample twice in a global batch; its
-            # saved position and carried samples mean the same to this one, which continues from them
-            saved = {
-                **saved,
-                "balance": {**balance, "planner": self.fingerprint["balance"]["planner"]},
-            }
-            if self.rank == 0:
-                log.warning(
-                    "the checkpoint was planned by the previous planner (pool-led-v1); global batches "
-                    "from here on are planned by %s, which never repeats a sample in one",
-                    self.fingerprint["balance"]["planner"],
-                )
-        # every saved dataset must be the same data; datasets added since are not compared
-        try:
-            check_fingerprint(
-                saved, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}}
-            )
-        except (
-            StateMismatchError
-        ) as e:  # a dataset added with an existing entry's folder name: say so
-            raise StateMismatchError(f"{e}{self.datasets.clash_note(state.datasets)}") from None
-        if state.mid_step and (
-            state.accumulation != self.accumulation
-            or state.layout.get("world_size") != self.world_size
-        ):
-            raise LayoutError(
-                "the state was saved in the middle of a global batch (gradient accumulation); "
-                "resume it with the same world size and micro-batch size, or save at a step boundary"
-            )
         self.close()  # workers already started would produce the old position
-        plan_state = None
-        if self.planned:
-            from energon_platform.loader.planner import PlanState
-
-            if state.plan is None or state.plan["batch"] != state.next_global_batch:
-                raise StateMismatchError(
-                    "the checkpoint's loader state has no plan for global batch "
-                    f"{state.next_global_batch} (saved without loader.balance?)"
-                )
-            plan_state = PlanState.from_json(state.plan)
-        self.exclusions, excluded = resumed(
-            [Exclusion.from_json(r) for r in state.exclude or ()],
-            self.config.exclude,
-            state.next_global_batch,
-        )
-        segments, changes = resume_segments(
-            state,
-            self.datasets,
-            blend_steps(self.datasets, self.config.blend_schedule, self.exclusions),
-            state.next_global_batch,
-            self._units_per_batch,
-            resume_unit=plan_state.position if plan_state else None,
-        )
-        for change in changes if self.rank == 0 else ():  # once per job, not once per rank
-            log.warning("blend changed at resume: %s", change)
-        for change in excluded if self.rank == 0 else ():
-            log.warning("loader.exclude changed at resume: %s", change)
-        self.blend_changes = changes + excluded
-        self._set_blend(segments, plan_state)
+        self.plan.resume(state)
+        self.maker = self._maker()
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0
         )
@@ -703,78 +474,6 @@ def _refuse_lightning_without_hooks(loader: TrainLoader) -> None:
             "a batch): mix energon_platform.integrations.lightning.EnergonHooks into the "
             "LightningModule, before it (class Model(EnergonHooks, L.LightningModule))"
         )
-
-
-def _stream_id(name: str) -> tuple[int, int]:
-    """Two 64-bit integers from a dataset name: the key of its sample order (independent per entry)."""
-    h = hashlib.blake2b(name.encode(), digest_size=16).digest()
-    return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little")
-
-
-def _check_balance(cfg: RunConfig, encoder: Any, packed: bool) -> None:
-    """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost);
-    ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
-    from task_encoders.config import ConfigError
-
-    if packed and cfg.loader.balance.global_batch_tokens is not None:
-        raise ConfigError(
-            cfg.source,
-            "loader.balance.global_batch_tokens",
-            f"{cfg.loader.balance.global_batch_tokens} with a packing "
-            f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
-            "already (null, or an encoder without packing)",
-        )
-
-    if not callable(getattr(encoder, "sample_facts", None)):
-        raise ConfigError(
-            cfg.source,
-            "loader.balance",
-            f"{cfg.loader.balance.mode!r} needs lengths before decoding, but "
-            f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)",
-        )
-    if cfg.loader.balance.mode == "encoder" and not callable(
-        getattr(encoder, "balance_cost", None)
-    ):
-        raise ConfigError(
-            cfg.source,
-            "loader.balance",
-            f"'encoder' calls the encoder's balance_cost(length), "
-            f"which {type(encoder).__name__} does not define",
-        )
-
-
-def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
-    """Samples per pack group; checks that loader and encoder agree on whether to pack."""
-    from task_encoders.config import ConfigError
-
-    packs = getattr(encoder, "packing_buffer_size", None)
-    if configured is None:
-        return packs or 1
-    if configured > 1 and not packs:
-        raise ConfigError(
-            source,
-            "loader.pack_group",
-            f"{configured} asks for packing, but the encoder's "
-            "packing.enabled is false (set it, or pack_group: 1)",
-        )
-    if configured == 1 and packs:
-        raise ConfigError(
-            source,
-            "loader.pack_group",
-            "1 disables packing, but the encoder's packing.enabled is "
-            "true (use pack_group >= 2 or null)",
-        )
-    return configured
-
-
-def _encoder_config(encoder: Any) -> Any:
-    from task_encoders.config import to_plain
-
-    config = to_plain(getattr(encoder, "config", {}))
-    if isinstance(config, dict):
-        config.pop("seed", None)  # the loader's seed is fingerprinted on its own
-        config.pop("errors", None)  # skip limits do not change the data
-    return config
 
 
 def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size: int = 1):

@@ -366,9 +366,7 @@ def _train(
                 [k for g in gathered for k in g[0]],
                 [d for g in gathered for d in g[1]],
             )
-            if (
-                loader.planned
-            ):  # which rank holds which row depends on the world size: log a canonical order
+            if loader.batching.sorts_logged_keys:  # rank order depends on the world size
                 all_keys, all_digests = sorted(all_keys), sorted(all_digests)
             consumed = loader.consumed()  # before the next global batch: this step included
             row = {

@@ -79,15 +79,16 @@ def test_pool_bounds_are_refused_at_load(coco, key, value):
 
 @pytest.mark.parametrize("cost", [math.nan, math.inf, -1.0, "12", None])
 def test_a_cost_that_is_not_a_finite_number_is_refused_naming_the_encoder(coco, cost):
-    from dataclasses import replace
+    from energon_platform.loader.batching.costs import SampleCost
 
     loader = _loader(coco, balance="tokens")
-    loader.config = replace(loader.config, balance=replace(loader.config.balance, mode="encoder"))
+    encoder_cost = SampleCost("encoder", loader.encoder, loader.batching.linear, "run.yaml")
     loader.encoder.balance_cost = lambda length: cost
     with pytest.raises(ConfigError, match=r"ImageTextTaskEncoder.balance_cost\(7\) returned"):
-        loader._cost(7)
+        encoder_cost(7)
     loader.encoder.balance_cost = lambda length: 2 * length
-    assert loader._cost(7) == 14.0
+    assert encoder_cost(7) == 14.0
+    assert loader.batching.cost(7) == 7.0  # the run's own model: tokens
 
 
 def test_documents_as_long_as_a_row_keep_the_carried_pool_small():

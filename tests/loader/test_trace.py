@@ -69,7 +69,7 @@ def tracer(cfg, ranks=1, state=None):
     loader = TrainLoader(cfg, rank=0, world_size=ranks, num_workers=0)
     if state is not None:
         loader.load_state_dict(state)
-    return Tracer(loader)
+    return Tracer(loader.plan)
 
 
 # --- the inverse maps, without data ------------------------------------------------------------

@@ -57,11 +57,12 @@ def run(cfg, steps, ranks=1, state=None):
 
 
 def tracer(cfg, ranks=1, state=None):
+    from energon_platform.loader.state import LoaderState
     from energon_platform.loader.trace import open_tracer
 
     tr = open_tracer(cfg, ranks)
     if state is not None:
-        tr.loader.load_state_dict(state)
+        tr.plan.resume(LoaderState.from_dict(state))
     return tr
 
 

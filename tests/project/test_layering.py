@@ -96,3 +96,109 @@ def test_task_encoders_do_not_import_energon_platform():
 @pytest.mark.parametrize("room", ["loader", "training", "integrations", "tools"])
 def test_rooms_inside_energon_platform_import_none_above_them(room):
     assert violations(f"energon_platform/{room}") == []
+
+
+# --- the module graph inside energon_platform -------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    """The dotted module name of a file under the repository (a package's ``__init__`` is the package)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: str = "energon_platform") -> dict[str, set[str]]:
+    """Module → the modules of ``package`` it imports (at any depth, lazily or not): an imported
+    name that is no module of ``package`` counts as the nearest module above it (``from a.b import
+    c``: ``a.b``, unless ``a.b.c`` is a module)."""
+    modules = {module_name(p): p for p in sorted((REPO / package).rglob("*.py"))}
+    assert len(modules) > 10, f"{package}/ has too few modules: the check would pass vacuously"
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for _, imported in imported_modules(path.read_text()):
+            target = imported
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != package and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a list of modules, the first repeated at the end) per strongly connected
+    group of ``graph`` with more than one module (Tarjan's algorithm, iteratively)."""
+    index, low, on_stack, stack, groups = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(_cycle_in(sorted(group), graph))
+    return groups
+
+
+def _cycle_in(group: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A cycle through ``group[0]`` inside the strongly connected ``group`` (breadth first)."""
+    members, start = set(group), group[0]
+    came_from = {start: None}
+    queue = [start]
+    for node in queue:
+        for child in sorted(graph[node] & members):
+            if child == start:
+                path = [node]
+                while came_from[path[-1]] is not None:
+                    path.append(came_from[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if child not in came_from:
+                came_from[child] = node
+                queue.append(child)
+    raise AssertionError(f"{group} is not strongly connected")
+
+
+def test_the_cycle_finder_names_a_cycle_and_only_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_energon_platform_modules_import_each_other_without_cycles():
+    assert import_cycles(import_graph()) == []
+
+
+def test_config_imports_nothing_from_energon_platform():
+    """The run config is read before any room opens; it sits below them all."""
+    path = REPO / "energon_platform" / "config.py"
+    found = [
+        f"config.py:{line} imports {name}"
+        for line, name in imported_modules(path.read_text())
+        if name == "energon_platform" or name.startswith("energon_platform.")
+    ]
+    assert found == []

@@ -1,0 +1,70 @@
+"""Batching modes as strategies: how a run's global batches are cut from its schedule.
+
+``loader.balance`` picks one from :data:`BATCHING`:
+
+* ``none``: :class:`~energon_platform.loader.batching.stream.StreamBatching`, consecutive stream
+  positions (the schedule's pack groups), epoch boundaries guarded;
+* ``tokens``, ``attention``, ``encoder``: :class:`~energon_platform.loader.batching.planned.
+  PlannedBatching`, global batches planned from sample lengths (packed rows, or unpacked samples)
+  with that cost model (:data:`~energon_platform.loader.batching.costs.COST_MODELS`).
+
+A strategy (:class:`Batching`) owns its config checks, what the schedule and planner are built
+with, its part of the fingerprint and of the state (``LoaderState.plan``), the samples consumed
+and its log statistics, so the plan, the loader and the trace ask it instead of branching.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from energon_platform.loader.batching.costs import COST_MODELS
+from energon_platform.loader.batching.planned import PlannedBatching
+from energon_platform.loader.batching.stream import StreamBatching
+
+
+class Batching(Protocol):
+    """What a batching mode answers (see :class:`StreamBatching` and :class:`PlannedBatching`)."""
+
+    name: str  #: ``stream`` or ``planned``
+    planned: bool  #: global batches come from a planner (``planner`` is set)
+    packed_rows: bool  #: fixed rows of ``seq_len`` packed across the global batch
+    packed: bool  #: micro-batches hold packed sequences
+    sorts_logged_keys: bool  #: logged keys are sorted (their rank order depends on the layout)
+    fixed_samples: bool  #: every global batch holds the same number of samples
+    epoch_guard: int  #: positions each dataset's epoch boundary is kept from
+    schedule_group: int  #: samples per schedule item
+    planner: Any  #: the :class:`~energon_platform.loader.planner.Planner`, or None
+
+    def start(self, schedule: Any, plan_state: Any = None) -> None: ...
+    def fingerprint(self) -> dict: ...
+    def saved_fingerprint(self, saved: dict, warn: bool) -> dict: ...
+    def state_at(self, batch: int) -> dict | None: ...
+    def resume_from(self, state: Any) -> Any: ...
+    def resume_unit(self, plan_state: Any) -> int | None: ...
+    def consumed(self, batch: int, schedule: Any, names: list[str]) -> dict: ...
+    def stats(self, batch: int, world_size: int, accumulation: int) -> dict: ...
+    def step_done(self, batch: int) -> None: ...
+
+
+#: ``loader.balance`` → the batching mode's class (each has ``from_config``)
+BATCHING: dict[str, type] = {
+    "none": StreamBatching,
+    **{mode: PlannedBatching for mode in COST_MODELS},
+}
+
+
+def batching_for(cfg: Any, encoder: Any, pack_group: int, datasets: Any, workers: int) -> Batching:
+    """The batching mode ``cfg.loader.balance`` names, built for this run (its checks run here)."""
+    return BATCHING[cfg.loader.balance.mode].from_config(
+        cfg, encoder, pack_group, datasets, workers
+    )
+
+
+__all__ = [
+    "BATCHING",
+    "COST_MODELS",
+    "Batching",
+    "PlannedBatching",
+    "StreamBatching",
+    "batching_for",
+]

@@ -1,0 +1,234 @@
+"""``loader.balance: tokens | attention | encoder``: global batches planned from sample lengths.
+
+The :class:`~energon_platform.loader.planner.Planner` plans each global batch from a pool of
+upcoming positions (lengths from the length index, :mod:`~energon_platform.loader.lengths`):
+``global_batch_size`` packed rows of ``seq_len`` with a packing encoder, else that many samples (or
+a ``global_batch_tokens`` budget) whose costs (:mod:`~energon_platform.loader.batching.costs`) are
+dealt evenly to the ranks. Its state at a batch (next position, carried samples) is the
+``LoaderState.plan``; the fingerprint's ``balance`` entry names what changes the plans.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from energon_platform.loader.batching.costs import SampleCost
+from energon_platform.loader.fingerprint import encoder_digest
+from energon_platform.loader.planner import (
+    PLANNER_VERSION,
+    PREVIOUS_PLANNER_VERSION,
+    Planner,
+    PlanState,
+    deal_plan,
+    rank_costs,
+)
+from energon_platform.loader.state import StateMismatchError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlannedBatching:
+    """Planned global batches (see the module docstring). Built by :meth:`from_config`; the
+    planner by :meth:`start`, for each schedule (at the start and at resume)."""
+
+    mode: str  #: the cost model (``loader.balance``)
+    window: int  #: ``loader.balance.window``
+    lookahead: float  #: ``loader.balance.lookahead``
+    budget: int | None  #: ``loader.balance.global_batch_tokens``
+    linear: float  #: the attention cost's linear weight
+    global_batch_size: int  #: rows (packed) or samples per global batch
+    packed_rows: bool  #: fixed rows of ``seq_len``, packed across the global batch
+    encoder: Any
+    cost: SampleCost
+    length_indexes: list  #: per dataset, its length index
+    prefixes: list[str]  #: per dataset, the prefix of its keys
+    planner: Planner | None = field(default=None)
+
+    name = "planned"
+    planned = True  #: global batches are planned (``planner``, ``LoaderState.plan``)
+    sorts_logged_keys = True  #: which rank holds which row depends on the world size
+    epoch_guard = 0  #: the planner never repeats a sample in a global batch on its own
+    schedule_group = 1  #: the schedule is read sample by sample
+
+    @classmethod
+    def from_config(cls, cfg: Any, encoder: Any, pack_group: int, datasets: Any, workers: int):
+        """The mode for run config ``cfg``: checks the encoder and config can plan (one-line
+        :class:`ConfigError` otherwise), then opens (or builds, with ``workers`` processes) each
+        dataset's length index. The one place the ``loader.balance`` group is read."""
+        lc, balance = cfg.loader, cfg.loader.balance
+        packed = pack_group > 1
+        _check(cfg, encoder, packed)
+        linear = float(balance.linear if balance.linear is not None else _seq_len(encoder))
+        return cls(
+            mode=balance.mode,
+            window=balance.window,
+            lookahead=balance.lookahead,
+            budget=balance.global_batch_tokens,
+            linear=linear,
+            global_batch_size=lc.global_batch_size,
+            packed_rows=packed,
+            encoder=encoder,
+            cost=SampleCost(balance.mode, encoder, linear, cfg.source),
+            length_indexes=_length_indexes(cfg, encoder, datasets, workers),
+            prefixes=[datasets.key_prefix(d) for d in range(len(datasets.entries))],
+        )
+
+    @property
+    def packed(self) -> bool:
+        """Whether micro-batches hold packed sequences (the planned rows)."""
+        return self.packed_rows
+
+    @property
+    def fixed_samples(self) -> bool:
+        """Whether every global batch holds a fixed number of samples (unpacked, no budget)."""
+        return not self.packed_rows and self.budget is None
+
+    def start(self, schedule: Any, plan_state: PlanState | None = None) -> None:
+        """(Re)build the planner over ``schedule``, continuing from ``plan_state`` (None: where the
+        current planner starts, or the start of the run)."""
+        from energon_platform.loader.lengths import SampleLengths
+
+        if plan_state is None:
+            plan_state = self.planner.start if self.planner is not None else PlanState()
+        self.planner = Planner(
+            SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes),
+            self.cost,
+            self.global_batch_size,
+            capacity=self.encoder.seq_len if self.packed_rows else 0,
+            budget=self.budget,
+            window=self.window,
+            fill=self.lookahead,
+            start=plan_state,
+        )
+
+    def fingerprint(self) -> dict:
+        """``{"balance": ...}``: what changes the rows and batches of a planned run."""
+        return {
+            "balance": {
+                "mode": self.mode,
+                "window": self.window,
+                "lookahead": self.lookahead,
+                "global_batch_tokens": self.budget,
+                "linear": self.linear,
+                "planner": PLANNER_VERSION,
+            }
+        }
+
+    def saved_fingerprint(self, saved: dict, warn: bool) -> dict:
+        """``saved`` as this planner continues it: a checkpoint of the previous planner (which could
+        place a small dataset's sample twice in a global batch) means the same saved position and
+        carried samples to this one, which continues from them (logged once when ``warn``)."""
+        balance = saved.get("balance")
+        if not (isinstance(balance, dict) and balance.get("planner") == PREVIOUS_PLANNER_VERSION):
+            return saved
+        if warn:
+            log.warning(
+                "the checkpoint was planned by the previous planner (%s); global batches "
+                "from here on are planned by %s, which never repeats a sample in one",
+                PREVIOUS_PLANNER_VERSION,
+                PLANNER_VERSION,
+            )
+        return {**saved, "balance": {**balance, "planner": PLANNER_VERSION}}
+
+    def state_at(self, batch: int) -> dict:
+        """The planner's state at global batch ``batch`` (``LoaderState.plan``)."""
+        return self.planner.state_at(batch).to_json()
+
+    def resume_from(self, state: Any) -> PlanState:
+        """The plan state a saved :class:`~energon_platform.loader.state.LoaderState` continues
+        from; :class:`StateMismatchError` when it has none for its next global batch."""
+        if state.plan is None or state.plan["batch"] != state.next_global_batch:
+            raise StateMismatchError(
+                "the checkpoint's loader state has no plan for global batch "
+                f"{state.next_global_batch} (saved without loader.balance?)"
+            )
+        return PlanState.from_json(state.plan)
+
+    def resume_unit(self, plan_state: PlanState) -> int:
+        """The blend unit the next planned batch starts reading at."""
+        return plan_state.position
+
+    def consumed(self, batch: int, schedule: Any, names: list[str]) -> dict:
+        """Per dataset name: ``{"samples", "epochs"}`` before global batch ``batch``: positions
+        read before it, less those still waiting (carried)."""
+        state = self.planner.state_at(batch)
+        taken = schedule.blend.consumed(state.position).astype(int)
+        for d in schedule.samples(list(state.carried))[0] if state.carried else ():
+            taken[int(d)] -= 1
+        return {
+            n: {"samples": int(t), "epochs": round(int(t) / o.num_samples, 6)}
+            for n, t, o in zip(names, taken, schedule.orders)
+        }
+
+    def stats(self, batch: int, world_size: int, accumulation: int) -> dict:
+        """Global batch ``batch``: per-rank cost max/mean, padding, samples and carried samples
+        (for logs and the resume check)."""
+        plan = self.planner.plan(batch)
+        dealt = deal_plan(plan, world_size, accumulation, fixed=self.planner.fixed_counts)
+        costs = rank_costs(plan, dealt)
+        mean = sum(costs) / len(costs)
+        return {
+            "rank_cost": round(max(costs) / mean, 4) if mean else 1.0,
+            "padding": round(plan.padding, 4),
+            "samples": sum(len(i) for i in plan.items),
+            "carried": len(plan.next_state.carried),
+        }
+
+    def step_done(self, batch: int) -> None:
+        """Keep this process's plans current at the end of a global batch (state, stats): O(1)."""
+        self.planner.plan(batch)
+
+
+def _seq_len(encoder: Any) -> int:
+    return getattr(encoder, "seq_len", 0)
+
+
+def _check(cfg: Any, encoder: Any, packed: bool) -> None:
+    """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost);
+    ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
+    from task_encoders.config import ConfigError
+
+    balance = cfg.loader.balance
+    if packed and balance.global_batch_tokens is not None:
+        raise ConfigError(
+            cfg.source,
+            "loader.balance.global_batch_tokens",
+            f"{balance.global_batch_tokens} with a packing "
+            f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
+            "already (null, or an encoder without packing)",
+        )
+    if not callable(getattr(encoder, "sample_facts", None)):
+        raise ConfigError(
+            cfg.source,
+            "loader.balance",
+            f"{balance.mode!r} needs lengths before decoding, but "
+            f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)",
+        )
+    if balance.mode == "encoder" and not callable(getattr(encoder, "balance_cost", None)):
+        raise ConfigError(
+            cfg.source,
+            "loader.balance",
+            f"'encoder' calls the encoder's balance_cost(length), "
+            f"which {type(encoder).__name__} does not define",
+        )
+
+
+def _length_indexes(cfg: Any, encoder: Any, datasets: Any, workers: int) -> list:
+    """Each dataset's :class:`~energon_platform.loader.lengths.LengthIndex` (built if missing)."""
+    from energon_platform.loader.lengths import open_length_index
+
+    digest = encoder_digest(encoder)
+    cache = Path(cfg.loader.length_cache) if cfg.loader.length_cache else None
+    try:
+        return [
+            open_length_index(e.source, encoder, digest, cache, workers=max(1, workers))
+            for e in datasets.entries
+        ]
+    except NotImplementedError as e:  # the encoder cannot state this config's lengths
+        from task_encoders.config import ConfigError
+
+        raise ConfigError(cfg.source, "loader.balance", str(e)) from None

@@ -1,0 +1,44 @@
+"""The encoder's part of the loader fingerprint, and the digest its config is named by.
+
+The fingerprint (:class:`~energon_platform.loader.state.LoaderState`) is assembled by
+:class:`~energon_platform.loader.run_plan.RunPlan` from its components' parts: the encoder (here),
+the dataset orders (:meth:`~energon_platform.loader.orders.DatasetOrder.describe`), the schedule
+(:data:`~energon_platform.loader.schedule.SCHEDULE_VERSION`) and the batching mode
+(:mod:`~energon_platform.loader.batching`). The length index is keyed by the same digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def digest(obj: Any) -> str:
+    """16 hex digits of the SHA-256 of ``obj`` as sorted JSON (non-JSON values as ``str``)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def encoder_config(encoder: Any) -> Any:
+    """The encoder's config as plain data, less what does not change the data: the seed (the
+    loader's seed is fingerprinted on its own) and the skip limits."""
+    from task_encoders.config import to_plain
+
+    config = to_plain(getattr(encoder, "config", {}))
+    if isinstance(config, dict):
+        config.pop("seed", None)
+        config.pop("errors", None)
+    return config
+
+
+def encoder_digest(encoder: Any) -> str:
+    """The digest of :func:`encoder_config` (the length index and the fingerprint use it)."""
+    return digest(encoder_config(encoder))
+
+
+def encoder_part(encoder: Any) -> dict:
+    """``{"name", "config_sha"}``: the fingerprint's ``encoder`` entry. The name is the class's
+    ``fingerprint_name`` where it has one: a mode split into a subclass records its old name, so
+    checkpoints saved before the split still resume."""
+    name = getattr(type(encoder), "fingerprint_name", type(encoder).__name__)
+    return {"name": name, "config_sha": encoder_digest(encoder)}

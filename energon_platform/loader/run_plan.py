@@ -1,0 +1,285 @@
+"""The pure plan of a training run's data: which samples every global batch holds.
+
+A :class:`RunPlan` is built from the run config, the task encoder (only what planning asks of it:
+its pack group, ``seq_len``, sample lengths for the length index, its config digest) and the
+data-parallel world size. It holds the datasets, each dataset's order
+(:mod:`~energon_platform.loader.orders`), the blend and its history segments
+(:mod:`~energon_platform.loader.blend_history`), the ``loader.exclude`` history
+(:mod:`~energon_platform.loader.exclusions`), the schedule (:mod:`~energon_platform.loader.schedule`),
+the batching mode (:mod:`~energon_platform.loader.batching`) and the fingerprint, which it
+assembles from its components' parts. No DataLoader, no workers, no sample is read.
+
+:class:`~energon_platform.loader.train_loader.TrainLoader` adds the workers, their supervision,
+iteration and the ``Stateful`` protocol; :class:`~energon_platform.loader.trace.Tracer` answers
+provenance questions from the plan alone. Both continue a saved
+:class:`~energon_platform.loader.state.LoaderState` with :meth:`RunPlan.resume`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from energon_platform.loader.batching import Batching, batching_for
+from energon_platform.loader.blend import Blend
+from energon_platform.loader.blend_history import plan_segments, resume_segments
+from energon_platform.loader.datasets import open_datasets
+from energon_platform.loader.exclusions import (
+    Excluder,
+    Exclusion,
+    blend_steps,
+    check_rules,
+    planned,
+    resumed,
+)
+from energon_platform.loader.fingerprint import encoder_part
+from energon_platform.loader.orders import DatasetOrder
+from energon_platform.loader.permutation import derive_key
+from energon_platform.loader.schedule import SCHEDULE_VERSION, LayoutError, Schedule
+from energon_platform.loader.state import LoaderState, StateMismatchError, check_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+def build_encoder(cfg: Any, training: bool = True) -> Any:
+    """The task encoder named by the config, seeded with the loader's seed."""
+    from task_encoders.registry import get_encoder
+
+    return get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
+
+
+class RunPlan:
+    """The global batches of run config ``cfg`` on ``world_size`` data-parallel ranks.
+
+    Args:
+        cfg: run config (``data``, ``encoder``, ``loader``).
+        encoder: the run's task encoder (:func:`build_encoder`).
+        world_size: data-parallel ranks (the global batch must split over them).
+        workers: processes that build a missing length index (planned runs).
+        rank: warnings about the config are logged by rank 0 only (once per job).
+    """
+
+    def __init__(
+        self, cfg: Any, encoder: Any, world_size: int = 1, workers: int = 0, rank: int = 0
+    ):
+        lc = self.config = cfg.loader
+        self.source, self.encoder = cfg.source, encoder
+        self.world_size, self.rank = world_size, rank
+        self.datasets = open_datasets(str(cfg.data.path), cfg.data.train_split)
+        self.pack_group = _pack_group(lc.pack_group, encoder, cfg.source)
+        per_rank = Schedule.check_split(
+            lc.global_batch_size, self.pack_group, world_size, lc.micro_batch_size
+        )
+        self.micro_items = lc.micro_batch_size or per_rank
+        #: micro-batches per global batch on each rank (gradient-accumulation steps)
+        self.accumulation = per_rank // self.micro_items
+        self.unit = self._blend_unit_samples(cfg)
+        self.batching: Batching = batching_for(
+            cfg, encoder, self.pack_group, self.datasets, workers
+        )
+        self.orders = self._orders(self.batching.epoch_guard)
+        #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
+        self.exclusions = planned(lc.exclude)
+        for warning in check_rules(lc.exclude, self.datasets) if lc.exclude else ():
+            if rank == 0:
+                log.warning("%s", warning)
+        #: what :meth:`resume` changed in the blend and the exclusions, with steps
+        self.blend_changes: list[str] = []
+        self._identities: dict | None = None
+        self._set_blend(
+            plan_segments(
+                self.datasets,
+                blend_steps(self.datasets, lc.blend_schedule, self.exclusions),
+                self.units_per_batch,
+            )
+        )
+        self.fingerprint = self._fingerprint()
+
+    def _blend_unit_samples(self, cfg: Any) -> int:
+        """Samples per blend unit: 1, or a micro-batch's with ``blend_unit: batch`` (which needs a
+        fixed ``micro_batch_size``: one-line :class:`ConfigError` otherwise)."""
+        if cfg.loader.blend_unit != "batch":
+            return 1
+        if cfg.loader.micro_batch_size is None:
+            from task_encoders.config import ConfigError
+
+            raise ConfigError(
+                cfg.source,
+                "loader.micro_batch_size",
+                "blend_unit: batch takes whole micro-batches "
+                "from one dataset, so the micro-batch size must be fixed (set micro_batch_size)",
+            )
+        return self.micro_items * self.pack_group
+
+    def _orders(self, guard: int) -> tuple[DatasetOrder, ...]:
+        """Each dataset's epochs, keyed by the seed and the entry's name (entries are independent)."""
+        lc = self.config
+        return tuple(
+            DatasetOrder(
+                len(e.source),
+                derive_key(lc.seed, *_stream_id(e.name)),
+                lc.shuffle_buffer,
+                run=lc.shuffle_run,
+                guard=guard,
+            )
+            for e in self.datasets.entries
+        )
+
+    def _fingerprint(self) -> dict:
+        """What must match at resume, from each component's part (key order as saved)."""
+        lc = self.config
+        return {
+            "encoder": encoder_part(self.encoder),
+            "seed": lc.seed,
+            "global_batch_size": lc.global_batch_size,
+            "pack_group": self.pack_group,
+            "shuffle": self.orders[0].describe(),
+            "blend_unit": lc.blend_unit,
+            "blend_unit_samples": self.unit,
+            "schedule": SCHEDULE_VERSION,
+            **self.batching.fingerprint(),
+        }
+
+    @property
+    def units_per_batch(self) -> int:
+        """Blend units per global batch."""
+        return self.config.global_batch_size * self.pack_group // self.unit
+
+    @property
+    def planner(self) -> Any:
+        """The batching mode's planner (None unplanned)."""
+        return self.batching.planner
+
+    def _set_blend(self, segments: list, plan_state: Any = None) -> None:
+        """(Re)build the blend, the schedule and the batching mode's planner for the blend
+        ``segments``; a planned run continues from ``plan_state`` (None: where its planner is
+        now, or the start)."""
+        self.blend = Blend(segments, len(self.datasets.entries))
+        if self.batching.fixed_samples:  # a fixed number of samples per batch
+            from energon_platform.loader.planner import check_distinct
+
+            check_distinct(
+                self.blend,
+                [o.num_samples for o in self.orders],
+                self.datasets.names,
+                self.units_per_batch,
+                self.unit,
+            )
+        self.schedule = Schedule(
+            self.orders,
+            self.config.global_batch_size,
+            self.batching.schedule_group,
+            self.blend,
+            self.unit,
+        )
+        self.batching.start(self.schedule, plan_state)
+        self.excluder = Excluder(self.exclusions, self.datasets) if self.exclusions else None
+
+    def dataset_identities(self) -> dict:
+        """Per dataset name: what makes it *this* data (may not change at resume); read once."""
+        if self._identities is None:
+            self._identities = {e.name: e.source.identity() for e in self.datasets.entries}
+        return self._identities
+
+    def consumed(self, batch: int) -> dict:
+        """Per dataset name: ``{"samples", "epochs"}`` taken before global batch ``batch``."""
+        return self.batching.consumed(batch, self.schedule, self.datasets.names)
+
+    # --- resume -----------------------------------------------------------------------------
+
+    def resume(self, state: LoaderState) -> None:
+        """Continue from ``state``: its orders, exclusion and blend history and (planned) its plan
+        state. :class:`StateMismatchError` for other data or config, :class:`LayoutError` for a
+        state saved in the middle of a global batch that this layout cannot continue. Changes
+        are logged by rank 0 and kept in :attr:`blend_changes`."""
+        self._check_datasets(state)
+        self._continue_orders(state)
+        self._check_fingerprint(state)
+        if state.mid_step and (
+            state.accumulation != self.accumulation
+            or state.layout.get("world_size") != self.world_size
+        ):
+            raise LayoutError(
+                "the state was saved in the middle of a global batch (gradient accumulation); "
+                "resume it with the same world size and micro-batch size, or save at a step boundary"
+            )
+        plan_state = self.batching.resume_from(state)
+        self.exclusions, excluded = resumed(
+            [Exclusion.from_json(r) for r in state.exclude or ()],
+            self.config.exclude,
+            state.next_global_batch,
+        )
+        segments, changes = resume_segments(
+            state,
+            self.datasets,
+            blend_steps(self.datasets, self.config.blend_schedule, self.exclusions),
+            state.next_global_batch,
+            self.units_per_batch,
+            resume_unit=self.batching.resume_unit(plan_state),
+        )
+        for change in changes if self.rank == 0 else ():  # once per job, not once per rank
+            log.warning("blend changed at resume: %s", change)
+        for change in excluded if self.rank == 0 else ():
+            log.warning("loader.exclude changed at resume: %s", change)
+        self.blend_changes = changes + excluded
+        self._set_blend(segments, plan_state)
+
+    def _check_datasets(self, state: LoaderState) -> None:
+        """Datasets may be added at resume, not removed."""
+        current = self.dataset_identities()
+        missing = [n for n in state.datasets if n not in current]
+        if missing:
+            raise StateMismatchError(
+                f"the checkpoint's blend has dataset(s) {missing} that this run does not "
+                f"(this run: {self.datasets.names}); datasets may be added at resume, not removed"
+            )
+
+    def _continue_orders(self, state: LoaderState) -> None:
+        """A state saved before epoch boundaries were guarded continues unguarded, as saved."""
+        shuffle = state.fingerprint.get("shuffle")
+        if isinstance(shuffle, dict) and "guard" not in shuffle and self.orders[0].guard:
+            self.orders = self._orders(0)
+            self.fingerprint["shuffle"] = self.orders[0].describe()
+
+    def _check_fingerprint(self, state: LoaderState) -> None:
+        """Every saved dataset must be the same data (datasets added since are not compared), and
+        the rest of the fingerprint the same (as the batching mode continues it)."""
+        current = self.dataset_identities()
+        saved = self.batching.saved_fingerprint(state.fingerprint, warn=self.rank == 0)
+        try:
+            check_fingerprint(
+                saved, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}}
+            )
+        except StateMismatchError as e:  # a dataset added with an existing entry's folder name
+            raise StateMismatchError(f"{e}{self.datasets.clash_note(state.datasets)}") from None
+
+
+def _stream_id(name: str) -> tuple[int, int]:
+    """Two 64-bit integers from a dataset name: the key of its sample order (independent per entry)."""
+    h = hashlib.blake2b(name.encode(), digest_size=16).digest()
+    return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little")
+
+
+def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
+    """Samples per pack group; checks that loader and encoder agree on whether to pack."""
+    from task_encoders.config import ConfigError
+
+    packs = getattr(encoder, "packing_buffer_size", None)
+    if configured is None:
+        return packs or 1
+    if configured > 1 and not packs:
+        raise ConfigError(
+            source,
+            "loader.pack_group",
+            f"{configured} asks for packing, but the encoder's "
+            "packing.enabled is false (set it, or pack_group: 1)",
+        )
+    if configured == 1 and packs:
+        raise ConfigError(
+            source,
+            "loader.pack_group",
+            "1 disables packing, but the encoder's packing.enabled is "
+            "true (use pack_group >= 2 or null)",
+        )
+    return configured
