@@ -311,22 +311,52 @@ class LoaderConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """``model:``: the reference captioning model (see :mod:`energon_platform.training.model`)."""
+    """``model:``: the reference model. ``kind``: ``tiny`` (the captioning model of
+    :mod:`energon_platform.training.model`, the default) or ``two_tower`` (a ViT over image tiles and
+    a conv + transformer audio encoder feeding the language model,
+    :mod:`energon_platform.training.two_tower`). ``dim``/``layers``/``heads``: the language model;
+    ``patch``: the image patch side. ``vision_*`` and ``audio_*``: the two-tower model's towers
+    (width, transformer blocks, attention heads; ignored by ``tiny``)."""
 
+    kind: Literal["tiny", "two_tower"] = "tiny"
     dim: int = 64
     layers: int = 2
     heads: int = 4
     patch: int = 8
     dropout: float = 0.0
+    vision_dim: int = 32
+    vision_layers: int = 2
+    vision_heads: int = 2
+    audio_dim: int = 32
+    audio_layers: int = 1
+    audio_heads: int = 2
 
     def check(self, at: At) -> None:
-        _at_least(self, at, dim=1, layers=0, heads=1, patch=1)
-        require(
-            self.dim % self.heads == 0,
-            at.child("dim"),
-            f"{self.dim} is not divisible by heads={self.heads}",
-            "a multiple of heads",
+        _at_least(
+            self,
+            at,
+            dim=1,
+            layers=0,
+            heads=1,
+            patch=1,
+            vision_dim=1,
+            vision_layers=0,
+            vision_heads=1,
+            audio_dim=1,
+            audio_layers=0,
+            audio_heads=1,
         )
+        for width, heads in (
+            ("dim", "heads"),
+            ("vision_dim", "vision_heads"),
+            ("audio_dim", "audio_heads"),
+        ):
+            require(
+                getattr(self, width) % getattr(self, heads) == 0,
+                at.child(width),
+                f"{getattr(self, width)} is not divisible by {heads}={getattr(self, heads)}",
+                f"a multiple of {heads}",
+            )
         require(
             0.0 <= self.dropout < 1.0,
             at.child("dropout"),

@@ -49,6 +49,12 @@ def media_of(encoder: Any) -> tuple[str, ...]:
     return tuple(k for k in ("image", "audio", "points") if k in kinds)
 
 
+def n_mels_of(encoder: Any) -> int:
+    """Mel bins of the encoder's audio features (its audio modality's; 80 without audio)."""
+    configs = list(getattr(encoder.config, "modalities", {}).values()) or [encoder.config]
+    return next((c.audio.n_mels for c in configs if getattr(c, "audio", None) is not None), 80)
+
+
 #: Channels of the point-cloud embedding's input: xyz + rgb (``pointcloud_text`` batches, ``points``).
 POINT_CHANNELS = 6
 
@@ -131,19 +137,26 @@ class CaptionModel(nn.Module):
         media = self.media_vectors(batch)
         if media is not None:
             x = x + media[document_index(batch.position_ids, batch.num_docs)]
-        blocked = attention_mask(batch.position_ids)
-        mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(
-            blocked, float("-inf")
-        )
-        mask = (
-            mask.repeat_interleave(self.blocks[0].self_attn.num_heads, dim=0)
-            if self.blocks
-            else mask
-        )
-        for block in self.blocks:
-            x = block(x, src_mask=mask)
-        logits = self.head(self.norm(x))
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), batch.labels.flatten(), reduction="none"
-        )
-        return (loss * batch.loss_mask.flatten()).sum()
+        return lm_loss(self, x, batch.position_ids, batch.labels, batch.loss_mask)
+
+
+def lm_loss(
+    lm: nn.Module,
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    labels: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The summed next-token loss of ``lm``'s ``blocks``, ``norm`` and ``head`` over input
+    embeddings ``x`` ``(N, S, dim)``: causal attention within each document (``position_ids``
+    restart at 0 where a document starts), cross-entropy on ``labels`` weighted by ``loss_mask``."""
+    blocked = attention_mask(position_ids)
+    mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(
+        blocked, float("-inf")
+    )
+    mask = mask.repeat_interleave(lm.blocks[0].self_attn.num_heads, dim=0) if lm.blocks else mask
+    for block in lm.blocks:
+        x = block(x, src_mask=mask)
+    logits = lm.head(lm.norm(x))
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
+    return (loss * loss_mask.flatten()).sum()

@@ -46,9 +46,9 @@ import torch.distributed as dist
 from energon_platform.config import RunConfig
 from energon_platform.loader.train_loader import TrainLoader, build_val_loader
 from energon_platform.training import checkpoint
-from energon_platform.training.model import CaptionModel, media_of
 from energon_platform.training.preflight import preflight
 from energon_platform.training.step_log_writer import open_for_append
+from energon_platform.training.two_tower import build_model
 
 
 def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
@@ -93,11 +93,6 @@ def batch_digest(batch: Any) -> list[str]:
             d.update(t.numpy().tobytes())
         rows.append(d.hexdigest())
     return rows
-
-
-def _n_mels(encoder: Any) -> int:
-    configs = list(getattr(encoder.config, "modalities", {}).values()) or [encoder.config]
-    return next((c.audio.n_mels for c in configs if getattr(c, "audio", None) is not None), 80)
 
 
 TENSOR_FIELDS = (
@@ -280,9 +275,7 @@ def _train(
     preflight(cfg, loader)  # before any global state is touched: a refused run changes nothing
     _seed_everything(cfg.loader.seed)
     tok = loader.encoder.tokenizer
-    model = CaptionModel(
-        cfg.model, tok.vocab_size, tok.seq_len, media_of(loader.encoder), _n_mels(loader.encoder)
-    ).to(device)
+    model = build_model(cfg.model, loader.encoder).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay

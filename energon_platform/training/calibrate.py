@@ -1,0 +1,363 @@
+"""``energon-platform calibrate``: time a model on real micro-batches, fit its cost coefficients.
+
+A model's time for a micro-batch is modelled as a non-negative linear function of the batch's
+cost features (:data:`task_encoders.features.FEATURES`): ``time ≈ Σ coef[f] · features[f]``.
+:func:`calibrate` picks micro-batches that spread the features (farthest-point in feature space
+normalised per feature), times forward + backward of each on one thread (a warm-up run excluded,
+the minimum of ``repeats`` runs kept), fits the coefficients with non-negative least squares on
+three of every four and measures the relative error of the prediction on the fourth (held back).
+
+The cost file (JSON, :data:`FORMAT_VERSION`) holds ``features``, ``coefficients`` (seconds per
+unit), ``r2`` (of the fit), ``share`` (each feature's part of the predicted time over the timed
+micro-batches), ``p50_error``/``p90_error`` (relative, held-back micro-batches), ``model``,
+``encoder_digest`` (:func:`encoder_digest`), ``micro_batches``, ``repeats`` and ``rows`` (each
+timed micro-batch: features, measured and predicted seconds, held back or not).
+:func:`load_cost_model` reads it back as a :class:`CostModel` for the encoder it was made for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from task_encoders.config import ConfigError
+from task_encoders.features import FEATURES
+
+#: Version of the cost file's layout.
+FORMAT_VERSION = 1
+#: The largest p90 relative error (held-back micro-batches) a fit may have to be written.
+MAX_P90_ERROR = 0.15
+#: Every HOLD_EVERY-th chosen micro-batch is held back from the fit to measure its error.
+HOLD_EVERY = 4
+
+Features = Callable[[Any], Mapping[str, float]]
+
+
+class CostFileError(ConfigError):
+    """A cost file that cannot be used: ``"<file>: <field>: <problem>"`` (one line)."""
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot give a usable cost model (too few micro-batches, a poor fit)."""
+
+
+def encoder_digest(encoder: Any) -> str:
+    """The digest of the encoder's configuration, as the loader fingerprints it (the one place
+    this module asks the loader for it)."""
+    from energon_platform.loader.train_loader import _digest, _encoder_config
+
+    return _digest(_encoder_config(encoder))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds a micro-batch takes: ``Σ coefficients[f] · features[f]`` over :data:`FEATURES`."""
+
+    coefficients: dict[str, float]
+    model: str
+    encoder_digest: str
+
+    def predict(self, features: Mapping[str, float]) -> float:
+        """Predicted seconds of a micro-batch with ``features`` (names not given count 0)."""
+        return sum(c * float(features.get(name, 0.0)) for name, c in self.coefficients.items())
+
+
+def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
+    """The cost model in ``path`` for ``encoder``. :class:`CostFileError` naming the file and the
+    field: a missing or unreadable file, not JSON, another format version, features other than
+    :data:`FEATURES`, a coefficient missing or not a finite number >= 0, another encoder's digest."""
+    data = _read_json(Path(path))
+    source = str(path)
+    _field(
+        data.get("format_version") == FORMAT_VERSION, source, "format_version", data, FORMAT_VERSION
+    )
+    _field(data.get("features") == list(FEATURES), source, "features", data, list(FEATURES))
+    coefficients = data.get("coefficients")
+    _field(isinstance(coefficients, dict), source, "coefficients", data, "a mapping")
+    unknown = sorted(set(coefficients) - set(FEATURES))
+    if unknown:
+        raise CostFileError(
+            source, "coefficients", f"unknown feature(s) {unknown} (known: {list(FEATURES)})"
+        )
+    for name in FEATURES:
+        value = coefficients.get(name)
+        ok = (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        )
+        if not (ok and value >= 0):
+            raise CostFileError(
+                source, f"coefficients.{name}", f"got {value!r} (expected a finite number >= 0)"
+            )
+    digest = encoder_digest(encoder)
+    if data.get("encoder_digest") != digest:
+        raise CostFileError(
+            source,
+            "encoder_digest",
+            f"{data.get('encoder_digest')!r} is another encoder configuration's (this one's is "
+            f"{digest!r}); run energon-platform calibrate again with this config",
+        )
+    return CostModel({n: float(coefficients[n]) for n in FEATURES}, str(data.get("model")), digest)
+
+
+def _read_json(path: Path) -> dict:
+    """The JSON object in ``path``; :class:`CostFileError` when missing, unreadable or not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CostFileError(
+            str(path), "", "file not found (write it with energon-platform calibrate)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CostFileError(str(path), "", f"cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise CostFileError(str(path), "", f"not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CostFileError(
+            str(path), "", f"top level is {type(data).__name__} (expected an object)"
+        )
+    return data
+
+
+def _field(ok: bool, source: str, key: str, data: dict, expected: Any) -> None:
+    if not ok:
+        raise CostFileError(source, key, f"got {data.get(key)!r} (expected {expected})")
+
+
+def feature_matrix(vectors: Iterable[Mapping[str, float]]) -> np.ndarray:
+    """float64 ``(B, len(FEATURES))``: the vectors' values in :data:`FEATURES` order."""
+    return np.array(
+        [[float(v.get(name, 0.0)) for name in FEATURES] for v in vectors], dtype=np.float64
+    ).reshape(-1, len(FEATURES))
+
+
+def spread(matrix: np.ndarray, n: int) -> list[int]:
+    """Indices of ``n`` rows of ``matrix`` that spread its values: farthest-point selection in
+    the space where each feature is divided by its largest value, starting at the largest row."""
+    scale = matrix.max(axis=0)
+    points = matrix / np.where(scale > 0, scale, 1.0)
+    chosen = [int(np.argmax(points.sum(axis=1)))]
+    distance = np.linalg.norm(points - points[chosen[0]], axis=1)
+    while len(chosen) < min(n, len(points)):
+        chosen.append(int(np.argmax(distance)))
+        distance = np.minimum(distance, np.linalg.norm(points - points[chosen[-1]], axis=1))
+    return chosen
+
+
+def time_step(model: torch.nn.Module, batch: Any, repeats: int) -> float:
+    """Seconds of one forward + backward of ``model`` on ``batch``: the least of ``repeats`` runs
+    after one warm-up run."""
+    times = []
+    for _ in range(repeats + 1):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        model(batch).backward()
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
+def fit(matrix: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Non-negative least-squares coefficients of ``seconds ≈ matrix @ coef`` (columns scaled to
+    a largest value of 1 for the solver; a feature that is always 0 gets 0)."""
+    from scipy.optimize import nnls
+
+    scale = matrix.max(axis=0)
+    scale = np.where(scale > 0, scale, 1.0)
+    coef, _ = nnls(matrix / scale, seconds)
+    return coef / scale
+
+
+def r_squared(seconds: np.ndarray, predicted: np.ndarray) -> float:
+    """1 - residual / total sum of squares (1.0 when every time is the same and predicted so)."""
+    total = float(((seconds - seconds.mean()) ** 2).sum())
+    residual = float(((seconds - predicted) ** 2).sum())
+    return 1.0 - residual / total if total > 0 else float(residual == 0)
+
+
+def calibrate(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    features: Features,
+    *,
+    micro_batches: int = 24,
+    repeats: int = 3,
+    pool: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """The cost report (module doc, without ``model`` and ``encoder_digest``) of ``model`` on
+    ``micro_batches`` of the first ``pool`` (default 4x) ``batches``, chosen by :func:`spread` of
+    ``features(batch)``. Runs on one thread (restored after). :class:`CalibrationError` when fewer
+    than :data:`HOLD_EVERY` micro-batches can be timed."""
+    drawn = _draw(batches, pool or 4 * micro_batches)
+    matrix = feature_matrix([features(b) for b in drawn])
+    chosen = spread(matrix, micro_batches)
+    if len(chosen) < HOLD_EVERY:
+        raise CalibrationError(
+            f"{len(chosen)} micro-batch(es) to time; at least {HOLD_EVERY} are needed "
+            "(three to fit, one held back)"
+        )
+    seconds = _timed(model, [drawn[i] for i in chosen], repeats, progress)
+    return _report(matrix[chosen], seconds, repeats)
+
+
+def _draw(batches: Iterable[Any], count: int) -> list:
+    """The first ``count`` batches of ``batches`` (fewer if it ends)."""
+    drawn = []
+    for batch in batches:
+        drawn.append(batch)
+        if len(drawn) >= count:
+            break
+    return drawn
+
+
+def _timed(model: torch.nn.Module, batches: list, repeats: int, progress: bool) -> np.ndarray:
+    """:func:`time_step` of every batch, on one thread, with a progress bar."""
+    from tqdm import tqdm
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.train()
+        bar = tqdm(batches, desc="timing micro-batches", unit="batch", disable=not progress)
+        return np.array([time_step(model, b, repeats) for b in bar])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _report(matrix: np.ndarray, seconds: np.ndarray, repeats: int) -> dict:
+    """Fit on all but every :data:`HOLD_EVERY`-th row, measure the error on those."""
+    held = np.arange(len(seconds)) % HOLD_EVERY == HOLD_EVERY - 1
+    coef = fit(matrix[~held], seconds[~held])
+    predicted = matrix @ coef
+    errors = np.abs(predicted[held] - seconds[held]) / seconds[held]
+    parts = (matrix * coef).sum(axis=0)
+    return {
+        "format_version": FORMAT_VERSION,
+        "features": list(FEATURES),
+        "coefficients": dict(zip(FEATURES, coef.tolist(), strict=True)),
+        "r2": r_squared(seconds[~held], predicted[~held]),
+        "share": dict(zip(FEATURES, (parts / max(parts.sum(), 1e-300)).tolist(), strict=True)),
+        "p50_error": float(np.percentile(errors, 50)),
+        "p90_error": float(np.percentile(errors, 90)),
+        "micro_batches": len(seconds),
+        "repeats": repeats,
+        "rows": [
+            {
+                "features": dict(zip(FEATURES, row.tolist(), strict=True)),
+                "seconds": float(s),
+                "predicted": float(p),
+                "held_back": bool(h),
+            }
+            for row, s, p, h in zip(matrix, seconds, predicted, held, strict=True)
+        ],
+    }
+
+
+def check_fit(report: dict, max_p90: float = MAX_P90_ERROR) -> None:
+    """:class:`CalibrationError` when the held-back p90 relative error exceeds ``max_p90``."""
+    if report["p90_error"] > max_p90:
+        raise CalibrationError(
+            f"the fit's p90 relative error on held-back micro-batches is "
+            f"{report['p90_error']:.1%} (more than {max_p90:.0%}); time more micro-batches "
+            "(--micro-batches) or repeats (--repeats) on a quiet machine"
+        )
+
+
+def format_table(report: dict) -> str:
+    """Predicted vs measured milliseconds per timed micro-batch, then the held-back errors."""
+    lines = [f"{'micro-batch':>11}  {'measured ms':>11}  {'predicted ms':>12}  {'error':>7}"]
+    for i, row in enumerate(report["rows"]):
+        error = abs(row["predicted"] - row["seconds"]) / row["seconds"]
+        mark = " (held back)" if row["held_back"] else ""
+        lines.append(
+            f"{i:>11}  {1e3 * row['seconds']:>11.2f}  {1e3 * row['predicted']:>12.2f}  {error:>7.1%}{mark}"
+        )
+    lines.append(
+        f"held back: p50 error {report['p50_error']:.1%}, p90 error {report['p90_error']:.1%}; "
+        f"fit R² {report['r2']:.3f}"
+    )
+    return "\n".join(lines)
+
+
+def write_report(report: dict, path: str | Path) -> None:
+    """Write the cost file (atomically: a temporary file renamed into place)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def load_factory(spec: str) -> Callable[[Any], torch.nn.Module]:
+    """``FILE_OR_MODULE:FACTORY`` → the factory: a ``.py`` file's or an importable module's
+    attribute. :class:`CalibrationError` naming what is missing."""
+    import importlib
+    import importlib.util
+
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise CalibrationError(f"--model {spec!r}: expected FILE_OR_MODULE:FACTORY")
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise CalibrationError(f"--model {spec!r}: file {where} not found")
+        module_spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise CalibrationError(f"--model {spec!r}: cannot import {where} ({e})") from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise CalibrationError(f"--model {spec!r}: {where} has no callable {name}")
+    return factory
+
+
+def batch_features_of(encoder: Any) -> Features:
+    """The encoder's ``batch_features`` (the features contract); :class:`CalibrationError` when it
+    states none."""
+    found = getattr(encoder, "batch_features", None)
+    if not callable(found):
+        raise CalibrationError(
+            f"encoder {type(encoder).__name__} has no batch_features(batch) to read a "
+            "micro-batch's cost features from"
+        )
+    return found
+
+
+def calibrate_run(
+    cfg: Any,
+    factory: Callable[[Any], torch.nn.Module] | None = None,
+    *,
+    model_name: str = "two_tower",
+    features: Features | None = None,
+    micro_batches: int = 24,
+    repeats: int = 3,
+    progress: bool = True,
+) -> dict:
+    """The cost report (module doc) of ``factory(encoder)`` (default: the two-tower model of
+    ``cfg.model``) on micro-batches of ``cfg``'s training data (a ``TrainLoader`` without
+    workers). ``features``: a batch's cost features (default: the encoder's ``batch_features``)."""
+    import dataclasses
+
+    from energon_platform import TrainLoader
+    from energon_platform.training.two_tower import build_model
+
+    loader = TrainLoader(cfg, num_workers=0)
+    encoder = loader.encoder
+    features = features or batch_features_of(encoder)
+    if factory is None:
+        model = build_model(dataclasses.replace(cfg.model, kind="two_tower"), encoder)
+    else:
+        model = factory(encoder)
+    report = calibrate(
+        model, loader, features, micro_batches=micro_batches, repeats=repeats, progress=progress
+    )
+    return {**report, "model": model_name, "encoder_digest": encoder_digest(encoder)}
