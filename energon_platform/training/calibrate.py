@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from energon_platform.loader.fingerprint import encoder_digest
 from task_encoders.config import ConfigError
 from task_encoders.features import FEATURES
 
@@ -47,14 +48,6 @@ class CostFileError(ConfigError):
 
 class CalibrationError(ValueError):
     """A calibration that cannot give a usable cost model (too few micro-batches, a poor fit)."""
-
-
-def encoder_digest(encoder: Any) -> str:
-    """The digest of the encoder's configuration, as the loader fingerprints it (the one place
-    this module asks the loader for it)."""
-    from energon_platform.loader.train_loader import _digest, _encoder_config
-
-    return _digest(_encoder_config(encoder))
 
 
 @dataclass(frozen=True)
