@@ -101,6 +101,12 @@ CASES = [
         12,
     ),
     ("waveform_text", _config("waveform_text.yaml"), ("speech",), 6),
+    (
+        "waveform_text_resampled_short",
+        _config("waveform_text.yaml", waveform={"sample_rate": 8000, "max_seconds": 1.2}),
+        ("speech",),
+        6,
+    ),
     ("video_text", _config("video_text.yaml"), ("video",), 6),
     ("video_text_small", _config("video_text_small.yaml"), ("video",), 8),
     (
@@ -186,15 +192,15 @@ def _views(encoder, doc) -> tuple:
 def held_features(media: dict) -> dict[str, float]:
     """The media features of a document's tensors, read by their names and shapes: an ``image``
     (C, H, W) is one vision tile, ``images`` (T, C, t, t) are T tiles, a ``video`` (F, C, h, w) F
-    frames; ``features`` or a clip's ``audio`` (n_mels, A) are A audio frames; ``points`` (P, C)
-    are P points."""
+    frames; ``features`` or a clip's ``audio`` (n_mels, A) are A audio frames, a ``waveform`` (S,)
+    S; ``points`` (P, C) are P points."""
     from task_encoders.features import features
 
     shapes = {name: tuple(value.shape) for name, value in media.items() if hasattr(value, "shape")}
     return features(
         vision_tiles=sum(shapes[n][0] for n in ("images", "video") if n in shapes)
         + ("image" in shapes),
-        audio_frames=sum(shapes[n][-1] for n in ("features", "audio") if n in shapes),
+        audio_frames=sum(shapes[n][-1] for n in ("features", "audio", "waveform") if n in shapes),
         points=shapes["points"][0] if "points" in shapes else 0,
     )
 
