@@ -160,7 +160,7 @@ def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]
                     "dataset": "ds",
                 }
                 doc = _outcome(lambda: encoder.encode(sample))
-                encoded = doc[0], doc[1] if doc[0] == "rejected" else _views(encoder, doc[1])
+                encoded = doc[0], doc[1] if doc[0] == "rejected" else encoded_views(encoder, doc[1])
                 derived = _outcome(
                     lambda: (
                         encoder.sample_length(facts, key, epoch),
@@ -179,7 +179,7 @@ def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]
     return seen
 
 
-def _views(encoder, doc) -> tuple:
+def encoded_views(encoder, doc) -> tuple:
     """``(encoded_length, encoded_features)`` of an encoded document; the features checked against
     what the document holds (:func:`held_features`)."""
     from task_encoders.features import summed, text_features
