@@ -158,6 +158,17 @@ def audio_header(audio: Any) -> tuple[int, int]:
     return int(info.frames), int(info.samplerate)
 
 
+def resampled_length(num_samples: int, orig_rate: int, new_rate: int) -> int:
+    """Samples of ``torchaudio.functional.resample`` of ``num_samples`` samples from ``orig_rate`` to
+    ``new_rate``, without it: ``ceil(new * n / orig)`` after dividing both rates by their gcd, in
+    float32 as torchaudio computes it (``num_samples`` when the rates are equal)."""
+    if orig_rate == new_rate:
+        return num_samples
+    gcd = math.gcd(int(orig_rate), int(new_rate))
+    orig, new = int(orig_rate) // gcd, int(new_rate) // gcd
+    return int(torch.ceil(torch.as_tensor(new * num_samples / orig)).long())
+
+
 def to_float_mono(clip: torch.Tensor) -> torch.Tensor:
     """``(channels, samples)`` of any dtype → float32 ``(samples,)`` in [-1, 1] (channel mean)."""
     if clip.dtype == torch.uint8:
@@ -188,14 +199,11 @@ class LogMel:
 
     def num_frames(self, num_samples: int, sample_rate: int) -> int:
         """Frames of ``self(waveform, sample_rate)`` for a waveform of ``num_samples`` samples, without
-        it: torchaudio's resampled length (``ceil(new * n / orig)`` after dividing both rates by their
-        gcd, in float32 as torchaudio computes it), the cut, then the centred STFT's frame count."""
-        n = num_samples
-        if sample_rate != self.config.sample_rate:
-            gcd = math.gcd(int(sample_rate), int(self.config.sample_rate))
-            orig, new = int(sample_rate) // gcd, int(self.config.sample_rate) // gcd
-            n = int(torch.ceil(torch.as_tensor(new * n / orig)).long())
-        n = min(n, self.max_samples)
+        it: the resampled length (:func:`resampled_length`), the cut, then the centred STFT's frame
+        count."""
+        n = min(
+            resampled_length(num_samples, sample_rate, self.config.sample_rate), self.max_samples
+        )
         n_fft = self.config.n_fft
         return 1 + (n + 2 * (n_fft // 2) - n_fft) // self.config.hop_length
 

@@ -24,6 +24,7 @@ from task_encoders.audio_features import (
 )
 from task_encoders.config import EncoderConfig
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.features import features
 from task_encoders.registry import register
 from task_encoders.sequences import pad_stack
 
@@ -71,6 +72,13 @@ class AudioTextTaskEncoder(DocumentTaskEncoder):
     def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
         row, _ = super().encoded_length(doc)
         return row, row + int(doc.media["features"].shape[-1])
+
+    # --- cost features: the work outside the row is the log-mel frames ---------------------------
+
+    work_feature = "audio_frames"
+
+    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+        return features(audio_frames=int(batch.feature_lengths.sum()))
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
         clip, rate = decode_audio(sample.audio)

@@ -26,6 +26,7 @@ import torch
 from megatron.energon import Batch, Sample, edataclass, stateless
 
 from task_encoders.base import ConfigLike, SeededTaskEncoder
+from task_encoders.features import FEATURES, features, summed, text_features
 from task_encoders.seeding import sample_key
 from task_encoders.sequences import collate_rows, first_fit_decreasing, layout_row
 from task_encoders.tokenization import TextTokenizer
@@ -207,6 +208,72 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         """Length of ``TextTokenizer.encode`` of a text of ``content_tokens`` tokens: BOS + content cut
         to ``seq_len - 2`` + EOS."""
         return min(content_tokens, self.seq_len - 2) + 2
+
+    # --- cost features (task_encoders.features) -----------------------------------------------
+    #
+    # Three views of a document's cost, equal for the same sample at the same epoch:
+    # ``sample_features(facts, key, epoch)`` (the length index's facts, no decoding; raises as
+    # ``sample_length`` does), ``encoded_features(doc)`` and ``batch_features(batch)`` (the sum over
+    # the batch's documents, read from its tensors, packed or not). Each is the language model's
+    # part (``samples``, ``llm_tokens`` = the row length, ``llm_attention``), shared here, plus the
+    # media's part, which is what a modality states:
+    #
+    # * ``work_feature``: the feature that the work outside the row counts (``work_length -
+    #   row_length``: audio frames, video frames, points); the fact and document views follow from
+    #   the lengths. Or override :meth:`fact_media_features` and :meth:`doc_media_features`.
+    # * :meth:`batch_media_features`: the same feature read from the batch's media tensors.
+
+    #: The cost feature the work outside the row counts (None: no such work); a name of FEATURES.
+    work_feature: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if cls.work_feature is not None and cls.work_feature not in FEATURES:
+            raise TypeError(
+                f"{cls.__qualname__}.work_feature is {cls.work_feature!r}, not a cost feature; "
+                f"one of {list(FEATURES)} (task_encoders.features)"
+            )
+
+    def sample_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
+        """The cost features of the sample of these facts, final ``key`` and ``epoch`` (no decoding)."""
+        row, _ = self.sample_length(facts, key, epoch)
+        return summed([text_features(row), self.fact_media_features(facts, key, epoch)])
+
+    def encoded_features(self, doc: EncodedDoc) -> dict[str, float]:
+        """The cost features of an encoded document."""
+        row, _ = self.encoded_length(doc)
+        return summed([text_features(row), self.doc_media_features(doc)])
+
+    def batch_features(self, batch: TextBatch) -> dict[str, float]:
+        """The sum of the cost features of the documents ``batch`` holds, from its tensors."""
+        lengths = self.batch_row_lengths(batch).to(torch.float64)
+        text = features(
+            samples=lengths.numel(),
+            llm_tokens=float(lengths.sum()),
+            llm_attention=float((lengths * lengths).sum()),
+        )
+        return summed([text, self.batch_media_features(batch)])
+
+    def fact_media_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
+        """The media's features from the facts: ``work_feature`` counts ``work - row``."""
+        return self.work_features(self.sample_length(facts, key, epoch))
+
+    def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
+        """The media's features of an encoded document: ``work_feature`` counts ``work - row``."""
+        return self.work_features(self.encoded_length(doc))
+
+    def work_features(self, lengths: tuple[int, int]) -> dict[str, float]:
+        """``{work_feature: work - row}`` of ``(row, work)`` lengths (nothing without one)."""
+        row, work = lengths
+        return features(**({self.work_feature: work - row} if self.work_feature else {}))
+
+    def batch_row_lengths(self, batch: TextBatch) -> torch.Tensor:
+        """``(D,)`` row lengths of the batch's documents (what ``encoded_length`` gives as row)."""
+        return batch.doc_lengths
+
+    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+        """The media's features summed over the batch's documents (none for plain text)."""
+        return features()
 
     # --- packing and batching ------------------------------------------------------------------
 

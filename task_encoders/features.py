@@ -5,10 +5,13 @@ audio encoder once per frame, the language model once per position (linear and q
 Every encoder states, for a sample, a small named vector over :data:`FEATURES`:
 
 * ``samples``: 1 per sample (a constant per-sample cost);
-* ``llm_tokens``: positions the language model sees for the sample (its row length, L);
+* ``llm_tokens``: positions the language model sees for the sample (its row length, L: text tokens
+  plus the image embedding positions spliced in for the placeholders, where an encoder splices);
 * ``llm_attention``: L², the causal attention term (documents are masked to themselves);
-* ``vision_tiles``: images and video frames through the vision tower, counted in tiles;
-* ``audio_frames``: feature frames through the audio encoder;
+* ``vision_tiles``: what goes through the vision tower: tiles, or whole images and video frames
+  where the encoder does not tile;
+* ``audio_frames``: frames through the audio encoder: log-mel feature frames, or waveform samples
+  for an encoder that feeds the waveform itself;
 * ``points``: points through the point-cloud encoder.
 
 The contract, per encoder (the same three views of one sample must agree exactly):
@@ -18,7 +21,9 @@ The contract, per encoder (the same three views of one sample must agree exactly
 * ``batch_features(batch) -> dict``: the sum over the documents a batch holds, read from the
   batch's tensors (what a micro-batch costs, for timing a model in ``calibrate``).
 
-A feature an encoder does not produce is 0. Values are floats >= 0.
+A feature an encoder does not produce is 0. Values are floats >= 0 (integers, exact as floats).
+The shared logic is :class:`task_encoders.documents.DocumentTaskEncoder`'s; a modality states only
+its media's part (see there).
 """
 
 from __future__ import annotations
@@ -51,9 +56,10 @@ def text_features(length: int) -> dict[str, float]:
 
 
 def summed(vectors: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """The element-wise sum of feature vectors (a batch's features from its documents')."""
+    """The element-wise sum of feature vectors (a batch's features from its documents'); a full
+    vector. An unknown name is a ``KeyError`` naming it (:func:`features`)."""
     total = features()
     for vector in vectors:
-        for name, value in vector.items():
-            total[name] += float(value)
+        for name, value in features(**vector).items():
+            total[name] += value
     return total

@@ -23,6 +23,7 @@ from megatron.energon import edataclass
 
 from task_encoders.config import At, EncoderConfig, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.features import features
 from task_encoders.image_transforms import (
     TransformSpec,
     build_pipeline,
@@ -254,6 +255,17 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
         if not isinstance(image, torch.Tensor) or image.ndim != 3:
             raise TypeError(f"expected a (C, H, W) image tensor, got {type(image).__name__}")
         return image if image.is_floating_point() else image.float() / 255.0
+
+    # --- cost features: one whole image per document through the vision tower -------------------
+
+    def fact_media_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
+        return features(vision_tiles=1)
+
+    def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
+        return features(vision_tiles=1)  # doc.media["image"]: its one image
+
+    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+        return features(vision_tiles=batch.images.shape[0])
 
     # --- batching ------------------------------------------------------------------------------
 

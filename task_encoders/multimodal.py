@@ -56,6 +56,7 @@ from megatron.energon.errors import FatalSampleError
 from task_encoders.audio_text import AudioTextBatch
 from task_encoders.config import At, EncoderConfig, TextConfig, parse, read_yaml, to_plain
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.features import summed
 from task_encoders.image_text import ImageTextBatch
 from task_encoders.pointcloud_text import PointCloudTextBatch
 from task_encoders.registry import _import_module, encoder_class, register
@@ -389,6 +390,23 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
 
     def encoded_length(self, doc: MultimodalDoc) -> tuple[int, int]:
         return self.encoders[doc.modality].encoded_length(doc)
+
+    # --- cost features, dispatched like the lengths -------------------------------------------
+
+    def sample_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
+        encoder = list(self.encoders.values())[facts[0]]
+        return encoder.sample_features(tuple(facts[1 : 1 + encoder.facts_width]), key, epoch)
+
+    def encoded_features(self, doc: MultimodalDoc) -> dict[str, float]:
+        return self.encoders[doc.modality].encoded_features(doc)
+
+    def batch_media_features(self, batch: MultimodalBatch) -> dict[str, float]:
+        """Each configured media kind's features, read by its first modality encoder from the
+        batch's fields of that kind (the fields its ``collate_media`` made)."""
+        return summed(
+            self._collator(kind).batch_media_features(batch)
+            for kind in sorted(set(self.kinds.values()) - {"text"})
+        )
 
     def collate_media(self, docs: list[MultimodalDoc]) -> dict[str, Any]:
         """Each kind's documents (in document order) through the ``collate_media`` of the first

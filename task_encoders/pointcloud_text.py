@@ -33,6 +33,7 @@ from megatron.energon import edataclass
 from converters.mesh3d import Geometry, load, sample_surface, sniff
 from task_encoders.config import At, EncoderConfig, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.features import features
 from task_encoders.registry import register
 
 _AXES = {"x": 0, "y": 1, "z": 2}
@@ -220,3 +221,11 @@ class PointCloudTextTaskEncoder(DocumentTaskEncoder):
     def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
         row, _ = super().encoded_length(doc)
         return row, row + int(doc.media["points"].shape[0])
+
+    # --- cost features: the work outside the row is the cloud's points ---------------------------
+
+    work_feature = "points"
+
+    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+        """Every cloud has ``points.shape[1]`` points (a dropped point is replaced, not removed)."""
+        return features(points=batch.points.shape[0] * batch.points.shape[1])

@@ -39,6 +39,7 @@ from torchvision import tv_tensors
 from task_encoders.audio_features import AudioConfig, LogMel, spec_augment, to_float_mono
 from task_encoders.config import At, EncoderConfig, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.features import features
 from task_encoders.image_text import ImageConfig
 from task_encoders.image_transforms import TransformSpec
 from task_encoders.registry import register
@@ -332,6 +333,23 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
         return row, row + int(doc.media["video"].shape[0]) + (
             int(audio.shape[-1]) if audio is not None else 0
         )
+
+    # --- cost features: every clip frame is one vision tile; the clip's audio frames --------------
+
+    work_feature = "vision_tiles"  # the facts' view: sample_length refuses video.audio
+
+    def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
+        audio = doc.media.get("audio")
+        return features(
+            vision_tiles=doc.media["video"].shape[0],
+            audio_frames=audio.shape[-1] if audio is not None else 0,
+        )
+
+    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+        """Real frames (``num_frames``, not the padding) and, with ``video.audio``, audio frames
+        (a multimodal batch carries no clip audio: the config refuses ``video.audio`` there)."""
+        audio = int(batch.audio_lengths.sum()) if self.log_mel is not None else 0
+        return features(vision_tiles=int(batch.num_frames.sum()), audio_frames=audio)
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
         total, fps, has_audio = video_facts(sample)

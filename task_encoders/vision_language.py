@@ -38,6 +38,7 @@ import torch
 from megatron.energon import edataclass
 
 from task_encoders.documents import EncodedDoc, Pack, TextBatch, length_probe
+from task_encoders.features import features
 from task_encoders.image_text import ImageTextTaskEncoder, image_size
 from task_encoders.registry import register_variant
 from task_encoders.seeding import sample_key, seeded_global_torch
@@ -294,6 +295,21 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
     def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
         row = self.spliced_length(doc)
         return row, row
+
+    # --- cost features: the row is the spliced length; every tile goes through the vision tower --
+
+    def fact_media_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
+        _, _, num_tiles = self.document_layout(facts, key, epoch)
+        return features(vision_tiles=num_tiles)
+
+    def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
+        return features(vision_tiles=int(doc.media["num_tiles"].sum()))
+
+    def batch_row_lengths(self, batch: TextBatch) -> torch.Tensor:
+        return batch.spliced_lengths
+
+    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+        return features(vision_tiles=batch.images.shape[0])
 
     # --- packing and batching ------------------------------------------------------------------
 

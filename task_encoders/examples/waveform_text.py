@@ -16,9 +16,10 @@ import torch
 import torchaudio
 from megatron.energon import edataclass
 
-from task_encoders.audio_features import decode_audio, to_float_mono
+from task_encoders.audio_features import audio_header, decode_audio, resampled_length, to_float_mono
 from task_encoders.config import At, EncoderConfig, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
+from task_encoders.features import features
 from task_encoders.registry import register
 from task_encoders.sequences import pad_stack
 
@@ -91,3 +92,25 @@ class WaveformTextTaskEncoder(DocumentTaskEncoder):
     def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
         waves, lengths = pad_stack([d.media["waveform"] for d in docs])
         return {"waveforms": waves, "waveform_lengths": lengths}
+
+    # --- lengths and cost without decoding: the work outside the row is the waveform's samples ---
+
+    facts_width = 3
+    work_feature = "audio_frames"
+
+    def sample_facts(self, sample: Any) -> tuple[int, ...]:
+        """``(transcript tokens, audio samples, sample rate)`` (the audio file's header)."""
+        return (*super().sample_facts(sample), *audio_header(sample.audio))
+
+    def sample_length(self, facts: tuple[int, ...], key: str, epoch: int) -> tuple[int, int]:
+        cfg = self.config.waveform
+        row, _ = super().sample_length(facts[:1], key, epoch)
+        samples = resampled_length(facts[1], facts[2], cfg.sample_rate)
+        return row, row + min(samples, int(cfg.max_seconds * cfg.sample_rate))
+
+    def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
+        row, _ = super().encoded_length(doc)
+        return row, row + int(doc.media["waveform"].numel())
+
+    def batch_media_features(self, batch: WaveformTextBatch) -> dict[str, float]:
+        return features(audio_frames=int(batch.waveform_lengths.sum()))

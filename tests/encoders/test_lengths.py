@@ -1,10 +1,14 @@
-"""Lengths without decoding: for every shipped encoder config and the embedded corpus it
-applies to, the length an encoder derives from a *light* sample (media as file bytes) equals the
-length of the sample it encodes, at several epochs, for the final key the loader gives it.
+"""Lengths and cost features without decoding: for every shipped encoder config and the embedded
+corpus it applies to, the length and the cost features (:mod:`task_encoders.features`) an encoder
+derives from a *light* sample (media as file bytes) equal those of the sample it encodes, at several
+epochs, for the final key the loader gives it; and a batch of those documents, packed or not, costs
+the sum of its documents.
 
-``sample_length(sample_facts(light), key, epoch) == encoded_length(encode(decoded))`` for a subset of
-each corpus; a sample the encoder rejects (``ValueError``: e.g. a conversation whose answer does not
-fit) must be rejected by ``sample_length`` too. Configs whose lengths the encoders cannot derive
+``sample_length(sample_facts(light), key, epoch) == encoded_length(encode(decoded))`` and
+``sample_features(...) == encoded_features(...)`` for a subset of each corpus; a sample the encoder
+rejects (``ValueError``: e.g. a conversation whose answer does not fit) must be rejected by
+``sample_length`` and ``sample_features`` too. ``batch_features(batch) ==
+summed(encoded_features(doc) for its docs)``. Configs whose lengths the encoders cannot derive
 without decoding are pinned to raise ``NotImplementedError``.
 """
 
@@ -18,7 +22,7 @@ import yaml
 from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
 
 ENCODERS = REPO / "configs" / "encoders"
-EPOCHS = (0, 1, 3)
+EPOCHS = (0, 1, 2)
 PREFIX = "ds:"  # the loader's "{dataset}:" key prefix in metadataset runs
 
 
@@ -97,6 +101,12 @@ CASES = [
         12,
     ),
     ("waveform_text", _config("waveform_text.yaml"), ("speech",), 6),
+    (
+        "waveform_text_resampled_short",
+        _config("waveform_text.yaml", waveform={"sample_rate": 8000, "max_seconds": 1.2}),
+        ("speech",),
+        6,
+    ),
     ("video_text", _config("video_text.yaml"), ("video",), 6),
     ("video_text_small", _config("video_text_small.yaml"), ("video",), 8),
     (
@@ -124,11 +134,14 @@ def _outcome(fn):
 
 
 def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]:
-    """Compare derived and encoded lengths (module doc); returns counts of what was seen."""
+    """Compare derived and encoded lengths and cost features, then the cost features of a batch of
+    each epoch's encoded documents (module doc); returns counts of what was seen (``shared_rows``:
+    rows of a packed batch that hold several documents)."""
     from energon_platform.loader.light_sample import light_sample
     from energon_platform.loader.source import SampleSource
 
-    seen = {"ok": 0, "rejected": 0, "cut": 0}
+    seen = {"ok": 0, "rejected": 0, "cut": 0, "shared_rows": 0}
+    docs: dict[int, list] = {epoch: [] for epoch in EPOCHS}
     for path in paths:
         source = SampleSource(str(path), "train")
         for i in _spread(len(source), per_corpus):
@@ -146,14 +159,64 @@ def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]
                     "epoch": epoch,
                     "dataset": "ds",
                 }
-                encoded = _outcome(lambda: encoder.encoded_length(encoder.encode(sample)))
-                derived = _outcome(lambda: encoder.sample_length(facts, key, epoch))
+                doc = _outcome(lambda: encoder.encode(sample))
+                encoded = doc[0], doc[1] if doc[0] == "rejected" else encoded_views(encoder, doc[1])
+                derived = _outcome(
+                    lambda: (
+                        encoder.sample_length(facts, key, epoch),
+                        encoder.sample_features(facts, key, epoch),
+                    )
+                )
                 assert derived == encoded, (
                     f"{path.name} sample {i} ({key}) epoch {epoch}: derived {derived}, encoded {encoded}"
                 )
                 seen[encoded[0]] += 1
-                seen["cut"] += encoded[0] == "ok" and encoded[1][0] >= encoder.seq_len - 1
+                if encoded[0] == "ok":
+                    seen["cut"] += encoded[1][0][0] >= encoder.seq_len - 1
+                    docs[epoch].append(doc[1])
+    for epoch_docs in docs.values():
+        seen["shared_rows"] += check_batch_features(encoder, epoch_docs)
     return seen
+
+
+def encoded_views(encoder, doc) -> tuple:
+    """``(encoded_length, encoded_features)`` of an encoded document; the features checked against
+    what the document holds (:func:`held_features`)."""
+    from task_encoders.features import summed, text_features
+
+    lengths, vector = encoder.encoded_length(doc), encoder.encoded_features(doc)
+    assert vector == summed([text_features(lengths[0]), held_features(doc.media)]), vector
+    return lengths, vector
+
+
+def held_features(media: dict) -> dict[str, float]:
+    """The media features of a document's tensors, read by their names and shapes: an ``image``
+    (C, H, W) is one vision tile, ``images`` (T, C, t, t) are T tiles, a ``video`` (F, C, h, w) F
+    frames; ``features`` or a clip's ``audio`` (n_mels, A) are A audio frames, a ``waveform`` (S,)
+    S; ``points`` (P, C) are P points."""
+    from task_encoders.features import features
+
+    shapes = {name: tuple(value.shape) for name, value in media.items() if hasattr(value, "shape")}
+    return features(
+        vision_tiles=sum(shapes[n][0] for n in ("images", "video") if n in shapes)
+        + ("image" in shapes),
+        audio_frames=sum(shapes[n][-1] for n in ("features", "audio", "waveform") if n in shapes),
+        points=shapes["points"][0] if "points" in shapes else 0,
+    )
+
+
+def check_batch_features(encoder, docs: list) -> int:
+    """``batch_features`` of ``docs`` collated one per row and packed equal the sum of their
+    ``encoded_features``; returns the packed batch's rows that hold several documents."""
+    from task_encoders.features import summed
+
+    if not docs:
+        return 0
+    expected = summed(encoder.encoded_features(d) for d in docs)
+    packs = [encoder.pack_selected_samples(g) for g in encoder.select_samples_to_pack(docs)]
+    assert encoder.batch_features(encoder.batch(docs)) == expected
+    assert encoder.batch_features(encoder.batch(packs)) == expected
+    return sum(len(p.docs) > 1 for p in packs)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -168,6 +231,8 @@ def test_derived_lengths_equal_encoded_lengths(case, corpora, tokenizer_dir):
         assert seen["cut"] > 0, seen
     if name == "conversation_cut":
         assert seen["rejected"] > 0, seen
+    if seen["cut"] == 0:  # no document fills its row: the packed batches share rows
+        assert seen["shared_rows"] > 0, seen
 
 
 def test_evaluation_lengths_equal_encoded_lengths(corpora):

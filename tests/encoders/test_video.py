@@ -268,6 +268,20 @@ def test_batch_fields_padding_and_audio_features(shards, tokenizer_dir):
     assert plain.audio_features.shape == (3, 0, 0) and plain.audio_lengths.tolist() == [0, 0, 0]
 
 
+def test_cost_features_count_clip_frames_and_their_audio_frames(samples, tokenizer_dir):
+    """With ``video.audio`` (whose lengths are not derived from headers) the document and batch
+    views of the cost still agree: frames as vision tiles, the clip's log-mel frames as audio."""
+    from task_encoders.features import summed
+    from tests.encoders.test_lengths import check_batch_features, encoded_views
+
+    encoder = video_encoder(tokenizer_dir, audio=SMALL_AUDIO, num_frames=12, stride=3)
+    docs = [encoder.encode(s) for s in samples]
+    vectors = [encoded_views(encoder, d)[1] for d in docs]
+    check_batch_features(encoder, docs)
+    total = summed(vectors)
+    assert total["audio_frames"] > 0 and total["vision_tiles"] > len(docs), total
+
+
 # ---------------------------------------------------------------- determinism
 
 
