@@ -84,13 +84,16 @@ class LengthIndex:
 def index_folder(
     source: Any, encoder: Any, encoder_digest: str, cache_dir: Path | None = None
 ) -> Path:
-    """Where the index of ``source`` under ``encoder`` lives (a digest of both identities)."""
+    """Where the index of ``source`` under ``encoder`` lives (a digest of both identities and of
+    the width of the encoder's facts: an encoder that states more facts than its index holds
+    builds a new index instead of reading an old one)."""
     ident = {
         "format": FORMAT,
         "dataset": source.identity(),
         "path": str(source.path),
         "encoder": type(encoder).__name__,
         "config": encoder_digest,
+        "width": int(getattr(encoder, "facts_width", 1)),
     }
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[
         :24

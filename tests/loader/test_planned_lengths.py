@@ -138,3 +138,14 @@ def test_a_state_of_the_previous_planner_resumes_with_this_one(coco, caplog):
 
     with pytest.raises(StateMismatchError, match="balance"):
         _loader(data, str(VLM), base / "lengths_old_planner").load_state_dict(state)
+
+
+def test_an_encoder_stating_more_facts_than_its_index_holds_gets_its_own_index(coco):
+    from energon_platform.loader.lengths import index_folder
+
+    base, data = coco
+    loader = _loader(data, str(VLM), base / "width_cache")
+    source, encoder = loader.datasets.entries[0].source, loader.encoder
+    before = index_folder(source, encoder, "digest")
+    encoder.facts_width += 1  # this encoder instance now states one more fact per sample
+    assert index_folder(source, encoder, "digest") != before
