@@ -11,6 +11,8 @@ resumes exactly after a SIGKILL on another layout.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -125,3 +127,150 @@ def test_rank_costs_of_a_measured_plan_are_the_models_predictions():
         model.predict(dict(zip(FEATURES, works[p % 4]))) for item in plan.items for p in item
     )
     assert sum(rank_costs(plan, deal_plan(plan, 2, 1, fixed=True))) == pytest.approx(total)
+
+
+# ------------------------------------------------------------------ through the loader and the CLI
+
+from tests.loader.test_balance import three_packed  # noqa: E402,F401  (the packed blend fixture)
+
+ENCODER_YAML = "configs/encoders/multimodal_packed.yaml"
+
+
+def _cost_file(path, **coefficients):
+    """A cost file for the packed multimodal encoder with these coefficients (others 0)."""
+    from energon_platform.loader.fingerprint import encoder_digest
+    from energon_platform.training.calibrate import write_report
+    from task_encoders.registry import get_encoder
+    from tests.helpers.demo_datasets import REPO
+
+    data = {
+        "format_version": 1,
+        "features": list(FEATURES),
+        "coefficients": {**dict.fromkeys(FEATURES, 0.0), **coefficients},
+        "model": "two_tower",
+        "encoder_digest": encoder_digest(get_encoder(str(REPO / ENCODER_YAML))),
+    }
+    write_report(data, path)
+    return path
+
+
+def _measured_config(mds, cache, cost, **loader):
+    from tests.loader.test_balance import _config
+
+    return _config(mds, cache, balance="measured", cost_model=str(cost), **loader)
+
+
+def test_a_measured_loader_fingerprints_its_cost_model_and_logs_each_modules_spread(
+    three_packed, tmp_path
+):
+    from energon_platform.loader.state import StateMismatchError
+    from energon_platform.loader.train_loader import TrainLoader
+
+    mds, cache = three_packed
+    cost = _cost_file(tmp_path / "a.json", llm_tokens=1e-5, vision_tiles=1e-3, audio_frames=1e-4)
+    loader = TrainLoader(_measured_config(mds, cache, cost), num_workers=0)
+    balance = loader.fingerprint["balance"]
+    assert balance["mode"] == "measured" and len(balance["cost_model"]["digest"]) == 16
+    stats = loader.balance_stats(0)
+    assert stats["rank_cost"] >= 1.0 and set(stats["rank_cost_by_module"]) == set(MODULES)
+    assert all(v >= 1.0 for v in stats["rank_cost_by_module"].values())
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    other = _cost_file(tmp_path / "b.json", llm_tokens=2e-5, vision_tiles=1e-3)
+    changed = TrainLoader(_measured_config(mds, cache, other), num_workers=0)
+    with pytest.raises(StateMismatchError, match="balance.cost_model.digest") as e:
+        changed.load_state_dict(state)
+    assert "\n" not in str(e.value)
+    changed.close()
+
+
+def test_other_modes_keep_their_fingerprint_and_stats(three_packed):
+    from energon_platform.loader.train_loader import TrainLoader
+    from tests.loader.test_balance import _config
+
+    mds, cache = three_packed
+    loader = TrainLoader(_config(mds, cache), num_workers=0)
+    assert "cost_model" not in loader.fingerprint["balance"]
+    assert "rank_cost_by_module" not in loader.balance_stats(0)
+    loader.close()
+
+
+def test_a_bad_cost_file_is_one_line_exit_2_through_the_cli(three_packed, tmp_path, capsys):
+    import yaml
+
+    from energon_platform import cli
+    from tests.helpers.demo_datasets import REPO
+
+    mds, cache = three_packed
+    cost = _cost_file(tmp_path / "cost.json", llm_tokens=-1.0)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(mds), "val_split": None},
+                "encoder": str(REPO / ENCODER_YAML),
+                "loader": {
+                    "global_batch_size": 8,
+                    "num_workers": 0,
+                    "balance": "measured",
+                    "cost_model": "cost.json",  # relative to the config file
+                    "length_cache": str(cache),
+                },
+            }
+        )
+    )
+    assert cli.main(["trace", "--config", str(config), "--step", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(cost) in err[0] and "coefficients.llm_tokens" in err[0], err
+
+
+@pytest.mark.slow
+def test_check_resume_with_balance_measured_sigkill_and_elastic(three_packed, tmp_path):
+    """Our trainer on the packed blend with ``balance: measured``: 2 ranks x 2 workers, SIGKILL
+    during step 5, resumed on 1 rank x 1 worker: the same keys and tensors; the log rows carry the
+    per-module rank cost."""
+    import yaml
+
+    from energon_platform.training.resume_check import RunSpec, check_resume
+    from tests.helpers.demo_datasets import REPO
+
+    mds, cache = three_packed
+    _cost_file(tmp_path / "cost.json", llm_tokens=1e-5, vision_tiles=1e-3, audio_frames=1e-4)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(mds), "val_split": None},
+                "encoder": str(REPO / ENCODER_YAML),
+                "loader": {
+                    "global_batch_size": 4,
+                    "micro_batch_size": 1,
+                    "num_workers": 2,
+                    "seed": 11,
+                    "balance": "measured",
+                    "cost_model": "cost.json",
+                    "length_cache": str(cache),
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
+            }
+        )
+    )
+    result = check_resume(
+        RunSpec(str(config), 6, nproc=2),
+        kill_at=5,
+        out=tmp_path / "check",
+        resume_nproc=1,
+        resume_workers=1,
+        tolerance=1e-5,
+        log=lambda *_: None,
+    )
+    assert result["passed"] and result["keys_identical"] and result["tensors_identical"], result
+    rows = [
+        json.loads(line)
+        for log in (tmp_path / "check").rglob("log.jsonl")
+        for line in log.read_text().splitlines()
+    ]
+    modules = [r["rank_cost_by_module"] for r in rows if "rank_cost_by_module" in r]
+    assert modules and all(set(m) == set(MODULES) for m in modules), rows[:2]
