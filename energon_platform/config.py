@@ -128,24 +128,29 @@ class BalanceConfig:
     Written as a mode alone (``balance: attention``) or as a group::
 
         balance:
-          mode: attention      # none | tokens | attention | encoder
+          mode: attention      # none | tokens | attention | encoder | measured
           lookahead: 3.0       # the pool holds this many global batches of positions
           window: 4096         # and at most this many samples
           linear: null         # attention's linear term (null: the encoder's seq_len)
           global_batch_tokens: null   # unpacked: a global batch is this cost budget
+          cost_model: null     # measured: the cost file of energon-platform calibrate
 
     ``mode``: ``none`` (consecutive stream positions), ``tokens`` (equal Σ L per rank),
-    ``attention`` (equal Σ L² + ``linear``·L) or ``encoder`` (the encoder's own
-    ``balance_cost(length)``). The other keys only matter when ``mode`` is not ``none``. The flat
-    keys of earlier configs (``loader.balance_window``, ``balance_lookahead``, ``balance_linear``,
+    ``attention`` (equal Σ L² + ``linear``·L), ``encoder`` (the encoder's own
+    ``balance_cost(length)``) or ``measured`` (the calibrated model's predicted time of each
+    sample's cost features, from the cost file ``cost_model``; set with ``measured`` only). The
+    other keys only matter when ``mode`` is not ``none``. ``loader.cost_model`` is read as
+    ``cost_model`` (so ``balance: measured`` stays a mode alone). The flat keys of earlier configs
+    (``loader.balance_window``, ``balance_lookahead``, ``balance_linear``,
     ``global_batch_tokens``) are still read, as these keys, with a one-line deprecation note.
     """
 
-    mode: Literal["none", "tokens", "attention", "encoder"] = "none"
+    mode: Literal["none", "tokens", "attention", "encoder", "measured"] = "none"
     window: int = 4096
     lookahead: float = 3.0
     linear: float | None = None
     global_batch_tokens: int | None = None
+    cost_model: Path | None = None
 
     @property
     def planned(self) -> bool:
@@ -179,6 +184,18 @@ class BalanceConfig:
             f"{self.global_batch_tokens} with mode 'none'",
             "null unless a balance mode is set",
         )
+        require(
+            self.mode != "measured" or self.cost_model is not None,
+            at.child("cost_model"),
+            "null with mode 'measured'",
+            "the cost file written by energon-platform calibrate",
+        )
+        require(
+            self.mode == "measured" or self.cost_model is None,
+            at.child("cost_model"),
+            f"{self.cost_model} with mode {self.mode!r}",
+            "null unless mode is 'measured'",
+        )
 
 
 #: The flat ``loader`` keys of earlier configs → their key in the ``loader.balance`` group.
@@ -188,6 +205,9 @@ FLAT_BALANCE_KEYS = {
     "balance_linear": "linear",
     "global_batch_tokens": "global_batch_tokens",
 }
+#: ``loader`` keys read into the ``loader.balance`` group as they are (not deprecated: they let a
+#: mode alone, ``balance: measured``, name its file).
+LOADER_BALANCE_KEYS = {"cost_model": "cost_model"}
 
 
 @dataclass(frozen=True)
@@ -473,7 +493,8 @@ def _group_balance(data: dict, at: At) -> None:
     group = loader.get("balance")
     if isinstance(group, str):
         group = loader["balance"] = {"mode": group}
-    flat = [k for k in FLAT_BALANCE_KEYS if k in loader]
+    moved = {**FLAT_BALANCE_KEYS, **LOADER_BALANCE_KEYS}
+    flat = [k for k in moved if k in loader]
     if not flat:
         return
     if group is None:
@@ -481,7 +502,7 @@ def _group_balance(data: dict, at: At) -> None:
     if not isinstance(group, dict):
         return  # parsing names what is wrong with it
     for old in flat:
-        new = FLAT_BALANCE_KEYS[old]
+        new = moved[old]
         if new in group:
             raise ConfigError(
                 at.source,
@@ -489,18 +510,20 @@ def _group_balance(data: dict, at: At) -> None:
                 f"set twice: as loader.{old} and as loader.balance.{new} (keep the second)",
             )
         group[new] = loader.pop(old)
-        log.warning(
-            "%s: loader.%s is deprecated; write it as loader.balance.%s (read as that now)",
-            at.source,
-            old,
-            new,
-        )
+        if old in FLAT_BALANCE_KEYS:
+            log.warning(
+                "%s: loader.%s is deprecated; write it as loader.balance.%s (read as that now)",
+                at.source,
+                old,
+                new,
+            )
 
 
 def _balance_override(data: dict, dotted: str, value: Any) -> str | None:
     """Where an override of the balance settings goes: ``loader.balance=MODE`` on a group changes
     its mode (the group's other keys stay; None: done here), a flat key of earlier configs goes to
-    its group key (with the deprecation note); others as written."""
+    its group key (with the deprecation note), ``loader.cost_model`` to the group's; others as
+    written."""
     loader = data.get("loader")
     if dotted == "loader.balance" and isinstance(value, str) and isinstance(loader, dict):
         group = loader.get("balance")
@@ -508,6 +531,8 @@ def _balance_override(data: dict, dotted: str, value: Any) -> str | None:
             group["mode"] = value
             return None
     old = dotted.removeprefix("loader.")
+    if old != dotted and old in LOADER_BALANCE_KEYS:
+        return f"loader.balance.{LOADER_BALANCE_KEYS[old]}"
     if old != dotted and old in FLAT_BALANCE_KEYS:
         log.warning(
             "loader.%s is deprecated; write it as loader.balance.%s (read as that now)",

@@ -40,6 +40,15 @@ FEATURES: tuple[str, ...] = (
     "points",
 )
 
+#: The model module each feature's cost is spent in (per-module cost statistics): the language
+#: model (per sample, per position, attention), the vision tower, the audio encoder, the points one.
+MODULES: dict[str, tuple[str, ...]] = {
+    "llm": ("samples", "llm_tokens", "llm_attention"),
+    "vision": ("vision_tiles",),
+    "audio": ("audio_frames",),
+    "points": ("points",),
+}
+
 
 def features(**values: float) -> dict[str, float]:
     """A full feature vector: every name of :data:`FEATURES`, the ones not given 0.0; an unknown

@@ -225,12 +225,20 @@ def _assemble(folder: Path, parts: Path, n: int, width: int) -> None:
 
 
 class SampleLengths:
-    """``(row_length, work_length)`` of stream positions: the schedule says which sample a position
-    is, the length index gives its facts, the encoder turns them into lengths at that epoch.
-    ``prefixes``: per dataset, what the loader puts before a key (``"name:"`` in a metadataset)."""
+    """``(row_length, work)`` of stream positions: the schedule says which sample a position is,
+    the length index gives its facts, the encoder turns them into lengths at that epoch.
+    ``prefixes``: per dataset, what the loader puts before a key (``"name:"`` in a metadataset).
+    ``work(facts, key, epoch)``: what a sample's cost is computed from (None: its work length);
+    ``no_work``: the work of a sample whose facts could not be read or that the encoder rejects."""
 
     def __init__(
-        self, schedule: Any, indexes: list[LengthIndex], encoder: Any, prefixes: list[str]
+        self,
+        schedule: Any,
+        indexes: list[LengthIndex],
+        encoder: Any,
+        prefixes: list[str],
+        work: Any = None,
+        no_work: Any = 0,
     ):
         self.schedule, self.indexes, self.encoder, self.prefixes = (
             schedule,
@@ -238,20 +246,23 @@ class SampleLengths:
             encoder,
             prefixes,
         )
+        self.work, self.no_work = work, no_work
 
-    def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, int]:
-        """Lengths of one sample; ``(0, 0)`` for a sample whose facts could not be read (it fails
-        when loaded too, and its stand-in must fit in no room: it becomes padding)."""
+    def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, Any]:
+        """``(row_length, work)`` of one sample; ``(0, no_work)`` for a sample whose facts could
+        not be read (it fails when loaded too, and its stand-in must fit in no room: it becomes
+        padding)."""
         facts = self.indexes[dataset].facts(index)
         if any(f < 0 for f in facts):
-            return 0, 0
+            return 0, self.no_work
         key = self.prefixes[dataset] + self.indexes[dataset].key(index)
         try:
-            return tuple(int(x) for x in self.encoder.sample_length(facts, key, epoch))
+            row, work = (int(x) for x in self.encoder.sample_length(facts, key, epoch))
+            return row, work if self.work is None else self.work(facts, key, epoch)
         except (
             ValueError
         ):  # the encoder rejects this sample at this epoch: it fails when loaded too
-            return 0, 0
+            return 0, self.no_work
 
     def identities(self, positions: list[int]) -> list[tuple[int, int]]:
         """``(dataset, sample index)`` of each stream position: the same sample in any epoch."""
@@ -260,7 +271,7 @@ class SampleLengths:
         d, _, i = self.schedule.samples(positions)
         return list(zip(d.tolist(), i.tolist()))
 
-    def __call__(self, positions: list[int]) -> list[tuple[int, int]]:
+    def __call__(self, positions: list[int]) -> list[tuple[int, Any]]:
         if not positions:
             return []
         d, e, i = self.schedule.samples(positions)

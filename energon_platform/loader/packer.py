@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-BALANCE_MODES = ("none", "tokens", "attention", "encoder")
+BALANCE_MODES = ("none", "tokens", "attention", "encoder", "measured")
 
 
 def sample_cost(work_length: int, mode: str, linear: float) -> float:

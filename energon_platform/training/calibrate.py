@@ -12,28 +12,43 @@ unit), ``r2`` (of the fit), ``share`` (each feature's part of the predicted time
 micro-batches), ``p50_error``/``p90_error`` (relative, held-back micro-batches), ``model``,
 ``encoder_digest`` (:func:`encoder_digest`), ``micro_batches``, ``repeats`` and ``rows`` (each
 timed micro-batch: features, measured and predicted seconds, held back or not).
-:func:`load_cost_model` reads it back as a :class:`CostModel` for the encoder it was made for.
+:func:`load_cost_model` reads it back as a :class:`CostModel` for the encoder it was made for
+(both live in :mod:`energon_platform.loader.batching.cost_file`: ``loader.balance: measured``
+plans with them).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from energon_platform.loader.batching.cost_file import (
+    FORMAT_VERSION,
+    CostFileError,
+    CostModel,
+    load_cost_model,
+)
 from energon_platform.loader.fingerprint import encoder_digest
-from task_encoders.config import ConfigError
 from task_encoders.features import FEATURES
 
-#: Version of the cost file's layout.
-FORMAT_VERSION = 1
+__all__ = [
+    "FORMAT_VERSION",
+    "CalibrationError",
+    "CostFileError",
+    "CostModel",
+    "calibrate",
+    "calibrate_run",
+    "check_fit",
+    "load_cost_model",
+    "write_report",
+]
+
 #: The largest p90 relative error (held-back micro-batches) a fit may have to be written.
 MAX_P90_ERROR = 0.15
 #: Every HOLD_EVERY-th chosen micro-batch is held back from the fit to measure its error.
@@ -42,86 +57,8 @@ HOLD_EVERY = 4
 Features = Callable[[Any], Mapping[str, float]]
 
 
-class CostFileError(ConfigError):
-    """A cost file that cannot be used: ``"<file>: <field>: <problem>"`` (one line)."""
-
-
 class CalibrationError(ValueError):
     """A calibration that cannot give a usable cost model (too few micro-batches, a poor fit)."""
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Seconds a micro-batch takes: ``Σ coefficients[f] · features[f]`` over :data:`FEATURES`."""
-
-    coefficients: dict[str, float]
-    model: str
-    encoder_digest: str
-
-    def predict(self, features: Mapping[str, float]) -> float:
-        """Predicted seconds of a micro-batch with ``features`` (names not given count 0)."""
-        return sum(c * float(features.get(name, 0.0)) for name, c in self.coefficients.items())
-
-
-def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
-    """The cost model in ``path`` for ``encoder``. :class:`CostFileError` naming the file and the
-    field: a missing or unreadable file, not JSON, another format version, features other than
-    :data:`FEATURES`, a coefficient missing or not a finite number >= 0, another encoder's digest."""
-    data = _read_json(Path(path))
-    source = str(path)
-    _field(
-        data.get("format_version") == FORMAT_VERSION, source, "format_version", data, FORMAT_VERSION
-    )
-    _field(data.get("features") == list(FEATURES), source, "features", data, list(FEATURES))
-    coefficients = data.get("coefficients")
-    _field(isinstance(coefficients, dict), source, "coefficients", data, "a mapping")
-    unknown = sorted(set(coefficients) - set(FEATURES))
-    if unknown:
-        raise CostFileError(
-            source, "coefficients", f"unknown feature(s) {unknown} (known: {list(FEATURES)})"
-        )
-    for name in FEATURES:
-        value = coefficients.get(name)
-        ok = (
-            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        )
-        if not (ok and value >= 0):
-            raise CostFileError(
-                source, f"coefficients.{name}", f"got {value!r} (expected a finite number >= 0)"
-            )
-    digest = encoder_digest(encoder)
-    if data.get("encoder_digest") != digest:
-        raise CostFileError(
-            source,
-            "encoder_digest",
-            f"{data.get('encoder_digest')!r} is another encoder configuration's (this one's is "
-            f"{digest!r}); run energon-platform calibrate again with this config",
-        )
-    return CostModel({n: float(coefficients[n]) for n in FEATURES}, str(data.get("model")), digest)
-
-
-def _read_json(path: Path) -> dict:
-    """The JSON object in ``path``; :class:`CostFileError` when missing, unreadable or not one."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CostFileError(
-            str(path), "", "file not found (write it with energon-platform calibrate)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CostFileError(str(path), "", f"cannot be read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise CostFileError(str(path), "", f"not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CostFileError(
-            str(path), "", f"top level is {type(data).__name__} (expected an object)"
-        )
-    return data
-
-
-def _field(ok: bool, source: str, key: str, data: dict, expected: Any) -> None:
-    if not ok:
-        raise CostFileError(source, key, f"got {data.get(key)!r} (expected {expected})")
 
 
 def feature_matrix(vectors: Iterable[Mapping[str, float]]) -> np.ndarray:

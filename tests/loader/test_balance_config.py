@@ -72,3 +72,48 @@ def test_bad_group_keys_and_values_are_named():
         _balance({"balance": {"global_batch_tokens": 5000}})
     with pytest.raises(ConfigError, match="loader.balance.window: 16 < global_batch_size 32"):
         _balance({"global_batch_size": 32, "balance": {"mode": "tokens", "window": 16}})
+
+
+def test_measured_reads_its_cost_file_relative_to_the_yaml_file(tmp_path, caplog):
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        "data: {path: /data}\nencoder: {name: image_text, seq_len: 64}\n"
+        "loader: {balance: {mode: measured, cost_model: costs/model.json}}\n"
+    )
+    assert load_config(run).loader.balance == BalanceConfig(
+        mode="measured", cost_model=tmp_path / "costs" / "model.json"
+    )
+    run.write_text(
+        "data: {path: /data}\nencoder: {name: image_text, seq_len: 64}\n"
+        "loader: {balance: measured, cost_model: model.json}\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="energon_platform.config"):
+        short = load_config(run).loader.balance
+    assert short == BalanceConfig(mode="measured", cost_model=tmp_path / "model.json")
+    assert "deprecated" not in caplog.text
+
+
+def test_loader_cost_model_joins_the_group_whatever_its_spelling():
+    for balance in ("measured", {"mode": "measured"}, {"mode": "measured", "window": 64}):
+        got = _balance({"balance": balance, "cost_model": "/c.json"})
+        assert (got.mode, str(got.cost_model)) == ("measured", "/c.json"), balance
+    got = _balance({"balance": "tokens"}, {"loader.balance": "measured", "loader.cost_model": "/c"})
+    assert (got.mode, str(got.cost_model)) == ("measured", "/c")
+    group = {"balance": {"mode": "measured", "cost_model": "/a.json"}}
+    assert str(_balance(group, {"loader.cost_model": "/b.json"}).cost_model) == "/b.json"
+
+
+def test_a_cost_model_set_both_ways_is_refused():
+    with pytest.raises(ConfigError, match="loader.cost_model: set twice"):
+        _balance({"balance": {"mode": "measured", "cost_model": "/a"}, "cost_model": "/b"})
+
+
+def test_measured_without_a_cost_file_or_a_cost_file_without_measured_is_named():
+    with pytest.raises(ConfigError, match="loader.balance.cost_model: null with mode 'measured'"):
+        _balance({"balance": "measured"})
+    with pytest.raises(
+        ConfigError, match="loader.balance.cost_model: /c.json with mode 'attention'"
+    ):
+        _balance({"balance": "attention", "cost_model": "/c.json"})
+    with pytest.raises(ConfigError, match="loader.balance.cost_model: /c.json with mode 'none'"):
+        _balance({"cost_model": "/c.json"})

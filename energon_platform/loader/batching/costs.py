@@ -1,8 +1,11 @@
-"""Cost models of a planned run (``loader.balance``): a sample's cost from its work length.
+"""Cost models of a planned run (``loader.balance``): a sample's cost from its work.
 
 A registry (:data:`COST_MODELS`): ``tokens`` (``L``), ``attention`` (``L² + linear·L``, from
 :func:`~energon_platform.loader.packer.sample_cost`) and ``encoder`` (the encoder's own
-``balance_cost(L)``). :class:`SampleCost` checks every cost it returns.
+``balance_cost(L)``), each of the sample's work length ``L``; ``measured`` (a calibrated
+:class:`~energon_platform.loader.batching.cost_file.CostModel`'s predicted seconds), of the
+sample's cost features. :data:`WORK` says which work a model asks the planner for;
+:class:`SampleCost` checks every cost it returns.
 """
 
 from __future__ import annotations
@@ -13,44 +16,72 @@ from collections.abc import Callable
 from typing import Any
 
 from energon_platform.loader.packer import sample_cost
+from task_encoders.features import FEATURES
 
 
-def _formula(mode: str) -> Callable[[int, Any, float], tuple[Any, str]]:
+def _formula(mode: str) -> Callable[[Any, SampleCost], tuple[Any, str]]:
     """The cost model ``mode`` of :func:`~energon_platform.loader.packer.sample_cost`."""
 
-    def cost(work_length: int, encoder: Any, linear: float) -> tuple[Any, str]:
-        where = f"balance {mode!r} with balance.linear={linear!r}"
-        return sample_cost(work_length, mode, linear), where
+    def cost(work_length: int, of: SampleCost) -> tuple[Any, str]:
+        where = f"balance {mode!r} with balance.linear={of.linear!r}"
+        return sample_cost(work_length, mode, of.linear), where
 
     return cost
 
 
-def _encoder_cost(work_length: int, encoder: Any, linear: float) -> tuple[Any, str]:
+def _encoder_cost(work_length: int, of: SampleCost) -> tuple[Any, str]:
     """The encoder's ``balance_cost(work_length)``."""
-    return encoder.balance_cost(
+    return of.encoder.balance_cost(
         work_length
-    ), f"{type(encoder).__name__}.balance_cost({work_length})"
+    ), f"{type(of.encoder).__name__}.balance_cost({work_length})"
 
 
-#: ``loader.balance`` mode → ``model(work_length, encoder, linear) -> (cost, where it came from)``
-COST_MODELS: dict[str, Callable[[int, Any, float], tuple[Any, str]]] = {
+def _measured_cost(features: tuple[float, ...], of: SampleCost) -> tuple[Any, str]:
+    """The cost model's predicted seconds of a sample's features (in FEATURES order)."""
+    return of.cost_model.predict(
+        dict(zip(FEATURES, features))
+    ), "the cost model of loader.balance.cost_model"
+
+
+#: ``loader.balance`` mode → ``model(work, sample_cost) -> (cost, where it came from)``
+COST_MODELS: dict[str, Callable[[Any, SampleCost], tuple[Any, str]]] = {
     "tokens": _formula("tokens"),
     "attention": _formula("attention"),
     "encoder": _encoder_cost,
+    "measured": _measured_cost,
 }
+
+#: The work a cost model reads, where it is not the sample's work length (``length``):
+#: ``features``, its cost features (:func:`feature_work`).
+WORK: dict[str, str] = {"measured": "features"}
+
+
+def feature_work(encoder: Any) -> tuple[Callable[[tuple, str, int], tuple], tuple]:
+    """``(work(facts, key, epoch), no work)`` of a cost model that reads cost features: the
+    encoder's ``sample_features`` as a tuple in FEATURES order, and the all-zero tuple (a sample
+    whose facts could not be read)."""
+
+    def work(facts: tuple, key: str, epoch: int) -> tuple[float, ...]:
+        values = encoder.sample_features(facts, key, epoch)
+        return tuple(float(values.get(name, 0.0)) for name in FEATURES)
+
+    return work, (0.0,) * len(FEATURES)
 
 
 class SampleCost:
-    """``cost(work_length)``: the cost model ``mode``'s cost, a finite number >= 0, as a float;
+    """``cost(work)``: the cost model ``mode``'s cost, a finite number >= 0, as a float;
     anything else is a :class:`ConfigError` (file ``source``, key ``loader.balance``) naming where
-    it came from. The encoder is asked at each call (its ``balance_cost`` may be replaced)."""
+    it came from. The encoder is asked at each call (its ``balance_cost`` may be replaced).
+    ``cost_model``: the :class:`~energon_platform.loader.batching.cost_file.CostModel` of
+    ``measured`` (None otherwise)."""
 
-    def __init__(self, mode: str, encoder: Any, linear: float, source: str):
+    def __init__(self, mode: str, encoder: Any, linear: float, source: str, cost_model: Any = None):
         self.mode, self.encoder, self.linear, self.source = mode, encoder, linear, source
+        self.cost_model = cost_model
         self._model = COST_MODELS[mode]
 
-    def __call__(self, work_length: int) -> float:
-        cost, where = self._model(work_length, self.encoder, self.linear)
+    def __call__(self, work: Any) -> float:
+        cost, where = self._model(work, self)
         if (
             isinstance(cost, bool)
             or not isinstance(cost, numbers.Real)

@@ -1,10 +1,12 @@
-"""``loader.balance: tokens | attention | encoder``: global batches planned from sample lengths.
+"""``loader.balance: tokens | attention | encoder | measured``: global batches planned from sample
+lengths and costs.
 
 The :class:`~energon_platform.loader.planner.Planner` plans each global batch from a pool of
 upcoming positions (lengths from the length index, :mod:`~energon_platform.loader.lengths`):
 ``global_batch_size`` packed rows of ``seq_len`` with a packing encoder, else that many samples (or
 a ``global_batch_tokens`` budget) whose costs (:mod:`~energon_platform.loader.batching.costs`) are
-dealt evenly to the ranks. Its state at a batch (next position, carried samples) is the
+dealt evenly to the ranks (``measured``: a calibrated cost model's predicted time of each sample's
+cost features, :mod:`~energon_platform.loader.batching.cost_file`). Its state at a batch (next position, carried samples) is the
 ``LoaderState.plan``; the fingerprint's ``balance`` entry names what changes the plans.
 """
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from energon_platform.loader.batching.costs import SampleCost
+from energon_platform.loader.batching.costs import WORK, SampleCost, feature_work
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.planner import (
     PLANNER_VERSION,
@@ -63,6 +65,7 @@ class PlannedBatching:
         packed = pack_group > 1
         _check(cfg, encoder, packed)
         linear = float(balance.linear if balance.linear is not None else _seq_len(encoder))
+        cost_model = _cost_model(cfg, encoder)
         return cls(
             mode=balance.mode,
             window=balance.window,
@@ -72,7 +75,7 @@ class PlannedBatching:
             global_batch_size=lc.global_batch_size,
             packed_rows=packed,
             encoder=encoder,
-            cost=SampleCost(balance.mode, encoder, linear, cfg.source),
+            cost=SampleCost(balance.mode, encoder, linear, cfg.source, cost_model),
             length_indexes=_length_indexes(cfg, encoder, datasets, workers),
             prefixes=[datasets.key_prefix(d) for d in range(len(datasets.entries))],
         )
@@ -94,8 +97,9 @@ class PlannedBatching:
 
         if plan_state is None:
             plan_state = self.planner.start if self.planner is not None else PlanState()
+        work = feature_work(self.encoder) if WORK.get(self.mode) == "features" else (None, 0)
         self.planner = Planner(
-            SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes),
+            SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes, *work),
             self.cost,
             self.global_batch_size,
             capacity=self.encoder.seq_len if self.packed_rows else 0,
@@ -106,17 +110,20 @@ class PlannedBatching:
         )
 
     def fingerprint(self) -> dict:
-        """``{"balance": ...}``: what changes the rows and batches of a planned run."""
-        return {
-            "balance": {
-                "mode": self.mode,
-                "window": self.window,
-                "lookahead": self.lookahead,
-                "global_batch_tokens": self.budget,
-                "linear": self.linear,
-                "planner": PLANNER_VERSION,
-            }
+        """``{"balance": ...}``: what changes the rows and batches of a planned run (with
+        ``measured``, the cost model's digest: another cost file at resume is refused)."""
+        balance = {
+            "mode": self.mode,
+            "window": self.window,
+            "lookahead": self.lookahead,
+            "global_batch_tokens": self.budget,
+            "linear": self.linear,
+            "planner": PLANNER_VERSION,
         }
+        model = self.cost.cost_model
+        if model is not None:
+            balance["cost_model"] = {"digest": model.digest, "model": model.model}
+        return {"balance": balance}
 
     def saved_fingerprint(self, saved: dict, warn: bool) -> dict:
         """``saved`` as this planner continues it: a checkpoint of the previous planner (which could
@@ -169,18 +176,65 @@ class PlannedBatching:
         (for logs and the resume check)."""
         plan = self.planner.plan(batch)
         dealt = deal_plan(plan, world_size, accumulation, fixed=self.planner.fixed_counts)
-        costs = rank_costs(plan, dealt)
-        mean = sum(costs) / len(costs)
-        return {
-            "rank_cost": round(max(costs) / mean, 4) if mean else 1.0,
+        stats = {
+            "rank_cost": _spread(rank_costs(plan, dealt)),
             "padding": round(plan.padding, 4),
             "samples": sum(len(i) for i in plan.items),
             "carried": len(plan.next_state.carried),
+        }
+        if self.cost.cost_model is not None:
+            stats["rank_cost_by_module"] = self.module_spreads(plan, dealt)
+        return stats
+
+    def module_spreads(self, plan: Any, dealt: list) -> dict[str, float]:
+        """Per model module (``llm``, ``vision``, ...), the max/mean over ranks of the cost model's
+        predicted cost of that module's features (1.0 for a module nothing costs in)."""
+        works = [self.planner.lengths(item) for item in plan.items]
+        per_item = [
+            _summed(self.cost.cost_model.predict_modules(_named(w)) for _, w in work)
+            for work in works
+        ]
+        return {
+            module: _spread([sum(per_item[i][module] for m in rank for i in m) for rank in dealt])
+            for module in per_item[0]
         }
 
     def step_done(self, batch: int) -> None:
         """Keep this process's plans current at the end of a global batch (state, stats): O(1)."""
         self.planner.plan(batch)
+
+
+def _spread(costs: list[float]) -> float:
+    """max/mean of per-rank costs, rounded (1.0 when they are all 0)."""
+    mean = sum(costs) / len(costs)
+    return round(max(costs) / mean, 4) if mean else 1.0
+
+
+def _named(work: tuple[float, ...]) -> dict[str, float]:
+    """A feature tuple (FEATURES order) as a mapping."""
+    from task_encoders.features import FEATURES
+
+    return dict(zip(FEATURES, work))
+
+
+def _summed(parts: Any) -> dict[str, float]:
+    """The key-wise sum of mappings of equal keys."""
+    total: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def _cost_model(cfg: Any, encoder: Any) -> Any:
+    """The cost model of ``loader.balance.cost_model`` (``measured``), else None; a bad file is a
+    one-line :class:`~energon_platform.loader.batching.cost_file.CostFileError`."""
+    path = cfg.loader.balance.cost_model
+    if cfg.loader.balance.mode != "measured" or path is None:
+        return None
+    from energon_platform.loader.batching.cost_file import load_cost_model
+
+    return load_cost_model(path, encoder)
 
 
 def _seq_len(encoder: Any) -> int:
@@ -207,6 +261,13 @@ def _check(cfg: Any, encoder: Any, packed: bool) -> None:
             "loader.balance",
             f"{balance.mode!r} needs lengths before decoding, but "
             f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)",
+        )
+    if balance.mode == "measured" and not callable(getattr(encoder, "sample_features", None)):
+        raise ConfigError(
+            cfg.source,
+            "loader.balance",
+            f"'measured' reads each sample's cost features, but {type(encoder).__name__} "
+            "has no sample_features(facts, key, epoch)",
         )
     if balance.mode == "encoder" and not callable(getattr(encoder, "balance_cost", None)):
         raise ConfigError(

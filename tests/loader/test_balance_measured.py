@@ -1,0 +1,276 @@
+"""``loader.balance: measured``: a calibrated cost model's predicted time of each sample's cost
+features is the planner's cost.
+
+Pure planner: the property checks of :mod:`tests.loader.test_plan_no_repeats` hold for the
+measured cost (packed, unpacked, budgeted, straight and resumed, dealt to 1, 2 and 8 ranks), and
+on samples whose vision work and tokens disagree, measured balances the predicted cost over ranks
+better than attention. Loader: the fingerprint names the cost model's digest, the balance stats
+carry its per-module spread, a bad cost file is one line through the CLI, and a measured run
+resumes exactly after a SIGKILL on another layout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from energon_platform.loader.batching.cost_file import CostModel
+from energon_platform.loader.batching.costs import SampleCost
+from energon_platform.loader.planner import Planner, PlanState, deal_plan, rank_costs
+from task_encoders.features import FEATURES, MODULES, features
+from tests.loader.test_plan_no_repeats import BATCHES, CAP, Case, _check, _plans
+
+#: seconds per unit: the vision tower dominates (a tile costs as much as 64 positions)
+VISION_HEAVY = {**dict.fromkeys(FEATURES, 0.0), "llm_tokens": 1e-5, "vision_tiles": 6.4e-4}
+
+
+def _cost(coefficients: dict = VISION_HEAVY) -> SampleCost:
+    return SampleCost("measured", None, 0.0, "run.yaml", CostModel(coefficients, "m", "e"))
+
+
+def _work(row: int, tiles: int) -> tuple[float, ...]:
+    values = features(samples=1, llm_tokens=row, llm_attention=row * row, vision_tiles=tiles)
+    return tuple(values[name] for name in FEATURES)
+
+
+class MeasuredCase(Case):
+    """:class:`Case` whose samples also have vision tiles, planned with the measured cost."""
+
+    def __init__(self, seed: int, mode: str):
+        super().__init__(seed, mode)
+        rng = np.random.default_rng(seed + 1000)
+        self.tiles = [rng.integers(0, 9, n) for n in self.sizes]
+
+    def lookup(self, positions):
+        d, _, i = self.schedule.samples(positions)
+        return [
+            (int(self.lengths[a][b]), _work(int(self.lengths[a][b]), int(self.tiles[a][b])))
+            for a, b in zip(d.tolist(), i.tolist())
+        ]
+
+    def planner(self, start: PlanState = PlanState()) -> Planner:
+        cost = _cost()
+        kw = dict(window=max(self.window, self.g), identity=self.identity, start=start)
+        if self.mode == "packed":
+            return Planner(self.lookup, cost, self.g, capacity=CAP, **kw)
+        if self.mode == "budget":
+            return Planner(self.lookup, cost, self.g, budget=self.g * 4 * cost(_work(12, 4)), **kw)
+        return Planner(self.lookup, cost, self.g, **kw)
+
+
+@pytest.mark.parametrize(
+    "seed,mode", [(s, m) for m in ("unpacked", "packed", "budget") for s in range(8)]
+)
+def test_measured_plans_never_repeat_or_drop_a_sample_and_resume_exactly(seed, mode):
+    from energon_platform.loader.planner import PlanError
+
+    case = MeasuredCase(seed, mode)
+    straight = case.planner()
+    try:
+        plans = _plans(case, straight, range(BATCHES))
+    except PlanError as e:  # a blend too small for its share: refused in one line, never repeated
+        assert "\n" not in str(e)
+        return
+    assert {c for plan in plans for c in plan.costs} != {0.0}
+    _check(case, plans, PlanState())
+    middle = BATCHES // 3
+    resumed = case.planner(PlanState.from_json(straight.state_at(middle).to_json()))
+    again = _plans(case, resumed, range(middle, BATCHES))
+    assert [p.items for p in again] == [p.items for p in plans[middle:]]
+    _check(case, again, resumed.start)
+
+
+def test_measured_balances_the_predicted_cost_better_than_attention_when_tiles_and_tokens_disagree():
+    """Half the samples are long texts without images, half short captions of many tiles: by
+    attention the captions are cheap, by the calibrated model they are the expensive ones."""
+    rng = np.random.default_rng(3)
+    n = 4096
+    rows = np.where(np.arange(n) % 2 == 0, rng.integers(40, 64, n), rng.integers(4, 16, n))
+    tiles = np.where(np.arange(n) % 2 == 0, 0, rng.integers(1, 16, n))
+    works = [_work(int(r), int(t)) for r, t in zip(rows, tiles)]
+    model = CostModel(VISION_HEAVY, "m", "e")
+    seconds = [model.predict(dict(zip(FEATURES, w))) for w in works]  # the truth, not the planner's
+
+    def lookup(positions):
+        return [(int(rows[p]), works[p]) for p in positions]
+
+    def attention(work: tuple) -> float:
+        length = work[FEATURES.index("llm_tokens")]
+        return length * length + 64 * length
+
+    spreads = {}
+    for name, cost in (("attention", attention), ("measured", _cost())):
+        planner = Planner(lookup, cost, 32, window=1024)
+        per_step = []
+        for b in range(40):
+            plan = planner.plan(b)
+            dealt = deal_plan(plan, 8, 1, fixed=True)
+            predicted = [sum(seconds[plan.items[i][0]] for m in rank for i in m) for rank in dealt]
+            per_step.append(max(predicted) / (sum(predicted) / len(predicted)))
+        spreads[name] = float(np.mean(per_step))
+    assert spreads["measured"] < 1.05 < spreads["attention"], spreads
+
+
+def test_the_modules_cover_every_feature_once():
+    named = [f for names in MODULES.values() for f in names]
+    assert sorted(named) == sorted(FEATURES)
+
+
+def test_rank_costs_of_a_measured_plan_are_the_models_predictions():
+    works = [_work(10, 2), _work(20, 0), _work(5, 8), _work(30, 1)]
+    planner = Planner(lambda ps: [(10, works[p % 4]) for p in ps], _cost(), 4, window=64)
+    plan = planner.plan(0)
+    model = CostModel(VISION_HEAVY, "m", "e")
+    total = sum(
+        model.predict(dict(zip(FEATURES, works[p % 4]))) for item in plan.items for p in item
+    )
+    assert sum(rank_costs(plan, deal_plan(plan, 2, 1, fixed=True))) == pytest.approx(total)
+
+
+# ------------------------------------------------------------------ through the loader and the CLI
+
+from tests.loader.test_balance import three_packed  # noqa: E402,F401  (the packed blend fixture)
+
+ENCODER_YAML = "configs/encoders/multimodal_packed.yaml"
+
+
+def _cost_file(path, **coefficients):
+    """A cost file for the packed multimodal encoder with these coefficients (others 0)."""
+    from energon_platform.loader.fingerprint import encoder_digest
+    from energon_platform.training.calibrate import write_report
+    from task_encoders.registry import get_encoder
+    from tests.helpers.demo_datasets import REPO
+
+    data = {
+        "format_version": 1,
+        "features": list(FEATURES),
+        "coefficients": {**dict.fromkeys(FEATURES, 0.0), **coefficients},
+        "model": "two_tower",
+        "encoder_digest": encoder_digest(get_encoder(str(REPO / ENCODER_YAML))),
+    }
+    write_report(data, path)
+    return path
+
+
+def _measured_config(mds, cache, cost, **loader):
+    from tests.loader.test_balance import _config
+
+    return _config(mds, cache, balance="measured", cost_model=str(cost), **loader)
+
+
+def test_a_measured_loader_fingerprints_its_cost_model_and_logs_each_modules_spread(
+    three_packed, tmp_path
+):
+    from energon_platform.loader.state import StateMismatchError
+    from energon_platform.loader.train_loader import TrainLoader
+
+    mds, cache = three_packed
+    cost = _cost_file(tmp_path / "a.json", llm_tokens=1e-5, vision_tiles=1e-3, audio_frames=1e-4)
+    loader = TrainLoader(_measured_config(mds, cache, cost), num_workers=0)
+    balance = loader.fingerprint["balance"]
+    assert balance["mode"] == "measured" and len(balance["cost_model"]["digest"]) == 16
+    stats = loader.balance_stats(0)
+    assert stats["rank_cost"] >= 1.0 and set(stats["rank_cost_by_module"]) == set(MODULES)
+    assert all(v >= 1.0 for v in stats["rank_cost_by_module"].values())
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    other = _cost_file(tmp_path / "b.json", llm_tokens=2e-5, vision_tiles=1e-3)
+    changed = TrainLoader(_measured_config(mds, cache, other), num_workers=0)
+    with pytest.raises(StateMismatchError, match="balance.cost_model.digest") as e:
+        changed.load_state_dict(state)
+    assert "\n" not in str(e.value)
+    changed.close()
+
+
+def test_other_modes_keep_their_fingerprint_and_stats(three_packed):
+    from energon_platform.loader.train_loader import TrainLoader
+    from tests.loader.test_balance import _config
+
+    mds, cache = three_packed
+    loader = TrainLoader(_config(mds, cache), num_workers=0)
+    assert "cost_model" not in loader.fingerprint["balance"]
+    assert "rank_cost_by_module" not in loader.balance_stats(0)
+    loader.close()
+
+
+def test_a_bad_cost_file_is_one_line_exit_2_through_the_cli(three_packed, tmp_path, capsys):
+    import yaml
+
+    from energon_platform import cli
+    from tests.helpers.demo_datasets import REPO
+
+    mds, cache = three_packed
+    cost = _cost_file(tmp_path / "cost.json", llm_tokens=-1.0)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(mds), "val_split": None},
+                "encoder": str(REPO / ENCODER_YAML),
+                "loader": {
+                    "global_batch_size": 8,
+                    "num_workers": 0,
+                    "balance": "measured",
+                    "cost_model": "cost.json",  # relative to the config file
+                    "length_cache": str(cache),
+                },
+            }
+        )
+    )
+    assert cli.main(["trace", "--config", str(config), "--step", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(cost) in err[0] and "coefficients.llm_tokens" in err[0], err
+
+
+@pytest.mark.slow
+def test_check_resume_with_balance_measured_sigkill_and_elastic(three_packed, tmp_path):
+    """Our trainer on the packed blend with ``balance: measured``: 2 ranks x 2 workers, SIGKILL
+    during step 5, resumed on 1 rank x 1 worker: the same keys and tensors; the log rows carry the
+    per-module rank cost."""
+    import yaml
+
+    from energon_platform.training.resume_check import RunSpec, check_resume
+    from tests.helpers.demo_datasets import REPO
+
+    mds, cache = three_packed
+    _cost_file(tmp_path / "cost.json", llm_tokens=1e-5, vision_tiles=1e-3, audio_frames=1e-4)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(mds), "val_split": None},
+                "encoder": str(REPO / ENCODER_YAML),
+                "loader": {
+                    "global_batch_size": 4,
+                    "micro_batch_size": 1,
+                    "num_workers": 2,
+                    "seed": 11,
+                    "balance": "measured",
+                    "cost_model": "cost.json",
+                    "length_cache": str(cache),
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
+            }
+        )
+    )
+    result = check_resume(
+        RunSpec(str(config), 6, nproc=2),
+        kill_at=5,
+        out=tmp_path / "check",
+        resume_nproc=1,
+        resume_workers=1,
+        tolerance=1e-5,
+        log=lambda *_: None,
+    )
+    assert result["passed"] and result["keys_identical"] and result["tensors_identical"], result
+    rows = [
+        json.loads(line)
+        for log in (tmp_path / "check").rglob("log.jsonl")
+        for line in log.read_text().splitlines()
+    ]
+    modules = [r["rank_cost_by_module"] for r in rows if "rank_cost_by_module" in r]
+    assert modules and all(set(m) == set(MODULES) for m in modules), rows[:2]
