@@ -465,7 +465,7 @@ def _add_run_args(p, workers_help: str, config_required: bool = True) -> None:
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="override a config value, e.g. loader.seed=7",
+        help="override a config value, e.g. loader.seed=7 (KEY=@FILE: the value is FILE's YAML)",
     )
 
 
@@ -834,7 +834,7 @@ def _add_trace(sub) -> None:
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="override a config value, e.g. loader.seed=7",
+        help="override a config value, e.g. loader.seed=7 (KEY=@FILE: the value is FILE's YAML)",
     )
     p.set_defaults(func=cmd_trace)
 
