@@ -424,6 +424,20 @@ def cmd_verify(args) -> int:
     return 0 if result["ok"] else 1
 
 
+def _override_text(pair: str, value: str) -> str:
+    """The YAML text of a ``--set KEY=VALUE``: ``@FILE`` reads FILE (``loader.exclude=@rules.yaml``),
+    anything else is the value itself (a plain YAML value cannot start with ``@``)."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text()
+    except OSError as e:
+        raise UsageError(
+            f"--set {pair}: cannot read {value[1:]} ({e.strerror or e}); give KEY=@FILE with a "
+            f"readable YAML file"
+        ) from None
+
+
 def _overrides(pairs: list[str]) -> dict:
     import yaml
 
@@ -433,7 +447,7 @@ def _overrides(pairs: list[str]) -> dict:
         if not sep:
             raise UsageError(f"--set expects KEY=VALUE, got {pair!r}")
         try:
-            out[key] = yaml.safe_load(value)
+            out[key] = yaml.safe_load(_override_text(pair, value))
         except yaml.YAMLError as e:
             raise UsageError(
                 f"--set {pair}: the value is not valid YAML ({getattr(e, 'problem', None) or e})"
@@ -451,7 +465,7 @@ def _add_run_args(p, workers_help: str, config_required: bool = True) -> None:
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="override a config value, e.g. loader.seed=7",
+        help="override a config value, e.g. loader.seed=7 (KEY=@FILE: the value is FILE's YAML)",
     )
 
 
@@ -820,7 +834,7 @@ def _add_trace(sub) -> None:
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="override a config value, e.g. loader.seed=7",
+        help="override a config value, e.g. loader.seed=7 (KEY=@FILE: the value is FILE's YAML)",
     )
     p.set_defaults(func=cmd_trace)
 
@@ -862,6 +876,142 @@ def cmd_trace(args) -> int:
         print(
             json.dumps(r) if args.json else (format_step(r) if args.key is None else format_key(r))
         )
+    return 0
+
+
+def _add_spikes(sub) -> None:
+    p = sub.add_parser(
+        "spikes",
+        help="loss spikes of a run and the samples of each (traced, not read from logs)",
+        description="Find loss spikes in a run's step log (robust z-score against the rolling "
+        "median and MAD of the previous --window steps, plus NaN/inf steps) and list each "
+        "spike's samples, computed by trace from the run's config and checkpoints: dataset, "
+        "key, shard, epoch, rank, and the sample's loss and its rank within the step where the "
+        "log carries sample_losses. With --exclude-from STEP, print instead the loader.exclude "
+        "rules (YAML) that skip that step's top samples from it on, for --set "
+        "loader.exclude=@rules.yaml. See docs/spikes.md.",
+    )
+    p.add_argument("--run", required=True, help="the run's output folder (log and checkpoints)")
+    p.add_argument("--config", help="the run config YAML (required)")
+    p.add_argument("--z", type=_positive_float, default=4.0, help="z-score threshold (default 4)")
+    p.add_argument(
+        "--window", type=_positive, default=50, help="steps of the rolling median (default 50)"
+    )
+    p.add_argument(
+        "--top",
+        type=_positive,
+        help="the N samples of highest loss per spike (default: all of the step)",
+    )
+    p.add_argument(
+        "--exclude-from",
+        type=_positive,
+        metavar="STEP",
+        help="print loader.exclude rules skipping step STEP's (top) samples from STEP on",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per spike")
+    p.add_argument("--log", help="the step log (default: RUN/log.jsonl)")
+    p.add_argument(
+        "--log-format",
+        choices=["jsonl", "megatron", "torchtitan", "regex"],
+        default="jsonl",
+        help="as check-resume's --log-format (default jsonl)",
+    )
+    p.add_argument(
+        "--regex", help="with --log-format regex: a Python regex with named groups step and loss"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, as the run was started",
+    )
+    p.set_defaults(func=cmd_spikes)
+
+
+def _spike_inputs(args) -> tuple:
+    """``(LogRows, Tracer)`` of ``spikes``' arguments; ``UsageError`` for a missing input."""
+    from energon_platform.config import load_config
+    from energon_platform.loader.trace import open_tracer
+    from energon_platform.training import checkpoint
+    from energon_platform.training.spike_samples import LogRows
+    from energon_platform.training.step_log_readers import LogFormatError, get_format
+
+    if args.config is None:
+        raise UsageError("spikes needs the run's config: pass --config FILE (as for trace)")
+    log = Path(args.log) if args.log else Path(args.run) / "log.jsonl"
+    if not log.is_file():
+        raise UsageError(f"{log}: no step log there; pass --log FILE (and --log-format)")
+    try:
+        rows = LogRows(log, get_format(args.log_format, args.regex))
+    except LogFormatError as e:
+        raise UsageError(str(e)) from None
+    cfg = load_config(args.config, _overrides(args.set))
+    state = checkpoint.loader_state(args.run)
+    return rows, open_tracer(cfg, None, state, progress=_replay_progress)
+
+
+def _spike_listing(tracer, spike: dict) -> dict:
+    """A spike with its traced samples joined with its log row; warns when the keys differ."""
+    from energon_platform.training.spike_samples import step_samples
+
+    listing = step_samples(tracer.step(spike["step"]), spike.get("row"))
+    if listing["keys_agree"] is False:
+        print(
+            f"warning: step {spike['step']}: the log's keys are not the ones trace computes from "
+            f"the config and checkpoints (another config or --set?); listing trace's",
+            file=sys.stderr,
+        )
+    return listing
+
+
+def _print_exclusions(args, rows, tracer) -> int:
+    """``spikes --exclude-from STEP``: the rules as YAML on stdout."""
+    import yaml
+
+    from energon_platform.training.spike_samples import exclude_rules
+
+    row = next((r for r in rows if r["step"] == args.exclude_from), None)
+    if row is None:
+        raise UsageError(
+            f"--exclude-from {args.exclude_from}: {rows.path} logs no such step; "
+            f"pick a step it logs (see the spikes listed without --exclude-from)"
+        )
+    listing = _spike_listing(tracer, {"step": row["step"], "row": row})
+    top = args.top
+    if not listing["losses_logged"] and top is not None:
+        print(
+            f"note: step {row['step']} logs no sample_losses: excluding all of its samples",
+            file=sys.stderr,
+        )
+        top = None
+    print(yaml.safe_dump(exclude_rules(row["step"], listing["samples"], top), sort_keys=False))
+    return 0
+
+
+def cmd_spikes(args) -> int:
+    from energon_platform.loader.trace import TraceError
+    from energon_platform.training.spike_samples import format_spike
+    from energon_platform.training.spikes import find_spikes
+
+    rows, tracer = _spike_inputs(args)
+    try:
+        if args.exclude_from is not None:
+            return _print_exclusions(args, rows, tracer)
+        found = 0
+        for spike in find_spikes(rows, args.z, args.window):
+            listing = _spike_listing(tracer, spike)
+            spike.pop("row")
+            found += 1
+            if args.json:
+                print(json.dumps({**spike, **listing, "samples": listing["samples"][: args.top]}))
+            else:
+                print(format_spike(spike, listing, args.top))
+    except TraceError as e:
+        raise UsageError(str(e)) from None
+    if rows.skipped:
+        print(f"skipped {rows.skipped} line(s) of {rows.path} that are no step", file=sys.stderr)
+    if not args.json:
+        print(f"{found} spike(s) (z >= {args.z:g} over {args.window} steps, or a NaN/inf loss)")
     return 0
 
 
@@ -957,6 +1107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(sub)
     _add_preview(sub)
     _add_trace(sub)
+    _add_spikes(sub)
     return parser
 
 

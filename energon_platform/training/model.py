@@ -128,16 +128,22 @@ class CaptionModel(nn.Module):
             out = out.index_add(0, where.to(out.device), vectors)
         return out
 
-    def forward(self, batch: Any) -> torch.Tensor:
+    def forward(self, batch: Any, per_document: bool = False) -> Any:
         """The *summed* LM loss over ``batch.loss_mask`` (float32 scalar). The trainer divides by
         the number of target tokens of the whole global batch, so the objective does not depend on
-        how the global batch is split over ranks and micro-batches."""
+        how the global batch is split over ranks and micro-batches. ``per_document``: return
+        ``(summed loss, per-document mean losses)`` instead (:func:`document_losses`)."""
         pos = batch.position_ids.clamp(max=self.positions.num_embeddings - 1)
         x = self.tokens(batch.tokens) + self.positions(pos)
         media = self.media_vectors(batch)
         if media is not None:
             x = x + media[document_index(batch.position_ids, batch.num_docs)]
-        return lm_loss(self, x, batch.position_ids, batch.labels, batch.loss_mask)
+        token_loss = lm_token_loss(self, x, batch.position_ids, batch.labels, batch.loss_mask)
+        if not per_document:
+            return token_loss.sum()
+        return token_loss.sum(), document_losses(
+            token_loss, batch.loss_mask, batch.position_ids, batch.num_docs
+        )
 
 
 def lm_loss(
@@ -148,8 +154,39 @@ def lm_loss(
     loss_mask: torch.Tensor,
 ) -> torch.Tensor:
     """The summed next-token loss of ``lm``'s ``blocks``, ``norm`` and ``head`` over input
-    embeddings ``x`` ``(N, S, dim)``: causal attention within each document (``position_ids``
-    restart at 0 where a document starts), cross-entropy on ``labels`` weighted by ``loss_mask``."""
+    embeddings ``x`` ``(N, S, dim)`` (the sum of :func:`lm_token_loss`)."""
+    return lm_token_loss(lm, x, position_ids, labels, loss_mask).sum()
+
+
+def document_losses(
+    token_loss: torch.Tensor,
+    loss_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    num_docs: torch.Tensor,
+) -> torch.Tensor:
+    """float64 ``(D,)``, detached: each document's mean loss over its own target positions
+    (``token_loss``: :func:`lm_token_loss`'s flat, ``loss_mask``-weighted losses; documents found
+    by ``position_ids`` restarting at 0, packed or not); NaN for a document without targets."""
+    docs = document_index(position_ids, num_docs).flatten()
+    n_docs = int(num_docs.sum())
+    mask = loss_mask.flatten().double()
+    zeros = torch.zeros(n_docs, dtype=torch.float64, device=token_loss.device)
+    sums = zeros.index_add(0, docs, token_loss.detach().double())
+    counts = zeros.index_add(0, docs, mask)
+    return sums / counts  # 0/0 is NaN: no targets
+
+
+def lm_token_loss(
+    lm: nn.Module,
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    labels: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
+    """float32 ``(N * S,)``: the next-token loss of ``lm``'s ``blocks``, ``norm`` and ``head`` at
+    each position of input embeddings ``x`` ``(N, S, dim)``, weighted by ``loss_mask``: causal
+    attention within each document (``position_ids`` restart at 0 where a document starts),
+    cross-entropy on ``labels``."""
     blocked = attention_mask(position_ids)
     mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(
         blocked, float("-inf")
@@ -159,4 +196,4 @@ def lm_loss(
         x = block(x, src_mask=mask)
     logits = lm.head(lm.norm(x))
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
-    return (loss * loss_mask.flatten()).sum()
+    return loss * loss_mask.flatten()

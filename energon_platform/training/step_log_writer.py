@@ -22,6 +22,9 @@ without them, by the loss only (|Δloss| <= 0.01). Opening a log that a kill lef
 unterminated last line cuts that line first, so the next row starts on a line of its own; the
 readers skip such a torn line as well.
 
+``sample_losses`` (each key's own loss, aligned with ``keys``) is optional too: ``energon-platform
+spikes`` ranks a loss spike's samples by it; check-resume does not compare it.
+
 Under ``torch.distributed`` only rank 0 writes (``rank=`` overrides; without an initialised
 process group, the ``RANK`` environment variable torchrun sets). Rank 0 sees its own part of the
 batch only: to log the global batch, gather each rank's keys and :func:`batch_digest` first (see
@@ -35,12 +38,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StepLog", "batch_digest", "open_for_append"]
+__all__ = ["StepLog", "batch_digest", "checked_sample_losses", "open_for_append"]
 
 
 def _update(h: hashlib._Hash, obj: Any) -> None:
@@ -79,6 +83,28 @@ def batch_digest(batch: Any) -> str:
     h = hashlib.sha256()
     _update(h, batch)
     return h.hexdigest()
+
+
+def checked_sample_losses(values: Any, keys: list[str] | None) -> list[float]:
+    """``values`` (floats, or a 1-D tensor) as a list of floats aligned with ``keys``;
+    ``ValueError`` (one line) without keys, for another length, or for a value that is not a
+    number or is infinite (NaN is allowed: a sample without targets)."""
+    if keys is None:
+        raise ValueError("StepLog.write: sample_losses needs keys (one loss per key)")
+    values = values.tolist() if hasattr(values, "tolist") else list(values)
+    if len(values) != len(keys):
+        raise ValueError(
+            f"StepLog.write: {len(values)} sample_losses for {len(keys)} keys; give one per key"
+        )
+    out = []
+    for key, v in zip(keys, values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isinf(v):
+            raise ValueError(
+                f"StepLog.write: sample_losses of key {key!r} is {v!r}; expected a finite float "
+                f"(or NaN)"
+            )
+        out.append(float(v))
+    return out
 
 
 def open_for_append(path: str | os.PathLike):
@@ -121,12 +147,22 @@ class StepLog:
         self._file = None
 
     def write(
-        self, step: int, loss: float, keys: list[str] | None = None, batch: Any = None, **extra: Any
+        self,
+        step: int,
+        loss: float,
+        keys: list[str] | None = None,
+        batch: Any = None,
+        sample_losses: Any = None,
+        **extra: Any,
     ) -> None:
         """Log ``step`` (an int, the count of optimizer steps done, 1 for the first) and its
         ``loss`` (a float or a one-element tensor); ``keys``: sample keys of the step's batch;
-        ``batch``: tensors to digest (:func:`batch_digest`); ``extra``: more JSON fields (e.g.
-        ``resumed_from=step`` on the first row after a restore, which check-resume then verifies)."""
+        ``batch``: tensors to digest (:func:`batch_digest`); ``sample_losses``: each key's loss
+        (aligned with ``keys``: a list of floats or a 1-D tensor; finite, or NaN for a sample
+        without targets; ``energon-platform spikes`` ranks a step's samples by them);
+        ``extra``: more JSON fields (e.g. ``resumed_from=step`` on the first row after a
+        restore, which check-resume then verifies). ``ValueError`` for a ``sample_losses`` that
+        does not fit ``keys``."""
         if not self.enabled:
             return
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -138,6 +174,8 @@ class StepLog:
         }  # NaN/Infinity as Python's json writes them
         if keys is not None:
             row["keys"] = [str(k) for k in keys]
+        if sample_losses is not None:
+            row["sample_losses"] = checked_sample_losses(sample_losses, row.get("keys"))
         if batch is not None:
             row["batch_sha256"] = batch_digest(batch)
         row.update(extra)

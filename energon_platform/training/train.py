@@ -5,6 +5,7 @@ takes one global batch (``loader.accumulation`` micro-batches per rank), does Ad
 schedule, and rank 0 appends one JSON line to ``OUT/log.jsonl``::
 
     {"step": 7, "loss": 5.91..., "keys": [...global batch keys, rank order...],
+     "sample_losses": [...each key's document's mean loss over its own targets...],
      "batch_sha256": "...", "global_batch": 6, "epoch": 0.19, "world_size": 2, "num_workers": 2,
      "datasets": {"coco": {"samples": 56, "epochs": 0.19}, ...}}
 
@@ -155,6 +156,12 @@ def _filled(micro_batches: list, loader: Any, world: int, device: Any) -> dict:
     )
     used, slots = _all_reduce(counts, world).tolist()
     return {"padding": round(1.0 - used / slots, 4) if slots else 0.0}
+
+
+def _sorted_by_key(keys: list[str], losses: list[float]) -> tuple[list[str], list[float]]:
+    """``keys`` sorted, with ``losses`` (aligned with ``keys``) in the same order."""
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return [keys[i] for i in order], [losses[i] for i in order]
 
 
 def _gather(obj: Any, world: int) -> list:
@@ -339,12 +346,14 @@ def _train(
         )
         filled = _filled(micro_batches, loader, world, device)
         local_loss = torch.zeros((), dtype=torch.float64, device=device)
+        sample_losses = []
         for micro, batch in enumerate(micro_batches):
             sync = ddp.no_sync() if world > 1 and micro < len(micro_batches) - 1 else nullcontext()
             with sync:
-                loss_sum = ddp(batch)
+                loss_sum, doc_losses = ddp(batch, per_document=True)
                 (loss_sum * (world / targets.clamp(min=1.0)).float()).backward()
             local_loss += loss_sum.detach().double()
+            sample_losses += doc_losses.tolist()
         loss_value = float(_all_reduce(local_loss, world) / targets.clamp(min=1.0))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -353,19 +362,22 @@ def _train(
         step += 1
         save = step % cfg.train.checkpoint_every == 0 or step == total_steps
         val_loss = evaluate(model, val, world, device) if save and val is not None else None
-        gathered = _gather((keys, digests), world)
+        gathered = _gather((keys, digests, sample_losses), world)
         if rank == 0:
-            all_keys, all_digests = (
+            all_keys, all_digests, all_losses = (
                 [k for g in gathered for k in g[0]],
                 [d for g in gathered for d in g[1]],
+                [v for g in gathered for v in g[2]],
             )
             if loader.batching.sorts_logged_keys:  # rank order depends on the world size
-                all_keys, all_digests = sorted(all_keys), sorted(all_digests)
+                all_keys, all_losses = _sorted_by_key(all_keys, all_losses)
+                all_digests = sorted(all_digests)
             consumed = loader.consumed()  # before the next global batch: this step included
             row = {
                 "step": step,
                 "loss": loss_value,
                 "keys": all_keys,
+                "sample_losses": all_losses,
                 "batch_sha256": hashlib.sha256("".join(all_digests).encode()).hexdigest(),
                 "global_batch": global_batch,
                 "epoch": round(next(iter(consumed.values()))["epochs"], 4),

@@ -33,7 +33,8 @@ from energon_platform.config import ModelConfig
 from energon_platform.training.model import (
     CaptionModel,
     document_index,
-    lm_loss,
+    document_losses,
+    lm_token_loss,
     media_of,
     n_mels_of,
 )
@@ -153,7 +154,9 @@ class TwoTowerModel(nn.Module):
             out = out.index_add(0, docs.to(out.device), vectors)
         return out
 
-    def forward(self, batch: Any) -> torch.Tensor:
+    def forward(self, batch: Any, per_document: bool = False) -> Any:
+        """The summed LM loss, or with ``per_document`` ``(summed loss, per-document mean losses)``,
+        as :meth:`CaptionModel.forward <energon_platform.training.model.CaptionModel.forward>`."""
         if self.vision is not None and spliced(batch):
             x, position_ids, labels, loss_mask = self.splice(batch)
         else:
@@ -163,7 +166,12 @@ class TwoTowerModel(nn.Module):
         if media is not None:
             x = x + media[document_index(position_ids, batch.num_docs)]
         pos = position_ids.clamp(max=self.positions.num_embeddings - 1)
-        return lm_loss(self, x + self.positions(pos), position_ids, labels, loss_mask)
+        token_loss = lm_token_loss(self, x + self.positions(pos), position_ids, labels, loss_mask)
+        if not per_document:
+            return token_loss.sum()
+        return token_loss.sum(), document_losses(
+            token_loss, loss_mask, position_ids, batch.num_docs
+        )
 
     def splice(self, batch: Any) -> tuple[torch.Tensor, ...]:
         """Token embeddings with every image placeholder replaced by its tiles' ViT embeddings:
