@@ -865,6 +865,69 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="a training run as one self-contained HTML page (curves, spikes and their samples)",
+        description="Read RUN/log.jsonl and write one HTML file that opens offline: the loss "
+        "curve with its spikes marked (and another run's loss with --compare), the learning "
+        "rate, per-rank cost and padding of balanced runs, per-dataset samples and exclusions "
+        "of blends, and for each spike its samples as the model sees them (read from the "
+        "datasets of --config by key). Lines of the log that are not step rows are counted "
+        "and skipped. See docs/report.md.",
+    )
+    p.add_argument("--run", required=True, help="the run's output folder (holds log.jsonl)")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument(
+        "--config", help="the run config YAML: its datasets and encoder draw the spikes' samples"
+    )
+    p.add_argument("--compare", metavar="RUN", help="another run folder: its loss drawn against")
+    p.add_argument(
+        "--z", type=_positive_float, default=4.0, help="spike threshold in z-scores (default 4)"
+    )
+    p.add_argument(
+        "--window",
+        type=_positive,
+        default=50,
+        help="steps before each step that its z-score is taken over (default 50)",
+    )
+    p.set_defaults(func=cmd_report)
+
+
+def _run_spikes(run_dir: str, z: float, window: int) -> list[dict]:
+    """The spikes of ``run_dir``'s log (:mod:`energon_platform.training.spikes`), none where that
+    module is not part of this installation."""
+    try:
+        from energon_platform.training.spikes import find_spikes
+    except ModuleNotFoundError:
+        return []
+    from energon_platform.training.step_log_readers import JsonLines, read_steps
+
+    rows = list(read_steps(Path(run_dir) / "log.jsonl", JsonLines()).values())
+    return find_spikes(rows, z, window)
+
+
+def cmd_report(args) -> int:
+    from energon_platform.tools.report import ReportError, build_report
+
+    try:
+        info = build_report(
+            args.run,
+            args.out,
+            spikes=_run_spikes(args.run, args.z, args.window),
+            compare_run=args.compare,
+            config=args.config,
+        )
+    except ReportError as e:
+        raise UsageError(str(e)) from None
+    skipped = f"; {info['corrupt']} corrupt lines skipped" if info["corrupt"] else ""
+    print(
+        f"{info['path']}: {info['steps']} steps, {info['spikes']} spikes, "
+        f"{info['bytes']} bytes{skipped}"
+    )
+    return 0
+
+
 def _add_prepare(sub) -> None:
     p = sub.add_parser(
         "prepare",
@@ -957,6 +1020,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(sub)
     _add_preview(sub)
     _add_trace(sub)
+    _add_report(sub)
     return parser
 
 
