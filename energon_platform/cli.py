@@ -881,6 +881,12 @@ def _add_report(sub) -> None:
     p.add_argument(
         "--config", help="the run config YAML: its datasets and encoder draw the spikes' samples"
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a value of --config, e.g. data.path=out/demo/blend.yaml",
+    )
     p.add_argument("--compare", metavar="RUN", help="another run folder: its loss drawn against")
     p.add_argument(
         "--z", type=_positive_float, default=4.0, help="spike threshold in z-scores (default 4)"
@@ -908,15 +914,19 @@ def _run_spikes(run_dir: str, z: float, window: int) -> list[dict]:
 
 
 def cmd_report(args) -> int:
+    from energon_platform.config import load_config
     from energon_platform.tools.report import ReportError, build_report
 
+    if args.set and not args.config:
+        raise UsageError("--set overrides values of --config; pass --config too")
+    config = load_config(args.config, _overrides(args.set)) if args.config else None
     try:
         info = build_report(
             args.run,
             args.out,
             spikes=_run_spikes(args.run, args.z, args.window),
             compare_run=args.compare,
-            config=args.config,
+            config=config,
         )
     except ReportError as e:
         raise UsageError(str(e)) from None
