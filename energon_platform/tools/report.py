@@ -202,6 +202,15 @@ def _plot(ax: Any, steps: np.ndarray, y: np.ndarray, label: str, keep=None, **st
     ax.plot(steps[idx], y[idx], label=label, linewidth=0.9, **style)
 
 
+def _legend(ax: Any, *twins: Any, loc: str = "best") -> None:
+    """One legend inside ``ax`` for the curves of ``ax`` and of its twin axes."""
+    handles, labels = ax.get_legend_handles_labels()
+    for twin in twins:
+        more = twin.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc=loc, fontsize=8)
+
+
 def _spike_index(log: RunLog, spikes: list[dict]) -> np.ndarray:
     """Row indices of the spikes' steps in ``log`` (steps not logged are left out)."""
     wanted = np.array(sorted({int(s["step"]) for s in spikes}), dtype=np.int64)
@@ -244,21 +253,22 @@ def balance_chart(log: RunLog) -> str:
     right = ax.twinx()
     right.set_ylabel("padding")
     _plot(right, log.steps, log.padding, "padding", color="tab:gray")
-    fig.legend(loc="upper right", fontsize=8)
+    _legend(ax, right)
     return _svg(fig)
 
 
 def datasets_chart(log: RunLog) -> str:
     """Samples consumed per dataset (cumulative) and, when any, samples excluded per step."""
-    fig, ax = _figure("Blend: samples consumed per dataset, excluded per step", "samples (total)")
+    title = "Blend: samples consumed per dataset" + (", excluded per step" if log.excluded else "")
+    fig, ax = _figure(title, "samples (total)")
     for name, column in log.samples.items():
         _plot(ax, log.steps, column, name)
-    if log.excluded:
-        right = ax.twinx()
+    twins = [ax.twinx()] if log.excluded else []
+    for right in twins:
         right.set_ylabel("excluded per step")
         for name, column in log.excluded.items():
             _plot(right, log.steps, column, f"{name} excluded", linestyle="--")
-    fig.legend(loc="upper left", fontsize=8)
+    _legend(ax, *twins, loc="upper left")
     return _svg(fig)
 
 
