@@ -905,7 +905,9 @@ def _run_spikes(run_dir: str, z: float, window: int) -> list[dict]:
     module is not part of this installation."""
     try:
         from energon_platform.training.spikes import find_spikes
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as e:
+        if e.name != "energon_platform.training.spikes":
+            raise
         return []
     from energon_platform.training.step_log_readers import JsonLines, read_steps
 

@@ -117,6 +117,15 @@ def test_a_million_steps_stay_under_ten_megabytes(tmp_path):
     assert info["steps"] == n and info["bytes"] < 10 * 2**20
 
 
+def test_compare_run_is_drawn_against_the_run(tmp_path):
+    run = _write_log(tmp_path / "first", [{"step": s, "loss": 3.0 / s} for s in range(1, 9)])
+    replay = _write_log(tmp_path / "replay", [{"step": s, "loss": 2.9 / s} for s in range(1, 9)])
+    build_report(run, tmp_path / "r.html", compare_run=replay)
+    page = (tmp_path / "r.html").read_text()
+    chart = page[page.index('id="chart-loss"') : page.index("</figure>")]
+    assert "replay (compared)" in chart and "<th>compared with</th>" in page
+
+
 def _report(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "energon_platform", "report", *args],
