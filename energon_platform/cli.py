@@ -1049,6 +1049,93 @@ def cmd_prepare(args) -> int:
 
 
 #: Libraries that log the errors they raise: the CLI reports each error itself, in one line.
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="a training run as one self-contained HTML page (curves, spikes and their samples)",
+        description="Read RUN/log.jsonl and write one HTML file that opens offline: the loss "
+        "curve with its spikes marked (and another run's loss with --compare), the learning "
+        "rate, per-rank cost and padding of balanced runs, per-dataset samples and exclusions "
+        "of blends, and for each spike its samples as the model sees them (read from the "
+        "datasets of --config by key). Lines of the log that are not step rows are counted "
+        "and skipped. See docs/spikes.md.",
+    )
+    p.add_argument("--run", required=True, help="the run's output folder (holds log.jsonl)")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument(
+        "--config", help="the run config YAML: its datasets and encoder draw the spikes' samples"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a value of --config, e.g. data.path=out/demo/blend.yaml",
+    )
+    p.add_argument("--compare", metavar="RUN", help="another run folder: its loss drawn against")
+    p.add_argument(
+        "--z", type=_positive_float, default=4.0, help="spike threshold in z-scores (default 4)"
+    )
+    p.add_argument(
+        "--window",
+        type=_positive,
+        default=50,
+        help="steps before each step that its z-score is taken over (default 50)",
+    )
+    p.set_defaults(func=cmd_report)
+
+
+def _report_spikes(args, config) -> list[dict]:
+    """The spikes of ``--run``'s log.jsonl (:func:`~energon_platform.training.spikes.find_spikes`),
+    each with its samples traced from ``config`` and the run's newest checkpoint (none without
+    ``--config``, or in a run without a checkpoint: the panels then list no samples)."""
+    from energon_platform.loader.trace import open_tracer
+    from energon_platform.training import checkpoint
+    from energon_platform.training.spike_samples import LogRows, step_samples
+    from energon_platform.training.spikes import find_spikes, spike_rows
+    from energon_platform.training.step_log_readers import JsonLines
+
+    log = Path(args.run) / "log.jsonl"
+    if not log.is_file():
+        return []  # the report names the missing log
+    spikes = spike_rows(find_spikes(LogRows(log, JsonLines()), args.z, args.window))
+    tracer = None
+    if config is not None and spikes:
+        try:
+            tracer = open_tracer(config, None, checkpoint.loader_state(args.run))
+        except checkpoint.CheckpointError as e:
+            print(f"note: {e}; the spikes' samples are not listed", file=sys.stderr)
+    for spike in spikes:
+        row = spike.pop("row")
+        if tracer is not None:
+            spike["samples"] = step_samples(tracer.step(spike["step"]), row)["samples"]
+    return spikes
+
+
+def cmd_report(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.tools.report import ReportError, build_report
+
+    if args.set and not args.config:
+        raise UsageError("--set overrides values of --config; pass --config too")
+    config = load_config(args.config, _overrides(args.set)) if args.config else None
+    try:
+        info = build_report(
+            args.run,
+            args.out,
+            spikes=_report_spikes(args, config),
+            compare_run=args.compare,
+            config=config,
+        )
+    except ReportError as e:
+        raise UsageError(str(e)) from None
+    skipped = f"; {info['corrupt']} corrupt lines skipped" if info["corrupt"] else ""
+    print(
+        f"{info['path']}: {info['steps']} steps, {info['spikes']} spikes, "
+        f"{info['bytes']} bytes{skipped}"
+    )
+    return 0
+
+
 QUIET_LOGGERS = ("multistorageclient",)
 
 
@@ -1108,6 +1195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_preview(sub)
     _add_trace(sub)
     _add_spikes(sub)
+    _add_report(sub)
     return parser
 
 

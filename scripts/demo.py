@@ -7,7 +7,8 @@
    clouds, three views each (``preview-3d.png``);
 3. train the reference model on a three-modality blend (``configs/blend_demo.yaml``: image-text,
    audio-text and text-only, an Energon metadataset), kill it with SIGKILL in the middle of a step,
-   resume it, and check that every step after the resume matches an uninterrupted run bit for bit.
+   resume it, and check that every step after the resume matches an uninterrupted run bit for bit;
+4. write the run report (``report.html``: loss curves of both runs, learning rate, the blend).
 """
 
 from __future__ import annotations
@@ -314,6 +315,21 @@ def main() -> int:
         str(kill_at),
         "--out",
         str(out / "check-resume"),
+    )
+
+    print("\n== 4. the run report: one HTML page that opens offline ==", flush=True)
+    sh(
+        "report",
+        "--run",
+        str(out / "check-resume" / "straight"),
+        "--compare",
+        str(out / "check-resume" / "killed"),
+        "--config",
+        "configs/train_blend.yaml",
+        "--set",
+        f"data.path={blend}",
+        "--out",
+        str(out / "report.html"),
     )
     return 0
 
