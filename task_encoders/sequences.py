@@ -12,6 +12,11 @@ Conventions (shared by every batch type here, Megatron-LM GPT style):
   loss-masked). So ``cu_seqlens`` (int32, ``(D + 1,)`` over the flattened ``N * S`` tokens) has
   exactly one segment per document and ``cu_seqlens[-1] == N * S``; ``position_ids`` restart at 0
   at every segment start; ``doc_lengths`` (int32, ``(D,)``) are the real, unpadded lengths.
+* With a segment ``multiple`` (context parallelism over ``N`` ranks needs ``2N``): every document's
+  segment is its length rounded up to a multiple of it (:func:`padded_length`), the padding
+  loss-masked after the document; the row's last segment takes the rest of the row, so with
+  ``seq_len`` a multiple too, every segment is one (what TransformerEngine's ``cu_seqlens_padded``
+  asks for).
 """
 
 from __future__ import annotations
@@ -47,25 +52,35 @@ def first_fit_decreasing(
     return packs
 
 
-def layout_row(docs: Sequence[torch.Tensor], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """One row from documents (int64 ``(L_i,)``, ``sum L_i <= seq_len``).
+def padded_length(length: int, multiple: int = 1) -> int:
+    """``length`` rounded up to a multiple of ``multiple`` (the positions a document's segment
+    takes in a row laid out with that segment multiple)."""
+    return -(-length // multiple) * multiple
+
+
+def layout_row(
+    docs: Sequence[torch.Tensor], seq_len: int, pad_id: int, multiple: int = 1
+) -> dict[str, torch.Tensor]:
+    """One row from documents (int64 ``(L_i,)``, their :func:`padded_length` summing to at most
+    ``seq_len``), each segment a multiple of ``multiple`` but the last (module conventions).
 
     Returns ``tokens``, ``labels`` (int64 ``(S,)``), ``loss_mask`` (float32 ``(S,)``),
     ``position_ids`` (int64 ``(S,)``) and ``doc_lengths`` (int32 ``(D,)``), per the module conventions.
     """
     lengths = [int(d.numel()) for d in docs]
-    if not docs or sum(lengths) > seq_len or min(lengths) < 1:
+    slots = [padded_length(n, multiple) for n in lengths]
+    if not docs or sum(slots) > seq_len or min(lengths) < 1:
         raise ValueError(f"cannot lay out documents of lengths {lengths} in a row of {seq_len}")
     tokens = torch.full((seq_len,), pad_id, dtype=torch.int64)
     labels = torch.full((seq_len,), pad_id, dtype=torch.int64)
     loss_mask = torch.zeros(seq_len, dtype=torch.float32)
     start = 0
-    for doc, length in zip(docs, lengths):
+    for doc, length, slot in zip(docs, lengths, slots):
         tokens[start : start + length] = doc
         labels[start : start + length - 1] = doc[1:]
         loss_mask[start : start + length - 1] = 1.0
-        start += length
-    segments = lengths[:-1] + [seq_len - sum(lengths[:-1])]
+        start += slot
+    segments = slots[:-1] + [seq_len - sum(slots[:-1])]
     position_ids = torch.cat([torch.arange(n, dtype=torch.int64) for n in segments])
     return {
         "tokens": tokens,
@@ -83,11 +98,7 @@ def collate_rows(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     ``(N, S)``), ``cu_seqlens`` (int32 ``(D + 1,)``), ``max_seqlen`` (int, longest segment),
     ``num_docs`` (int32 ``(N,)``) and ``doc_lengths`` (int32 ``(D,)``).
     """
-    seq_len = int(rows[0]["tokens"].numel())
-    segments = []
-    for row in rows:
-        lengths = row["doc_lengths"].tolist()
-        segments += lengths[:-1] + [seq_len - sum(lengths[:-1])]
+    segments = [n for row in rows for n in row_segments(row["position_ids"])]
     cu_seqlens = torch.zeros(len(segments) + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.cumsum(torch.tensor(segments, dtype=torch.int64), 0).to(torch.int32)
     out: dict[str, torch.Tensor | int] = {
@@ -101,6 +112,12 @@ def collate_rows(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
         doc_lengths=torch.cat([row["doc_lengths"] for row in rows]),
     )
     return out
+
+
+def row_segments(position_ids: torch.Tensor) -> list[int]:
+    """The attention segments' lengths of a row, from its ``position_ids`` (0 at each start)."""
+    starts = (position_ids == 0).nonzero().flatten().tolist() + [int(position_ids.numel())]
+    return [b - a for a, b in zip(starts, starts[1:])]
 
 
 def pad_stack(

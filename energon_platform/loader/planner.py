@@ -85,7 +85,8 @@ class BatchPlan:
 @dataclass
 class Planner:
     """Plans global batches of one run (module doc). ``lengths(positions)`` gives each stream
-    position's ``(row_length, work_length)``; ``cost(work_length)`` its balance cost."""
+    position's ``(row_length, work_length)``; ``cost(work_length)`` its balance cost, or, for a
+    cost that changed during the run, ``cost.at(batch)`` that of global batch ``batch``."""
 
     lengths: Any
     cost: Any
@@ -157,6 +158,11 @@ class Planner:
                 del self._cache[oldest]
         return plan
 
+    def cost_at(self, batch: int) -> Any:
+        """``cost(work_length)`` of global batch ``batch`` (see :attr:`cost`)."""
+        at = getattr(self.cost, "at", None)
+        return self.cost if at is None else at(batch)
+
     def _plan(self, state: PlanState) -> BatchPlan:
         pool = Pool(self, state)
         if self.capacity:
@@ -181,7 +187,8 @@ class Planner:
         pool.read(want, lambda i: 1, minimum=g)  # more only when waiting copies leave too few live
         pool.require(g, state.batch, "samples")
         live = pool.live
-        costs = {i: self.cost(pool.lengths[i][1]) for i in live}
+        cost = self.cost_at(state.batch)
+        costs = {i: cost(pool.lengths[i][1]) for i in live}
         forced = [live[0]] + [i for i in pool.due if i != live[0]][: g - 1]
         if len(forced) == 1:  # the common case: a window of like cost around the oldest
             ranked = sorted(live, key=lambda i: (costs[i], i))
@@ -219,7 +226,8 @@ class Planner:
         )
         pool.require(rows, state.batch, "documents to lead its rows")
         live = pool.prioritised(state)
-        costs = {i: self.cost(pool.lengths[i][1]) for i in live}
+        cost = self.cost_at(state.batch)
+        costs = {i: cost(pool.lengths[i][1]) for i in live}
         pack = pack_led_rows if self.led else partial(pack_rows, balance=True)
         rows_, _ = pack(
             [pool.lengths[i][0] for i in live],
@@ -232,7 +240,8 @@ class Planner:
         return self._batch(state, pool, [[live[k] for k in row] for row in rows_], costs)
 
     def _budgeted(self, state: PlanState, pool: Pool) -> BatchPlan:
-        cost_of = lambda i: self.cost(pool.lengths[i][1])  # noqa: E731
+        cost = self.cost_at(state.batch)
+        cost_of = lambda i: cost(pool.lengths[i][1])  # noqa: E731
         pool.read(self.fill * self.budget, cost_of, minimum=self.items_per_batch)
         pool.require(self.items_per_batch, state.batch, "samples")
         live = pool.prioritised(state)

@@ -190,9 +190,10 @@ class RunPlan:
 
     def resume(self, state: LoaderState) -> None:
         """Continue from ``state``: its orders, exclusion and blend history and (planned) its plan
-        state. :class:`StateMismatchError` for other data or config, :class:`LayoutError` for a
-        state saved in the middle of a global batch that this layout cannot continue. Changes
-        are logged by rank 0 and kept in :attr:`blend_changes`."""
+        state (``measured``: its cost history). :class:`StateMismatchError` for other data or
+        config, :class:`LayoutError` for a state saved in the middle of a global batch that this
+        layout cannot continue. Changes (blend, exclusions, cost model) are logged by rank 0 and
+        kept in :attr:`blend_changes`."""
         self._check_datasets(state)
         self._continue_orders(state)
         self._check_fingerprint(state)
@@ -222,7 +223,9 @@ class RunPlan:
             log.warning("blend changed at resume: %s", change)
         for change in excluded if self.rank == 0 else ():
             log.warning("loader.exclude changed at resume: %s", change)
-        self.blend_changes = changes + excluded
+        for change in self.batching.changes if self.rank == 0 else ():
+            log.warning("cost model changed at resume: %s", change)
+        self.blend_changes = changes + excluded + list(self.batching.changes)
         self._set_blend(segments, plan_state)
 
     def _check_datasets(self, state: LoaderState) -> None:

@@ -39,7 +39,8 @@ class LoaderState:
         list  #: per dataset ``{"samples", "epochs"}`` before the next global batch (informational)
     )
     #: with ``loader.balance``: where planning of the next global batch starts,
-    #: ``{"batch", "position", "carried": [stream positions]}`` (:class:`~energon_platform.loader.planner.PlanState`)
+    #: ``{"batch", "position", "carried": [stream positions]}`` (:class:`~energon_platform.loader.planner.PlanState`);
+    #: ``measured`` adds ``"costs"``, the cost history (:mod:`~energon_platform.loader.batching.cost_history`)
     plan: dict | None = None
     #: ``loader.exclude``'s history: ``[{"start", "end", "keys", "shards", "datasets"}, ...]``
     #: (:class:`~energon_platform.loader.exclusions.Exclusion`); None: nothing ever excluded
@@ -168,13 +169,18 @@ def _position(data: dict, key: str, low: int, where: str = "") -> None:
 
 
 def _plan(plan: Any) -> dict | None:
-    """A saved plan state, checked: ``{"batch", "position", "carried"}`` of integers in range."""
+    """A saved plan state, checked: ``{"batch", "position", "carried"}`` of integers in range,
+    and with ``loader.balance: measured`` its cost history ``costs`` (a list, whose entries the
+    batching mode checks)."""
     if plan is None:
         return None
-    if not isinstance(plan, dict) or set(plan) != {"batch", "position", "carried"}:
+    keys = {"batch", "position", "carried"}
+    if not isinstance(plan, dict) or not keys <= set(plan) <= keys | {"costs"}:
         raise StateMismatchError(
-            "loader state is malformed: plan must be {batch, position, carried}"
+            "loader state is malformed: plan must be {batch, position, carried[, costs]}"
         )
+    if not isinstance(plan.get("costs", []), list):
+        raise StateMismatchError("loader state is malformed: plan.costs must be a list")
     _position(plan, "batch", low=0, where="plan.")
     _position(plan, "position", low=0, where="plan.")
     carried = plan["carried"]
@@ -190,7 +196,8 @@ def _plan(plan: Any) -> dict | None:
             "loader state is malformed: plan.carried must list each stream position once, "
             "in increasing order"
         )
-    return {"batch": plan["batch"], "position": plan["position"], "carried": list(carried)}
+    checked = {"batch": plan["batch"], "position": plan["position"], "carried": list(carried)}
+    return {**checked, "costs": list(plan["costs"])} if "costs" in plan else checked
 
 
 def _exclude(rules: Any) -> list | None:

@@ -79,3 +79,21 @@ def test_pad_stack_pads_last_dim_and_reports_lengths():
     out, lengths = pad_stack([torch.ones(2, 3), torch.ones(2, 5)])
     assert out.shape == (2, 2, 5) and lengths.tolist() == [3, 5] and lengths.dtype == torch.int64
     assert out[0, :, 3:].abs().sum() == 0
+
+
+def test_layout_row_pads_each_document_to_the_segment_multiple():
+    """Context parallel over 2 ranks: every segment a multiple of 4, the padding after each
+    document loss-masked, ``doc_lengths`` unpadded."""
+    rows = [
+        layout_row([doc(5), doc(3), doc(2)], 16, PAD, multiple=4),
+        layout_row([doc(9)], 16, PAD),
+    ]
+    batch = collate_rows(rows)
+    assert batch["cu_seqlens"].tolist() == [0, 8, 12, 16, 32]
+    assert batch["doc_lengths"].tolist() == [5, 3, 2, 9]
+    assert batch["tokens"][0, :8].tolist() == doc(5).tolist() + [PAD] * 3
+    assert batch["tokens"][0, 8:11].tolist() == doc(3).tolist()
+    assert int(batch["loss_mask"].sum()) == sum(n - 1 for n in batch["doc_lengths"].tolist())
+    assert batch["loss_mask"][0, 4:8].tolist() == [0.0] * 4
+    with pytest.raises(ValueError):  # 8 + 8 + 4 positions padded
+        layout_row([doc(5), doc(5), doc(2)], 16, PAD, multiple=4)

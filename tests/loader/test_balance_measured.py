@@ -4,9 +4,10 @@ features is the planner's cost.
 Pure planner: the property checks of :mod:`tests.loader.test_plan_no_repeats` hold for the
 measured cost (packed, unpacked, budgeted, straight and resumed, dealt to 1, 2 and 8 ranks), and
 on samples whose vision work and tokens disagree, measured balances the predicted cost over ranks
-better than attention. Loader: the fingerprint names the cost model's digest, the balance stats
-carry its per-module spread, a bad cost file is one line through the CLI, and a measured run
-resumes exactly after a SIGKILL on another layout.
+better than attention. Loader: the fingerprint names the cost features, the balance stats
+carry its per-module spread, another cost file at resume is recorded in the state's cost history
+(earlier steps replay as planned), a bad cost file is one line through the CLI, and a measured
+run resumes exactly after a SIGKILL on another layout.
 """
 
 from __future__ import annotations
@@ -160,29 +161,127 @@ def _measured_config(mds, cache, cost, **loader):
     return _config(mds, cache, balance="measured", cost_model=str(cost), **loader)
 
 
-def test_a_measured_loader_fingerprints_its_cost_model_and_logs_each_modules_spread(
+def test_a_measured_loader_fingerprints_its_cost_features_and_logs_each_modules_spread(
     three_packed, tmp_path
 ):
-    from energon_platform.loader.state import StateMismatchError
     from energon_platform.loader.train_loader import TrainLoader
 
     mds, cache = three_packed
-    cost = _cost_file(tmp_path / "a.json", llm_tokens=1e-5, vision_tiles=1e-3, audio_frames=1e-4)
+    cost = _cost_file(tmp_path / "a.json", **TILES)
     loader = TrainLoader(_measured_config(mds, cache, cost), num_workers=0)
     balance = loader.fingerprint["balance"]
-    assert balance["mode"] == "measured" and len(balance["cost_model"]["digest"]) == 16
+    assert balance["mode"] == "measured" and balance["cost_model"] == {"features": list(FEATURES)}
     stats = loader.balance_stats(0)
     assert stats["rank_cost"] >= 1.0 and set(stats["rank_cost_by_module"]) == set(MODULES)
     assert all(v >= 1.0 for v in stats["rank_cost_by_module"].values())
-    next(iter(loader))
-    state = loader.state_dict()
+    (entry,) = loader.state_at(loader.accumulation)["plan"]["costs"]
+    assert entry["batch"] == 0 and entry["digest"] == _digest(loader)
+    assert entry["coefficients"] == {**dict.fromkeys(FEATURES, 0.0), **TILES}
     loader.close()
-    other = _cost_file(tmp_path / "b.json", llm_tokens=2e-5, vision_tiles=1e-3)
-    changed = TrainLoader(_measured_config(mds, cache, other), num_workers=0)
-    with pytest.raises(StateMismatchError, match="balance.cost_model.digest") as e:
-        changed.load_state_dict(state)
+
+
+#: two cost files that plan differently: vision and audio dominate, or attention alone
+TILES = {"llm_tokens": 1e-5, "vision_tiles": 1e-3, "audio_frames": 1e-4}
+ATTENTION = {"llm_attention": 1e-6, "samples": 1e-2}
+
+
+def _measured_loader(three_packed, cost, state=None):
+    """A measured loader of the packed blend with cost file ``cost``, restored from ``state``."""
+    from energon_platform.loader.train_loader import TrainLoader
+
+    mds, cache = three_packed
+    loader = TrainLoader(_measured_config(mds, cache, cost), num_workers=0)
+    if state is not None:
+        loader.load_state_dict(state)
+    return loader
+
+
+def _digest(loader) -> str:
+    """The digest of the cost model a loader's config names."""
+    return loader.plan.batching.cost.cost_model.digest
+
+
+def _items(planner, batches) -> list:
+    return [planner.plan(b).items for b in batches]
+
+
+def test_another_cost_file_at_resume_continues_and_is_recorded_with_its_step(
+    three_packed, tmp_path, caplog
+):
+    import logging
+
+    tiles = _cost_file(tmp_path / "tiles.json", **TILES)
+    attention = _cost_file(tmp_path / "attention.json", **ATTENTION)
+    first = _measured_loader(three_packed, tiles)
+    old, new = _digest(first), None
+    with caplog.at_level(logging.WARNING, logger="energon_platform.loader.run_plan"):
+        resumed = _measured_loader(three_packed, attention, first.state_at(3 * first.accumulation))
+    new = _digest(resumed)
+    change = f"from global batch 3: loader.balance.cost_model digest {old} -> {new}"
+    assert resumed.blend_changes == [change]
+    logged = [r.getMessage() for r in caplog.records if "cost model changed" in r.getMessage()]
+    assert logged == [f"cost model changed at resume: {change}"]
+    later = resumed.state_at(5 * resumed.accumulation)
+    assert [(e["batch"], e["digest"]) for e in later["plan"]["costs"]] == [(0, old), (3, new)]
+    # from the resume on, the new coefficients: the plans of the attention file from there
+    alone = _measured_loader(three_packed, attention).planner
+    alone.restart(first.planner.state_at(3))
+    assert _items(resumed.planner, range(3, 5)) == _items(alone, range(3, 5))
+    assert resumed.planner.plan(3).costs != first.planner.plan(3).costs
+    # a resume from the later state with the same file changes nothing
+    again = _measured_loader(three_packed, attention, later)
+    assert not again.blend_changes and again.state_dict()["plan"]["costs"] == later["plan"]["costs"]
+    for loader in (first, resumed, alone, again):
+        getattr(loader, "close", lambda: None)()
+
+
+def test_a_trace_from_a_checkpoint_after_a_cost_change_replays_the_steps_before_it(
+    three_packed, tmp_path
+):
+    from energon_platform.loader.trace import Tracer
+
+    tiles = _cost_file(tmp_path / "tiles.json", **TILES)
+    attention = _cost_file(tmp_path / "attention.json", **ATTENTION)
+    first = _measured_loader(three_packed, tiles)
+    resumed = _measured_loader(three_packed, attention, first.state_at(3 * first.accumulation))
+    latest = resumed.state_at(5 * resumed.accumulation)
+    planned = _items(first.planner, range(3)) + _items(resumed.planner, range(3, 5))
+    assert _items(_measured_loader(three_packed, tiles).planner, range(3)) == planned[:3]
+    attention_only = _items(_measured_loader(three_packed, attention).planner, range(3))
+    assert attention_only != planned[:3], "the two cost files plan the first steps alike"
+    tracer = Tracer(_measured_loader(three_packed, attention, latest).plan)
+    assert [tracer.batch_plan(b).items for b in range(5)] == planned
+    assert [tracer.step(s)["keys"] for s in (1, 4)] == [
+        sorted(Tracer(first.plan).step(1)["keys"]),
+        sorted(Tracer(resumed.plan).step(4)["keys"]),
+    ]
+
+
+def test_a_state_saved_without_a_cost_history_resumes_with_its_cost_file(three_packed, tmp_path):
+    from energon_platform.loader.state import StateMismatchError
+
+    tiles = _cost_file(tmp_path / "tiles.json", **TILES)
+    first = _measured_loader(three_packed, tiles)
+    state = json.loads(json.dumps(first.state_at(2 * first.accumulation)))
+    saved = state["plan"].pop("costs")
+    state["fingerprint"]["balance"]["cost_model"] = {"digest": _digest(first), "model": "two_tower"}
+    same = _measured_loader(three_packed, tiles, state)
+    assert not same.blend_changes and same.state_dict()["plan"]["costs"] == saved
+    assert _items(same.planner, range(2, 4)) == _items(first.planner, range(2, 4))
+    other = _cost_file(tmp_path / "attention.json", **ATTENTION)
+    with pytest.raises(StateMismatchError, match=f"cost model {_digest(first)}") as e:
+        _measured_loader(three_packed, other, state)
     assert "\n" not in str(e.value)
-    changed.close()
+
+
+def test_a_cost_history_whose_digest_is_not_its_coefficients_is_refused(three_packed, tmp_path):
+    from energon_platform.loader.state import StateMismatchError
+
+    tiles = _cost_file(tmp_path / "tiles.json", **TILES)
+    state = _measured_loader(three_packed, tiles).state_at(2)
+    state["plan"]["costs"][0]["coefficients"]["samples"] = 1.0
+    with pytest.raises(StateMismatchError, match=r"plan.costs\[0\].digest"):
+        _measured_loader(three_packed, tiles, state)
 
 
 def test_other_modes_keep_their_fingerprint_and_stats(three_packed):

@@ -34,6 +34,7 @@ class Batching(Protocol):
     epoch_guard: int  #: positions each dataset's epoch boundary is kept from
     schedule_group: int  #: samples per schedule item
     planner: Any  #: the :class:`~energon_platform.loader.planner.Planner`, or None
+    changes: Any  #: what :meth:`resume_from` changed (strings naming the global batch)
 
     def start(self, schedule: Any, plan_state: Any = None) -> None: ...
     def fingerprint(self) -> dict: ...

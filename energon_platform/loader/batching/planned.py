@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from energon_platform.loader.batching.cost_history import CostEntry, CostHistory
 from energon_platform.loader.batching.costs import WORK, SampleCost, feature_work
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.planner import (
@@ -48,7 +49,11 @@ class PlannedBatching:
     cost: SampleCost
     length_indexes: list  #: per dataset, its length index
     prefixes: list[str]  #: per dataset, the prefix of its keys
+    #: ``measured``: the cost models by global batch (the config's from the start, or the resume)
+    history: CostHistory | None = None
     planner: Planner | None = field(default=None)
+    #: what :meth:`resume_from` changed (another cost model), with its global batch
+    changes: list[str] = field(default_factory=list)
 
     name = "planned"
     planned = True  #: global batches are planned (``planner``, ``LoaderState.plan``)
@@ -66,6 +71,7 @@ class PlannedBatching:
         _check(cfg, encoder, packed)
         linear = float(balance.linear if balance.linear is not None else _seq_len(encoder))
         cost_model = _cost_model(cfg, encoder)
+        cost = SampleCost(balance.mode, encoder, linear, cfg.source, cost_model)
         return cls(
             mode=balance.mode,
             window=balance.window,
@@ -75,9 +81,10 @@ class PlannedBatching:
             global_batch_size=lc.global_batch_size,
             packed_rows=packed,
             encoder=encoder,
-            cost=SampleCost(balance.mode, encoder, linear, cfg.source, cost_model),
+            cost=cost,
             length_indexes=_length_indexes(cfg, encoder, datasets, workers),
             prefixes=[datasets.key_prefix(d) for d in range(len(datasets.entries))],
+            history=CostHistory([CostEntry(0, cost_model, cost)]) if cost_model else None,
         )
 
     @property
@@ -100,7 +107,7 @@ class PlannedBatching:
         work = feature_work(self.encoder) if WORK.get(self.mode) == "features" else (None, 0)
         self.planner = Planner(
             SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes, *work),
-            self.cost,
+            self.history or self.cost,
             self.global_batch_size,
             capacity=self.encoder.seq_len if self.packed_rows else 0,
             budget=self.budget,
@@ -111,7 +118,8 @@ class PlannedBatching:
 
     def fingerprint(self) -> dict:
         """``{"balance": ...}``: what changes the rows and batches of a planned run (with
-        ``measured``, the cost model's digest: another cost file at resume is refused)."""
+        ``measured``, the cost features: the cost model itself may change at resume, and is kept
+        in the state's cost history)."""
         balance = {
             "mode": self.mode,
             "window": self.window,
@@ -120,16 +128,20 @@ class PlannedBatching:
             "linear": self.linear,
             "planner": PLANNER_VERSION,
         }
-        model = self.cost.cost_model
-        if model is not None:
-            balance["cost_model"] = {"digest": model.digest, "model": model.model}
+        if self.history is not None:
+            balance["cost_model"] = _cost_features()
         return {"balance": balance}
 
     def saved_fingerprint(self, saved: dict, warn: bool) -> dict:
         """``saved`` as this planner continues it: a checkpoint of the previous planner (which could
         place a small dataset's sample twice in a global batch) means the same saved position and
-        carried samples to this one, which continues from them (logged once when ``warn``)."""
+        carried samples to this one, which continues from them (logged once when ``warn``). A
+        measured checkpoint that fingerprinted its cost model's digest (saved before the cost
+        history) is continued by :meth:`resume_from`, which compares that digest."""
         balance = saved.get("balance")
+        if isinstance(balance, dict) and "digest" in (balance.get("cost_model") or {}):
+            balance = {**balance, "cost_model": _cost_features()}
+            saved = {**saved, "balance": balance}
         if not (isinstance(balance, dict) and balance.get("planner") == PREVIOUS_PLANNER_VERSION):
             return saved
         if warn:
@@ -142,18 +154,46 @@ class PlannedBatching:
         return {**saved, "balance": {**balance, "planner": PLANNER_VERSION}}
 
     def state_at(self, batch: int) -> dict:
-        """The planner's state at global batch ``batch`` (``LoaderState.plan``)."""
-        return self.planner.state_at(batch).to_json()
+        """The planner's state at global batch ``batch`` (``LoaderState.plan``); ``measured``
+        adds the cost history (``costs``)."""
+        plan = self.planner.state_at(batch).to_json()
+        return plan if self.history is None else {**plan, "costs": self.history.to_json()}
 
     def resume_from(self, state: Any) -> PlanState:
         """The plan state a saved :class:`~energon_platform.loader.state.LoaderState` continues
-        from; :class:`StateMismatchError` when it has none for its next global batch."""
+        from; :class:`StateMismatchError` when it has none for its next global batch.
+        ``measured`` continues the saved cost history (:attr:`changes`: another cost model from
+        the resume on)."""
         if state.plan is None or state.plan["batch"] != state.next_global_batch:
             raise StateMismatchError(
                 "the checkpoint's loader state has no plan for global batch "
                 f"{state.next_global_batch} (saved without loader.balance?)"
             )
+        if self.history is not None:
+            self.history, self.changes = self.history.continued(
+                self._saved_costs(state), state.next_global_batch, self._cost_with
+            )
         return PlanState.from_json(state.plan)
+
+    def _saved_costs(self, state: Any) -> list[dict]:
+        """The cost history of ``state``; a state saved before there was one names its cost
+        model's digest only, so it continues with that model alone (else
+        :class:`StateMismatchError`: its global batches could not be replayed)."""
+        if "costs" in state.plan:
+            return state.plan["costs"]
+        saved = ((state.fingerprint.get("balance") or {}).get("cost_model") or {}).get("digest")
+        first = self.history.entries[0]
+        if saved != first.model.digest:
+            raise StateMismatchError(
+                f"the checkpoint was planned with cost model {saved} and saved without a cost "
+                f"history, so its global batches cannot be replayed with another one: resume with "
+                f"the cost file of digest {saved}, save a checkpoint, then change it"
+            )
+        return [first.to_json()]
+
+    def _cost_with(self, model: Any) -> SampleCost:
+        """The planner's cost with cost model ``model`` (an earlier one, from a saved history)."""
+        return SampleCost(self.mode, self.encoder, self.linear, self.cost.source, model)
 
     def resume_unit(self, plan_state: PlanState) -> int:
         """The blend unit the next planned batch starts reading at."""
@@ -182,18 +222,17 @@ class PlannedBatching:
             "samples": sum(len(i) for i in plan.items),
             "carried": len(plan.next_state.carried),
         }
-        if self.cost.cost_model is not None:
-            stats["rank_cost_by_module"] = self.module_spreads(plan, dealt)
+        if self.history is not None:
+            stats["rank_cost_by_module"] = self.module_spreads(plan, dealt, batch)
         return stats
 
-    def module_spreads(self, plan: Any, dealt: list) -> dict[str, float]:
-        """Per model module (``llm``, ``vision``, ...), the max/mean over ranks of the cost model's
-        predicted cost of that module's features (1.0 for a module nothing costs in)."""
+    def module_spreads(self, plan: Any, dealt: list, batch: int) -> dict[str, float]:
+        """Per model module (``llm``, ``vision``, ...), the max/mean over ranks of the predicted
+        cost of that module's features by the cost model of global batch ``batch`` (1.0 for a
+        module nothing costs in)."""
+        model = self.history.at(batch).cost_model
         works = [self.planner.lengths(item) for item in plan.items]
-        per_item = [
-            _summed(self.cost.cost_model.predict_modules(_named(w)) for _, w in work)
-            for work in works
-        ]
+        per_item = [_summed(model.predict_modules(_named(w)) for _, w in work) for work in works]
         return {
             module: _spread([sum(per_item[i][module] for m in rank for i in m) for rank in dealt])
             for module in per_item[0]
@@ -202,6 +241,14 @@ class PlannedBatching:
     def step_done(self, batch: int) -> None:
         """Keep this process's plans current at the end of a global batch (state, stats): O(1)."""
         self.planner.plan(batch)
+
+
+def _cost_features() -> dict:
+    """The fingerprint's ``cost_model`` entry: the cost features a cost model is a function of
+    (the model itself may change at resume)."""
+    from task_encoders.features import FEATURES
+
+    return {"features": list(FEATURES)}
 
 
 def _spread(costs: list[float]) -> float:

@@ -26,6 +26,7 @@ class StreamBatching:
     sorts_logged_keys = False  #: the logged keys keep the ranks' order (it is layout-free)
     fixed_samples = True  #: a fixed number of samples per global batch
     planner = None
+    changes: tuple = ()  #: nothing of its own changes at resume
 
     @classmethod
     def from_config(cls, cfg: Any, encoder: Any, pack_group: int, datasets: Any, workers: int):
