@@ -515,9 +515,10 @@ def _add_calibrate(sub) -> None:
         "calibrate",
         help="time a model on micro-batches of a config's data and fit its cost coefficients",
         description="Draw micro-batches from a run config's training data (no loader workers), "
-        "pick N that spread the cost features (text only, images, many tiles, long "
-        "captions, mixed), time forward + backward of each on one thread (a warm-up run "
-        "excluded, the least of K runs kept) and fit non-negative seconds per unit of each "
+        "pick N of the first 8N that spread the cost features (text only, images, many tiles, "
+        "long captions, mixed), time forward + backward of each on one thread in rounds (each "
+        "round times every micro-batch once; a warm-up round excluded, the least of K rounds "
+        "kept) and fit non-negative seconds per unit of each "
         "feature (time = sum of coefficient x feature). One micro-batch in four is held back "
         "to measure the prediction's relative error. Prints predicted vs measured times and "
         "writes --out: coefficients, R², each feature's share of the time, the held-back "
@@ -538,9 +539,7 @@ def _add_calibrate(sub) -> None:
         default=24,
         help="micro-batches to time, at least 4 (default 24)",
     )
-    p.add_argument(
-        "--repeats", type=_positive, default=3, help="timed runs per micro-batch (default 3)"
-    )
+    p.add_argument("--repeats", type=_positive, default=3, help="timed rounds, K (default 3)")
     p.add_argument("--out", required=True, help="the cost file to write (JSON)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(

@@ -85,16 +85,37 @@ class Blend:
         w = np.array([args.weights[k] for k in KINDS], dtype=float)
         self.p = w / w.sum()
         self._chunks: dict[int, np.ndarray] = {}
+        self._parts: dict[int, dict[str, np.ndarray]] = {}
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self.draw_parts(rng, n)["length"]
+
+    def draw_parts(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+        """``n`` samples: ``kind`` (index into KINDS), ``tiles`` (image_text), ``frames`` (audio)
+        and ``length`` (the row length, clipped to ``--seq-len``)."""
         a = self.args
         kind = rng.choice(len(KINDS), size=n, p=self.p)
         caption = rng.lognormal(a.caption_mu, a.caption_sigma, n)
-        tiles = rng.integers(1, 13, n) * a.tokens_per_tile
+        tiles = rng.integers(1, 13, n)
         frames = rng.uniform(1.0, 30.0, n) * a.audio_fps
         text = rng.lognormal(a.text_mu, a.text_sigma, n)
-        length = np.select([kind == 0, kind == 1], [tiles + caption, frames + caption], text)
-        return np.clip(length.astype(np.int64), 2, a.seq_len)
+        length = np.select(
+            [kind == 0, kind == 1], [tiles * a.tokens_per_tile + caption, frames + caption], text
+        )
+        length = np.clip(length.astype(np.int64), 2, a.seq_len)
+        return {"kind": kind, "tiles": tiles, "frames": frames.astype(np.int64), "length": length}
+
+    def parts(self, positions) -> list[dict]:
+        """Per position: its ``kind``, ``tiles``, ``frames`` and ``length`` (as :meth:`draw_parts`)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = []
+        for p in positions.tolist():
+            c = p // CHUNK
+            if c not in self._parts:
+                rng = np.random.default_rng([self.seed, int(c)])
+                self._parts[c] = self.draw_parts(rng, CHUNK)
+            out.append({k: int(v[p % CHUNK]) for k, v in self._parts[c].items()})
+        return out
 
     def __getitem__(self, positions) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
@@ -821,11 +842,279 @@ def report_demo(section: dict, args) -> list[str]:
     return lines
 
 
+# --- measured: the two-tower model's forward + backward on simulated ranks (--measured) -------
+
+#: the methods the measured section plans with (``none``: today's consecutive samples)
+MEASURED_METHODS = ("none", "tokens", "attention", "measured")
+#: the tiny two-tower model the measured section times (positions are the bench's / --scale)
+MEASURED_MODEL = dict(
+    kind="two_tower",
+    dim=64,
+    layers=2,
+    heads=4,
+    patch=8,
+    vision_dim=32,
+    vision_layers=1,
+    audio_dim=32,
+    audio_layers=1,
+)
+VOCAB, N_MELS, TILE = 256, 16, 32
+
+
+class Synthetic:
+    """Synthetic two-tower batches of the bench's samples at ``1/scale`` of their positions: an
+    image-text sample is one ``<image>`` placeholder (spliced into ``tiles x tokens_per_tile``
+    embeddings) and its caption; an audio sample is its positions as tokens plus ``2 x`` its
+    frames of log-mel through the audio tower (stride 2); a text sample its tokens."""
+
+    def __init__(self, blend: Blend, args):
+        self.blend, self.scale = blend, args.scale
+        self.per_tile = max(1, args.tokens_per_tile // args.scale)
+        self.seq_len = max(2, args.seq_len // args.scale)
+
+    def doc(self, part: dict) -> dict:
+        """One sample's scaled shape: ``kind``, ``tiles``, ``frames`` (mel), ``tokens`` (row
+        positions before the splice) and ``length`` (after)."""
+        length = min(self.seq_len, max(2, round(part["length"] / self.scale)))
+        kind = KINDS[part["kind"]]
+        tiles = part["tiles"] if kind == "image_text" else 0
+        tiles = min(tiles, (length - 1) // self.per_tile)
+        frames = (
+            2 * min(length, max(1, round(part["frames"] / self.scale))) if kind == "audio" else 0
+        )
+        tokens = length - tiles * self.per_tile + (1 if tiles else 0)
+        return {"tiles": tiles, "frames": frames, "tokens": tokens, "length": length}
+
+    def features(self, docs: list[dict]) -> dict[str, float]:
+        from task_encoders.features import features
+
+        return features(
+            samples=len(docs),
+            llm_tokens=sum(d["length"] for d in docs),
+            llm_attention=sum(d["length"] ** 2 for d in docs),
+            vision_tiles=sum(d["tiles"] for d in docs),
+            audio_frames=sum(d["frames"] for d in docs),
+        )
+
+    def batch(self, rows: list[list[int]], packed: bool):
+        """The micro-batch of ``rows`` (stream positions per row): rows of ``seq_len`` (packed;
+        longer where rounding the scaled lengths overfills one) or of the longest row (unpacked); carries its cost features as ``.cost_features``."""
+        from types import SimpleNamespace
+
+        import torch
+
+        docs = [[self.doc(p) for p in self.blend.parts(row)] for row in rows]
+        longest = max(sum(d["length"] for d in r) for r in docs)  # scaled lengths round up
+        width = max(self.seq_len, longest) if packed else longest
+        gen = torch.Generator().manual_seed(sum(map(sum, rows)))
+        n = len(rows)
+        tokens = torch.randint(1, VOCAB - 1, (n, width), generator=gen)
+        position_ids = torch.zeros(n, width, dtype=torch.long)
+        loss_mask = torch.zeros(n, width)
+        frames = [d["frames"] for r in docs for d in r if d["frames"]]
+        audio_docs = [i for i, d in enumerate(d for r in docs for d in r) if d["frames"]]
+        for i, row in enumerate(docs):
+            at = 0
+            for d in row:
+                if d["tiles"]:
+                    tokens[i, at] = VOCAB - 1
+                position_ids[i, at : at + d["tokens"]] = torch.arange(d["tokens"])
+                loss_mask[i, at : at + d["tokens"]] = 1.0
+                at += d["tokens"]
+            position_ids[i, at:] = torch.arange(width - at) + (position_ids[i, at - 1] + 1)
+        tiles = [d["tiles"] for r in docs for d in r if d["tiles"]]
+        return SimpleNamespace(
+            tokens=tokens,
+            position_ids=position_ids,
+            labels=torch.randint(1, VOCAB, (n, width), generator=gen),
+            loss_mask=loss_mask,
+            num_docs=torch.tensor([len(r) for r in docs], dtype=torch.int32),
+            images=torch.randn(sum(tiles), 3, TILE, TILE, generator=gen),
+            num_tiles=torch.tensor(tiles, dtype=torch.int32),
+            tokens_per_tile=self.per_tile,
+            image_token_index=VOCAB - 1,
+            features=torch.randn(len(frames), N_MELS, max(frames, default=0), generator=gen),
+            feature_lengths=torch.tensor(frames, dtype=torch.long),
+            audio_docs=torch.tensor(audio_docs, dtype=torch.long),
+            cost_features=self.features([d for r in docs for d in r]),
+        )
+
+
+def measured_model():
+    import torch
+
+    from energon_platform.config import ModelConfig
+    from energon_platform.training.two_tower import TwoTowerModel
+
+    torch.manual_seed(0)
+    return TwoTowerModel(ModelConfig(**MEASURED_MODEL), VOCAB, 4096, ("image", "audio"), N_MELS)
+
+
+def measured_calibration(model, synth: Synthetic, args) -> dict:
+    """:func:`~energon_platform.training.calibrate.calibrate` of ``model`` on one-sample
+    micro-batches of a second stream of the blend (another seed)."""
+    from energon_platform.training.calibrate import calibrate
+
+    other = Synthetic(Blend(args, seed=args.seed + 1), args)
+    pool = (other.batch([[p]], packed=False) for p in range(8 * args.calibrate_batches))
+    return calibrate(
+        model,
+        pool,
+        lambda b: b.cost_features,
+        micro_batches=args.calibrate_batches,
+        repeats=3,
+        progress=False,
+    )
+
+
+def measured_plans(blend: Blend, method: str, cost_model, ranks: int, k: int, packed: bool, args):
+    """``(steps of [rank][row] -> positions, planning seconds per global batch)`` of ``method``."""
+    from task_encoders.features import FEATURES
+
+    if method == "none":
+        steps = []
+        for s in range(args.measured_steps):
+            if not packed:
+                base = s * ranks * k
+                steps.append([[[base + r * k + i] for i in range(k)] for r in range(ranks)])
+                continue
+            group, base, step = args.pack_group, s * ranks * k * args.pack_group, []
+            for r in range(ranks):
+                rows = []
+                for g in range(k):
+                    pos = list(range(base + (r * k + g) * group, base + (r * k + g + 1) * group))
+                    rows += [
+                        [pos[i] for i in row] for row in ffd(blend[pos].tolist(), pos, args.seq_len)
+                    ]
+                step.append(rows)
+            steps.append(step)
+        return steps, 0.0
+    if method == "measured":
+        lookup = lambda positions: [  # noqa: E731
+            (n, tuple(f.values()))
+            for n, f in zip(
+                blend[positions].tolist(),
+                (
+                    Synthetic(blend, args).features([Synthetic(blend, args).doc(p)])
+                    for p in blend.parts(positions)
+                ),
+            )
+        ]
+        cost = lambda work: cost_model.predict(dict(zip(FEATURES, work)))  # noqa: E731
+    else:
+        lookup, cost = blend.lookup, lambda n, m=method: sample_cost(n, m, args.linear)  # noqa: E731
+    planner = Planner(
+        lookup, cost, ranks * k, capacity=args.seq_len if packed else 0, window=args.window
+    )
+    steps, seconds = [], 0.0
+    for b in range(args.measured_steps):
+        t = time.perf_counter()
+        plan = planner.plan(b)
+        seconds += time.perf_counter() - t
+        dealt = deal_plan(plan, ranks, 1, fixed=True)
+        steps.append([[list(plan.items[i]) for m in rank for i in m] for rank in dealt])
+    return steps, seconds / args.measured_steps
+
+
+def measured_section(args) -> dict:
+    """``measured``: calibrate the two-tower model, then time every rank's micro-batch of each
+    method's plans (each alone, the least of 3 after a warm-up, one thread)."""
+    import torch
+
+    from energon_platform.loader.batching.cost_file import CostModel
+    from energon_platform.training.calibrate import time_rounds
+    from task_encoders.features import FEATURES
+
+    if args.pack_group is None:
+        args.pack_group = max(
+            2,
+            int(
+                round(
+                    args.seq_len / float(Blend(args).draw(np.random.default_rng(0), 20_000).mean())
+                )
+            ),
+        )
+    blend, threads = Blend(args), torch.get_num_threads()
+    synth, model = Synthetic(blend, args), measured_model()
+    torch.set_num_threads(1)
+    try:
+        report = measured_calibration(model, synth, args)
+        cost_model = CostModel(
+            dict(zip(FEATURES, report["coefficients"].values())), "two_tower", ""
+        )
+        results = []
+        for ranks in args.measured_ranks:
+            for packed in (True, False):
+                for method in MEASURED_METHODS:
+                    t = time.perf_counter()
+                    steps, plan_s = measured_plans(
+                        blend, method, cost_model, ranks, args.rows_per_rank, packed, args
+                    )
+                    ratios = []
+                    for step in steps:
+                        batches = [synth.batch(rows, packed) for rows in step]
+                        seconds = time_rounds(model, batches, 3)
+                        ratios.append(float(seconds.max() / seconds.mean()))
+                    results.append(
+                        {
+                            "ranks": ranks,
+                            "per_rank": args.rows_per_rank,
+                            "layout": "packed" if packed else "unpacked",
+                            "method": method,
+                            "max_over_mean": spread(ratios),
+                            "planner_ms_per_batch": 1000 * plan_s,
+                            "planner_ms_per_64_rows": 1000
+                            * plan_s
+                            * 64
+                            / (ranks * args.rows_per_rank),
+                        }
+                    )
+                    print(
+                        f"  [measured {method}, {ranks} ranks: {time.perf_counter() - t:.1f} s]",
+                        file=sys.stderr,
+                    )
+    finally:
+        torch.set_num_threads(threads)
+    calibration = {
+        k: report[k]
+        for k in ("coefficients", "r2", "share", "p50_error", "p90_error", "micro_batches")
+    }
+    return {
+        "scale": args.scale,
+        "steps": args.measured_steps,
+        "model": MEASURED_MODEL,
+        "calibration": calibration,
+        "results": results,
+    }
+
+
+def report_measured(section: dict, args) -> list[str]:
+    c = section["calibration"]
+    lines = [
+        f"measured: the two-tower model ({section['model']['dim']}-wide, positions / {section['scale']}), "
+        f"{section['steps']} global batches per method; each rank's micro-batch timed alone "
+        "(forward + backward, the least of 3 after a warm-up, one thread)",
+        f"calibration on {c['micro_batches']} one-sample micro-batches of another stream: R² {c['r2']:.3f}, "
+        f"held-back p50 error {c['p50_error']:.1%}, p90 {c['p90_error']:.1%}; share "
+        + ", ".join(f"{k} {v:.0%}" for k, v in c["share"].items() if v > 0.005),
+        "",
+        f"{'ranks':>5} {'layout':<8} {'method':<10} {'p50':>6} {'p90':>6} {'max':>6} {'plan ms/64 rows':>15}",
+    ]
+    for r in section["results"]:
+        m = r["max_over_mean"]
+        plan = f"{r['planner_ms_per_64_rows']:>15.2f}" if r["method"] != "none" else f"{'-':>15}"
+        lines.append(
+            f"{r['ranks']:>5} {r['layout']:<8} {r['method']:<10} {m['p50']:>6.3f} {m['p90']:>6.3f} {m['max']:>6.3f} {plan}"
+        )
+    return lines
+
+
 SECTIONS = {
     "balance": (balance_section, report_balance),
     "long": (long_section, report_long),
     "demo": (demo_section, report_demo),
     "train": (train_section, report_train),
+    "measured": (measured_section, report_measured),
 }
 
 
@@ -967,6 +1256,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--train-dim", type=int, default=128, help="the reference model's model.dim")
     p.add_argument("--train-layers", type=int, default=2, help="the reference model's model.layers")
+    p.add_argument(
+        "--measured",
+        action="store_true",
+        help="also calibrate the two-tower model and time each rank's micro-batches per method "
+        "(minutes; --quick about one)",
+    )
+    p.add_argument(
+        "--scale", type=int, default=16, help="section measured: positions are the blend's / this"
+    )
+    p.add_argument(
+        "--measured-steps",
+        type=int,
+        default=None,
+        help="section measured: global batches per method (default 12; --quick 3)",
+    )
+    p.add_argument(
+        "--measured-ranks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="section measured: simulated ranks (default 8 64; --quick 8)",
+    )
+    p.add_argument(
+        "--calibrate-batches",
+        type=int,
+        default=None,
+        help="section measured: micro-batches calibrate times (default 48; --quick 24)",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
     args = p.parse_args(argv)
     args.steps = args.steps or (40 if args.quick else 500)
@@ -980,6 +1297,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.train and "train" not in args.sections:
         args.sections.append("train")
+    if args.measured and "measured" not in args.sections:
+        args.sections.append("measured")
+    args.measured_steps = args.measured_steps or (3 if args.quick else 12)
+    args.measured_ranks = args.measured_ranks or ([8] if args.quick else [8, 64])
+    args.calibrate_batches = args.calibrate_batches or (24 if args.quick else 48)
+    if min(args.scale, args.measured_steps, args.calibrate_batches - 3, *args.measured_ranks) < 1:
+        print(
+            "error: --scale, --measured-steps, --measured-ranks must be >= 1 and "
+            "--calibrate-batches >= 4",
+            file=sys.stderr,
+        )
+        return 2
     if (
         min(
             args.train_steps - TRAIN_WARMUP,

@@ -3,8 +3,9 @@
 A model's time for a micro-batch is modelled as a non-negative linear function of the batch's
 cost features (:data:`task_encoders.features.FEATURES`): ``time ≈ Σ coef[f] · features[f]``.
 :func:`calibrate` picks micro-batches that spread the features (farthest-point in feature space
-normalised per feature), times forward + backward of each on one thread (a warm-up run excluded,
-the minimum of ``repeats`` runs kept), fits the coefficients with non-negative least squares on
+normalised per feature), times forward + backward of each on one thread (a warm-up round excluded,
+the minimum of ``repeats`` rounds kept; a round times every micro-batch once, so a burst of load
+from other processes inflates one run of several micro-batches, not every run of one), fits the coefficients with non-negative least squares on
 three of every four and measures the relative error of the prediction on the fourth (held back).
 
 The cost file (JSON, :data:`FORMAT_VERSION`) holds ``features``, ``coefficients`` (seconds per
@@ -53,6 +54,8 @@ __all__ = [
 MAX_P90_ERROR = 0.15
 #: Every HOLD_EVERY-th chosen micro-batch is held back from the fit to measure its error.
 HOLD_EVERY = 4
+#: The micro-batches are chosen among the first POOL_FACTOR x as many of the stream.
+POOL_FACTOR = 8
 
 Features = Callable[[Any], Mapping[str, float]]
 
@@ -81,16 +84,36 @@ def spread(matrix: np.ndarray, n: int) -> list[int]:
     return chosen
 
 
-def time_step(model: torch.nn.Module, batch: Any, repeats: int) -> float:
-    """Seconds of one forward + backward of ``model`` on ``batch``: the least of ``repeats`` runs
-    after one warm-up run."""
-    times = []
-    for _ in range(repeats + 1):
-        model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        model(batch).backward()
-        times.append(time.perf_counter() - start)
-    return min(times[1:])
+def time_step(model: torch.nn.Module, batch: Any) -> float:
+    """Seconds of one forward + backward of ``model`` on ``batch`` (gradients cleared first)."""
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    model(batch).backward()
+    return time.perf_counter() - start
+
+
+def time_rounds(
+    model: torch.nn.Module, batches: list, repeats: int, progress: bool = False
+) -> np.ndarray:
+    """Seconds per batch: one warm-up round, then ``repeats`` rounds each timing every batch once
+    (:func:`time_step`), the least kept. The caller sets the threads."""
+    from tqdm import tqdm
+
+    best = np.full(len(batches), np.inf)
+    bar = tqdm(
+        total=(repeats + 1) * len(batches),
+        desc="timing micro-batches",
+        unit="run",
+        disable=not progress,
+    )
+    for round_ in range(repeats + 1):
+        for i, batch in enumerate(batches):
+            seconds = time_step(model, batch)
+            if round_:
+                best[i] = min(best[i], seconds)
+            bar.update()
+    bar.close()
+    return best
 
 
 def fit(matrix: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -122,10 +145,10 @@ def calibrate(
     progress: bool = True,
 ) -> dict:
     """The cost report (module doc, without ``model`` and ``encoder_digest``) of ``model`` on
-    ``micro_batches`` of the first ``pool`` (default 4x) ``batches``, chosen by :func:`spread` of
+    ``micro_batches`` of the first ``pool`` (default 8x) ``batches``, chosen by :func:`spread` of
     ``features(batch)``. Runs on one thread (restored after). :class:`CalibrationError` when fewer
     than :data:`HOLD_EVERY` micro-batches can be timed."""
-    drawn = _draw(batches, pool or 4 * micro_batches)
+    drawn = _draw(batches, pool or POOL_FACTOR * micro_batches)
     matrix = feature_matrix([features(b) for b in drawn])
     chosen = spread(matrix, micro_batches)
     if len(chosen) < HOLD_EVERY:
@@ -148,15 +171,12 @@ def _draw(batches: Iterable[Any], count: int) -> list:
 
 
 def _timed(model: torch.nn.Module, batches: list, repeats: int, progress: bool) -> np.ndarray:
-    """:func:`time_step` of every batch, on one thread, with a progress bar."""
-    from tqdm import tqdm
-
+    """:func:`time_rounds` of ``batches`` on one thread (restored after), in training mode."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         model.train()
-        bar = tqdm(batches, desc="timing micro-batches", unit="batch", disable=not progress)
-        return np.array([time_step(model, b, repeats) for b in bar])
+        return time_rounds(model, batches, repeats, progress)
     finally:
         torch.set_num_threads(threads)
 

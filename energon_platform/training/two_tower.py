@@ -87,7 +87,9 @@ class VisionTower(nn.Module):
 
 class AudioTower(nn.Module):
     """Conv + transformer over log-mel frames: ``forward(features (U, n_mels, T), lengths (U,))``
-    → one vector per utterance ``(U, out_dim)``, the mean over its valid (downsampled) frames."""
+    → one vector per utterance ``(U, out_dim)``, the mean over its valid (downsampled) frames.
+    A batch without utterances (``U = 0``: a mixed micro-batch of other media) runs the tower on
+    one zero frame and returns ``(0, out_dim)``, so its parameters still take part (zero gradient)."""
 
     def __init__(self, cfg: ModelConfig, n_mels: int, out_dim: int):
         super().__init__()
@@ -97,6 +99,9 @@ class AudioTower(nn.Module):
         self.out = nn.Linear(cfg.audio_dim, out_dim)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if features.shape[0] == 0:
+            empty = features.new_zeros(1, features.shape[1], 1)
+            return self(empty, lengths.new_ones(1))[:0]
         x = F.gelu(self.conv(features)).transpose(1, 2)  # (U, T', audio_dim)
         x = x + sinusoid(x.shape[1], x.shape[2], x.device)
         valid_len = ((lengths.clamp(min=1) + 1) // 2).clamp(max=x.shape[1])  # the stride-2 frames

@@ -106,3 +106,37 @@ def test_train_section_trains_both_variants_on_two_ranks_and_reports_tokens_per_
     )  # about the same tokens per step
     assert train["ratio"] == ours["tokens_per_s"] / today["tokens_per_s"]
     assert train["targets"][0]["met"] == (train["ratio"] >= 1.15)
+
+
+def test_measured_section_calibrates_and_times_every_method(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--sections",
+            "measured",
+            "--quick",
+            "--measured-steps",
+            "1",
+            "--calibrate-batches",
+            "8",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads(out.read_text())["measured"]
+    assert {(r["layout"], r["method"]) for r in measured["results"]} == {
+        (lay, m)
+        for lay in ("packed", "unpacked")
+        for m in ("none", "tokens", "attention", "measured")
+    }
+    for r in measured["results"]:
+        assert r["ranks"] == 8 and 1.0 <= r["max_over_mean"]["p50"] <= r["max_over_mean"]["max"]
+    calibration = measured["calibration"]
+    assert calibration["micro_batches"] == 8 and 0.0 <= calibration["p90_error"]
+    assert "R²" in proc.stdout and "plan ms/64 rows" in proc.stdout

@@ -81,6 +81,41 @@ def test_calibrate_recovers_known_coefficients():
     check_fit(report)  # a linear model's fit passes
 
 
+class BurstModel(SleepModel):
+    """A :class:`SleepModel` whose calls ``burst`` (a range of call numbers) each take
+    ``extra`` seconds more: a burst of load from other processes, the same whatever is timed."""
+
+    def __init__(self, cost, burst: range, extra: float):
+        super().__init__(cost)
+        self.calls, self.burst, self.extra = 0, burst, extra
+
+    def forward(self, batch):
+        import time
+
+        self.calls += 1
+        if self.calls in self.burst:
+            time.sleep(self.extra)
+        return super().forward(batch)
+
+
+def test_a_load_burst_longer_than_one_micro_batchs_runs_does_not_skew_its_time():
+    # 8 micro-batches, a warm-up and 3 timed runs each: a burst over 4 consecutive calls covers
+    # every run of one micro-batch when they are timed back to back, one run of four when timed in
+    # rounds (the least of the rounds drops it).
+    model = BurstModel(linear_cost, burst=range(13, 17), extra=0.05)
+    report = calibrate(
+        model,
+        synthetic_batches(8),
+        lambda b: b.features,
+        micro_batches=8,
+        repeats=3,
+        progress=False,
+    )
+    assert model.calls == 32
+    for row in report["rows"]:
+        assert row["seconds"] < linear_cost(SimpleNamespace(features=row["features"])) + 0.02
+
+
 def test_a_fit_with_a_large_held_back_error_is_refused():
     def unrelated(batch):  # the time depends on something the features do not say
         return 0.002 if batch.noise else 0.02

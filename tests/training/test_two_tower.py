@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -65,6 +67,19 @@ def test_forward_backward_reaches_every_tower(data, kind):
         assert grad_norm(getattr(model, tower)) > 0, tower
     for absent in {"vision", "audio"} - set(KINDS[kind][2]):
         assert getattr(model, absent) is None
+
+
+def test_a_multimodal_micro_batch_without_audio_runs_every_tower(data):
+    cfg = run_config(data, "multimodal")
+    cfg = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, micro_batch_size=1))
+    loader = TrainLoader(cfg, num_workers=0)
+    batch = next(b for b in loader if int(b.num_audio.sum()) == 0)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, loader.encoder)
+    loss = model(batch)
+    loss.backward()
+    assert torch.isfinite(loss) and grad_norm(model.blocks) > 0
+    assert all(p.grad is not None for p in model.audio.parameters())  # DDP needs every parameter
 
 
 def test_loss_goes_down_on_a_vision_language_batch(data):
