@@ -94,7 +94,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch, capfd):
     def broken(args):
         raise BrokenPipeError("a worker's pipe")
 
-    monkeypatch.setattr(cli, "cmd_info", broken)
+    monkeypatch.setattr(cli.data, "cmd_info", broken)
     with pytest.raises(BrokenPipeError, match="a worker's pipe"):
         cli.main(["info", "anything"])
 

@@ -1,0 +1,123 @@
+"""The ``energon-platform`` command: thin argument parsing over the packages' functions.
+
+Exit status: 0 success; 1 the job ran but failed its own check (too many skipped samples);
+2 wrong arguments, a missing input or an output that cannot be used (one line, no traceback);
+141 the reader of standard output went away (``| head -1``), as for a process ended by SIGPIPE
+(nothing printed).
+
+One module per group of commands (:mod:`~energon_platform.cli.data`,
+:mod:`~energon_platform.cli.training`, :mod:`~energon_platform.cli.inspection`), each with its
+``add_*`` (the options) and ``cmd_*`` (the dispatch into the room that does the work);
+:mod:`~energon_platform.cli.common` holds what they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from energon_platform.cli.common import UsageError
+from energon_platform.cli.data import EXAMPLES, add_convert, add_info, add_prepare, add_verify
+from energon_platform.cli.inspection import add_preview, add_report, add_spikes, add_trace
+from energon_platform.cli.training import add_calibrate, add_check_resume, add_train
+
+__all__ = ["EXAMPLES", "UsageError", "build_parser", "main"]
+
+
+QUIET_LOGGERS = ("multistorageclient",)
+
+
+def _quiet_third_party_logs() -> None:
+    """Keep the loggers of :data:`QUIET_LOGGERS` (MSC's "Non-retryable error occurred ..." before
+    the exception it raises) to critical messages, in this process and the workers it forks."""
+    import logging
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``energon-platform trace | head -1``)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (
+        OSError,
+        ValueError,
+    ):  # not a file (replaced, or closed): the pipe that broke was another
+        return False
+    if not hasattr(select, "poll"):
+        return True  # no way to ask: the error came from writing, and stdout is what the CLI writes
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(mask & select.POLLERR for _, mask in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's flush at exit has nowhere to fail."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="energon-platform",
+        description="Multimodal data on megatron-energon: convert corpora to shards, encode, train with exact resume.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_convert(sub)
+    add_info(sub)
+    add_prepare(sub)
+    add_verify(sub)
+    add_train(sub)
+    add_check_resume(sub)
+    add_calibrate(sub)
+    add_preview(sub)
+    add_trace(sub)
+    add_spikes(sub)
+    add_report(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from converters.convert import ConvertError
+    from converters.readers import InputError
+    from energon_platform.loader.schedule import LayoutError
+    from energon_platform.loader.state import StateMismatchError
+    from energon_platform.training.checkpoint import CheckpointError
+    from energon_platform.training.resume_check.options import OptionError
+    from storage import DatasetError
+    from task_encoders.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    _quiet_third_party_logs()
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (``| head -1``) is caught below
+        return status
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        _quiet_stdout()
+        return 141  # as a process ended by SIGPIPE
+    except (
+        InputError,
+        ConvertError,
+        UsageError,
+        FileNotFoundError,
+        ConfigError,
+        DatasetError,
+        StateMismatchError,
+        LayoutError,
+        CheckpointError,
+        OptionError,
+    ) as e:
+        print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130

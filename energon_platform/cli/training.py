@@ -1,0 +1,307 @@
+"""Commands that train or time a model: ``train``, ``calibrate``, ``check-resume``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from energon_platform.cli.common import (
+    UsageError,
+    add_run_args,
+    non_negative,
+    non_negative_float,
+    overrides,
+    positive,
+    positive_float,
+)
+
+
+def add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="the reference trainer (also under torchrun)",
+        description="Train the reference captioning model on a config. Under `torchrun "
+        "--nproc-per-node N` every process is one data-parallel rank (gloo on CPU, "
+        "nccl on GPU). Logs JSON lines to OUT/log.jsonl and checkpoints model, "
+        "optimizer, RNG and data-loader state atomically.",
+    )
+    add_run_args(p, "loader workers per rank (may differ from the saved run)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest complete checkpoint in OUT"
+    )
+    p.add_argument("--out", help="output folder (default: train.out of the config)")
+    p.add_argument(
+        "--steps", type=positive, help="total steps (default: train.steps of the config)"
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print no per-step lines (warnings and errors still print)",
+    )
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.training.train import train
+
+    cfg = load_config(args.config, overrides(args.set))
+    train(
+        cfg,
+        resume=args.resume,
+        num_workers=args.num_workers,
+        out=args.out,
+        steps=args.steps,
+        quiet=args.quiet,
+    )
+    return 0
+
+
+def add_calibrate(sub) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="time a model on micro-batches of a config's data and fit its cost coefficients",
+        description="Draw micro-batches from a run config's training data (no loader workers), "
+        "pick N of the first 8N that spread the cost features (text only, images, many tiles, "
+        "long captions, mixed), time forward + backward of each on one thread in rounds (each "
+        "round times every micro-batch once; a warm-up round excluded, the least of K rounds "
+        "kept) and fit non-negative seconds per unit of each "
+        "feature (time = sum of coefficient x feature). One micro-batch in four is held back "
+        "to measure the prediction's relative error. Prints predicted vs measured times and "
+        "writes --out: coefficients, R², each feature's share of the time, the held-back "
+        "p50/p90 error, the model and the encoder configuration's digest. Refuses (writing "
+        "nothing) a fit whose p90 error exceeds 15%.",
+    )
+    p.add_argument("--config", required=True, help="run config YAML (its data and encoder)")
+    p.add_argument(
+        "--model",
+        metavar="FILE_OR_MODULE:FACTORY",
+        help="FACTORY(encoder) returns a torch.nn.Module whose forward(batch) returns a scalar "
+        "loss (e.g. my_model.py:build); default: the two-tower reference model of the "
+        "config's model section",
+    )
+    p.add_argument(
+        "--micro-batches",
+        type=positive,
+        default=24,
+        help="micro-batches to time, at least 4 (default 24)",
+    )
+    p.add_argument("--repeats", type=positive, default=3, help="timed rounds, K (default 3)")
+    p.add_argument("--out", required=True, help="the cost file to write (JSON)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. loader.micro_batch_size=4",
+    )
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.training.calibrate import (
+        CalibrationError,
+        calibrate_run,
+        check_fit,
+        format_table,
+        load_factory,
+        write_report,
+    )
+
+    cfg = load_config(args.config, overrides(args.set))
+    try:
+        factory = load_factory(args.model) if args.model else None
+        report = calibrate_run(
+            cfg,
+            factory,
+            model_name=args.model or "two_tower",
+            micro_batches=args.micro_batches,
+            repeats=args.repeats,
+            progress=not args.no_progress,
+        )
+        print(format_table(report))
+        check_fit(report)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+    write_report(report, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+CHECK_RESUME_EXAMPLES = """examples:
+  energon-platform check-resume --config configs/train_image_text.yaml --steps 30 --kill-at 17
+  energon-platform check-resume --steps 12 --kill-at 8 \\
+      --cmd "torchrun --standalone --nproc-per-node 2 scripts/examples/torchtitan_style_loop.py --config run.yaml --out {out} --steps 12" \\
+      --resume-cmd "torchrun --standalone --nproc-per-node 2 scripts/examples/torchtitan_style_loop.py --config run.yaml --out {out} --steps 12 --resume"
+  energon-platform check-resume --steps 12 --kill-at 8 --log-format megatron \\
+      --cmd "python scripts/examples/megatron_style_loop.py --config run.yaml --save {out} --train-iters 12" \\
+      --resume-cmd "python scripts/examples/megatron_style_loop.py --config run.yaml --save {out} --load {out} --train-iters 12"
+  ... --log-format regex --regex 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\deE]+)'   # any other trainer's lines
+"""
+
+
+def add_check_resume(sub) -> None:
+    p = sub.add_parser(
+        "check-resume",
+        help="kill a run with SIGKILL mid-step, resume it, compare with an uninterrupted run",
+        description="Run a trainer twice: straight through, and killed with SIGKILL (its whole "
+        "process tree) during step K, then resumed from its latest checkpoint. Compares "
+        "every step after the resume point; writes OUT/report.json and OUT/loss.png; "
+        "exits 1 on any difference. Two forms: --config runs the reference trainer "
+        "(optionally resumed on another layout) and compares sample keys, tensor hashes "
+        "and loss; --cmd/--resume-cmd run any training command, {out} in them being each "
+        "run's own folder, and read its steps from a log (--log-format): exact (keys, "
+        "digests, loss) where the log carries keys and batch digests (StepLog), else "
+        "|Δloss| <= 0.01 at every compared step.",
+        epilog=CHECK_RESUME_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_run_args(p, "loader workers per rank (default: the config's)", config_required=False)
+    p.add_argument("--steps", type=positive, required=True, help="steps of both runs")
+    p.add_argument(
+        "--kill-at",
+        type=positive,
+        required=True,
+        help="K: the second run is killed once step K-1 is logged, while step K is in flight. A "
+        "trainer that logs a step before it checkpoints it (the reference trainer does) is "
+        "then killed while writing checkpoint K-1, so its saving must be atomic and it resumes "
+        "from the checkpoint before: K must be at least 2 steps after the first checkpoint "
+        "(with --config, >= train.checkpoint_every + 2)",
+    )
+    p.add_argument(
+        "--nproc", type=positive, help="data-parallel ranks (torchrun) of both runs (default 1)"
+    )
+    p.add_argument(
+        "--resume-nproc", type=positive, help="ranks for the resumed part (default: --nproc)"
+    )
+    p.add_argument(
+        "--resume-workers", type=non_negative, help="workers per rank for the resumed part"
+    )
+    p.add_argument(
+        "--tolerance",
+        type=non_negative_float,
+        help="allowed |loss difference|. Default 0 (bit-exact, right on CPU with the same world size); "
+        "1e-5 when --resume-nproc changes the world size, since the gradient all-reduce then "
+        "sums in another order. Keys and tensors must match exactly in every case. With --cmd: "
+        "0 when the log carries keys and batch digests, else 0.01",
+    )
+    p.add_argument(
+        "--out",
+        default="out/check-resume",
+        help="where runs, report.json and loss.png go: a new or empty folder, or one an earlier check "
+        "made (a folder holding anything else is refused)",
+    )
+    g = p.add_argument_group("any training command (instead of --config)")
+    g.add_argument(
+        "--cmd",
+        help="the training command (a shell command line) that runs --steps steps and "
+        'checkpoints into {out}; e.g. "torchrun ... train.py --out {out}"',
+    )
+    g.add_argument(
+        "--resume-cmd", help="the command that continues a run from its latest checkpoint in {out}"
+    )
+    g.add_argument(
+        "--log",
+        help="the steps' log, with {out} (default: {out}/steps.jsonl for jsonl, else the "
+        "command's own output)",
+    )
+    g.add_argument(
+        "--log-format",
+        choices=["jsonl", "megatron", "torchtitan", "regex"],
+        help="jsonl (default): StepLog's JSON lines; megatron: Megatron-LM's 'iteration N/ M | ... | "
+        "lm loss: X |' lines (--log-interval 1); torchtitan: its 'step: N  loss: X' lines; "
+        "regex: --regex",
+    )
+    g.add_argument(
+        "--regex", help="with --log-format regex: a Python regex with named groups step and loss"
+    )
+    g.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600,
+        help="seconds each run may take (default 3600)",
+    )
+    p.set_defaults(func=cmd_check_resume)
+
+
+def _check_resume_cmd(args) -> int:
+    """``check-resume --cmd ... --resume-cmd ...`` (any training command)."""
+    from energon_platform.training.resume_check import RunFailed, check_resume_cmd, verdict
+    from energon_platform.training.resume_check.options import command_spec
+
+    spec = command_spec(
+        config=args.config,
+        cmd=args.cmd,
+        resume_cmd=args.resume_cmd,
+        steps=args.steps,
+        kill_at=args.kill_at,
+        trainer_options={
+            "--nproc": args.nproc,
+            "--resume-nproc": args.resume_nproc,
+            "--resume-workers": args.resume_workers,
+            "--num-workers": args.num_workers,
+            "--set": args.set,
+        },
+        log=args.log,
+        log_format=args.log_format,
+        regex=args.regex,
+        tolerance=args.tolerance,
+        timeout=args.timeout,
+    )
+    try:
+        result = check_resume_cmd(spec, args.kill_at, Path(args.out))
+    except (
+        RunFailed
+    ) as e:  # a run failed, or logged nothing we can read: its output tail is in the message
+        print(f"energon-platform check-resume: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # a --kill-at past the last step of a log counted from 0
+        raise UsageError(str(e)) from None
+    return _print_verdict(verdict(result), args.out, result["passed"])
+
+
+def _print_verdict(text: str, out: str, passed: bool) -> int:
+    """Print a check's verdict and where its report and plot are; the exit status."""
+    print(text)
+    print(
+        f"report: {Path(out).resolve() / 'report.json'}\nplot:   {Path(out).resolve() / 'loss.png'}"
+    )
+    return 0 if passed else 1
+
+
+def cmd_check_resume(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.training.resume_check import RunFailed, RunSpec, check_resume, verdict
+    from energon_platform.training.resume_check.options import (
+        check_trainer_form,
+        check_trainer_run,
+        default_tolerance,
+        is_command_form,
+    )
+
+    if is_command_form(args.cmd, args.resume_cmd):
+        return _check_resume_cmd(args)
+    check_trainer_form(
+        args.config, {"--log": args.log, "--log-format": args.log_format, "--regex": args.regex}
+    )
+    args.nproc = args.nproc or 1
+    cfg = load_config(args.config, overrides(args.set))  # fail here, in one line, not in a child
+    check_trainer_run(cfg, args.nproc, args.resume_nproc, args.kill_at, args.steps)
+    spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
+    if args.tolerance is None:
+        args.tolerance = default_tolerance(args.nproc, args.resume_nproc)
+    try:
+        result = check_resume(
+            spec,
+            args.kill_at,
+            Path(args.out),
+            args.resume_nproc,
+            args.resume_workers,
+            args.tolerance,
+        )
+    except RunFailed as e:  # a trainer process failed: its output tail is in the message
+        print(f"energon-platform check-resume: {e}", file=sys.stderr)
+        return 1
+    return _print_verdict(verdict(result), args.out, result["passed"])
