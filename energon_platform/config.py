@@ -40,6 +40,8 @@ MAX_STEP = 10**12
 MAX_BATCH = 2**20
 #: The most loader worker processes per rank, and the most batches each may prefetch.
 MAX_WORKERS = 1024
+#: The most context-parallel ranks ``loader.context_parallel`` may name.
+MAX_CONTEXT_PARALLEL = 1024
 #: Bounds of a non-zero blend weight (metadataset ``weight`` / ``repetitions``, ``blend_schedule``):
 #: within them every weight is an exact fraction of small integers and the periods stay computable.
 LOWEST_WEIGHT, HIGHEST_WEIGHT = 1e-9, 1e9
@@ -247,6 +249,12 @@ class LoaderConfig:
     process could not be stopped). It covers the loader's samples, not the few samples the
     trainer's start-up check encodes itself. Set it well above the slowest normal sample: a
     sample that only sometimes finishes within it makes runs differ.
+
+    ``context_parallel``: the model's context-parallel ranks ``N`` (Megatron's
+    ``--context-parallel-size``; 1: off). With ``N > 1`` the encoder must pack (``packing.enabled``,
+    with or without a balance mode), ``text.seq_len`` must be a multiple of ``2N``, and every
+    document's attention segment is padded (loss-masked) to a multiple of ``2N``
+    (:mod:`~energon_platform.loader.context_parallel`); vision-language encoders are refused.
     """
 
     global_batch_size: int = 8
@@ -265,10 +273,18 @@ class LoaderConfig:
         ExcludeRule, ...
     ] = ()  #: samples skipped from given steps on (see :class:`ExcludeRule`)
     sample_timeout: float | None = None
+    context_parallel: int = 1
 
     def check(self, at: At) -> None:
         _at_least(
-            self, at, global_batch_size=1, num_workers=0, prefetch_factor=1, seed=0, shuffle_run=1
+            self,
+            at,
+            global_batch_size=1,
+            num_workers=0,
+            prefetch_factor=1,
+            seed=0,
+            shuffle_run=1,
+            context_parallel=1,
         )
         require(
             self.shuffle_run == 1 or self.shuffle_buffer is not None,
@@ -293,6 +309,7 @@ class LoaderConfig:
             pack_group=MAX_BATCH,
             num_workers=MAX_WORKERS,
             prefetch_factor=MAX_WORKERS,
+            context_parallel=MAX_CONTEXT_PARALLEL,
         )
         mode = self.balance.mode
         require(

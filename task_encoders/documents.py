@@ -28,7 +28,7 @@ from megatron.energon import Batch, Sample, edataclass, stateless
 from task_encoders.base import ConfigLike, SeededTaskEncoder
 from task_encoders.features import FEATURES, features, summed, text_features
 from task_encoders.seeding import sample_key
-from task_encoders.sequences import collate_rows, first_fit_decreasing, layout_row
+from task_encoders.sequences import collate_rows, first_fit_decreasing, layout_row, padded_length
 from task_encoders.tokenization import TextTokenizer
 
 
@@ -122,6 +122,13 @@ class DocumentTaskEncoder(SeededTaskEncoder):
 
     #: The batch dataclass; subclasses add their media fields.
     batch_type: ClassVar[type[TextBatch]] = TextBatch
+    #: Packing pads every document's segment to a multiple of this (loss-masked positions after
+    #: it; :func:`task_encoders.sequences.layout_row`): ``2N`` for ``N`` context-parallel ranks,
+    #: set by the loader from ``loader.context_parallel``. Rows and plans count padded lengths.
+    segment_multiple: int = 1
+    #: Whether a :attr:`segment_multiple` above 1 is exact for this encoder (its row lengths are
+    #: token positions of the row).
+    pads_segments: ClassVar[bool] = True
 
     def __init__(
         self, config: ConfigLike = None, *, seed: int | None = None, training: bool = True
@@ -291,7 +298,7 @@ class DocumentTaskEncoder(SeededTaskEncoder):
 
     def select_samples_to_pack(self, samples: list[EncodedDoc]) -> list[list[EncodedDoc]]:
         groups = first_fit_decreasing(
-            [int(d.tokens.numel()) for d in samples],
+            [padded_length(int(d.tokens.numel()), self.segment_multiple) for d in samples],
             [sample_key(d) for d in samples],
             self.seq_len,
             self.config.packing.max_docs,
@@ -303,7 +310,12 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         return self._pack(samples)
 
     def _pack(self, docs: list[EncodedDoc]) -> Pack:
-        row = layout_row([d.tokens for d in docs], self.seq_len, self.tokenizer.special.pad)
+        row = layout_row(
+            [d.tokens for d in docs],
+            self.seq_len,
+            self.tokenizer.special.pad,
+            multiple=self.segment_multiple,
+        )
         return Pack.derive_from(
             docs[0],
             __key__="+".join(sample_key(d) for d in docs),

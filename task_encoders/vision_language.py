@@ -89,6 +89,8 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
 
     vision_language: ClassVar[bool] = True
     fingerprint_name: ClassVar[str] = "ImageTextTaskEncoder"
+    #: Rows count spliced positions, which token padding cannot make multiples of ``2N`` exactly.
+    pads_segments: ClassVar[bool] = False
     batch_type = VisionLanguageBatch
     facts_width = 3  # (answer tokens, images, tiles): see sample_facts
 

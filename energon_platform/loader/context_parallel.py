@@ -7,11 +7,16 @@ equal chunks, and CP rank ``r`` holds chunks ``r`` and ``2N - 1 - r`` of each. U
 attention chunk ``c`` of ``s`` positions attends to ``s·c·s + s(s+1)/2`` (query, key) pairs, so the
 two chunks of a rank sum to the same work on every rank: each segment must therefore be a multiple
 of ``2N`` positions (:func:`task_encoders.sequences.padded_length`, ``multiple = 2N``).
+
+``loader.context_parallel: N`` sets that multiple on the run's encoder (:func:`apply_context_parallel`):
+its packing pads every document's segment, and the planner plans the padded lengths
+(:class:`~energon_platform.loader.lengths.SampleLengths`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def segment_multiple(context_parallel: int) -> int:
@@ -45,3 +50,42 @@ def rank_attention_work(segments: Sequence[int], context_parallel: int) -> list[
         )
         for a, b in rank_chunks(context_parallel)
     ]
+
+
+def apply_context_parallel(cfg: Any, encoder: Any) -> None:
+    """Give ``encoder`` the segment multiple of ``cfg.loader.context_parallel`` (nothing for 1).
+
+    With ``N > 1`` the encoder must pack, pad its segments exactly (``pads_segments``) and have a
+    ``seq_len`` that is a multiple of ``2N``; a one-line :class:`ConfigError` naming
+    ``loader.context_parallel`` otherwise."""
+    n = cfg.loader.context_parallel
+    if n == 1:
+        return
+    problem = _refusal(encoder, n)
+    if problem:
+        from task_encoders.config import ConfigError
+
+        raise ConfigError(cfg.source, "loader.context_parallel", f"{n}: {problem}")
+    encoder.segment_multiple = segment_multiple(n)
+
+
+def _refusal(encoder: Any, n: int) -> str | None:
+    """Why ``encoder`` cannot lay out rows for ``n`` context-parallel ranks, or None."""
+    name = type(encoder).__name__
+    if not getattr(encoder, "packing_buffer_size", None):
+        return (
+            f"{name} does not pack; context parallelism splits packed rows "
+            "(set packing.enabled: true in the encoder config, or context_parallel: 1)"
+        )
+    if not getattr(encoder, "pads_segments", False):
+        return (
+            f"{name} cannot pad its documents' segments for context parallelism "
+            "(its row lengths are not token positions); use context_parallel: 1"
+        )
+    multiple = segment_multiple(n)
+    if encoder.seq_len % multiple:
+        return (
+            f"text.seq_len {encoder.seq_len} is not a multiple of {multiple} (2 x context_parallel); "
+            "change one of them"
+        )
+    return None

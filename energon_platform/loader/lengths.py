@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from task_encoders.sequences import padded_length
+
 #: Samples per build chunk (one unit of work, of resume and of the progress bar).
 CHUNK = 2048
 FORMAT = "energon-platform-lengths-v1"
@@ -229,7 +231,9 @@ class SampleLengths:
     the length index gives its facts, the encoder turns them into lengths at that epoch.
     ``prefixes``: per dataset, what the loader puts before a key (``"name:"`` in a metadataset).
     ``work(facts, key, epoch)``: what a sample's cost is computed from (None: its work length);
-    ``no_work``: the work of a sample whose facts could not be read or that the encoder rejects."""
+    ``no_work``: the work of a sample whose facts could not be read or that the encoder rejects.
+    With the encoder's ``segment_multiple`` (``loader.context_parallel``) a row length is the
+    padded segment the document takes, and a work length counts that padding too."""
 
     def __init__(
         self,
@@ -247,6 +251,8 @@ class SampleLengths:
             prefixes,
         )
         self.work, self.no_work = work, no_work
+        #: the encoder's segment multiple: rows are planned as the padded segments they take
+        self.multiple = getattr(encoder, "segment_multiple", 1)
 
     def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, Any]:
         """``(row_length, work)`` of one sample; ``(0, no_work)`` for a sample whose facts could
@@ -258,7 +264,10 @@ class SampleLengths:
         key = self.prefixes[dataset] + self.indexes[dataset].key(index)
         try:
             row, work = (int(x) for x in self.encoder.sample_length(facts, key, epoch))
-            return row, work if self.work is None else self.work(facts, key, epoch)
+            padded = padded_length(row, self.multiple)
+            if self.work is not None:
+                return padded, self.work(facts, key, epoch)
+            return padded, work + padded - row
         except (
             ValueError
         ):  # the encoder rejects this sample at this epoch: it fails when loaded too

@@ -24,6 +24,7 @@ from typing import Any
 from energon_platform.loader.batching import Batching, batching_for
 from energon_platform.loader.blend import Blend
 from energon_platform.loader.blend_history import plan_segments, resume_segments
+from energon_platform.loader.context_parallel import apply_context_parallel
 from energon_platform.loader.datasets import open_datasets
 from energon_platform.loader.exclusions import (
     Excluder,
@@ -43,10 +44,13 @@ log = logging.getLogger(__name__)
 
 
 def build_encoder(cfg: Any, training: bool = True) -> Any:
-    """The task encoder named by the config, seeded with the loader's seed."""
+    """The task encoder named by the config, seeded with the loader's seed, its segments padded
+    for ``loader.context_parallel`` (:func:`~energon_platform.loader.context_parallel.apply_context_parallel`)."""
     from task_encoders.registry import get_encoder
 
-    return get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
+    encoder = get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
+    apply_context_parallel(cfg, encoder)
+    return encoder
 
 
 class RunPlan:
@@ -139,6 +143,7 @@ class RunPlan:
             "blend_unit_samples": self.unit,
             "schedule": SCHEDULE_VERSION,
             **self.batching.fingerprint(),
+            **({"context_parallel": lc.context_parallel} if lc.context_parallel > 1 else {}),
         }
 
     @property

@@ -289,3 +289,53 @@ def test_video_audio_config_refuses_to_guess():
     encoder = get_encoder(_config("video_text_small.yaml", video={"audio": {"n_mels": 16}}))
     with pytest.raises(NotImplementedError, match="video.audio"):
         encoder.sample_length((5, 4), "k", 0)
+
+
+#: Packing encoders whose rows are token positions, on corpora with documents shorter than a row.
+SEGMENT_CASES = [
+    ("text_small", _config("text_small.yaml", text={"seq_len": 256}), ("text",)),
+    ("image_text_small_packed", _config("image_text_small_packed.yaml"), ("coco",)),
+    ("multimodal_packed", _config("multimodal_packed.yaml"), ("coco", "speech", "text")),
+]
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=[c[0] for c in SEGMENT_CASES])
+def test_with_a_segment_multiple_packed_rows_hold_the_padded_derived_lengths(case, corpora):
+    """With ``segment_multiple`` 4 (``loader.context_parallel: 2``) the derived and encoded
+    lengths stay the document's own; packing gives each document ``padded_length(row, 4)``
+    positions of its row (what the planner plans from the derived length), and the cost features
+    of a packed batch still count the documents, not the padding."""
+    from energon_platform.loader.light_sample import light_sample
+    from energon_platform.loader.source import SampleSource
+    from task_encoders.features import summed
+    from task_encoders.registry import get_encoder
+    from task_encoders.sequences import padded_length, row_segments
+
+    _, config, corpus_names = case
+    encoder = get_encoder(config, training=True)
+    encoder.segment_multiple = 4
+    docs, derived = [], []
+    for name in corpus_names:
+        source = SampleSource(str(corpora[name]), "train")
+        for i in _spread(len(source), 8):
+            sample = source[i]
+            key = sample.__key__
+            sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": 0}
+            docs.append(encoder.encode(sample))
+            derived.append(
+                encoder.sample_length(encoder.sample_facts(light_sample(source, i)), key, 0)
+            )
+    assert [encoder.encoded_length(d) for d in docs] == derived
+    slots = {id(d): padded_length(row, 4) for d, (row, _) in zip(docs, derived)}
+    packs = [encoder.pack_selected_samples(g) for g in encoder.select_samples_to_pack(docs)]
+    for pack in packs:
+        segments = row_segments(pack.row["position_ids"])
+        assert segments[:-1] == [slots[id(d)] for d in pack.docs[:-1]]
+        assert (
+            all(s % 4 == 0 for s in segments)
+            and sum(slots[id(d)] for d in pack.docs) <= encoder.seq_len
+        )
+    assert any(row % 4 for row, _ in derived), "no document needed padding"
+    assert any(len(p.docs) > 1 for p in packs), "no row shares documents"
+    expected = summed(encoder.encoded_features(d) for d in docs)
+    assert encoder.batch_features(encoder.batch(packs)) == expected

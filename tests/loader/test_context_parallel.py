@@ -1,9 +1,12 @@
 """Context parallel, the loader's part: rows laid out with every document padded to ``2N``
 positions split into equal causal attention work on each of the ``N`` CP ranks (the load-balanced
-chunks ``r`` and ``2N - 1 - r`` of each segment)."""
+chunks ``r`` and ``2N - 1 - r`` of each segment); ``loader.context_parallel: 2`` gives a loader
+whose every segment is a multiple of 4 with loss-masked padding, planned as encoded, resumed
+exactly, and refuses the encoders and values it cannot serve."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -23,6 +26,45 @@ from task_encoders.sequences import (
 )
 
 SEQ_LEN = 96
+#: Text documents of the embedded corpus (about 50 to 110 tokens) packed into rows of 256.
+PACKED_TEXT = {
+    "encoder": "text",
+    "text": {"seq_len": 256},
+    "packing": {"enabled": True, "buffer_size": 8},
+}
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    from tests.helpers.demo_datasets import text_dataset
+
+    base = tmp_path_factory.mktemp("context_parallel")
+    return base, text_dataset(base)
+
+
+def _config(base, data, encoder=None, **loader):
+    from energon_platform import load_config
+
+    return load_config(
+        {
+            "data": {"path": str(data), "val_split": None},
+            "encoder": encoder or PACKED_TEXT,
+            "loader": {
+                "global_batch_size": 4,
+                "micro_batch_size": 2,
+                "num_workers": 0,
+                "seed": 5,
+                "length_cache": str(base / "lengths"),
+                **loader,
+            },
+        }
+    )
+
+
+def _loader(base, data, **loader):
+    from energon_platform import TrainLoader
+
+    return TrainLoader(_config(base, data, **loader), num_workers=0)
 
 
 def _rows(cp: int, seed: int) -> list[dict]:
@@ -60,3 +102,93 @@ def test_without_the_multiple_a_document_does_not_split_into_chunks():
     row = layout_row([torch.arange(7) + 3, torch.arange(5) + 3], 16, 0)
     with pytest.raises(ValueError):
         rank_attention_work(row_segments(row["position_ids"]), 2)
+
+
+def _check_padded_rows(batch, multiple: int, pad: int) -> list[int]:
+    """Every segment of every row is a multiple of ``multiple``; each document's padding (its
+    last token and the positions after it up to its padded length) is loss-masked and holds
+    ``pad``. Returns each row's padded document positions (what the planner plans)."""
+    used, first = [], 0
+    for row, n in enumerate(batch.num_docs.tolist()):
+        segments = row_segments(batch.position_ids[row])
+        assert all(s % multiple == 0 for s in segments), segments
+        lengths = batch.doc_lengths[first : first + n].tolist()
+        start = 0
+        for length in lengths:
+            end = start + padded_length(length, multiple)
+            assert batch.loss_mask[row, start + length - 1 : end].sum() == 0
+            assert batch.loss_mask[row, start : start + length - 1].all()
+            assert (batch.tokens[row, start + length : end] == pad).all()
+            start = end
+        used.append(start)
+        first += n
+    return used
+
+
+@pytest.mark.parametrize("balance", ["tokens", "none"])
+def test_a_context_parallel_2_loader_pads_every_segment_to_4_and_plans_what_it_encodes(
+    text_data, balance
+):
+    base, data = text_data
+    loader = _loader(base, data, balance=balance, context_parallel=2)
+    pad = loader.encoder.tokenizer.special.pad
+    padded_docs = 0
+    for b in range(2):
+        used = []
+        for _ in range(loader.accumulation):
+            batch = next(loader)
+            used += _check_padded_rows(batch, 4, pad)
+            padded_docs += sum(n % 4 != 0 for n in batch.doc_lengths.tolist())
+        if loader.planned:
+            assert sorted(used) == sorted(loader.planner.plan(b).used)
+    loader.close()
+    assert padded_docs, "no document needed padding: the check above proved nothing"
+
+
+def test_a_context_parallel_run_resumes_exactly_and_only_with_the_same_setting(text_data):
+    from energon_platform.loader.state import StateMismatchError
+
+    base, data = text_data
+    loader = _loader(base, data, balance="attention", context_parallel=2)
+    for _ in range(3):
+        next(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = [next(loader) for _ in range(3)]
+    loader.close()
+    assert state["fingerprint"]["context_parallel"] == 2
+    resumed = _loader(base, data, balance="attention", context_parallel=2)
+    resumed.load_state_dict(state)
+    for want in expected:
+        got = next(resumed)
+        assert got.keys == want.keys
+        for name in ("tokens", "position_ids", "loss_mask", "cu_seqlens"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+    resumed.close()
+    without = _loader(base, data, balance="attention")
+    assert "context_parallel" not in without.plan.fingerprint
+    with pytest.raises(StateMismatchError, match="context_parallel"):
+        without.load_state_dict(state)
+    without.close()
+
+
+@pytest.mark.parametrize(
+    "value, encoder, message",
+    [
+        (0, None, "loader.context_parallel: got 0"),
+        (True, None, "loader.context_parallel"),
+        (2, {**PACKED_TEXT, "packing": {"enabled": False}}, "2: TextTaskEncoder does not pack"),
+        (3, {**PACKED_TEXT, "text": {"seq_len": 256}}, "seq_len 256 is not a multiple of 6"),
+        (2, "configs/encoders/image_text_vlm_small_packed.yaml", "cannot pad its documents"),
+    ],
+)
+def test_context_parallel_refusals_name_the_key(tmp_path, value, encoder, message):
+    from energon_platform.loader.run_plan import build_encoder
+    from task_encoders.config import ConfigError
+    from tests.helpers.demo_datasets import REPO
+
+    if isinstance(encoder, str):
+        encoder = str(REPO / encoder)
+    with pytest.raises(ConfigError, match=message) as refused:
+        build_encoder(_config(tmp_path, tmp_path, encoder, context_parallel=value))
+    assert "loader.context_parallel" in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -5,6 +5,8 @@ would make them differ; a tampered plan state is refused.
   with ``max_num_tiles`` 4 and 1 each plan the rows they encode.
 * In a metadataset the encoder sees ``"{dataset}:{key}"``: a VLM encoder drawing one of two
   instructions per key plans the rows it encodes.
+* With ``loader.context_parallel: 2`` every document is planned as the padded segment (a multiple
+  of 4) its row gives it.
 * A saved plan whose ``carried`` holds the next stream position (or one position twice) is refused.
 """
 
@@ -32,7 +34,7 @@ def _encoder(base, name: str, **image) -> str:
     return str(path)
 
 
-def _loader(data, encoder, cache):
+def _loader(data, encoder, cache, **loader):
     from energon_platform import TrainLoader, load_config
 
     cfg = load_config(
@@ -46,6 +48,7 @@ def _loader(data, encoder, cache):
                 "seed": 3,
                 "balance": "tokens",
                 "length_cache": str(cache),
+                **loader,
             },
         }
     )
@@ -53,7 +56,11 @@ def _loader(data, encoder, cache):
 
 
 def _planned_equals_encoded(loader, batches: int = 2) -> None:
-    """Each row's planned positions (by the length index) equal its encoded documents' lengths."""
+    """Each row's planned positions (by the length index) equal its encoded documents' lengths,
+    each padded to the encoder's segment multiple."""
+    from task_encoders.sequences import padded_length
+
+    multiple = loader.encoder.segment_multiple
     for b in range(batches):
         planned = sorted(loader.planner.plan(b).used)
         encoded = []
@@ -61,9 +68,8 @@ def _planned_equals_encoded(loader, batches: int = 2) -> None:
             mb = next(loader)
             start = 0
             for n in mb.num_docs.tolist():
-                encoded.append(
-                    int(getattr(mb, "spliced_lengths", mb.doc_lengths)[start : start + n].sum())
-                )
+                lengths = getattr(mb, "spliced_lengths", mb.doc_lengths)[start : start + n]
+                encoded.append(sum(padded_length(int(x), multiple) for x in lengths))
                 start += n
         assert sorted(encoded) == planned, (b, sorted(encoded), planned)
     loader.close()
@@ -79,6 +85,14 @@ def test_one_cache_two_tilings_each_plans_what_it_encodes(coco):
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 2, (
         "one length index per encoder config"
     )
+
+
+def test_with_context_parallel_the_padded_segments_are_planned(coco):
+    base, data = coco
+    encoder = str(REPO / "configs/encoders/image_text_small_packed.yaml")
+    loader = _loader(data, encoder, base / "lengths_cp", context_parallel=2)
+    assert loader.encoder.segment_multiple == 4
+    _planned_equals_encoded(loader, batches=3)
 
 
 def test_in_a_blend_the_instruction_drawn_per_prefixed_key_is_planned(coco):
