@@ -9,11 +9,10 @@ statement counts, module-level or inside a function, and so does ``importlib.imp
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 #: package (a folder) → the packages above it (dotted), which it must never import. Inside
 #: ``energon_platform``, the loader is the lowest room: training, the trainer integrations, the
@@ -30,6 +29,8 @@ ABOVE = {
     },
     "energon_platform/training": {"energon_platform.tools", "energon_platform.cli"},
     "energon_platform/integrations": {"energon_platform.tools", "energon_platform.cli"},
+    # the benchmarks and tools under scripts/ stand alone: tests may import them, never the reverse
+    "scripts": {"tests"},
     "energon_platform/tools": {
         "energon_platform.training",
         "energon_platform.integrations",
@@ -96,3 +97,18 @@ def test_task_encoders_do_not_import_energon_platform():
 @pytest.mark.parametrize("room", ["loader", "training", "integrations", "tools"])
 def test_rooms_inside_energon_platform_import_none_above_them(room):
     assert violations(f"energon_platform/{room}") == []
+
+
+def test_scripts_import_nothing_from_tests():
+    assert violations("scripts") == []
+
+
+def test_scripts_put_no_tests_folder_on_the_import_path():
+    # ``sys.path.insert(0, REPO / "tests")`` then ``import corpora`` imports from tests/ too
+    bad = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "scripts").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "sys.path" in line and "tests" in line
+    ]
+    assert bad == []

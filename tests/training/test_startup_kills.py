@@ -23,7 +23,8 @@ import yaml
 
 from energon_platform.loader.lengths import CHUNK
 from energon_platform.training.resume_check import RunSpec, _run, launch, read_log, trainer_command
-from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
+from scripts.bench_data import coco_dataset, librispeech_dataset
+from tests.helpers import REPO
 
 STEPS = 4
 
