@@ -120,5 +120,7 @@ def assert_sigkill_resume_identical(module: str, shards: Path, out: Path, steps:
     run_logging_script(script, [shards, out, 1, steps], out, repo)  # up to the same last step
     resumed = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in resumed}) == list(range(steps))
+    # the state is saved after each logged step: at most the step the kill interrupted runs twice
+    assert len(resumed) <= steps + 1, "the resumed process must continue, not start over"
     for r in resumed:
         assert [list(d) for d in reference[r["step"]]] == r["docs"], r["step"]
