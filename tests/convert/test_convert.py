@@ -563,7 +563,7 @@ def assert_kill_and_rerun_is_byte_identical(
     assert run_cli(*args, "--out", ref).returncode == 0
     out = tmp_path / "killed"
     proc = subprocess.Popen(
-        cli_argv(*map(str, args), "--out", str(out)),
+        cli_argv(*args, "--out", out),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

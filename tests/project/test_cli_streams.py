@@ -34,7 +34,7 @@ def into_closed_pipe(*argv, cwd=None) -> subprocess.CompletedProcess:
     os.close(read_end)
     try:
         return subprocess.run(
-            cli_argv(*map(str, argv)),
+            cli_argv(*argv),
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
