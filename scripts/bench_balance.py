@@ -471,11 +471,10 @@ class TrainFailed(Exception):
 
 
 def _train_data(base: Path) -> Path:
-    """Convert the embedded corpora (the tests' converters) under ``base``; the blend's metadataset."""
+    """Convert the embedded corpora (``bench_data.py``) under ``base``; the blend's metadataset."""
     import yaml
 
-    sys.path.insert(0, str(REPO / "tests" / "helpers"))
-    from demo_datasets import coco_dataset, librispeech_dataset, text_dataset
+    from scripts.bench_data import coco_dataset, librispeech_dataset, text_dataset
 
     paths = {p.name: p for p in (coco_dataset(base), librispeech_dataset(base), text_dataset(base))}
     mds = base / "blend.yaml"
@@ -781,7 +780,7 @@ def demo_section(args) -> dict:
     sys.path.insert(0, str(REPO))
     from energon_platform import TrainLoader, load_config
     from energon_platform.loader.planner import deal_plan, rank_costs
-    from tests.helpers.demo_datasets import three_modality_blend
+    from scripts.bench_data import three_modality_blend
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:

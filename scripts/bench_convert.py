@@ -7,7 +7,7 @@ sample images) to the same output format (RGB PNG at the same zlib level + ``tex
   ours, 1w   ``energon-platform convert coco`` with 1 worker: also validation, report, resume
              bookkeeping, checksums and Energon's index;
   ours, 2w   the same with 2 worker processes;
-  ours → S3  1 and 2 workers into ``msc://`` on a SeaweedFS started on loopback (``tests/helpers/s3_server.py``),
+  ours → S3  1 and 2 workers into ``msc://`` on a SeaweedFS started on loopback (``scripts/s3_server.py``),
              bounded staging: each shard is written, uploaded, checked and deleted. Its staging
              folder is sampled every few ms for the peak bytes it held, set against the corpus;
              the upload retries come from the run's ``report.json``. ``--no-s3`` leaves it out.
@@ -31,10 +31,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers")
-)  # the test helpers used here
-from folder_sampler import FolderSampler  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
+from scripts.folder_sampler import FolderSampler  # noqa: E402
 
 
 def make_corpus(root: Path, n: int, side: int = 256) -> tuple[Path, Path]:
@@ -109,7 +107,7 @@ def ours(
 
 def start_s3(tmp: Path):
     """A SeaweedFS on loopback with ``MSC_CONFIG`` and a staging folder of its own set for this process."""
-    from s3_server import S3Server
+    from scripts.s3_server import S3Server
 
     server = S3Server.launch(tmp / "s3")
     os.environ["MSC_CONFIG"] = str(server.msc_config)

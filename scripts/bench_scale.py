@@ -18,7 +18,7 @@ share of neighbouring positions from the same shard and the correlation of neigh
 for ``permutation``, ``locality`` and the array permutation.
 
 (3) Object storage (``--s3``; skipped with ``--no-s3``): a generated image-text dataset uploaded to
-a SeaweedFS on loopback (``tests/helpers/s3_server.py``), one epoch read by our ``TrainLoader`` (each
+a SeaweedFS on loopback (``scripts/s3_server.py``), one epoch read by our ``TrainLoader`` (each
 shuffle mode), by Energon's own loader (``get_train_dataset`` + ``get_savable_loader``, shuffle
 buffer 100) and by a plain ``webdataset`` pipeline streaming the same tars through MSC, all with
 the same encoder and workers: samples/s, storage requests per sample and bytes fetched per byte
@@ -222,11 +222,9 @@ def storage(args) -> list[dict]:
     import tempfile
     import time
 
-    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     sys.path.insert(0, str(REPO))
-    from s3_server import S3Server
-
     from converters.remote import upload_dataset
+    from scripts.s3_server import S3Server
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-s3-"))
     n = args.shards * args.per_shard

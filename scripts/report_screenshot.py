@@ -2,10 +2,9 @@
 """The screenshot of the run report on the docs page (``docs/assets/report.png``).
 
 Converts the embedded corpora into a three-modality blend, trains the reference model on it
-(``configs/train_blend.yaml``), finds its loss spikes with the tests' stand-in spike finder
-(``tests/helpers/spikes.py``: z-score over the preceding steps), writes the report with
-``energon-platform report``'s builder and photographs it in headless Chromium
-(``tests/helpers/browser.py``)::
+(``configs/train_blend.yaml``), writes its report with ``energon-platform report`` (spikes found
+and their samples traced as the command does) and photographs it in headless Chromium
+(``scripts/browser.py``)::
 
     python scripts/report_screenshot.py --work out/report-shot --out docs/assets/report.png
 """
@@ -13,7 +12,6 @@ Converts the embedded corpora into a three-modality blend, trains the reference 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from energon_platform.config import load_config  # noqa: E402
-from energon_platform.tools.report import build_report  # noqa: E402
-from tests.helpers.browser import chromium_or_reason, run_chromium  # noqa: E402
-from tests.helpers.demo_datasets import three_modality_blend  # noqa: E402
-from tests.helpers.spikes import spikes_of  # noqa: E402
+from scripts.bench_data import three_modality_blend  # noqa: E402
+from scripts.browser import chromium_or_reason, run_chromium  # noqa: E402
 
 
 def train(blend: Path, run: Path, steps: int) -> None:
@@ -53,17 +48,30 @@ def main() -> int:
     run = work / "run"
     if not (run / "log.jsonl").is_file():
         train(blend, run, args.steps)
-    rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-    cfg = load_config(REPO / "configs/train_blend.yaml", {"data.path": str(blend)})
     page = work / "report.html"
-    info = build_report(run, page, spikes=spikes_of(rows, args.z, args.window), config=cfg)
+    cmd = [
+        sys.executable,
+        "-m",
+        "energon_platform",
+        "report",
+        "--run",
+        str(run),
+        "--out",
+        str(page),
+    ]
+    cmd += ["--config", str(REPO / "configs/train_blend.yaml"), "--set", f"data.path={blend}"]
+    cmd += ["--z", str(args.z), "--window", str(args.window)]
+    made = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if made.returncode != 0:
+        print(made.stderr[-2000:], file=sys.stderr)
+        return 1
     out = (REPO / args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     shot = run_chromium(page, f"--screenshot={out}", "--window-size=1100,2400")
     if shot.returncode != 0 or not out.is_file():
         print(shot.stderr[-2000:], file=sys.stderr)
         return 1
-    print(f"{out}: screenshot of {page} ({info['steps']} steps, {info['spikes']} spikes)")
+    print(f"{out}: screenshot of {made.stdout.strip()}")
     return 0
 
 

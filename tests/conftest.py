@@ -305,3 +305,32 @@ def raw_samples(image_text_shards, audio_text_shards):
         return cache[kind]
 
     return get
+
+
+# --- the embedded corpora (data/), converted once per test run -----------------------------------
+
+
+@pytest.fixture(scope="session")
+def coco(tmp_path_factory) -> Path:
+    """``data/coco_mini`` converted (64 per shard, 10% val) under the base temporary folder: the
+    same folder ``scripts.bench_data.coco_dataset(tmp_path_factory.getbasetemp())`` gives. Read
+    it only; a test that changes a dataset copies it first."""
+    from scripts.bench_data import coco_dataset
+
+    return coco_dataset(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def speech(tmp_path_factory) -> Path:
+    """``data/librispeech_mini`` converted under the base temporary folder (read it only)."""
+    from scripts.bench_data import librispeech_dataset
+
+    return librispeech_dataset(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def text_mini(tmp_path_factory) -> Path:
+    """``data/text_mini`` converted under the base temporary folder (read it only)."""
+    from scripts.bench_data import text_dataset
+
+    return text_dataset(tmp_path_factory.getbasetemp())

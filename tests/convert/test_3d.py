@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 MESH_MINI = REPO / "data" / "mesh_mini"
 
 

@@ -20,6 +20,7 @@ from converters.convert import ConvertError, ConvertOptions, reason_counts, run_
 from converters.media import ImageOptions
 from converters.readers import InputError
 from converters.records import KEY_PATTERN, make_key
+from tests.helpers.cli import cli_argv, run_cli
 from tests.helpers.corpora import (
     caption,
     image_bytes,
@@ -28,8 +29,6 @@ from tests.helpers.corpora import (
     make_librispeech,
     tone_bytes,
 )
-
-CLI = [sys.executable, "-m", "energon_platform"]
 
 
 def convert(kind, out, progress=False, **kw):
@@ -419,10 +418,6 @@ def test_every_bad_audio_kind_is_counted(tmp_path):
     assert outcome.report["totals"]["written"] == 12
 
 
-def run_cli(*args, **kw):
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, **kw)
-
-
 def test_error_fraction_exit_status_and_usage_errors(tmp_path):
     ann, images, _ = make_coco(tmp_path / "raw", n_good=4, bad=True)  # 6 of 10 bad
     r = run_cli(
@@ -568,7 +563,7 @@ def assert_kill_and_rerun_is_byte_identical(
     assert run_cli(*args, "--out", ref).returncode == 0
     out = tmp_path / "killed"
     proc = subprocess.Popen(
-        [*CLI, *map(str, args), "--out", str(out)],
+        cli_argv(*args, "--out", out),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

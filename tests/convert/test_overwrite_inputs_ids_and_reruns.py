@@ -26,7 +26,8 @@ from PIL import Image
 from converters.convert import ConvertError, reason_counts
 from converters.media import AudioOptions, ImageOptions
 from converters.records import KEY_PATTERN, MAX_KEY_LENGTH, make_key
-from tests.convert.test_convert import convert, members, run_cli, tree_digest
+from tests.convert.test_convert import convert, members, tree_digest
+from tests.helpers.cli import run_cli
 from tests.helpers.corpora import (
     caption,
     image_bytes,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,9 @@ import pytest
 from converters import remote
 from converters.remote import upload_dataset
 from energon_platform.cli import main as cli_main
+from tests.helpers.cli import run_cli
 from tests.helpers.s3_server import s3, s3_server  # noqa: F401  (fixtures)
 from tests.storage.test_s3 import _coco
-
-CLI = [sys.executable, "-m", "energon_platform"]
 
 
 def docs(path: Path, n: int = 5) -> Path:
@@ -159,20 +157,15 @@ def test_first_conversion_to_an_unusable_msc_profile_is_one_line(s3, tmp_path, c
         env["MSC_CONFIG"], url = str(s3.msc_config), "msc://no-such-profile/x"
     elif case == "missing config file":
         env["MSC_CONFIG"] = str(tmp_path / "nowhere.yaml")
-    r = subprocess.run(
-        [
-            *CLI,
-            "convert",
-            "text",
-            "--manifest",
-            str(docs(tmp_path / "docs.jsonl")),
-            "--out",
-            url,
-            "--no-progress",
-        ],
+    r = run_cli(
+        "convert",
+        "text",
+        "--manifest",
+        docs(tmp_path / "docs.jsonl"),
+        "--out",
+        url,
+        "--no-progress",
         env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert one_line_error(r), r.stderr
@@ -186,21 +179,16 @@ def test_first_conversion_to_an_unusable_msc_profile_is_one_line(s3, tmp_path, c
 def text_dataset(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("text_ds")
     out = root / "ds"
-    r = subprocess.run(
-        [
-            *CLI,
-            "convert",
-            "text",
-            "--manifest",
-            str(docs(root / "docs.jsonl", 12)),
-            "--out",
-            str(out),
-            "--samples-per-shard",
-            "5",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "convert",
+        "text",
+        "--manifest",
+        docs(root / "docs.jsonl", 12),
+        "--out",
+        out,
+        "--samples-per-shard",
+        "5",
+        "--no-progress",
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
@@ -250,7 +238,7 @@ def test_info_with_a_report_missing_a_section_is_one_line(text_dataset, tmp_path
     report = json.loads((ds / "report.json").read_text())
     del report[drop]
     (ds / "report.json").write_text(json.dumps(report))
-    r = subprocess.run([*CLI, "info", str(ds)], capture_output=True, text=True, timeout=120)
+    r = run_cli("info", ds, timeout=120)
     assert one_line_error(r) and "report.json: corrupt conversion report" in r.stderr, r.stderr
 
 
@@ -260,40 +248,30 @@ def test_info_with_a_report_missing_a_section_is_one_line(text_dataset, tmp_path
 def test_jsonl_without_the_text_column_says_the_column_is_missing_like_csv(tmp_path):
     manifest = tmp_path / "docs.jsonl"
     manifest.write_text("".join(json.dumps({"id": i, "body": f"doc {i}"}) + "\n" for i in range(4)))
-    r = subprocess.run(
-        [
-            *CLI,
-            "convert",
-            "text",
-            "--manifest",
-            str(manifest),
-            "--out",
-            str(tmp_path / "out"),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "convert",
+        "text",
+        "--manifest",
+        manifest,
+        "--out",
+        tmp_path / "out",
+        "--no-progress",
         timeout=120,
     )
     assert one_line_error(r) and "no column 'text' (columns: body, id)" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
     # a field missing from some lines only stays a per-row problem
     manifest.write_text(json.dumps({"id": 0, "text": "doc"}) + "\n" + json.dumps({"id": 1}) + "\n")
-    r = subprocess.run(
-        [
-            *CLI,
-            "convert",
-            "text",
-            "--manifest",
-            str(manifest),
-            "--out",
-            str(tmp_path / "out"),
-            "--no-progress",
-            "--max-error-fraction",
-            "0.5",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "convert",
+        "text",
+        "--manifest",
+        manifest,
+        "--out",
+        tmp_path / "out",
+        "--no-progress",
+        "--max-error-fraction",
+        "0.5",
         timeout=120,
     )
     assert r.returncode == 0 and "skipped empty_text: 1" in r.stdout, r.stdout + r.stderr
@@ -303,19 +281,14 @@ def test_jsonl_without_the_text_column_says_the_column_is_missing_like_csv(tmp_p
 def test_an_empty_manifest_is_named_empty(tmp_path, name):
     manifest = tmp_path / name
     manifest.write_text("" if name.endswith("jsonl") else "id,text\n")
-    r = subprocess.run(
-        [
-            *CLI,
-            "convert",
-            "text",
-            "--manifest",
-            str(manifest),
-            "--out",
-            str(tmp_path / "out"),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "convert",
+        "text",
+        "--manifest",
+        manifest,
+        "--out",
+        tmp_path / "out",
+        "--no-progress",
         timeout=120,
     )
     assert one_line_error(r) and f"{manifest}: empty" in r.stderr, r.stderr
@@ -333,21 +306,16 @@ def test_max_seconds_cuts_are_counted_and_the_original_duration_recorded(tmp_pat
         tmp_path / "raw", 4, lengths=(12, 48), formats=("mp4",)
     )  # 1 s and 4 s at 12 fps
     out = tmp_path / "out"
-    r = subprocess.run(
-        [
-            *CLI,
-            "convert",
-            "video",
-            "--root",
-            str(root),
-            "--out",
-            str(out),
-            "--max-seconds",
-            "1.5",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "convert",
+        "video",
+        "--root",
+        root,
+        "--out",
+        out,
+        "--max-seconds",
+        "1.5",
+        "--no-progress",
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
@@ -400,9 +368,7 @@ def test_max_seconds_cuts_are_counted_and_the_original_duration_recorded(tmp_pat
     ],
 )
 def test_convert_help_lists_only_the_options_that_apply(kind, listed, absent):
-    r = subprocess.run(
-        [*CLI, "convert", kind, "--help"], capture_output=True, text=True, timeout=60
-    )
+    r = run_cli("convert", kind, "--help", timeout=60)
     assert r.returncode == 0
     words = set(r.stdout.replace("[", " ").replace("]", " ").replace(",", " ").split())
     assert listed <= words and not (absent & words), (listed - words, absent & words)

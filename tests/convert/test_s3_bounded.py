@@ -16,7 +16,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from energon_platform.cli import main as cli_main
-from tests.helpers.folder_sampler import FolderSampler
+from scripts.folder_sampler import FolderSampler
+from tests.helpers.cli import cli_argv
 from tests.helpers.s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
 from tests.storage.test_s3 import _coco, assert_same_batch, micro_batches
 
-CLI = [sys.executable, "-m", "energon_platform"]
 SPS = 4  #: samples per shard: many small shards, so the corpus is many times the staging bound
 
 
@@ -180,8 +179,7 @@ def test_sigkill_then_resume_from_another_empty_staging_folder_is_byte_identical
         "ENERGON_PLATFORM_STAGING": str(tmp_path / "machine-a"),
     }
     proc = subprocess.Popen(
-        [
-            *CLI,
+        cli_argv(
             "convert",
             "coco",
             *corpus,
@@ -192,7 +190,7 @@ def test_sigkill_then_resume_from_another_empty_staging_folder_is_byte_identical
             "--val-fraction",
             "0.2",
             "--no-progress",
-        ],
+        ),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -22,11 +22,11 @@ from tests.convert.test_convert import (
     assert_kill_and_rerun_is_byte_identical,
     convert,
     members,
-    run_cli,
     tree_digest,
 )
+from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 
-REPO = Path(__file__).resolve().parents[2]
 TEXT_MINI = REPO / "data" / "text_mini" / "documents.jsonl"
 TEXT_SMALL = str(REPO / "configs" / "encoders" / "text_small.yaml")
 WORDS = (

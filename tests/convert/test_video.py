@@ -5,8 +5,6 @@ deterministic re-encoding, worker/executor independence, SIGKILL + rerun, Energo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from converters.convert import ConvertOptions, reason_counts, run_conversion
 from converters.media import VideoOptions
 from converters.readers import InputError
 from tests.convert.test_convert import assert_kill_and_rerun_is_byte_identical
+from tests.helpers.cli import run_cli
 from tests.helpers.video_corpus import (
     audio_only_mp4,
     caption,
@@ -25,12 +24,6 @@ from tests.helpers.video_corpus import (
     unknown_codec_mkv,
     write_folder,
 )
-
-CLI = [sys.executable, "-m", "energon_platform"]
-
-
-def run_cli(*args, **kw):
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, **kw)
 
 
 def convert(out: Path, reader: dict, **opts):

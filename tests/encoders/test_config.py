@@ -1,15 +1,15 @@
 """Encoder configs: YAML → validated dataclasses; every error names file, key and expectation."""
 
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
 from task_encoders.config import ConfigError, to_plain
 from task_encoders.registry import available, get_encoder
+from tests.helpers import REPO
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "encoders").glob("*.yaml"))
+CONFIGS = sorted((REPO / "configs" / "encoders").glob("*.yaml"))
 
 
 def write(tmp_path, text):

@@ -4,14 +4,12 @@ through Energon's loader; the document shows the module's exact code."""
 import dataclasses
 import importlib
 import re
-from pathlib import Path
 
 import torch
 from megatron.energon import get_savable_loader, get_train_dataset
 
 from task_encoders.registry import available, get_encoder
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def test_example_trains_a_batch_through_energons_loader(audio_text_shards, tokenizer_dir):
@@ -75,8 +73,8 @@ def test_gain_is_seeded_per_key_and_epoch(tokenizer_dir, raw_samples):
 
 
 def test_the_document_shows_the_example_module_verbatim():
-    doc = (ROOT / "docs" / "encoders.md").read_text()
-    source = (ROOT / "task_encoders" / "examples" / "waveform_text.py").read_text()
+    doc = (REPO / "docs" / "encoders.md").read_text()
+    source = (REPO / "task_encoders" / "examples" / "waveform_text.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert source in blocks, (
         "docs/encoders.md, section 'Adding a modality', must show task_encoders/examples/waveform_text.py verbatim"

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
+from scripts.bench_data import coco_dataset, librispeech_dataset
+from tests.helpers import REPO
 
 ENCODERS = REPO / "configs" / "encoders"
 EPOCHS = (0, 1, 2)

@@ -25,8 +25,8 @@ from task_encoders.multimodal import MultimodalBatch, MultimodalTaskEncoder, Unk
 from task_encoders.registry import get_encoder
 from tests.conftest import SMALL_AUDIO, SMALL_IMAGE, caption_for
 from tests.encoders.test_text import assert_consistent
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 MEDIA = {"image_text": "image", "audio_text": "features"}
 
 

@@ -19,9 +19,8 @@ import torch
 
 from task_encoders.config import ConfigError
 from task_encoders.registry import get_encoder
-from tests.helpers import layouts
+from tests.helpers import REPO, layouts
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = {"num_points": 256, "colors": True, "dropout": 0.2}
 
 
@@ -291,50 +290,11 @@ def test_elastic_resume_changes_ranks_and_workers_tensors_identical(shards):
     assert after == reference[4:], "the resumed layout must give the same keys and tensors"
 
 
-KILL_SCRIPT = """
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-from energon_platform.loader.train_loader import TrainLoader
-from tests.encoders.test_pointcloud import digests, run_config
-config = run_config(sys.argv[2], num_workers=int(sys.argv[4]))
-out = sys.argv[3]
-loader = TrainLoader(config)
-state_file = os.path.join(out, "state.json")
-if os.path.exists(state_file):
-    loader.load_state_dict(json.load(open(state_file)))
-with open(os.path.join(out, "log.jsonl"), "a") as log:
-    while loader.next_microbatch < int(sys.argv[5]):
-        step = loader.next_microbatch
-        batch = next(loader)
-        log.write(json.dumps({"step": step, "docs": sorted(digests(batch).items())}) + "\\n")
-        log.flush()
-        tmp = state_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(loader.state_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, state_file)
-"""
-
-
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
-    def run(out: Path, workers: int, steps: int, kill_after: int | None = None) -> None:
-        layouts.run_logging_script(
-            KILL_SCRIPT, [REPO, shards, out, workers, steps], out, REPO, kill_after
-        )
-
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run(straight, 2, 10)
-    run(killed, 2, 10, kill_after=4)
-    assert 4 <= layouts.logged_lines(killed) < 10, "the kill must land in the middle of the run"
-    run(killed, 1, 10)  # resumed with another number of workers
-    reference = [json.loads(x) for x in (straight / "log.jsonl").read_text().splitlines()]
-    resumed = [json.loads(x) for x in (killed / "log.jsonl").read_text().splitlines()]
-    by_step = {r["step"]: r["docs"] for r in resumed}
-    assert [r["step"] for r in reference] == list(range(10)) and sorted(by_step) == list(range(10))
-    for r in resumed:
-        assert r["docs"] == reference[r["step"]]["docs"], r["step"]
+    layouts.assert_sigkill_resume_identical(
+        "tests.encoders.test_pointcloud", shards, tmp_path / "killed", steps=10
+    )
 
 
 # ---------------------------------------------------------------- multimodal: a three-modality blend
@@ -342,16 +302,15 @@ def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
 
 @pytest.mark.slow
 def test_three_modality_blend_with_3d_through_the_train_loader(
-    shards, image_text_shards, tmp_path, tokenizer_dir
+    shards, image_text_shards, text_mini, tmp_path, tokenizer_dir
 ):
     import yaml
 
     from energon_platform.config import load_config
     from task_encoders.multimodal import MultimodalBatch
     from tests.conftest import SMALL_IMAGE
-    from tests.helpers.demo_datasets import text_dataset
 
-    text = text_dataset(tmp_path)
+    text = text_mini
     blend = [
         {"weight": 2, "path": str(image_text_shards)},
         {"weight": 1, "path": str(text)},

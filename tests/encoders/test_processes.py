@@ -3,9 +3,10 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests.helpers import REPO
 
 SCRIPT = """
 import json, sys
@@ -29,13 +30,12 @@ print("DIGESTS " + json.dumps(digests))
 def test_two_processes_produce_identical_tensors_per_key(
     image_text_encoder, image_text_shards, tokenizer_dir, one_pass, doc_digests
 ):
-    repo = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(repo), str(image_text_shards), str(tokenizer_dir)],
+        [sys.executable, "-c", SCRIPT, str(REPO), str(image_text_shards), str(tokenizer_dir)],
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=repo,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("DIGESTS "))

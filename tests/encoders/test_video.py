@@ -20,10 +20,9 @@ import torch
 from task_encoders.config import ConfigError
 from task_encoders.registry import get_encoder
 from task_encoders.video_text import VideoConfig, VideoTextBatch, clip_indices, decode_frames
-from tests.helpers import layouts
+from tests.helpers import REPO, layouts
 from tests.helpers.video_corpus import make_video, read_index, video_dataset
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL_VIDEO = {
     "num_frames": 4,
     "stride": 3,
@@ -372,53 +371,11 @@ def test_elastic_resume_changes_ranks_and_workers_tensors_identical(shards):
     assert len(epoch0) == 12
 
 
-KILL_SCRIPT = """
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-from energon_platform.loader.train_loader import TrainLoader
-from tests.encoders.test_video import digests, run_config
-config = run_config(sys.argv[2], num_workers=int(sys.argv[4]))
-out = sys.argv[3]
-loader = TrainLoader(config)
-state_file = os.path.join(out, "state.json")
-if os.path.exists(state_file):
-    loader.load_state_dict(json.load(open(state_file)))
-with open(os.path.join(out, "log.jsonl"), "a") as log:
-    while loader.next_microbatch < int(sys.argv[5]):  # up to this many steps in all
-        step = loader.next_microbatch
-        batch = next(loader)
-        log.write(json.dumps({"step": step, "docs": sorted(digests(batch).items())}) + "\\n")
-        log.flush()
-        tmp = state_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(loader.state_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, state_file)
-"""
-
-
 @pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_tensors(shards, tmp_path):
-    def run(out: Path, workers: int, steps: int, kill_after: int | None = None) -> None:
-        layouts.run_logging_script(
-            KILL_SCRIPT, [REPO, shards, out, workers, steps], out, REPO, kill_after
-        )
-
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run(straight, 2, 9)
-    run(killed, 2, 9, kill_after=4)
-    done = layouts.logged_lines(killed)
-    assert 4 <= done < 9, "the kill must land in the middle of the run"
-    run(killed, 1, 9)  # resumed with another number of workers, up to the same last step
-    reference = [json.loads(x) for x in (straight / "log.jsonl").read_text().splitlines()]
-    resumed = [json.loads(x) for x in (killed / "log.jsonl").read_text().splitlines()]
-    by_step = {
-        r["step"]: r["docs"] for r in resumed
-    }  # a step logged twice (killed after its log line) must agree
-    assert [r["step"] for r in reference] == list(range(9)) and sorted(by_step) == list(range(9))
-    for r in resumed:
-        assert r["docs"] == reference[r["step"]]["docs"], r["step"]
+    layouts.assert_sigkill_resume_identical(
+        "tests.encoders.test_video", shards, tmp_path / "killed", steps=9
+    )
 
 
 # ---------------------------------------------------------------- multimodal

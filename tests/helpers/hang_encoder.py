@@ -1,8 +1,8 @@
 """An image-text encoder whose encode of one sample does not return: the sample key in the
 environment variable ``HANG_KEY`` (as the loader names it) sleeps for ``HANG_SECONDS`` (default
 600) instead; the key in ``FAIL_KEY`` raises, as a corrupt sample does. Importable from a config
-(``module: tests.helpers.hang_encoder`` with the repository on ``PYTHONPATH``), so trainer subprocesses hang the
-same way.
+(``module: tests.helpers.hang_encoder`` with the repository on ``PYTHONPATH``), so trainer
+subprocesses hang the same way.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Shared by tests/test_trainers_*.py: a small run config on the embedded COCO corpus, the command
-line of an example under scripts/examples/, and ``energon-platform check-resume`` on it."""
+"""Shared by the trainer integration tests (tests/integrations/test_{accelerate,deepspeed,
+lightning}.py): a small run config on the embedded COCO corpus, the command line of an example
+under scripts/examples/, and ``energon-platform check-resume`` on it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from scripts.bench_data import coco_dataset
+from tests.helpers import REPO
+from tests.helpers.cli import run_cli
+from tests.helpers.run_configs import loader_config, write_config
 
 EXAMPLES = REPO / "scripts" / "examples"
 PY = shlex.quote(sys.executable)
@@ -20,16 +22,7 @@ PY = shlex.quote(sys.executable)
 
 def write_run_config(base: Path, out: Path, **loader) -> Path:
     data = coco_dataset(base)
-    out.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"path": str(data)},
-                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-                "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3, **loader},
-            }
-        )
-    )
-    return out
+    return write_config(out, loader_config(data, **loader))
 
 
 def example(
@@ -57,26 +50,19 @@ def check_resume(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "check-resume",
-            "--out",
-            str(out),
-            "--cmd",
-            cmd,
-            "--resume-cmd",
-            resume_cmd,
-            "--steps",
-            str(steps),
-            "--kill-at",
-            str(kill_at),
-            *(["--tolerance", str(tolerance)] if tolerance is not None else []),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "check-resume",
+        "--out",
+        out,
+        "--cmd",
+        cmd,
+        "--resume-cmd",
+        resume_cmd,
+        "--steps",
+        steps,
+        "--kill-at",
+        kill_at,
+        *(["--tolerance", tolerance] if tolerance is not None else []),
         timeout=600,
         cwd=REPO,
         env=env,

@@ -17,7 +17,7 @@ from energon_platform.integrations.dcp import KEY, DCPLoader, decode_state, enco
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from tests.conftest import _convert, _image_item
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 

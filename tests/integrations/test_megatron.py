@@ -34,29 +34,11 @@ from energon_platform.integrations.megatron import (
     state_file,
     to_megatron_batch,
 )
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
-SMALL = str(ROOT / "configs" / "encoders" / "image_text_small.yaml")
-SMALL_PACKED = str(ROOT / "configs" / "encoders" / "image_text_small_packed.yaml")
+SMALL = str(REPO / "configs" / "encoders" / "image_text_small.yaml")
+SMALL_PACKED = str(REPO / "configs" / "encoders" / "image_text_small_packed.yaml")
 GLOBAL, MICRO, DP = 8, 2, 2  # 2 micro-batches per iteration on each of 2 data-parallel ranks
-
-
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory) -> Path:
-    """The committed COCO sample (322 image-caption pairs) converted: 286 train, 36 val."""
-    from converters.convert import ConvertOptions, run_conversion
-
-    out = tmp_path_factory.mktemp("megatron") / "coco"
-    outcome = run_conversion(
-        "coco",
-        {
-            "annotations": str(ROOT / "data/coco_mini/captions.json"),
-            "images": str(ROOT / "data/coco_mini/images"),
-        },
-        ConvertOptions(out=str(out), samples_per_shard=64, val_fraction=0.1, progress=False),
-    )
-    assert outcome.ok, outcome.report
-    return out
 
 
 def run_config(coco: Path, encoder: str = SMALL, **loader):

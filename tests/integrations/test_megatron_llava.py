@@ -42,6 +42,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import REPO
+
 mcore = pytest.importorskip(
     "megatron.core", reason="megatron-core is a test dependency (pip install -e '.[test]')"
 )
@@ -56,8 +58,7 @@ from energon_platform.integrations.megatron import (  # noqa: E402
     megatron_requirements,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-ENCODERS = ROOT / "configs" / "encoders"
+ENCODERS = REPO / "configs" / "encoders"
 PAD = 0
 
 
@@ -261,16 +262,16 @@ def shards(tmp_path_factory) -> dict[str, Path]:
             "coco",
             "coco",
             {
-                "annotations": str(ROOT / "data/coco_mini/captions.json"),
-                "images": str(ROOT / "data/coco_mini/images"),
+                "annotations": str(REPO / "data/coco_mini/captions.json"),
+                "images": str(REPO / "data/coco_mini/images"),
             },
         ),
         (
             "conversations",
             "llava",
             {
-                "json_file": str(ROOT / "data/coco_mini/conversations.json"),
-                "images": str(ROOT / "data/coco_mini/images"),
+                "json_file": str(REPO / "data/coco_mini/conversations.json"),
+                "images": str(REPO / "data/coco_mini/images"),
             },
         ),
     ):
@@ -419,7 +420,7 @@ def test_provider_checks_megatrons_arguments(cpu_megatron, shards, tmp_path):
         load=None,
         iteration=0,
         dataloader_save=None,
-        tokenizer_model=str(ROOT / "task_encoders/assets/tokenizer"),
+        tokenizer_model=str(REPO / "task_encoders/assets/tokenizer"),
     )
     assert check_megatron_args(cfg, SimpleNamespace(**good))["image_token_index"] == 2047
     provider = make_provider_from_args(cfg, SimpleNamespace(**good), dp_rank=0, build_valid=False)
@@ -448,7 +449,7 @@ def test_provider_checks_megatrons_arguments(cpu_megatron, shards, tmp_path):
     from transformers import AutoTokenizer
 
     own = tmp_path / "own_tokenizer"
-    shutil.copytree(ROOT / "task_encoders/assets/tokenizer", own)
+    shutil.copytree(REPO / "task_encoders/assets/tokenizer", own)
     doc = json.loads((own / "tokenizer.json").read_text())
     doc["added_tokens"] = [t for t in doc["added_tokens"] if t["content"] != "<image>"]
     (own / "tokenizer.json").write_text(json.dumps(doc))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-ENCODERS = ROOT / "configs" / "encoders"
+from tests.helpers import REPO
+
+ENCODERS = REPO / "configs" / "encoders"
 IMAGE = 2047
 
 
@@ -41,16 +43,16 @@ def shards(tmp_path_factory) -> dict[str, Path]:
             "coco",
             "coco",
             {
-                "annotations": str(ROOT / "data/coco_mini/captions.json"),
-                "images": str(ROOT / "data/coco_mini/images"),
+                "annotations": str(REPO / "data/coco_mini/captions.json"),
+                "images": str(REPO / "data/coco_mini/images"),
             },
         ),
         (
             "conversations",
             "llava",
             {
-                "json_file": str(ROOT / "data/coco_mini/conversations.json"),
-                "images": str(ROOT / "data/coco_mini/images"),
+                "json_file": str(REPO / "data/coco_mini/conversations.json"),
+                "images": str(REPO / "data/coco_mini/images"),
             },
         ),
     ):
@@ -308,7 +310,7 @@ def test_placeholder_is_added_to_a_users_tokenizer_like_megatron(tmp_path):
     from transformers import AutoTokenizer
 
     own = tmp_path / "tok"
-    shutil.copytree(ROOT / "task_encoders/assets/tokenizer", own)
+    shutil.copytree(REPO / "task_encoders/assets/tokenizer", own)
     doc = json.loads((own / "tokenizer.json").read_text())
     doc["added_tokens"] = [t for t in doc["added_tokens"] if t["content"] != "<image>"]
     (own / "tokenizer.json").write_text(json.dumps(doc))
@@ -398,7 +400,7 @@ def test_convert_llava_shipped_corpus(shards):
     from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
     report = json.loads((shards["conversations"] / "report.json").read_text())
-    entries = json.loads((ROOT / "data/coco_mini/conversations.json").read_text())
+    entries = json.loads((REPO / "data/coco_mini/conversations.json").read_text())
     assert report["totals"] == {
         "seen": len(entries),
         "written": len(entries),
@@ -601,7 +603,11 @@ def worker(spec: dict) -> None:
 
 def run_worker(spec: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, __file__, json.dumps(spec)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", __name__, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
     )
 
 
@@ -609,6 +615,49 @@ def read_log(path: Path) -> dict:
     return {
         (r["it"], r["rank"], r["micro"]): r for r in map(json.loads, path.read_text().splitlines())
     }
+
+
+@pytest.fixture(scope="module")
+def straight_and_killed(shards, tmp_path_factory):
+    """``runs(dataset, encoder_file, mbs, gbs)``: the folder of an uninterrupted 6-iteration run on
+    2 data-parallel ranks (``s.jsonl``) and of the same run SIGKILLed in iteration 5 (``k.jsonl``
+    and its checkpoints ``k/``), run once per argument tuple for the tests that resume it."""
+    done: dict[tuple, Path] = {}
+
+    def runs(dataset: str, encoder_file: str, mbs: int, gbs: int) -> Path:
+        key = (dataset, encoder_file, mbs, gbs)
+        if key not in done:
+            folder = tmp_path_factory.mktemp("megatron-runs")
+            base = {
+                "data": str(shards[dataset]),
+                "encoder": str(ENCODERS / encoder_file),
+                "mbs": mbs,
+                "gbs": gbs,
+                "dp": 2,
+                "start": 0,
+                "stop": 6,
+            }
+            straight = {
+                **base,
+                "save": str(folder / "s"),
+                "log": str(folder / "s.jsonl"),
+                "kill": None,
+                "save_interval": 100,
+            }
+            killed = {
+                **base,
+                "save": str(folder / "k"),
+                "log": str(folder / "k.jsonl"),
+                "kill": [5, 1],
+                "save_interval": 2,
+            }
+            assert run_worker(straight).returncode == 0
+            r = run_worker(killed)
+            assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+            done[key] = folder
+        return done[key]
+
+    return runs
 
 
 @pytest.mark.parametrize(
@@ -622,8 +671,10 @@ def read_log(path: Path) -> dict:
     ids=["captions-exact", "captions-dp2to1", "conversations-packed-exact", "conversations-dp2to4"],
 )
 def test_sigkill_and_resume_on_the_megatron_path(
-    shards, tmp_path, dataset, encoder_file, mbs, gbs, resume_dp
+    shards, straight_and_killed, tmp_path, dataset, encoder_file, mbs, gbs, resume_dp
 ):
+    runs = straight_and_killed(dataset, encoder_file, mbs, gbs)
+    shutil.copytree(runs / "k", tmp_path / "k")  # the resume saves into it: each test its own copy
     base = {
         "data": str(shards[dataset]),
         "encoder": str(ENCODERS / encoder_file),
@@ -631,28 +682,6 @@ def test_sigkill_and_resume_on_the_megatron_path(
         "gbs": gbs,
         "save_interval": 2,
     }
-    straight = {
-        **base,
-        "dp": 2,
-        "start": 0,
-        "stop": 6,
-        "save": str(tmp_path / "s"),
-        "log": str(tmp_path / "s.jsonl"),
-        "kill": None,
-        "save_interval": 100,
-    }
-    killed = {
-        **base,
-        "dp": 2,
-        "start": 0,
-        "stop": 6,
-        "save": str(tmp_path / "k"),
-        "log": str(tmp_path / "k.jsonl"),
-        "kill": [5, 1],
-    }
-    assert run_worker(straight).returncode == 0
-    r = run_worker(killed)
-    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     resumed_dp = dict(mbs=mbs if gbs % (mbs * resume_dp) == 0 else 1)
     resumed = {
         **base,
@@ -667,8 +696,8 @@ def test_sigkill_and_resume_on_the_megatron_path(
     r = run_worker(resumed)
     assert r.returncode == 0, r.stderr[-3000:]
     want, before, after = (
-        read_log(tmp_path / "s.jsonl"),
-        read_log(tmp_path / "k.jsonl"),
+        read_log(runs / "s.jsonl"),
+        read_log(runs / "k.jsonl"),
         read_log(tmp_path / "r.jsonl"),
     )
     assert before and all(before[k]["dict"] == want[k]["dict"] for k in before)

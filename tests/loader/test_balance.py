@@ -138,7 +138,7 @@ def test_budgeted_unpacked_plan_stays_within_budget():
 @pytest.fixture(scope="module")
 def three_packed(tmp_path_factory):
     """The embedded image-text, audio-text and text corpora as a 2:1:1 metadataset, and a length cache."""
-    from tests.helpers.demo_datasets import three_modality_blend
+    from scripts.bench_data import three_modality_blend
 
     base = tmp_path_factory.mktemp("balance")
     mds = three_modality_blend(base)
@@ -147,7 +147,7 @@ def three_packed(tmp_path_factory):
 
 def _config(mds, cache, **loader):
     from energon_platform.config import load_config
-    from tests.helpers.demo_datasets import REPO
+    from tests.helpers import REPO
 
     return load_config(
         {
@@ -324,7 +324,7 @@ def test_check_resume_with_balance_attention_sigkill_and_elastic(three_packed, t
     import yaml
 
     from energon_platform.training.resume_check import RunSpec, check_resume
-    from tests.helpers.demo_datasets import REPO
+    from tests.helpers import REPO
 
     mds, cache = three_packed
     config = tmp_path / "run.yaml"
@@ -368,7 +368,7 @@ def test_a_user_defined_cost_is_one_method_on_the_encoder(three_packed, tmp_path
     from task_encoders.config import ConfigError
     from task_encoders.registry import register
     from task_encoders.text import TextTaskEncoder
-    from tests.helpers.demo_datasets import REPO
+    from tests.helpers import REPO
 
     mds, cache = three_packed
     text = mds.parent / "text_mini"

@@ -142,7 +142,7 @@ def _cost_file(path, **coefficients):
     from energon_platform.loader.fingerprint import encoder_digest
     from energon_platform.training.calibrate import write_report
     from task_encoders.registry import get_encoder
-    from tests.helpers.demo_datasets import REPO
+    from tests.helpers import REPO
 
     data = {
         "format_version": 1,
@@ -299,7 +299,7 @@ def test_a_bad_cost_file_is_one_line_exit_2_through_the_cli(three_packed, tmp_pa
     import yaml
 
     from energon_platform import cli
-    from tests.helpers.demo_datasets import REPO
+    from tests.helpers import REPO
 
     mds, cache = three_packed
     cost = _cost_file(tmp_path / "cost.json", llm_tokens=-1.0)
@@ -332,7 +332,7 @@ def test_check_resume_with_balance_measured_sigkill_and_elastic(three_packed, tm
     import yaml
 
     from energon_platform.training.resume_check import RunSpec, check_resume
-    from tests.helpers.demo_datasets import REPO
+    from tests.helpers import REPO
 
     mds, cache = three_packed
     _cost_file(tmp_path / "cost.json", llm_tokens=1e-5, vision_tiles=1e-3, audio_frames=1e-4)

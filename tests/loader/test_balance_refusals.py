@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from energon_platform.loader.planner import PlanError, Planner
+from scripts.bench_data import coco_dataset
 from storage import DatasetError
 from task_encoders.config import ConfigError
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from tests.helpers import REPO
 
 SMALL = str(REPO / "configs/encoders/image_text_small.yaml")
 PACKED = str(REPO / "configs/encoders/image_text_small_packed.yaml")

@@ -17,7 +17,7 @@ from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
 from storage import DatasetError
 from tests.conftest import _convert, _image_item
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 

@@ -20,7 +20,7 @@ from energon_platform.config import load_config
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from tests.conftest import _convert, _image_item
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 HEAD = "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n"

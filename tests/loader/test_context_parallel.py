@@ -36,7 +36,7 @@ PACKED_TEXT = {
 
 @pytest.fixture(scope="module")
 def text_data(tmp_path_factory):
-    from tests.helpers.demo_datasets import text_dataset
+    from scripts.bench_data import text_dataset
 
     base = tmp_path_factory.mktemp("context_parallel")
     return base, text_dataset(base)
@@ -184,7 +184,7 @@ def test_a_context_parallel_run_resumes_exactly_and_only_with_the_same_setting(t
 def test_context_parallel_refusals_name_the_key(tmp_path, value, encoder, message):
     from energon_platform.loader.run_plan import build_encoder
     from task_encoders.config import ConfigError
-    from tests.helpers.demo_datasets import REPO
+    from tests.helpers import REPO
 
     if isinstance(encoder, str):
         encoder = str(REPO / encoder)

@@ -75,11 +75,11 @@ def test_the_unbalanced_property_covers_most_batches():
     assert sum(_checked_batches(seed) for seed in range(30)) >= 0.5 * 30 * 120
 
 
-def test_a_state_saved_without_the_guard_resumes_with_its_own_order(tmp_path):
+def test_a_state_saved_without_the_guard_resumes_with_its_own_order(coco):
     from energon_platform import TrainLoader, load_config
-    from tests.helpers.demo_datasets import REPO, coco_dataset
+    from tests.helpers import REPO
 
-    data = coco_dataset(tmp_path)
+    data = coco
     cfg = load_config(
         {
             "data": {"path": str(data), "val_split": None},

@@ -9,7 +9,8 @@ import logging
 import pytest
 import yaml
 
-from tests.helpers.demo_datasets import REPO, coco_dataset, three_modality_blend
+from scripts.bench_data import coco_dataset, three_modality_blend
+from tests.helpers import REPO
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from energon_platform.config import load_config
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 BROKEN = (3, 10, 11)
@@ -135,15 +135,14 @@ def test_a_shard_truncated_after_conversion_is_replaced_the_same_on_every_layout
     assert one == two
 
 
-def test_verify_names_changed_and_missing_shards(tmp_path, capsys):
+def test_verify_names_changed_and_missing_shards(coco, tmp_path, capsys):
     import json
     import shutil
 
     from energon_platform.cli import main
-    from tests.helpers.demo_datasets import coco_dataset
 
     data = tmp_path / "data"
-    shutil.copytree(coco_dataset(tmp_path / "conv"), data)
+    shutil.copytree(coco, data)
     assert main(["verify", str(data), "--no-progress"]) == 0
     shards = sorted((data / "train").glob("*.tar"))
     raw = bytearray(shards[0].read_bytes())

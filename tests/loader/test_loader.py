@@ -12,7 +12,7 @@ from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
 from task_encoders.config import ConfigError
-from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
+from tests.helpers import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 IMAGE_PACKED = str(REPO / "configs/encoders/image_text_small_packed.yaml")
@@ -32,16 +32,6 @@ AUDIO = {
     },
 }
 AUDIO_PACKED = {**AUDIO, "text": {"seq_len": 96}, "packing": {"enabled": True, "buffer_size": 4}}
-
-
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    return coco_dataset(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def speech(tmp_path_factory):
-    return librispeech_dataset(tmp_path_factory.getbasetemp())
 
 
 def cfg(path, encoder=IMAGE, **loader):

@@ -13,9 +13,9 @@ import yaml
 from PIL import Image
 
 from energon_platform.tools.preview import TILE, doc_media, preview
+from tests.helpers import REPO
 from tests.helpers.video_corpus import video_dataset
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL_VIDEO = str(REPO / "configs/encoders/video_text_small.yaml")
 
 

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from scripts.bench_data import coco_dataset
+from tests.helpers import REPO
 
 SMALL = str(REPO / "configs/encoders/image_text_small.yaml")
 PACKED = str(REPO / "configs/encoders/image_text_small_packed.yaml")

@@ -15,7 +15,7 @@ from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training import checkpoint
 from energon_platform.training.resume_check import compare
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from tests.helpers import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 IMAGE_PACKED = str(REPO / "configs/encoders/image_text_small_packed.yaml")
@@ -207,11 +207,6 @@ def test_compare_loss_within_tolerance_passes():
 
 
 # ---------------------------------------------------------------- (e) O(1) restore
-
-
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    return coco_dataset(tmp_path_factory.getbasetemp())
 
 
 def test_restore_builds_only_the_requested_micro_batches(coco, monkeypatch):

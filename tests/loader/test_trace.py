@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers import layouts
-from tests.helpers.demo_datasets import REPO, coco_dataset, three_modality_blend
+from scripts.bench_data import coco_dataset, three_modality_blend
+from tests.helpers import REPO, layouts
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import layouts
-from tests.helpers.demo_datasets import REPO, coco_dataset, three_modality_blend
+from scripts.bench_data import coco_dataset, three_modality_blend
+from tests.helpers import REPO, layouts
 
 
 @pytest.fixture(scope="module")

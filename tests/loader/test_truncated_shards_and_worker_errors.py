@@ -3,16 +3,13 @@ and `energon-platform verify` (never memory), with and without loader workers.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import yaml
 
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 
-CLI = [sys.executable, "-m", "energon_platform"]
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 
 
@@ -52,20 +49,15 @@ def truncated(tmp_path_factory):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_truncated_shard_stops_training_with_one_line_naming_it(truncated, tmp_path, workers):
     data, shard, config = truncated
-    r = subprocess.run(
-        [
-            *CLI,
-            "train",
-            "--config",
-            str(config),
-            "--out",
-            str(tmp_path / "out"),
-            "--quiet",
-            "--num-workers",
-            str(workers),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "train",
+        "--config",
+        config,
+        "--out",
+        tmp_path / "out",
+        "--quiet",
+        "--num-workers",
+        workers,
         timeout=600,
     )
     assert r.returncode == 2, r.stderr[-3000:]

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_restore.py"
+from tests.helpers import REPO
+
+SCRIPT = REPO / "scripts" / "bench_restore.py"
 
 
 def test_bench_restore_toy(tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import warnings
 
 import pytest
@@ -15,39 +14,17 @@ import yaml
 from energon_platform import cli
 from energon_platform.config import load_config
 from energon_platform.loader.train_loader import build_val_loader
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from tests.helpers import REPO
+from tests.helpers.cli import cli_argv, run_cli
+from tests.helpers.run_configs import run_config, write_config
 from tests.helpers.s3_server import s3, s3_server  # noqa: F401 (fixtures)
-
-CLI = [sys.executable, "-m", "energon_platform"]
-
-
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    return coco_dataset(tmp_path_factory.getbasetemp())
-
-
-def run_config(data) -> dict:
-    return {
-        "data": {"path": str(data)},
-        "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-        "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
-        "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 2, "checkpoint_every": 2, "warmup": 1},
-    }
 
 
 @pytest.fixture(scope="module")
 def config_file(coco, tmp_path_factory):
     path = tmp_path_factory.mktemp("cfg") / "run.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                **run_config(coco),
-                "train": {**run_config(coco)["train"], "out": str(path.parent / "out")},
-            }
-        )
-    )
-    return path
+    train = {"steps": 2, "out": str(path.parent / "out")}
+    return write_config(path, run_config(coco, train=train))
 
 
 def into_closed_pipe(*argv, cwd=None) -> subprocess.CompletedProcess:
@@ -57,7 +34,7 @@ def into_closed_pipe(*argv, cwd=None) -> subprocess.CompletedProcess:
     os.close(read_end)
     try:
         return subprocess.run(
-            [*CLI, *map(str, argv)],
+            cli_argv(*argv),
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
@@ -114,10 +91,15 @@ def test_a_storage_error_is_our_one_line_without_the_storage_library_log(s3, coc
         )
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run_config(url)))
-    r = subprocess.run(
-        [*CLI, "train", "--config", config, "--out", tmp_path / "out", "--steps", "1", "--quiet"],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "train",
+        "--config",
+        config,
+        "--out",
+        tmp_path / "out",
+        "--steps",
+        "1",
+        "--quiet",
         timeout=300,
     )
     lines = r.stderr.strip().splitlines()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 DATA = REPO / "data"
 COCO = DATA / "coco_mini"
 LIBRI = DATA / "librispeech_mini"

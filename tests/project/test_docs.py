@@ -7,12 +7,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-DOCS = ROOT / "docs"
-RENDER = ROOT / "scripts" / "render_measurements.py"
+from tests.helpers import REPO
+
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+RENDER = REPO / "scripts" / "render_measurements.py"
 
 
 def test_readme_is_short_and_opens_with_the_two_commands():
@@ -39,7 +39,7 @@ def test_readme_links_into_docs_exist():
     text = README.read_text()
     links = re.findall(r"\]\((docs/[^)#]+)", text)
     assert links, "the README links into docs/"
-    missing = [link for link in links if not (ROOT / link).is_file()]
+    missing = [link for link in links if not (REPO / link).is_file()]
     assert not missing, f"README links to missing pages: {missing}"
 
 
@@ -77,7 +77,7 @@ def test_every_command_or_code_block_is_tested_or_marked_illustrative():
                 continue  # the README's two commands: `make test` is the test run itself
             marks = (first + " " + before).lower()
             if not any(m in marks for m in ("illustrative", "run by")):
-                unmarked.append(f"{page.relative_to(ROOT)}: ```{lang} {first[:60]}")
+                unmarked.append(f"{page.relative_to(REPO)}: ```{lang} {first[:60]}")
     assert not unmarked, "blocks neither run by a test nor marked illustrative:\n" + "\n".join(
         unmarked
     )
@@ -87,7 +87,7 @@ def test_mkdocs_build_is_strict_and_clean(tmp_path):
     # no -q: mkdocs counts warnings for --strict only at the log levels it shows
     r = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
 
 DOORS = [
     "storage",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 #: package (a folder) → the packages above it (dotted), which it must never import. Inside
 #: ``energon_platform``, the loader is the lowest room: training, the trainer integrations, the
@@ -30,6 +30,8 @@ ABOVE = {
     },
     "energon_platform/training": {"energon_platform.tools", "energon_platform.cli"},
     "energon_platform/integrations": {"energon_platform.tools", "energon_platform.cli"},
+    # the benchmarks and tools under scripts/ stand alone: tests may import them, never the reverse
+    "scripts": {"tests"},
     "energon_platform/tools": {
         "energon_platform.training",
         "energon_platform.integrations",
@@ -202,3 +204,18 @@ def test_config_imports_nothing_from_energon_platform():
         if name == "energon_platform" or name.startswith("energon_platform.")
     ]
     assert found == []
+
+
+def test_scripts_import_nothing_from_tests():
+    assert violations("scripts") == []
+
+
+def test_scripts_put_no_tests_folder_on_the_import_path():
+    # ``sys.path.insert(0, REPO / "tests")`` then ``import corpora`` imports from tests/ too
+    bad = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "scripts").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "sys.path" in line and "tests" in line
+    ]
+    assert bad == []

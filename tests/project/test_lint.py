@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import energon_platform
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
 
 
 def documented_names() -> list[str]:

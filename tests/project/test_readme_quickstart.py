@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from tests.helpers import REPO
+from tests.helpers.run_configs import run_config, write_config
 
 STEPS = 40  #: the reference config's train.steps
 
@@ -29,20 +28,10 @@ def quickstart_lines(start: str, stop: str) -> list[str]:
     return lines[first:last]
 
 
-def test_the_quickstart_kills_its_run_mid_run_and_resumes_it(tmp_path):
-    coco = coco_dataset(tmp_path)
+def test_the_quickstart_kills_its_run_mid_run_and_resumes_it(coco, tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"path": str(coco), "val_split": None},
-                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-                "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
-                "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-                "train": {"steps": STEPS, "checkpoint_every": 10, "warmup": 1},
-            }
-        )
-    )
+    data = {"path": str(coco), "val_split": None}
+    write_config(config, run_config(data, train={"steps": STEPS, "checkpoint_every": 10}))
     script = "\n".join(quickstart_lines("# 2.", "# 5.")).replace(
         "configs/train_image_text.yaml", str(config)
     )

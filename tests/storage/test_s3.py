@@ -1,7 +1,7 @@
 """Datasets on object storage: a real S3 server (SeaweedFS on loopback), read through Energon's
 ``msc://`` paths (multi-storage-client), by the loader and ``info``; written by ``converters.remote``.
 
-What the bad cases rely on (MSC 1.3 with boto3; profiles written by ``tests/helpers/s3_server.py``):
+What the bad cases rely on (MSC 1.3 with boto3; profiles written by ``scripts/s3_server.py``):
 botocore's ``standard`` retry mode (``retries.max_attempts`` tries, on connection errors, read
 timeouts and 5xx) under every request, and MSC's own ``retry`` (``attempts``, ``delay``,
 ``backoff_multiplier``) around ``read``/``download_file``/``upload_file`` for what MSC classes as
@@ -27,7 +27,7 @@ from energon_platform.config import load_config
 from energon_platform.loader.source import SampleSource
 from energon_platform.loader.train_loader import TrainLoader
 from storage import DatasetError, StorageError
-from tests.helpers.demo_datasets import REPO
+from tests.helpers import REPO
 from tests.helpers.s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")

@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log
-from tests.helpers.demo_datasets import REPO, three_modality_blend
+from scripts.bench_data import three_modality_blend
+from tests.helpers import REPO
+from tests.helpers import run_configs as configs
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +23,10 @@ def three(tmp_path_factory):
 def loader_config(mds, **loader):
     from energon_platform.config import load_config
 
+    data = {"path": str(mds), "val_split": None}
+    loader = {"global_batch_size": 8, "seed": 5, **loader}
     return load_config(
-        {
-            "data": {"path": str(mds), "val_split": None},
-            "encoder": str(REPO / "configs/encoders/multimodal.yaml"),
-            "loader": {"global_batch_size": 8, "num_workers": 0, "seed": 5, **loader},
-        }
+        configs.loader_config(data, REPO / "configs/encoders/multimodal.yaml", **loader)
     )
 
 

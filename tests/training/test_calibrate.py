@@ -23,8 +23,9 @@ from energon_platform.training.calibrate import (
     load_cost_model,
     write_report,
 )
+from scripts.bench_data import coco_dataset
 from task_encoders.features import FEATURES, features
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from tests.helpers import REPO
 
 #: seconds per unit of each feature of the synthetic model
 TRUE = {"samples": 2e-3, "llm_tokens": 4e-5, "vision_tiles": 1.5e-3}

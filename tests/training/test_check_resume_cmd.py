@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from energon_platform import cli
 from energon_platform.training.resume_check import CommandSpec, LogTail, check_resume_cmd, verdict
@@ -24,9 +22,11 @@ from energon_platform.training.step_log_readers import (
     read_steps,
 )
 from energon_platform.training.step_log_writer import StepLog, batch_digest
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from scripts.bench_data import coco_dataset
+from tests.helpers import REPO
+from tests.helpers import run_configs as configs
+from tests.helpers.cli import run_cli
 
-CLI = [sys.executable, "-m", "energon_platform"]
 PY = shlex.quote(sys.executable)
 EXAMPLES = REPO / "scripts" / "examples"
 
@@ -325,25 +325,20 @@ def test_a_resume_that_did_not_continue_the_killed_run_fails(fake, tmp_path, res
 
 
 def test_a_log_without_steps_is_reported_with_the_expected_line(fake, tmp_path):
-    r = subprocess.run(
-        [
-            *CLI,
-            "check-resume",
-            "--cmd",
-            fake,
-            "--resume-cmd",
-            fake + " --resume",
-            "--steps",
-            "10",
-            "--kill-at",
-            "7",
-            "--log-format",
-            "megatron",
-            "--out",
-            str(tmp_path / "check"),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "check-resume",
+        "--cmd",
+        fake,
+        "--resume-cmd",
+        fake + " --resume",
+        "--steps",
+        "10",
+        "--kill-at",
+        "7",
+        "--log-format",
+        "megatron",
+        "--out",
+        tmp_path / "check",
         timeout=300,
     )
     assert r.returncode == 1 and "logged no step that --log-format megatron recognises" in r.stderr
@@ -357,28 +352,11 @@ def test_a_log_without_steps_is_reported_with_the_expected_line(fake, tmp_path):
 def run_config(tmp_path_factory) -> Path:
     data = coco_dataset(tmp_path_factory.getbasetemp())
     path = tmp_path_factory.mktemp("cmd-cfg") / "run.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"path": str(data)},
-                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-                "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
-                "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-                "train": {"steps": 8, "checkpoint_every": 2, "warmup": 1},
-            }
-        )
-    )
-    return path
+    return configs.write_config(path, configs.run_config(data, train={"steps": 8}))
 
 
 def check(tmp_path, *args):
-    r = subprocess.run(
-        [*CLI, "check-resume", "--out", str(tmp_path / "check"), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
+    r = run_cli("check-resume", "--out", tmp_path / "check", *args, timeout=600, cwd=REPO)
     path = tmp_path / "check" / "report.json"
     assert path.exists(), (
         f"check-resume exited {r.returncode} without a report:\n{r.stdout}\n{r.stderr[-4000:]}"

@@ -24,8 +24,8 @@ from energon_platform.training.resume_check import (
     check_resume_cmd,
     verdict,
 )
+from tests.helpers.cli import run_cli
 
-CLI = [sys.executable, "-m", "energon_platform"]
 PY = shlex.quote(sys.executable)
 QUIET = {"log": lambda *_: None}
 
@@ -65,13 +65,7 @@ def fake(tmp_path) -> str:
 
 
 def cli(*argv, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, "check-resume", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
+    return run_cli("check-resume", *argv, timeout=300, cwd=cwd)
 
 
 # ---------------------------------------------------------------- 1. an --out it did not make

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,49 +18,23 @@ from energon_platform.training.preflight import preflight
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log, verdict
 from storage import DatasetError
 from task_encoders.config import ConfigError
-from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
+from tests.helpers.cli import run_cli
+from tests.helpers.run_configs import run_config
 
-CLI = [sys.executable, "-m", "energon_platform"]
-IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 AUDIO = {"encoder": "audio_text", "text": {"seq_len": 48}, "audio": {"n_mels": 32}}
-
-
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-    return coco_dataset(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def speech(tmp_path_factory):
-    return librispeech_dataset(tmp_path_factory.getbasetemp())
-
-
-def run_config(data, encoder=IMAGE, **train) -> dict:
-    return {
-        "data": {"path": str(data)},
-        "encoder": encoder,
-        "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 3},
-        "model": {"dim": 16, "layers": 1, "heads": 2, "patch": 16},
-        "train": {"steps": 4, "checkpoint_every": 2, "warmup": 1, **train},
-    }
 
 
 @pytest.fixture(scope="module")
 def config_file(coco, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cfg") / "run.yaml"
     path.write_text(
-        yaml.safe_dump(run_config(coco, out=str(path.parent / "default-out")))
+        yaml.safe_dump(run_config(coco, train={"out": str(path.parent / "default-out")}))
     )  # never in the repo
     return path
 
 
 def train_cli(config_file, out, *args):
-    return subprocess.run(
-        [*CLI, "train", "--config", str(config_file), "--out", str(out), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli("train", "--config", config_file, "--out", out, *args, timeout=300)
 
 
 def one_line_error(r, *needles):
@@ -191,7 +163,7 @@ def test_absurd_and_non_finite_numbers_are_one_line_at_config_load(
 
 def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_expected(coco, tmp_path):
     # PyYAML reads 3e-4 and 1e1 (no dot, no exponent sign) and nan/inf as strings
-    config = run_config(coco, lr="3e-4")
+    config = run_config(coco, train={"lr": "3e-4"})
     config["loader"]["balance"] = {"lookahead": "1e1", "linear": "2.5E+1"}
     cfg = load_config(config)
     assert (cfg.train.lr, cfg.loader.balance.lookahead, cfg.loader.balance.linear) == (
@@ -200,7 +172,7 @@ def test_numbers_yaml_reads_as_text_are_numbers_where_a_number_is_expected(coco,
         25.0,
     )
     with pytest.raises(ConfigError, match="train.lr: got str 'fast'"):
-        load_config(run_config(coco, lr="fast"))
+        load_config(run_config(coco, train={"lr": "fast"}))
     path = tmp_path / "run.yaml"
     path.write_text(
         yaml.safe_dump(run_config(coco)).replace(

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from energon_platform.tools.report import BUCKETS, build_report, reduce_curve
-from tests.helpers.browser import chromium_or_reason, console_messages, run_chromium
-from tests.helpers.demo_datasets import REPO, three_modality_blend
+from scripts.bench_data import three_modality_blend
+from scripts.browser import chromium_or_reason, console_messages, run_chromium
+from tests.helpers import REPO
 from tests.helpers.spikes import spikes_of
 
 #: keys of the embedded corpora, as a blend logs them

@@ -20,49 +20,39 @@ from energon_platform.training.resume_check import (
     run_killed,
     trainer_command,
 )
-from tests.helpers.demo_datasets import REPO, coco_dataset
-
-CLI = [sys.executable, "-m", "energon_platform"]
+from scripts.bench_data import coco_dataset
+from tests.helpers import REPO
+from tests.helpers.cli import run_cli
+from tests.helpers.run_configs import run_config, write_config
 
 
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory) -> Path:
     data = coco_dataset(tmp_path_factory.getbasetemp())
     path = tmp_path_factory.mktemp("cfg") / "run.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"path": str(data)},
-                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-                "loader": {
-                    "global_batch_size": 8,
-                    "num_workers": 2,
-                    "seed": 7,
-                    "shuffle_buffer": 64,
-                },
-                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-                "train": {"steps": 24, "checkpoint_every": 5, "warmup": 2},
-            }
-        )
-    )
-    return path
+    loader = {"global_batch_size": 8, "num_workers": 2, "seed": 7, "shuffle_buffer": 64}
+    train = {"steps": 24, "checkpoint_every": 5, "warmup": 2}
+    return write_config(path, run_config(data, loader=loader, model={"dim": 32}, train=train))
 
 
 def check_resume_cli(config_file, out, *args):
-    return subprocess.run(
-        [*CLI, "check-resume", "--config", str(config_file), "--out", str(out), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return run_cli("check-resume", "--config", config_file, "--out", out, *args, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def straight_log(config_file, tmp_path_factory) -> dict[int, dict]:
+    """The log of one uninterrupted 24-step run of ``config_file``, shared by the kill tests."""
+    base = tmp_path_factory.mktemp("straight")
+    run_command(
+        trainer_command(RunSpec(str(config_file), steps=24), base / "run"), base / "stdout.txt"
     )
+    return read_log(base / "run" / "log.jsonl")
 
 
 @pytest.mark.slow
-def test_sigkill_at_five_steps_resumes_bit_exact(config_file, tmp_path):
+def test_sigkill_at_five_steps_resumes_bit_exact(config_file, straight_log, tmp_path):
     spec = RunSpec(str(config_file), steps=24)
-    straight = tmp_path / "straight"
-    run_command(trainer_command(spec, straight), tmp_path / "straight.txt")
-    reference = read_log(straight / "log.jsonl")
+    reference = straight_log
     assert len(reference) == 24
     for kill_at in (3, 7, 11, 16, 22):
         out = tmp_path / f"k{kill_at}"
@@ -81,9 +71,8 @@ def test_sigkill_at_five_steps_resumes_bit_exact(config_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_twice_in_a_row(config_file, tmp_path):
+def test_killed_twice_in_a_row(config_file, straight_log, tmp_path):
     spec = RunSpec(str(config_file), steps=24)
-    run_command(trainer_command(spec, tmp_path / "straight"), tmp_path / "s.txt")
     out = tmp_path / "twice"
     run_killed(spec, out, 8)
     # the second run resumes from step 5 and is killed again during step 17
@@ -91,7 +80,7 @@ def test_killed_twice_in_a_row(config_file, tmp_path):
     lines = count_lines(out / "log.jsonl")
     run_command(trainer_command(spec, out, resume=True), out / "stdout.txt")
     result = compare(
-        read_log(tmp_path / "straight" / "log.jsonl"),
+        straight_log,
         read_log(out / "log.jsonl", lines),
         16,
         24,
@@ -167,29 +156,20 @@ def test_elastic_two_ranks_to_one_rank_more_workers_with_packing(config_file, tm
 
 def test_resume_with_other_config_is_refused(config_file, tmp_path):
     out = tmp_path / "run"
-    r = subprocess.run(
-        [*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "5", "--quiet"],
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("train", "--config", config_file, "--out", out, "--steps", "5", "--quiet")
     assert r.returncode == 0, r.stderr
-    r = subprocess.run(
-        [
-            *CLI,
-            "train",
-            "--config",
-            str(config_file),
-            "--out",
-            str(out),
-            "--steps",
-            "8",
-            "--quiet",
-            "--resume",
-            "--set",
-            "loader.seed=8",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "train",
+        "--config",
+        config_file,
+        "--out",
+        out,
+        "--steps",
+        "8",
+        "--quiet",
+        "--resume",
+        "--set",
+        "loader.seed=8",
     )
     assert r.returncode == 2 and "seed: saved 7, now 8" in r.stderr and "Traceback" not in r.stderr
     assert len(read_log(out / "log.jsonl")) == 5  # nothing trained on the wrong data
@@ -238,17 +218,13 @@ def test_layout_refused_before_training_and_checkpoints_protected(config_file, t
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
     checkpoint.save(out / "checkpoints", 5, 0, 1, model_state={}, loader_state={})
-    r = subprocess.run(
-        [*CLI, "train", "--config", str(config_file), "--out", str(out), "--steps", "6", "--quiet"],
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("train", "--config", config_file, "--out", out, "--steps", "6", "--quiet")
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.slow
 def test_audio_text_training_resumes_bit_exact(tmp_path, tmp_path_factory):
-    from tests.helpers.demo_datasets import librispeech_dataset
+    from scripts.bench_data import librispeech_dataset
 
     config = yaml.safe_load((REPO / "configs/train_audio_text.yaml").read_text())
     config["data"]["path"] = str(librispeech_dataset(tmp_path_factory.getbasetemp()))

@@ -18,8 +18,8 @@ from energon_platform.config import load_config
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
 from task_encoders.config import ConfigError
-from tests.helpers import hang_encoder
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from tests.helpers import REPO, hang_encoder
+from tests.helpers import run_configs as configs
 
 SMALL = REPO / "configs/encoders/image_text_small.yaml"
 LIMIT = 2.0  #: seconds: far below the hang (600 s), far above a normal sample on a busy machine
@@ -36,19 +36,9 @@ def encoder(tmp_path_factory):
 
 
 def cfg(path, encoder, **loader):
-    return load_config(
-        {
-            "data": {"path": str(path), "val_split": None},
-            "encoder": encoder,
-            "loader": {
-                "global_batch_size": 8,
-                "micro_batch_size": 4,
-                "num_workers": 0,
-                "seed": 5,
-                **loader,
-            },
-        }
-    )
+    data = {"path": str(path), "val_split": None}
+    loader = {"global_batch_size": 8, "micro_batch_size": 4, "seed": 5, **loader}
+    return load_config(configs.loader_config(data, encoder, **loader))
 
 
 def run(config, steps, workers=0, state=None, skip=0):
@@ -117,8 +107,8 @@ def test_sample_timeout_must_be_positive_seconds(value):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_check_resume_passes_through_a_hung_sample(tmp_path):
-    data = coco_dataset(tmp_path)
+def test_check_resume_passes_through_a_hung_sample(coco, tmp_path):
+    data = coco
     encoder = hang_encoder.encoder_yaml(tmp_path, SMALL)
     config = tmp_path / "run.yaml"
     config.write_text(

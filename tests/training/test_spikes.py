@@ -20,7 +20,8 @@ from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.spikes import find_spikes, spike_rows
 from energon_platform.training.step_log_readers import JsonLines
 from energon_platform.training.step_log_writer import StepLog
-from tests.helpers.demo_datasets import REPO, coco_dataset
+from scripts.bench_data import coco_dataset
+from tests.helpers import REPO
 
 PLANTED_STEP = 13
 

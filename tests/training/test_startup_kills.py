@@ -29,7 +29,8 @@ from energon_platform.training.resume_check import (
     run_command,
     trainer_command,
 )
-from tests.helpers.demo_datasets import REPO, coco_dataset, librispeech_dataset
+from scripts.bench_data import coco_dataset, librispeech_dataset
+from tests.helpers import REPO
 
 STEPS = 4
 

@@ -1,5 +1,5 @@
 """How much a folder holds at its fullest while something runs: a thread samples it every few ms.
-Used by the bounded-staging tests and by ``scripts/bench_convert.py``."""
+Used by ``bench_convert.py`` and the bounded-staging tests."""
 
 from __future__ import annotations
 

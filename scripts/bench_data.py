@@ -1,5 +1,7 @@
-"""The embedded corpora converted once per test session (the converter's resume makes a second
-call with the same arguments a no-op, so every test module can simply ask for them)."""
+"""The embedded corpora (``data/``) converted into Energon datasets, for the benchmarks and the tests.
+
+Each function converts one corpus under ``base`` and returns the dataset folder; the converter's
+resume makes a second call with the same arguments a no-op, so callers can simply ask again."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from pathlib import Path
 
 from converters.convert import ConvertOptions, run_conversion
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def coco_dataset(base: Path) -> Path:

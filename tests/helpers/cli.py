@@ -1,0 +1,23 @@
+"""The command line as the tests run it: ``python -m energon_platform`` in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def cli_argv(*args: object) -> list[str]:
+    """The argv of ``energon-platform ARGS...`` run by this interpreter; each arg made a string."""
+    return [sys.executable, "-m", "energon_platform", *map(str, args)]
+
+
+def run_cli(*args: object, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``energon-platform ARGS...`` to completion, its output captured as text.
+
+    ``kwargs`` go to :func:`subprocess.run` (``cwd``, ``env``, ``timeout``, ``input``...); output is
+    captured unless ``kwargs`` say where it goes.
+    """
+    if "stdout" not in kwargs and "stderr" not in kwargs:
+        kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    return subprocess.run(cli_argv(*args), **kwargs)
