@@ -22,7 +22,9 @@ from tests.helpers import REPO, hang_encoder
 from tests.helpers import run_configs as configs
 
 SMALL = REPO / "configs/encoders/image_text_small.yaml"
-LIMIT = 2.0  #: seconds: far below the hang (600 s), far above a normal sample on a busy machine
+#: seconds: far below the hang (600 s), far above a normal sample on a busy machine (a fresh
+#: worker's first sample took 2.1 s with the load average at 5 on 2 cores)
+LIMIT = 6.0
 
 
 @pytest.fixture(scope="module")
