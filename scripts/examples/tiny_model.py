@@ -1,9 +1,13 @@
-"""The tiny captioning model both example loops train: token embedding plus a pooled image feature,
-then next-token logits. Small enough to train a step in milliseconds on a CPU."""
+"""The tiny captioning model the example loops train: token embedding plus a pooled image feature,
+then next-token logits. Small enough to train a step in milliseconds on a CPU. With it, the loss
+helpers the loops share: :func:`token_losses` and :func:`batch_losses` (the summed loss, the
+target count and each sample's own loss, for ``StepLog``'s ``sample_losses``)."""
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from energon_platform.training.model import document_losses
 
 
 class TinyModel(nn.Module):
@@ -19,10 +23,18 @@ class TinyModel(nn.Module):
         return self.head(self.tok(tokens) + self.img(pooled)[:, None, :])
 
 
-def loss_sums(
-    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the token losses where ``mask``, number of those tokens)."""
+def token_losses(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(N, S)``: each position's cross-entropy where ``mask``, 0 elsewhere."""
     losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten().clamp(min=0), reduction="none")
-    mask = mask.flatten().float()
-    return (losses * mask).sum(), mask.sum()
+    return (losses * mask.flatten().float()).reshape(targets.shape)
+
+
+def batch_losses(logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Of a ``task_encoders`` batch: (the summed token loss over ``loss_mask``, the number of
+    target tokens, each sample's mean loss over its own targets in ``batch.keys`` order: NaN for
+    a sample without targets). The sample losses are ``document_losses``, the reference trainer's."""
+    losses = token_losses(logits, batch.labels, batch.loss_mask)
+    per_sample = document_losses(
+        losses.flatten(), batch.loss_mask, batch.position_ids, batch.num_docs
+    )
+    return losses.sum(), batch.loss_mask.float().sum(), per_sample.tolist()
