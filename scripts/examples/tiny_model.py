@@ -7,8 +7,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from energon_platform.training.model import document_losses
-
 
 class TinyModel(nn.Module):
     def __init__(self, vocab_size: int, dim: int = 32):
@@ -30,11 +28,10 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
 
 
 def batch_losses(logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-    """Of a ``task_encoders`` batch: (the summed token loss over ``loss_mask``, the number of
-    target tokens, each sample's mean loss over its own targets in ``batch.keys`` order: NaN for
-    a sample without targets). The sample losses are ``document_losses``, the reference trainer's."""
+    """Of an unpacked ``task_encoders`` batch (one sample per row, as :class:`TinyModel` takes
+    them): (the summed token loss over ``loss_mask``, the number of target tokens, each sample's
+    mean loss over its own targets in ``batch.keys`` order: NaN for a sample without targets)."""
     losses = token_losses(logits, batch.labels, batch.loss_mask)
-    per_sample = document_losses(
-        losses.flatten(), batch.loss_mask, batch.position_ids, batch.num_docs
-    )
-    return losses.sum(), batch.loss_mask.float().sum(), per_sample.tolist()
+    targets = batch.loss_mask.double().sum(dim=1)
+    per_sample = losses.detach().double().sum(dim=1) / targets  # 0/0 is NaN: no targets
+    return losses.sum(), targets.sum().float(), per_sample.tolist()
