@@ -168,11 +168,20 @@ def document_losses(
     (``token_loss``: :func:`lm_token_loss`'s flat, ``loss_mask``-weighted losses; documents found
     by ``position_ids`` restarting at 0, packed or not); NaN for a document without targets."""
     docs = document_index(position_ids, num_docs).flatten()
-    n_docs = int(num_docs.sum())
-    mask = loss_mask.flatten().double()
-    zeros = torch.zeros(n_docs, dtype=torch.float64, device=token_loss.device)
-    sums = zeros.index_add(0, docs, token_loss.detach().double())
-    counts = zeros.index_add(0, docs, mask)
+    return losses_by_index(token_loss, loss_mask, docs, int(num_docs.sum()))
+
+
+def losses_by_index(
+    token_loss: torch.Tensor, loss_mask: torch.Tensor, index: torch.Tensor, n: int
+) -> torch.Tensor:
+    """float64 ``(n,)``, detached: for each ``i < n``, the sum of ``token_loss`` (already
+    ``loss_mask``-weighted) over the positions whose ``index`` is ``i``, divided by those
+    positions' ``loss_mask`` sum; NaN where that sum is 0 (no targets). ``token_loss``,
+    ``loss_mask`` and ``index`` (int64) have the same number of elements, in the same order."""
+    zeros = torch.zeros(n, dtype=torch.float64, device=token_loss.device)
+    index = index.flatten().to(token_loss.device)
+    sums = zeros.index_add(0, index, token_loss.detach().flatten().double())
+    counts = zeros.index_add(0, index, loss_mask.detach().flatten().double().to(zeros.device))
     return sums / counts  # 0/0 is NaN: no targets
 
 

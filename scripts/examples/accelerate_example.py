@@ -11,8 +11,10 @@ torchrun launcher; ``--cpu --num_processes 2`` without an MPI hostfile starts on
 
 ``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each step
 is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and digests:
-check-resume's exact check), and each process's keys apart (``rank_keys``: disjoint, together the
-global batch: no double sharding). ``--skip-loader-restore`` breaks the resume on purpose (model,
+check-resume's exact check), each sample's own loss (``sample_losses``, aligned with the keys),
+and each process's keys apart (``rank_keys``: disjoint, together the global batch: no double
+sharding). The logged loss is the mean over processes of each one's token-mean loss: over each
+process's keys, the sample losses' mean weighted by their target counts, then averaged. ``--skip-loader-restore`` breaks the resume on purpose (model,
 optimizer and RNG restored, the data starts over): check-resume must fail it.
 """
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from tiny_model import TinyModel, loss_sums
+from tiny_model import TinyModel, batch_losses
 
 from energon_platform import (
     StepLog,
@@ -77,7 +79,7 @@ resumed_from = {"resumed_from": step} if args.resume else {}
 log = StepLog(Path(args.out) / "steps.jsonl", rank=accelerator.process_index)
 while step < args.steps:
     batch = to_device(next(loader), accelerator.device)
-    loss_sum, targets = loss_sums(model(batch.tokens, batch.images), batch.labels, batch.loss_mask)
+    loss_sum, targets, sample_losses = batch_losses(model(batch.tokens, batch.images), batch)
     loss = loss_sum / targets
     accelerator.backward(loss)
     accelerator.clip_grad_norm_(model.parameters(), 1.0)
@@ -85,19 +87,22 @@ while step < args.steps:
     optimizer.zero_grad()
     step += 1
 
-    # the global batch: every process's keys and tensor digest in rank order; the loss averaged
+    # the global batch: every process's keys, tensor digest and sample losses in rank order; the
+    # loss averaged
     part = (
         list(batch.keys),
         batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]),
+        sample_losses,
     )
     parts = accelerator.gather_for_metrics([part], use_gather_object=True)
     global_loss = accelerator.reduce(loss.detach(), reduction="mean")
     log.write(
         step,
         global_loss.item(),
-        keys=[k for keys, _ in parts for k in keys],
-        batch=[d for _, d in parts],
-        rank_keys=[keys for keys, _ in parts],
+        keys=[k for keys, _, _ in parts for k in keys],
+        batch=[d for _, d, _ in parts],
+        sample_losses=[v for _, _, losses in parts for v in losses],
+        rank_keys=[keys for keys, _, _ in parts],
         **resumed_from,
     )
     resumed_from = {}

@@ -8,7 +8,9 @@ batch sizes come from the loader (``batch_config``).
 
 ``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each step
 is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and digests:
-check-resume's exact check). ``--skip-loader-restore`` breaks the resume on purpose (model and
+check-resume's exact check; each sample's own loss, ``sample_losses``, aligned with the keys). The
+logged loss is the mean of the micro-batches' token-mean losses over all ranks: over each
+micro-batch's keys, the sample losses' mean weighted by their target counts, then averaged. ``--skip-loader-restore`` breaks the resume on purpose (model and
 optimizer restored, the data starts over): check-resume must fail it.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
-from tiny_model import TinyModel, loss_sums
+from tiny_model import TinyModel, batch_losses
 
 from energon_platform import StepLog, TrainLoader, batch_digest, load_config
 from energon_platform.integrations.deepspeed import (
@@ -69,13 +71,13 @@ resumed_from = {"resumed_from": step} if args.resume else {}
 
 log = StepLog(Path(args.out) / "steps.jsonl")
 while step < args.steps:
-    keys, digests, losses = [], [], []
+    keys, digests, losses, sample_losses = [], [], [], []
     for _ in range(
         loader.accumulation
     ):  # DeepSpeed steps the optimizer at the global batch's last micro-batch
         batch = next(loader)
-        loss_sum, targets = loss_sums(
-            engine(batch.tokens, batch.images), batch.labels, batch.loss_mask
+        loss_sum, targets, batch_sample_losses = batch_losses(
+            engine(batch.tokens, batch.images), batch
         )
         loss = loss_sum / targets
         engine.backward(loss)  # scaled by 1/gradient_accumulation_steps inside
@@ -83,17 +85,20 @@ while step < args.steps:
         keys += batch.keys
         digests.append(batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]))
         losses.append(loss.detach())
+        sample_losses += batch_sample_losses
     step += 1
 
-    # the global batch: every rank's keys and tensor digests in rank order; the loss averaged over all
-    parts, global_loss = [(keys, digests)] * world, torch.stack(losses).mean()
-    dist.all_gather_object(parts, (keys, digests))
+    # the global batch: every rank's keys, tensor digests and sample losses in rank order; the loss
+    # averaged over all
+    parts, global_loss = [(keys, digests, sample_losses)] * world, torch.stack(losses).mean()
+    dist.all_gather_object(parts, (keys, digests, sample_losses))
     dist.all_reduce(global_loss)
     log.write(
         step,
         global_loss.item() / world,
-        keys=[k for ks, _ in parts for k in ks],
-        batch=[d for _, ds in parts for d in ds],
+        keys=[k for ks, _, _ in parts for k in ks],
+        batch=[d for _, ds, _ in parts for d in ds],
+        sample_losses=[v for _, _, vs in parts for v in vs],
         **resumed_from,
     )
     resumed_from = {}

@@ -9,8 +9,9 @@ state (no replay).
 ``run.yaml`` is an energon-platform run config (an image-text encoder without packing, one
 micro-batch per rank and step: ``micro_batch_size`` unset). Rank 0 logs each optimizer step to
 ``OUT/steps.jsonl`` with ``StepLog``, for the global batch: every rank's sample keys and row
-digests in rank order (the loader's global order, whatever the number of processes) and the
-token-mean loss over all ranks; the gradient is that of the same mean. So a checkpoint of a run on
+digests in rank order (the loader's global order, whatever the number of processes), each
+sample's own loss (``sample_losses``, aligned with the keys) and the token-mean loss over all
+ranks (the sample losses' mean weighted by their target counts); the gradient is that of the same mean. So a checkpoint of a run on
 2 processes resumes on 1 (or the reverse) with the same keys and digests, the loss equal up to the
 order of the all-reduce: check-resume's exact check with ``--tolerance 1e-5``.
 ``--skip-loader-restore`` breaks the resume on purpose (model, optimizer and step restored, the
@@ -25,7 +26,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
-from tiny_model import TinyModel, loss_sums
+from tiny_model import TinyModel, batch_losses
 
 from energon_platform import StepLog, TrainLoader, batch_digest, build_encoder, load_config
 from energon_platform.integrations.lightning import EnergonHooks
@@ -59,8 +60,8 @@ class Captioner(EnergonHooks, L.LightningModule):
         return torch.optim.AdamW(self.model.parameters(), lr=3e-3)
 
     def training_step(self, batch, batch_idx):
-        loss_sum, targets = loss_sums(
-            self.model(batch.tokens, batch.images), batch.labels, batch.loss_mask
+        loss_sum, targets, self.sample_losses = batch_losses(
+            self.model(batch.tokens, batch.images), batch
         )
         self.step_sums = loss_sum.detach(), self.sum_over_ranks(targets)
         # DDP averages the gradients over ranks: scaled so, they are those of the global batch's token mean
@@ -70,14 +71,15 @@ class Captioner(EnergonHooks, L.LightningModule):
         return self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum")
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        # the global batch: every rank's keys and row digests in rank order, the token-mean loss of all ranks
+        # the global batch: every rank's keys, row digests and sample losses in rank order, the
+        # token-mean loss of all ranks
         rows = [
             batch_digest(
                 [t[i] for t in (batch.tokens, batch.labels, batch.loss_mask, batch.images)]
             )
             for i in range(len(batch.keys))
         ]
-        parts = [(list(batch.keys), rows)] * self.trainer.world_size
+        parts = [(list(batch.keys), rows, self.sample_losses)] * self.trainer.world_size
         if dist.is_initialized():
             dist.all_gather_object(parts, parts[0])
         loss_sum, targets = self.step_sums
@@ -85,8 +87,9 @@ class Captioner(EnergonHooks, L.LightningModule):
         self.log_file.write(
             self.global_step,
             (self.sum_over_ranks(loss_sum) / targets).item(),
-            keys=[k for keys, _ in parts for k in keys],
-            batch=[d for _, ds in parts for d in ds],
+            keys=[k for keys, _, _ in parts for k in keys],
+            batch=[d for _, ds, _ in parts for d in ds],
+            sample_losses=[v for _, _, losses in parts for v in losses],
             **extra,
         )
         self.resumed_from = None

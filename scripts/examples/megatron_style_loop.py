@@ -7,7 +7,11 @@
    --load else None)`` and ``train_iter, valid, test = provider(None)`` (``--dataloader-type
    external``).
 3. each iteration: ``next(train_iter)`` once per micro-batch (``get_num_microbatches()``),
-   forward/backward, optimizer step, then ``training_log``'s line (``--log-interval 1``).
+   forward/backward, optimizer step, then ``training_log``'s line (``--log-interval 1``); and a
+   ``StepLog`` row in ``SAVE/steps.jsonl``: the iteration's keys (every data-parallel rank's
+   micro-batches, in rank order), each key's own loss (``sample_losses``, from the provider's
+   :func:`sample_losses` on the per-token loss) and the lm loss, the global token mean (the
+   sample losses' mean weighted by their target counts).
 4. every ``--save-interval`` iterations, ``save_checkpoint``: the model file, the data loader
    state (``save_dataloader_state``), then the tracker file.
 
@@ -25,10 +29,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tiny_model import TinyModel, loss_sums
+from tiny_model import TinyModel, token_losses
 
-from energon_platform import build_encoder, load_config
-from energon_platform.integrations.megatron import make_provider, save_dataloader_state
+from energon_platform import StepLog, build_encoder, load_config
+from energon_platform.integrations.megatron import (
+    make_provider,
+    sample_losses,
+    save_dataloader_state,
+)
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--config", required=True)
@@ -93,7 +101,16 @@ def all_reduce(t):
     return t
 
 
+def gather(part):
+    """Every data-parallel rank's ``part``, in rank order."""
+    parts = [part] * dp_size
+    if distributed:
+        dist.all_gather_object(parts, part)
+    return parts
+
+
 # 3. train
+log = StepLog(Path(args.save) / "steps.jsonl")
 iteration = args.iteration
 while iteration < args.train_iters:
     t0 = time.perf_counter()
@@ -101,19 +118,29 @@ while iteration < args.train_iters:
         next(train_iter) for _ in range(train_iter.accumulation)
     ]  # get_num_microbatches()
     targets = all_reduce(sum((b["labels"][:, 1:] != -100).sum() for b in micro_batches).float())
-    total = torch.zeros(())
+    total, keys, losses = torch.zeros(()), [], []
     for mb in (
         micro_batches
     ):  # Megatron's get_batch: labels shifted by one, -100 (IGNORE_INDEX) is no target
         labels = mb["labels"][:, 1:]
-        loss_sum, _ = loss_sums(ddp(mb["tokens"], mb["imgs"]), labels, labels != -100)
+        output_tensor = token_losses(ddp(mb["tokens"], mb["imgs"]), labels, labels != -100)
+        loss_sum = output_tensor.sum()
         (loss_sum * dp_size / targets).backward()  # DDP averages over ranks: the global token mean
         total += loss_sum.detach()
+        keys += mb["__key__"]
+        losses += sample_losses(mb, output_tensor).tolist()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad()
     iteration += 1
     lm_loss = all_reduce(total) / targets
+    parts = gather((keys, losses))
+    log.write(
+        iteration,
+        lm_loss.item(),
+        keys=[k for ks, _ in parts for k in ks],
+        sample_losses=[v for _, vs in parts for v in vs],
+    )
     if dp_rank == dp_size - 1:  # print_rank_last
         print(
             f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}] iteration {iteration:8d}/{args.train_iters:8d} |"
@@ -147,6 +174,7 @@ while iteration < args.train_iters:
             tracker.with_suffix(".tmp").write_text(str(iteration))
             os.replace(tracker.with_suffix(".tmp"), tracker)
 
+log.close()
 train_iter.close()
 if distributed:
     dist.destroy_process_group()

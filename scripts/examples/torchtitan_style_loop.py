@@ -10,7 +10,9 @@ rank-independent entry, so a checkpoint resumes on another world size too).
 
 ``run.yaml`` is an energon-platform run config (``data``, ``encoder``, ``loader``; an image-text
 encoder without packing, ``micro_batch_size: null``). Each step is logged twice: to
-``OUT/steps.jsonl`` with ``StepLog`` (sample keys and batch digest: check-resume's exact check)
+``OUT/steps.jsonl`` with ``StepLog`` (sample keys and batch digest: check-resume's exact check;
+each sample's own loss, ``sample_losses``, aligned with the keys; the loss is the mean over ranks
+of each rank's token-mean loss, i.e. of its sample losses' mean weighted by their target counts)
 and as torchtitan's ``step: N  loss: X`` line on stdout (``--log-format torchtitan``).
 ``--skip-loader-restore`` breaks the resume on purpose (model and optimizer restored, the data
 starts over): check-resume must fail it.
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from tiny_model import TinyModel, loss_sums
+from tiny_model import TinyModel, batch_losses
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -105,7 +107,7 @@ while step < args.steps:
     t0 = time.perf_counter()
     batch = next(loader)
     logits = ddp(batch.tokens, batch.images)
-    loss_sum, targets = loss_sums(logits, batch.labels, batch.loss_mask)
+    loss_sum, targets, sample_losses = batch_losses(logits, batch)
     loss = loss_sum / targets
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -113,10 +115,12 @@ while step < args.steps:
     optimizer.zero_grad()
     step += 1
 
-    # the global batch: every rank's keys and tensor digest, in rank order; the loss averaged over ranks
+    # the global batch: every rank's keys, tensor digest and sample losses, in rank order; the loss
+    # averaged over ranks
     part = (
         list(batch.keys),
         batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]),
+        sample_losses,
     )
     parts = [part] * world
     global_loss = loss.detach().clone()
@@ -127,8 +131,9 @@ while step < args.steps:
     log.write(
         step,
         global_loss.item(),
-        keys=[k for keys, _ in parts for k in keys],
-        batch=[d for _, d in parts],
+        keys=[k for keys, _, _ in parts for k in keys],
+        batch=[d for _, d, _ in parts],
+        sample_losses=[v for _, _, losses in parts for v in losses],
         **resumed_from,
     )
     resumed_from = {}

@@ -1,10 +1,12 @@
 """Shared by the trainer integration tests (tests/integrations/test_{accelerate,deepspeed,
 lightning}.py): a small run config on the embedded COCO corpus, the command line of an example
-under scripts/examples/, and ``energon-platform check-resume`` on it."""
+under scripts/examples/, ``energon-platform check-resume`` on it, and the check of the sample
+losses an example logs."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -97,3 +99,43 @@ def assert_fails(r: subprocess.CompletedProcess, report: dict) -> None:
         r.stdout + r.stderr[-3000:]
     )
     assert report["keys_identical"] is False and report["tensors_identical"] is False
+
+
+def target_counts(config: Path, steps: int) -> list[tuple[list[str], list[int]]]:
+    """For each of the first ``steps`` global batches of ``config``'s loader (one process): its
+    keys and each key's number of target tokens (unpacked rows: a row's ``loss_mask`` sum)."""
+    from energon_platform import TrainLoader, load_config
+
+    loader = TrainLoader(load_config(config))
+    batches = []
+    for _ in range(steps):
+        micro = [next(loader) for _ in range(loader.accumulation)]
+        batches.append(
+            (
+                [k for b in micro for k in b.keys],
+                [int(n) for b in micro for n in b.loss_mask.sum(dim=1)],
+            )
+        )
+    loader.close()
+    return batches
+
+
+def assert_sample_losses_fit(log: Path | str, config: Path, group: int | None = None) -> None:
+    """Every row of the StepLog ``log`` has one finite sample loss per key, and its loss is
+    their mean weighted by the keys' target counts (:func:`target_counts`), taken over
+    consecutive groups of ``group`` keys (a rank's or micro-batch's; None: all) and averaged:
+    the loop's loss is the mean of those groups' token means."""
+    rows = [json.loads(line) for line in Path(log).read_text().splitlines()]
+    batches = target_counts(config, max(r["step"] for r in rows))
+    for row in rows:
+        keys, losses = row["keys"], row["sample_losses"]
+        expected_keys, counts = batches[row["step"] - 1]
+        assert keys == expected_keys and len(losses) == len(keys), row
+        assert all(math.isfinite(v) for v in losses), row
+        size = group or len(keys)
+        means = [
+            sum(v * n for v, n in zip(losses[i : i + size], counts[i : i + size]))
+            / sum(counts[i : i + size])
+            for i in range(0, len(keys), size)
+        ]
+        assert math.isclose(sum(means) / len(means), row["loss"], rel_tol=1e-5), row

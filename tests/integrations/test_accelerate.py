@@ -20,6 +20,7 @@ from tests.helpers.trainer_examples import (
     PY,
     assert_exact_pass,
     assert_fails,
+    assert_sample_losses_fit,
     check_resume,
     example,
     write_run_config,
@@ -134,7 +135,9 @@ def test_gradient_accumulation_steps_refuses_a_world_size_that_cannot_split_the_
 @pytest.mark.slow
 def test_accelerate_example_resumes_exactly_after_sigkill(run_config, tmp_path):
     cmd = example("accelerate_example.py", run_config, "--out {out} --steps 6")
-    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
+    r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
+    assert_exact_pass(r, report)
+    assert_sample_losses_fit(report["logs"]["straight"], run_config)
     assert_fails(
         *check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4)
     )
@@ -167,3 +170,5 @@ def test_accelerate_launch_two_processes_resumes_exactly_without_double_sharding
         assert first and second and not set(first) & set(second), row
         assert first + second == row["keys"] == list(next(one_process).keys), row
     assert len(rows) == 6
+    # the loss: the mean of each process's token mean over its half
+    assert_sample_losses_fit(report["logs"]["straight"], run_config, group=2)

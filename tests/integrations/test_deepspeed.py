@@ -11,6 +11,7 @@ pytest.importorskip("deepspeed")
 from tests.helpers.trainer_examples import (
     assert_exact_pass,
     assert_fails,
+    assert_sample_losses_fit,
     check_resume,
     example,
     write_run_config,
@@ -55,9 +56,12 @@ def test_batch_config_and_client_state(run_config):
 
 @pytest.mark.slow
 def test_deepspeed_example_resumes_exactly_after_sigkill(run_config, tmp_path):
-    """One process, ZeRO-1, two micro-batches per step (DeepSpeed's gradient accumulation)."""
+    """One process, ZeRO-1, micro-batches of one sample (DeepSpeed's gradient accumulation); the
+    loss is the mean of the micro-batches' token means, so of the sample losses."""
     cmd = example("deepspeed_example.py", run_config, "--out {out} --steps 6")
-    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
+    r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
+    assert_exact_pass(r, report)
+    assert_sample_losses_fit(report["logs"]["straight"], run_config, group=1)
     assert_fails(
         *check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4)
     )
@@ -68,4 +72,6 @@ def test_deepspeed_zero2_two_processes_resumes_exactly(run_config, tmp_path):
     cmd = example(
         "deepspeed_example.py", run_config, "--out {out} --steps 6 --zero-stage 2", nproc=2
     )
-    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
+    r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
+    assert_exact_pass(r, report)
+    assert_sample_losses_fit(report["logs"]["straight"], run_config, group=1)

@@ -12,6 +12,7 @@ pytest.importorskip("lightning")
 from tests.helpers.trainer_examples import (
     assert_exact_pass,
     assert_fails,
+    assert_sample_losses_fit,
     check_resume,
     example,
     write_run_config,
@@ -180,9 +181,12 @@ def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config, tmp
 @pytest.mark.slow
 def test_lightning_example_resumes_exactly_after_sigkill(run_config, tmp_path):
     """Lightning's own checkpoint and ckpt_path carry the loader (corrected for its one-batch
-    prefetch); the resume that drops the loader state from the checkpoint fails."""
+    prefetch); the resume that drops the loader state from the checkpoint fails. Each step logs
+    its sample losses, whose target-weighted mean is the step's loss."""
     cmd = example("lightning_example.py", run_config, "--out {out} --steps 6")
-    assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4))
+    r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
+    assert_exact_pass(r, report)
+    assert_sample_losses_fit(report["logs"]["straight"], run_config)
     assert_fails(
         *check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4)
     )
@@ -202,6 +206,7 @@ def test_lightning_ddp_resumes_exactly_on_another_number_of_processes(
     r, report = check_resume(tmp_path / "ok", cmd, resume + " --resume", 6, 4, tolerance=1e-5)
     assert_exact_pass(r, report, loss_tolerance=1e-5)
     assert report["steps_compared"] >= 3
+    assert_sample_losses_fit(report["logs"]["straight"], run_config)  # gathered in rank order
 
 
 @pytest.mark.slow

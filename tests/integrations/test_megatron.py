@@ -30,10 +30,12 @@ from energon_platform.integrations.megatron import (
     make_provider,
     make_provider_from_args,
     provider_kwargs_from_args,
+    sample_losses,
     save_dataloader_state,
     state_file,
     to_megatron_batch,
 )
+from energon_platform.training.model import document_losses
 from tests.helpers import REPO
 
 SMALL = str(REPO / "configs" / "encoders" / "image_text_small.yaml")
@@ -589,6 +591,37 @@ def test_batch_dicts_match_megatrons_get_batch(coco):
     audio = SimpleNamespace(**vars(text), features=torch.zeros(n, 4, 5))
     with pytest.raises(ValueError, match="features"):
         to_megatron_batch(audio, "multimodal")
+
+
+def test_sample_losses_are_each_documents_mean_over_its_own_targets_in_every_layout(coco):
+    """Unpacked and packed micro-batches, multimodal and gpt dicts: the reference trainer's
+    document_losses of the same per-token losses, in key order; a loss that does not fit the
+    batch is refused."""
+    for encoder, loader, micro in ((SMALL, {}, MICRO), (SMALL_PACKED, {"global_batch_size": 2}, 1)):
+        it = make_provider(
+            run_config(coco, encoder, **loader),
+            dp_rank=0,
+            dp_size=1,
+            micro_batch_size=micro,
+            build_valid=False,
+        )(None)[0]
+        raw = next(it.loader)
+        it.close()
+        token_loss = torch.rand(raw.tokens.shape, generator=torch.Generator().manual_seed(0))
+        expected = document_losses(
+            (token_loss * raw.loss_mask).flatten(), raw.loss_mask, raw.position_ids, raw.num_docs
+        )
+        assert expected.shape == (len(raw.keys),)
+        data = to_megatron_batch(raw, "multimodal")
+        shifted = token_loss.reshape(data["labels"][:, 1:].shape)
+        assert torch.allclose(sample_losses(data, shifted), expected, equal_nan=True), encoder
+        gpt = to_megatron_batch(raw, "gpt")
+        assert torch.allclose(sample_losses(gpt, token_loss), expected, equal_nan=True), encoder
+    assert (raw.num_docs > 1).any()  # the second batch was packed
+    with pytest.raises(ValueError, match="cu_lengths ends at"):
+        sample_losses(data, token_loss, raw.loss_mask)
+    with pytest.raises(ValueError, match="pass the model's loss_mask"):
+        sample_losses(data, token_loss)
 
 
 def test_layout_that_megatron_cannot_step_raises(coco):

@@ -26,6 +26,7 @@ from scripts.bench_data import coco_dataset
 from tests.helpers import REPO
 from tests.helpers import run_configs as configs
 from tests.helpers.cli import run_cli
+from tests.helpers.trainer_examples import assert_sample_losses_fit
 
 PY = shlex.quote(sys.executable)
 EXAMPLES = REPO / "scripts" / "examples"
@@ -414,6 +415,8 @@ def test_example_torchtitan_style_loop(run_config, tmp_path, fmt):
             and report["max_abs_loss_diff"] == 0.0
         )
         assert report["resumed_from_logged"] == report["resume_step"]
+        # the loss: the mean over the 2 ranks of each one's token mean over its half
+        assert_sample_losses_fit(report["logs"]["straight"], run_config, group=2)
     r, report = check(
         tmp_path,
         "--cmd",
@@ -478,6 +481,7 @@ def test_example_megatron_style_loop(run_config, tmp_path, fmt):
     assert sorted(
         (tmp_path / "check" / "killed" / "out").glob("iter_*")
     )  # Megatron's layout, in the run's {out}
+    assert_sample_losses_fit(tmp_path / "check" / "straight" / "out" / "steps.jsonl", run_config)
     r, report = check(
         tmp_path,
         "--cmd",

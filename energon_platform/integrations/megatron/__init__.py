@@ -48,6 +48,8 @@ reader also accepts a JSON file with the same content.
 The package, one module per job (import the names below from the package itself):
 
 * :mod:`~energon_platform.integrations.megatron.batches`: the batch dicts (:func:`to_megatron_batch`).
+* :mod:`~energon_platform.integrations.megatron.losses`: each sample's loss in a micro-batch
+  (:func:`sample_losses`), for ``StepLog``'s ``sample_losses``.
 * :mod:`~energon_platform.integrations.megatron.state_files`: where the state files live, writing and reading them.
 * :mod:`~energon_platform.integrations.megatron.iterators`: the train and validation iterators.
 * :mod:`~energon_platform.integrations.megatron.args`: the checks of Megatron's arguments.
@@ -71,6 +73,7 @@ from energon_platform.integrations.megatron.iterators import (
     MegatronTrainIterator,
     MegatronValidIterator,
 )
+from energon_platform.integrations.megatron.losses import sample_losses
 from energon_platform.integrations.megatron.provider import (
     is_dataloader_rank,
     make_provider,
@@ -90,6 +93,7 @@ __all__ = [
     "IGNORE_INDEX",
     "BATCH_FORMATS",
     "to_megatron_batch",
+    "sample_losses",
     "is_dataloader_rank",
     "state_file",
     "latest_iteration",
