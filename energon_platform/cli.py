@@ -1015,6 +1015,66 @@ def cmd_spikes(args) -> int:
     return 0
 
 
+def _add_replay(sub) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="re-run a run from the checkpoint before a step with other config values",
+        description="Copy a run's newest checkpoint saved before step --from into --out (the "
+        "run's folder is only read), train --steps steps after it with the reference trainer "
+        "and the config's values with --set applied (typically loader.exclude=@rules.yaml from "
+        "spikes --exclude-from), then check that every replayed step before --from has the "
+        "original's keys and batch digests (exit 1 when one has not) and print where the "
+        "replayed loss departs from the original. See docs/spikes.md.",
+    )
+    p.add_argument("--run", required=True, help="the original run's folder (log and checkpoints)")
+    _add_run_args(p, "loader workers (default: the config's)")
+    p.add_argument(
+        "--from",
+        dest="from_step",
+        type=_positive,
+        required=True,
+        metavar="STEP",
+        help="the first step that may differ: the replay starts from the newest checkpoint "
+        "saved before it",
+    )
+    p.add_argument(
+        "--steps",
+        type=_positive,
+        required=True,
+        metavar="K",
+        help="steps to train after the checkpoint (enough to reach --from)",
+    )
+    p.add_argument("--out", required=True, help="the replayed run's folder (new or empty)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the run an earlier replay left in --out"
+    )
+    p.set_defaults(func=cmd_replay)
+
+
+def cmd_replay(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.training.replay import ReplayError, mismatch_line, replay, summary
+
+    cfg = load_config(args.config, _overrides(args.set))
+    try:
+        result = replay(
+            cfg,
+            args.run,
+            args.out,
+            args.from_step,
+            args.steps,
+            num_workers=args.num_workers,
+            overwrite=args.overwrite,
+        )
+    except ReplayError as e:
+        raise UsageError(str(e)) from None
+    if not result["identical"]:
+        print(f"energon-platform replay: {mismatch_line(result)}", file=sys.stderr)
+        return 1
+    print("\n".join(summary(result, args.run, args.out)))
+    return 0
+
+
 def _add_prepare(sub) -> None:
     p = sub.add_parser(
         "prepare",
@@ -1195,6 +1255,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_preview(sub)
     _add_trace(sub)
     _add_spikes(sub)
+    _add_replay(sub)
     _add_report(sub)
     return parser
 

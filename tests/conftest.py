@@ -305,3 +305,17 @@ def raw_samples(image_text_shards, audio_text_shards):
         return cache[kind]
 
     return get
+
+
+# --- training: a run with a planted loss spike -----------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spike_run(tmp_path_factory) -> dict:
+    """:func:`tests.helpers.planted_spike.planted_run`, once per session (its folder is only
+    read by the tests): ``{"config", "out", "planted"}``."""
+    from tests.helpers.demo_datasets import coco_dataset
+    from tests.helpers.planted_spike import planted_run
+
+    base = tmp_path_factory.mktemp("spike_run")
+    return planted_run(base, coco_dataset(tmp_path_factory.getbasetemp()))

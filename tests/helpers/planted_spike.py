@@ -1,38 +1,47 @@
 """The reference trainer with a planted bad step, as a process of its own::
 
     python -m tests.helpers.planted_spike CONFIG OUT STEP KEY [KEY ...]
+    python -m tests.helpers.planted_spike --keys KEY[,KEY ...] -- ARGS ...
 
-trains CONFIG into OUT (one micro-batch per step: ``micro_batch_size`` = the global batch) where,
-at logged step STEP only, the documents with the given keys have every target replaced by one
-junk token whose loss counts ``JUNK_WEIGHT`` times: their own loss, and so the step's, jumps.
+The first trains CONFIG into OUT (one micro-batch per step: ``micro_batch_size`` = the global
+batch) where, at logged step STEP only, the documents with the given keys have every target
+replaced by one junk token whose loss counts ``JUNK_WEIGHT`` times: their own loss, and so the
+step's, jumps. The second runs ``energon-platform ARGS`` (``replay ...``) with those documents junk
+wherever they are trained: a replay that does not skip them has the spike again.
+:func:`planted_run` makes the first kind of run for tests.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
+import yaml
 
 from energon_platform.config import load_config
 from energon_platform.training import model, train
 from energon_platform.training.model import document_index
 
 JUNK_WEIGHT = 10.0
+#: the step :func:`planted_run` plants its junk in
+PLANTED_STEP = 13
 
 
-def plant(step: int, keys: set[str]) -> None:
-    """At step ``step`` (batches counted as the trainer moves them to its device), give the
-    targets of the documents ``keys`` the last token of the vocabulary, its loss weighted
-    ``JUNK_WEIGHT`` times."""
+def plant(step: int | None, keys: set[str]) -> None:
+    """At step ``step`` (batches counted as the trainer moves them to its device; every step
+    when None), give the targets of the documents ``keys`` the last token of the vocabulary,
+    their loss weighted ``JUNK_WEIGHT`` times."""
     calls, planted = {"n": 0}, {"mask": None}
     to, token_loss = train._to, model.lm_token_loss
 
     def marking(batch, device):
         calls["n"] += 1
         planted["mask"] = None
-        if calls["n"] == step:
+        chosen = [j for j, key in enumerate(batch.keys) if key in keys]
+        if chosen and (step is None or calls["n"] == step):
             docs = document_index(batch.position_ids, batch.num_docs)
-            chosen = [j for j, key in enumerate(batch.keys) if key in keys]
             planted["mask"] = torch.isin(docs, torch.tensor(chosen)) & (batch.loss_mask > 0)
         return to(batch, device)
 
@@ -47,11 +56,50 @@ def plant(step: int, keys: set[str]) -> None:
     train._to, model.lm_token_loss = marking, weighted
 
 
-def main(argv: list[str]) -> None:
+def planted_run(base: Path, data: Path) -> dict:
+    """A 16-step reference-trainer run of the COCO-style dataset ``data`` into ``base/out``
+    (checkpoints at steps 8 and 16) whose step :data:`PLANTED_STEP` has two junk documents:
+    ``{"config", "out", "planted"}`` (``planted``: their keys)."""
+    from energon_platform.loader.trace import open_tracer
+    from tests.helpers.demo_datasets import REPO
+
+    config = base / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(data), "val_split": None},
+                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+                "loader": {
+                    "global_batch_size": 8,
+                    "micro_batch_size": 8,
+                    "num_workers": 0,
+                    "seed": 3,
+                },
+                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+                "train": {"steps": 16, "checkpoint_every": 8, "warmup": 2},
+            }
+        )
+    )
+    planted = open_tracer(load_config(str(config))).step(PLANTED_STEP)["keys"][2:4]
+    out = base / "out"
+    cmd = [sys.executable, "-m", "tests.helpers.planted_spike", config, out, PLANTED_STEP, *planted]
+    subprocess.run(list(map(str, cmd)), check=True, timeout=300, cwd=REPO)
+    return {"config": config, "out": out, "planted": planted}
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "--keys":
+        from energon_platform import cli
+
+        keys, sep, args = argv[1], argv[2], argv[3:]
+        assert sep == "--", "usage: --keys KEY[,KEY ...] -- ARGS ..."
+        plant(None, set(keys.split(",")))
+        return cli.main(args)
     config, out, step, *keys = argv
     plant(int(step), set(keys))
     train.train(load_config(config), out=out, quiet=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
