@@ -1024,7 +1024,9 @@ def _add_replay(sub) -> None:
         "and the config's values with --set applied (typically loader.exclude=@rules.yaml from "
         "spikes --exclude-from), then check that every replayed step before --from has the "
         "original's keys and batch digests (exit 1 when one has not) and print where the "
-        "replayed loss departs from the original. See docs/spikes.md.",
+        "replayed loss departs from the original. It trains on one process, its learning-rate "
+        "schedule spanning train.steps as the original's did (--set train.steps=N for a run "
+        "started with --steps N). See docs/spikes.md.",
     )
     p.add_argument("--run", required=True, help="the original run's folder (log and checkpoints)")
     _add_run_args(p, "loader workers (default: the config's)")

@@ -8,7 +8,8 @@ batch) where, at logged step STEP only, the documents with the given keys have e
 replaced by one junk token whose loss counts ``JUNK_WEIGHT`` times: their own loss, and so the
 step's, jumps. The second runs ``energon-platform ARGS`` (``replay ...``) with those documents junk
 wherever they are trained: a replay that does not skip them has the spike again.
-:func:`planted_run` makes the first kind of run for tests.
+:func:`planted_run` makes the first kind of run for tests; :func:`plant` is what ``make demo``
+uses.
 """
 
 from __future__ import annotations
@@ -56,15 +57,12 @@ def plant(step: int | None, keys: set[str]) -> None:
     train._to, model.lm_token_loss = marking, weighted
 
 
-def planted_run(base: Path, data: Path) -> dict:
-    """A 16-step reference-trainer run of the COCO-style dataset ``data`` into ``base/out``
-    (checkpoints at steps 8 and 16) whose step :data:`PLANTED_STEP` has two junk documents:
-    ``{"config", "out", "planted"}`` (``planted``: their keys)."""
-    from energon_platform.loader.trace import open_tracer
+def write_config(path: Path, data: Path) -> Path:
+    """A 16-step run config of the COCO-style dataset ``data`` at ``path`` (one micro-batch of 8
+    per step, a tiny model, checkpoints at steps 8 and 16)."""
     from tests.helpers.demo_datasets import REPO
 
-    config = base / "run.yaml"
-    config.write_text(
+    path.write_text(
         yaml.safe_dump(
             {
                 "data": {"path": str(data), "val_split": None},
@@ -80,8 +78,23 @@ def planted_run(base: Path, data: Path) -> dict:
             }
         )
     )
-    planted = open_tracer(load_config(str(config))).step(PLANTED_STEP)["keys"][2:4]
-    out = base / "out"
+    return path
+
+
+def planted_keys(config: Path) -> list[str]:
+    """The two documents of step :data:`PLANTED_STEP` of ``config``'s run that get the junk."""
+    from energon_platform.loader.trace import open_tracer
+
+    return open_tracer(load_config(str(config))).step(PLANTED_STEP)["keys"][2:4]
+
+
+def planted_run(base: Path, data: Path) -> dict:
+    """A run of :func:`write_config`'s config into ``base/out`` whose step :data:`PLANTED_STEP`
+    has two junk documents: ``{"config", "out", "planted"}`` (``planted``: their keys)."""
+    from tests.helpers.demo_datasets import REPO
+
+    config = write_config(base / "run.yaml", data)
+    planted, out = planted_keys(config), base / "out"
     cmd = [sys.executable, "-m", "tests.helpers.planted_spike", config, out, PLANTED_STEP, *planted]
     subprocess.run(list(map(str, cmd)), check=True, timeout=300, cwd=REPO)
     return {"config": config, "out": out, "planted": planted}
