@@ -116,6 +116,7 @@ def _rows(log: Path, start: int, last: int) -> dict[int, dict]:
 
 
 def _same_loss(a: float, b: float) -> bool:
+    """Whether two logged losses are the same (two NaNs are)."""
     return a == b or (math.isnan(a) and math.isnan(b))
 
 

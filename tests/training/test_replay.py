@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from energon_platform import cli
+from energon_platform.training.replay import claim_out
 from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.spikes import find_spikes
 from energon_platform.training.step_log_readers import JsonLines
@@ -134,3 +135,11 @@ def test_replay_refuses_bad_inputs_in_one_line(spike_run, capsys, tmp_path, case
     assert said in err and len(err.strip().splitlines()) == 1, err
     assert folder_digest(run) == before and not (run / "replay").exists()
     assert case == "overwrite a foreign folder" or not (out / "checkpoints").exists()
+
+
+def test_overwrite_empties_a_folder_an_earlier_replay_left(tmp_path):
+    out = tmp_path / "replay"
+    (out / "checkpoints" / "step_000008").mkdir(parents=True)
+    (out / "log.jsonl").write_text("{}\n")
+    claim_out(out, tmp_path / "run", overwrite=True)
+    assert list(out.iterdir()) == []
