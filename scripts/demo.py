@@ -8,17 +8,37 @@
 3. train the reference model on a three-modality blend (``configs/blend_demo.yaml``: image-text,
    audio-text and text-only, an Energon metadataset), kill it with SIGKILL in the middle of a step,
    resume it, and check that every step after the resume matches an uninterrupted run bit for bit;
-4. write the run report (``report.html``: loss curves of both runs, learning rate, the blend).
+4. a loss spike: a short run with junk planted into two documents of one step, its spike and
+   samples found (``spikes``), the samples excluded from that step on (``spikes --exclude-from``),
+   the run replayed from the checkpoint before without them (``replay``), and the run report of
+   both (``report.html``: the spike, its samples as the model sees them, the replayed loss).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # scripts.planted_spike plants the demo's spike
+
+
+def ep(*args: str, stdout: Path | None = None) -> None:
+    """``energon-platform ARGS`` in this process (with what it planted), printed as typed;
+    ``stdout``: its output goes to that file."""
+    from energon_platform import cli
+
+    print("$ energon-platform " + " ".join(args) + (f" > {stdout}" if stdout else ""), flush=True)
+    with contextlib.ExitStack() as stack:
+        if stdout:
+            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(stdout, "w"))))
+        status = cli.main(list(args))
+    if status:
+        sys.exit(status)
 
 
 def sh(*args: str) -> None:
@@ -152,6 +172,46 @@ def _blend_file(out: Path, coco: Path, speech: Path, text: Path) -> Path:
     blend = out / "blend.yaml"
     blend.write_text(yaml.safe_dump(mds, sort_keys=False))
     return blend
+
+
+def spike_loop(out: Path, coco: Path) -> None:
+    """A 16-step run on ``coco`` whose step ``PLANTED_STEP`` holds two documents made junk (their
+    targets replaced by one token weighted 10x: scripts/planted_spike.py): its spike and
+    samples found, the samples excluded from that step on, the run replayed from the checkpoint
+    before, and ``out/report.html`` drawn. The junk stays planted in this process, for the
+    replay too: only the exclusions keep it out."""
+    from scripts.planted_spike import PLANTED_STEP, plant, planted_keys, write_config
+
+    base = out / "spike"
+    base.mkdir(parents=True, exist_ok=True)
+    config = str(write_config(base / "run.yaml", coco))
+    keys = planted_keys(Path(config))
+    plant(None, set(keys))
+    print(f"(documents {' and '.join(keys)} of step {PLANTED_STEP} are junk wherever trained)")
+    run, replayed, rules = str(base / "run"), str(base / "replay"), base / "rules.yaml"
+    shutil.rmtree(run, ignore_errors=True)
+    ep("train", "--config", config, "--out", run, "--quiet")
+    ep("spikes", "--run", run, "--config", config, "--top", "3")
+    step = str(PLANTED_STEP)
+    ep(
+        "spikes",
+        "--run",
+        run,
+        "--config",
+        config,
+        "--exclude-from",
+        step,
+        "--top",
+        "2",
+        stdout=rules,
+    )
+    ep(
+        "replay",
+        *("--run", run, "--config", config, "--from", step, "--steps", "8"),
+        *("--set", f"loader.exclude=@{rules}", "--out", replayed, "--overwrite"),
+    )
+    report = str(out / "report.html")
+    ep("report", "--run", run, "--compare", replayed, "--config", config, "--out", report)
 
 
 def main() -> int:
@@ -317,20 +377,8 @@ def main() -> int:
         str(out / "check-resume"),
     )
 
-    print("\n== 4. the run report: one HTML page that opens offline ==", flush=True)
-    sh(
-        "report",
-        "--run",
-        str(out / "check-resume" / "straight"),
-        "--compare",
-        str(out / "check-resume" / "killed"),
-        "--config",
-        "configs/train_blend.yaml",
-        "--set",
-        f"data.path={blend}",
-        "--out",
-        str(out / "report.html"),
-    )
+    print("\n== 4. a loss spike: find it, skip its samples, replay, report ==", flush=True)
+    spike_loop(out, coco)
     return 0
 
 

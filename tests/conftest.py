@@ -334,3 +334,17 @@ def text_mini(tmp_path_factory) -> Path:
     from scripts.bench_data import text_dataset
 
     return text_dataset(tmp_path_factory.getbasetemp())
+
+
+# --- training: a run with a planted loss spike -----------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spike_run(tmp_path_factory) -> dict:
+    """:func:`scripts.planted_spike.planted_run`, once per session (its folder is only
+    read by the tests): ``{"config", "out", "planted"}``."""
+    from scripts.bench_data import coco_dataset
+    from scripts.planted_spike import planted_run
+
+    base = tmp_path_factory.mktemp("spike_run")
+    return planted_run(base, coco_dataset(tmp_path_factory.getbasetemp()))

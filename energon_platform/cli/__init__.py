@@ -19,7 +19,7 @@ import sys
 from energon_platform.cli.common import UsageError
 from energon_platform.cli.data import EXAMPLES, add_convert, add_info, add_prepare, add_verify
 from energon_platform.cli.inspection import add_preview, add_report, add_spikes, add_trace
-from energon_platform.cli.training import add_calibrate, add_check_resume, add_train
+from energon_platform.cli.training import add_calibrate, add_check_resume, add_replay, add_train
 
 __all__ = ["EXAMPLES", "UsageError", "build_parser", "main"]
 
@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_preview(sub)
     add_trace(sub)
     add_spikes(sub)
+    add_replay(sub)
     add_report(sub)
     return parser
 

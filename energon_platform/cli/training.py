@@ -1,4 +1,4 @@
-"""Commands that train or time a model: ``train``, ``calibrate``, ``check-resume``."""
+"""Commands that train or time a model: ``train``, ``calibrate``, ``check-resume``, ``replay``."""
 
 from __future__ import annotations
 
@@ -305,3 +305,65 @@ def cmd_check_resume(args) -> int:
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
         return 1
     return _print_verdict(verdict(result), args.out, result["passed"])
+
+
+def add_replay(sub) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="re-run a run from the checkpoint before a step with other config values",
+        description="Copy a run's newest checkpoint saved before step --from into --out (the "
+        "run's folder is only read), train --steps steps after it with the reference trainer "
+        "and the config's values with --set applied (typically loader.exclude=@rules.yaml from "
+        "spikes --exclude-from), then check that every replayed step before --from has the "
+        "original's keys and batch digests (exit 1 when one has not) and print where the "
+        "replayed loss departs from the original. It trains on one process, its learning-rate "
+        "schedule spanning train.steps as the original's did (--set train.steps=N for a run "
+        "started with --steps N). See docs/spikes.md.",
+    )
+    p.add_argument("--run", required=True, help="the original run's folder (log and checkpoints)")
+    add_run_args(p, "loader workers (default: the config's)")
+    p.add_argument(
+        "--from",
+        dest="from_step",
+        type=positive,
+        required=True,
+        metavar="STEP",
+        help="the first step that may differ: the replay starts from the newest checkpoint "
+        "saved before it",
+    )
+    p.add_argument(
+        "--steps",
+        type=positive,
+        required=True,
+        metavar="K",
+        help="steps to train after the checkpoint (enough to reach --from)",
+    )
+    p.add_argument("--out", required=True, help="the replayed run's folder (new or empty)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the run an earlier replay left in --out"
+    )
+    p.set_defaults(func=cmd_replay)
+
+
+def cmd_replay(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.training.replay import ReplayError, mismatch_line, replay, summary
+
+    cfg = load_config(args.config, overrides(args.set))
+    try:
+        result = replay(
+            cfg,
+            args.run,
+            args.out,
+            args.from_step,
+            args.steps,
+            num_workers=args.num_workers,
+            overwrite=args.overwrite,
+        )
+    except ReplayError as e:
+        raise UsageError(str(e)) from None
+    if not result["identical"]:
+        print(f"energon-platform replay: {mismatch_line(result)}", file=sys.stderr)
+        return 1
+    print("\n".join(summary(result, args.run, args.out)))
+    return 0

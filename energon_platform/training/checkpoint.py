@@ -405,6 +405,35 @@ def latest(root: str | Path) -> Path | None:
     return found.path if found else None
 
 
+def newest_at_or_before(root: str | Path, step: int) -> Path | None:
+    """The newest complete checkpoint folder in ``root`` saved at ``step`` or earlier (checked
+    with :func:`verify`; an incomplete or corrupt one is passed over); None when there is none."""
+    for path in _step_dirs(Path(root)):
+        if _step_of(path.name) > step:
+            continue
+        try:
+            verify(path)
+        except CheckpointError:
+            continue
+        return path
+    return None
+
+
+def copy_as_latest(src: Path, root: str | Path) -> Path:
+    """Copy the checkpoint folder ``src`` into ``root`` (created if needed) and name it ``latest``
+    there, so that a run resumed in ``root`` continues from it; ``src`` is only read."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{src.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    os.replace(tmp, root / src.name)
+    _fsync_write(root / "latest.tmp", src.name.encode())
+    os.replace(root / "latest.tmp", root / "latest")
+    _fsync_dir(root)
+    return root / src.name
+
+
 def load_newest(root: str | Path, rank: int) -> Found | None:
     """:func:`find` with :func:`load` of ``rank``: ``Found.content`` is the loaded checkpoint."""
     return find(root, lambda path: load(path, rank))

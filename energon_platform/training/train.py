@@ -241,15 +241,24 @@ def train(
     out: str | None = None,
     steps: int | None = None,
     quiet: bool = False,
+    until: int | None = None,
 ) -> dict:
     """Run (or continue) training; returns ``{"step", "loss", "out"}`` of the last step. Rank 0
     holds the checkpoint folder's :class:`~energon_platform.training.checkpoint.RunLock` for the
-    whole run: a second run pointed at the same folder is refused."""
+    whole run: a second run pointed at the same folder is refused. ``until``: stop after that
+    step (checkpointing it) instead of after ``steps``, the learning-rate schedule still spanning
+    ``steps`` (default ``train.steps``), as a replay of part of a longer run needs."""
     ckpt_dir = Path(out or cfg.train.out) / "checkpoints"
     lock = checkpoint.RunLock(ckpt_dir) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
     with lock:
         return _train(
-            cfg, resume=resume, num_workers=num_workers, out=out, steps=steps, quiet=quiet
+            cfg,
+            resume=resume,
+            num_workers=num_workers,
+            out=out,
+            steps=steps,
+            quiet=quiet,
+            until=until,
         )
 
 
@@ -273,11 +282,13 @@ def _train(
     out: str | None,
     steps: int | None,
     quiet: bool,
+    until: int | None = None,
 ) -> dict:
     rank, world, device = _init_distributed()
     out_dir = Path(out or cfg.train.out)
     ckpt_dir = out_dir / "checkpoints"
     total_steps = steps or cfg.train.steps
+    last_step = until or total_steps
     loader = TrainLoader(cfg, rank=rank, world_size=world, num_workers=num_workers)
     preflight(cfg, loader)  # before any global state is touched: a refused run changes nothing
     _seed_everything(cfg.loader.seed)
@@ -335,7 +346,7 @@ def _train(
     log = open_for_append(out_dir / "log.jsonl") if rank == 0 else None
     loss_value = float("nan")
     t0 = time.perf_counter()
-    while step < total_steps:
+    while step < last_step:
         global_batch = loader.global_batch
         micro_batches = [_to(next(loader), device) for _ in range(loader.accumulation)]
         keys = [k for b in micro_batches for k in b.keys]
@@ -360,7 +371,7 @@ def _train(
         sched.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        save = step % cfg.train.checkpoint_every == 0 or step == total_steps
+        save = step % cfg.train.checkpoint_every == 0 or step == last_step
         val_loss = evaluate(model, val, world, device) if save and val is not None else None
         gathered = _gather((keys, digests, sample_losses), world)
         if rank == 0:

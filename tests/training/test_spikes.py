@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,11 +18,7 @@ from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.spikes import find_spikes, spike_rows
 from energon_platform.training.step_log_readers import JsonLines
 from energon_platform.training.step_log_writer import StepLog
-from scripts.bench_data import coco_dataset
-from tests.helpers import REPO
-
-PLANTED_STEP = 13
-
+from scripts.planted_spike import PLANTED_STEP
 
 # --- per-sample losses -------------------------------------------------------------------------
 
@@ -127,39 +121,10 @@ def test_a_million_step_log_is_scanned_in_one_streaming_pass(tmp_path):
 # --- the command on a run with a planted bad step ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A short reference-trainer run whose step ``PLANTED_STEP`` has two junk documents:
-    ``{"config", "out", "planted"}``."""
-    base = tmp_path_factory.mktemp("spikes")
-    config = base / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "data": {
-                    "path": str(coco_dataset(tmp_path_factory.getbasetemp())),
-                    "val_split": None,
-                },
-                "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
-                "loader": {
-                    "global_batch_size": 8,
-                    "micro_batch_size": 8,
-                    "num_workers": 0,
-                    "seed": 3,
-                },
-                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-                "train": {"steps": 16, "checkpoint_every": 8, "warmup": 2},
-            }
-        )
-    )
-    from energon_platform.config import load_config
-    from energon_platform.loader.trace import open_tracer
-
-    planted = open_tracer(load_config(str(config))).step(PLANTED_STEP)["keys"][2:4]
-    out = base / "out"
-    cmd = [sys.executable, "-m", "tests.helpers.planted_spike", config, out, PLANTED_STEP, *planted]
-    subprocess.run(list(map(str, cmd)), check=True, timeout=300, cwd=REPO)
-    return {"config": config, "out": out, "planted": planted}
+@pytest.fixture
+def run(spike_run):
+    """The session's run with a planted bad step (``spike_run`` in tests/conftest.py)."""
+    return spike_run
 
 
 def spikes(capsys, run, *args):

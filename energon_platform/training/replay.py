@@ -1,0 +1,209 @@
+"""``energon-platform replay``: re-run part of a run with other config values (typically the
+``loader.exclude`` rules of ``spikes --exclude-from``) into a new folder (see docs/spikes.md).
+
+The newest checkpoint saved before step ``--from`` is copied into the new folder (the run's own
+folder is only read) and the reference trainer continues from it for ``--steps`` steps. The rules
+apply from their own step on, so every replayed step before ``--from`` must be the original's:
+its keys and batch digests are checked against the original log, as ``check-resume`` checks a
+resumed run; the losses show where the replay departs from the original.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from energon_platform.config import RunConfig
+from energon_platform.training import checkpoint
+from energon_platform.training.resume_check.comparison import compare
+from energon_platform.training.spike_samples import LogRows
+from energon_platform.training.step_log_readers import JsonLines
+
+#: what a run writes in its folder: all an ``--overwrite`` may delete
+RUN_NAMES = {"log.jsonl", "checkpoints"}
+
+
+class ReplayError(ValueError):
+    """A replay that cannot start (bad inputs); one line naming the input and what to do."""
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Where a replay starts and ends: the original run's checkpoint (saved after step
+    ``start``), the first step that may differ (``first``, the ``--from`` step) and the last
+    step it trains (``last``)."""
+
+    checkpoint: Path
+    start: int
+    first: int
+    last: int
+
+
+def _last_logged_step(log: Path) -> int | None:
+    """The highest step of the run's log; None when it logs none."""
+    return max((row["step"] for row in LogRows(log, JsonLines())), default=None)
+
+
+def plan_replay(run: Path, first: int, steps: int) -> ReplayPlan:
+    """The :class:`ReplayPlan` of replaying ``run`` from step ``first`` for ``steps`` steps after
+    its checkpoint; :class:`ReplayError` for a run without a log, a step beyond the log, no
+    checkpoint saved before ``first``, or ``steps`` too few to reach ``first``."""
+    log = run / "log.jsonl"
+    if not log.is_file():
+        raise ReplayError(f"{log}: no step log there; pass the folder of a reference-trainer run")
+    logged = _last_logged_step(log)
+    if logged is None or first > logged:
+        raise ReplayError(
+            f"--from {first}: {log} logs {'no step' if logged is None else f'steps up to {logged}'}; "
+            f"pick a step it logs (see energon-platform spikes --run {run})"
+        )
+    found = checkpoint.newest_at_or_before(run / "checkpoints", first - 1)
+    if found is None:
+        raise ReplayError(
+            f"--from {first}: {run / 'checkpoints'} holds no complete checkpoint saved before step "
+            f"{first}; pick a later --from, or train the run again from the start"
+        )
+    start = int(found.name.removeprefix("step_"))
+    if start + steps < first:
+        raise ReplayError(
+            f"--steps {steps}: the replay would stop at step {start + steps}, before --from "
+            f"{first} (it starts after the checkpoint of step {start}); pass --steps "
+            f"{first - start} or more"
+        )
+    return ReplayPlan(found, start, first, start + steps)
+
+
+def _inside(a: Path, b: Path) -> bool:
+    """Whether folder ``a`` is ``b`` or lies inside it."""
+    return a == b or b in a.parents
+
+
+def claim_out(out: Path, run: Path, overwrite: bool) -> None:
+    """Make ``out`` a new, empty run folder. Refuses (:class:`ReplayError`) an ``out`` that is
+    ``run``, lies inside it or holds it; a non-empty ``out`` without ``overwrite``; and, with
+    ``overwrite``, one holding anything a run does not write (:data:`RUN_NAMES`), which is
+    never deleted."""
+    resolved, original = out.resolve(), run.resolve()
+    if _inside(resolved, original) or _inside(original, resolved):
+        raise ReplayError(
+            f"--out {out}: the replay never writes into or around the run it replays ({run}); "
+            f"choose a folder outside it"
+        )
+    if out.exists() and not out.is_dir():
+        raise ReplayError(f"--out {out}: a file, not a folder; choose another --out")
+    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if names and not overwrite:
+        raise ReplayError(
+            f"--out {out}: not empty (holds {', '.join(names[:3])}); pass --overwrite to replace "
+            f"the run there, or choose another --out"
+        )
+    foreign = [n for n in names if n not in RUN_NAMES]
+    if foreign:
+        raise ReplayError(
+            f"--out {out}: holds {', '.join(foreign[:3])}, which a run does not write; "
+            f"--overwrite replaces only a run: choose another --out"
+        )
+    for name in names:
+        target = out / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+
+def _rows(log: Path, start: int, last: int) -> dict[int, dict]:
+    """The rows of ``log`` for steps ``start+1 .. last``, by step."""
+    return {r["step"]: r for r in LogRows(log, JsonLines()) if start < r["step"] <= last}
+
+
+def _same_loss(a: float, b: float) -> bool:
+    """Whether two logged losses are the same (two NaNs are)."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def compare_replay(original: dict[int, dict], replayed: dict[int, dict], plan: ReplayPlan) -> dict:
+    """The replay's steps against the original's: ``identical`` (every replayed step before
+    ``plan.first`` logged on both sides with the same keys and batch digests), ``mismatch``
+    (the first step that is not, with what differs; None when identical), ``loss_differs_at``
+    (the first replayed step whose loss is not the original's; None when none is) and ``losses``
+    (``[step, original, replayed]`` for every step from ``plan.first`` on that both logged)."""
+    before = compare(original, replayed, plan.start + 1, plan.first - 1, math.inf)
+    mismatch = None
+    for row in before["rows"]:
+        if "missing" in row:
+            mismatch = {"step": row["step"], "what": f"not logged by the {row['missing']} run"}
+        elif row["keys_identical"] is False or row["tensors_identical"] is False:
+            what = "keys" if row["keys_identical"] is False else "batch digests"
+            mismatch = {"step": row["step"], "what": f"{what} differ"}
+        if mismatch:
+            break
+    both = [s for s in range(plan.start + 1, plan.last + 1) if s in original and s in replayed]
+    differs = [s for s in both if not _same_loss(original[s]["loss"], replayed[s]["loss"])]
+    return {
+        "checkpoint": str(plan.checkpoint),
+        "start": plan.start,
+        "first": plan.first,
+        "last": plan.last,
+        "identical": mismatch is None,
+        "mismatch": mismatch,
+        "loss_differs_at": differs[0] if differs else None,
+        "losses": [[s, original[s]["loss"], replayed[s]["loss"]] for s in both if s >= plan.first],
+    }
+
+
+def replay(
+    cfg: RunConfig,
+    run: str | Path,
+    out: str | Path,
+    first: int,
+    steps: int,
+    *,
+    num_workers: int | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Replay ``run`` from step ``first`` with ``cfg`` (the run's config with the overrides) into
+    ``out``: the newest checkpoint before ``first`` copied into ``out/checkpoints`` (``run`` is
+    only read), ``steps`` steps trained after it by the reference trainer on one process, the
+    learning-rate schedule spanning ``train.steps`` as in the original run. Returns
+    :func:`compare_replay`'s result; :class:`ReplayError` for bad inputs, before anything is
+    written."""
+    from energon_platform.training.train import train
+
+    run, out = Path(run), Path(out)
+    plan = plan_replay(run, first, steps)
+    claim_out(out, run, overwrite)
+    checkpoint.copy_as_latest(plan.checkpoint, out / "checkpoints")
+    train(cfg, resume=True, num_workers=num_workers, out=str(out), quiet=True, until=plan.last)
+    original = _rows(run / "log.jsonl", plan.start, plan.last)
+    return compare_replay(original, _rows(out / "log.jsonl", plan.start, plan.last), plan)
+
+
+def summary(result: dict, run: str | Path, out: str | Path) -> list[str]:
+    """The lines ``energon-platform replay`` prints for a replay that reproduced the steps
+    before ``--from``: what it compared, where the loss departs, and the report to draw."""
+    start, first, last = result["start"], result["first"], result["last"]
+    lines = [f"replayed steps {start + 1}-{last} from {result['checkpoint']} into {out}"]
+    if first > start + 1:
+        lines.append(
+            f"steps {start + 1}-{first - 1} are the original's (keys and batch digests checked)"
+        )
+    at = result["loss_differs_at"]
+    lines.append(
+        "the replayed loss is the original's at every step"
+        if at is None
+        else f"the replayed loss first differs at step {at}"
+    )
+    lines.append("step  original loss  replayed loss")
+    lines += [f"{s:4d}  {a:13.4f}  {b:13.4f}" for s, a, b in result["losses"]]
+    lines.append(
+        f"draw both: energon-platform report --run {run} --compare {out} --out report.html"
+    )
+    return lines
+
+
+def mismatch_line(result: dict) -> str:
+    """The one line a replay that did not reproduce the steps before ``--from`` fails with."""
+    m = result["mismatch"]
+    return (
+        f"step {m['step']} of the replay is not the original's ({m['what']}), though it comes "
+        f"before --from {result['first']}: replay with the run's own config and --set values"
+    )
