@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py --out $(OUT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -n 2 -q -ra tests  # two test processes (pytest-xdist)
 
 clean:
 	rm -rf out .pytest_cache

@@ -21,6 +21,7 @@ pure functions of their position, so the restart changes no other batch and the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -259,8 +260,11 @@ class TrainLoader:
         import signal
 
         limit = self.config.sample_timeout
+        with _sigchld_ignored():  # a handler PyTorch installed earlier would raise for this kill
+            for s in stuck:
+                os.kill(self._iter._workers[s.worker].pid, signal.SIGKILL)
+            self.close()  # joins the killed workers: no SIGCHLD of theirs is left to deliver
         for s in stuck:
-            os.kill(self._iter._workers[s.worker].pid, signal.SIGKILL)
             key = self._key_of(s.dataset, s.index)
             self.timed_out[s.dataset, s.index] = (key, limit)
             log.warning(
@@ -277,7 +281,6 @@ class TrainLoader:
                 limit,
                 self.next_microbatch,
             )
-        self.close()
         self._iter = self._start()
 
     def _key_of(self, dataset: int, index: int) -> str:
@@ -407,6 +410,26 @@ class TrainLoader:
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0
         )
+
+
+@contextlib.contextmanager
+def _sigchld_ignored():
+    """SIGCHLD at its default (discarded) inside the block, in the main thread. PyTorch installs a
+    SIGCHLD handler the first time any DataLoader of the process starts workers outside
+    :func:`_without_sigchld_handler` (Energon's validation loader, a user's own loader); that
+    handler raises "DataLoader worker ... is killed by signal" for every registered worker that
+    dies, including one :meth:`TrainLoader._replace_stuck` kills on purpose."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 def _without_sigchld_handler(start):

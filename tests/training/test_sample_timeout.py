@@ -168,3 +168,32 @@ def test_check_resume_passes_through_a_hung_sample(coco, tmp_path):
         assert f"on sample {key} (index" in out and f"loader.sample_timeout={LIMIT:g} s" in out, (
             out[-3000:]
         )
+
+
+@pytest.fixture
+def torch_sigchld_handler():
+    """PyTorch's own SIGCHLD handler installed in this process, as the first DataLoader started
+    outside the TrainLoader installs it (then the process's handler and PyTorch's flag restored)."""
+    import signal
+
+    from torch.utils.data._utils import signal_handling
+
+    previous = signal.getsignal(signal.SIGCHLD)
+    was_set = signal_handling._SIGCHLD_handler_set
+    signal_handling._SIGCHLD_handler_set = False
+    signal_handling._set_SIGCHLD_handler()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+        signal_handling._SIGCHLD_handler_set = was_set
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_sample_is_replaced_under_pytorchs_own_sigchld_handler(
+    dataset, encoder, plan, torch_sigchld_handler, monkeypatch
+):
+    key, corrupt = plan
+    monkeypatch.setenv("HANG_KEY", key)
+    hung, _ = run(cfg(dataset, encoder, sample_timeout=LIMIT), 4, workers=1)
+    assert hung == corrupt, "the stuck worker's kill is no error: the run goes on with its stand-in"
