@@ -1,6 +1,6 @@
 """The run plan's fingerprint and state are those every earlier checkpoint was saved with.
 
-Each configuration's loader state (dataset identities aside: they name this session's converted
+Each configuration's loader state (dataset identities aside: they name this test run's converted
 copy) is pinned by the SHA-256 of its JSON bytes, key order included, as the loader wrote it
 before the plan was split into components: a checkpoint saved then resumes now, and one saved now
 resumes in a build of then.
