@@ -184,8 +184,10 @@ def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> d
             "log_format": fmt.name,
             "first_step": base,
             "first_resumed_step": first,
+            # the checkpoint of the step the kill interrupted may be complete before that step's
+            # log line (a trainer that saves before it logs): resuming after it is continuing too
             "restored": 0 < resume_step
-            and first - 1 <= last_logged
+            and first - 1 <= max(last_logged, kill_at)
             and claimed in (None, resume_step),
             "resumed_from_logged": claimed,
             "kill_at": kill_at,

@@ -42,7 +42,9 @@ def verdict(result: dict) -> str:
                 f"; the resume command started again from step {result.get('first_resumed_step', base)}: it "
                 f"restored nothing"
             )
-        elif result["resume_step"] + base - 1 > result["killed_after_logged_step"]:
+        elif result["resume_step"] + base - 1 > max(
+            result["killed_after_logged_step"], result["kill_at"]
+        ):
             text += (
                 f"; it resumed after step {result['resume_step'] + base - 1}, which the killed run never logged "
                 f"(it stopped after step {result['killed_after_logged_step']}): does --resume-cmd read another "
