@@ -1,0 +1,82 @@
+"""The docs' diagrams: mermaid blocks that the built site renders offline, with mermaid's own
+script shipped in docs/javascripts/ (the theme fetches it from a CDN only when the page lacks it,
+and a test or a reader without network has none)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from scripts.browser import chromium_or_reason, run_chromium
+from tests.helpers import REPO
+
+DOCS = REPO / "docs"
+SCRIPT = "javascripts/mermaid.min.js"
+#: pages drawn with mermaid, and the least number of diagrams each must have
+PAGES = {"concepts": 5, "index": 1, "architecture": 1}
+#: Material draws each diagram into a closed shadow root, which --dump-dom does not show; this
+#: line, first in <head> of a copy of the page, makes the diagram land in the page itself
+LIGHT_DOM = "<script>Element.prototype.attachShadow = function () { return this; };</script>"
+
+
+def mermaid_blocks(page: str) -> int:
+    return len(re.findall(r"^```mermaid\s*$", (DOCS / f"{page}.md").read_text(), re.M))
+
+
+def built_page(site, page: str):
+    return site / ("index.html" if page == "index" else f"{page}/index.html")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out
+
+
+def test_the_pages_hold_their_mermaid_blocks_and_load_the_shipped_script(site):
+    for page, least in PAGES.items():
+        blocks = mermaid_blocks(page)
+        assert blocks >= least, f"docs/{page}.md has {blocks} mermaid blocks, expected {least}+"
+        html = built_page(site, page).read_text()
+        assert html.count('<pre class="mermaid">') == blocks, page
+        assert re.search(rf'<script src="(\.\./)?{re.escape(SCRIPT)}"', html), (
+            f"{page}: the built page does not load {SCRIPT}"
+        )
+    shipped = DOCS / SCRIPT
+    assert shipped.is_file() and (site / SCRIPT).is_file()
+    assert 'globalThis["mermaid"]' in shipped.read_text()[-2000:], (
+        f"{SCRIPT} is not mermaid's single-file build (dist/mermaid.min.js)"
+    )
+    assert "MIT License" in (DOCS / "javascripts" / "mermaid.LICENSE.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    reason = chromium_or_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_diagram_renders_to_an_svg_without_network(chromium, site, page):
+    built = built_page(site, page)
+    light = built.with_name("light-dom.html")  # beside it: the same relative script paths
+    light.write_text(built.read_text().replace("<head>", "<head>" + LIGHT_DOM, 1))
+    r = run_chromium(light, "--dump-dom", "--virtual-time-budget=10000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    drawn = r.stdout.count('<div class="mermaid"><svg')
+    assert drawn == mermaid_blocks(page), (
+        f"{page}: {drawn} of {mermaid_blocks(page)} diagrams became an <svg>"
+    )
+    assert "Syntax error" not in r.stdout
