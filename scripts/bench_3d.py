@@ -32,6 +32,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from scripts.bench_run import finish_record, run_record  # noqa: E402
 
 
 def make_corpus(root: Path, n: int, faces: int) -> list[Path]:
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    record = run_record()
 
     from converters.convert import ConvertOptions, run_conversion
     from energon_platform.config import load_config
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             plain.append(clouds / (time.perf_counter() - t))
         loader.close()
     result = {
+        **record,
         "shapes": args.n,
         "faces": args.faces,
         "points": args.points,
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'energon-platform loader':28s}{result['ours_clouds_per_s']:10.1f}")
     print(f"{'plain trimesh loop':28s}{result['plain_trimesh_clouds_per_s']:10.1f}")
     print(f"{'ratio (ours / plain)':28s}{result['ratio']:10.3f}   (target >= 0.9)")
+    finish_record(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

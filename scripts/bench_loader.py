@@ -50,11 +50,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
 import torch  # noqa: E402
 import webdataset as wds  # noqa: E402
 from megatron.energon import get_savable_loader, get_train_dataset, stateless  # noqa: E402
 
+from scripts.bench_run import finish_record, run_record  # noqa: E402
 from task_encoders.image_text import ImageTextTaskEncoder  # noqa: E402
 from task_encoders.registry import get_encoder  # noqa: E402
 from task_encoders.sequences import collate_rows, layout_row  # noqa: E402
@@ -383,17 +383,17 @@ def main(argv: list[str] | None = None) -> int:
             k: getattr(args, k) for k in ("workers", "batch_size", "warmup", "batches", "rounds")
         }
         result = {
+            **run_record(),
             "dataset": str(args.dataset or f"{args.images} generated 320x256 PNGs"),
             "settings": {
                 **settings,
                 "encoder_config": str(args.encoder_config),
                 "shuffle_buffer": SHUFFLE,
             },
-            "load_before": [round(x, 2) for x in os.getloadavg()],
         }
         result["throughput"] = throughput(dataset, args.encoder_config, args)
         result["padding"] = padding(captions, args.padding_rows, args.workers)
-        result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+        finish_record(result)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -285,7 +285,10 @@ def main() -> int:
     )
     p.add_argument("--workers", type=int, default=2, help="(3): DataLoader workers of every loader")
     args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    from scripts.bench_run import finish_record, run_record
 
+    record = run_record()
     rows = []
     for n in (int(x) for x in args.sizes):
         for kind, buf, label in (
@@ -364,7 +367,12 @@ def main() -> int:
                 )
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"schedule": rows, "ratios": ratios, "quality": q, "storage": s3}, indent=1)
+            json.dumps(
+                finish_record(
+                    {**record, "schedule": rows, "ratios": ratios, "quality": q, "storage": s3}
+                ),
+                indent=1,
+            )
         )
         print(f"wrote {args.json}")
     return 0

@@ -38,6 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from scripts.bench_run import finish_record, run_record  # noqa: E402
 
 FPS = 30
 
@@ -344,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the generated videos and shards here (default: a temp dir)",
     )
     args = ap.parse_args(argv)
+    record = run_record()
 
     from converters.convert import ConvertOptions, run_conversion
 
@@ -385,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     lvp = loader_vs_pyav(work, args.frames, args.epochs, batch=4)
     seek = seek_table(seek_files, args.frames, args.repeats)
     result = {
+        **record,
         "config": {
             "size": args.size,
             "fps": FPS,
@@ -446,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         "  long/short decode time per clip (ours, mean over positions): "
         + ", ".join(f"{k} {v:.2f}x" for k, v in result["seek_long_over_short"].items())
     )
+    finish_record(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

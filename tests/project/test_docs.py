@@ -158,7 +158,9 @@ def test_measurements_render_one_run_per_benchmark(tmp_path):
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     assert page.count("## loader") == 1 and "2026-02-01" in page and "2026-01-01" not in page
-    assert "cpus 4" in page and "1.5, 1, 0.7" in page and "| `ratios.d_over_b` | 1.07 |" in page
-    assert "| d/b >= 1.0 | 1.07 | yes |" in page and "`rate` | 123" in page
+    assert (
+        "cpus 4" in page and "1.5, 1, 0.7 before" in page and "| ratios › d over b | 1.07 |" in page
+    )
+    assert "| 1.07 | d/b >= 1.0 | yes |" in page and "| rate | 123 |" in page
     r = render(tmp_path, "--out", out, tmp_path / "bench-bad.json")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bench-bad.json" in r.stderr
