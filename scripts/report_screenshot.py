@@ -7,6 +7,8 @@ and their samples traced as the command does) and photographs it in headless Chr
 (``scripts/browser.py``)::
 
     python scripts/report_screenshot.py --work out/report-shot --out docs/assets/report.png
+
+``scripts/docs_pictures.py --only report`` calls :func:`screenshot` with the other docs pictures.
 """
 
 from __future__ import annotations
@@ -31,6 +33,35 @@ def train(blend: Path, run: Path, steps: int) -> None:
     subprocess.run(cmd, check=True, cwd=REPO)
 
 
+def screenshot(work: Path, out: Path, steps: int = 60, z: float = 2.5, window: int = 5) -> int:
+    """The report of a ``steps``-step blend run (datasets and run under ``work``, reused when
+    there) photographed into ``out``; 0 when written, else the exit status (the reason printed)."""
+    reason = chromium_or_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    blend = three_modality_blend(work / "data")
+    run = work / "run"
+    if not (run / "log.jsonl").is_file():
+        train(blend, run, steps)
+    page = work / "report.html"
+    cmd = [sys.executable, "-m", "energon_platform", "report", "--run", str(run)]
+    cmd += ["--out", str(page)]
+    cmd += ["--config", str(REPO / "configs/train_blend.yaml"), "--set", f"data.path={blend}"]
+    cmd += ["--z", str(z), "--window", str(window)]
+    made = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if made.returncode != 0:
+        print(made.stderr[-2000:], file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shot = run_chromium(page, f"--screenshot={out}", "--window-size=1100,2400")
+    if shot.returncode != 0 or not out.is_file():
+        print(shot.stderr[-2000:], file=sys.stderr)
+        return 1
+    print(f"{out}: screenshot of {made.stdout.strip()}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="out/report-shot", help="datasets and the run go here")
@@ -39,40 +70,8 @@ def main() -> int:
     ap.add_argument("--z", type=float, default=2.5, help="spike threshold (default 2.5)")
     ap.add_argument("--window", type=int, default=5, help="steps a z-score looks back over")
     args = ap.parse_args()
-    reason = chromium_or_reason()
-    if reason:
-        print(reason, file=sys.stderr)
-        return 2
-    work = (REPO / args.work).resolve()
-    blend = three_modality_blend(work / "data")
-    run = work / "run"
-    if not (run / "log.jsonl").is_file():
-        train(blend, run, args.steps)
-    page = work / "report.html"
-    cmd = [
-        sys.executable,
-        "-m",
-        "energon_platform",
-        "report",
-        "--run",
-        str(run),
-        "--out",
-        str(page),
-    ]
-    cmd += ["--config", str(REPO / "configs/train_blend.yaml"), "--set", f"data.path={blend}"]
-    cmd += ["--z", str(args.z), "--window", str(args.window)]
-    made = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if made.returncode != 0:
-        print(made.stderr[-2000:], file=sys.stderr)
-        return 1
-    out = (REPO / args.out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    shot = run_chromium(page, f"--screenshot={out}", "--window-size=1100,2400")
-    if shot.returncode != 0 or not out.is_file():
-        print(shot.stderr[-2000:], file=sys.stderr)
-        return 1
-    print(f"{out}: screenshot of {made.stdout.strip()}")
-    return 0
+    work, out = (REPO / args.work).resolve(), (REPO / args.out).resolve()
+    return screenshot(work, out, args.steps, args.z, args.window)
 
 
 if __name__ == "__main__":
