@@ -97,7 +97,7 @@ class ExcludeRule:
     allowed), every sample of ``shards`` (``train/shard-000003.tar``; in a blend
     ``NAME:train/shard-000003.tar``; patterns allowed) and whole ``datasets`` of a blend (their
     weight becomes 0). Skipped samples are replaced by keyed stand-ins
-    (:mod:`~energon_platform.loader.exclusions`); the rules are kept in the loader state."""
+    (`exclusions`); the rules are kept in the loader state."""
 
     step: int
     keys: tuple[str, ...] = ()
@@ -125,7 +125,7 @@ MAX_BALANCE_WINDOW, MAX_BALANCE_LOOKAHEAD = 65536, 16.0
 
 @dataclass(frozen=True)
 class BalanceConfig:
-    """``loader.balance``: how global batches are made (:mod:`~energon_platform.loader.planner`).
+    """``loader.balance``: how global batches are made (`planner`).
 
     Written as a mode alone (``balance: attention``) or as a group::
 
@@ -223,7 +223,7 @@ class LoaderConfig:
     when its packing is enabled, else 1 (no packing). ``shuffle_buffer``: None for
     a full permutation per epoch, K for a windowed shuffle of K (shard-local reads);
     ``shuffle_run``: with ``shuffle_buffer``, runs of this many consecutive samples stay together
-    (one read each on object storage; see :mod:`energon_platform.loader.orders`).
+    (one read each on object storage; see `energon_platform.loader.orders`).
     ``num_workers`` may change between save and restore; the others may not.
 
     Blends (``data.path`` an Energon metadataset): ``blend_unit``: ``sample`` (datasets interleave
@@ -232,7 +232,7 @@ class LoaderConfig:
     weights from each entry's step on. Weights may change at resume and datasets may be added; the
     history is kept in the loader state.
 
-    Balance: ``balance`` (:class:`BalanceConfig`, a mode or a group). With a mode set and a
+    Balance: ``balance`` (`BalanceConfig`, a mode or a group). With a mode set and a
     packing encoder every micro-batch is exactly ``micro_batch_size`` rows of ``seq_len``
     (``global_batch_size`` counts rows), packed globally from a pool of ``balance.lookahead``
     global batches of positions (at most ``balance.window`` samples); samples that do not fit
@@ -254,7 +254,7 @@ class LoaderConfig:
     ``--context-parallel-size``; 1: off). With ``N > 1`` the encoder must pack (``packing.enabled``,
     with or without a balance mode), ``text.seq_len`` must be a multiple of ``2N``, and every
     document's attention segment is padded (loss-masked) to a multiple of ``2N``
-    (:mod:`~energon_platform.loader.context_parallel`); vision-language encoders are refused.
+    (`context_parallel`); vision-language encoders are refused.
     """
 
     global_batch_size: int = 8
@@ -271,7 +271,7 @@ class LoaderConfig:
     length_cache: str | None = None
     exclude: tuple[
         ExcludeRule, ...
-    ] = ()  #: samples skipped from given steps on (see :class:`ExcludeRule`)
+    ] = ()  #: samples skipped from given steps on (see `ExcludeRule`)
     sample_timeout: float | None = None
     context_parallel: int = 1
 
@@ -349,9 +349,9 @@ class LoaderConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     """``model:``: the reference model. ``kind``: ``tiny`` (the captioning model of
-    :mod:`energon_platform.training.model`, the default) or ``two_tower`` (a ViT over image tiles and
+    `energon_platform.training.model`, the default) or ``two_tower`` (a ViT over image tiles and
     a conv + transformer audio encoder feeding the language model,
-    :mod:`energon_platform.training.two_tower`). ``dim``/``layers``/``heads``: the language model;
+    `energon_platform.training.two_tower`). ``dim``/``layers``/``heads``: the language model;
     ``patch``: the image patch side. ``vision_*`` and ``audio_*``: the two-tower model's towers
     (width, transformer blocks, attention heads; ignored by ``tiny``)."""
 
@@ -458,7 +458,7 @@ def _at_least(section: Any, at: At, null_ok: bool = False, **lowest: float) -> N
 
 def _at_most(section: Any, at: At, **highest: float) -> None:
     """ConfigError naming the key unless every ``section.<key>`` is null or ``<= highest[key]``
-    (run after :func:`_at_least`, which refuses what is not a finite number)."""
+    (run after `_at_least`, which refuses what is not a finite number)."""
     for name, high in highest.items():
         value = getattr(section, name)
         require(value is None or value <= high, at.child(name), f"got {value}", f"at most {high}")
@@ -502,7 +502,7 @@ def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) 
 
 def _group_balance(data: dict, at: At) -> None:
     """Bring ``loader.balance`` to its group form in place: a mode alone (``balance: tokens``)
-    becomes ``{"mode": "tokens"}``, and the flat keys of earlier configs (:data:`FLAT_BALANCE_KEYS`)
+    becomes ``{"mode": "tokens"}``, and the flat keys of earlier configs (`FLAT_BALANCE_KEYS`)
     move into the group with a one-line deprecation note. A key set both ways is refused."""
     loader = data.get("loader")
     if not isinstance(loader, dict):

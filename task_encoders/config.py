@@ -1,12 +1,12 @@
 """Encoder configuration: YAML → frozen, validated dataclasses.
 
-Every problem raises :class:`ConfigError`, whose message names the source (the YAML file, or
+Every problem raises `ConfigError`, whose message names the source (the YAML file, or
 ``<dict>``), the key path and what was expected, e.g.::
 
     configs/encoders/image_text.yaml: image.transforms[1].name: unknown transform 'RandomFlip'
     (expected one of CenterCrop, ColorJitter, ...)
 
-How a section is read: :func:`parse` walks the dataclass's type hints (``int``, ``float``,
+How a section is read: `parse` walks the dataclass's type hints (``int``, ``float``,
 ``bool``, ``str``, ``Path``, ``X | None``, ``tuple[X, ...]``, ``list[X]``, ``dict[str, X]``,
 ``Literal[...]``, nested dataclasses), rejects unknown and missing keys, then calls the
 dataclass's ``check(at)`` for rules between values. A section's keys that a file leaves out keep
@@ -16,9 +16,9 @@ with a classmethod ``from_config_value(value, at)``. Relative paths are resolved
 file's folder (the working directory for dicts); a ``Path`` key given a URL (``msc://...``) keeps
 it as a string.
 
-The sections every encoder shares live here (:class:`EncoderConfig`); an encoder adds its own
+The sections every encoder shares live here (`EncoderConfig`); an encoder adds its own
 by subclassing it (see ``task_encoders.image_text.ImageTextConfig``). Which subclass reads a file
-is decided by its ``encoder:`` name through :mod:`task_encoders.registry`.
+is decided by its ``encoder:`` name through `task_encoders.registry`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class At:
 
 
 def read_yaml(path: str | Path) -> tuple[dict, At]:
-    """Read a YAML mapping; returns it with the :class:`At` of its top level."""
+    """Read a YAML mapping; returns it with the `At` of its top level."""
     path = Path(path)
     at = At(source=str(path), base_dir=path.resolve().parent)
     try:
@@ -80,7 +80,7 @@ def read_yaml(path: str | Path) -> tuple[dict, At]:
 
 
 def parse(tp: Any, value: Any, at: At, default: Any = None) -> Any:
-    """Convert ``value`` (from YAML) to type ``tp``, raising :class:`ConfigError` at ``at``.
+    """Convert ``value`` (from YAML) to type ``tp``, raising `ConfigError` at ``at``.
 
     For a dataclass, keys the value leaves out keep their values in ``default`` (the enclosing
     config's default for that section), else the dataclass's own defaults.
@@ -297,7 +297,7 @@ class ErrorsConfig:
     """``errors:``: what a worker tolerates before a bad-data flood becomes an error.
 
     ``max_consecutive_failures``: Energon's own limit (``failure_tolerance``), applied to every
-    stage of this encoder and, by :class:`task_encoders.skipping.SkipPolicy`, across all stages
+    stage of this encoder and, by `task_encoders.skipping.SkipPolicy`, across all stages
     (decoding included). ``max_skipped_fraction``: the share of a worker's samples that may fail,
     checked once ``fraction_after`` samples were attempted.
     """
@@ -331,9 +331,9 @@ class ErrorsConfig:
 class EncoderConfig:
     """Top level of every encoder config file.
 
-    ``encoder``: registered name (:mod:`task_encoders.registry`). ``module``: a module to import
+    ``encoder``: registered name (`task_encoders.registry`). ``module``: a module to import
     first, for encoders registered outside this package. ``seed``: the run seed of per-sample
-    randomness (:mod:`task_encoders.seeding`).
+    randomness (`task_encoders.seeding`).
     """
 
     encoder: str = ""
