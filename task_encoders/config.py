@@ -235,19 +235,19 @@ def to_plain(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """``text:``: tokenizer and sequence length.
-
-    ``tokenizer``: a local Hugging Face tokenizer folder (``AutoTokenizer.from_pretrained``);
-    absent means the shipped ``task_encoders/assets/tokenizer``. ``seq_len``: tokens per sequence,
-    BOS and EOS included; longer texts are truncated (EOS kept). ``bos_token``/``eos_token``/
-    ``pad_token``: token strings; absent means the tokenizer's own (pad falls back to EOS).
-    """
+    """``text:``: tokenizer and sequence length."""
 
     tokenizer: Path | None = None
+    """A local Hugging Face tokenizer folder (``AutoTokenizer.from_pretrained``); null: the
+    shipped ``task_encoders/assets/tokenizer``."""
     seq_len: int = 128
+    """Tokens per sequence, BOS and EOS included; longer texts are truncated (EOS kept)."""
     bos_token: str | None = None
+    """The BOS token string; null: the tokenizer's own."""
     eos_token: str | None = None
+    """The EOS token string; null: the tokenizer's own."""
     pad_token: str | None = None
+    """The padding token string; null: the tokenizer's own, else EOS."""
 
     def check(self, at: At) -> None:
         require(
@@ -269,15 +269,16 @@ class TextConfig:
 class PackingConfig:
     """``packing:``: several documents per sequence (Energon ``select_samples_to_pack``/``pack_selected_samples``).
 
-    ``buffer_size`` is the ``packing_buffer_size`` to hand to Energon's ``get_train_dataset``
-    (the encoder exposes it as ``packing_buffer_size``, None when packing is off). A larger buffer
-    packs tighter; the last pack of every buffer is the one left part-empty. ``max_docs``: at most
-    this many documents per pack (None: no limit).
+    The encoder exposes ``buffer_size`` as ``packing_buffer_size`` (None when packing is off).
     """
 
     enabled: bool = False
+    """Whether documents are packed."""
     buffer_size: int = 512
+    """The ``packing_buffer_size`` handed to Energon's ``get_train_dataset``: a larger buffer
+    packs tighter; the last pack of every buffer is the one left part-empty."""
     max_docs: int | None = None
+    """At most this many documents per pack; null: no limit."""
 
     def check(self, at: At) -> None:
         require(
@@ -294,17 +295,16 @@ class PackingConfig:
 
 @dataclass(frozen=True)
 class ErrorsConfig:
-    """``errors:``: what a worker tolerates before a bad-data flood becomes an error.
-
-    ``max_consecutive_failures``: Energon's own limit (``failure_tolerance``), applied to every
-    stage of this encoder and, by `task_encoders.skipping.SkipPolicy`, across all stages
-    (decoding included). ``max_skipped_fraction``: the share of a worker's samples that may fail,
-    checked once ``fraction_after`` samples were attempted.
-    """
+    """``errors:``: what a worker tolerates before a bad-data flood becomes an error."""
 
     max_consecutive_failures: int = 100
+    """Energon's own limit (``failure_tolerance``), applied to every stage of this encoder and,
+    by `task_encoders.skipping.SkipPolicy`, across all stages (decoding included)."""
     max_skipped_fraction: float = 0.05
+    """The share of a worker's samples that may fail, checked once ``fraction_after`` samples
+    were attempted."""
     fraction_after: int = 200
+    """Samples a worker attempts before ``max_skipped_fraction`` is checked."""
 
     def check(self, at: At) -> None:
         require(
@@ -329,19 +329,21 @@ class ErrorsConfig:
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    """Top level of every encoder config file.
-
-    ``encoder``: registered name (`task_encoders.registry`). ``module``: a module to import
-    first, for encoders registered outside this package. ``seed``: the run seed of per-sample
-    randomness (`task_encoders.seeding`).
-    """
+    """Top level of every encoder config file (each encoder adds its own sections)."""
 
     encoder: str = ""
+    """The registered name of the encoder (`task_encoders.registry`)."""
     module: str | None = None
+    """A module to import first, for encoders registered outside this package."""
     seed: int = 0
+    """The run seed of per-sample randomness (`task_encoders.seeding`); a run config's
+    ``loader.seed`` overrides it."""
     text: TextConfig = field(default_factory=TextConfig)
+    """Tokenizer and sequence length (the ``text`` table below)."""
     packing: PackingConfig = field(default_factory=PackingConfig)
+    """Several documents per sequence (the ``packing`` table below)."""
     errors: ErrorsConfig = field(default_factory=ErrorsConfig)
+    """How many bad samples a worker tolerates (the ``errors`` table below)."""
 
     def check(self, at: At) -> None:
         require(
