@@ -72,7 +72,7 @@ def web_url(remote: str) -> str | None:
         remote = "https://" + remote.removeprefix("ssh://git@")
     if not remote.startswith(("https://", "http://")):
         return None
-    return remote.removesuffix(".git").rstrip("/")
+    return remote.rstrip("/").removesuffix(".git")
 
 
 def on_config(config):
@@ -170,7 +170,7 @@ def _yaml(value) -> str:
         return str(value).lower()
     if isinstance(value, (tuple, list)):
         return "[" + ", ".join(_yaml(v) for v in value) + "]"
-    return str(value)
+    return str(value) or '""'
 
 
 def _default(f: dataclasses.Field) -> str:
