@@ -10,7 +10,7 @@ Shard contract (what ``task_encoders`` and ``energon_platform`` rely on):
 
 * Output layout: ``OUT/train/shard-000000.tar``, ``OUT/val/shard-000000.tar``, ``OUT/.nv-meta/``
   (Energon index, ``split.yaml``, ``dataset.yaml``), ``OUT/report.json``; ``OUT/.convert/`` holds
-  the resume state and the lock (see :mod:`converters.output` for what ``--overwrite`` removes).
+  the resume state and the lock (see `converters.output` for what ``--overwrite`` removes).
 * Tar members: ``KEY.image.<ext>`` (``png`` by default) or ``KEY.audio.<ext>`` (``flac`` by
   default, at the source's 16 or 24 bits; ``wav`` for 32-bit integer and float PCM, which FLAC
   cannot hold), plus ``KEY.text.json``. ``<ext>`` always names the detected format, never the
@@ -21,7 +21,7 @@ Shard contract (what ``task_encoders`` and ``energon_platform`` rely on):
   provenance: the reader kind, source id, original file name and ``width``/``height`` or
   ``duration`` and ``sample_rate`` (a document: ``manifest_row``).
 * Image datasets load as Energon's ``CaptioningSample``; audio datasets as
-  :class:`converters.sample_types.AudioTextSample`; text datasets as Energon's ``TextSample``.
+  `converters.sample_types.AudioTextSample`; text datasets as Energon's ``TextSample``.
 """
 
 from storage.lazy_exports import lazy_exports

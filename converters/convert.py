@@ -6,9 +6,9 @@ the same arguments skips every unit whose stats file exists and whose shard has 
 and ends with the same bytes as an uninterrupted run. A finished output is left untouched when all
 its shards and index files are there; a missing or resized shard is rewritten (and reported), never
 "nothing to do". A different input or option on an existing output is refused
-(:class:`ConvertError`) unless ``overwrite``, which removes only what a conversion wrote
-(:mod:`converters.output`). The whole run holds OUT's lock. For ``--out msc://...`` the same
-contract holds with the prefix as OUT (:mod:`converters.remote_target`).
+(`ConvertError`) unless ``overwrite``, which removes only what a conversion wrote
+(`converters.output`). The whole run holds OUT's lock. For ``--out msc://...`` the same
+contract holds with the prefix as OUT (`converters.remote_target`).
 
 A manifest or folder holding nothing is an ``InputError`` (not "0 skipped of 0"). Videos cut to
 ``--max-seconds`` are counted in ``report.json`` (``cut_to_max_seconds``).
@@ -305,7 +305,7 @@ def run_conversion(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcom
     bounded by a shard per worker); the index is built from the records and goes up last, so a
     half-uploaded prefix never looks like a dataset. The prefix itself, not the staging folder,
     says whether it holds another conversion, which units are done, or that it is finished
-    (:mod:`converters.remote_target`); a killed conversion resumes from any machine."""
+    (`converters.remote_target`); a killed conversion resumes from any machine."""
     if remote.is_remote(opts.out):
         return _convert_to_object_storage(kind, reader_args, opts)
     out = Path(opts.out)
@@ -349,10 +349,10 @@ def _convert_local(
 
 
 def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOptions) -> Outcome:
-    """Bounded staging (module :mod:`converters.remote`): the prefix decides (refused, done, or
+    """Bounded staging (module `converters.remote`): the prefix decides (refused, done, or
     claimed) before anything is written; the units it does not hold done
-    (:func:`remote_target.done_units`) are written, uploaded and deleted one by one by
-    :class:`remote.ShardUploader` (local processes or Ray tasks, each on its own machine's staging
+    (`remote_target.done_units`) are written, uploaded and deleted one by one by
+    `remote.ShardUploader` (local processes or Ray tasks, each on its own machine's staging
     folder); the driver keeps only the records, builds Energon's index from them, uploads it with
     the report and marks the prefix finished. The staging folder is a cache, removed at the end."""
     url = opts.out.rstrip("/")

@@ -1,6 +1,6 @@
 """Make an output folder Energon-ready: Energon's own prepare API plus ``dataset.yaml``.
 
-After :func:`prepare`, ``energon info OUT`` works and ``megatron.energon.get_train_dataset(OUT,
+After `prepare`, ``energon info OUT`` works and ``megatron.energon.get_train_dataset(OUT,
 ...)`` yields decoded samples: ``CaptioningSample`` for images, ``AudioTextSample`` for audio,
 ``TextSample`` for text documents (no media part).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 META = ".nv-meta"
-#: The files of ``.nv-meta`` every dataset :func:`prepare` wrote has (and the loader reads);
+#: The files of ``.nv-meta`` every dataset `prepare` wrote has (and the loader reads);
 #: ``sample_loader.py`` too when ``dataset.yaml`` names it.
 META_FILES = ("index.sqlite", "index.uuid", ".info.json", "split.yaml", "dataset.yaml")
 
@@ -91,7 +91,7 @@ def prepare(
     The index is always built into a fresh ``index.sqlite``: Energon reuses an existing file (left
     by an interrupted or earlier run) and its bytes would then depend on that file's history.
 
-    ``records`` (``shard name -> record``, :mod:`converters.shard_index`): build the same index
+    ``records`` (``shard name -> record``, `converters.shard_index`): build the same index
     from the shards' records, without the shards in ``out_dir`` (nor their ``.tar.idx`` written)."""
     from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 

@@ -64,7 +64,7 @@ RAY_CONNECT_TIMEOUT_S = 10.0
 
 
 def check_ray_address(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
-    """Fail within ``timeout`` seconds, with a :class:`ConvertError`, when ``HOST:PORT`` or
+    """Fail within ``timeout`` seconds, with a `ConvertError`, when ``HOST:PORT`` or
     ``ray://HOST:PORT`` does not accept a TCP connection (Ray itself retries for minutes).
     ``None`` (a local instance) and ``auto`` (Ray fails fast itself) are not probed."""
     if not address or address == "auto":

@@ -1,6 +1,6 @@
 """Media validation and encoding for the writer: bytes in, (extension, bytes, provenance) out.
 
-Failures raise :class:`MediaError` with a reason from ``records.REASONS``; nothing else escapes for
+Failures raise `MediaError` with a reason from ``records.REASONS``; nothing else escapes for
 bad input. Encoding is deterministic: fixed encoder settings, no timestamps, no metadata copied.
 """
 
@@ -106,7 +106,7 @@ def _resized(img: Image.Image, max_side: int | None) -> Image.Image:
 def encode_image(data: bytes, opts: ImageOptions) -> tuple[str, bytes, dict]:
     """Validate and encode one image. Returns ``(extension, bytes, provenance)``.
 
-    ``png``: decoded, EXIF orientation applied, high bit depth scaled to 8 bits (:func:`to_8bit`),
+    ``png``: decoded, EXIF orientation applied, high bit depth scaled to 8 bits (`to_8bit`),
     converted to RGB, optionally downscaled, written as PNG. ``keep``: the original bytes when the
     format is one Energon decodes (JPEG/PNG/WebP), the depth is 8 bits (a loader would clip more)
     and no downscale is needed; otherwise as ``png``. Provenance has the stored ``width``/``height``
@@ -525,13 +525,13 @@ def _video_info(p: _VideoProbe, reencoded: bool) -> dict:
 
 
 def encode_video(data: bytes, opts: VideoOptions) -> tuple[str, bytes, dict]:
-    """Validate (full decode, :func:`_probe_video`) and store one video. Returns ``(extension,
+    """Validate (full decode, `_probe_video`) and store one video. Returns ``(extension,
     bytes, provenance)``.
 
     MP4/MOV and Matroska/WebM are kept as their original bytes (``mp4``, ``webm`` when the EBML
     DocType is ``webm``, else ``mkv``), unless ``max_side``/``max_seconds`` is exceeded; then, and
     for any other container (AVI, FLV, MPEG-TS, ...), the video is re-encoded as MP4 (H.264,
-    :data:`REENCODE_VIDEO`; audio as AAC) with fixed settings, one thread and no metadata: the same
+    `REENCODE_VIDEO`; audio as AAC) with fixed settings, one thread and no metadata: the same
     input gives the same bytes. Provenance: ``container``, ``codec``, ``width``/``height``, ``fps``,
     ``frames`` and ``duration`` (decoded), ``audio`` (bool) with ``audio_codec``/
     ``audio_sample_rate``/``audio_channels`` when present, ``reencoded``; a video cut to

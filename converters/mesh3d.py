@@ -8,16 +8,16 @@ Parsers: numpy for NPY, trimesh (``process=False``: the file's own vertices and 
 merged or dropped) for the rest; the converter also reads a PLY with plyfile, which knows how many
 elements the header declares.
 
-:func:`encode_3d` (the converter) parses a file fully and raises
-:class:`~converters.media.MediaError` with one of: ``empty_file``; ``not_a_3d_file`` (no known 3D
+`encode_3d` (the converter) parses a file fully and raises
+`MediaError` with one of: ``empty_file``; ``not_a_3d_file`` (no known 3D
 format, or an NPY of pickled objects); ``truncated_3d`` (fewer elements or bytes than the header or
 the file's own references declare); ``corrupt_3d`` (a complete file whose structure contradicts
 itself, e.g. GLB chunk lengths that do not add up to its length); ``no_geometry`` (no vertex, or a
 mesh format without a face); ``degenerate_3d`` (non-finite coordinates, every point equal, or zero
 total surface area). The bytes are stored
 as they are, except glTF, whose buffers may live in other files: it is re-encoded as one GLB
-(trimesh's exporter, deterministic). :func:`load` (the encoder) reads stored bytes again without
-the checks; :func:`sample_surface` draws area-weighted surface points from a caller's generator.
+(trimesh's exporter, deterministic). `load` (the encoder) reads stored bytes again without
+the checks; `sample_surface` draws area-weighted surface points from a caller's generator.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def sniff(data: bytes) -> str | None:
 
 
 def format_of(name: str, data: bytes) -> str | None:
-    """By the file name's extension, else by content (:func:`sniff`)."""
+    """By the file name's extension, else by content (`sniff`)."""
     return EXTENSIONS.get(Path(name).suffix.lower()) or sniff(data)
 
 
@@ -195,7 +195,7 @@ def _load_trimesh(data: bytes, fmt: str, resolver=None) -> Geometry:
 
 def load(data, fmt: str, resolver=None) -> Geometry:
     """The geometry of stored bytes (or of the array Energon decoded an ``.npy`` part into);
-    any parser error propagates (``ValueError`` and others): use :func:`check` for reasons."""
+    any parser error propagates (``ValueError`` and others): use `check` for reasons."""
     if fmt == "npy":
         return _load_npy(data)
     return _load_trimesh(data, fmt, resolver)
@@ -326,7 +326,7 @@ def _magic(data: bytes, fmt: str) -> bool:
 
 
 def check(data: bytes, fmt: str | None, resolver=None) -> Geometry:
-    """Parse fully and validate (module doc); :class:`MediaError` with the reason otherwise."""
+    """Parse fully and validate (module doc); `MediaError` with the reason otherwise."""
     if not data:
         raise MediaError("empty_file", "zero bytes")
     if fmt is None or not _magic(data, fmt):
@@ -380,7 +380,7 @@ def info(geom: Geometry, fmt: str, stored: str) -> dict:
 
 
 def encode_3d(data: bytes, name: str, path: str | None = None) -> tuple[str, bytes, dict]:
-    """Validate one 3D file (:func:`check`) and return ``(extension, bytes to store, info)``.
+    """Validate one 3D file (`check`) and return ``(extension, bytes to store, info)``.
     ``name``: its file name (the format comes from its extension, else from the content);
     ``path``: where it lies, for the external buffers of a glTF file."""
     fmt = format_of(name, data) if data else None
@@ -410,7 +410,7 @@ def sample_surface(
     geom: Geometry, count: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``count`` points on the surface, faces chosen with probability proportional to their area
-    and a uniform point in each (trimesh's :func:`trimesh.sample.sample_surface`, with ``rng``);
+    and a uniform point in each (trimesh's `trimesh.sample.sample_surface`, with ``rng``);
     colours interpolated from the vertices' by the barycentric weights. A point cloud gives
     ``count`` of its points: a draw without replacement when it has that many, else every point
     and a draw with replacement for the rest. Returns float64 ``(count, 3)``, uint8 ``(count, 3)`` or None."""
@@ -433,7 +433,7 @@ def sample_surface(
 
 
 class _MeshView:
-    """What :func:`trimesh.sample.sample_surface` reads of a mesh (``vertices``, ``faces``,
+    """What `trimesh.sample.sample_surface` reads of a mesh (``vertices``, ``faces``,
     ``area_faces``), without building a ``Trimesh`` (its caches and checks cost more than the draw)."""
 
     def __init__(self, geom: Geometry):

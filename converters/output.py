@@ -1,17 +1,17 @@
 """The output folder: what a conversion owns there, the lock, and what ``--overwrite`` may remove.
 
 Ownership: a folder is a conversion's when ``OUT/.convert/state.json`` exists (written under the
-lock before any shard). A conversion writes only :data:`OUTPUT_ENTRIES` into OUT, and into
+lock before any shard). A conversion writes only `OUTPUT_ENTRIES` into OUT, and into
 ``train/`` and ``val/`` only ``shard-NNNNNN.tar`` (plus Energon's ``.tar.idx`` and ``.tmp`` names
 while writing). ``--overwrite`` first lists everything it would remove and refuses, having
 removed nothing, unless every entry is provably ours: a folder without our ``state.json``, any
 other name in OUT, a symlink, a sub-folder or a foreign file in ``train/``/``val/`` all refuse.
-The input is never inside OUT (:func:`check_target`), so it is never removed.
+The input is never inside OUT (`check_target`), so it is never removed.
 
 Lock: ``OUT/.convert/lock`` is ``flock``-ed for the whole conversion. The kernel releases it when
 the holder exits, SIGKILL included, so it never stays stuck; a second conversion (or an
 ``--overwrite``) of the same OUT is refused with one line naming the holder (pid, host, start time,
-written by :meth:`OutputLock.announce` once the holder is going to write).
+written by `OutputLock.announce` once the holder is going to write).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def _foreign_in(out: Path) -> list[str]:
 
 def removal_plan(out: Path) -> list[Path]:
     """Everything ``--overwrite`` removes: our entries, but never the lock. Raises
-    :class:`ConvertError` (before anything is removed) unless all of OUT is provably ours."""
+    `ConvertError` (before anything is removed) unless all of OUT is provably ours."""
     if not out.is_dir() or not any(out.iterdir()):
         return []
     if not owned(out):

@@ -1,8 +1,8 @@
 """Put a conversion on object storage (``msc://PROFILE/prefix``) through MSC.
 
-A conversion to a prefix uploads shard by shard (:class:`ShardUploader`: write, upload, check,
-delete; :func:`put_checked` retries with backoff), then the index and report with
-:func:`upload_dataset`, which also copies a whole finished local conversion:
+A conversion to a prefix uploads shard by shard (`ShardUploader`: write, upload, check,
+delete; `put_checked` retries with backoff), then the index and report with
+`upload_dataset`, which also copies a whole finished local conversion:
 
 What goes up: every file under the output folder except the converter's own resume state
 (``.convert/``) and leftovers of an interrupted write (``*.tmp``): the shards and their
@@ -18,12 +18,12 @@ Contracts:
 - **Readers never see a half upload as a dataset**: shards and indices go first, then the files
   that make the folder a dataset for ``info`` and the loader (``.nv-meta/.info.json``, then
   ``.nv-meta/dataset.yaml``), last.
-- :func:`upload_file` is a module-level function of plain arguments, so a Ray task can run it
+- `upload_file` is a module-level function of plain arguments, so a Ray task can run it
   (``ray.remote(upload_file).remote(local, url)``); that worker resolves the profile from its own
   ``MSC_CONFIG`` (pass it with ``runtime_env={"env_vars": {"MSC_CONFIG": ...}}``).
 
 Storage failures (credentials, connection after MSC's and botocore's retries) raise
-:class:`~energon_platform.loader.source.StorageError` (one line).
+`StorageError` (one line).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def upload_file(local_path: str, url: str) -> UploadResult:
 
 
 def dataset_files(local_dir: str | Path) -> list[str]:
-    """The relative paths :func:`upload_dataset` copies, in upload order (sorted, commit files last).
+    """The relative paths `upload_dataset` copies, in upload order (sorted, commit files last).
     Raises ``ConvertError`` unless ``local_dir`` holds a finished conversion."""
     root = Path(local_dir)
     if (
@@ -151,7 +151,7 @@ def staging_dir(url: str) -> Path:
 
 
 class UploadError(ConvertError):
-    """An object could not be put (and checked) after every try (:mod:`storage.retry`); names it.
+    """An object could not be put (and checked) after every try (`storage.retry`); names it.
     ``retries`` counts the retries made before giving up (kept when pickled: a worker raises it)."""
 
     def __init__(self, message: str, retries: int = 0):
@@ -162,9 +162,9 @@ class UploadError(ConvertError):
 def put_checked(
     local_path: str, url: str, name: str, attempts: int | None = None, backoff: float | None = None
 ) -> tuple[UploadResult, int]:
-    """:func:`upload_file`, then check the stored object's size and ``sha256`` against the local
-    file; a failure of either is retried with backoff (:func:`storage.with_retries`; a refused
-    credential is not). Returns the result and the number of retries; raises :class:`UploadError`
+    """`upload_file`, then check the stored object's size and ``sha256`` against the local
+    file; a failure of either is retried with backoff (`storage.with_retries`; a refused
+    credential is not). Returns the result and the number of retries; raises `UploadError`
     naming ``name`` when every try failed."""
     import multistorageclient as msc
 
@@ -210,13 +210,13 @@ def record_bytes(stats: dict) -> bytes:
 
 class ShardUploader:
     """A work unit's writer for ``--out msc://...`` with bounded local disk: write the shard into
-    :func:`work_dir`, take its index record (:mod:`converters.shard_index`), put the shard, its
+    `work_dir`, take its index record (`converters.shard_index`), put the shard, its
     ``.tar.idx`` and then its record (stats plus ``index``) on the prefix, each checked
-    (:func:`put_checked`), and delete the local copies, so a process holds at most one shard.
+    (`put_checked`), and delete the local copies, so a process holds at most one shard.
     The record goes last: on the prefix, a record whose shard has its recorded size marks the unit
     done for any machine. Picklable (local processes and Ray tasks). Returns the stats with
     ``index`` and ``upload`` (``retries``, ``bytes`` sent, ``seconds``) added; an
-    :class:`UploadError` it raises counts in ``retries`` every retry the unit made."""
+    `UploadError` it raises counts in ``retries`` every retry the unit made."""
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")

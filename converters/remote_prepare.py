@@ -1,16 +1,16 @@
 """``energon-platform prepare msc://...``: index a WebDataset already on object storage, in place.
 
 For a user whose tars are already on a prefix (not written by ``convert``): every ``*.tar`` under
-it is walked header by header with ranged GETs (:class:`converters.shard_index.RangedObject`:
+it is walked header by header with ranged GETs (`converters.shard_index.RangedObject`:
 member data is skipped, a small member after a header comes in the same request), its
 ``.tar.idx`` is put next to it, and ``.nv-meta`` (``index.sqlite``, ``.info.json``,
 ``split.yaml``, ``index.uuid``) is built locally from the records (Energon's own index writer,
-:class:`~converters.shard_index.RecordPreparator`) and uploaded. Shards under ``train/`` and
+`RecordPreparator`) and uploaded. Shards under ``train/`` and
 ``val/`` form those splits; otherwise every shard is ``train``. No ``dataset.yaml`` is written
 (the sample type of a foreign WebDataset is the user's to state, as with ``energon prepare``);
 one already on the prefix is kept. Returns what it read: requests and bytes against the tars' size.
 
-Refused with a one-line :class:`ConvertError`, before anything is written:
+Refused with a one-line `ConvertError`, before anything is written:
 
 - a path that is not ``msc://`` (a local folder is Energon's ``energon prepare``);
 - a prefix a conversion wrote (its ``.convert/state.json`` or ``report.json``): it is indexed

@@ -1,7 +1,7 @@
 """The ``msc://PROFILE/prefix`` a conversion writes to is the authority on what it holds.
 
-The local staging folder (:func:`converters.remote.staging_dir`) is only a cache: another machine,
-or a cleared temp folder, has an empty one. So before anything is written, :func:`claim` reads the
+The local staging folder (`converters.remote.staging_dir`) is only a cache: another machine,
+or a cleared temp folder, has an empty one. So before anything is written, `claim` reads the
 prefix itself: its conversion state ``.convert/state.json`` (put there before the first shard and
 marked ``finished`` after the last upload) or, for a prefix uploaded before that state existed,
 its ``report.json`` (``source`` and ``options``). A bucket's root (``msc://PROFILE/``) is a prefix
@@ -9,21 +9,21 @@ like any other: everything in the bucket is under it. Then:
 
 - a prefix holding objects but no conversion (a WebDataset put there by hand and indexed with
   ``prepare``, other datasets beside a bucket root) is refused, ``overwrite`` or not: nothing on it
-  is a conversion's to remove (:class:`ConvertError` naming the URL; nothing is written);
+  is a conversion's to remove (`ConvertError` naming the URL; nothing is written);
 - a prefix holding a conversion of another input or options is refused unless ``overwrite``;
 - ``overwrite`` refuses, removing nothing, when the prefix holds an object a conversion does not
-  write (:func:`conversion_key`: shards and their ``.tar.idx`` under ``train/``/``val/``, the
+  write (`conversion_key`: shards and their ``.tar.idx`` under ``train/``/``val/``, the
   per-shard records ``.convert/units/*.json``, ``.nv-meta/*``, ``report.json``, ``skipped.jsonl``,
   the state); otherwise it deletes them all, the dataset's commit files first and the state last;
 - the same conversion, finished, with every file its report names present at its recorded size,
   is returned as done (nothing to convert or upload);
 - otherwise the prefix is claimed: this conversion's state goes up (not finished) before any shard.
 
-Progress lives on the prefix too: a unit is done (:func:`done_units`) when its record
+Progress lives on the prefix too: a unit is done (`done_units`) when its record
 ``.convert/units/NAME.json`` is there and names a shard present at its recorded size with its
 ``.tar.idx``; so any machine, with an empty staging folder, converts only the missing units.
 
-Errors: an unknown profile or an unusable ``MSC_CONFIG`` is a one-line :class:`ConvertError`;
+Errors: an unknown profile or an unusable ``MSC_CONFIG`` is a one-line `ConvertError`;
 the store refusing or failing is a ``StorageError`` (one line).
 """
 
@@ -66,7 +66,7 @@ class Prefix:
     key: str
 
     def _retried(self, what: str, action, attempts: int | None = None):
-        """``action()`` retried while the store fails for a while (:func:`storage.with_retries`:
+        """``action()`` retried while the store fails for a while (`storage.with_retries`:
         a restarting server answers 5xx; ``attempts`` tries, default its), then a one-line
         ``StorageError`` naming ``what``."""
         with storage_errors(self.url, what):
@@ -156,9 +156,9 @@ def _listing(rels: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """What :func:`claim` found: ``done``, the prefix's ``report.json`` when it holds this
+    """What `claim` found: ``done``, the prefix's ``report.json`` when it holds this
     conversion finished and whole (nothing to do), else None; ``retries``, the upload retries
-    earlier runs of this conversion recorded in its state (:func:`record_retries`)."""
+    earlier runs of this conversion recorded in its state (`record_retries`)."""
 
     done: dict | None = None
     retries: int = 0
@@ -204,7 +204,7 @@ def _replace(prefix: Prefix, objects: dict[str, int], state: dict) -> None:
 
 
 def claim(prefix: Prefix, state: dict, overwrite: bool) -> Claim:
-    """Make the prefix this conversion's (module doc) and say what it already holds (:class:`Claim`)."""
+    """Make the prefix this conversion's (module doc) and say what it already holds (`Claim`)."""
     objects = prefix.objects()
     old = prefix.read_json(STATE_FILE) if STATE_FILE in objects else None
     report = prefix.read_json("report.json") if "report.json" in objects else None
@@ -247,7 +247,7 @@ def record_retries(prefix: Prefix, state: dict, retries: int, attempts: int | No
 
 
 def record_retries_of_failed_run(prefix: Prefix, state: dict, retries: int) -> None:
-    """:func:`record_retries` after an upload failed for good: one try, and a store that refuses
+    """`record_retries` after an upload failed for good: one try, and a store that refuses
     it too is left alone (the upload's own error is what the user needs to see)."""
     try:
         record_retries(prefix, state, retries, attempts=1)

@@ -71,7 +71,7 @@ class PointCloudTextSample(Sample):
 
     ``geometry``: what Energon's decoder gives for the ``pointcloud.<ext>`` part: the file's bytes
     for ``obj``/``ply``/``off``/``stl``/``glb``, a numpy array ``(N, 3|6)`` for ``npy`` (read either
-    with :func:`converters.mesh3d.load`). ``text``: the caption (the first one;
+    with `converters.mesh3d.load`). ``text``: the caption (the first one;
     ``meta["captions"]`` has them all). ``meta``: the whole ``text.json``; its ``source`` has what
     the converter measured: ``format``, ``kind`` (``mesh``/``points``), ``vertices``, ``faces``,
     ``colors`` (bool), ``bounds`` and, for meshes, ``area``.

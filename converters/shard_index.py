@@ -1,14 +1,14 @@
 """Energon's index of a shard, recorded once from its tar headers and replayed without the shard.
 
-A shard's *record* (:func:`tar_record`) is what Energon's ``prepare`` reads out of a tar: every
+A shard's *record* (`tar_record`) is what Energon's ``prepare`` reads out of a tar: every
 sample's key, byte offset and size, every part's name, data offset and size, and the offset where
-the archive's members end. It is taken by walking the tar's headers only (:mod:`tarfile` seeks
+the archive's members end. It is taken by walking the tar's headers only (`tarfile` seeks
 over member data), so it works on a local file at shard time or on an object read with ranged
-requests (:class:`RangedObject`). From records alone:
+requests (`RangedObject`). From records alone:
 
-- :func:`tar_idx_bytes` gives the shard's ``.tar.idx``, byte-identical to Energon's ``TarIndexWriter``
+- `tar_idx_bytes` gives the shard's ``.tar.idx``, byte-identical to Energon's ``TarIndexWriter``
   (the sample start offsets, then the end offset, each a native ``Q``);
-- :class:`RecordPreparator` is Energon's own ``WebdatasetPreparator`` whose per-tar step yields
+- `RecordPreparator` is Energon's own ``WebdatasetPreparator`` whose per-tar step yields
   the rows from the record instead of reading the tar, so ``prepare_dataset`` writes the same
   ``index.sqlite`` rows in the same order, ``.info.json`` and ``split.yaml`` as for the shards
   themselves (the tests compare with a conversion that indexed the shards locally).
@@ -108,7 +108,7 @@ def index_items(shard: str, tar_file_id: int, record: dict, parent) -> Iterator:
 
 
 class RecordPreparator(WebdatasetPreparator):
-    """``prepare_dataset`` over records instead of tars. Set :attr:`records` (a callable
+    """``prepare_dataset`` over records instead of tars. Set `records` (a callable
     ``shard name -> record``) before calling it: Energon's pool forks, so the callable is inherited."""
 
     records = None
@@ -124,8 +124,8 @@ class RangedObject(io.RawIOBase):
     """A read-only, seekable file over one object, fetched with ranged GETs through MSC.
 
     Each read outside the buffer fetches ``max(wanted, readahead)`` bytes from there on (a tar
-    header is 512 bytes; a small member after it comes in the same request). :attr:`requests` and
-    :attr:`bytes_read` count what was fetched."""
+    header is 512 bytes; a small member after it comes in the same request). `requests` and
+    `bytes_read` count what was fetched."""
 
     def __init__(self, client, key: str, size: int, readahead: int = 64 << 10):
         from multistorageclient.types import Range

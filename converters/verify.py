@@ -7,7 +7,7 @@ progress bar, and reports each shard as ``ok``, ``missing``, ``changed`` (other 
 ``unrecorded`` (no checksum in ``report.json``: not written by ``energon-platform convert``).
 
 Intact shards are not enough to train: every other file the loader reads must be there too
-(:func:`missing_loader_files`: each shard's ``.tar.idx``, ``.nv-meta/``'s index, split, dataset
+(`missing_loader_files`: each shard's ``.tar.idx``, ``.nv-meta/``'s index, split, dataset
 description and identity, and ``sample_loader.py`` when ``dataset.yaml`` names it). Each missing
 one is named in ``missing_files`` and makes the result not ``ok``.
 """

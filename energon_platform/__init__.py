@@ -1,7 +1,7 @@
 """energon-platform's public Python API: import these names from ``energon_platform`` itself.
 
 Module paths below the package (``energon_platform.loader.train_loader`` ...) are internal and may
-move; the names in :data:`__all__` stay (``tests/test_public_api.py`` pins the list and
+move; the names in `__all__` stay (``tests/test_public_api.py`` pins the list and
 ``docs/reference/api.md`` documents it). Importing the package is cheap: each name is imported on
 first use (PEP 562), so ``import energon_platform`` does not load torch.
 

@@ -24,13 +24,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DataConfig:
-    """``data:``: ``path`` of a dataset written by ``energon-platform convert`` (or any Energon
-    webdataset), a local folder or ``msc://PROFILE/prefix`` on object storage (then kept as that
-    string); ``train_split``/``val_split`` name its splits (``val_split: null`` for none)."""
+    """``data:``: the dataset a run reads."""
 
     path: Path
+    """A dataset written by ``energon-platform convert`` (or any Energon webdataset): a local
+    folder, or ``msc://PROFILE/prefix`` on object storage (then kept as that string)."""
     train_split: str = "train"
+    """The split the run trains on."""
     val_split: str | None = "val"
+    """The split ``build_val_loader`` reads; null for none."""
 
 
 #: The largest ``blend_schedule`` step (no run takes this many; the schedule's positions stay exact).
@@ -69,7 +71,9 @@ class BlendStep:
     named get weight 0)."""
 
     step: int
+    """The global step from which on ``weights`` apply."""
     weights: dict[str, float]
+    """Dataset name → weight (names as ``energon-platform`` logs them; datasets not named get 0)."""
 
     def check(self, at: At) -> None:
         require(
@@ -97,12 +101,17 @@ class ExcludeRule:
     allowed), every sample of ``shards`` (``train/shard-000003.tar``; in a blend
     ``NAME:train/shard-000003.tar``; patterns allowed) and whole ``datasets`` of a blend (their
     weight becomes 0). Skipped samples are replaced by keyed stand-ins
-    (:mod:`~energon_platform.loader.exclusions`); the rules are kept in the loader state."""
+    (`exclusions`); the rules are kept in the loader state."""
 
     step: int
+    """The global step from which on the rule skips (the steps after the first ``step``)."""
     keys: tuple[str, ...] = ()
+    """Sample keys to skip, as logged; ``fnmatch`` patterns allowed."""
     shards: tuple[str, ...] = ()
+    """Shards whose every sample is skipped (``train/shard-000003.tar``; in a blend
+    ``NAME:train/shard-000003.tar``); patterns allowed."""
     datasets: tuple[str, ...] = ()
+    """Whole datasets of a blend to skip (their weight becomes 0)."""
 
     def check(self, at: At) -> None:
         require(
@@ -125,7 +134,7 @@ MAX_BALANCE_WINDOW, MAX_BALANCE_LOOKAHEAD = 65536, 16.0
 
 @dataclass(frozen=True)
 class BalanceConfig:
-    """``loader.balance``: how global batches are made (:mod:`~energon_platform.loader.planner`).
+    """``loader.balance``: how global batches are made (`planner`).
 
     Written as a mode alone (``balance: attention``) or as a group::
 
@@ -137,22 +146,29 @@ class BalanceConfig:
           global_batch_tokens: null   # unpacked: a global batch is this cost budget
           cost_model: null     # measured: the cost file of energon-platform calibrate
 
-    ``mode``: ``none`` (consecutive stream positions), ``tokens`` (equal Σ L per rank),
-    ``attention`` (equal Σ L² + ``linear``·L), ``encoder`` (the encoder's own
-    ``balance_cost(length)``) or ``measured`` (the calibrated model's predicted time of each
-    sample's cost features, from the cost file ``cost_model``; set with ``measured`` only). The
-    other keys only matter when ``mode`` is not ``none``. ``loader.cost_model`` is read as
+    The keys other than ``mode`` only matter when ``mode`` is not ``none``. ``loader.cost_model`` is read as
     ``cost_model`` (so ``balance: measured`` stays a mode alone). The flat keys of earlier configs
     (``loader.balance_window``, ``balance_lookahead``, ``balance_linear``,
     ``global_batch_tokens``) are still read, as these keys, with a one-line deprecation note.
     """
 
     mode: Literal["none", "tokens", "attention", "encoder", "measured"] = "none"
+    """How global batches are made: ``none`` (consecutive stream positions), ``tokens`` (equal
+    Σ L per rank), ``attention`` (equal Σ L² + ``linear``·L), ``encoder`` (the encoder's own
+    ``balance_cost(length)``) or ``measured`` (the calibrated model's predicted time of each
+    sample, from ``cost_model``)."""
     window: int = 4096
+    """The planner's pool holds at most this many samples (at least ``global_batch_size``)."""
     lookahead: float = 3.0
+    """The pool holds this many global batches of positions."""
     linear: float | None = None
+    """The linear term of ``attention``'s cost; null: the encoder's ``seq_len``."""
     global_batch_tokens: int | None = None
+    """Unpacked: a global batch is this cost budget (``global_batch_size`` samples at least);
+    null: a fixed number of samples."""
     cost_model: Path | None = None
+    """``measured`` only: the cost file written by ``energon-platform calibrate`` (also read
+    from ``loader.cost_model``)."""
 
     @property
     def planned(self) -> bool:
@@ -214,66 +230,71 @@ LOADER_BALANCE_KEYS = {"cost_model": "cost_model"}
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """``loader:``
+    """``loader:``: the order and batching of the training data, one rank's loader.
 
-    ``global_batch_size``: items per training step over all data-parallel ranks (samples, or pack
-    groups with packing); fixed for the life of a run. ``micro_batch_size``: items per ``next()``
-    on a rank (None: the rank's whole share, i.e. no gradient accumulation). ``pack_group``:
-    samples handed to the encoder's packer together; None: the encoder's ``packing.buffer_size``
-    when its packing is enabled, else 1 (no packing). ``shuffle_buffer``: None for
-    a full permutation per epoch, K for a windowed shuffle of K (shard-local reads);
-    ``shuffle_run``: with ``shuffle_buffer``, runs of this many consecutive samples stay together
-    (one read each on object storage; see :mod:`energon_platform.loader.orders`).
     ``num_workers`` may change between save and restore; the others may not.
 
-    Blends (``data.path`` an Energon metadataset): ``blend_unit``: ``sample`` (datasets interleave
-    sample by sample) or ``batch`` (every micro-batch from one dataset; needs ``micro_batch_size``).
-    ``blend_schedule``: weights from given steps (a curriculum), overriding the metadataset's
-    weights from each entry's step on. Weights may change at resume and datasets may be added; the
-    history is kept in the loader state.
+    Blends (``data.path`` an Energon metadataset): weights may change at resume and datasets may
+    be added; the history is kept in the loader state.
 
-    Balance: ``balance`` (:class:`BalanceConfig`, a mode or a group). With a mode set and a
+    Balance: ``balance`` (`BalanceConfig`, a mode or a group). With a mode set and a
     packing encoder every micro-batch is exactly ``micro_batch_size`` rows of ``seq_len``
     (``global_batch_size`` counts rows), packed globally from a pool of ``balance.lookahead``
     global batches of positions (at most ``balance.window`` samples); samples that do not fit
     wait for a later global batch. Unpacked, ``balance.global_batch_tokens`` makes a global batch
     a cost budget (``global_batch_size`` samples at least). Lengths come from a cached length
-    index (``length_cache``: its folder; None: ``$ENERGON_PLATFORM_CACHE/lengths`` or
-    ``~/.cache/energon-platform/lengths``).
+    index (``length_cache``).
 
-    ``sample_timeout``: seconds a loader worker may spend reading and encoding one sample (None:
-    no limit). A worker stuck longer is killed, the sample counts as failed (its stand-in is used,
-    as for a corrupt sample, and it is not waited for again in this process) and the workers
-    restart where the loader is: the order and every other batch stay the same, and so does the
+    ``sample_timeout``: a worker stuck longer is killed, the sample counts as failed (its
+    stand-in is used, as for a corrupt sample, and it is not waited for again in this process)
+    and the workers restart where the loader is: the order and every other batch stay the same, and so does the
     state. With ``num_workers: 0`` it runs one worker process (a sample stuck in the training
     process could not be stopped). It covers the loader's samples, not the few samples the
     trainer's start-up check encodes itself. Set it well above the slowest normal sample: a
     sample that only sometimes finishes within it makes runs differ.
 
-    ``context_parallel``: the model's context-parallel ranks ``N`` (Megatron's
-    ``--context-parallel-size``; 1: off). With ``N > 1`` the encoder must pack (``packing.enabled``,
+    ``context_parallel``: with ``N > 1`` ranks the encoder must pack (``packing.enabled``,
     with or without a balance mode), ``text.seq_len`` must be a multiple of ``2N``, and every
     document's attention segment is padded (loss-masked) to a multiple of ``2N``
-    (:mod:`~energon_platform.loader.context_parallel`); vision-language encoders are refused.
+    (`energon_platform.loader.context_parallel`); vision-language encoders are refused.
     """
 
     global_batch_size: int = 8
+    """Items per training step over all data-parallel ranks (samples, or pack groups with
+    packing); fixed for the life of a run."""
     micro_batch_size: int | None = None
+    """Items per ``next()`` on a rank; null: the rank's whole share (no gradient accumulation)."""
     num_workers: int = 2
+    """Loader worker processes per rank (may change between save and restore)."""
     seed: int = 1234
+    """The seed of the sample order and of per-sample randomness."""
     shuffle_buffer: int | None = None
+    """null: a full permutation per epoch; K: a windowed shuffle of K (shard-local reads)."""
     pack_group: int | None = None
+    """Samples handed to the encoder's packer together; null: the encoder's
+    ``packing.buffer_size`` when its packing is enabled, else 1 (no packing)."""
     prefetch_factor: int = 2
+    """Batches each worker prepares ahead."""
     shuffle_run: int = 1
+    """With ``shuffle_buffer``: runs of this many consecutive samples stay together (one read
+    each on object storage)."""
     blend_unit: Literal["sample", "batch"] = "sample"
+    """Blends: ``sample`` (datasets interleave sample by sample) or ``batch`` (every micro-batch
+    from one dataset; needs ``micro_batch_size``)."""
     blend_schedule: tuple[BlendStep, ...] = ()
+    """Blends: weights from given steps on (a curriculum), a list of ``{step, weights}``
+    overriding the metadataset's weights from each entry's step on."""
     balance: BalanceConfig = field(default_factory=BalanceConfig)
+    """How global batches are made: a mode alone (``balance: attention``) or the group below."""
     length_cache: str | None = None
-    exclude: tuple[
-        ExcludeRule, ...
-    ] = ()  #: samples skipped from given steps on (see :class:`ExcludeRule`)
+    """The folder of the cached length index; null: ``$ENERGON_PLATFORM_CACHE/lengths`` or
+    ``~/.cache/energon-platform/lengths``."""
+    exclude: tuple[ExcludeRule, ...] = ()
+    """Samples skipped from given steps on: a list of ``{step, keys, shards, datasets}``."""
     sample_timeout: float | None = None
+    """Seconds a loader worker may spend reading and encoding one sample; null: no limit."""
     context_parallel: int = 1
+    """The model's context-parallel ranks (Megatron's ``--context-parallel-size``; 1: off)."""
 
     def check(self, at: At) -> None:
         _at_least(
@@ -348,25 +369,34 @@ class LoaderConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """``model:``: the reference model. ``kind``: ``tiny`` (the captioning model of
-    :mod:`energon_platform.training.model`, the default) or ``two_tower`` (a ViT over image tiles and
-    a conv + transformer audio encoder feeding the language model,
-    :mod:`energon_platform.training.two_tower`). ``dim``/``layers``/``heads``: the language model;
-    ``patch``: the image patch side. ``vision_*`` and ``audio_*``: the two-tower model's towers
-    (width, transformer blocks, attention heads; ignored by ``tiny``)."""
+    """``model:``: the reference model (``energon_platform.training.model`` and
+    ``energon_platform.training.two_tower``)."""
 
     kind: Literal["tiny", "two_tower"] = "tiny"
+    """``tiny`` (the captioning model) or ``two_tower`` (a ViT over image tiles and a conv +
+    transformer audio encoder feeding the language model)."""
     dim: int = 64
+    """The language model's width (a multiple of ``heads``)."""
     layers: int = 2
+    """The language model's transformer blocks."""
     heads: int = 4
+    """The language model's attention heads."""
     patch: int = 8
+    """The image patch side, in pixels."""
     dropout: float = 0.0
+    """Dropout probability, in [0, 1)."""
     vision_dim: int = 32
+    """``two_tower``: the vision tower's width (a multiple of ``vision_heads``)."""
     vision_layers: int = 2
+    """``two_tower``: the vision tower's transformer blocks."""
     vision_heads: int = 2
+    """``two_tower``: the vision tower's attention heads."""
     audio_dim: int = 32
+    """``two_tower``: the audio tower's width (a multiple of ``audio_heads``)."""
     audio_layers: int = 1
+    """``two_tower``: the audio tower's transformer blocks."""
     audio_heads: int = 2
+    """``two_tower``: the audio tower's attention heads."""
 
     def check(self, at: At) -> None:
         _at_least(
@@ -404,16 +434,22 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """``train:``: ``steps`` optimizer steps; a checkpoint every ``checkpoint_every`` steps into
-    ``out``/checkpoints; the JSON-lines log at ``out``/log.jsonl."""
+    """``train:``: the reference trainer's run."""
 
     steps: int = 40
+    """Optimizer steps."""
     lr: float = 3e-3
+    """Peak learning rate."""
     weight_decay: float = 0.01
+    """The optimizer's weight decay."""
     warmup: int = 5
+    """Steps of linear learning-rate warm-up."""
     checkpoint_every: int = 10
+    """A checkpoint every this many steps, into ``out``/checkpoints."""
     keep_checkpoints: int = 3
+    """The newest checkpoints kept; older ones are deleted."""
     out: Path = Path("out/train")
+    """The run's folder: checkpoints and the JSON-lines log ``log.jsonl``."""
 
     def check(self, at: At) -> None:
         _at_least(
@@ -458,7 +494,7 @@ def _at_least(section: Any, at: At, null_ok: bool = False, **lowest: float) -> N
 
 def _at_most(section: Any, at: At, **highest: float) -> None:
     """ConfigError naming the key unless every ``section.<key>`` is null or ``<= highest[key]``
-    (run after :func:`_at_least`, which refuses what is not a finite number)."""
+    (run after `_at_least`, which refuses what is not a finite number)."""
     for name, high in highest.items():
         value = getattr(section, name)
         require(value is None or value <= high, at.child(name), f"got {value}", f"at most {high}")
@@ -466,12 +502,21 @@ def _at_most(section: Any, at: At, **highest: float) -> None:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A whole run config: what `load_config` returns."""
+
     data: DataConfig
-    encoder: Any  #: path of an encoder YAML, or an inline mapping (``task_encoders.registry.get_encoder``)
+    """The dataset (the ``data`` table below)."""
+    encoder: Any
+    """The path of an encoder YAML (``configs/encoders/``), or an inline mapping
+    (``task_encoders.registry.get_encoder``)."""
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    """The loader (the ``loader`` table below)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The reference model (the ``model`` table below)."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """The reference trainer (the ``train`` table below)."""
     source: str = "<dict>"
+    """Set by `load_config`, not read from the file: the YAML file's path, or ``<dict>``."""
 
     def check(self, at: At) -> None:
         if isinstance(self.encoder, str):
@@ -502,7 +547,7 @@ def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) 
 
 def _group_balance(data: dict, at: At) -> None:
     """Bring ``loader.balance`` to its group form in place: a mode alone (``balance: tokens``)
-    becomes ``{"mode": "tokens"}``, and the flat keys of earlier configs (:data:`FLAT_BALANCE_KEYS`)
+    becomes ``{"mode": "tokens"}``, and the flat keys of earlier configs (`FLAT_BALANCE_KEYS`)
     move into the group with a one-line deprecation note. A key set both ways is refused."""
     loader = data.get("loader")
     if not isinstance(loader, dict):

@@ -4,10 +4,10 @@ storage, through multi-storage-client and Energon's ``EPath``) and how its failu
 It sits below the other packages: ``converters/`` (``info``, ``verify``, uploads) and the loader
 (``energon_platform.loader``) both use it, and it imports none of them (``tests/test_layering.py``).
 
-* :mod:`storage.errors`: :class:`DatasetError`, :class:`StorageError`, :func:`storage_errors`.
-* :mod:`storage.paths`: :func:`dataset_root` (path or URL → ``EPath``), :func:`is_remote`.
-* :mod:`storage.retry`: :func:`with_retries` (backoff over a store's passing failures).
-* :mod:`storage.lazy_exports`: :func:`lazy_exports`, the doors of every package (names imported on
+* `storage.errors`: `DatasetError`, `StorageError`, `storage_errors`.
+* `storage.paths`: `dataset_root` (path or URL → ``EPath``), `is_remote`.
+* `storage.retry`: `with_retries` (backoff over a store's passing failures).
+* `storage.lazy_exports`: `lazy_exports`, the doors of every package (names imported on
   first use).
 """
 

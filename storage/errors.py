@@ -1,7 +1,7 @@
 """What a dataset or its store failing reads like: one line that names the path.
 
-:class:`DatasetError` is bad input (not a dataset, an unknown profile, a missing shard);
-:class:`StorageError` is the store failing a read (credentials refused, connection lost after the
+`DatasetError` is bad input (not a dataset, an unknown profile, a missing shard);
+`StorageError` is the store failing a read (credentials refused, connection lost after the
 client's retries, an object gone). Callers never skip a sample on a ``StorageError``: a skip caused
 by the store would change the data of one run and not another.
 """
@@ -31,9 +31,9 @@ class StorageError(DatasetError):
 
 @contextlib.contextmanager
 def storage_errors(path: str, what: str):
-    """Turn what the storage client raises inside the block into :class:`StorageError`: ``OSError``
+    """Turn what the storage client raises inside the block into `StorageError`: ``OSError``
     (permission, missing object, I/O), MSC's ``RuntimeError`` (connection failed after botocore's
-    retries), ``RetryableError`` (MSC's own retries used up) and :class:`~storage.retry.RetriesExhausted`
+    retries), ``RetryableError`` (MSC's own retries used up) and `RetriesExhausted`
     (ours). ``DatasetError`` passes through."""
     from multistorageclient.types import RetryableError
 

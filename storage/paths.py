@@ -18,7 +18,7 @@ def is_remote(path) -> bool:
 
 def dataset_root(path: str) -> EPath:
     """``EPath`` of a dataset folder or ``msc://PROFILE/...`` URL; an unknown MSC profile is a
-    :class:`DatasetError`."""
+    `DatasetError`."""
     from megatron.energon.epathlib import EPath
 
     try:

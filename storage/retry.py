@@ -1,11 +1,11 @@
 """Retrying what a store fails for a while: a restart, a 5xx, a dropped connection.
 
-:func:`with_retries` calls an action until it returns, pausing ``backoff``, ``2 * backoff``, ...
+`with_retries` calls an action until it returns, pausing ``backoff``, ``2 * backoff``, ...
 seconds between tries. What a retry cannot fix is raised at once: a refused credential
 (``PermissionError``, also as the cause of a ``StorageError``) and a missing object
 (``FileNotFoundError``). The number of tries and the first pause come from the caller, else from
 ``ENERGON_PLATFORM_UPLOAD_ATTEMPTS`` / ``ENERGON_PLATFORM_UPLOAD_BACKOFF``, else
-:data:`ATTEMPTS` / :data:`BACKOFF_S`.
+`ATTEMPTS` / `BACKOFF_S`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def with_retries(
 ) -> tuple[T, int]:
     """``(action(), retries)``: ``action`` retried on ``OSError``/``RuntimeError``/``ValueError``
     (MSC's failed requests are ``RuntimeError``; a ``StorageError`` is an ``OSError``). A permanent
-    failure (module doc) is raised as it is; when every try failed, :class:`RetriesExhausted`
+    failure (module doc) is raised as it is; when every try failed, `RetriesExhausted`
     (from the last failure) is raised."""
     attempts = attempts or int(os.environ.get("ENERGON_PLATFORM_UPLOAD_ATTEMPTS") or ATTEMPTS)
     if backoff is None:

@@ -14,7 +14,7 @@ Modules (each with one job; contracts in their docstrings):
 * ``examples``: a worked new modality. (``preview``, a tool on the loader and the encoders, lives in
   ``energon_platform.tools.preview``: this package never imports ``energon_platform``.)
 
-The names below are imported on first use (:mod:`storage.lazy_exports`), so ``import
+The names below are imported on first use (`storage.lazy_exports`), so ``import
 task_encoders.config`` stays light.
 """
 

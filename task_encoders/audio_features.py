@@ -1,17 +1,17 @@
 """Audio → log-mel features, and seeded SpecAugment-style masking.
 
-* :func:`decode_audio`: Energon's ``AVDecoder.get_audio()``; when that fails on a seek (Energon
+* `decode_audio`: Energon's ``AVDecoder.get_audio()``; when that fails on a seek (Energon
   seeks to 0 first, and PyAV refuses to seek in a FLAC of a single frame, e.g. 0.25 s at 16 kHz),
   the same stream decoded front to back with PyAV.
-* :func:`to_float_mono`: Energon's ``AVDecoder.get_audio()`` clip ``(channels, samples)`` — which
+* `to_float_mono`: Energon's ``AVDecoder.get_audio()`` clip ``(channels, samples)`` — which
   is an *integer* tensor for 16/24-bit FLAC (int16/int32), float for float sources — → float32
   ``(samples,)`` in [-1, 1], channels averaged.
-* :class:`LogMel`: resample (``torchaudio.functional.resample``) to ``audio.sample_rate``, cut to
+* `LogMel`: resample (``torchaudio.functional.resample``) to ``audio.sample_rate``, cut to
   ``audio.max_seconds``, ``torchaudio.transforms.MelSpectrogram`` → ``log(mel + 1e-6)``, float32
   ``(n_mels, frames)`` with ``frames = samples // hop_length + 1``. Deterministic.
-* :func:`audio_header`: ``(samples, sample rate)`` of an audio file's bytes from its header (no
-  samples decoded); :meth:`LogMel.num_frames` turns them into the frames :class:`LogMel` makes.
-* :func:`spec_augment`: frequency and time masks whose widths and positions come from the caller's
+* `audio_header`: ``(samples, sample rate)`` of an audio file's bytes from its header (no
+  samples decoded); `LogMel.num_frames` turns them into the frames `LogMel` makes.
+* `spec_augment`: frequency and time masks whose widths and positions come from the caller's
   ``torch.Generator`` (not torchaudio's masking, which draws from the global RNG). Masked cells get
   the utterance's mean feature value.
 """
@@ -199,7 +199,7 @@ class LogMel:
 
     def num_frames(self, num_samples: int, sample_rate: int) -> int:
         """Frames of ``self(waveform, sample_rate)`` for a waveform of ``num_samples`` samples, without
-        it: the resampled length (:func:`resampled_length`), the cut, then the centred STFT's frame
+        it: the resampled length (`resampled_length`), the cut, then the centred STFT's frame
         count."""
         n = min(
             resampled_length(num_samples, sample_rate, self.config.sample_rate), self.max_samples

@@ -1,9 +1,9 @@
 """Utterance + transcript → log-mel features + transcript tokens (``encoder: audio_text``).
 
-Input: :class:`converters.sample_types.AudioTextSample` (``audio``: Energon ``AVDecoder``, ``text``).
+Input: `converters.sample_types.AudioTextSample` (``audio``: Energon ``AVDecoder``, ``text``).
 Per sample: decode (Energon's ``AVDecoder``, the file's own rate) → mono float → resample to ``audio.sample_rate`` →
 log-mel → SpecAugment masks drawn from the sample's generator (training only) →
-:class:`AudioTextBatch`.
+`AudioTextBatch`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class AudioTextConfig(EncoderConfig):
 
 @edataclass
 class AudioTextBatch(TextBatch):
-    """:class:`task_encoders.documents.TextBatch` plus ``features``: float32 ``(D, n_mels, T)``
+    """`task_encoders.documents.TextBatch` plus ``features``: float32 ``(D, n_mels, T)``
     log-mel, zero-padded along time to the longest utterance, and ``feature_lengths``: int64 ``(D,)``
     valid frames per utterance (``D == N`` without packing)."""
 

@@ -2,17 +2,17 @@
 
 It owns three things and nothing else:
 
-* **Per-sample randomness.** :meth:`SeededTaskEncoder.sample_seed` / ``sample_generator`` derive
-  from (run seed, sample key, epoch) only (:mod:`task_encoders.seeding`). An encoder's output is a
+* **Per-sample randomness.** `SeededTaskEncoder.sample_seed` / ``sample_generator`` derive
+  from (run seed, sample key, epoch) only (`task_encoders.seeding`). An encoder's output is a
   pure function of (sample, seed, epoch, config): every map function is ``@stateless``, so
   Energon's ``restore_sample`` can rebuild buffered samples exactly.
-* **Its config**, a validated :class:`task_encoders.config.EncoderConfig` subclass
+* **Its config**, a validated `task_encoders.config.EncoderConfig` subclass
   (``config_class``), given as an instance, a dict, a YAML path or None (defaults).
-* **The bad-sample policy**: a :class:`task_encoders.skipping.SkipPolicy` as Energon's error handler
-  (:meth:`worker_config`), and Energon's consecutive-failure tolerance from the config.
+* **The bad-sample policy**: a `task_encoders.skipping.SkipPolicy` as Energon's error handler
+  (`worker_config`), and Energon's consecutive-failure tolerance from the config.
 
-Subclasses implement :meth:`encode` (one sample → one encoded sample) instead of
-``encode_sample``; batching is theirs (see :class:`task_encoders.documents.DocumentTaskEncoder`).
+Subclasses implement `encode` (one sample → one encoded sample) instead of
+``encode_sample``; batching is theirs (see `task_encoders.documents.DocumentTaskEncoder`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class SeededTaskEncoder(DefaultTaskEncoder):
 
     Args:
         config: the encoder's config (see module doc). Invalid values raise
-            :class:`task_encoders.config.ConfigError` here, before any worker starts.
+            `task_encoders.config.ConfigError` here, before any worker starts.
         seed: overrides ``config.seed``, the run seed.
         training: True for training-time augmentation; False for deterministic evaluation
             transforms (each encoder says what changes).
@@ -91,11 +91,11 @@ class SeededTaskEncoder(DefaultTaskEncoder):
     # --- per-sample randomness -----------------------------------------------------------------
 
     def sample_seed(self, sample: Any, stream: str = "") -> int:
-        """63-bit seed of (run seed, :func:`sample_key`, :func:`sample_epoch`, stream)."""
+        """63-bit seed of (run seed, `sample_key`, `sample_epoch`, stream)."""
         return derive_seed(self.seed, sample_key(sample), sample_epoch(sample), stream)
 
     def sample_generator(self, sample: Any, stream: str = "") -> torch.Generator:
-        """A private ``torch.Generator`` seeded with :meth:`sample_seed`."""
+        """A private ``torch.Generator`` seeded with `sample_seed`."""
         return make_generator(self.sample_seed(sample, stream))
 
     # --- Energon hooks -------------------------------------------------------------------------
@@ -103,7 +103,7 @@ class SeededTaskEncoder(DefaultTaskEncoder):
     def worker_config(
         self, *, rank: int = 0, world_size: int = 1, num_workers: int = 0, **kwargs: Any
     ) -> WorkerConfig:
-        """An Energon ``WorkerConfig`` whose error handler is this encoder's :class:`SkipPolicy`."""
+        """An Energon ``WorkerConfig`` whose error handler is this encoder's `SkipPolicy`."""
         return WorkerConfig(
             rank=rank,
             world_size=world_size,
@@ -114,7 +114,7 @@ class SeededTaskEncoder(DefaultTaskEncoder):
 
     @stateless
     def encode_sample(self, sample: Any) -> Any:
-        """Energon's per-sample hook: :meth:`encode` (with one intra-op thread, as in DataLoader
+        """Energon's per-sample hook: `encode` (with one intra-op thread, as in DataLoader
         workers, so tensors do not depend on ``num_workers``), then counts the success for the skip
         policy."""
         with single_intra_op_thread():
@@ -126,6 +126,6 @@ class SeededTaskEncoder(DefaultTaskEncoder):
         """One decoded sample → one encoded sample; a pure function of (sample, seed, epoch, config).
 
         Raise to skip the sample (it is logged and counted); draw randomness only through
-        :meth:`sample_seed` / :meth:`sample_generator`.
+        `sample_seed` / `sample_generator`.
         """
         raise NotImplementedError

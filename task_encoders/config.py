@@ -1,12 +1,12 @@
 """Encoder configuration: YAML → frozen, validated dataclasses.
 
-Every problem raises :class:`ConfigError`, whose message names the source (the YAML file, or
+Every problem raises `ConfigError`, whose message names the source (the YAML file, or
 ``<dict>``), the key path and what was expected, e.g.::
 
     configs/encoders/image_text.yaml: image.transforms[1].name: unknown transform 'RandomFlip'
     (expected one of CenterCrop, ColorJitter, ...)
 
-How a section is read: :func:`parse` walks the dataclass's type hints (``int``, ``float``,
+How a section is read: `parse` walks the dataclass's type hints (``int``, ``float``,
 ``bool``, ``str``, ``Path``, ``X | None``, ``tuple[X, ...]``, ``list[X]``, ``dict[str, X]``,
 ``Literal[...]``, nested dataclasses), rejects unknown and missing keys, then calls the
 dataclass's ``check(at)`` for rules between values. A section's keys that a file leaves out keep
@@ -16,9 +16,9 @@ with a classmethod ``from_config_value(value, at)``. Relative paths are resolved
 file's folder (the working directory for dicts); a ``Path`` key given a URL (``msc://...``) keeps
 it as a string.
 
-The sections every encoder shares live here (:class:`EncoderConfig`); an encoder adds its own
+The sections every encoder shares live here (`EncoderConfig`); an encoder adds its own
 by subclassing it (see ``task_encoders.image_text.ImageTextConfig``). Which subclass reads a file
-is decided by its ``encoder:`` name through :mod:`task_encoders.registry`.
+is decided by its ``encoder:`` name through `task_encoders.registry`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class At:
 
 
 def read_yaml(path: str | Path) -> tuple[dict, At]:
-    """Read a YAML mapping; returns it with the :class:`At` of its top level."""
+    """Read a YAML mapping; returns it with the `At` of its top level."""
     path = Path(path)
     at = At(source=str(path), base_dir=path.resolve().parent)
     try:
@@ -80,7 +80,7 @@ def read_yaml(path: str | Path) -> tuple[dict, At]:
 
 
 def parse(tp: Any, value: Any, at: At, default: Any = None) -> Any:
-    """Convert ``value`` (from YAML) to type ``tp``, raising :class:`ConfigError` at ``at``.
+    """Convert ``value`` (from YAML) to type ``tp``, raising `ConfigError` at ``at``.
 
     For a dataclass, keys the value leaves out keep their values in ``default`` (the enclosing
     config's default for that section), else the dataclass's own defaults.
@@ -235,19 +235,19 @@ def to_plain(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """``text:``: tokenizer and sequence length.
-
-    ``tokenizer``: a local Hugging Face tokenizer folder (``AutoTokenizer.from_pretrained``);
-    absent means the shipped ``task_encoders/assets/tokenizer``. ``seq_len``: tokens per sequence,
-    BOS and EOS included; longer texts are truncated (EOS kept). ``bos_token``/``eos_token``/
-    ``pad_token``: token strings; absent means the tokenizer's own (pad falls back to EOS).
-    """
+    """``text:``: tokenizer and sequence length."""
 
     tokenizer: Path | None = None
+    """A local Hugging Face tokenizer folder (``AutoTokenizer.from_pretrained``); null: the
+    shipped ``task_encoders/assets/tokenizer``."""
     seq_len: int = 128
+    """Tokens per sequence, BOS and EOS included; longer texts are truncated (EOS kept)."""
     bos_token: str | None = None
+    """The BOS token string; null: the tokenizer's own."""
     eos_token: str | None = None
+    """The EOS token string; null: the tokenizer's own."""
     pad_token: str | None = None
+    """The padding token string; null: the tokenizer's own, else EOS."""
 
     def check(self, at: At) -> None:
         require(
@@ -269,15 +269,16 @@ class TextConfig:
 class PackingConfig:
     """``packing:``: several documents per sequence (Energon ``select_samples_to_pack``/``pack_selected_samples``).
 
-    ``buffer_size`` is the ``packing_buffer_size`` to hand to Energon's ``get_train_dataset``
-    (the encoder exposes it as ``packing_buffer_size``, None when packing is off). A larger buffer
-    packs tighter; the last pack of every buffer is the one left part-empty. ``max_docs``: at most
-    this many documents per pack (None: no limit).
+    The encoder exposes ``buffer_size`` as ``packing_buffer_size`` (None when packing is off).
     """
 
     enabled: bool = False
+    """Whether documents are packed."""
     buffer_size: int = 512
+    """The ``packing_buffer_size`` handed to Energon's ``get_train_dataset``: a larger buffer
+    packs tighter; the last pack of every buffer is the one left part-empty."""
     max_docs: int | None = None
+    """At most this many documents per pack; null: no limit."""
 
     def check(self, at: At) -> None:
         require(
@@ -294,17 +295,16 @@ class PackingConfig:
 
 @dataclass(frozen=True)
 class ErrorsConfig:
-    """``errors:``: what a worker tolerates before a bad-data flood becomes an error.
-
-    ``max_consecutive_failures``: Energon's own limit (``failure_tolerance``), applied to every
-    stage of this encoder and, by :class:`task_encoders.skipping.SkipPolicy`, across all stages
-    (decoding included). ``max_skipped_fraction``: the share of a worker's samples that may fail,
-    checked once ``fraction_after`` samples were attempted.
-    """
+    """``errors:``: what a worker tolerates before a bad-data flood becomes an error."""
 
     max_consecutive_failures: int = 100
+    """Energon's own limit (``failure_tolerance``), applied to every stage of this encoder and,
+    by `task_encoders.skipping.SkipPolicy`, across all stages (decoding included)."""
     max_skipped_fraction: float = 0.05
+    """The share of a worker's samples that may fail, checked once ``fraction_after`` samples
+    were attempted."""
     fraction_after: int = 200
+    """Samples a worker attempts before ``max_skipped_fraction`` is checked."""
 
     def check(self, at: At) -> None:
         require(
@@ -329,19 +329,21 @@ class ErrorsConfig:
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    """Top level of every encoder config file.
-
-    ``encoder``: registered name (:mod:`task_encoders.registry`). ``module``: a module to import
-    first, for encoders registered outside this package. ``seed``: the run seed of per-sample
-    randomness (:mod:`task_encoders.seeding`).
-    """
+    """Top level of every encoder config file (each encoder adds its own sections)."""
 
     encoder: str = ""
+    """The registered name of the encoder (`task_encoders.registry`)."""
     module: str | None = None
+    """A module to import first, for encoders registered outside this package."""
     seed: int = 0
+    """The run seed of per-sample randomness (`task_encoders.seeding`); a run config's
+    ``loader.seed`` overrides it."""
     text: TextConfig = field(default_factory=TextConfig)
+    """Tokenizer and sequence length (the ``text`` table below)."""
     packing: PackingConfig = field(default_factory=PackingConfig)
+    """Several documents per sequence (the ``packing`` table below)."""
     errors: ErrorsConfig = field(default_factory=ErrorsConfig)
+    """How many bad samples a worker tolerates (the ``errors`` table below)."""
 
     def check(self, at: At) -> None:
         require(

@@ -2,7 +2,7 @@
 
 Input:
 
-* :class:`converters.sample_types.ConversationSample` (what ``energon-platform convert llava``
+* `converters.sample_types.ConversationSample` (what ``energon-platform convert llava``
   writes): ``images`` (a list, possibly empty, of float (C, H, W) tensors) and ``conversation``, a
   list of turns ``{"from": "human" | "gpt" | "system", "value": str}`` (LLaVA) or
   ``{"role": "user" | "assistant" | "system", "content": str}``.
@@ -10,9 +10,9 @@ Input:
   ``answer_weights``): one user turn and one assistant turn; with several answers one is drawn from
   the sample's own generator (stream ``"answer"``), by weight when weights are given.
 
-Everything of :mod:`task_encoders.vision_language` (the vision-language mode of ``image_text``)
+Everything of `task_encoders.vision_language` (the vision-language mode of ``image_text``)
 applies (``prompt``, ``vision``, ``image.tiling``, spliced lengths, packing,
-:class:`VisionLanguageBatch`); the config is ``image_text``'s plus ``chat:``. ``prompt.enabled``
+`VisionLanguageBatch`); the config is ``image_text``'s plus ``chat:``. ``prompt.enabled``
 is always on here (``prompt.template`` and ``prompt.instructions`` are not used).
 
 Placeholders: each ``<image>`` in a turn stands for the next image, in order. With fewer
@@ -20,7 +20,7 @@ placeholders than images the missing ones go, each followed by ``"\\n"``, in fro
 turn (as Megatron-LM's ``encode_llava_sft`` does); more placeholders than images, or a placeholder
 in an assistant turn, skips the sample (counted). A conversation without images is text only.
 
-The chat template (``chat:``, :class:`ChatConfig`) renders a document as::
+The chat template (``chat:``, `ChatConfig`) renders a document as::
 
     [BOS] system.prefix + system + system.suffix        (only with a system turn or chat.system)
           user.prefix + content + user.suffix
@@ -148,7 +148,7 @@ def normalize_turns(conversation: Any, key: str) -> list[tuple[str, str]]:
 @register("conversation")
 class ConversationTaskEncoder(VisionLanguageTaskEncoder):
     """``ConversationTaskEncoder(config=None, *, seed=None, training=True)``: batches are
-    :class:`task_encoders.vision_language.VisionLanguageBatch`; see the module doc."""
+    `task_encoders.vision_language.VisionLanguageBatch`; see the module doc."""
 
     config_class = ConversationConfig
     facts_width = 5  # (id layout of 3, images, tiles): see sample_facts
@@ -218,7 +218,7 @@ class ConversationTaskEncoder(VisionLanguageTaskEncoder):
 
     def sample_facts(self, sample: Any) -> tuple[int, ...]:
         """``(ids, end of the last placeholder, first answer id, images, tiles)`` of the whole document
-        (:meth:`fitted_length`), uncut: a conversation draws nothing per epoch. A VQA sample's answer is
+        (`fitted_length`), uncut: a conversation draws nothing per epoch. A VQA sample's answer is
         drawn per epoch, so one whose answers differ in layout raises ``NotImplementedError``."""
         if (
             isinstance(sample, VQASample)

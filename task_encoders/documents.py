@@ -2,14 +2,14 @@
 
 Pipeline (Energon hooks, all map functions ``@stateless``):
 
-1. ``encode_sample`` → :meth:`DocumentTaskEncoder.encode`: ``sample_text`` → token ids
-   (:mod:`task_encoders.tokenization`), ``encode_media`` → per-document tensors; gives an
-   :class:`EncodedDoc`.
+1. ``encode_sample`` → `DocumentTaskEncoder.encode`: ``sample_text`` → token ids
+   (`task_encoders.tokenization`), ``encode_media`` → per-document tensors; gives an
+   `EncodedDoc`.
 2. With ``packing.enabled`` (and Energon's ``packing_buffer_size``): ``select_samples_to_pack``
    groups a buffer of documents by first-fit decreasing into rows of ``text.seq_len`` tokens, and
-   ``pack_selected_samples`` lays each group out as a :class:`Pack`. Without packing every document is
+   ``pack_selected_samples`` lays each group out as a `Pack`. Without packing every document is
    its own row.
-3. ``batch``: rows → :class:`TextBatch` (or the encoder's ``batch_type``), with the modality's
+3. ``batch``: rows → `TextBatch` (or the encoder's ``batch_type``), with the modality's
    tensors from ``collate_media``.
 
 A modality subclass overrides ``encode_media``/``collate_media`` (and ``sample_text`` if its
@@ -43,7 +43,7 @@ class EncodedDoc(Sample):
 
 @edataclass
 class Pack(Sample):
-    """Documents that share one row, with the row laid out (:func:`task_encoders.sequences.layout_row`)."""
+    """Documents that share one row, with the row laid out (`task_encoders.sequences.layout_row`)."""
 
     docs: list
     row: dict
@@ -53,7 +53,7 @@ class Pack(Sample):
 class TextBatch(Batch):
     """A batch of ``N`` rows of ``S = text.seq_len`` tokens holding ``D >= N`` documents.
 
-    Fields (conventions in :mod:`task_encoders.sequences`):
+    Fields (conventions in `task_encoders.sequences`):
 
     * ``keys``: list[str] ``(D,)``, sample keys in document order (row by row); also ``__key__``.
     * ``tokens``: int64 ``(N, S)``; ``labels``: int64 ``(N, S)``, next-token targets;
@@ -108,7 +108,7 @@ def moved(value: Any, device: torch.device | str, non_blocking: bool = False) ->
 
 
 def length_probe(key: str, epoch: int) -> Any:
-    """A stand-in for the sample of ``key`` at ``epoch`` that :meth:`SeededTaskEncoder.sample_generator`
+    """A stand-in for the sample of ``key`` at ``epoch`` that `SeededTaskEncoder.sample_generator`
     seeds exactly as it seeds the real sample (it reads only ``__key__`` and ``__subflavors__["epoch"]``)."""
     return SimpleNamespace(__key__=key, __subflavors__={"epoch": epoch})
 
@@ -123,10 +123,10 @@ class DocumentTaskEncoder(SeededTaskEncoder):
     #: The batch dataclass; subclasses add their media fields.
     batch_type: ClassVar[type[TextBatch]] = TextBatch
     #: Packing pads every document's segment to a multiple of this (loss-masked positions after
-    #: it; :func:`task_encoders.sequences.layout_row`): ``2N`` for ``N`` context-parallel ranks,
+    #: it; `task_encoders.sequences.layout_row`): ``2N`` for ``N`` context-parallel ranks,
     #: set by the loader from ``loader.context_parallel``. Rows and plans count padded lengths.
     segment_multiple: int = 1
-    #: Whether a :attr:`segment_multiple` above 1 is exact for this encoder (its row lengths are
+    #: Whether a `segment_multiple` above 1 is exact for this encoder (its row lengths are
     #: token positions of the row).
     pads_segments: ClassVar[bool] = True
 
@@ -174,25 +174,25 @@ class DocumentTaskEncoder(SeededTaskEncoder):
     # Contract shared by every document encoder:
     #
     # * ``sample_facts(light)``: ``facts_width`` ints >= 0, independent of the epoch, from a *light*
-    #   sample (:func:`energon_platform.loader.light_sample.light_sample`: the sample type built through
+    #   sample (`energon_platform.loader.light_sample.light_sample`: the sample type built through
     #   the field map with media parts left as file bytes; decoded samples work too). Reads media headers
     #   and tokenizes text; never decodes pixels or audio. Raises (``ValueError``) when ``encode`` would
     #   reject the sample at every epoch.
     # * ``sample_length(facts, key, epoch)``: ``(row_length, work_length)`` equal to
     #   ``encoded_length(encode(sample))`` for the sample of that final key (as the loader sets it,
     #   ``"{dataset}:"`` prefix included) at that epoch; seeded draws that change lengths are redrawn
-    #   from :func:`length_probe`. Raises ``ValueError`` when ``encode`` would reject the sample at that
+    #   from `length_probe`. Raises ``ValueError`` when ``encode`` would reject the sample at that
     #   epoch, ``NotImplementedError`` (one line) for a config whose lengths need decoded media.
     # * ``row_length``: the positions the document takes in a packed row (what
     #   ``select_samples_to_pack`` counts); ``work_length``: ``row_length`` plus what the model
     #   processes outside the row for it (audio feature frames, video frames); equal for text and for
     #   images spliced into the row.
     #
-    # The base implementation is for text documents (:meth:`sample_text` tokenized and cut to
+    # The base implementation is for text documents (`sample_text` tokenized and cut to
     # ``text.seq_len``); a subclass that changes the tokens or adds work outside the row overrides all
     # three and ``facts_width``.
 
-    #: How many ints :meth:`sample_facts` returns (fixed per encoder instance).
+    #: How many ints `sample_facts` returns (fixed per encoder instance).
     facts_width: int = 1
 
     def sample_facts(self, sample: Any) -> tuple[int, ...]:
@@ -208,7 +208,7 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         return row, row
 
     def count_tokens(self, text: str) -> int:
-        """Content tokens of ``text`` (no BOS/EOS, no cut), as :meth:`TextTokenizer.encode` makes them."""
+        """Content tokens of ``text`` (no BOS/EOS, no cut), as `TextTokenizer.encode` makes them."""
         return len(self.tokenizer.hf(text, add_special_tokens=False)["input_ids"])
 
     def text_row_length(self, content_tokens: int) -> int:
@@ -227,8 +227,8 @@ class DocumentTaskEncoder(SeededTaskEncoder):
     #
     # * ``work_feature``: the feature that the work outside the row counts (``work_length -
     #   row_length``: audio frames, video frames, points); the fact and document views follow from
-    #   the lengths. Or override :meth:`fact_media_features` and :meth:`doc_media_features`.
-    # * :meth:`batch_media_features`: the same feature read from the batch's media tensors.
+    #   the lengths. Or override `fact_media_features` and `doc_media_features`.
+    # * `batch_media_features`: the same feature read from the batch's media tensors.
 
     #: The cost feature the work outside the row counts (None: no such work); a name of FEATURES.
     work_feature: ClassVar[str | None] = None

@@ -2,7 +2,7 @@
 
 A sample's cost to a multimodal model is not one number: the vision tower runs once per tile, the
 audio encoder once per frame, the language model once per position (linear and quadratic terms).
-Every encoder states, for a sample, a small named vector over :data:`FEATURES`:
+Every encoder states, for a sample, a small named vector over `FEATURES`:
 
 * ``samples``: 1 per sample (a constant per-sample cost);
 * ``llm_tokens``: positions the language model sees for the sample (its row length, L: text tokens
@@ -22,7 +22,7 @@ The contract, per encoder (the same three views of one sample must agree exactly
   batch's tensors (what a micro-batch costs, for timing a model in ``calibrate``).
 
 A feature an encoder does not produce is 0. Values are floats >= 0 (integers, exact as floats).
-The shared logic is :class:`task_encoders.documents.DocumentTaskEncoder`'s; a modality states only
+The shared logic is `task_encoders.documents.DocumentTaskEncoder`'s; a modality states only
 its media's part (see there).
 """
 
@@ -51,7 +51,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 
 
 def features(**values: float) -> dict[str, float]:
-    """A full feature vector: every name of :data:`FEATURES`, the ones not given 0.0; an unknown
+    """A full feature vector: every name of `FEATURES`, the ones not given 0.0; an unknown
     name is a ``KeyError`` naming it."""
     unknown = sorted(set(values) - set(FEATURES))
     if unknown:
@@ -66,7 +66,7 @@ def text_features(length: int) -> dict[str, float]:
 
 def summed(vectors: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """The element-wise sum of feature vectors (a batch's features from its documents'); a full
-    vector. An unknown name is a ``KeyError`` naming it (:func:`features`)."""
+    vector. An unknown name is a ``KeyError`` naming it (`features`)."""
     total = features()
     for vector in vectors:
         for name, value in features(**vector).items():

@@ -6,9 +6,9 @@ seeded by (seed, key, epoch); the caption as ``[BOS, ..., EOS]``. With ``packing
 image-caption documents share a row; the images stay one per document, in document order.
 
 With ``prompt.enabled: true`` (vision-language mode: a prompt template, ``<image>`` placeholders,
-tiles, spliced lengths) :func:`task_encoders.registry.get_encoder` builds
-:class:`task_encoders.vision_language.VisionLanguageTaskEncoder` instead, from the same
-:class:`ImageTextConfig`; this class refuses such a config.
+tiles, spliced lengths) `task_encoders.registry.get_encoder` builds
+`task_encoders.vision_language.VisionLanguageTaskEncoder` instead, from the same
+`ImageTextConfig`; this class refuses such a config.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def _default_transforms() -> tuple[TransformSpec, ...]:
 @dataclass(frozen=True)
 class ImageConfig:
     """``image:``: ``transforms`` (training) and ``eval_transforms`` (default: Resize + CenterCrop
-    to the training size + the training Normalize); see :mod:`task_encoders.image_transforms`.
-    ``tiling`` (:class:`task_encoders.tiling.TilingConfig`): with ``tiling.enabled`` both lists may
-    only hold :data:`WHOLE_IMAGE_TRANSFORMS` (eval default: the training Normalize steps)."""
+    to the training size + the training Normalize); see `task_encoders.image_transforms`.
+    ``tiling`` (`task_encoders.tiling.TilingConfig`): with ``tiling.enabled`` both lists may
+    only hold `WHOLE_IMAGE_TRANSFORMS` (eval default: the training Normalize steps)."""
 
     transforms: tuple[TransformSpec, ...] = field(default_factory=_default_transforms)
     eval_transforms: tuple[TransformSpec, ...] | None = None
@@ -114,7 +114,7 @@ class ImageConfig:
 
 @dataclass(frozen=True)
 class PromptConfig:
-    """``prompt:``: vision-language mode (:mod:`task_encoders.vision_language`). ``enabled``: off by
+    """``prompt:``: vision-language mode (`task_encoders.vision_language`). ``enabled``: off by
     default (plain captions, no placeholder). ``image_token``: the placeholder; ``special_tokens``:
     Megatron's ``--special-tokens`` list, in its order, holding ``image_token``. ``template``: the
     text before the caption, with ``{image}`` (once) and optionally ``{instruction}``;
@@ -207,7 +207,7 @@ class ImageTextConfig(EncoderConfig):
 
 @edataclass
 class ImageTextBatch(TextBatch):
-    """:class:`task_encoders.documents.TextBatch` plus ``images``: float32 ``(D, C, h, w)``, one per
+    """`task_encoders.documents.TextBatch` plus ``images``: float32 ``(D, C, h, w)``, one per
     document in ``keys`` order (``D == N`` without packing; ``num_docs`` splits them per row)."""
 
     images: torch.Tensor
@@ -216,8 +216,8 @@ class ImageTextBatch(TextBatch):
 @register("image_text")
 class ImageTextTaskEncoder(DocumentTaskEncoder):
     """``ImageTextTaskEncoder(config=None, *, seed=None, training=True)``; batches are
-    :class:`ImageTextBatch`. ``training=False`` uses ``image.eval_transforms``. A config with
-    ``prompt.enabled: true`` raises :class:`task_encoders.config.ConfigError` (module doc)."""
+    `ImageTextBatch`. ``training=False`` uses ``image.eval_transforms``. A config with
+    ``prompt.enabled: true`` raises `task_encoders.config.ConfigError` (module doc)."""
 
     config_class = ImageTextConfig
     batch_type = ImageTextBatch

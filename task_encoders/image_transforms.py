@@ -2,14 +2,14 @@
 
 ``image.transforms`` (training) and ``image.eval_transforms`` are lists of
 ``{name: <transform>, <param>: <value>, ...}``. Supported transforms and parameters are in
-:data:`CATALOG`; every value is checked when the config is read, and the pipeline must end at one
+`CATALOG`; every value is checked when the config is read, and the pipeline must end at one
 fixed output size (so a batch stacks), which means a ``RandomResizedCrop``, a ``Resize`` to
 ``[h, w]``, or a crop after a ``Resize``. A crop larger than the ``Resize`` before it, or any side
-over :data:`MAX_SIDE`, is refused.
+over `MAX_SIDE`, is refused.
 
 Input: float (C, H, W) in [0, 1] (Energon's ``torchrgb`` decoding). Output: float32 (C, h, w).
 Randomness: v2 transforms draw from torch's global RNG; the encoder runs the pipeline inside
-:func:`task_encoders.seeding.seeded_global_torch` with the sample's seed.
+`task_encoders.seeding.seeded_global_torch` with the sample's seed.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ _CROPS = ("CenterCrop", "RandomCrop")
 
 @dataclass(frozen=True)
 class TransformSpec:
-    """One step: a :data:`CATALOG` name and its checked parameters."""
+    """One step: a `CATALOG` name and its checked parameters."""
 
     name: str
     params: dict = field(default_factory=dict)

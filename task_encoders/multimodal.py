@@ -1,5 +1,5 @@
 """Several modalities in one batch (``encoder: multimodal``): each sample goes to the encoder of
-its modality, and every batch is one :class:`MultimodalBatch`.
+its modality, and every batch is one `MultimodalBatch`.
 
 Config (``configs/encoders/multimodal.yaml``)::
 
@@ -23,13 +23,13 @@ Contracts:
   level's) or give them equal to the top level's; a different value is a ``ConfigError``, since the
   sample would no longer encode as in that encoder. Its ``packing`` and ``errors`` sections are
   replaced by the top level's: packing and the skip policy belong to the multimodal encoder.
-* **Dispatch** (:meth:`MultimodalTaskEncoder.modality_of`). ``sample_type``: the class (or a base
+* **Dispatch** (`MultimodalTaskEncoder.modality_of`). ``sample_type``: the class (or a base
   class) named in ``sample_types``; else ``CaptioningSample`` → ``image_text``, a sample with an
   ``video`` field → ``video_text``, a sample with a ``geometry`` field → ``pointcloud_text``, a sample with an ``audio`` field → ``audio_text``,
   ``TextSample`` → ``text``. ``subflavor``: the modality named by
   ``__subflavors__[subflavor_key]`` (set per blend entry in an Energon metadataset,
   ``subflavors: {modality: image_text}``). A sample whose modality is not configured raises
-  :class:`UnknownModality` (fatal, not skipped: it is a configuration error, not bad data).
+  `UnknownModality` (fatal, not skipped: it is a configuration error, not bad data).
 * **Same tensors as the modality's own encoder.** Encoding is the modality encoder's own
   ``encode`` (same seed, key, epoch and config), so a document's tokens and media are bit-identical
   to what that encoder gives the same sample.
@@ -122,7 +122,7 @@ class _MultimodalSections(EncoderConfig):
 @dataclass(frozen=True)
 class MultimodalConfig(_MultimodalSections):
     """Top level of a multimodal config (module doc). ``modalities`` holds each modality's parsed
-    config (an :class:`EncoderConfig` subclass), with the shared sections filled in."""
+    config (an `EncoderConfig` subclass), with the shared sections filled in."""
 
     @classmethod
     def from_config_value(cls, value: Any, at: At) -> MultimodalConfig:
@@ -242,7 +242,7 @@ def _modality_config(name: str, spec: Any, top: _MultimodalSections, at: At) -> 
 
 @edataclass
 class MultimodalBatch(TextBatch):
-    """:class:`task_encoders.documents.TextBatch` (every text field, for every row and document)
+    """`task_encoders.documents.TextBatch` (every text field, for every row and document)
     plus the media of its documents, in document (``keys``) order:
 
     * ``modalities``: list[str] ``(D,)``, each document's modality name.
@@ -301,7 +301,7 @@ class MultimodalBatch(TextBatch):
 
 @edataclass
 class MultimodalDoc(EncodedDoc):
-    """An :class:`EncodedDoc` from modality ``modality``'s encoder."""
+    """An `EncodedDoc` from modality ``modality``'s encoder."""
 
     modality: str
 
@@ -309,8 +309,8 @@ class MultimodalDoc(EncodedDoc):
 @register("multimodal")
 class MultimodalTaskEncoder(DocumentTaskEncoder):
     """``MultimodalTaskEncoder(config=None, *, seed=None, training=True)``: one encoder per modality
-    (built with this seed and ``training``), dispatch per sample, :class:`MultimodalBatch` batches.
-    Tokenization of rows, packing and batching are :class:`DocumentTaskEncoder`'s; the Energon
+    (built with this seed and ``training``), dispatch per sample, `MultimodalBatch` batches.
+    Tokenization of rows, packing and batching are `DocumentTaskEncoder`'s; the Energon
     decoder is the default one (images and audio decoded), as for ``image_text``/``audio_text``."""
 
     config_class = MultimodalConfig
@@ -327,7 +327,7 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         self.facts_width = 1 + max(enc.facts_width for enc in self.encoders.values())
 
     def modality_of(self, sample: Any) -> str:
-        """The configured modality of ``sample`` (module doc); :class:`UnknownModality` if none."""
+        """The configured modality of ``sample`` (module doc); `UnknownModality` if none."""
         cfg = self.config
         if cfg.dispatch == "subflavor":
             name = (getattr(sample, "__subflavors__", None) or {}).get(cfg.subflavor_key)

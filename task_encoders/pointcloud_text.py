@@ -1,6 +1,6 @@
 """Mesh or point cloud + caption → a seeded point cloud + caption tokens (``encoder: pointcloud_text``).
 
-Input: :class:`converters.sample_types.PointCloudTextSample` (``geometry``: the stored file's bytes,
+Input: `converters.sample_types.PointCloudTextSample` (``geometry``: the stored file's bytes,
 or the array Energon decoded an ``.npy`` part into; ``text``; ``meta``: the converter's
 ``text.json``, whose ``source.format`` names the format).
 
@@ -8,7 +8,7 @@ Per sample (every draw from numpy generators seeded by (run seed, key, epoch), s
 a pure function of those three, whatever the worker count or process):
 
 1. **Points** (stream ``"points"``): ``pointcloud.num_points`` points on a mesh's surface, faces
-   picked with probability proportional to their area (:func:`converters.mesh3d.sample_surface`,
+   picked with probability proportional to their area (`converters.mesh3d.sample_surface`,
    trimesh's sampler), colours interpolated from the vertices'; a stored cloud gives a draw of its
    points (without replacement when it has enough).
 2. **Normalisation**: centred on the points' mean, scaled so the farthest point is at distance 1.
@@ -94,7 +94,7 @@ class PointCloudTextConfig(EncoderConfig):
 
 @edataclass
 class PointCloudTextBatch(TextBatch):
-    """:class:`task_encoders.documents.TextBatch` plus, per document (``D == N`` without packing):
+    """`task_encoders.documents.TextBatch` plus, per document (``D == N`` without packing):
 
     * ``points``: float32 ``(D, P, C)``, ``P = pointcloud.num_points``, ``C`` = 3 (xyz) or 6 (xyz,
       rgb in [0, 1]) with ``pointcloud.colors``; xyz normalised to the unit sphere, then augmented.
@@ -106,7 +106,7 @@ class PointCloudTextBatch(TextBatch):
 
 
 def geometry_of(sample: Any) -> Geometry:
-    """The sample's geometry (:func:`converters.mesh3d.load`), its format from ``meta`` or its content."""
+    """The sample's geometry (`converters.mesh3d.load`), its format from ``meta`` or its content."""
     data = sample.geometry
     if isinstance(data, np.ndarray):
         return load(data, "npy")
@@ -165,7 +165,7 @@ def augment(
 @register("pointcloud_text")
 class PointCloudTextTaskEncoder(DocumentTaskEncoder):
     """``PointCloudTextTaskEncoder(config=None, *, seed=None, training=True)``; batches are
-    :class:`PointCloudTextBatch`. ``training=False``: the same seeded points, no augmentation."""
+    `PointCloudTextBatch`. ``training=False``: the same seeded points, no augmentation."""
 
     config_class = PointCloudTextConfig
     batch_type = PointCloudTextBatch

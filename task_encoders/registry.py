@@ -10,10 +10,10 @@
 The built-in encoders (``text``, ``image_text``, ``audio_text``, ``video_text``, ``pointcloud_text``, ``multimodal``) register on first lookup; others
 register when their module is imported, which a config can ask for with ``module: package.module``.
 
-A registered name may have *variants*: a subclass that :func:`get_encoder` builds instead when
+A registered name may have *variants*: a subclass that `get_encoder` builds instead when
 the parsed config asks for it (``@register_variant("image_text", when=...)``: an ``image_text``
 config with ``prompt.enabled: true`` builds
-:class:`task_encoders.vision_language.VisionLanguageTaskEncoder`). The config spelling stays the
+`task_encoders.vision_language.VisionLanguageTaskEncoder`). The config spelling stays the
 registered name's.
 """
 
@@ -37,7 +37,7 @@ _BUILTIN_MODULES = (
     "task_encoders.pointcloud_text",
 )
 _REGISTRY: dict[str, type] = {}
-#: name → [(when, class)], tried in registration order (see :func:`register_variant`).
+#: name → [(when, class)], tried in registration order (see `register_variant`).
 _VARIANTS: dict[str, list[tuple[Callable[[EncoderConfig], bool], type]]] = {}
 
 
@@ -55,7 +55,7 @@ def register(name: str) -> Callable[[type], type]:
 
 
 def register_variant(name: str, when: Callable[[EncoderConfig], bool]) -> Callable[[type], type]:
-    """Class decorator: :func:`get_encoder` builds this class for a config of the registered
+    """Class decorator: `get_encoder` builds this class for a config of the registered
     ``name`` when ``when(config)`` holds for the parsed config. The class must read the same config
     class as the one registered as ``name``; it keeps ``cls.name == name``."""
 
@@ -94,9 +94,9 @@ def encoder_class(name: str, at: At | None = None) -> type:
 
 
 def get_encoder(name_or_config: str | Path | Mapping | EncoderConfig, **kwargs: Any) -> Any:
-    """An encoder from a registered name, a YAML path, a dict or an :class:`EncoderConfig`: the
+    """An encoder from a registered name, a YAML path, a dict or an `EncoderConfig`: the
     class registered as its ``encoder:`` name, or the variant of it that the config asks for
-    (:func:`register_variant`; a bare name builds the registered class with its defaults).
+    (`register_variant`; a bare name builds the registered class with its defaults).
 
     ``kwargs`` go to the constructor (``seed``, ``training``).
     """

@@ -1,16 +1,16 @@
 """Per-sample randomness: one seed per (run seed, sample key, epoch), nothing else.
 
-Contract: every random draw an encoder makes for a sample comes from :func:`derive_seed` of the
-run's seed, the sample's key (:func:`sample_key`) and the epoch it is seen in
-(:func:`sample_epoch`), optionally split into named streams ("image", "specaugment", ...). Worker
+Contract: every random draw an encoder makes for a sample comes from `derive_seed` of the
+run's seed, the sample's key (`sample_key`) and the epoch it is seen in
+(`sample_epoch`), optionally split into named streams ("image", "specaugment", ...). Worker
 ids, ranks, stream positions and the global RNG state never enter, so a sample's augmented tensors
 are the same whatever the number of workers or ranks, or the point a run was resumed from, and
 differ between epochs.
 
 Two ways to draw:
 
-* :func:`make_generator`: a private ``torch.Generator`` (for code that accepts ``generator=``).
-* :func:`seeded_global_torch`: runs code that draws from torch's global CPU RNG (torchvision v2
+* `make_generator`: a private ``torch.Generator`` (for code that accepts ``generator=``).
+* `seeded_global_torch`: runs code that draws from torch's global CPU RNG (torchvision v2
   transforms do) with the global generator seeded for the sample, then puts the previous global
   state back. Measured on this machine (2 CPU cores): ~5 µs per sample, against ~120 µs for
   ``torch.random.fork_rng`` + ``torch.manual_seed`` (``manual_seed`` reseeds every device backend)
@@ -18,7 +18,7 @@ Two ways to draw:
   numpy and ``random`` states.
 
 Neither touches numpy's or Python's global RNGs, and the global torch state after encoding is the
-state before it. :func:`single_intra_op_thread` removes the last source of difference between
+state before it. `single_intra_op_thread` removes the last source of difference between
 worker layouts: float rounding that depends on the number of intra-op threads.
 """
 

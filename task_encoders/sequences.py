@@ -13,7 +13,7 @@ Conventions (shared by every batch type here, Megatron-LM GPT style):
   exactly one segment per document and ``cu_seqlens[-1] == N * S``; ``position_ids`` restart at 0
   at every segment start; ``doc_lengths`` (int32, ``(D,)``) are the real, unpadded lengths.
 * With a segment ``multiple`` (context parallelism over ``N`` ranks needs ``2N``): every document's
-  segment is its length rounded up to a multiple of it (:func:`padded_length`), the padding
+  segment is its length rounded up to a multiple of it (`padded_length`), the padding
   loss-masked after the document; the row's last segment takes the rest of the row, so with
   ``seq_len`` a multiple too, every segment is one (what TransformerEngine's ``cu_seqlens_padded``
   asks for).
@@ -61,7 +61,7 @@ def padded_length(length: int, multiple: int = 1) -> int:
 def layout_row(
     docs: Sequence[torch.Tensor], seq_len: int, pad_id: int, multiple: int = 1
 ) -> dict[str, torch.Tensor]:
-    """One row from documents (int64 ``(L_i,)``, their :func:`padded_length` summing to at most
+    """One row from documents (int64 ``(L_i,)``, their `padded_length` summing to at most
     ``seq_len``), each segment a multiple of ``multiple`` but the last (module conventions).
 
     Returns ``tokens``, ``labels`` (int64 ``(S,)``), ``loss_mask`` (float32 ``(S,)``),
@@ -92,7 +92,7 @@ def layout_row(
 
 
 def collate_rows(rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor | int]:
-    """Stack rows from :func:`layout_row` into a batch.
+    """Stack rows from `layout_row` into a batch.
 
     Returns ``tokens``, ``labels``, ``position_ids`` (int64 ``(N, S)``), ``loss_mask`` (float32
     ``(N, S)``), ``cu_seqlens`` (int32 ``(D + 1,)``), ``max_seqlen`` (int, longest segment),

@@ -7,12 +7,12 @@ context raises ``FatalSampleError`` after ``failure_tolerance`` *consecutive* fa
 stage (Energon's limit; our encoders set it from ``errors.max_consecutive_failures``; Energon's own
 decode stage keeps its fixed 100).
 
-:class:`SkipPolicy` is such a handler. Give it to the worker config
+`SkipPolicy` is such a handler. Give it to the worker config
 (``SeededTaskEncoder.worker_config(...)`` does) and it logs each skipped key with its reason,
-counts failures per worker, and raises :class:`TooManyBadSamples` when failures come
+counts failures per worker, and raises `TooManyBadSamples` when failures come
 ``max_consecutive_failures`` times in a row across *all* stages, or exceed
 ``max_skipped_fraction`` of the samples a worker attempted (checked after ``fraction_after``
-attempts). Successes are reported by the encoder (:meth:`SkipPolicy.record_success`); the handler
+attempts). Successes are reported by the encoder (`SkipPolicy.record_success`); the handler
 object is shared by the encoder and the worker config, and each worker process has its own copy,
 so counts are per worker.
 """

@@ -3,7 +3,7 @@
 Input: any sample with a ``caption`` (Energon ``CaptioningSample``: the caption datasets) or a
 ``text`` field (``TextSample``, ``AudioTextSample``). Packing is on by default: give Energon's
 ``get_train_dataset`` the encoder's ``packing_buffer_size``. Batches are
-:class:`task_encoders.documents.TextBatch`. No randomness.
+`task_encoders.documents.TextBatch`. No randomness.
 
 The encoder's Energon ``decoder`` decodes text parts only: images and audio of the samples stay
 undecoded bytes, since a text model never looks at them.

@@ -1,18 +1,18 @@
 """Vision-encoder geometry and dynamic-resolution tiling, as Megatron-LM's multimodal example does it.
 
-Two config sections (read by :mod:`task_encoders.image_text` and :mod:`task_encoders.conversation`):
+Two config sections (read by `task_encoders.image_text` and `task_encoders.conversation`):
 
-* ``vision:`` (:class:`VisionConfig`): what the language model sees of one image tile, i.e. the
+* ``vision:`` (`VisionConfig`): what the language model sees of one image tile, i.e. the
   numbers Megatron-LM gets as ``--vision-model-type``, ``--img-h``/``--img-w``, ``--patch-dim``,
-  ``--disable-vision-class-token`` and ``--pixel-shuffle``. :attr:`VisionConfig.embeddings_per_tile`
+  ``--disable-vision-class-token`` and ``--pixel-shuffle``. `VisionConfig.embeddings_per_tile`
   is megatron-core's ``get_num_image_embeddings`` for those values (tile tags are not supported):
   ``(img_h // patch_dim) * (img_w // patch_dim)`` patches, plus ``class_token_len`` unless the class
   token is dropped (SigLIP has none), divided by 4 with pixel shuffle.
-* ``image.tiling:`` (:class:`TilingConfig`): Megatron's ``--use-tiling``, ``--max-num-tiles``,
+* ``image.tiling:`` (`TilingConfig`): Megatron's ``--use-tiling``, ``--max-num-tiles``,
   ``--use-thumbnail`` and ``--use-area-weighted-aspect-ratio``. The tile side is the vision
   encoder's image size (``vision.image_size``, Megatron's ``--img-h``); it is never configured twice.
 
-:func:`tile_image` is the InternVL-style dynamic preprocessing of Megatron's
+`tile_image` is the InternVL-style dynamic preprocessing of Megatron's
 ``examples/multimodal/image_processing.py``: among the grids ``cols x rows`` with
 ``min_num_tiles <= cols * rows <= max_num_tiles`` it picks the one whose aspect ratio is closest to
 the image's (ties: the later, larger grid when the image covers more than half of it), resizes the
@@ -21,7 +21,7 @@ left to right, and, with ``use_thumbnail`` and more than one tile, appends the w
 one tile. Candidate grids are visited by tile count, then columns, then rows (Megatron sorts a set by
 tile count only, so its order among grids of equal count is the set's; the choice differs only when
 two different aspect ratios are exactly equally close). Tiling draws no random numbers: the seeded
-augmentation runs on the whole image before it (:mod:`task_encoders.image_text`).
+augmentation runs on the whole image before it (`task_encoders.image_text`).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _thumbnail(cfg: TilingConfig, grid_tiles: int) -> bool:
 
 
 def tile_count(width: int, height: int, tile: int, cfg: TilingConfig) -> int:
-    """How many tiles :func:`tile_image` makes of an image of ``width`` x ``height`` pixels (no pixels
+    """How many tiles `tile_image` makes of an image of ``width`` x ``height`` pixels (no pixels
     needed: the grid depends on the size only)."""
     cols, rows = choose_grid(width, height, tile, cfg)
     return cols * rows + int(_thumbnail(cfg, cols * rows))

@@ -1,10 +1,10 @@
 """Text → token ids through any local Hugging Face tokenizer folder.
 
-Contract of :meth:`TextTokenizer.encode`: int64 tensor ``[BOS, t1, ..., tk, EOS]`` of length
+Contract of `TextTokenizer.encode`: int64 tensor ``[BOS, t1, ..., tk, EOS]`` of length
 ``2 <= L <= seq_len``; text past ``seq_len - 2`` content tokens is cut, EOS is kept. Deterministic
 (no randomness, no worker state).
 
-Special tokens such as the image placeholder ``<image>``: :meth:`TextTokenizer.add_special_tokens`
+Special tokens such as the image placeholder ``<image>``: `TextTokenizer.add_special_tokens`
 adds them the way Megatron-LM's multimodal tokenizer does for ``--special-tokens``
 (``AutoTokenizer.add_tokens(tokens, special_tokens=True)``: a token the folder already has keeps its
 id, a new one is appended after the vocabulary, in the order given). The shipped tokenizer has
@@ -39,10 +39,10 @@ class SpecialIds:
 
 
 class TextTokenizer:
-    """Wraps ``transformers.AutoTokenizer`` for one :class:`TextConfig`.
+    """Wraps ``transformers.AutoTokenizer`` for one `TextConfig`.
 
     Construction loads the tokenizer and resolves BOS/EOS/PAD; any problem is a
-    :class:`task_encoders.config.ConfigError` naming ``text.tokenizer`` or the token key.
+    `task_encoders.config.ConfigError` naming ``text.tokenizer`` or the token key.
     """
 
     def __init__(self, config: TextConfig, at: At | None = None):
@@ -126,5 +126,5 @@ class TextTokenizer:
         return torch.tensor([self.special.bos, *ids, self.special.eos], dtype=torch.int64)
 
     def decode(self, ids: torch.Tensor | list[int]) -> str:
-        """Text of ``ids`` without special tokens (round trip of :meth:`encode`'s content)."""
+        """Text of ``ids`` without special tokens (round trip of `encode`'s content)."""
         return self.hf.decode(ids, skip_special_tokens=True)

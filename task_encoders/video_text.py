@@ -1,27 +1,27 @@
 """Video + caption → a seeded clip of frames + caption tokens (``encoder: video_text``).
 
-Input: :class:`converters.sample_types.VideoTextSample` (``video``: Energon ``AVDecoder``,
+Input: `converters.sample_types.VideoTextSample` (``video``: Energon ``AVDecoder``,
 ``text``, ``meta``: the converter's ``text.json`` with the frame count and fps).
 
 Per sample:
 
-1. **Clip choice** (:func:`clip_indices`): ``video.num_frames`` frames, ``video.stride`` source
+1. **Clip choice** (`clip_indices`): ``video.num_frames`` frames, ``video.stride`` source
    frames apart, or at ``video.fps`` frames per second when that is set (the step is then
    ``native_fps / fps`` source frames, rounded per frame). Training: a random start drawn from the
    sample's own generator (stream ``"clip"``: a pure function of run seed, key and epoch);
    evaluation: the centred clip. A video shorter than the clip gives the frames it has.
-2. **Decoding** with Energon's AV readers, as ``AVDecoder.get_video_clips`` does (:func:`decode_frames`,
-   :func:`read_frames`): one single-frame range per chosen frame, in order, so the reader seeks to
+2. **Decoding** with Energon's AV readers, as ``AVDecoder.get_video_clips`` does (`decode_frames`,
+   `read_frames`): one single-frame range per chosen frame, in order, so the reader seeks to
    the keyframe before the clip and decodes forward from there; frames before that keyframe and
    after the clip are never decoded, whatever the video's length.
 3. **Transforms**: the ``video.transforms`` (training) or ``video.eval_transforms`` pipeline, the
    same torchvision v2 steps and checks as ``image_text``
-   (:mod:`task_encoders.image_transforms`), run once on the whole clip as a
+   (`task_encoders.image_transforms`), run once on the whole clip as a
    ``tv_tensors.Video``: one crop, one flip and one colour jitter for every frame of the clip,
    seeded by (seed, key, epoch) (stream ``"video"``); the leading crops/resizes run on the uint8
-   frames, then values become float32 in [0, 1] (:func:`clip_pipeline`).
+   frames, then values become float32 in [0, 1] (`clip_pipeline`).
 4. **Audio** (``video.audio``, off by default): the audio track under the clip's time span through
-   the ``audio_text`` path (:class:`task_encoders.audio_features.LogMel`, seeded SpecAugment in
+   the ``audio_text`` path (`task_encoders.audio_features.LogMel`, seeded SpecAugment in
    training); a video without audio gives zero frames of features.
 """
 
@@ -118,7 +118,7 @@ class VideoTextConfig(EncoderConfig):
 
 @edataclass
 class VideoTextBatch(TextBatch):
-    """:class:`task_encoders.documents.TextBatch` plus, per document (``D == N`` without packing):
+    """`task_encoders.documents.TextBatch` plus, per document (``D == N`` without packing):
 
     * ``videos``: float32 ``(D, T, C, h, w)``, ``T = video.num_frames``; a clip of a video shorter
       than the clip is zero-padded after its last frame.
@@ -184,7 +184,7 @@ def decode_frames(decoder: Any, indices: list[int], fps: float) -> torch.Tensor:
     """uint8 ``(T, 3, H, W)``: the frames at ``indices`` (module doc, step 2); ``ValueError`` when
     none decodes.
 
-    MP4/MOV and Matroska/WebM (what ``convert video`` stores) go through :func:`read_frames`:
+    MP4/MOV and Matroska/WebM (what ``convert video`` stores) go through `read_frames`:
     Energon's own readers (``AVReaderByFrames`` on the MP4 frame index, ``AVReaderByPts`` on the
     Matroska index) in one container, the loop of ``AVDecoder.get_video_clips``, with two changes:
     the Matroska index is loaded before the reader is built, and frames are converted to RGB by one
@@ -285,7 +285,7 @@ def clip_pipeline(specs: tuple[TransformSpec, ...]) -> Any:
 @register("video_text")
 class VideoTextTaskEncoder(DocumentTaskEncoder):
     """``VideoTextTaskEncoder(config=None, *, seed=None, training=True)``; batches are
-    :class:`VideoTextBatch`. ``training=False``: centred clips, ``video.eval_transforms`` (default
+    `VideoTextBatch`. ``training=False``: centred clips, ``video.eval_transforms`` (default
     Resize + CenterCrop + the training Normalize) and no SpecAugment."""
 
     config_class = VideoTextConfig
@@ -311,7 +311,7 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
     def sample_facts(self, sample: Any) -> tuple[int, ...]:
         """``(caption tokens, clip frames)``. A clip's frame count does not depend on its (seeded)
         start: every start keeps the whole clip inside the video, or the video is shorter and the clip
-        starts at 0 (:func:`clip_indices`)."""
+        starts at 0 (`clip_indices`)."""
         total, fps, _ = video_facts(sample)
         return (
             *super().sample_facts(sample),

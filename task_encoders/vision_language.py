@@ -1,9 +1,9 @@
 """Image-caption pairs → vision-language batches (``encoder: image_text`` with ``prompt.enabled``).
 
-:class:`VisionLanguageTaskEncoder` is what :mod:`task_encoders.registry` builds for an
+`VisionLanguageTaskEncoder` is what `task_encoders.registry` builds for an
 ``image_text`` config with ``prompt.enabled: true`` (opt-in; what megatron-core's ``LLaVAModel``
-needs). The config is :class:`task_encoders.image_text.ImageTextConfig`; the conversation encoder
-(:mod:`task_encoders.conversation`) extends this class.
+needs). The config is `task_encoders.image_text.ImageTextConfig`; the conversation encoder
+(`task_encoders.conversation`) extends this class.
 
 * **Text from a prompt template.** A document is ``[BOS] + prompt + caption + [EOS]`` where the
   prompt is ``prompt.template`` with ``{image}`` replaced by ``prompt.image_token`` (``<image>``,
@@ -13,20 +13,20 @@ needs). The config is :class:`task_encoders.image_text.ImageTextConfig`; the con
   is a caption token or the final EOS.
 * **The placeholder is a special token** (``prompt.special_tokens``, Megatron's
   ``--special-tokens``, added to the tokenizer as Megatron adds them,
-  :meth:`task_encoders.tokenization.TextTokenizer.add_special_tokens`); its id is
-  :attr:`VisionLanguageTaskEncoder.image_token_index` and every batch's ``image_token_index``.
-* **Tiles** (``image.tiling``, :mod:`task_encoders.tiling`): each image is augmented whole (the
+  `task_encoders.tokenization.TextTokenizer.add_special_tokens`); its id is
+  `VisionLanguageTaskEncoder.image_token_index` and every batch's ``image_token_index``.
+* **Tiles** (``image.tiling``, `task_encoders.tiling`): each image is augmented whole (the
   ``image.transforms`` then may only hold ``RandomHorizontalFlip``, ``ColorJitter`` and
   ``Normalize``; the seeded draws happen here) and cut into ``num_tiles`` tiles of
   ``vision.image_size``; without tiling every image is one tile of the pipeline's output size.
 * **Lengths the language model sees.** A document's length is its *spliced* length, Megatron's
   ``total_len``: ``tokens + num_tiles * E - num_images`` with ``E`` =
-  :attr:`VisionLanguageTaskEncoder.tokens_per_tile` (``vision``). ``text.seq_len`` bounds that
+  `VisionLanguageTaskEncoder.tokens_per_tile` (``vision``). ``text.seq_len`` bounds that
   length (captions are cut to fit, EOS kept; a document whose prompt and images alone do not fit is
   skipped), and packing fills rows up to ``text.seq_len`` spliced positions, so a packed row never
   overflows after the image embeddings are put in. Token rows keep ``text.seq_len`` columns (a row
   with images uses fewer of them; the rest is padding).
-* Batches are :class:`VisionLanguageBatch`: every image's tiles stacked in document order,
+* Batches are `VisionLanguageBatch`: every image's tiles stacked in document order,
   ``num_tiles`` per image, ``num_images`` and ``spliced_lengths`` per document.
 """
 
@@ -48,7 +48,7 @@ from task_encoders.tiling import tile_count, tile_image
 
 @edataclass
 class VisionLanguageBatch(TextBatch):
-    """A vision-language batch (module doc): :class:`task_encoders.documents.TextBatch` (``loss_mask``
+    """A vision-language batch (module doc): `task_encoders.documents.TextBatch` (``loss_mask``
     1 on answer tokens only) plus
 
     * ``images``: float32 ``(T, C, t, t)``, every tile of every image, images in document order and
@@ -82,9 +82,9 @@ def _prompt_enabled(config: Any) -> bool:
 class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
     """``VisionLanguageTaskEncoder(config=None, *, seed=None, training=True)``: an ``image_text``
     config with ``prompt.enabled: true`` (refuses one without); batches are
-    :class:`VisionLanguageBatch`. ``training=False`` uses ``image.eval_transforms``.
+    `VisionLanguageBatch`. ``training=False`` uses ``image.eval_transforms``.
 
-    Its :attr:`fingerprint_name` is ``"ImageTextTaskEncoder"``, the name a loader recorded for these
+    Its `fingerprint_name` is ``"ImageTextTaskEncoder"``, the name a loader recorded for these
     configs before this class existed, so their checkpoints still resume."""
 
     vision_language: ClassVar[bool] = True
@@ -226,7 +226,7 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
         self, pieces: list[tuple[str, bool]], num_tiles: torch.Tensor, sample: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[BOS] + pieces + [EOS]`` as int64 tokens and bool ``targets`` (answer tokens and EOS),
-        cut at the end (EOS kept) so the spliced length fits ``text.seq_len`` (:meth:`fitted_length`).
+        cut at the end (EOS kept) so the spliced length fits ``text.seq_len`` (`fitted_length`).
         Raises ``ValueError`` (the sample is skipped and counted) when the placeholders do not match
         the images, or when the cut would drop a placeholder or every answer token."""
         ids, targets = self.document_ids(pieces, sample)
@@ -249,7 +249,7 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
     # --- lengths without decoding (DocumentTaskEncoder's contract) ------------------------------
 
     def image_facts(self, images: list) -> tuple[int, int]:
-        """``(images, tiles)`` of image parts (bytes: header only), as :meth:`encode_images` cuts them."""
+        """``(images, tiles)`` of image parts (bytes: header only), as `encode_images` cuts them."""
         if not self.config.image.tiling.enabled:
             return len(images), len(images)
         return len(images), sum(
@@ -258,7 +258,7 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
 
     def sample_facts(self, sample: Any) -> tuple[int, ...]:
         """``(caption tokens, images, tiles)``; the prompt is drawn per epoch in
-        :meth:`sample_length`."""
+        `sample_length`."""
         caption, _ = self.document_ids([(self.sample_text(sample).strip(), True)], sample)
         return (len(caption) - 1, *self.image_facts(self.sample_images(sample)))
 

@@ -2,9 +2,9 @@
 
 Contract: ``read(...) -> ReadResult``. Readers look at file names, manifests and caption files,
 never at media bytes (the writer decodes). Order is deterministic (source order or sorted paths).
-A missing or unreadable input path raises :class:`InputError` (the CLI turns it into exit status
-2); a bad *entry* becomes a :class:`~converters.records.Problem` and the run goes on. Text is UTF-8,
-a leading byte-order mark is dropped (:func:`decode_text`).
+A missing or unreadable input path raises `InputError` (the CLI turns it into exit status
+2); a bad *entry* becomes a `Problem` and the run goes on. Text is UTF-8,
+a leading byte-order mark is dropped (`decode_text`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def existing_dir(path, what: str) -> Path:
 
 
 def open_input(path, what: str):
-    """A top-level input file opened for binary reading; an unreadable one is an :class:`InputError`."""
+    """A top-level input file opened for binary reading; an unreadable one is an `InputError`."""
     try:
         return open(path, "rb")
     except OSError as e:
@@ -42,7 +42,7 @@ def open_input(path, what: str):
 
 
 def read_input(path, what: str) -> bytes:
-    """The bytes of a top-level input file (see :func:`open_input`)."""
+    """The bytes of a top-level input file (see `open_input`)."""
     with open_input(path, what) as f:
         try:
             return f.read()
@@ -71,7 +71,7 @@ def printable(text: str) -> str:
 
 def undecodable_name(path) -> str | None:
     """None when ``path`` (a ``str`` or ``Path`` from the file system) is valid UTF-8; otherwise its
-    :func:`printable` form. No key, JSON document or terminal takes the name itself."""
+    `printable` form. No key, JSON document or terminal takes the name itself."""
     return None if is_utf8(str(path)) else printable(str(path))
 
 

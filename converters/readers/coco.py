@@ -2,7 +2,7 @@
 
 One record per image, all its captions kept in annotation-id order; key = the zero-padded image
 id (``000000000042``), so lexical order equals numeric order. ``images`` and ``annotations`` must be
-lists (else :class:`InputError`). Nothing is dropped silently: a malformed image row or annotation
+lists (else `InputError`). Nothing is dropped silently: a malformed image row or annotation
 is a ``malformed_line``, an annotation whose ``image_id`` names no image (including ``"5"`` where
 the image id is ``5``) is an ``unknown_image_id``.
 """

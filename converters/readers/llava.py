@@ -20,10 +20,10 @@ every image of the entry; one bad image skips the whole entry.
 Output (modality ``conversation``): ``KEY.image0.png``, ``KEY.image1.png``, ... (``--image-format``
 as for every image source) and ``KEY.conversation.json`` = ``{"conversation": [...turns as
 given...], "source": {"kind", "id", "images": [{"file", "width", "height", ...}]}}``;
-``.nv-meta/dataset.yaml`` makes Energon yield :class:`converters.sample_types.ConversationSample`
+``.nv-meta/dataset.yaml`` makes Energon yield `converters.sample_types.ConversationSample`
 (through a small ``sample_loader.py`` that collects the ``image<N>`` parts in order).
 
-Record layout (for :mod:`converters.convert`'s resume fingerprint): ``texts`` holds the
+Record layout (for `converters.convert`'s resume fingerprint): ``texts`` holds the
 conversation as JSON and, second, the list of ``[file, size, mtime_ns]`` of every image, so a
 changed image or conversation is a different input; ``media`` is the first image (none when
 text-only); ``extra["images"]`` lists every image's path and name.

@@ -31,7 +31,7 @@ def _source_id(
 
 
 def _row_texts(row: dict, n: int, source_id: str, declared, image, columns: tuple, inline: bool):
-    """The row's captions, or the :class:`Problem` that skips it (module doc)."""
+    """The row's captions, or the `Problem` that skips it (module doc)."""
     image_column, text_column, id_column = columns
     if not inline and not (isinstance(image, str) and image):
         return Problem("malformed_line", source_id, f"row {n}: no {image_column!r} path")

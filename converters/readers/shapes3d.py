@@ -1,15 +1,15 @@
 """3D corpora: meshes and point clouds with captions, from a folder or a manifest (Cap3D style).
 
 ``read(root=DIR)``: every ``*.obj``/``.ply``/``.off``/``.stl``/``.glb``/``.gltf``/``.npy`` under
-``DIR`` with its ``.txt`` or ``.json`` caption sidecar, exactly as :mod:`converters.readers.folder`
+``DIR`` with its ``.txt`` or ``.json`` caption sidecar, exactly as `converters.readers.folder`
 reads images (same sidecar rules, sorted paths, key = relative path without extension).
 
 ``read(manifest=FILE)``: JSONL, CSV, TSV or Parquet rows, read by
-:mod:`converters.readers.manifest`: the 3D file's path (relative to the manifest, or its bytes in a
+`converters.readers.manifest`: the 3D file's path (relative to the manifest, or its bytes in a
 Parquet binary column, whose format is then recognised by content) in ``path_column`` (default
 ``path``), the caption in ``text_column`` (default ``caption``, Cap3D's) and the sample id in
 ``id_column`` (default ``uid``, Cap3D's; ``None``/empty: the path without extension). The reader
-never looks inside the files: the writer parses each one (:func:`converters.mesh3d.encode_3d`).
+never looks inside the files: the writer parses each one (`converters.mesh3d.encode_3d`).
 """
 
 from __future__ import annotations

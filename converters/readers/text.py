@@ -15,7 +15,7 @@ Contracts:
   ``invalid_utf8`` (a JSONL line or a Parquet bytes cell that is not UTF-8, or text or id holding
   lone surrogates such as ``"\\ud800"``), ``malformed_line`` (not JSON, not an object, wrong field
   count, a text that is not a string, no id). A CSV/TSV file that is not UTF-8, a missing file or
-  a missing column is an :class:`~converters.readers.InputError`.
+  a missing column is an `InputError`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Video corpora: a folder of videos with caption sidecars, or a manifest (WebVid style).
 
 ``read(root=DIR)``: every ``*.mp4``/``.webm``/``.mkv``/``.mov``/``.avi``/... under ``DIR`` with its
-``.txt`` or ``.json`` sidecar, exactly as :mod:`converters.readers.folder` reads images (same
+``.txt`` or ``.json`` sidecar, exactly as `converters.readers.folder` reads images (same
 sidecar rules, sorted paths, key = relative path without extension).
 
 ``read(manifest=FILE)``: JSONL, CSV, TSV or Parquet rows, read by
-:mod:`converters.readers.manifest` with the video path (relative to the manifest, or video bytes
+`converters.readers.manifest` with the video path (relative to the manifest, or video bytes
 in a Parquet binary column) in ``video_column`` (default ``path``), the caption in
 ``text_column`` (default ``name``, WebVid's caption column) and the sample id in ``id_column``
 (default ``videoid``; ``None``/empty: the video path without extension). The reader never looks
-inside the videos: the writer decodes each one (:func:`converters.media.encode_video`).
+inside the videos: the writer decodes each one (`converters.media.encode_video`).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ Exit status: 0 success; 1 the job ran but failed its own check (too many skipped
 141 the reader of standard output went away (``| head -1``), as for a process ended by SIGPIPE
 (nothing printed).
 
-One module per group of commands (:mod:`~energon_platform.cli.data`,
-:mod:`~energon_platform.cli.training`, :mod:`~energon_platform.cli.inspection`), each with its
+One module per group of commands (`data`,
+`training`, `inspection`), each with its
 ``add_*`` (the options) and ``cmd_*`` (the dispatch into the room that does the work);
-:mod:`~energon_platform.cli.common` holds what they share.
+`common` holds what they share.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ QUIET_LOGGERS = ("multistorageclient",)
 
 
 def _quiet_third_party_logs() -> None:
-    """Keep the loggers of :data:`QUIET_LOGGERS` (MSC's "Non-retryable error occurred ..." before
+    """Keep the loggers of `QUIET_LOGGERS` (MSC's "Non-retryable error occurred ..." before
     the exception it raises) to critical messages, in this process and the workers it forks."""
     import logging
 

@@ -1,5 +1,5 @@
 """What the commands share: argument types, ``--set`` overrides, the run arguments, and
-:class:`UsageError` (a user mistake: one line, exit status 2)."""
+`UsageError` (a user mistake: one line, exit status 2)."""
 
 from __future__ import annotations
 

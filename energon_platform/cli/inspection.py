@@ -297,7 +297,7 @@ def add_report(sub) -> None:
 
 
 def _report_spikes(args, config) -> list[dict]:
-    """The spikes of ``--run``'s log.jsonl (:func:`~energon_platform.training.spikes.find_spikes`),
+    """The spikes of ``--run``'s log.jsonl (`find_spikes`),
     each with its samples traced from ``config`` and the run's newest checkpoint (none without
     ``--config``, or in a run without a checkpoint: the panels then list no samples)."""
     from energon_platform.loader.trace import open_tracer

@@ -2,15 +2,15 @@
 (``from energon_platform.integrations.lightning import EnergonHooks``); its ``__all__`` lists
 what it offers.
 
-* :mod:`~energon_platform.integrations.megatron`: Megatron-LM's ``--dataloader-type external``
+* [`megatron`][energon_platform.integrations.megatron]: Megatron-LM's ``--dataloader-type external``
   provider, per-data-parallel-rank state files, ``get_batch`` dicts (vision-language included).
-* :mod:`~energon_platform.integrations.dcp`: the loader as one ``Stateful`` entry of a
+* [`dcp`][energon_platform.integrations.dcp]: the loader as one ``Stateful`` entry of a
   ``torch.distributed.checkpoint`` (torchtitan) checkpoint: no pickle, elastic.
-* :mod:`~energon_platform.integrations.lightning`: hooks for a ``LightningModule`` whose loader state
+* [`lightning`][energon_platform.integrations.lightning]: hooks for a ``LightningModule`` whose loader state
   rides in Lightning's checkpoint.
-* :mod:`~energon_platform.integrations.accelerate`: the loader registered with Accelerate's
+* [`accelerate`][energon_platform.integrations.accelerate]: the loader registered with Accelerate's
   ``save_state`` / ``load_state``.
-* :mod:`~energon_platform.integrations.deepspeed`: the loader state in a DeepSpeed checkpoint's
+* [`deepspeed`][energon_platform.integrations.deepspeed]: the loader state in a DeepSpeed checkpoint's
   ``client_state``.
 """
 

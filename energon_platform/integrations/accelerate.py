@@ -10,7 +10,7 @@ restored in O(1), and the loader kept out of ``accelerator.prepare``::
     ...
     accelerator.save_state(ckpt)     # at a step boundary
 
-What Accelerate would otherwise do, and what :func:`prepare_loader` does instead:
+What Accelerate would otherwise do, and what [`prepare_loader`][energon_platform.integrations.accelerate.prepare_loader] does instead:
 
 * **No double sharding.** ``prepare`` wraps a ``DataLoader`` to shard it across processes (or to
   dispatch from rank 0). Our loader is already per data-parallel rank (``rank=process_index``,
@@ -18,13 +18,13 @@ What Accelerate would otherwise do, and what :func:`prepare_loader` does instead
   ``TrainLoader`` unchanged anyway: it is not a ``DataLoader``).
 * **No replay.** Accelerate resumes a prepared loader with ``skip_first_batches``, which reads and
   drops every batch before the position. Here ``save_state`` writes the loader state (plain JSON,
-  :data:`STATE_FILE`, by the main process, atomically) into its folder and ``load_state`` restores
+  `STATE_FILE`, by the main process, atomically) into its folder and ``load_state`` restores
   it with ``load_state_dict``: as fast as a fresh start, at any position.
 * **No pickle.** ``register_for_checkpointing`` would pickle the state and load it with
   ``weights_only=False``; the JSON file goes through save/load-state pre-hooks instead.
 * **Step boundaries.** ``Accelerator(gradient_accumulation_steps=...)`` must equal the loader's
   ``accumulation`` (checked here), so that an optimizer step is one global batch. The Accelerator
-  takes it when it is built, before any loader exists: :func:`energon_platform.gradient_accumulation_steps`
+  takes it when it is built, before any loader exists: `energon_platform.gradient_accumulation_steps`
   computes it from the config and the world size.
 * **A missing loader file** at ``load_state`` (a folder saved without this loader) is a
   ``FileNotFoundError`` naming the file, never a silent restart of the data at position 0.
@@ -54,7 +54,7 @@ STATE_FILE = "energon_loader_state.json"
 
 
 def prepare_loader(accelerator: Any, cfg: Any, num_workers: int | None = None) -> TrainLoader:
-    """This process's :class:`TrainLoader` (data-parallel rank ``process_index`` of
+    """This process's [`TrainLoader`][energon_platform.integrations.accelerate.TrainLoader] (data-parallel rank ``process_index`` of
     ``num_processes``), its state saved and restored by ``accelerator.save_state``/``load_state``.
     Call it once per loader, before ``load_state``. ``cfg``: a run config. ``ValueError`` when the
     accelerator's ``gradient_accumulation_steps`` is not the loader's accumulation."""

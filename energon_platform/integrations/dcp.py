@@ -2,7 +2,7 @@
 
 torchtitan checkpoints ``{"model", "optimizer", "lr_scheduler", "dataloader", ...}`` with
 ``dcp.save``/``dcp.load``; every value is a ``Stateful`` (``state_dict``/``load_state_dict``).
-:class:`DCPLoader` wraps a :class:`~energon_platform.loader.train_loader.TrainLoader` for that:
+[`DCPLoader`][energon_platform.integrations.dcp.DCPLoader] wraps a [`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] for that:
 
 * **One rank-independent entry.** At a step boundary the loader state means the same global
   position on every rank, so every rank writes the same key; DCP keeps one copy and every rank of
@@ -10,9 +10,9 @@ torchtitan checkpoints ``{"model", "optimizer", "lr_scheduler", "dataloader", ..
   ``ParallelAwareDataloader``, which stores one pickle per dp rank and refuses a new dp size).
 * **No pickle.** DCP stores non-tensor values with ``torch.save`` and loads them with
   ``weights_only=False``, i.e. by unpickling. The state is therefore carried as a ``uint8`` tensor
-  of fixed capacity (:data:`CAPACITY` bytes: UTF-8 JSON, zero-padded), which DCP loads in place as
-  tensor data; the JSON is parsed and checked by :class:`~energon_platform.loader.state.LoaderState`.
-* **Mid-step saves** keep the same-layout rule of :meth:`TrainLoader.load_state_dict`.
+  of fixed capacity (`CAPACITY` bytes: UTF-8 JSON, zero-padded), which DCP loads in place as
+  tensor data; the JSON is parsed and checked by [`LoaderState`][energon_platform.loader.state.LoaderState].
+* **Mid-step saves** keep the same-layout rule of `TrainLoader.load_state_dict`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def encode_state(state: dict) -> torch.Tensor:
 
 
 def decode_state(tensor: torch.Tensor) -> dict:
-    """The JSON state in ``tensor`` (:class:`StateMismatchError` if it is not one)."""
+    """The JSON state in ``tensor`` ([`StateMismatchError`][energon_platform.integrations.dcp.StateMismatchError] if it is not one)."""
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
         raise StateMismatchError(f"the checkpoint's {KEY} is not a uint8 byte tensor")
     raw = bytes(tensor.numpy().tobytes()).split(b"\0", 1)[0]
@@ -55,7 +55,7 @@ def decode_state(tensor: torch.Tensor) -> dict:
 
 
 class DCPLoader:
-    """A :class:`TrainLoader` as a DCP/torchtitan ``Stateful``; iterating it iterates the loader."""
+    """A `TrainLoader` as a DCP/torchtitan ``Stateful``; iterating it iterates the loader."""
 
     def __init__(self, loader: Any):
         self.loader = loader

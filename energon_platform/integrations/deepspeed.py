@@ -15,9 +15,9 @@
   boundary is the global position, the same on every rank, so rank 0's copy serves them all.
 * **Batch arithmetic.** DeepSpeed checks ``train_batch_size = micro batch * gradient accumulation
   * world size`` and steps the optimizer every ``gradient_accumulation_steps`` micro-batches;
-  :func:`batch_config` takes those numbers from the loader, so a DeepSpeed step is one global batch.
+  [`batch_config`][energon_platform.integrations.deepspeed.batch_config] takes those numbers from the loader, so a DeepSpeed step is one global batch.
 * **One process without a launcher.** ``deepspeed.init_distributed`` outside ``torchrun`` or the
-  ``deepspeed`` launcher looks for MPI (``mpi4py``); :func:`init_distributed` gives a lone process
+  ``deepspeed`` launcher looks for MPI (``mpi4py``); [`init_distributed`][energon_platform.integrations.deepspeed.init_distributed] gives a lone process
   the environment of a world of one instead.
 * **Restore** is ``load_state_dict``: as fast as a fresh start at any position (no replay).
 """
@@ -66,7 +66,7 @@ def batch_config(loader: TrainLoader) -> dict:
 
 def client_state(loader: TrainLoader, **extra: Any) -> dict:
     """``client_state`` for ``engine.save_checkpoint``: the loader state (plain JSON data) under
-    :data:`KEY`, plus ``extra`` (e.g. the step)."""
+    `KEY`, plus ``extra`` (e.g. the step)."""
     return {KEY: loader.state_dict(), **extra}
 
 

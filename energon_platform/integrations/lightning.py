@@ -1,5 +1,5 @@
-"""PyTorch Lightning: return a :class:`~energon_platform.loader.train_loader.TrainLoader` from
-``train_dataloader()`` and mix :class:`EnergonHooks` into the ``LightningModule``::
+"""PyTorch Lightning: return a [`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] from
+``train_dataloader()`` and mix [`EnergonHooks`][energon_platform.integrations.lightning.EnergonHooks] into the ``LightningModule``::
 
     class Model(EnergonHooks, L.LightningModule):
         def train_dataloader(self):
@@ -11,13 +11,13 @@ What Lightning needs from us, and what the mixin does:
   Lightning's ``apply_to_collection`` cannot rebuild field by field; each batch type has
   ``.to(device)``, which Lightning's default ``transfer_batch_to_device`` calls (a module without
   the mixin moves them so too), and the mixin's ``transfer_batch_to_device`` moves them with
-  :func:`~energon_platform.integrations.device.to_device`.
+  [`to_device`][energon_platform.integrations.device.to_device].
 * **The loader state in Lightning's checkpoint.** Lightning stores ``state_dict()`` of a stateful
   train loader in its checkpoint (``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``,
   a list of one state) and restores it in ``trainer.fit(ckpt_path=...)`` (no replay), but it takes
   that state after fetching one batch ahead (its prefetch): resumed so, a run would skip a batch.
   ``on_save_checkpoint`` replaces that record with the state at the micro-batches actually
-  trained: :meth:`TrainLoader.state_at` of the loader's position less the batches Lightning's
+  trained: `TrainLoader.state_at` of the loader's position less the batches Lightning's
   fetcher holds (Lightning 2.6). Without the mixin, the loader refuses Lightning's request for
   its state (``RuntimeError`` naming ``EnergonHooks``) at the first checkpoint.
 * **The random state.** Lightning's checkpoint holds no RNG state, so dropout (or any draw from
@@ -72,7 +72,7 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
-    """Restore what :func:`_rng_state` returned."""
+    """Restore what `_rng_state` returned."""
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

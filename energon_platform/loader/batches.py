@@ -5,12 +5,12 @@ with packing ``select_samples_to_pack`` → ``postencode_sample`` → ``pack_sel
 ``batch`` → ``encode_batch``. A sample that fails to load or encode is reported to the encoder's
 error handler (``task_encoders.skipping.SkipPolicy``, which counts it by key and stops a flood)
 and replaced by its first stand-in that loads (a keyed draw of the same dataset and epoch,
-:meth:`~energon_platform.loader.orders.DatasetOrder.replacement`), so every micro-batch stays
+`replacement`), so every micro-batch stays
 full. Failures are a function of the sample and stand-ins a function of the failed sample, so the
 batches are the same on every layout and every resume. A failing *store* (``StorageError``) is
 never skipped: it stops the run. With ``loader.sample_timeout`` a worker marks the sample it is on
-in a :class:`~energon_platform.loader.sample_watch.SampleWatch`; a sample its worker was replaced
-for is a failed sample from then on (:attr:`MicroBatchMaker.timed_out`).
+in a `SampleWatch`; a sample its worker was replaced
+for is a failed sample from then on (`MicroBatchMaker.timed_out`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class MicroBatchMaker:
     ``c // accumulation``. With packing (``schedule.group_size > 1``) each item is a group of
     samples that the encoder packs into one or more sequences.
 
-    ``datasets``: the run's :class:`~energon_platform.loader.datasets.DatasetSet`, in schedule
+    ``datasets``: the run's `DatasetSet`, in schedule
     order. A sample of a metadataset run gets the key ``"{dataset name}:{key}"`` (so logs, batches
     and per-sample seeds say which dataset it came from) and the entry's subflavors.
     """
@@ -67,7 +67,7 @@ class MicroBatchMaker:
         exclusions: Any = None,
     ):
         self.datasets, self.encoder, self.schedule = datasets, encoder, schedule
-        #: ``loader.exclude``: an :class:`~energon_platform.loader.exclusions.Excluder`, or None
+        #: ``loader.exclude``: an `Excluder`, or None
         self.exclusions = exclusions or None
         #: per dataset name: scheduled samples that loader.exclude replaced, in this process
         self.excluded: dict[str, int] = {}
@@ -75,12 +75,12 @@ class MicroBatchMaker:
             -1,
             set(),
         )  #: (global batch, (note, dataset) logged in it)
-        #: the rule that excluded the sample :meth:`_load_encoded` last returned None for
+        #: the rule that excluded the sample `_load_encoded` last returned None for
         self._rule: Any = None
         #: the rules whose samples this micro-batch leaves as padding (no stand-in fits): to name them
         self._padded_by: list = []
         self.rank, self.world_size = rank, world_size
-        #: with ``loader.balance``: the :class:`~energon_platform.loader.planner.Planner` of the run
+        #: with ``loader.balance``: the `Planner` of the run
         self.planner = planner
         self.sources = [e.source for e in datasets.entries]
         self.items = schedule.rank_items(rank, world_size)
@@ -101,7 +101,7 @@ class MicroBatchMaker:
         self._handler = getattr(encoder, "skip_policy", None)
         self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
         #: ``loader.sample_timeout``: the watch this process marks its samples in (None: unwatched),
-        #: and its row there (the DataLoader worker id, set by :class:`MicroBatchStream`)
+        #: and its row there (the DataLoader worker id, set by `MicroBatchStream`)
         self.watch, self.watch_row = None, 0
         #: ``(dataset, index)`` → ``(key, limit)`` of samples that took longer than the limit, for
         #: which a worker was replaced: failed samples (their stand-ins are used), without a wait
@@ -131,7 +131,7 @@ class MicroBatchMaker:
             return self._read_and_encode(c, dataset, epoch, index)
 
     def _read_and_encode(self, c: int, dataset: int, epoch: int, index: int) -> list | None:
-        """:meth:`_load_encoded` of a sample not known to time out."""
+        """`_load_encoded` of a sample not known to time out."""
         batch = c // self.accumulation
         prefix = self.datasets.key_prefix(dataset)
         try:
@@ -161,7 +161,7 @@ class MicroBatchMaker:
     def _exclude(self, batch: int, dataset: int, index: int, key: str) -> bool:
         """Whether ``loader.exclude`` skips the sample at global batch ``batch``; logged at info
         level once per dataset and global batch in this process (the trainer's log row counts
-        them all: :meth:`TrainLoader.exclusion_stats`)."""
+        them all: `TrainLoader.exclusion_stats`)."""
         rule = self._rule = self.exclusions.rule(batch, dataset, index, key)
         if rule is not None:
             self._note_once(
@@ -189,12 +189,12 @@ class MicroBatchMaker:
         self, c: int, dataset: int, epoch: int, index: int, room: int | None = None
     ) -> list:
         """The encoded sample, or, when it fails (counted by the skip policy), its first stand-in
-        that loads (:meth:`DatasetOrder.replacement`): micro-batches stay full (fixed shapes for
+        that loads (`DatasetOrder.replacement`): micro-batches stay full (fixed shapes for
         Megatron, CUDA graphs, compiled models), the same on every layout and every resume.
         ``room``: in a planned row, stand-ins must be at most this long (by the length index); when
         none of them fits, the row keeps its place empty (padding) and the sample is counted. A sample
         ``loader.exclude`` skips takes its stand-in the same way, but is no failure: no warning, not
-        in :attr:`replaced` (the record of bad data)."""
+        in `replaced` (the record of bad data)."""
         encoded = self._load_encoded(c, dataset, epoch, index)
         excluded = encoded is None  # not a failure: no warning, not in `replaced`
         if encoded:
@@ -376,7 +376,7 @@ class MicroBatchStream(torch.utils.data.IterableDataset):
 
     Worker ``w`` of ``W`` yields ``start + w``, ``start + w + W``, ...; the DataLoader reads its
     workers round-robin, so the main process sees them in order. Infinite: training streams
-    cross epochs (see :mod:`energon_platform.loader.schedule`).
+    cross epochs (see `energon_platform.loader.schedule`).
     """
 
     def __init__(self, maker: MicroBatchMaker, start: int):

@@ -15,7 +15,7 @@ on the worker layout. Here the blend is part of the schedule:
 * **O(1) lookup.** A period is stored as two arrays of ``Q`` entries (dataset id, and the rank
   of the unit among its dataset's units); unit ``u`` is dataset ``table[u % Q]``, and is that
   dataset's unit number ``(u // Q) * c_d + rank[u % Q]``.
-* **Weights that change.** A :class:`Blend` is a list of segments, each with a start position and
+* **Weights that change.** A `Blend` is a list of segments, each with a start position and
   weights; a segment continues every dataset's stream where the previous segments left it, so a
   weight change (a curriculum, or new weights at resume) never repeats or skips a sample.
 
@@ -108,7 +108,7 @@ class Interleave:
         return d, cycle * self.counts[d] + self.rank[r]
 
     def unit_of(self, dataset: int, numbers) -> np.ndarray:
-        """The inverse of :meth:`locate`: the units at which ``dataset`` takes its unit ``numbers``."""
+        """The inverse of `locate`: the units at which ``dataset`` takes its unit ``numbers``."""
         k = np.asarray(numbers, dtype=np.int64)
         cycle, r = np.divmod(k, self.counts[dataset])
         return cycle * self.period + np.flatnonzero(self.table == dataset)[r]
@@ -173,7 +173,7 @@ class Blend:
         return d, j
 
     def unit_of(self, dataset: int, numbers) -> np.ndarray:
-        """The inverse of :meth:`locate`: the units at which ``dataset`` takes its unit ``numbers``
+        """The inverse of `locate`: the units at which ``dataset`` takes its unit ``numbers``
         (``int64``; -1 for numbers it never reaches: its weight is 0 from then on)."""
         j = np.asarray(numbers, dtype=np.int64)
         bases = np.array([b[dataset] for b in self._bases], dtype=np.int64)

@@ -1,6 +1,6 @@
 """The blend's history as segments: planned from the config, and continued at resume.
 
-A run's blend is a list of :class:`~energon_platform.loader.blend.Segment`\\ s (start unit,
+A run's blend is a list of `Segment`\\ s (start unit,
 weights per dataset). ``plan_segments`` builds it from the metadataset's weights and
 ``loader.blend_schedule``. At resume, ``resume_segments`` keeps the saved history up to the resume
 position and continues with the current config's plan from there, so

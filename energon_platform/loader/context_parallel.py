@@ -6,11 +6,11 @@ it): every attention segment of a row (a document, ``cu_seqlens_padded``) is spl
 equal chunks, and CP rank ``r`` holds chunks ``r`` and ``2N - 1 - r`` of each. Under causal
 attention chunk ``c`` of ``s`` positions attends to ``s·c·s + s(s+1)/2`` (query, key) pairs, so the
 two chunks of a rank sum to the same work on every rank: each segment must therefore be a multiple
-of ``2N`` positions (:func:`task_encoders.sequences.padded_length`, ``multiple = 2N``).
+of ``2N`` positions (`task_encoders.sequences.padded_length`, ``multiple = 2N``).
 
-``loader.context_parallel: N`` sets that multiple on the run's encoder (:func:`apply_context_parallel`):
+``loader.context_parallel: N`` sets that multiple on the run's encoder (`apply_context_parallel`):
 its packing pads every document's segment, and the planner plans the padded lengths
-(:class:`~energon_platform.loader.lengths.SampleLengths`).
+(`SampleLengths`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def apply_context_parallel(cfg: Any, encoder: Any) -> None:
     """Give ``encoder`` the segment multiple of ``cfg.loader.context_parallel`` (nothing for 1).
 
     With ``N > 1`` the encoder must pack, pad its segments exactly (``pads_segments``) and have a
-    ``seq_len`` that is a multiple of ``2N``; a one-line :class:`ConfigError` naming
+    ``seq_len`` that is a multiple of ``2N``; a one-line `ConfigError` naming
     ``loader.context_parallel`` otherwise."""
     n = cfg.loader.context_parallel
     if n == 1:

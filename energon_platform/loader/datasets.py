@@ -8,10 +8,10 @@ blend epoch are ``round(len × repetitions)``, refused when that rounds a non-ze
 with ``weight``). Constructs whose meaning our schedule does not reproduce (``join``, ``subset``,
 ``shuffle_over_epochs_multiplier``) are refused at start with one line naming the file and the key.
 The weights are read from the YAML as written, checked and exact, before Energon parses them
-(:mod:`~energon_platform.loader.metadataset_weights`); every leaf's split is opened before
+(`metadataset_weights`); every leaf's split is opened before
 Energon loads it, so a missing or empty split is one line naming the entry.
 
-Each leaf becomes a :class:`BlendEntry` with a *name* that is stable across runs (the dataset's
+Each leaf becomes a `BlendEntry` with a *name* that is stable across runs (the dataset's
 folder name, ``@split`` unless ``train``, ``[key=value,...]`` subflavors; ``#2``, ``#3`` for entries
 sharing that name, numbered in the order of their paths, never of the list) and a stream id
 derived from that name, so two entries of the same dataset walk independent orders, and adding a
@@ -167,7 +167,7 @@ def _units_per_epoch(leaf: WrittenLeaf, source: SampleSource) -> Fraction:
 
 @contextlib.contextmanager
 def _energon_errors(path: str):
-    """What Energon raises for a metadataset it cannot use, as one :class:`DatasetError` line."""
+    """What Energon raises for a metadataset it cannot use, as one `DatasetError` line."""
     try:
         yield
     except DatasetError:

@@ -1,12 +1,12 @@
 """``loader.exclude``: skip keys, shards or whole datasets from a given global batch on, exactly.
 
-A run's exclusions are a history of :class:`Exclusion`\\ s (first global batch, end or None,
+A run's exclusions are a history of `Exclusion`\\ s (first global batch, end or None,
 what they match), planned from the config and continued at resume the way the blend is
-(:mod:`~energon_platform.loader.blend_history`):
+(`blend_history`):
 
 * a sample matched by a rule active at global batch ``b`` is never trained on in ``b``: the
   micro-batch maker treats it like a sample that failed to load, so it is replaced by its keyed
-  stand-in (:meth:`~energon_platform.loader.orders.DatasetOrder.replacement`, a pure function of
+  stand-in (`replacement`, a pure function of
   the sample; stand-ins that are excluded too are passed over). Batches stay full and identical
   on every layout; steps before the rule's start are untouched;
 * a whole dataset (``datasets``) gets weight 0 in the blend from the rule's start (a change of
@@ -98,7 +98,7 @@ class Exclusion:
 
 
 def planned(rules: Sequence[Any]) -> list[Exclusion]:
-    """The history of a fresh run: one open :class:`Exclusion` per ``loader.exclude`` entry."""
+    """The history of a fresh run: one open `Exclusion` per ``loader.exclude`` entry."""
     return [
         Exclusion(r.step, None, tuple(r.keys), tuple(r.shards), tuple(r.datasets)) for r in rules
     ]
@@ -259,7 +259,7 @@ def blend_steps(
 ) -> tuple:
     """``blend_schedule`` with the dataset exclusions of ``history`` folded in: at every step where
     the planned weights or an exclusion change, the planned weights with excluded datasets at 0
-    (``BlendStep``-like entries for :func:`~energon_platform.loader.blend_history.plan_segments`)."""
+    (``BlendStep``-like entries for `plan_segments`)."""
     from energon_platform.config import BlendStep
 
     dropping = [ex for ex in history if ex.datasets]

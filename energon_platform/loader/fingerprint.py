@@ -1,10 +1,10 @@
 """The encoder's part of the loader fingerprint, and the digest its config is named by.
 
-The fingerprint (:class:`~energon_platform.loader.state.LoaderState`) is assembled by
-:class:`~energon_platform.loader.run_plan.RunPlan` from its components' parts: the encoder (here),
-the dataset orders (:meth:`~energon_platform.loader.orders.DatasetOrder.describe`), the schedule
-(:data:`~energon_platform.loader.schedule.SCHEDULE_VERSION`) and the batching mode
-(:mod:`~energon_platform.loader.batching`). The length index is keyed by the same digest.
+The fingerprint ([`LoaderState`][energon_platform.loader.state.LoaderState]) is assembled by
+`RunPlan` from its components' parts: the encoder (here),
+the dataset orders (`describe`), the schedule
+(`SCHEDULE_VERSION`) and the batching mode
+(`batching`). The length index is keyed by the same digest.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def encoder_config(encoder: Any) -> Any:
 
 
 def encoder_digest(encoder: Any) -> str:
-    """The digest of :func:`encoder_config` (the length index and the fingerprint use it)."""
+    """The digest of `encoder_config` (the length index and the fingerprint use it)."""
     return digest(encoder_config(encoder))
 
 

@@ -3,7 +3,7 @@
 Energon's index (``.nv-meta/index.sqlite``, table ``samples``) holds every sample's key with its
 tar file (numbered in the order of ``.nv-meta/.info.json``'s ``shard_counts``) and its number in
 that tar file; a split's dataset index is its shard's start in the split's shard list plus that
-number (:class:`~energon_platform.loader.shard_reader.ShardReader`'s order). Both directions are
+number (`ShardReader`'s order). Both directions are
 one indexed query. On object storage the index file is copied to a temporary file once.
 """
 
@@ -21,7 +21,7 @@ from storage import DatasetError, dataset_root, storage_errors
 
 
 class KeyIndex:
-    """``keys(indices)`` and ``index(key)`` for one :class:`~energon_platform.loader.source.SampleSource`."""
+    """``keys(indices)`` and ``index(key)`` for one `SampleSource`."""
 
     def __init__(self, source: Any):
         meta = dataset_root(source.path) / ".nv-meta"

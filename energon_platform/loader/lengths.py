@@ -1,6 +1,6 @@
 """The length index: every sample's length facts, without decoding its media, cached on disk.
 
-The global packer and balancer (:mod:`~energon_platform.loader.planner`) need each sample's
+The global packer and balancer (`planner`) need each sample's
 length before its media are decoded. An encoder states which integers determine a sample's
 lengths (``sample_facts``: caption tokens, image size → tiles, audio duration → frames, ...;
 read from the index, ``text.json`` and media headers) and turns them into exact lengths at a
@@ -10,10 +10,10 @@ encoder config) and keeps them in a cache folder:
 ``{cache}/{digest}/``: ``meta.json`` (samples, width, identity, encoder digest), ``facts.i32``
 (``(N, K)`` int32, memory-mapped), ``keys.bin`` + ``keys.off`` (the sample keys, int64 offsets).
 
-Building is split into chunks of :data:`CHUNK` samples written atomically as they finish (a
+Building is split into chunks of `CHUNK` samples written atomically as they finish (a
 killed build resumes with the chunks it has), runs in ``workers`` processes, and shows a
 progress bar. The build's worker processes die with the process that started them
-(:func:`~energon_platform.loader.processes.die_with_parent`), and the lock that lets one rank of a
+(`die_with_parent`), and the lock that lets one rank of a
 job build while the others wait is a POSIX record lock, which forked processes do not inherit: a
 killed build leaves neither a process nor a held lock behind. Cost per sample: ``4·K`` bytes of facts plus the key and 8 bytes of offset.
 """

@@ -1,6 +1,6 @@
 """A *light* sample: the Energon sample type of a dataset with its media left as file bytes.
 
-:func:`light_sample` reads sample ``i`` of an opened :class:`~energon_platform.loader.source.SampleSource`
+`light_sample` reads sample ``i`` of an opened `SampleSource`
 through the project's shard reader and builds the dataset's sample type through its field map or
 sample loader, exactly as Energon's factory does, but without Energon's media decoder: ``.json``
 parts are parsed, ``.txt`` parts decoded as UTF-8, every other part (images, audio, video) stays

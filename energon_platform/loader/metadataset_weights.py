@@ -2,7 +2,7 @@
 
 Energon reads ``weight`` / ``repetitions`` as floats: ``1:1:1`` becomes ``0.3333333333333333``
 each, a negative or all-zero blend fails with a ``ZeroDivisionError`` inside it, a string, NaN or
-inf weight with a misleading "Missing value at ... join". :func:`written_shares` walks the YAML in
+inf weight with a misleading "Missing value at ... join". `written_shares` walks the YAML in
 Energon's leaf order (``splits.<split>``, then ``blend`` / ``blend_epochized`` / the older
 ``datasets`` lists, nested metadatasets through their ``path``) and returns, per leaf dataset,
 its key path and its exact share:
@@ -13,8 +13,8 @@ its key path and its exact share:
 
 Every weight and repetitions is a number as Energon's YAML reader reads it (not a quoted string,
 not a bool), finite, 0 or in [``LOWEST_WEIGHT``, ``HIGHEST_WEIGHT``]
-(:mod:`~energon_platform.config`); a list's weights have a positive sum. Anything else is a
-:class:`DatasetError` naming the file, the key and the value.
+(`config`); a list's weights have a positive sum. Anything else is a
+`DatasetError` naming the file, the key and the value.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class WrittenLeaf:
 
 
 def exact_number(value: Any, where: str, key: str = "weight") -> Fraction:
-    """``value`` as an exact fraction of its decimal text; :class:`DatasetError` naming ``where``
-    and ``key`` unless :func:`~energon_platform.config.weight_problem` accepts it."""
+    """``value`` as an exact fraction of its decimal text; `DatasetError` naming ``where``
+    and ``key`` unless `weight_problem` accepts it."""
     problem = weight_problem(value)
     if problem:
         raise DatasetError(f"{where}: {key} {problem}")
@@ -46,7 +46,7 @@ def exact_number(value: Any, where: str, key: str = "weight") -> Fraction:
 
 def read_metadataset(path: Path) -> dict:
     """The YAML mapping of a metadataset file, read as Energon reads it (its ``load_yaml``: ``1e30``
-    is a number, ``'3'`` a string); :class:`DatasetError` for an empty or non-mapping file."""
+    is a number, ``'3'`` a string); `DatasetError` for an empty or non-mapping file."""
     import yaml
     from megatron.energon.eyaml import load_yaml
 

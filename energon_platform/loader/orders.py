@@ -113,7 +113,7 @@ class DatasetOrder:
         return self._shuffled(epoch, pos)
 
     def _shuffled(self, epoch: int, pos: np.ndarray) -> np.ndarray:
-        """:meth:`indices` without the boundary guard."""
+        """`indices` without the boundary guard."""
         if self.mode == "permutation":
             if self.num_samples <= SMALL:
                 return _epoch_table(self.num_samples, self.key, epoch)[pos]
@@ -146,14 +146,14 @@ class DatasetOrder:
         return out
 
     def positions(self, epoch: int, indices) -> np.ndarray:
-        """The inverse of :meth:`indices`: the positions (``int64``) of sample ``indices`` in ``epoch``,
+        """The inverse of `indices`: the positions (``int64``) of sample ``indices`` in ``epoch``,
         in O(1) per index (the keyed bijections run backwards)."""
         idx = np.asarray(indices, dtype=np.int64)
         pos = self._unshuffled(epoch, idx)
         return _boundary_swaps(self, epoch).apply(pos) if epoch > 0 and self.boundary else pos
 
     def _unshuffled(self, epoch: int, idx: np.ndarray) -> np.ndarray:
-        """:meth:`positions` without the boundary guard."""
+        """`positions` without the boundary guard."""
         if self.mode == "permutation":
             return _epoch_permutation(self.num_samples, self.key, epoch).inverse(idx)
         s, w = self.block_size, self.window_blocks

@@ -1,17 +1,17 @@
 """Pure functions of the global packer and balancer: costs, rows, dealing.
 
 Nothing here reads data: inputs are per-sample lengths (from the length index, see
-:mod:`~energon_platform.loader.lengths`) and stream positions; outputs are lists of positions.
+`lengths`) and stream positions; outputs are lists of positions.
 Every choice is deterministic (ties broken by position, row id, rank id), so the same inputs give
 the same rows on every process, layout and resume.
 
-* :func:`sample_cost`: the cost model of ``loader.balance`` (``tokens``: ``L``; ``attention``:
+* `sample_cost`: the cost model of ``loader.balance`` (``tokens``: ``L``; ``attention``:
   ``L² + c·L``, self-attention plus a linear term of weight ``c``).
-* :func:`pack_rows`: a pool of documents → exactly ``num_rows`` rows of at most ``capacity``
+* `pack_rows`: a pool of documents → exactly ``num_rows`` rows of at most ``capacity``
   positions, longest first; what does not fit is carried (returned), never dropped.
-* :func:`fill_budget`: a pool of samples → the samples of one global batch within a cost budget
+* `fill_budget`: a pool of samples → the samples of one global batch within a cost budget
   (unpacked models), the rest carried.
-* :func:`deal`: items → ``parts`` groups of equal count (rows) or free count (samples) with
+* `deal`: items → ``parts`` groups of equal count (rows) or free count (samples) with
   balanced cost (longest processing time first).
 """
 
@@ -134,7 +134,7 @@ def pack_led_rows(
     carried ones first, longest first, each into the feasible row of least cost. A batch's long
     documents are thus all of one size and one per row, so every row costs about the same and
     any dealing to any number of ranks is balanced. Returns ``(rows, carried)`` as
-    :func:`pack_rows` does; needs at least ``num_rows`` items."""
+    `pack_rows` does; needs at least ``num_rows`` items."""
     n = len(lengths)
     if n < num_rows:
         raise ValueError(f"{n} items cannot lead {num_rows} rows")

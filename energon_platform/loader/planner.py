@@ -1,7 +1,7 @@
 """The global planner: which samples form global batch ``b``, in which rows, on which rank.
 
 With ``loader.balance`` set, a global batch is no longer ``items_per_batch`` consecutive stream
-positions: it is *planned* from the stream (:class:`~energon_platform.loader.schedule.Schedule`,
+positions: it is *planned* from the stream (`Schedule`,
 unchanged) with each sample's exact length from the length index, before any media is decoded.
 
 * **Packed** (an encoder with packing): every global batch is exactly ``global_batch_size`` rows
@@ -9,18 +9,18 @@ unchanged) with each sample's exact length from the length index, before any med
   the pool holds ``fill`` batches of positions, at most ``window`` samples). Each row is led by
   one of the pool's documents nearest in length around the oldest one, then filled with shorter
   documents, each into the feasible row of least cost
-  (:func:`~energon_platform.loader.packer.pack_led_rows`): rows of like cost, on any world size.
+  (`pack_led_rows`): rows of like cost, on any world size.
   What does not fit is carried to a later global batch, first in line there: never dropped, never
   duplicated; the oldest sample is always placed.
 * **Unpacked**: ``global_batch_size`` samples of like cost around the oldest of a pool of
-  :data:`BUCKET_POOL` batches, or, with ``global_batch_tokens``, the pool's samples that fit that
+  `BUCKET_POOL` batches, or, with ``global_batch_tokens``, the pool's samples that fit that
   cost budget (the rest carried).
 
 Then rows (samples) are dealt to ranks by cost, each rank its equal number of rows (or its share
 of samples), and each rank's share to its micro-batches the same way
-(:func:`~energon_platform.loader.packer.deal`). Rows and batches depend on (seed, position, blend
+(`deal`). Rows and batches depend on (seed, position, blend
 history, carried samples) only; the dealing also on the world size. The state is
-:class:`PlanState`: the next stream position and the carried positions (bounded by the window),
+`PlanState`: the next stream position and the carried positions (bounded by the window),
 so restore is O(1): planning batch ``b`` continues from the saved state.
 """
 
@@ -95,9 +95,7 @@ class Planner:
     budget: float | None = None  #: cost per global batch (unpacked with a token budget)
     window: int = 4096  #: most samples in the pool
     fill: float = DEFAULT_FILL
-    led: bool = (
-        True  #: packed: rows led by like-length documents (:func:`pack_led_rows`), else LPT rows
-    )
+    led: bool = True  #: packed: rows led by like-length documents (`pack_led_rows`), else LPT rows
     #: ``identity(positions)``: which sample each stream position is (default: ``lengths.identities``,
     #: else the position itself); two positions of one identity are never in one global batch
     identity: Any = None
@@ -108,14 +106,14 @@ class Planner:
         self._cache[self.start.batch] = (self.start, None)
 
     def identities(self, positions: list[int]) -> list:
-        """The sample identity of each stream position (:attr:`identity`)."""
+        """The sample identity of each stream position (`identity`)."""
         if self.identity is not None:
             return self.identity(positions)
         of = getattr(self.lengths, "identities", None)
         return of(positions) if of is not None else list(positions)
 
     def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, int]:
-        """``(row_length, work_length)`` of one sample (see :class:`~energon_platform.loader.lengths.SampleLengths`)."""
+        """``(row_length, work_length)`` of one sample (see `SampleLengths`)."""
         return self.lengths.length_of(dataset, epoch, index)
 
     def restart(self, state: PlanState) -> None:
@@ -131,7 +129,7 @@ class Planner:
         return max(self._cache)
 
     def kept(self, batch: int) -> bool:
-        """Whether the plan of ``batch`` is kept (:meth:`plan` returns it without planning)."""
+        """Whether the plan of ``batch`` is kept (`plan` returns it without planning)."""
         return self._cache.get(batch, (None, None))[1] is not None
 
     def state_at(self, batch: int) -> PlanState:
@@ -159,7 +157,7 @@ class Planner:
         return plan
 
     def cost_at(self, batch: int) -> Any:
-        """``cost(work_length)`` of global batch ``batch`` (see :attr:`cost`)."""
+        """``cost(work_length)`` of global batch ``batch`` (see `cost`)."""
         at = getattr(self.cost, "at", None)
         return self.cost if at is None else at(batch)
 
@@ -180,7 +178,7 @@ class Planner:
         """Unpacked: the ``items_per_batch`` pool samples nearest in cost around the oldest one
         (which is always taken, so no sample waits more global batches than the pool holds samples;
         most wait a few): samples of like cost, so equal counts per rank are equal work on any
-        world size. Samples whose next copy waits (:class:`Pool`) are taken first."""
+        world size. Samples whose next copy waits (`Pool`) are taken first."""
         g = self.items_per_batch
         want = min(self.window, BUCKET_POOL * g)
         pool.read(want, lambda i: 1, limit=want)
@@ -260,7 +258,7 @@ class Planner:
         )
 
     def _batch(self, state: PlanState, pool: Pool, rows: list[list[int]], costs: dict) -> BatchPlan:
-        """The :class:`BatchPlan` of ``rows`` (lists of pool indices); everything else is carried."""
+        """The `BatchPlan` of ``rows`` (lists of pool indices); everything else is carried."""
         placed = {i for row in rows for i in row}
         return BatchPlan(
             [[pool.positions[i] for i in row] for row in rows],
@@ -282,7 +280,7 @@ class PlanError(DatasetError):
 def check_distinct(
     blend: Any, sizes: Sequence[int], names: Sequence[str], units_per_batch: int, unit: int = 1
 ) -> None:
-    """:class:`PlanError` when, in some segment of ``blend`` (``units_per_batch`` blend units of
+    """`PlanError` when, in some segment of ``blend`` (``units_per_batch`` blend units of
     ``unit`` samples per global batch), a dataset's share of a global batch exceeds its number of
     samples: every global batch would then hold one of its samples twice, whatever the order
     (the blend's ratios are exact)."""
@@ -302,13 +300,13 @@ def check_distinct(
 
 class Pool:
     """The samples a global batch is planned from: the carried stream positions, then positions
-    read from the stream, in stream order (index ``i`` in :attr:`positions`).
+    read from the stream, in stream order (index ``i`` in `positions`).
 
     One sample (dataset and index) may be pending at several positions when a small dataset
-    wraps into its next epoch: only its *first* pending copy is :attr:`live` (may be placed);
+    wraps into its next epoch: only its *first* pending copy is `live` (may be placed);
     later copies *wait* (are carried unplaced) until the earlier one is placed. A global batch
     never holds one sample twice, and a sample's copy of epoch ``e + 1`` is never placed while
-    its copy of epoch ``e`` is pending. Live samples with a waiting copy are :attr:`due` and are
+    its copy of epoch ``e`` is pending. Live samples with a waiting copy are `due` and are
     placed first, so waiting copies move on."""
 
     def __init__(self, planner: Planner, state: PlanState):
@@ -317,9 +315,7 @@ class Pool:
         self.lengths: list[tuple[int, int]] = planner.lengths(self.positions)
         self.position = state.position  #: the next unread stream position
         self.carried = len(state.carried)
-        self.first = (
-            0  #: after :meth:`prioritised`: how many of its indices come first (due or carried)
-        )
+        self.first = 0  #: after `prioritised`: how many of its indices come first (due or carried)
         self.live: list[int] = []
         self.due: list[int] = []
         self._first: dict = {}  # sample identity -> index of its live copy
@@ -373,7 +369,7 @@ class Pool:
         return len(self.live)
 
     def require(self, count: int, batch: int, what: str) -> None:
-        """:class:`PlanError` unless at least ``count`` samples are live."""
+        """`PlanError` unless at least ``count`` samples are live."""
         if len(self.live) < count:
             raise PlanError(
                 f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
@@ -383,7 +379,7 @@ class Pool:
             )
 
     def prioritised(self, state: PlanState) -> list[int]:
-        """Live indices with the due and carried ones first (see :attr:`first`), oldest first within each."""
+        """Live indices with the due and carried ones first (see `first`), oldest first within each."""
         due = set(self.due)
         front = [i for i in self.live if i in due or i < self.carried]
         self.first = len(front)

@@ -3,7 +3,7 @@
 A SIGKILLed training process cannot stop its children. Left alone they live on as orphans: a
 ``multiprocessing`` pool worker waits on its task queue for ever, a DataLoader worker until its
 next check of its parent (seconds, or the end of the micro-batch it is making), and meanwhile each
-keeps what it inherited (memory, open files, a GPU context). :func:`die_with_parent`, called first
+keeps what it inherited (memory, open files, a GPU context). `die_with_parent`, called first
 thing in a forked child, has the kernel SIGKILL the child the moment its parent dies, so nothing of
 a killed run outlives it. Used by the length index's build pool and the loader's worker processes.
 """

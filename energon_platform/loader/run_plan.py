@@ -1,18 +1,18 @@
 """The pure plan of a training run's data: which samples every global batch holds.
 
-A :class:`RunPlan` is built from the run config, the task encoder (only what planning asks of it:
+A `RunPlan` is built from the run config, the task encoder (only what planning asks of it:
 its pack group, ``seq_len``, sample lengths for the length index, its config digest) and the
 data-parallel world size. It holds the datasets, each dataset's order
-(:mod:`~energon_platform.loader.orders`), the blend and its history segments
-(:mod:`~energon_platform.loader.blend_history`), the ``loader.exclude`` history
-(:mod:`~energon_platform.loader.exclusions`), the schedule (:mod:`~energon_platform.loader.schedule`),
-the batching mode (:mod:`~energon_platform.loader.batching`) and the fingerprint, which it
+(`orders`), the blend and its history segments
+(`blend_history`), the ``loader.exclude`` history
+(`exclusions`), the schedule (`schedule`),
+the batching mode (`batching`) and the fingerprint, which it
 assembles from its components' parts. No DataLoader, no workers, no sample is read.
 
-:class:`~energon_platform.loader.train_loader.TrainLoader` adds the workers, their supervision,
-iteration and the ``Stateful`` protocol; :class:`~energon_platform.loader.trace.Tracer` answers
+[`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] adds the workers, their supervision,
+iteration and the ``Stateful`` protocol; `Tracer` answers
 provenance questions from the plan alone. Both continue a saved
-:class:`~energon_platform.loader.state.LoaderState` with :meth:`RunPlan.resume`.
+[`LoaderState`][energon_platform.loader.state.LoaderState] with `RunPlan.resume`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 def build_encoder(cfg: Any, training: bool = True) -> Any:
     """The task encoder named by the config, seeded with the loader's seed, its segments padded
-    for ``loader.context_parallel`` (:func:`~energon_platform.loader.context_parallel.apply_context_parallel`)."""
+    for ``loader.context_parallel`` (`apply_context_parallel`)."""
     from task_encoders.registry import get_encoder
 
     encoder = get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
@@ -58,7 +58,7 @@ class RunPlan:
 
     Args:
         cfg: run config (``data``, ``encoder``, ``loader``).
-        encoder: the run's task encoder (:func:`build_encoder`).
+        encoder: the run's task encoder ([`build_encoder`][energon_platform.loader.run_plan.build_encoder]).
         world_size: data-parallel ranks (the global batch must split over them).
         workers: processes that build a missing length index (planned runs).
         rank: warnings about the config are logged by rank 0 only (once per job).
@@ -83,12 +83,12 @@ class RunPlan:
             cfg, encoder, self.pack_group, self.datasets, workers
         )
         self.orders = self._orders(self.batching.epoch_guard)
-        #: ``loader.exclude``'s history (:mod:`~energon_platform.loader.exclusions`)
+        #: ``loader.exclude``'s history (`exclusions`)
         self.exclusions = planned(lc.exclude)
         for warning in check_rules(lc.exclude, self.datasets) if lc.exclude else ():
             if rank == 0:
                 log.warning("%s", warning)
-        #: what :meth:`resume` changed in the blend and the exclusions, with steps
+        #: what `resume` changed in the blend and the exclusions, with steps
         self.blend_changes: list[str] = []
         self._identities: dict | None = None
         self._set_blend(
@@ -102,7 +102,7 @@ class RunPlan:
 
     def _blend_unit_samples(self, cfg: Any) -> int:
         """Samples per blend unit: 1, or a micro-batch's with ``blend_unit: batch`` (which needs a
-        fixed ``micro_batch_size``: one-line :class:`ConfigError` otherwise)."""
+        fixed ``micro_batch_size``: one-line `ConfigError` otherwise)."""
         if cfg.loader.blend_unit != "batch":
             return 1
         if cfg.loader.micro_batch_size is None:
@@ -195,10 +195,10 @@ class RunPlan:
 
     def resume(self, state: LoaderState) -> None:
         """Continue from ``state``: its orders, exclusion and blend history and (planned) its plan
-        state (``measured``: its cost history). :class:`StateMismatchError` for other data or
-        config, :class:`LayoutError` for a state saved in the middle of a global batch that this
+        state (``measured``: its cost history). `StateMismatchError` for other data or
+        config, `LayoutError` for a state saved in the middle of a global batch that this
         layout cannot continue. Changes (blend, exclusions, cost model) are logged by rank 0 and
-        kept in :attr:`blend_changes`."""
+        kept in `blend_changes`."""
         self._check_datasets(state)
         self._continue_orders(state)
         self._check_fingerprint(state)

@@ -1,10 +1,10 @@
 """Which sample each loader worker is on, and since when: the watch behind ``loader.sample_timeout``.
 
-A :class:`SampleWatch` is a small shared-memory table with one row per DataLoader worker, made in
+A `SampleWatch` is a small shared-memory table with one row per DataLoader worker, made in
 the main process before the workers are forked (they inherit it). A worker writes its row when it
 starts reading a sample and clears it when the sample is encoded (or has failed); the main process,
 while it waits for a micro-batch, reads the rows and finds the workers that have been on one
-sample longer than the limit (:meth:`SampleWatch.stuck`). Rows hold schedule positions, not keys:
+sample longer than the limit (`SampleWatch.stuck`). Rows hold schedule positions, not keys:
 a read that never returns never produced its key.
 """
 
@@ -39,7 +39,7 @@ class SampleTimeoutError(Exception):
 
 class SampleWatch:
     """One row per worker (see module doc). Create it before the workers fork; each worker writes
-    only its own row (:meth:`on`), the main process only reads (:meth:`stuck`)."""
+    only its own row (`on`), the main process only reads (`stuck`)."""
 
     def __init__(self, workers: int):
         self.workers = workers

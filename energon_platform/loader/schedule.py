@@ -6,10 +6,10 @@ requires the same ``num_workers``, and its ``restore_seeds`` augmentation depend
 layout. energon_platform keeps Energon's dataset layer (index, random-access tar reader, decoders,
 sample types, task encoders) and replaces the *ordering* layer with this schedule:
 
-* **Blend** (:mod:`~energon_platform.loader.blend`): stream position ``p`` belongs to dataset
+* **Blend** (`blend`): stream position ``p`` belongs to dataset
   ``d`` and is that dataset's ``j``-th sample, by an exact low-discrepancy interleave of the
   blend weights (segments of weights that may change at given steps). One dataset is a blend of one.
-* **Epochs per dataset** (:mod:`~energon_platform.loader.orders`): dataset ``d``'s ``j``-th sample
+* **Epochs per dataset** (`orders`): dataset ``d``'s ``j``-th sample
   is position ``j mod N_d`` of its epoch ``j // N_d``, in an order keyed by ``(seed, d's stream
   id, epoch)``: a keyed bijection (``permutation``) or a block-and-window shuffle (``locality``).
   A small dataset wraps into its next epoch while a large one is still in its first; two entries
@@ -137,7 +137,7 @@ class Schedule:
         return range(rank * per_rank, (rank + 1) * per_rank)
 
     def check_world_size(self, world_size: int, micro_items: int | None = None) -> int:
-        """Items per rank; :class:`LayoutError` naming the world sizes that work otherwise.
+        """Items per rank; [`LayoutError`][energon_platform.loader.schedule.LayoutError] naming the world sizes that work otherwise.
         ``micro_items``: the micro-batch size, which must divide each rank's share."""
         return self.check_split(self.items_per_batch, self.group_size, world_size, micro_items)
 
@@ -145,7 +145,7 @@ class Schedule:
     def check_split(
         items_per_batch: int, group_size: int, world_size: int, micro_items: int | None = None
     ) -> int:
-        """:meth:`check_world_size` before a schedule exists (the split depends on nothing else)."""
+        """`check_world_size` before a schedule exists (the split depends on nothing else)."""
         g = items_per_batch
 
         def fits(d: int) -> bool:

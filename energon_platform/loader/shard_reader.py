@@ -7,13 +7,13 @@ fetches an object under 512 MiB whole on ``open``, a random order therefore fetc
 byte delivered and ~4.5 requests per sample (measured against SeaweedFS, ``scripts/s3_read_cost.py``);
 on local disk the index reads and tar header parsing cost ~0.7 ms per sample.
 
-:class:`ShardReader` reads exactly one byte range per sample:
+`ShardReader` reads exactly one byte range per sample:
 
 * a shard's ``.tar.idx`` (8 bytes per sample, Energon's own index) is read **once** and kept in an
-  LRU of :data:`INDEX_CACHE` shards, so memory stays bounded at any corpus size;
+  LRU of `INDEX_CACHE` shards, so memory stays bounded at any corpus size;
 * the sample's members are one contiguous range ``[offset[i], offset[i+1])`` of the tar: a local
   ``os.pread`` on a cached file descriptor, or one ranged ``GET`` through the path's MSC client;
-* the range is parsed with :mod:`tarfile` exactly as Energon's reader parses it (same name
+* the range is parsed with `tarfile` exactly as Energon's reader parses it (same name
   splitting, meta-file skipping, ``part_filter`` and ``sample_filter``) and returned as the same
   ``FilteredSample`` dict, so ``factory.load_sample`` decodes identically.
 
@@ -37,7 +37,7 @@ import numpy as np
 INDEX_CACHE = 256
 #: Local file descriptors one reader keeps open.
 FD_CACHE = 64
-#: Concurrent range requests of one :meth:`ShardReader.fetch_many` on object storage.
+#: Concurrent range requests of one `ShardReader.fetch_many` on object storage.
 FETCH_THREADS = 16
 
 
@@ -45,8 +45,8 @@ def _members(data: bytes):
     """``(name, read)`` of each regular file in a tar byte range, in order (``read()`` gives its bytes).
 
     Fast path for what tar writers produce for samples (ustar/v7 headers, regular files: a header
-    parsed by slicing costs microseconds where :mod:`tarfile` costs ~0.2 ms per sample); a range
-    with any other header (GNU long names, pax) is handed to :mod:`tarfile` whole."""
+    parsed by slicing costs microseconds where `tarfile` costs ~0.2 ms per sample); a range
+    with any other header (GNU long names, pax) is handed to `tarfile` whole."""
     out, pos, end = [], 0, len(data)
     while pos + 512 <= end:
         header = data[pos : pos + 512]
@@ -139,7 +139,7 @@ class ShardReader:
 
     def _read_range(self, shard: int, offset: int, size: int) -> bytes:
         """The bytes ``[offset, offset + size)`` of the shard; fewer of them (the shard was cut
-        short): :class:`CorruptShardError`."""
+        short): `CorruptShardError`."""
         data = self._read_range_unchecked(shard, offset, size)
         if len(data) != size:
             raise CorruptShardError.of(
@@ -188,7 +188,7 @@ class ShardReader:
 
     def fetch_many(self, indices) -> dict[int, Any]:
         """Raw samples of ``indices`` read concurrently (object storage: latency-bound requests
-        overlap, :data:`FETCH_THREADS` at a time); samples contiguous in one shard are one range.
+        overlap, `FETCH_THREADS` at a time); samples contiguous in one shard are one range.
         A failed read is returned as its exception under its index, raised when that sample is used."""
         from concurrent.futures import ThreadPoolExecutor
 

@@ -3,18 +3,18 @@
 Uses Energon's own pieces: ``get_dataset_from_config`` (reads ``.nv-meta``, ``dataset.yaml``,
 split), its ``.tar.idx`` tar index and the factory's ``load_sample`` (decoder and field map / sample
 loader), the path Energon's ``restore_sample`` takes. Two things are ours: the order in which
-indices are asked for (:mod:`energon_platform.loader.schedule`) and the byte reads
-(:mod:`energon_platform.loader.shard_reader`: one ranged read per sample, the index read once per
+indices are asked for (`energon_platform.loader.schedule`) and the byte reads
+(`energon_platform.loader.shard_reader`: one ranged read per sample, the index read once per
 shard), which give Energon's raw samples without its re-reads and whole-object fetches.
 
 The path is a local folder or ``msc://PROFILE/prefix`` (object storage through multi-storage-client,
 profile from ``MSC_CONFIG``): every read goes through Energon's ``EPath``. Failures of the storage
 itself (credentials refused, connection lost after the client's retries, an object gone) raise
-:class:`StorageError`, at open or mid-run, and are never skipped as bad samples: a skip caused by
+`StorageError`, at open or mid-run, and are never skipped as bad samples: a skip caused by
 the store would change the global batches on one run and not another. A shard whose bytes disagree
 with its index (truncated after conversion) is bad data instead: its samples fail and are replaced
 like undecodable ones, and when a micro-batch cannot be filled the error names that shard and
-``energon-platform verify`` (:meth:`SampleSource.samples_failed`), never memory or the loader.
+``energon-platform verify`` (`SampleSource.samples_failed`), never memory or the loader.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from megatron.energon import WorkerConfig
 
 from storage import DatasetError, StorageError, dataset_root, is_remote, storage_errors
 
-#: ``DatasetError`` and ``StorageError`` are the storage room's (:mod:`storage`), re-exported: the
+#: ``DatasetError`` and ``StorageError`` are the storage room's (`storage`), re-exported: the
 #: loader raises them, so a caller may name them from here.
 __all__ = ["DatasetError", "SampleSource", "SamplesFailedError", "StorageError", "split_parts"]
 
 
 class SamplesFailedError(DatasetError):
-    """A sample and all its stand-ins failed (:meth:`SampleSource.samples_failed`): bad data, one
+    """A sample and all its stand-ins failed (`SampleSource.samples_failed`): bad data, one
     line; when a shard was found corrupt it names the shard and ``energon-platform verify``."""
 
 
@@ -109,7 +109,7 @@ class SampleSource:
         self._factory = _factory(self.path, split, subflavors)
         self.shard_counts = tuple(s.count for s in self._factory.shards)
         self._reader = None
-        self._prefetched: dict = {}  #: index → the future of its background read (:meth:`prefetch`)
+        self._prefetched: dict = {}  #: index → the future of its background read (`prefetch`)
         self._lookahead = None
         self._pid = os.getpid()
         self._corrupt: dict[
@@ -117,10 +117,10 @@ class SampleSource:
         ] = {}  #: shard name → what is wrong, found by reads of this process
 
     def check_shards(self) -> None:
-        """:class:`DatasetError` naming the first shard of the split that is not a file
+        """`DatasetError` naming the first shard of the split that is not a file
         (deleted, moved, replaced by a folder): caught when the dataset is opened, not mid-run as a
         flood of bad samples. One ``is_file`` per shard through Energon's ``EPath`` (on object
-        storage one HEAD request each); a store that refuses or fails: :class:`StorageError`."""
+        storage one HEAD request each); a store that refuses or fails: `StorageError`."""
         with storage_errors(self.path, "the shard list"):
             self._check_shards()
 

@@ -1,9 +1,9 @@
 """The stand-in rule: which sample replaces a scheduled sample that failed or is excluded.
 
 A stand-in is a keyed draw of the same dataset and epoch
-(:meth:`~energon_platform.loader.orders.DatasetOrder.replacement`), so it is a pure function of
-the sample it replaces: the loader (:mod:`~energon_platform.loader.batches`) and the trace
-(:mod:`~energon_platform.loader.trace`) apply this one rule and name the same sample. Attempts
+(`replacement`), so it is a pure function of
+the sample it replaces: the loader (`batches`) and the trace
+(`trace`) apply this one rule and name the same sample. Attempts
 ``1 .. MAX_REPLACEMENTS`` are tried in order; in a planned packed row a candidate longer than the
 room the row keeps for the sample is passed over (it would overflow the row); the first candidate
 the caller accepts (it loads; it is not excluded) is the stand-in.
@@ -39,7 +39,7 @@ def stand_in(
     accepts: Callable[[int], bool],
     fits: Callable[[int], bool] | None = None,
 ) -> int | None:
-    """The first candidate (:func:`candidates`) that ``fits`` and ``accepts`` take, or None when
+    """The first candidate (`candidates`) that ``fits`` and ``accepts`` take, or None when
     none of the ``MAX_REPLACEMENTS`` does. ``accepts`` is called once per fitting candidate, in
     order, until one is taken (the loader loads each there)."""
     for candidate in candidates(order, epoch, index):

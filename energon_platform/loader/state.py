@@ -1,7 +1,7 @@
 """The saved loader state: plain JSON data, versioned, with a fingerprint of what must match.
 
 A state loads with ``json.loads`` (no pickle, no code). It is tiny and the same shape at any
-position: the schedule makes the position one number (see :mod:`energon_platform.loader.schedule`).
+position: the schedule makes the position one number (see `energon_platform.loader.schedule`).
 
 ``fingerprint`` holds everything that changes *which* data a position means: dataset identity
 (Energon index uuid, split, shard list digest), the task encoder's config, the seed, the global
@@ -39,11 +39,11 @@ class LoaderState:
         list  #: per dataset ``{"samples", "epochs"}`` before the next global batch (informational)
     )
     #: with ``loader.balance``: where planning of the next global batch starts,
-    #: ``{"batch", "position", "carried": [stream positions]}`` (:class:`~energon_platform.loader.planner.PlanState`);
-    #: ``measured`` adds ``"costs"``, the cost history (:mod:`~energon_platform.loader.batching.cost_history`)
+    #: ``{"batch", "position", "carried": [stream positions]}`` (`PlanState`);
+    #: ``measured`` adds ``"costs"``, the cost history (`cost_history`)
     plan: dict | None = None
     #: ``loader.exclude``'s history: ``[{"start", "end", "keys", "shards", "datasets"}, ...]``
-    #: (:class:`~energon_platform.loader.exclusions.Exclusion`); None: nothing ever excluded
+    #: (`Exclusion`); None: nothing ever excluded
     exclude: list | None = None
 
     @property
@@ -64,7 +64,7 @@ class LoaderState:
     @classmethod
     def from_dict(cls, data: Any) -> LoaderState:
         """Validate a state read from a checkpoint: exact keys, exact types (no ``"5"`` for 5, no
-        floats, no bools), positions in range. Anything else is a :class:`StateMismatchError`
+        floats, no bools), positions in range. Anything else is a [`StateMismatchError`][energon_platform.loader.state.StateMismatchError]
         naming the field: a tampered or hand-edited state never restarts the data silently."""
         if not isinstance(data, dict):
             raise StateMismatchError(f"loader state must be a mapping, got {type(data).__name__}")

@@ -1,22 +1,22 @@
 """Provenance without logs: which samples global step N trained on, and which steps used key K.
 
-The schedule (:mod:`~energon_platform.loader.schedule`) is a pure function of the config, the
+The schedule (`schedule`) is a pure function of the config, the
 blend history and the ``loader.exclude`` history, so both questions are answered by computing,
-never by reading logs or data (only Energon's key index, :mod:`~energon_platform.loader.key_index`):
+never by reading logs or data (only Energon's key index, `key_index`):
 
-* **a step**: its stream positions → ``(dataset, epoch, index)`` (:meth:`Schedule.samples`) →
+* **a step**: its stream positions → ``(dataset, epoch, index)`` (`Schedule.samples`) →
   keys; rank ``r`` of ``R`` holds the ``r``-th contiguous slice of the global batch, cut into
   micro-batches of ``micro_batch_size`` items. A sample that ``loader.exclude`` skips is
   replaced by its keyed stand-in, as the loader does. O(batch size) per step at any corpus size.
 * **a key**: key → dataset index (Energon's index) → per epoch of its dataset, its position by
-  the inverse permutation (:meth:`DatasetOrder.positions`) → the blend's inverse
-  (:meth:`Blend.unit_of`) → stream position → step. O(1) per epoch, no scan of the steps. Its
+  the inverse permutation (`DatasetOrder.positions`) → the blend's inverse
+  (`Blend.unit_of`) → stream position → step. O(1) per epoch, no scan of the steps. Its
   uses as the stand-in of an excluded sample are found the same way from every sample a rule
   can match (a stand-in is a pure function of the sample it replaces).
 
 **Balanced runs** (``loader.balance``): a global batch is the planner's plan
-(:mod:`~energon_platform.loader.planner`), dealt to ranks and micro-batches by
-:func:`~energon_platform.loader.planner.deal_plan`. The plan of batch ``b`` depends on the
+(`planner`), dealt to ranks and micro-batches by
+`deal_plan`. The plan of batch ``b`` depends on the
 planner's state at ``b`` (next stream position, carried samples), which only planning batches
 ``0 .. b-1`` gives (or a checkpoint's saved state, for ``b`` at or after it): a step costs a
 replay of the planner up to it (lengths from the length index, no data read). A key's stream
@@ -134,8 +134,8 @@ def uses(
 
 
 class Tracer:
-    """Trace of a run's :class:`~energon_platform.loader.run_plan.RunPlan` (after
-    :meth:`~energon_platform.loader.run_plan.RunPlan.resume` when a checkpoint gives the history).
+    """Trace of a run's `RunPlan` (after
+    `resume` when a checkpoint gives the history).
     ``progress(done, total)``: called during a long planner replay (balanced runs)."""
 
     def __init__(self, plan: Any, progress: Callable[[int, int], None] | None = None):
@@ -171,7 +171,7 @@ class Tracer:
     # --- balanced runs: the planner's plans ----------------------------------------------------
 
     def batch_plan(self, batch: int) -> Any:
-        """The planner's :class:`~energon_platform.loader.planner.BatchPlan` of global batch
+        """The planner's `BatchPlan` of global batch
         ``batch``: from the loader's planner at or after its start (a checkpoint's state), else
         replayed from the start of the run; sequential, with progress."""
         planner = self.plan.planner
@@ -367,7 +367,7 @@ class Tracer:
 
     def _stream_layout(self, batch: int) -> Iterator[tuple[int, int, int, int, int]]:
         """Unbalanced: ``(dataset, epoch, index, rank, micro_batch)`` of every sample of global
-        batch ``batch`` (:func:`step_layout`)."""
+        batch ``batch`` (`step_layout`)."""
         lay = step_layout(self.schedule, batch, self.plan.world_size, self.plan.micro_items)
         return zip(*(lay[k].tolist() for k in ("dataset", "epoch", "index", "rank", "micro_batch")))
 
@@ -464,8 +464,8 @@ def open_tracer(
     state: dict | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Tracer:
-    """A :class:`Tracer` for run config ``cfg``; ``state``: a checkpoint's loader state (rank 0's,
-    :func:`energon_platform.training.checkpoint.loader_state`) that gives the blend and exclusion
+    """A `Tracer` for run config ``cfg``; ``state``: a checkpoint's loader state (rank 0's,
+    `energon_platform.training.checkpoint.loader_state`) that gives the blend and exclusion
     history (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's
     state there). Builds the run's plan and its encoder, no loader."""
     from energon_platform.loader.run_plan import RunPlan, build_encoder

@@ -1,21 +1,21 @@
 """Train and validation loaders built from a run config.
 
-:class:`TrainLoader` is an iterator of micro-batches with the ``Stateful`` protocol of
+[`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] is an iterator of micro-batches with the ``Stateful`` protocol of
 ``torch.distributed.checkpoint`` (``state_dict``/``load_state_dict``). Its state is a
-:class:`~energon_platform.loader.state.LoaderState` as a plain dict. Restoring costs the same as starting
+[`LoaderState`][energon_platform.loader.state.LoaderState] as a plain dict. Restoring costs the same as starting
 (no replay), works with another number of workers, and with another data-parallel world size when
 that world size divides the global batch.
 
-``data.path`` is one Energon dataset or a metadataset (:mod:`~energon_platform.loader.datasets`).
-The state records the blend's history (:mod:`~energon_platform.loader.blend_history`); its
+``data.path`` is one Energon dataset or a metadataset (`datasets`).
+The state records the blend's history (`blend_history`); its
 fingerprint splits into what must match (encoder config, seed, global batch, pack group, shuffle
 mode, blend unit, schedule version) and the identity of each saved dataset by name, which must be
 the same data now; datasets may be added at resume, not removed.
 
 Worker supervision: a worker that dies (killed for memory) stops the run with
-:class:`LoaderWorkerError`; with ``loader.sample_timeout`` a worker on one sample for longer than the
+[`LoaderWorkerError`][energon_platform.loader.train_loader.LoaderWorkerError]; with ``loader.sample_timeout`` a worker on one sample for longer than the
 limit is killed, the sample becomes a failed sample (its stand-in is used, as for a corrupt one) and
-the workers restart at the loader's position (:meth:`TrainLoader._replace_stuck`). Micro-batches are
+the workers restart at the loader's position (`TrainLoader._replace_stuck`). Micro-batches are
 pure functions of their position, so the restart changes no other batch and the state no field.
 """
 
@@ -44,13 +44,14 @@ log = logging.getLogger(__name__)
 class TrainLoader:
     """Micro-batches of one data-parallel rank; infinite (epochs follow each other).
 
-    The global batches are those of its :class:`~energon_platform.loader.run_plan.RunPlan`
-    (:attr:`plan`); the loader adds the worker processes, their supervision, iteration and the
+    The global batches are those of its `RunPlan`
+    (`plan`); the loader adds the worker processes, their supervision, iteration and the
     ``Stateful`` protocol.
 
     Args:
         cfg: run config (``data``, ``encoder``, ``loader``).
-        rank, world_size: this rank's data-parallel coordinates.
+        rank: this rank's index among the data-parallel ranks.
+        world_size: the number of data-parallel ranks.
         num_workers: overrides ``cfg.loader.num_workers`` (may differ from the saved run).
     """
 
@@ -66,7 +67,7 @@ class TrainLoader:
         self.plan = RunPlan(cfg, self.encoder, world_size, self.num_workers, rank)
         self.maker = self._maker()
         self.next_microbatch = 0
-        self._tracer = None  #: for :meth:`exclusion_stats`, built at its first use
+        self._tracer = None  #: for `exclusion_stats`, built at its first use
         self._iter = None
         self._watch: SampleWatch | None = (
             None  #: with ``loader.sample_timeout``: the running workers' watch
@@ -95,7 +96,7 @@ class TrainLoader:
 
     @property
     def datasets(self) -> Any:
-        """The run's :class:`~energon_platform.loader.datasets.DatasetSet`."""
+        """The run's `DatasetSet`."""
         return self.plan.datasets
 
     @property
@@ -105,12 +106,12 @@ class TrainLoader:
 
     @property
     def batching(self) -> Any:
-        """The batching mode (:mod:`~energon_platform.loader.batching`)."""
+        """The batching mode (`batching`)."""
         return self.plan.batching
 
     @property
     def planned(self) -> bool:
-        """``loader.balance`` set: global batches are planned (:mod:`~energon_platform.loader.planner`)."""
+        """``loader.balance`` set: global batches are planned (`planner`)."""
         return self.plan.batching.planned
 
     @property
@@ -156,7 +157,7 @@ class TrainLoader:
 
     @property
     def blend_changes(self) -> list[str]:
-        """What :meth:`load_state_dict` changed in the blend and the exclusions, with steps."""
+        """What `load_state_dict` changed in the blend and the exclusions, with steps."""
         return self.plan.blend_changes
 
     # --- statistics -------------------------------------------------------------------------
@@ -239,7 +240,7 @@ class TrainLoader:
     def _next_from_workers(self) -> tuple[int, Any]:
         """The next ``(micro-batch, batch)`` of the DataLoader. With ``loader.sample_timeout`` the
         DataLoader wakes up every fraction of the limit; each time, workers stuck on one sample for
-        longer than the limit are replaced (:meth:`_replace_stuck`) and the wait goes on."""
+        longer than the limit are replaced (`_replace_stuck`) and the wait goes on."""
         while True:
             try:
                 return next(self._iter)
@@ -364,7 +365,7 @@ class TrainLoader:
     # --- Stateful ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """The position (plain JSON data; :class:`~energon_platform.loader.state.LoaderState`).
+        """The position (plain JSON data; [`LoaderState`][energon_platform.loader.state.LoaderState]).
         Refused (``RuntimeError`` naming ``EnergonHooks``) when Lightning's checkpointing asks for it
         and the module lacks that mixin: Lightning takes it one prefetched batch ahead."""
         _refuse_lightning_without_hooks(self)
@@ -387,7 +388,7 @@ class TrainLoader:
         ).to_dict()
 
     def state_at(self, next_microbatch: int) -> dict:
-        """:meth:`state_dict` as it was (or will be) when micro-batch ``next_microbatch`` of this rank
+        """`state_dict` as it was (or will be) when micro-batch ``next_microbatch`` of this rank
         is next, without moving the loader: the state is a function of the position. For a trainer
         that fetched batches ahead of those it trained (a prefetch) and checkpoints the position it
         trained up to. ``next_microbatch`` must be at or after the position the loader was built or
@@ -401,8 +402,8 @@ class TrainLoader:
             self.next_microbatch = now
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Continue from a saved position. Raises :class:`StateMismatchError` for other data or
-        config, :class:`LayoutError` for a layout that cannot continue the same global batches."""
+        """Continue from a saved position. Raises [`StateMismatchError`][energon_platform.loader.train_loader.StateMismatchError] for other data or
+        config, [`LayoutError`][energon_platform.loader.train_loader.LayoutError] for a layout that cannot continue the same global batches."""
         state = LoaderState.from_dict(state_dict)
         self.close()  # workers already started would produce the old position
         self.plan.resume(state)
@@ -416,9 +417,9 @@ class TrainLoader:
 def _sigchld_ignored():
     """SIGCHLD at its default (discarded) inside the block, in the main thread. PyTorch installs a
     SIGCHLD handler the first time any DataLoader of the process starts workers outside
-    :func:`_without_sigchld_handler` (Energon's validation loader, a user's own loader); that
+    `_without_sigchld_handler` (Energon's validation loader, a user's own loader); that
     handler raises "DataLoader worker ... is killed by signal" for every registered worker that
-    dies, including one :meth:`TrainLoader._replace_stuck` kills on purpose."""
+    dies, including one `TrainLoader._replace_stuck` kills on purpose."""
     import signal
     import threading
 
@@ -436,8 +437,8 @@ def _without_sigchld_handler(start):
     """Start DataLoader workers but keep the SIGCHLD handler that was there before. PyTorch's own
     handler raises "DataLoader worker ... is killed" at whatever line the main process is running
     (inside the model, the optimizer, a checkpoint write); without it a dead worker is found by
-    the iterator itself within seconds, inside :meth:`TrainLoader.__next__`, which names the worker
-    and the micro-batch (:class:`LoaderWorkerError`)."""
+    the iterator itself within seconds, inside `TrainLoader.__next__`, which names the worker
+    and the micro-batch ([`LoaderWorkerError`][energon_platform.loader.train_loader.LoaderWorkerError])."""
     import signal
     import threading
 
@@ -452,7 +453,7 @@ def _without_sigchld_handler(start):
 
 def _worker_init():
     """The DataLoader's ``worker_init_fn``: workers forked by the main thread die with this process
-    (:func:`~energon_platform.loader.processes.die_with_parent`), so a SIGKILLed trainer leaves none
+    (`die_with_parent`), so a SIGKILLed trainer leaves none
     behind. Workers started from another thread keep PyTorch's own check of their parent (within
     seconds): the kernel's rule follows the forking thread, which may end before the workers."""
     import os
@@ -477,7 +478,7 @@ def gradient_accumulation_steps(cfg: RunConfig, world_size: int = 1) -> int:
     """Micro-batches per global batch on each of ``world_size`` data-parallel ranks: the
     ``TrainLoader.accumulation`` that ``TrainLoader(cfg, world_size=world_size)`` will have, known
     before any loader (or trainer) exists, e.g. for ``Accelerator(gradient_accumulation_steps=...)``
-    or ``Trainer(accumulate_grad_batches=...)``. :class:`LayoutError` for a world size that cannot
+    or ``Trainer(accumulate_grad_batches=...)``. [`LayoutError`][energon_platform.loader.train_loader.LayoutError] for a world size that cannot
     split the global batch."""
     per_rank = Schedule.check_split(
         cfg.loader.global_batch_size, 1, world_size, cfg.loader.micro_batch_size

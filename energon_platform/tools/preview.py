@@ -1,6 +1,6 @@
-"""What the model sees: a batch summarised as text (:func:`preview_batch`: field shapes and dtypes,
+"""What the model sees: a batch summarised as text (`preview_batch`: field shapes and dtypes,
 documents decoded back to text, for ``make demo`` and debugging), and a contact sheet of encoded
-training samples as a picture (:func:`preview`, ``energon-platform preview``; PNG, JPEG, ... by
+training samples as a picture (`preview`, ``energon-platform preview``; PNG, JPEG, ... by
 the file's suffix): augmented images and tiles with their decoded text, a video clip's frames in a
 row, an audio sample's mel spectrogram with its transcript, a point cloud from three sides, for any
 encoder or blend."""
@@ -227,7 +227,7 @@ def _wrap(text: str, font: Any, width: int, max_lines: int) -> list[str]:
 
 def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = "") -> Any:
     """A PIL picture of the first ``n`` documents of ``batches``, one row each: its media (images,
-    tiles, up to :data:`MAX_TILES` frames of a clip in a row, a mel spectrogram) on the left, its
+    tiles, up to `MAX_TILES` frames of a clip in a row, a mel spectrogram) on the left, its
     key, modality and decoded text on the right."""
     from PIL import Image, ImageDraw, ImageFont
 
@@ -297,7 +297,7 @@ def _dataset_sample_class(path: Path) -> str | None:
 def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
     """The run config ``preview`` draws from: ``target`` is a run config (``data`` + ``encoder``,
     blends included) or a dataset folder / metadataset YAML, then encoded with ``encoder`` (a
-    config path, dict or name; default: :data:`DEFAULT_ENCODERS` of the dataset's sample class).
+    config path, dict or name; default: `DEFAULT_ENCODERS` of the dataset's sample class).
     Loader: the run config's, with no workers; a dataset gets one batch of ``n`` samples."""
     import yaml
 
@@ -357,8 +357,8 @@ SHEET_FORMATS = {
 
 
 def sheet_format(out: str | Path) -> str:
-    """The Pillow format ``out``'s suffix names (:data:`SHEET_FORMATS`, any case);
-    :class:`~task_encoders.config.ConfigError` naming ``--out`` for another suffix or none."""
+    """The Pillow format ``out``'s suffix names (`SHEET_FORMATS`, any case);
+    `ConfigError` naming ``--out`` for another suffix or none."""
     from task_encoders.config import ConfigError
 
     suffix = Path(out).suffix.lower()
@@ -373,9 +373,9 @@ def sheet_format(out: str | Path) -> str:
 
 
 def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = None) -> dict:
-    """Encode the first training samples of ``target`` (:func:`preview_config`) with
+    """Encode the first training samples of ``target`` (`preview_config`) with
     energon_platform's train loader (epoch 0, training augmentation, per-sample seeds) and write
-    their :func:`contact_sheet` to ``out`` in the format its suffix names (:func:`sheet_format`).
+    their `contact_sheet` to ``out`` in the format its suffix names (`sheet_format`).
     ``FileNotFoundError`` naming ``target`` when it does not exist, checked first, then the format.
     Returns ``{"path", "width", "height", "documents"}``."""
     from energon_platform.loader.train_loader import TrainLoader

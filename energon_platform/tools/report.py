@@ -1,7 +1,7 @@
 """A training run as one HTML page a person reads in the browser (``energon-platform report``).
 
-:func:`build_report` reads a run folder's ``log.jsonl`` (the reference trainer's, or any
-:class:`~energon_platform.StepLog`) and writes ONE self-contained file: every chart an inline SVG
+`build_report` reads a run folder's ``log.jsonl`` (the reference trainer's, or any
+`StepLog`) and writes ONE self-contained file: every chart an inline SVG
 drawn by matplotlib, every picture a ``data:`` URI, the style inline, and a Content-Security-Policy
 that forbids any other fetch, so it opens offline and reaches no server. It holds:
 
@@ -10,12 +10,12 @@ that forbids any other fetch, so it opens offline and reaches no server. It hold
 * per-rank cost (max/mean) and padding over steps for balanced runs;
 * per-dataset samples consumed and samples excluded over steps for blends;
 * a panel per spike: each of its samples as the model sees it (drawn by
-  :mod:`~energon_platform.tools.preview`: image thumbnails and VLM tiles, a clip's frames, an
+  `preview`: image thumbnails and VLM tiles, a clip's frames, an
   audio sample's log-mel spectrogram, a point cloud from three sides), with its decoded text, token
   count, key and per-sample loss; media are read from the run config's datasets by key.
 
-Curves longer than :data:`BUCKETS` points are reduced to the minimum and maximum of each of
-:data:`BUCKETS` buckets, every spike kept exact, so the page stays small for millions of steps.
+Curves longer than `BUCKETS` points are reduced to the minimum and maximum of each of
+`BUCKETS` buckets, every spike kept exact, so the page stays small for millions of steps.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def _count(entry: Any) -> float:
 
 
 def read_run_log(run_dir: str | Path) -> RunLog:
-    """The :class:`RunLog` of ``run_dir/log.jsonl``; lines that are not step rows are counted in
-    ``corrupt`` and skipped. :class:`ReportError` when the folder, the log or every step is missing."""
+    """The `RunLog` of ``run_dir/log.jsonl``; lines that are not step rows are counted in
+    ``corrupt`` and skipped. `ReportError` when the folder, the log or every step is missing."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run folder; pass the --out folder of a training run")
@@ -172,7 +172,7 @@ def reduce_curve(
 
 def _svg(fig: Any) -> str:
     """``fig`` as an inline ``<svg>`` element (no XML prolog), the figure closed. matplotlib's
-    own path simplification is off: the points drawn are exactly those :func:`reduce_curve` kept."""
+    own path simplification is off: the points drawn are exactly those `reduce_curve` kept."""
     import matplotlib.pyplot as plt
 
     buf = io.StringIO()
@@ -289,7 +289,7 @@ def charts(log: RunLog, spikes: list[dict], compare: RunLog | None) -> list[tupl
 
 class SampleReader:
     """Samples of a run config's datasets by key, encoded by its encoder (evaluation mode: no
-    augmentation) and drawn as :func:`~energon_platform.tools.preview.contact_sheet` draws them."""
+    augmentation) and drawn as `contact_sheet` draws them."""
 
     def __init__(self, config: Any):
         from energon_platform.config import RunConfig, load_config
@@ -394,7 +394,7 @@ def _sample_figure(sample: dict, reader: SampleReader | None) -> str:
 
 
 def spike_panel(spike: dict, reader: SampleReader | None) -> str:
-    """One spike: its step, loss and z, then its first :data:`MAX_SAMPLES` samples drawn (all
+    """One spike: its step, loss and z, then its first `MAX_SAMPLES` samples drawn (all
     of them captioned when no ``reader``), highest per-sample loss first, the rest counted."""
     samples = sorted(spike.get("samples", []), key=lambda s: -float(s.get("loss", float("-inf"))))
     shown = samples[:MAX_SAMPLES]
@@ -462,7 +462,7 @@ def build_report(
     ``spikes``: ``[{"step", "loss", "z", "samples": [{"dataset", "key", "shard", "epoch", "rank",
     "loss"?}]}]``, worst first (``z`` None for a NaN/inf step); ``compare_run``: another run folder whose loss is drawn against this one;
     ``config``: the run config (path, dict or RunConfig) whose datasets and encoder draw the
-    spikes' samples (without it, samples are listed by key only). :class:`ReportError` for a
+    spikes' samples (without it, samples are listed by key only). `ReportError` for a
     missing run folder or log, or one with no step. Returns ``{"path", "bytes", "steps",
     "spikes", "corrupt"}``."""
     log = read_run_log(run_dir)

@@ -1,20 +1,20 @@
 """``energon-platform calibrate``: time a model on real micro-batches, fit its cost coefficients.
 
 A model's time for a micro-batch is modelled as a non-negative linear function of the batch's
-cost features (:data:`task_encoders.features.FEATURES`): ``time ≈ Σ coef[f] · features[f]``.
-:func:`calibrate` picks micro-batches that spread the features (farthest-point in feature space
+cost features (`task_encoders.features.FEATURES`): ``time ≈ Σ coef[f] · features[f]``.
+`calibrate` picks micro-batches that spread the features (farthest-point in feature space
 normalised per feature), times forward + backward of each on one thread (a warm-up round excluded,
 the minimum of ``repeats`` rounds kept; a round times every micro-batch once, so a burst of load
 from other processes inflates one run of several micro-batches, not every run of one), fits the coefficients with non-negative least squares on
 three of every four and measures the relative error of the prediction on the fourth (held back).
 
-The cost file (JSON, :data:`FORMAT_VERSION`) holds ``features``, ``coefficients`` (seconds per
+The cost file (JSON, `FORMAT_VERSION`) holds ``features``, ``coefficients`` (seconds per
 unit), ``r2`` (of the fit), ``share`` (each feature's part of the predicted time over the timed
 micro-batches), ``p50_error``/``p90_error`` (relative, held-back micro-batches), ``model``,
-``encoder_digest`` (:func:`encoder_digest`), ``micro_batches``, ``repeats`` and ``rows`` (each
+``encoder_digest`` (`encoder_digest`), ``micro_batches``, ``repeats`` and ``rows`` (each
 timed micro-batch: features, measured and predicted seconds, held back or not).
-:func:`load_cost_model` reads it back as a :class:`CostModel` for the encoder it was made for
-(both live in :mod:`energon_platform.loader.batching.cost_file`: ``loader.balance: measured``
+`load_cost_model` reads it back as a `CostModel` for the encoder it was made for
+(both live in `energon_platform.loader.batching.cost_file`: ``loader.balance: measured``
 plans with them).
 """
 
@@ -65,7 +65,7 @@ class CalibrationError(ValueError):
 
 
 def feature_matrix(vectors: Iterable[Mapping[str, float]]) -> np.ndarray:
-    """float64 ``(B, len(FEATURES))``: the vectors' values in :data:`FEATURES` order."""
+    """float64 ``(B, len(FEATURES))``: the vectors' values in `FEATURES` order."""
     return np.array(
         [[float(v.get(name, 0.0)) for name in FEATURES] for v in vectors], dtype=np.float64
     ).reshape(-1, len(FEATURES))
@@ -96,7 +96,7 @@ def time_rounds(
     model: torch.nn.Module, batches: list, repeats: int, progress: bool = False
 ) -> np.ndarray:
     """Seconds per batch: one warm-up round, then ``repeats`` rounds each timing every batch once
-    (:func:`time_step`), the least kept. The caller sets the threads."""
+    (`time_step`), the least kept. The caller sets the threads."""
     from tqdm import tqdm
 
     best = np.full(len(batches), np.inf)
@@ -145,9 +145,9 @@ def calibrate(
     progress: bool = True,
 ) -> dict:
     """The cost report (module doc, without ``model`` and ``encoder_digest``) of ``model`` on
-    ``micro_batches`` of the first ``pool`` (default 8x) ``batches``, chosen by :func:`spread` of
-    ``features(batch)``. Runs on one thread (restored after). :class:`CalibrationError` when fewer
-    than :data:`HOLD_EVERY` micro-batches can be timed."""
+    ``micro_batches`` of the first ``pool`` (default 8x) ``batches``, chosen by `spread` of
+    ``features(batch)``. Runs on one thread (restored after). `CalibrationError` when fewer
+    than `HOLD_EVERY` micro-batches can be timed."""
     drawn = _draw(batches, pool or POOL_FACTOR * micro_batches)
     matrix = feature_matrix([features(b) for b in drawn])
     chosen = spread(matrix, micro_batches)
@@ -171,7 +171,7 @@ def _draw(batches: Iterable[Any], count: int) -> list:
 
 
 def _timed(model: torch.nn.Module, batches: list, repeats: int, progress: bool) -> np.ndarray:
-    """:func:`time_rounds` of ``batches`` on one thread (restored after), in training mode."""
+    """`time_rounds` of ``batches`` on one thread (restored after), in training mode."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -182,7 +182,7 @@ def _timed(model: torch.nn.Module, batches: list, repeats: int, progress: bool) 
 
 
 def _report(matrix: np.ndarray, seconds: np.ndarray, repeats: int) -> dict:
-    """Fit on all but every :data:`HOLD_EVERY`-th row, measure the error on those."""
+    """Fit on all but every `HOLD_EVERY`-th row, measure the error on those."""
     held = np.arange(len(seconds)) % HOLD_EVERY == HOLD_EVERY - 1
     coef = fit(matrix[~held], seconds[~held])
     predicted = matrix @ coef
@@ -211,7 +211,7 @@ def _report(matrix: np.ndarray, seconds: np.ndarray, repeats: int) -> dict:
 
 
 def check_fit(report: dict, max_p90: float = MAX_P90_ERROR) -> None:
-    """:class:`CalibrationError` when the held-back p90 relative error exceeds ``max_p90``."""
+    """`CalibrationError` when the held-back p90 relative error exceeds ``max_p90``."""
     if report["p90_error"] > max_p90:
         raise CalibrationError(
             f"the fit's p90 relative error on held-back micro-batches is "
@@ -246,7 +246,7 @@ def write_report(report: dict, path: str | Path) -> None:
 
 def load_factory(spec: str) -> Callable[[Any], torch.nn.Module]:
     """``FILE_OR_MODULE:FACTORY`` → the factory: a ``.py`` file's or an importable module's
-    attribute. :class:`CalibrationError` naming what is missing."""
+    attribute. `CalibrationError` naming what is missing."""
     import importlib
     import importlib.util
 
@@ -271,7 +271,7 @@ def load_factory(spec: str) -> Callable[[Any], torch.nn.Module]:
 
 
 def batch_features_of(encoder: Any) -> Features:
-    """The encoder's ``batch_features`` (the features contract); :class:`CalibrationError` when it
+    """The encoder's ``batch_features`` (the features contract); `CalibrationError` when it
     states none."""
     found = getattr(encoder, "batch_features", None)
     if not callable(found):

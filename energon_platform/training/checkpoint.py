@@ -12,12 +12,12 @@ A checkpoint is written under ``DIR/.tmp-step_000020``, every file flushed and f
 folder renamed, and only then ``latest`` replaced. A process killed at any point leaves either the
 previous checkpoint as latest or the new one complete.
 
-Resuming (:func:`load_newest`) takes the newest *complete* checkpoint: ``meta.json`` readable, every
+Resuming (`load_newest`) takes the newest *complete* checkpoint: ``meta.json`` readable, every
 file listed with the right sha256, its step matching the folder name. Candidates are the one
 ``latest`` names, then older ones, newest first (all ``step_*`` folders when ``latest`` is
 missing); a corrupt one is skipped and the skip reported, so a damaged newest checkpoint falls back
 to the previous good one instead of restarting. A ``latest`` that is not a checkpoint name, or
-checkpoints of which none is usable, raise :class:`CheckpointError` (one line). ``.pt`` files load
+checkpoints of which none is usable, raise `CheckpointError` (one line). ``.pt`` files load
 with ``torch.load(weights_only=True)`` (no code execution).
 """
 
@@ -57,7 +57,7 @@ class RunLock:
     """``with RunLock(ckpt_dir):`` one training run at a time per checkpoint folder.
 
     An exclusive POSIX record lock (``lockf``) on ``DIR/.run.lock``, held while the run lives: a
-    second run pointed at the same folder gets a :class:`CheckpointError` naming the holder (pid,
+    second run pointed at the same folder gets a `CheckpointError` naming the holder (pid,
     host, start time). The lock belongs to the holding process alone: processes it forks (the
     length index's build pool, loader workers) do not hold it, and the kernel releases it when the
     holder dies, so a SIGKILLed run never leaves it held, however long its children take to end.
@@ -115,7 +115,7 @@ class RunLock:
 
 
 def _held_by_this_process(path: Path) -> str | None:
-    """The holder line of ``path`` when this process holds a :class:`RunLock` on it, else None."""
+    """The holder line of ``path`` when this process holds a `RunLock` on it, else None."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -124,7 +124,7 @@ def _held_by_this_process(path: Path) -> str | None:
 
 
 def writable_dir(path: str | Path, what: str) -> Path:
-    """Create ``path`` if needed and prove a file can be written in it; :class:`CheckpointError`
+    """Create ``path`` if needed and prove a file can be written in it; `CheckpointError`
     naming it otherwise (read-only file system, no permission, a file in the way). Call it before
     any work whose result would go there."""
     path = Path(path)
@@ -139,7 +139,7 @@ def writable_dir(path: str | Path, what: str) -> Path:
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
-    """Write, flush and fsync ``data``; a full disk (or quota) is a :class:`CheckpointError` naming
+    """Write, flush and fsync ``data``; a full disk (or quota) is a `CheckpointError` naming
     the path, the bytes this file needs and the space left."""
     try:
         with open(path, "wb") as f:
@@ -215,8 +215,8 @@ def save(
     ``barrier()`` (``torch.distributed.barrier`` in multi-rank runs).
 
     ``all_ok(ok)``: whether every rank wrote its part (a collective in multi-rank runs, see
-    :func:`energon_platform.training.train.all_ranks_ok`). A rank whose write fails (a full disk)
-    raises its own :class:`CheckpointError`; every other rank raises one too, at once, instead of
+    `energon_platform.training.train.all_ranks_ok`). A rank whose write fails (a full disk)
+    raises its own `CheckpointError`; every other rank raises one too, at once, instead of
     waiting at the next barrier for the process group to time out. The previous checkpoint stays
     the latest; the half-written folder is removed."""
     root = Path(root)
@@ -321,7 +321,7 @@ def prune(root: str | Path, keep: int) -> None:
 
 def verify(path: Path) -> dict:
     """``meta.json`` of a complete checkpoint, after checking every file it lists (present, sha256)
-    and that the files a resume needs are listed; :class:`CheckpointError` saying what is wrong."""
+    and that the files a resume needs are listed; `CheckpointError` saying what is wrong."""
     try:
         meta = json.loads((path / "meta.json").read_bytes())
     except FileNotFoundError:
@@ -368,7 +368,7 @@ def verify(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class Found:
-    """What :func:`load_newest` (or :func:`find`) chose: the folder, what it read, and the newer
+    """What `load_newest` (or `find`) chose: the folder, what it read, and the newer
     candidates it skipped, each ``"<path>: <why>"``."""
 
     path: Path
@@ -378,7 +378,7 @@ class Found:
 
 def find(root: str | Path, read: Callable[[Path], Any] = verify) -> Found | None:
     """The newest complete checkpoint in ``root`` (see module doc), read with ``read`` (which
-    raises :class:`CheckpointError` for a bad one). None when ``root`` holds no checkpoint at all."""
+    raises `CheckpointError` for a bad one). None when ``root`` holds no checkpoint at all."""
     root = Path(root)
     named = _read_marker(root)
     candidates = _step_dirs(root)
@@ -400,14 +400,14 @@ def find(root: str | Path, read: Callable[[Path], Any] = verify) -> Found | None
 
 
 def latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint folder, or None when there is none (see :func:`find`)."""
+    """The newest complete checkpoint folder, or None when there is none (see `find`)."""
     found = find(root)
     return found.path if found else None
 
 
 def newest_at_or_before(root: str | Path, step: int) -> Path | None:
     """The newest complete checkpoint folder in ``root`` saved at ``step`` or earlier (checked
-    with :func:`verify`; an incomplete or corrupt one is passed over); None when there is none."""
+    with `verify`; an incomplete or corrupt one is passed over); None when there is none."""
     for path in _step_dirs(Path(root)):
         if _step_of(path.name) > step:
             continue
@@ -435,13 +435,13 @@ def copy_as_latest(src: Path, root: str | Path) -> Path:
 
 
 def load_newest(root: str | Path, rank: int) -> Found | None:
-    """:func:`find` with :func:`load` of ``rank``: ``Found.content`` is the loaded checkpoint."""
+    """`find` with `load` of ``rank``: ``Found.content`` is the loaded checkpoint."""
     return find(root, lambda path: load(path, rank))
 
 
 def load(path: Path, rank: int) -> dict:
     """``{"step", "world_size", "model_state", "rng", "loader_state"}`` of a checkpoint, for
-    ``rank``; verifies it first (:func:`verify`). A rank beyond the saved world size (elastic
+    ``rank``; verifies it first (`verify`). A rank beyond the saved world size (elastic
     resume) gets rank 0's loader state: it is the same global position."""
     meta = verify(path)
     src_rank = rank if rank < meta["world_size"] else 0

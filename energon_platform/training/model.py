@@ -60,7 +60,7 @@ POINT_CHANNELS = 6
 
 
 class CaptionModel(nn.Module):
-    """``media``: the kinds of media the batches carry (:func:`media_of`); only their embeddings
+    """``media``: the kinds of media the batches carry (`media_of`); only their embeddings
     exist. Mixed batches run each embedding on possibly empty tensors, so every parameter gets a
     gradient every step (DistributedDataParallel requires it)."""
 
@@ -132,7 +132,7 @@ class CaptionModel(nn.Module):
         """The *summed* LM loss over ``batch.loss_mask`` (float32 scalar). The trainer divides by
         the number of target tokens of the whole global batch, so the objective does not depend on
         how the global batch is split over ranks and micro-batches. ``per_document``: return
-        ``(summed loss, per-document mean losses)`` instead (:func:`document_losses`)."""
+        ``(summed loss, per-document mean losses)`` instead (`document_losses`)."""
         pos = batch.position_ids.clamp(max=self.positions.num_embeddings - 1)
         x = self.tokens(batch.tokens) + self.positions(pos)
         media = self.media_vectors(batch)
@@ -154,7 +154,7 @@ def lm_loss(
     loss_mask: torch.Tensor,
 ) -> torch.Tensor:
     """The summed next-token loss of ``lm``'s ``blocks``, ``norm`` and ``head`` over input
-    embeddings ``x`` ``(N, S, dim)`` (the sum of :func:`lm_token_loss`)."""
+    embeddings ``x`` ``(N, S, dim)`` (the sum of `lm_token_loss`)."""
     return lm_token_loss(lm, x, position_ids, labels, loss_mask).sum()
 
 
@@ -165,7 +165,7 @@ def document_losses(
     num_docs: torch.Tensor,
 ) -> torch.Tensor:
     """float64 ``(D,)``, detached: each document's mean loss over its own target positions
-    (``token_loss``: :func:`lm_token_loss`'s flat, ``loss_mask``-weighted losses; documents found
+    (``token_loss``: `lm_token_loss`'s flat, ``loss_mask``-weighted losses; documents found
     by ``position_ids`` restarting at 0, packed or not); NaN for a document without targets."""
     docs = document_index(position_ids, num_docs).flatten()
     return losses_by_index(token_loss, loss_mask, docs, int(num_docs.sum()))

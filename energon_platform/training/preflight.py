@@ -1,6 +1,6 @@
 """Checks a run makes before its first step, so that a mistake costs one line, not a crashed run.
 
-:func:`preflight` (``train`` and ``check-resume`` call it) refuses, with the error types the CLI
+`preflight` (``train`` and ``check-resume`` call it) refuses, with the error types the CLI
 prints as one line:
 
 * a dataset the loader cannot use: missing split, missing shard (``SampleSource`` checks the
@@ -42,7 +42,7 @@ def _rng_untouched() -> Iterator[None]:
 
 def check_encoder_fits(source: SampleSource, encoder: Any) -> Any:
     """The first sample of ``source`` that ``encoder`` encodes (an ``EncodedDoc``), trying up to
-    ``errors.max_consecutive_failures`` samples; :class:`DatasetError` naming the dataset, its
+    ``errors.max_consecutive_failures`` samples; `DatasetError` naming the dataset, its
     sample type and the encoder's error when every one fails. Counts nothing in the encoder's
     skip policy."""
     from task_encoders.skipping import _reason
@@ -71,7 +71,7 @@ def check_encoder_fits(source: SampleSource, encoder: Any) -> Any:
 
 
 def check_model_fits(model: ModelConfig, encoded: Any, source: str) -> None:
-    """:class:`ConfigError` naming ``model.patch`` when it is larger than the encoded images."""
+    """`ConfigError` naming ``model.patch`` when it is larger than the encoded images."""
     image = getattr(encoded, "media", {}).get("image")
     if image is not None and model.patch > min(image.shape[-2:]):
         raise ConfigError(

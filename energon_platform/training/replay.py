@@ -47,8 +47,8 @@ def _last_logged_step(log: Path) -> int | None:
 
 
 def plan_replay(run: Path, first: int, steps: int) -> ReplayPlan:
-    """The :class:`ReplayPlan` of replaying ``run`` from step ``first`` for ``steps`` steps after
-    its checkpoint; :class:`ReplayError` for a run without a log, a step beyond the log, no
+    """The `ReplayPlan` of replaying ``run`` from step ``first`` for ``steps`` steps after
+    its checkpoint; `ReplayError` for a run without a log, a step beyond the log, no
     checkpoint saved before ``first``, or ``steps`` too few to reach ``first``."""
     log = run / "log.jsonl"
     if not log.is_file():
@@ -81,9 +81,9 @@ def _inside(a: Path, b: Path) -> bool:
 
 
 def claim_out(out: Path, run: Path, overwrite: bool) -> None:
-    """Make ``out`` a new, empty run folder. Refuses (:class:`ReplayError`) an ``out`` that is
+    """Make ``out`` a new, empty run folder. Refuses (`ReplayError`) an ``out`` that is
     ``run``, lies inside it or holds it; a non-empty ``out`` without ``overwrite``; and, with
-    ``overwrite``, one holding anything a run does not write (:data:`RUN_NAMES`), which is
+    ``overwrite``, one holding anything a run does not write (`RUN_NAMES`), which is
     never deleted."""
     resolved, original = out.resolve(), run.resolve()
     if _inside(resolved, original) or _inside(original, resolved):
@@ -164,7 +164,7 @@ def replay(
     ``out``: the newest checkpoint before ``first`` copied into ``out/checkpoints`` (``run`` is
     only read), ``steps`` steps trained after it by the reference trainer on one process, the
     learning-rate schedule spanning ``train.steps`` as in the original run. Returns
-    :func:`compare_replay`'s result; :class:`ReplayError` for bad inputs, before anything is
+    `compare_replay`'s result; `ReplayError` for bad inputs, before anything is
     written."""
     from energon_platform.training.train import train
 

@@ -1,7 +1,7 @@
 """From a loss spike to its samples: ``energon-platform spikes`` (see docs/spikes.md).
 
-The log gives the losses (:mod:`~energon_platform.training.step_log_readers`'s formats); the
-samples of a step come from :class:`~energon_platform.loader.trace.Tracer` (the run's config
+The log gives the losses (`step_log_readers`'s formats); the
+samples of a step come from `Tracer` (the run's config
 and checkpoint), never from the log. The log's ``keys`` (when logged) are checked against them,
 and its ``sample_losses`` (when logged) attached to them and ranked within the step.
 """
@@ -23,7 +23,7 @@ __all__ = [
 
 class LogRows:
     """The step rows of log ``path`` in format ``fmt`` (a reader of
-    :func:`~energon_platform.training.step_log_readers.get_format`), each step once: where a
+    `get_format`), each step once: where a
     resumed run logged steps again, the later rows replace the earlier (as ``read_steps``).
     Iterating streams the file twice (the first pass notes only where steps go back: O(resumes)
     memory); ``skipped``: lines that were no step (a torn or corrupt line), counted by the last

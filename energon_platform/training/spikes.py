@@ -52,7 +52,7 @@ class RollingMedian:
     def mad_may_be_within(self, median: float, d: float) -> bool:
         """False only when the MAD around ``median`` is surely above ``d`` (fewer than half of the
         values lie within ``d`` of it, with a margin for rounding): two bisections, so that the
-        exact :meth:`mad` is computed only for steps that may be spikes."""
+        exact `mad` is computed only for steps that may be spikes."""
         d = d * (1 + 1e-9) + 1e-300
         within = bisect_right(self.sorted, median + d) - bisect_left(self.sorted, median - d)
         return within >= (len(self.sorted) + 1) // 2

@@ -2,15 +2,15 @@
 
 One small class per format; each turns one line of a log into a row ``{"step": int, "loss":
 float, ...}`` or None (a line that is not a step), and its docstring shows a sample line.
-:func:`read_steps` reads a whole log (complete lines only: a line a kill cut is not a step yet).
+`read_steps` reads a whole log (complete lines only: a line a kill cut is not a step yet).
 
 =============  ==========================================================================
-``jsonl``      :class:`JsonLines`: our :class:`~energon_platform.training.step_log_writer.StepLog`
+``jsonl``      `JsonLines`: our [`StepLog`][energon_platform.training.step_log_writer.StepLog]
                (and the reference trainer's ``log.jsonl``); may carry ``keys`` and
                ``batch_sha256``, which make the check exact
-``megatron``   :class:`MegatronLog`: Megatron-LM's ``training_log`` lines (``--log-interval 1``)
-``torchtitan`` :class:`TorchtitanLog`: torchtitan's ``MetricsProcessor.log`` lines
-``regex``      :class:`RegexLog`: any line a user regex with groups ``step`` and ``loss`` matches
+``megatron``   `MegatronLog`: Megatron-LM's ``training_log`` lines (``--log-interval 1``)
+``torchtitan`` `TorchtitanLog`: torchtitan's ``MetricsProcessor.log`` lines
+``regex``      `RegexLog`: any line a user regex with groups ``step`` and ``loss`` matches
 =============  ==========================================================================
 """
 
@@ -153,7 +153,7 @@ FORMATS = ("jsonl", "megatron", "torchtitan", "regex")
 
 
 def get_format(name: str, regex: str | None = None) -> Any:
-    """The reader for ``name`` (:data:`FORMATS`); ``regex`` goes with ``regex`` only."""
+    """The reader for ``name`` (`FORMATS`); ``regex`` goes with ``regex`` only."""
     if name == "regex":
         if not regex:
             raise LogFormatError(

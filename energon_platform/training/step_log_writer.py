@@ -16,7 +16,7 @@ being written::
     {"step": 7, "loss": 5.91, "keys": ["000000000189", ...], "batch_sha256": "8fb7d776..."}
 
 ``keys`` (the sample keys of the step's global batch) and ``batch`` (its tensors: a tensor, or a
-dict, list or tuple of them, nested; or digests already computed, see :func:`batch_digest`) are
+dict, list or tuple of them, nested; or digests already computed, see [`batch_digest`][energon_platform.training.step_log_writer.batch_digest]) are
 optional. With both, ``check-resume`` judges exactly (same keys, same digests, loss identical);
 without them, by the loss only (|Δloss| <= 0.01). Opening a log that a kill left with an
 unterminated last line cuts that line first, so the next row starts on a line of its own; the
@@ -27,7 +27,7 @@ spikes`` ranks a loss spike's samples by it; check-resume does not compare it.
 
 Under ``torch.distributed`` only rank 0 writes (``rank=`` overrides; without an initialised
 process group, the ``RANK`` environment variable torchrun sets). Rank 0 sees its own part of the
-batch only: to log the global batch, gather each rank's keys and :func:`batch_digest` first (see
+batch only: to log the global batch, gather each rank's keys and [`batch_digest`][energon_platform.training.step_log_writer.batch_digest] first (see
 ``scripts/examples/torchtitan_style_loop.py``).
 
 Only the standard library is imported (and ``torch``'s tensors used when the loop has imported
@@ -139,7 +139,7 @@ def _this_rank(rank: int | None) -> int:
 
 class StepLog:
     """``StepLog(path, rank=None)``: append one JSON line per step (module doc). Opened lazily at
-    the first :meth:`write`, so building it costs nothing; a context manager; :meth:`close` when done."""
+    the first `write`, so building it costs nothing; a context manager; `close` when done."""
 
     def __init__(self, path: str | os.PathLike, rank: int | None = None):
         self.path = Path(path)
@@ -157,7 +157,7 @@ class StepLog:
     ) -> None:
         """Log ``step`` (an int, the count of optimizer steps done, 1 for the first) and its
         ``loss`` (a float or a one-element tensor); ``keys``: sample keys of the step's batch;
-        ``batch``: tensors to digest (:func:`batch_digest`); ``sample_losses``: each key's loss
+        ``batch``: tensors to digest ([`batch_digest`][energon_platform.training.step_log_writer.batch_digest]); ``sample_losses``: each key's loss
         (aligned with ``keys``: a list of floats or a 1-D tensor; finite, or NaN for a sample
         without targets; ``energon-platform spikes`` ranks a step's samples by them);
         ``extra``: more JSON fields (e.g. ``resumed_from=step`` on the first row after a

@@ -15,7 +15,7 @@ there (the end of the step, balanced or not). A resume whose blend differs from 
 one (new weights, an added dataset) logs ``blend_changes`` on its first row.
 
 Every ``checkpoint_every`` steps it saves model, optimizer, scheduler, RNG and every rank's
-loader state atomically (:mod:`energon_platform.training.checkpoint`). ``--resume`` continues from the
+loader state atomically (`energon_platform.training.checkpoint`). ``--resume`` continues from the
 newest complete checkpoint (falling back past corrupt ones, and saying so); the loader continues
 at the same global batch, on any world size that divides the global batch and any number of
 workers. At every checkpoint it also logs ``val_loss`` over the dataset's validation split
@@ -24,7 +24,7 @@ started: ``"resumed_from": <step>`` (0 for a fresh start), plus ``"skipped_check
 fell back.
 
 Before the first step it refuses, as one-line errors: an unusable dataset or encoder/model
-mismatch (:mod:`energon_platform.training.preflight`), an output or checkpoint folder it cannot
+mismatch (`energon_platform.training.preflight`), an output or checkpoint folder it cannot
 write, checkpoints of another run in a fresh run's folder, and checkpoints none of which is usable.
 """
 
@@ -244,7 +244,7 @@ def train(
     until: int | None = None,
 ) -> dict:
     """Run (or continue) training; returns ``{"step", "loss", "out"}`` of the last step. Rank 0
-    holds the checkpoint folder's :class:`~energon_platform.training.checkpoint.RunLock` for the
+    holds the checkpoint folder's `RunLock` for the
     whole run: a second run pointed at the same folder is refused. ``until``: stop after that
     step (checkpointing it) instead of after ``steps``, the learning-rate schedule still spanning
     ``steps`` (default ``train.steps``), as a replay of part of a longer run needs."""

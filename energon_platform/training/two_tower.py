@@ -8,13 +8,13 @@
   placeholder, as megatron-core's ``LLaVAModel`` does); the spliced positions carry no loss, and a
   row is cut back to its ``S`` columns (only padding is dropped: the encoder bounds every spliced
   length by ``seq_len``). Plain image-text batches: the ViT's mean patch embedding conditions its
-  document's tokens, as in :mod:`~energon_platform.training.model`.
+  document's tokens, as in `model`.
 * **Audio tower**: log-mel frames through a strided ``Conv1d`` and ``audio_layers`` transformer
   blocks (padded frames masked), mean-pooled over valid frames into one conditioning vector per
   document.
 * **Language model**: token + position embeddings, ``layers`` pre-norm blocks with causal attention
   within each document and the summed next-token loss
-  (:func:`~energon_platform.training.model.lm_loss`).
+  (`lm_loss`).
 
 Mixed (``multimodal``) batches place each medium at its document (``image_docs``/``audio_docs``);
 every tower runs even on empty inputs, so every parameter gets a gradient each step.
@@ -115,7 +115,7 @@ class AudioTower(nn.Module):
 class TwoTowerModel(nn.Module):
     """``media``: the kinds of media the batches carry (``image``, ``audio``; point clouds are
     refused: this model has no tower for them). ``forward(batch)``: the summed LM loss over
-    ``batch.loss_mask``, as :class:`~energon_platform.training.model.CaptionModel`'s."""
+    ``batch.loss_mask``, as `CaptionModel`'s."""
 
     def __init__(
         self,
@@ -161,7 +161,7 @@ class TwoTowerModel(nn.Module):
 
     def forward(self, batch: Any, per_document: bool = False) -> Any:
         """The summed LM loss, or with ``per_document`` ``(summed loss, per-document mean losses)``,
-        as :meth:`CaptionModel.forward <energon_platform.training.model.CaptionModel.forward>`."""
+        as `CaptionModel.forward`."""
         if self.vision is not None and spliced(batch):
             x, position_ids, labels, loss_mask = self.splice(batch)
         else:

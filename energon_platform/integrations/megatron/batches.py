@@ -1,4 +1,4 @@
-"""One ``task_encoders`` micro-batch → the dict Megatron-LM's ``get_batch`` reads (:func:`to_megatron_batch`), in the
+"""One ``task_encoders`` micro-batch → the dict Megatron-LM's ``get_batch`` reads ([`to_megatron_batch`][energon_platform.integrations.megatron.batches.to_megatron_batch]), in the
 ``multimodal`` or the ``gpt`` format.
 """
 
@@ -14,7 +14,7 @@ IGNORE_INDEX = -100
 BATCH_FORMATS = ("multimodal", "gpt")
 BatchFormat = Literal["multimodal", "gpt"]
 
-#: The fields every ``task_encoders`` batch has (:class:`task_encoders.documents.TextBatch`).
+#: The fields every ``task_encoders`` batch has (`task_encoders.documents.TextBatch`).
 _TEXT_FIELDS = (
     "keys",
     "tokens",
@@ -92,7 +92,7 @@ def to_megatron_batch(
     * ``attention_mask`` is absent (Megatron then uses ``None``: causal masking in the kernel).
     * Text only: media fields are not part of GPT's contract and are not in the dict; nor are
       sample keys (Megatron's context-parallel split reshapes every non-metadata entry), see
-      :attr:`MegatronTrainIterator.last_keys`.
+      `MegatronTrainIterator.last_keys`.
 
     ``packed``: None decides per batch (any row with more than one document); the provider passes
     the loader's setting so every micro-batch of a run has the same layout. ``packed=False`` with
@@ -172,7 +172,7 @@ def _multimodal_batch(batch: Any, packed: bool) -> dict:
 
 
 def _vision_language_batch(batch: Any, packed: bool) -> dict:
-    """:func:`to_megatron_batch` of a :class:`task_encoders.vision_language.VisionLanguageBatch`."""
+    """[`to_megatron_batch`][energon_platform.integrations.megatron.batches.to_megatron_batch] of a `task_encoders.vision_language.VisionLanguageBatch`."""
     tokens = batch.tokens.to(torch.int64)
     rows, seq_len = tokens.shape
     targets = torch.where(

@@ -1,5 +1,5 @@
 """The iterators Megatron-LM's training loop pulls micro-batches from: the train iterator over one
-rank's :class:`TrainLoader`, and the cycling validation iterator.
+rank's `TrainLoader`, and the cycling validation iterator.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from energon_platform.loader.train_loader import TrainLoader, build_encoder
 
 
 class MegatronTrainIterator:
-    """Megatron's view of one rank's :class:`TrainLoader` (the part of ``EnergonDataloader`` it uses).
+    """Megatron's view of one rank's `TrainLoader` (the part of ``EnergonDataloader`` it uses).
 
-    ``next()`` → the next micro-batch as :func:`to_megatron_batch` dict; ``save_state()`` → the
+    ``next()`` → the next micro-batch as `to_megatron_batch` dict; ``save_state()`` → the
     loader's plain state dict. Infinite: epochs follow each other. ``loader`` is the
-    :class:`TrainLoader`; ``last_keys`` the sample keys of the last micro-batch (for logs),
+    `TrainLoader`; ``last_keys`` the sample keys of the last micro-batch (for logs),
     ``last_batch`` the encoder's batch it was made from.
     """
 
@@ -83,7 +83,7 @@ class MegatronTrainIterator:
 class MegatronValidIterator:
     """Validation micro-batches for Megatron's ``evaluate()``: Energon's validation loader over
     ``data.val_split`` (evaluation transforms, no shuffling, this rank's share), converted by
-    :func:`to_megatron_batch`, cycling. With ``restart_every`` (``eval_iters`` × micro-batches per
+    `to_megatron_batch`, cycling. With ``restart_every`` (``eval_iters`` × micro-batches per
     iteration) the split is cut to that many micro-batches and starts over after them, so every
     evaluation sees the same batches: ``LimitDataset(RepeatDataset(...), reset_after_epoch=True)``,
     as in Megatron's ``examples/multimodal/dataloader_provider.py``. ``save_state()`` is None:

@@ -1,4 +1,4 @@
-"""Per-sample losses of a Megatron micro-batch (:func:`sample_losses`): what a Megatron loop logs
+"""Per-sample losses of a Megatron micro-batch ([`sample_losses`][energon_platform.integrations.megatron.losses.sample_losses]): what a Megatron loop logs
 with ``StepLog.write(..., keys=..., sample_losses=...)`` so that ``energon-platform spikes`` can
 rank a spike's samples.
 """
@@ -18,7 +18,7 @@ def sample_losses(
     the micro-batch's document order (the order of ``batch["__key__"]``, or of the iterator's
     ``last_keys`` for the ``gpt`` format); NaN for a document without targets.
 
-    ``batch``: a :func:`to_megatron_batch` dict. ``token_loss``: the loss at each target position,
+    ``batch``: a `to_megatron_batch` dict. ``token_loss``: the loss at each target position,
     unreduced, as Megatron's ``loss_func`` gets it (``output_tensor``): the shape of the
     ``labels`` Megatron's ``get_batch`` returns: ``(N, S)`` (multimodal: after its shift,
     ``labels[:, 1:]``; one ``(1, N*S)`` row when packed), or ``(N, S)`` for ``gpt``.

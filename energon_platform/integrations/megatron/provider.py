@@ -1,5 +1,5 @@
 """Megatron-LM's ``train_valid_test_dataloaders_provider`` for ``--dataloader-type external``: from
-plain values (:func:`make_provider`) or from Megatron's ``args`` (:func:`make_provider_from_args`).
+plain values ([`make_provider`][energon_platform.integrations.megatron.provider.make_provider]) or from Megatron's ``args`` ([`make_provider_from_args`][energon_platform.integrations.megatron.provider.make_provider_from_args]).
 """
 
 from __future__ import annotations
@@ -50,32 +50,35 @@ def make_provider(
     """Megatron's ``train_valid_test_dataloaders_provider`` for one rank, from plain values.
 
     Args:
-        config: run config (YAML path, mapping for :func:`load_config`, or :class:`RunConfig`).
-        dp_rank, dp_size: this rank's data-parallel coordinates (``parallel_state``'s).
-        is_data_rank: False where Megatron builds no data (:func:`is_dataloader_rank`); the
+        config: run config (YAML path, mapping for `load_config`, or `RunConfig`).
+        dp_rank: this rank's data-parallel index (``parallel_state``'s).
+        dp_size: the number of data-parallel ranks (``parallel_state``'s).
+        is_data_rank: False where Megatron builds no data ([`is_dataloader_rank`][energon_platform.integrations.megatron.provider.is_dataloader_rank]); the
             provider then returns ``(None, None, None)`` and reads nothing.
-        micro_batch_size, global_batch_size: Megatron's ``--micro-batch-size`` /
-            ``--global-batch-size`` in loader items (samples; pack groups with packing, which the
-            multimodal format turns into one packed sequence per micro-batch); None keeps the
-            config's ``loader`` values. The global batch is part of the state's fingerprint.
+        micro_batch_size: Megatron's ``--micro-batch-size`` in loader items (samples; pack
+            groups with packing, which the multimodal format turns into one packed sequence per
+            micro-batch); None keeps the config's ``loader`` value.
+        global_batch_size: Megatron's ``--global-batch-size`` in loader items; None keeps the
+            config's ``loader`` value. The global batch is part of the state's fingerprint.
         num_workers: DataLoader workers (None: the config's); may differ from the saved run.
         dataloader_save: Megatron's ``--dataloader-save`` folder (needed to restore).
         restore_iteration: None starts the data at the beginning; an iteration (Megatron's
             ``args.iteration`` after loading the model checkpoint) restores that iteration's state
             file; ``"latest"`` the highest ``iter_*`` in ``dataloader_save``. A missing file raises
-            ``FileNotFoundError`` naming the path, other data/config :class:`StateMismatchError`,
-            an impossible layout :class:`LayoutError`: the data never restarts silently.
-        batch_format: ``"multimodal"`` or ``"gpt"`` (:func:`to_megatron_batch`).
+            ``FileNotFoundError`` naming the path, other data/config `StateMismatchError`,
+            an impossible layout `LayoutError`: the data never restarts silently.
+        batch_format: ``"multimodal"`` or ``"gpt"`` (`to_megatron_batch`).
         eval_iters: Megatron's ``--eval-iters``: the validation iterator restarts every
             ``eval_iters`` × micro-batches-per-iteration ``next()`` calls (same data each evaluation).
         build_valid: False: no validation iterator.
         pipeline_parallel: state files under ``mp_rank_00_000`` (pipeline parallel size > 1).
 
-    Returns ``provider(train_val_test_num_samples) -> (train, valid, test)``; ``train`` is a
-    :class:`MegatronTrainIterator`, ``valid`` a :class:`MegatronValidIterator` (None without
-    ``data.val_split``), ``test`` None. The train stream is infinite, so the requested numbers of
-    samples are not needed. ``provider.is_distributed`` is True (Megatron then calls it on every
-    rank).
+    Returns:
+        The provider, ``provider(train_val_test_num_samples) -> (train, valid, test)``:
+            ``train`` is a `MegatronTrainIterator`, ``valid`` a `MegatronValidIterator` (None
+            without ``data.val_split``), ``test`` None. The train stream is infinite, so the
+            requested numbers of samples are not needed. ``provider.is_distributed`` is True
+            (Megatron then calls it on every rank).
     """
     if batch_format not in BATCH_FORMATS:
         raise ValueError(f"batch_format {batch_format!r}: expected one of {BATCH_FORMATS}")
@@ -137,7 +140,7 @@ def make_provider(
 
 
 def provider_kwargs_from_args(args: Any) -> dict:
-    """:func:`make_provider` keyword arguments from Megatron's ``args`` (``get_args()``):
+    """[`make_provider`][energon_platform.integrations.megatron.provider.make_provider] keyword arguments from Megatron's ``args`` (``get_args()``):
     ``micro_batch_size``, ``global_batch_size``, ``num_workers``, ``dataloader_save``,
     ``eval_iters``, ``dp_size`` (``data_parallel_size``) and ``restore_iteration``
     (``args.iteration`` when ``args.load`` is set and a checkpoint was loaded, else None)."""
@@ -173,9 +176,9 @@ def make_provider_from_args(
     tokenizer: Any = None,
     **overrides: Any,
 ):
-    """:func:`make_provider` with Megatron's ``args`` (:func:`provider_kwargs_from_args`) and this
+    """[`make_provider`][energon_platform.integrations.megatron.provider.make_provider] with Megatron's ``args`` ([`provider_kwargs_from_args`][energon_platform.integrations.megatron.provider.provider_kwargs_from_args]) and this
     rank's ``parallel_state`` ranks (tensor, pipeline, data parallel); ``overrides`` win. On a data
-    rank the provider first runs :func:`check_megatron_args` (``tokenizer``: Megatron's
+    rank the provider first runs `check_megatron_args` (``tokenizer``: Megatron's
     ``get_tokenizer()``, optional) and refuses disagreeing arguments before reading any data; its
     train iterator's ``image_token_index`` is the placeholder id, and packed micro-batches longer
     than ``args.decoder_seq_length`` after splicing raise instead of being cut."""

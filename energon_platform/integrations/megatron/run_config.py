@@ -14,7 +14,7 @@ def resolve_run_config(
     micro_batch_size: int | None,
     global_batch_size: int | None,
 ) -> RunConfig:
-    """``config`` (a YAML path, a mapping or a :class:`RunConfig`) as a :class:`RunConfig`, with
+    """``config`` (a YAML path, a mapping or a `RunConfig`) as a `RunConfig`, with
     Megatron's ``micro_batch_size``/``global_batch_size`` (when given, each >= 1) replacing the
     config's ``loader`` values."""
     cfg = (

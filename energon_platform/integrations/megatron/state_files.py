@@ -1,6 +1,6 @@
 """Megatron-LM's per-data-parallel-rank dataloader state files: where they live, writing and reading
 them. Their format (``torch.save`` of plain data, read with ``weights_only=True``) and why: the
-package doc, :mod:`energon_platform.integrations.megatron`.
+package doc, [`energon_platform.integrations.megatron`][energon_platform.integrations.megatron].
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def save_dataloader_state(
 ) -> Path:
     """Write ``train_iter.save_state()`` where Megatron's ``maybe_save_dataloader_state`` does, in
     its format (``torch.save({"dataloader_state_dict": state})``, plain data only), atomically
-    (temporary file, fsync, rename). ``train_iter`` is a :class:`MegatronTrainIterator` or
+    (temporary file, fsync, rename). ``train_iter`` is a `MegatronTrainIterator` or
     Megatron's ``RerunDataIterator`` around one (its ``.iterable``). Call it at an iteration
     boundary on the first pipeline stage's tensor-parallel rank 0 of every data-parallel rank.
     Returns the path."""
@@ -88,10 +88,10 @@ def save_dataloader_state(
 
 
 def load_dataloader_state(path: str | os.PathLike) -> dict:
-    """The loader state in a state file (:func:`save_dataloader_state`'s, Megatron's torch.save of
+    """The loader state in a state file ([`save_dataloader_state`][energon_platform.integrations.megatron.state_files.save_dataloader_state]'s, Megatron's torch.save of
     our ``save_state()``, or the same content as JSON). Reads torch files with
     ``weights_only=True`` only. ``FileNotFoundError`` naming the path when it does not exist;
-    :class:`StateMismatchError` naming it when it holds no state of ours."""
+    `StateMismatchError` naming it when it holds no state of ours."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(

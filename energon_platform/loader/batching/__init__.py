@@ -1,14 +1,14 @@
 """Batching modes as strategies: how a run's global batches are cut from its schedule.
 
-``loader.balance`` picks one from :data:`BATCHING`:
+``loader.balance`` picks one from `BATCHING`:
 
-* ``none``: :class:`~energon_platform.loader.batching.stream.StreamBatching`, consecutive stream
+* ``none``: `StreamBatching`, consecutive stream
   positions (the schedule's pack groups), epoch boundaries guarded;
-* ``tokens``, ``attention``, ``encoder``: :class:`~energon_platform.loader.batching.planned.
+* ``tokens``, ``attention``, ``encoder``: `
   PlannedBatching`, global batches planned from sample lengths (packed rows, or unpacked samples)
-  with that cost model (:data:`~energon_platform.loader.batching.costs.COST_MODELS`).
+  with that cost model (`COST_MODELS`).
 
-A strategy (:class:`Batching`) owns its config checks, what the schedule and planner are built
+A strategy (`Batching`) owns its config checks, what the schedule and planner are built
 with, its part of the fingerprint and of the state (``LoaderState.plan``), the samples consumed
 and its log statistics, so the plan, the loader and the trace ask it instead of branching.
 """
@@ -23,7 +23,7 @@ from energon_platform.loader.batching.stream import StreamBatching
 
 
 class Batching(Protocol):
-    """What a batching mode answers (see :class:`StreamBatching` and :class:`PlannedBatching`)."""
+    """What a batching mode answers (see `StreamBatching` and `PlannedBatching`)."""
 
     name: str  #: ``stream`` or ``planned``
     planned: bool  #: global batches come from a planner (``planner`` is set)
@@ -33,8 +33,8 @@ class Batching(Protocol):
     fixed_samples: bool  #: every global batch holds the same number of samples
     epoch_guard: int  #: positions each dataset's epoch boundary is kept from
     schedule_group: int  #: samples per schedule item
-    planner: Any  #: the :class:`~energon_platform.loader.planner.Planner`, or None
-    changes: Any  #: what :meth:`resume_from` changed (strings naming the global batch)
+    planner: Any  #: the `Planner`, or None
+    changes: Any  #: what `resume_from` changed (strings naming the global batch)
 
     def start(self, schedule: Any, plan_state: Any = None) -> None: ...
     def fingerprint(self) -> dict: ...

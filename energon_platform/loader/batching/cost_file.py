@@ -1,12 +1,12 @@
 """The cost file of ``energon-platform calibrate``, read back: a calibrated model's cost per sample.
 
-``calibrate`` (:mod:`energon_platform.training.calibrate`) times a model on micro-batches and
-writes a JSON cost file: ``format_version`` (:data:`FORMAT_VERSION`), ``features``
-(:data:`~task_encoders.features.FEATURES`), ``coefficients`` (seconds per unit of each feature),
-``model``, ``encoder_digest`` and its fit's report. :func:`load_cost_model` reads it for one
-encoder as a :class:`CostModel`; ``loader.balance: measured`` plans global batches with its
-:meth:`CostModel.predict` of each sample's cost features. Every problem with the file is a
-one-line :class:`CostFileError` naming the file and the field.
+``calibrate`` (`energon_platform.training.calibrate`) times a model on micro-batches and
+writes a JSON cost file: ``format_version`` (`FORMAT_VERSION`), ``features``
+(`FEATURES`), ``coefficients`` (seconds per unit of each feature),
+``model``, ``encoder_digest`` and its fit's report. `load_cost_model` reads it for one
+encoder as a `CostModel`; ``loader.balance: measured`` plans global batches with its
+`CostModel.predict` of each sample's cost features. Every problem with the file is a
+one-line `CostFileError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class CostFileError(ConfigError):
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds a micro-batch takes: ``Σ coefficients[f] · features[f]`` over :data:`FEATURES`."""
+    """Seconds a micro-batch takes: ``Σ coefficients[f] · features[f]`` over `FEATURES`."""
 
     coefficients: dict[str, float]
     model: str
@@ -44,7 +44,7 @@ class CostModel:
         return sum(c * float(features.get(name, 0.0)) for name, c in self.coefficients.items())
 
     def predict_modules(self, features: Mapping[str, float]) -> dict[str, float]:
-        """:meth:`predict`'s part per model module (:data:`~task_encoders.features.MODULES`)."""
+        """`predict`'s part per model module (`MODULES`)."""
         return {
             module: sum(self.coefficients.get(n, 0.0) * float(features.get(n, 0.0)) for n in names)
             for module, names in MODULES.items()
@@ -58,9 +58,9 @@ class CostModel:
 
 
 def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
-    """The cost model in ``path`` for ``encoder``. :class:`CostFileError` naming the file and the
+    """The cost model in ``path`` for ``encoder``. `CostFileError` naming the file and the
     field: a missing or unreadable file, not JSON, another format version, features other than
-    :data:`FEATURES`, a coefficient missing or not a finite number >= 0, another encoder's digest."""
+    `FEATURES`, a coefficient missing or not a finite number >= 0, another encoder's digest."""
     data = _read_json(Path(path))
     source = str(path)
     _field(
@@ -95,7 +95,7 @@ def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
 
 
 def _read_json(path: Path) -> dict:
-    """The JSON object in ``path``; :class:`CostFileError` when missing, unreadable or not one."""
+    """The JSON object in ``path``; `CostFileError` when missing, unreadable or not one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -2,7 +2,7 @@
 
 A cost file may change at resume, as blend weights may: the global batches before the resume stay
 planned with the cost model they were planned with, those from it on use the new one. The
-:class:`CostHistory` holds one entry per cost model (``batch``: the first global batch it plans,
+`CostHistory` holds one entry per cost model (``batch``: the first global batch it plans,
 its digest and coefficients); a measured run's loader state keeps it (``plan.costs``), so a later
 resume, or a trace from a later checkpoint, replays every earlier global batch exactly.
 """
@@ -59,7 +59,7 @@ class CostHistory:
         """``(history, changes)``: the ``saved`` history (a loader state's ``plan.costs``) up to
         global batch ``batch``, then this history's current model from ``batch`` on if it is
         another one (``changes`` names the step and both digests). ``cost_of(model)``: the
-        planner's cost with a saved model. :class:`StateMismatchError` for a malformed entry."""
+        planner's cost with a saved model. `StateMismatchError` for a malformed entry."""
         kept = [_entry(item, i, cost_of) for i, item in enumerate(saved)]
         if (
             not kept

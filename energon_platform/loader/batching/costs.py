@@ -1,11 +1,11 @@
 """Cost models of a planned run (``loader.balance``): a sample's cost from its work.
 
-A registry (:data:`COST_MODELS`): ``tokens`` (``L``), ``attention`` (``L² + linear·L``, from
-:func:`~energon_platform.loader.packer.sample_cost`) and ``encoder`` (the encoder's own
+A registry (`COST_MODELS`): ``tokens`` (``L``), ``attention`` (``L² + linear·L``, from
+`sample_cost`) and ``encoder`` (the encoder's own
 ``balance_cost(L)``), each of the sample's work length ``L``; ``measured`` (a calibrated
-:class:`~energon_platform.loader.batching.cost_file.CostModel`'s predicted seconds), of the
-sample's cost features. :data:`WORK` says which work a model asks the planner for;
-:class:`SampleCost` checks every cost it returns.
+`CostModel`'s predicted seconds), of the
+sample's cost features. `WORK` says which work a model asks the planner for;
+`SampleCost` checks every cost it returns.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from task_encoders.features import FEATURES
 
 
 def _formula(mode: str) -> Callable[[Any, SampleCost], tuple[Any, str]]:
-    """The cost model ``mode`` of :func:`~energon_platform.loader.packer.sample_cost`."""
+    """The cost model ``mode`` of `sample_cost`."""
 
     def cost(work_length: int, of: SampleCost) -> tuple[Any, str]:
         where = f"balance {mode!r} with balance.linear={of.linear!r}"
@@ -52,7 +52,7 @@ COST_MODELS: dict[str, Callable[[Any, SampleCost], tuple[Any, str]]] = {
 }
 
 #: The work a cost model reads, where it is not the sample's work length (``length``):
-#: ``features``, its cost features (:func:`feature_work`).
+#: ``features``, its cost features (`feature_work`).
 WORK: dict[str, str] = {"measured": "features"}
 
 
@@ -70,9 +70,9 @@ def feature_work(encoder: Any) -> tuple[Callable[[tuple, str, int], tuple], tupl
 
 class SampleCost:
     """``cost(work)``: the cost model ``mode``'s cost, a finite number >= 0, as a float;
-    anything else is a :class:`ConfigError` (file ``source``, key ``loader.balance``) naming where
+    anything else is a `ConfigError` (file ``source``, key ``loader.balance``) naming where
     it came from. The encoder is asked at each call (its ``balance_cost`` may be replaced).
-    ``cost_model``: the :class:`~energon_platform.loader.batching.cost_file.CostModel` of
+    ``cost_model``: the `CostModel` of
     ``measured`` (None otherwise)."""
 
     def __init__(self, mode: str, encoder: Any, linear: float, source: str, cost_model: Any = None):

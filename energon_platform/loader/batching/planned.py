@@ -1,12 +1,12 @@
 """``loader.balance: tokens | attention | encoder | measured``: global batches planned from sample
 lengths and costs.
 
-The :class:`~energon_platform.loader.planner.Planner` plans each global batch from a pool of
-upcoming positions (lengths from the length index, :mod:`~energon_platform.loader.lengths`):
+The `Planner` plans each global batch from a pool of
+upcoming positions (lengths from the length index, `lengths`):
 ``global_batch_size`` packed rows of ``seq_len`` with a packing encoder, else that many samples (or
-a ``global_batch_tokens`` budget) whose costs (:mod:`~energon_platform.loader.batching.costs`) are
+a ``global_batch_tokens`` budget) whose costs (`costs`) are
 dealt evenly to the ranks (``measured``: a calibrated cost model's predicted time of each sample's
-cost features, :mod:`~energon_platform.loader.batching.cost_file`). Its state at a batch (next position, carried samples) is the
+cost features, `cost_file`). Its state at a batch (next position, carried samples) is the
 ``LoaderState.plan``; the fingerprint's ``balance`` entry names what changes the plans.
 """
 
@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PlannedBatching:
-    """Planned global batches (see the module docstring). Built by :meth:`from_config`; the
-    planner by :meth:`start`, for each schedule (at the start and at resume)."""
+    """Planned global batches (see the module docstring). Built by `from_config`; the
+    planner by `start`, for each schedule (at the start and at resume)."""
 
     mode: str  #: the cost model (``loader.balance``)
     window: int  #: ``loader.balance.window``
@@ -52,7 +52,7 @@ class PlannedBatching:
     #: ``measured``: the cost models by global batch (the config's from the start, or the resume)
     history: CostHistory | None = None
     planner: Planner | None = field(default=None)
-    #: what :meth:`resume_from` changed (another cost model), with its global batch
+    #: what `resume_from` changed (another cost model), with its global batch
     changes: list[str] = field(default_factory=list)
 
     name = "planned"
@@ -64,7 +64,7 @@ class PlannedBatching:
     @classmethod
     def from_config(cls, cfg: Any, encoder: Any, pack_group: int, datasets: Any, workers: int):
         """The mode for run config ``cfg``: checks the encoder and config can plan (one-line
-        :class:`ConfigError` otherwise), then opens (or builds, with ``workers`` processes) each
+        `ConfigError` otherwise), then opens (or builds, with ``workers`` processes) each
         dataset's length index. The one place the ``loader.balance`` group is read."""
         lc, balance = cfg.loader, cfg.loader.balance
         packed = pack_group > 1
@@ -137,7 +137,7 @@ class PlannedBatching:
         place a small dataset's sample twice in a global batch) means the same saved position and
         carried samples to this one, which continues from them (logged once when ``warn``). A
         measured checkpoint that fingerprinted its cost model's digest (saved before the cost
-        history) is continued by :meth:`resume_from`, which compares that digest."""
+        history) is continued by `resume_from`, which compares that digest."""
         balance = saved.get("balance")
         if isinstance(balance, dict) and "digest" in (balance.get("cost_model") or {}):
             balance = {**balance, "cost_model": _cost_features()}
@@ -160,9 +160,9 @@ class PlannedBatching:
         return plan if self.history is None else {**plan, "costs": self.history.to_json()}
 
     def resume_from(self, state: Any) -> PlanState:
-        """The plan state a saved :class:`~energon_platform.loader.state.LoaderState` continues
-        from; :class:`StateMismatchError` when it has none for its next global batch.
-        ``measured`` continues the saved cost history (:attr:`changes`: another cost model from
+        """The plan state a saved [`LoaderState`][energon_platform.loader.state.LoaderState] continues
+        from; `StateMismatchError` when it has none for its next global batch.
+        ``measured`` continues the saved cost history (`changes`: another cost model from
         the resume on)."""
         if state.plan is None or state.plan["batch"] != state.next_global_batch:
             raise StateMismatchError(
@@ -178,7 +178,7 @@ class PlannedBatching:
     def _saved_costs(self, state: Any) -> list[dict]:
         """The cost history of ``state``; a state saved before there was one names its cost
         model's digest only, so it continues with that model alone (else
-        :class:`StateMismatchError`: its global batches could not be replayed)."""
+        `StateMismatchError`: its global batches could not be replayed)."""
         if "costs" in state.plan:
             return state.plan["costs"]
         saved = ((state.fingerprint.get("balance") or {}).get("cost_model") or {}).get("digest")
@@ -275,7 +275,7 @@ def _summed(parts: Any) -> dict[str, float]:
 
 def _cost_model(cfg: Any, encoder: Any) -> Any:
     """The cost model of ``loader.balance.cost_model`` (``measured``), else None; a bad file is a
-    one-line :class:`~energon_platform.loader.batching.cost_file.CostFileError`."""
+    one-line `CostFileError`."""
     path = cfg.loader.balance.cost_model
     if cfg.loader.balance.mode != "measured" or path is None:
         return None
@@ -326,7 +326,7 @@ def _check(cfg: Any, encoder: Any, packed: bool) -> None:
 
 
 def _length_indexes(cfg: Any, encoder: Any, datasets: Any, workers: int) -> list:
-    """Each dataset's :class:`~energon_platform.loader.lengths.LengthIndex` (built if missing)."""
+    """Each dataset's `LengthIndex` (built if missing)."""
     from energon_platform.loader.lengths import open_length_index
 
     digest = encoder_digest(encoder)

@@ -1,9 +1,9 @@
 """``loader.balance: none``: a global batch is consecutive stream positions.
 
 The schedule cuts the stream into items of ``pack_group`` samples and global batches of
-``global_batch_size`` items (:mod:`~energon_platform.loader.schedule`); every dataset's epoch
+``global_batch_size`` items (`schedule`); every dataset's epoch
 boundaries are guarded so that no global batch holds a sample at the end of one epoch and at the
-start of the next (:mod:`~energon_platform.loader.orders`). Nothing is planned: the state is the
+start of the next (`orders`). Nothing is planned: the state is the
 position alone.
 """
 

@@ -12,10 +12,10 @@ process did not really continue from the checkpoint: nothing was restored (no ch
 complete at the kill: ``"restored": false``), or it logged steps before the resume point (it
 restarted from step 0, which on a deterministic run would otherwise pass unnoticed).
 
-:func:`check_resume_cmd` runs the same check on any training command (``check-resume --cmd``):
+`check_resume_cmd` runs the same check on any training command (``check-resume --cmd``):
 ``{out}`` in the commands becomes a folder per run (an absolute path, quoted for the shell where
 the placeholder stands: bare, in ``'...'`` or in ``"..."``), steps are read from the run's log in
-one of the formats of :mod:`energon_platform.training.step_log_readers`, counted from 1, or from 0
+one of the formats of `energon_platform.training.step_log_readers`, counted from 1, or from 0
 when the uninterrupted run's first logged step is 0 (then ``--steps N`` are steps 0..N-1). The resume
 point is where the resumed command's log starts: it must be after the first step, right after a
 step the killed run logged or earlier, and match the ``resumed_from`` the log states, if it
@@ -25,20 +25,20 @@ exact (keys, batch digests, loss with tolerance 0) when every compared row carri
 ``batch_sha256``, and by the loss alone (|Δloss| <= 0.01, the seed's criterion) otherwise.
 
 Both forms write only into an ``--out`` that is new, empty, or one an earlier check made
-(:func:`~energon_platform.training.resume_check.out_folder.claim_out`); anything else in it is
+(`claim_out`); anything else in it is
 refused before a run starts.
 
 The package, one module per job (import the names below from the package itself):
 
-* :mod:`~energon_platform.training.resume_check.trainer`: the check on the reference trainer.
-* :mod:`~energon_platform.training.resume_check.command`: the check on any training command.
-* :mod:`~energon_platform.training.resume_check.processes`: starting, running and killing runs.
-* :mod:`~energon_platform.training.resume_check.trainer_log`: reading the reference trainer's log.
-* :mod:`~energon_platform.training.resume_check.out_folder`: claiming ``--out``, writing the report.
-* :mod:`~energon_platform.training.resume_check.comparison`: comparing the runs' steps.
-* :mod:`~energon_platform.training.resume_check.plot`: ``loss.png``.
-* :mod:`~energon_platform.training.resume_check.verdict`: the verdict line.
-* :mod:`~energon_platform.training.resume_check.options`: the rules of the command's options.
+* `trainer`: the check on the reference trainer.
+* `command`: the check on any training command.
+* `processes`: starting, running and killing runs.
+* `trainer_log`: reading the reference trainer's log.
+* `out_folder`: claiming ``--out``, writing the report.
+* `comparison`: comparing the runs' steps.
+* `plot`: ``loss.png``.
+* `verdict`: the verdict line.
+* `options`: the rules of the command's options.
 """
 
 from __future__ import annotations

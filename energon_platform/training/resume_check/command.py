@@ -1,5 +1,5 @@
 """``check-resume --cmd``: the check on any training command, its steps read from the run's log in one
-of the formats of :mod:`energon_platform.training.step_log_readers`.
+of the formats of `energon_platform.training.step_log_readers`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class CommandSpec:
 
     ``log``: the log's path, with ``{out}``; None: ``{out}/steps.jsonl`` for ``jsonl``, the
     command's own output (stdout and stderr) for the text formats. ``tolerance``: None for 0 when
-    the log carries keys and digests, :data:`SEED_TOLERANCE` otherwise. ``timeout``: seconds per run."""
+    the log carries keys and digests, `SEED_TOLERANCE` otherwise. ``timeout``: seconds per run."""
 
     cmd: str
     resume_cmd: str
@@ -105,7 +105,7 @@ def _with_out(command: str, run_out: Path) -> str:
 
 def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> dict:
     """The check on any training command (module doc); returns the report (also ``OUT/report.json``).
-    ValueError for a spec that cannot work, :class:`RunFailed` when a run fails or logs no step."""
+    ValueError for a spec that cannot work, `RunFailed` when a run fails or logs no step."""
     fmt = spec.reader()
     if not 2 <= kill_at <= spec.steps:
         raise ValueError(f"--kill-at must be between 2 and --steps ({spec.steps}), got {kill_at}")

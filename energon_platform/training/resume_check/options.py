@@ -2,7 +2,7 @@
 which form of the check (``--config``: the reference trainer; ``--cmd``/``--resume-cmd``: any
 training command), where the kill may land, and the default tolerance.
 
-Each refusal is an :class:`OptionError` whose message is one line naming the option; the CLI
+Each refusal is an `OptionError` whose message is one line naming the option; the CLI
 prints it and exits 2.
 """
 
@@ -29,7 +29,7 @@ def is_command_form(cmd: str | None, resume_cmd: str | None) -> bool:
 
 
 def check_kill_at(kill_at: int, steps: int) -> None:
-    """:class:`OptionError` unless ``2 <= kill_at <= steps`` (the killed run must have logged a step,
+    """`OptionError` unless ``2 <= kill_at <= steps`` (the killed run must have logged a step,
     and the kill must land within the run)."""
     if not 2 <= kill_at <= steps:
         raise OptionError(f"--kill-at must be between 2 and --steps ({steps})")
@@ -49,10 +49,10 @@ def command_spec(
     tolerance: float | None,
     timeout: float,
 ) -> CommandSpec:
-    """The :class:`CommandSpec` of ``check-resume --cmd``; :class:`OptionError` for ``--config``
+    """The `CommandSpec` of ``check-resume --cmd``; `OptionError` for ``--config``
     given as well, a missing ``--cmd`` or ``--resume-cmd``, any of ``trainer_options`` (option →
     value: the reference trainer's layout and settings) given, a ``--kill-at`` outside the run, or a
-    spec that cannot work (:meth:`CommandSpec.reader`), in that order."""
+    spec that cannot work (`CommandSpec.reader`), in that order."""
     if config is not None:
         raise OptionError("--config and --cmd are two forms of the check: give one of them")
     if not cmd or not resume_cmd:
@@ -78,7 +78,7 @@ def command_spec(
 
 
 def check_trainer_form(config: str | None, command_options: Mapping[str, Any]) -> None:
-    """:class:`OptionError` for ``check-resume`` on the reference trainer without ``--config``, or
+    """`OptionError` for ``check-resume`` on the reference trainer without ``--config``, or
     with any of ``command_options`` (option → value: how a command's log is read) given."""
     if config is None:
         raise OptionError(
@@ -92,7 +92,7 @@ def check_trainer_form(config: str | None, command_options: Mapping[str, Any]) -
 
 
 def check_kill_after_a_checkpoint(kill_at: int, first_checkpoint: int) -> None:
-    """:class:`OptionError` unless a checkpoint is complete when the kill lands. The kill comes once
+    """`OptionError` unless a checkpoint is complete when the kill lands. The kill comes once
     step ``kill_at - 1`` is logged, and the reference trainer logs a step before it writes that
     step's checkpoint: the newest checkpoint sure to be complete is at step ``kill_at - 2`` or
     before."""
@@ -109,9 +109,9 @@ def check_kill_after_a_checkpoint(kill_at: int, first_checkpoint: int) -> None:
 def check_trainer_run(cfg: Any, nproc: int, resume_nproc: int | None, kill_at: int, steps: int):
     """Refuse, before any process starts, a check on the reference trainer that cannot work, in this
     order: a world size (``nproc``, then ``resume_nproc``) the config's batches do not divide into
-    (:class:`~energon_platform.loader.schedule.LayoutError`), a ``--kill-at`` outside the run or
-    before a checkpoint is complete (:class:`OptionError`), a dataset, encoder or model that do not
-    fit (:func:`~energon_platform.training.preflight.preflight`'s errors)."""
+    ([`LayoutError`][energon_platform.loader.schedule.LayoutError]), a ``--kill-at`` outside the run or
+    before a checkpoint is complete (`OptionError`), a dataset, encoder or model that do not
+    fit (`preflight`'s errors)."""
     from energon_platform.loader.train_loader import check_layout
     from energon_platform.training.preflight import preflight
 
@@ -124,5 +124,5 @@ def check_trainer_run(cfg: Any, nproc: int, resume_nproc: int | None, kill_at: i
 
 def default_tolerance(nproc: int, resume_nproc: int | None) -> float:
     """The loss tolerance of a check on the reference trainer without ``--tolerance``: 0 (bit-exact)
-    on the same world size, :data:`OTHER_WORLD_TOLERANCE` when the resumed part runs on another."""
+    on the same world size, `OTHER_WORLD_TOLERANCE` when the resumed part runs on another."""
     return OTHER_WORLD_TOLERANCE if resume_nproc not in (None, nproc) else 0.0

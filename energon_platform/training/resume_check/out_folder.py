@@ -42,7 +42,7 @@ def _foreign(d: Path, allowed: set[str]) -> list[str]:
 def claim_out(out: Path, run_files: set[str]) -> tuple[Path, Path]:
     """Make ``out`` the check's folder, with its two run folders emptied for new runs; returns them.
 
-    Before anything is written or deleted, refuses (:class:`~checkpoint.CheckpointError`, one
+    Before anything is written or deleted, refuses (`CheckpointError`, one
     line) an ``out`` that holds anything check-resume did not write: a name other than its run
     folders, ``report.json`` and ``loss.png``; a ``report.json`` that is not a check-resume
     report (a converted dataset's, say); a ``loss.png`` without one; a run folder holding more

@@ -61,7 +61,7 @@ def run_command(
     cmd: list[str] | str, log: Path, timeout: float | None = None, cwd: str | None = None
 ) -> None:
     """Run ``cmd`` (a list, or a shell command line) to its end, output appended to ``log``;
-    :class:`RunFailed` with the output's tail when it fails or outlives ``timeout``."""
+    `RunFailed` with the output's tail when it fails or outlives ``timeout``."""
     with open(log, "ab") as f:
         proc = launch(cmd, f, cwd)
         try:
@@ -103,7 +103,7 @@ def launch(cmd: list[str] | str, stdout: Any, cwd: str | None = None) -> subproc
 
 
 class LogTail:
-    """The steps a log has gained since it was opened: :meth:`steps` reads only what is new
+    """The steps a log has gained since it was opened: `steps` reads only what is new
     (complete lines), so polling a growing log every few milliseconds stays cheap."""
 
     def __init__(self, path: Path, fmt: Any = None):
@@ -140,7 +140,7 @@ def _size(path: Path) -> int:
 
 def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll ``ready()`` every 2 ms while ``proc`` runs, then SIGKILL its whole tree
-    (:func:`kill_tree`). :class:`RunFailed` when the process ends first or ``timeout`` passes."""
+    (`kill_tree`). `RunFailed` when the process ends first or ``timeout`` passes."""
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         if ready():

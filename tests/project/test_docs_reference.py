@@ -1,0 +1,194 @@
+"""The reference pages read well and come from the code: the API page renders Google docstrings
+with typed signatures and parameter tables (no Sphinx role left anywhere on the site), the CLI page
+holds every command's ``--help`` as it prints, the config page tables every key of every config
+dataclass with its default and meaning, and the site shows the project's version."""
+
+import argparse
+import dataclasses
+import html
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import typing
+
+import pytest
+
+from energon_platform.cli import build_parser
+from energon_platform.config import RunConfig
+from task_encoders.config import EncoderConfig
+from tests.helpers import REPO
+
+COLUMNS = "100"
+#: A Sphinx role as the HTML shows it: Markdown turns its backticks into ``<code>``.
+ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|exc):(?:`|<code)")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "COLUMNS": "60"},
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out
+
+
+def page(site, name: str) -> str:
+    return (site / name / "index.html").read_text()
+
+
+def text(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def code_blocks(page_html: str) -> list[str]:
+    """The text of every ``<pre>`` block of a page, as it was before HTML escaping."""
+    return [text(block) for block in re.findall(r"<pre[^>]*>(.*?)</pre>", page_html, re.S)]
+
+
+def test_no_sphinx_role_is_left_on_any_page(site):
+    found = {
+        f"{path.relative_to(site)}: {role}"
+        for path in site.rglob("*.html")
+        for role in ROLE.findall(path.read_text())
+    }
+    assert not found, f"Sphinx roles render as text: {sorted(found)}"
+
+
+def test_api_page_shows_typed_signatures_and_parameter_tables(site):
+    api = page(site, "reference/api")
+    signatures = [text(s) for s in re.findall(r'class="doc-signature[^"]*">(.*?)</div>', api, re.S)]
+    assert any("world_size: int = 1" in s and "TrainLoader(" in s for s in signatures), (
+        "TrainLoader's signature with its type annotations"
+    )
+    i = api.find('id="energon_platform.loader.train_loader.TrainLoader"')
+    assert i >= 0
+    section = api[i : api.find("</table>", i)]
+    assert 'doc-section-title">Parameters:' in section, "Args: renders as a parameters table"
+    row = re.search(r"<code>world_size</code>(.*?)</tr>", section, re.S)
+    assert row and re.search(r"^\s*int\s+the number of data-parallel ranks", text(row[1])), (
+        "world_size's row: its type and its description"
+    )
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from commands(sub, (*path, name))
+
+
+def test_cli_page_holds_every_commands_help_as_argparse_prints_it(site, monkeypatch):
+    blocks = code_blocks(page(site, "reference/cli"))
+    monkeypatch.setenv("COLUMNS", COLUMNS)
+    helps = {path: parser.format_help() for path, parser in commands(build_parser())}
+    assert ("convert", "coco") in helps and ("train",) in helps, sorted(helps)
+    missing = [" ".join(path) or "(top)" for path, h in helps.items() if h not in blocks]
+    assert not missing, f"commands whose --help the CLI page lacks: {missing}"
+
+
+@pytest.mark.parametrize("words", [(), ("convert", "coco"), ("check-resume",)])
+def test_cli_page_matches_the_help_the_command_prints(site, words):
+    r = subprocess.run(
+        [sys.executable, "-m", "energon_platform", *words, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": COLUMNS},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout in code_blocks(page(site, "reference/cli"))
+    heading = " ".join(("energon-platform", *words))
+    assert f">{heading}<" in page(site, "reference/cli"), f"a heading {heading!r}"
+
+
+def expected_rows(cls: type, key: str = ""):
+    """``(key, default as YAML writes it or None when required)`` of every field of ``cls`` and of
+    the config dataclasses its fields hold."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        name = f"{key}.{f.name}".lstrip(".")
+        nested = [
+            t for t in (hints[f.name], *typing.get_args(hints[f.name])) if isinstance(t, type)
+        ]
+        nested = [t for t in nested if dataclasses.is_dataclass(t)]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        yield (
+            name,
+            default,
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        if nested:
+            many = "[]" if isinstance(default, tuple) else ""
+            yield from expected_rows(nested[0], name + many)
+
+
+def as_yaml(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(as_yaml, value)) + "]"
+    return str(value) or '""'
+
+
+@pytest.mark.parametrize("config", [RunConfig, EncoderConfig], ids=lambda c: c.__name__)
+def test_config_page_tables_every_field_with_its_default_and_meaning(site, config):
+    rows = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", page(site, "reference/config"), re.S):
+        cells = [text(c).strip() for c in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        if len(cells) == 4:
+            rows.setdefault(cells[0], []).append(cells)
+    expected = list(expected_rows(config))
+    assert len(expected) > 5
+    assert "loader.balance.mode" in rows and "loader.exclude[].keys" in rows, sorted(rows)
+    for key, default, required in expected:
+        assert key in rows, f"{key} is not in the config tables"
+        shown = {cells[2] for cells in rows[key]}
+        if required:
+            assert "required" in shown, (key, shown)
+        elif dataclasses.is_dataclass(default):
+            assert "the group below" in shown, (key, shown)
+        else:
+            assert as_yaml(default) in shown, (key, as_yaml(default), shown)
+        assert all(cells[3] for cells in rows[key]), f"{key} has no meaning"
+
+
+def test_home_page_shows_the_version(site):
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"energon-platform {version}" in text((site / "index.html").read_text())
+
+
+def hook_module():
+    spec = importlib.util.spec_from_file_location(
+        "reference_hook", REPO / "docs/hooks/reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_repository_link_comes_only_from_a_remote_with_a_web_address():
+    web_url = hook_module().web_url
+    assert web_url("git@github.com:acme/energon-platform.git") == (
+        "https://github.com/acme/energon-platform"
+    )
+    assert web_url("https://gitlab.com/acme/ep.git/") == "https://gitlab.com/acme/ep"
+    assert web_url("/srv/git/energon-platform.git") is None
