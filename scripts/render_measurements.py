@@ -2,8 +2,9 @@
 
     python scripts/render_measurements.py [JSON ...] [--out docs/measurements.md]
 
-Inputs: the files named, or else every ``bench-*.json`` in the repository root and in ``out/``
-(``scripts/bench_NAME.py --json bench-NAME.json`` writes one). The benchmark's name is the file's
+Inputs: the files named, or else every ``bench-*.json`` in the repository root, in ``out/`` and in
+``docs/measurements/`` (the runs the page shows, kept with the docs so that it can be rendered again;
+``scripts/bench_NAME.py --json bench-NAME.json`` writes one). The benchmark's name is the file's
 (``bench-NAME.json`` or ``bench_NAME.json``; ``balance-large-model`` is a ``balance`` run); when
 several files name one benchmark, the newest run (its ``date``, else the file's modification time)
 is shown: the page holds one run per benchmark, not a history.
@@ -30,6 +31,8 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 META = {"date", "machine", "load_before", "load_after", "load_average", "settings", "config"}
 META |= {"targets", "why", "note", "description", "benchmark"}
+#: the benchmark runs the committed page was rendered from
+RUNS = REPO / "docs" / "measurements"
 NOT_RECORDED = "not recorded in this run (recorded from now on)"
 MAX_LIST = 8
 MAX_COLUMNS = 8
@@ -103,10 +106,17 @@ class Row(NamedTuple):
 
 
 def find_inputs(paths: list[Path]) -> list[Path]:
-    """The files named, or every ``bench-*.json`` in the repository root and ``out/``."""
+    """The files named, or every ``bench-*.json`` in the repository root, ``out/`` and
+    ``RUNS``."""
     if paths:
         return paths
-    return sorted({*REPO.glob("bench-*.json"), *(REPO / "out").glob("bench-*.json")})
+    return sorted(
+        {
+            *REPO.glob("bench-*.json"),
+            *(REPO / "out").glob("bench-*.json"),
+            *RUNS.glob("bench-*.json"),
+        }
+    )
 
 
 def bench_name(path: Path) -> str:
@@ -781,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         "json",
         nargs="*",
         type=Path,
-        help="benchmark JSON files (default: bench-*.json in the repo root and out/)",
+        help="benchmark JSON files (default: bench-*.json in the repo root, out/ and docs/measurements/)",
     )
     p.add_argument(
         "--out", type=Path, default=REPO / "docs" / "measurements.md", help="the page to write"
