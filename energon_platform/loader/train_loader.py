@@ -500,28 +500,45 @@ def _refuse_lightning_without_hooks(loader: TrainLoader) -> None:
         )
 
 
-def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size: int = 1):
-    """Energon's own validation loader over ``data.val_split`` (no shuffling, no state), or None
-    when the dataset has no such split. A metadataset validates over its own ``val_split`` split
-    (Energon concatenates its datasets, weights ignored), when it defines one."""
+def _val_splits(path: str) -> list[str]:
+    """The splits ``data.val_split`` may name for ``path``: a metadataset's ``splits`` keys, or
+    the split parts of a dataset's ``.nv-meta/split.yaml`` that list at least one shard."""
     import yaml
-    from megatron.energon import get_loader, get_val_dataset
 
     from energon_platform.loader.datasets import is_metadataset
-    from storage import dataset_root
+    from energon_platform.loader.source import split_parts
+
+    if is_metadataset(path):
+        return list((yaml.safe_load(Path(path).read_text()) or {}).get("splits", {}))
+    return split_parts(path)  # a folder or msc:// URL
+
+
+def _warn_no_val_split(cfg: RunConfig, splits: list[str]) -> None:
+    """One line on stderr: the run names a validation split its dataset lacks, so it validates
+    nothing (logs no ``val_loss``)."""
+    print(
+        f"warning: data.val_split {cfg.data.val_split!r} is not a split of {cfg.data.path} "
+        f"(it has: {', '.join(splits) or 'none'}); the run skips validation (set data.val_split "
+        f"to one of them, or to null to skip it without this warning)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size: int = 1):
+    """Energon's own validation loader over ``data.val_split`` (no shuffling, no state), or None
+    when ``data.val_split`` is null or the dataset has no such split (then rank 0 warns on stderr,
+    naming the split, the dataset and the splits it has). A metadataset validates over its own
+    ``val_split`` split (Energon concatenates its datasets, weights ignored), when it defines one."""
+    from megatron.energon import get_loader, get_val_dataset
 
     if not cfg.data.val_split:
         return None
-    if is_metadataset(str(cfg.data.path)):
-        splits = (yaml.safe_load(Path(cfg.data.path).read_text()) or {}).get("splits", {})
-        if cfg.data.val_split not in splits:
-            return None
-    else:
-        split = (
-            dataset_root(str(cfg.data.path)) / ".nv-meta" / "split.yaml"
-        )  # a folder or msc:// URL
-        if not yaml.safe_load(split.read_text())["split_parts"].get(cfg.data.val_split):
-            return None
+    splits = _val_splits(str(cfg.data.path))
+    if cfg.data.val_split not in splits:
+        if rank == 0:
+            _warn_no_val_split(cfg, splits)
+        return None
     encoder = build_encoder(cfg, training=False)
     wc = encoder.worker_config(rank=rank, world_size=world_size, num_workers=0)
     ds = get_val_dataset(
