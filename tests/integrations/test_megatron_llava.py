@@ -20,12 +20,16 @@ vision-language micro-batches through ``calibration_model``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from task_encoders.features import FEATURES
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
+from tests.helpers.run_configs import loader_config, write_config
 
 mcore = pytest.importorskip(
     "megatron.core", reason="megatron-core is a test dependency (pip install -e '.[test]')"
@@ -272,7 +276,6 @@ def test_provider_checks_megatrons_arguments(cpu_megatron, shards, tmp_path):
             )(None)
     # A user's own tokenizer folder without <image>: Megatron appends it (--special-tokens), and so
     # does the encoder: the ids agree. Megatron's own tokenizer object is compared directly.
-    import json
     import shutil
 
     from transformers import AutoTokenizer
@@ -324,3 +327,34 @@ def _yaml(path: Path) -> dict:
     import yaml
 
     return yaml.safe_load(path.read_text())
+
+
+def test_calibrate_command_times_megatrons_llava(shards, tmp_path):
+    """``energon-platform calibrate --model ...llava:calibration_model`` on the tiny
+    vision-language captions (a real CLI process: the CPU set-up is entered inside it). The times
+    of a shared machine are noisy, so the fit's quality is not asserted: either the cost file is
+    written naming the model, with non-negative coefficients, or the p90 refusal is one line and
+    writes nothing; the table of measured vs predicted times is printed either way."""
+    config = write_config(
+        tmp_path / "run.yaml",
+        loader_config(shards["coco"], ENCODERS / "image_text_vlm_small.yaml", global_batch_size=2),
+    )
+    out = tmp_path / "cost.json"
+    model = "energon_platform.integrations.megatron.llava:calibration_model"
+    argv = ["calibrate", "--config", config, "--model", model, "--out", out, "--no-progress"]
+    done = run_cli(*argv, "--micro-batches", 4, "--repeats", 1, timeout=300)
+    assert "measured ms" in done.stdout and done.stdout.count("(held back)") == 1, done.stderr
+    assert "p90 error" in done.stdout
+    if done.returncode == 0:
+        report = json.loads(out.read_text())
+        assert report["model"] == model and report["micro_batches"] == 4
+        assert set(report["coefficients"]) == set(FEATURES)
+        assert all(c >= 0 for c in report["coefficients"].values()), report["coefficients"]
+        assert sum(report["coefficients"].values()) > 0
+        assert f"wrote {out}" in done.stdout
+    else:
+        assert done.returncode == 2 and not out.exists(), done.stderr
+        error = done.stderr.strip().splitlines()[-1]
+        assert "p90 relative error" in error and error.startswith(
+            "energon-platform calibrate: error: "
+        ), done.stderr
