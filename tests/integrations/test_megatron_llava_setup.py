@@ -14,6 +14,9 @@ pytest.importorskip(
 )
 
 from energon_platform.integrations.megatron import cpu_megatron  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
+from tests.helpers.cli import run_cli  # noqa: E402
+from tests.helpers.run_configs import loader_config, write_config  # noqa: E402
 
 
 def megatron_globals() -> tuple:
@@ -74,3 +77,30 @@ def test_cpu_megatron_restores_everything_and_patches_only_without_cuda(cuda, mo
         assert inside[:5] == before[:5]
     else:
         assert all(inside[i] != before[i] for i in (0, 2, 3, 4)) and inside[1] is True
+
+
+def test_calibrate_without_megatron_core_is_one_line_naming_the_install(
+    image_text_shards, tmp_path
+):
+    """A ``megatron.core`` that cannot be imported, first on the path, stands for a missing
+    install (``megatron`` is a namespace package shared with ``megatron.energon``)."""
+    import os
+
+    (tmp_path / "shadow" / "megatron" / "core").mkdir(parents=True)
+    (tmp_path / "shadow" / "megatron" / "core" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'megatron.core'\")\n"
+    )
+    config = write_config(
+        tmp_path / "run.yaml",
+        loader_config(image_text_shards, REPO / "configs/encoders/image_text_vlm_small.yaml"),
+    )
+    path = os.pathsep.join([str(tmp_path / "shadow"), os.environ.get("PYTHONPATH", ""), str(REPO)])
+    done = run_cli(
+        "calibrate",
+        *("--config", config, "--out", tmp_path / "c.json", "--no-progress"),
+        *("--model", "energon_platform.integrations.megatron.llava:calibration_model"),
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=120,
+    )
+    assert done.returncode == 2 and not (tmp_path / "c.json").exists(), done.stderr
+    assert done.stderr.count("\n") == 1 and "pip install megatron-core" in done.stderr, done.stderr
