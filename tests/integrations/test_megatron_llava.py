@@ -10,39 +10,26 @@ embeddings ``LLaVAModel`` splices in sit exactly at the ``<image>`` placeholders
 order), and the loss mask it returns covers exactly the answer tokens.
 
 megatron-core (a test-only dependency, pinned in pyproject's ``test`` extra) assumes a GPU in a few
-places; the ``cpu_megatron`` fixture patches these, for the duration of this module only:
-
-1. ``CLIPViTModel.__init__`` moves its position ids with ``.cuda()``: ``torch.Tensor.cuda`` returns
-   the tensor itself while the model is *constructed* (nothing else is built then).
-2. The CUDA RNG tracker (``tensor_parallel.get_cuda_rng_tracker().fork()`` around attention
-   dropout) needs CUDA RNG states: a tracker whose ``fork`` is a no-op (dropout is 0 here anyway).
-3. The global memory buffer (``parallel_state.get_global_memory_buffer().get_tensor``, the
-   attention-score buffer of ``DotProductAttention``) allocates on ``torch.cuda.current_device()``:
-   allocate on the CPU instead.
-4. The default causal mask (``get_default_causal_mask`` in ``fusions/fused_softmax.py``) is built
-   with ``device="cuda"``: the same mask on the CPU.
-5. Not a GPU assumption but one of Transformer Engine: ``CLIPViTModel``'s ``ln_pre`` defaults to
-   TE's norm, falling back to ``torch.nn.LayerNorm``, which megatron-core's ``build_module`` cannot
-   build (it passes ``config=``); the fallback is replaced by megatron-core's ``WrappedTorchNorm``.
-
-Packed batches: on GPU Megatron hands ``cu_lengths`` to Transformer Engine's ``thd`` attention
-(``PackedSeqParams``); megatron-core's local ``DotProductAttention`` refuses ``packed_seq_params``,
-so the test passes the same attention as an explicit block-diagonal causal mask built from
-``cu_lengths`` (which must therefore be in spliced coordinates and end at the sequence length).
+places; the ``cpu_megatron`` fixture enters
+:func:`energon_platform.integrations.megatron.llava.cpu_megatron` (its module doc lists the CPU
+patches, and how packed batches are masked) for the duration of this module only. The model
+(``tiny_llava``), Megatron's ``get_batch`` (``megatron_batch``) and the masked loss
+(``llava_loss``) come from that module too; ``energon-platform calibrate`` runs them on its
+vision-language micro-batches through ``calibration_model``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import operator
-import os
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from task_encoders.features import FEATURES
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
+from tests.helpers.run_configs import loader_config, write_config
 
 mcore = pytest.importorskip(
     "megatron.core", reason="megatron-core is a test dependency (pip install -e '.[test]')"
@@ -50,180 +37,25 @@ mcore = pytest.importorskip(
 
 from energon_platform.config import load_config  # noqa: E402
 from energon_platform.integrations.megatron import (  # noqa: E402
-    IGNORE_INDEX,
     MegatronArgsError,
     check_megatron_args,
+    llava_loss,
     make_provider,
     make_provider_from_args,
+    megatron_batch,
     megatron_requirements,
+    tiny_llava,
 )
+from energon_platform.integrations.megatron import cpu_megatron as cpu_megatron_setup  # noqa: E402
 
 ENCODERS = REPO / "configs" / "encoders"
-PAD = 0
 
 
 @pytest.fixture(scope="module")
 def cpu_megatron():
-    """gloo, one rank, tensor/pipeline parallel 1, and the CPU patches of the module doc."""
-    import megatron.core.fusions.fused_softmax as fused_softmax
-    import megatron.core.models.vision.clip_vit_model as clip_vit_model
-    import megatron.core.tensor_parallel.random as mrandom
-    import megatron.core.utils as mutils
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    started = not dist.is_initialized()
-    if started:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 500))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-
-    class NoCudaRngTracker:  # patch 2
-        def fork(self, name=None):
-            return contextlib.nullcontext()
-
-        def add(self, name, seed):
-            pass
-
-    def cpu_buffer(self, tensor_shape, dtype, name, mem_alloc_context=None):  # patch 3
-        return torch.empty(functools.reduce(operator.mul, tensor_shape, 1), dtype=dtype).view(
-            *tensor_shape
-        )
-
-    saved = (
-        mrandom._CUDA_RNG_STATE_TRACKER,
-        mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED,
-        mutils.GlobalMemoryBuffer.get_tensor,
-        fused_softmax.get_default_causal_mask,
-        clip_vit_model.CLIPViTModel.__init__.__defaults__,
-    )
-    mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = (
-        NoCudaRngTracker(),
-        True,
-    )
-    mutils.GlobalMemoryBuffer.get_tensor = cpu_buffer
-    fused_softmax.get_default_causal_mask = lambda sq: torch.triu(
-        torch.ones(sq, sq, dtype=torch.bool), 1
-    )  # patch 4
-    clip_vit_model.CLIPViTModel.__init__.__defaults__ = tuple(  # patch 5
-        WrappedTorchNorm if d is torch.nn.LayerNorm else d for d in saved[4]
-    )
-    try:
+    """gloo, one rank, tensor/pipeline parallel 1, and the CPU patches of ``cpu_megatron``."""
+    with cpu_megatron_setup():
         yield
-    finally:
-        (
-            mrandom._CUDA_RNG_STATE_TRACKER,
-            mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED,
-            mutils.GlobalMemoryBuffer.get_tensor,
-            fused_softmax.get_default_causal_mask,
-            clip_vit_model.CLIPViTModel.__init__.__defaults__,
-        ) = saved
-        parallel_state.destroy_model_parallel()
-        if started:
-            dist.destroy_process_group()
-
-
-def tiny_llava(req: dict, max_sequence_length: int):
-    """megatron-core's LLaVAModel, sized from the provider's requirements (tile, patch, vocab,
-    image token)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.multimodal.llava_model import LLaVAModel
-    from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_local_spec
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.transformer.mlp import MLPSubmodules
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    common = dict(
-        use_cpu_initialization=True,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        pipeline_dtype=torch.float32,
-    )
-    language = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, **common)
-    vision = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=2, **common)
-    vision.vision_model_type = req["vision_model_type"]
-    projection = TransformerConfig(
-        num_layers=1, hidden_size=64, ffn_hidden_size=64, num_attention_heads=1, **common
-    )
-    torch.manual_seed(0)
-    cuda = torch.Tensor.cuda
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # patch 1: construction only
-    try:
-        model = LLaVAModel(
-            language_transformer_config=language,
-            language_transformer_layer_spec=get_gpt_layer_local_spec(),
-            language_vocab_size=req["vocab_size"],
-            language_max_sequence_length=max_sequence_length,
-            vision_transformer_config=vision,
-            vision_transformer_layer_spec=get_vit_layer_with_local_spec(),
-            drop_vision_class_token=req["disable_vision_class_token"],
-            vision_projection_config=projection,
-            vision_projection_layer_spec=MLPSubmodules(
-                linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear
-            ),
-            img_h=req["img_h"],
-            img_w=req["img_w"],
-            patch_dim=req["patch_dim"],
-            image_token_index=req["image_token_index"],
-        )
-    finally:
-        torch.Tensor.cuda = cuda
-    assert (
-        model.img_seq_len == req["tokens_per_tile"]
-    )  # the encoder counts what the model splices in
-    return model
-
-
-def get_batch(data: dict) -> dict:
-    """What examples/multimodal/train.py ``get_batch`` makes of a dict (one rank, no broadcast)."""
-    tokens = data["tokens"].long()
-    labels = data["labels"][:, 1 : tokens.shape[1] + 1].contiguous()
-    loss_mask = torch.ones(labels.shape, dtype=torch.float)
-    loss_mask[labels == PAD] = 0.0
-    loss_mask[labels == IGNORE_INDEX] = 0.0
-    position_ids = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
-    imgs, num_tiles = data["imgs"], data["num_tiles"]
-    if imgs.shape == (1, 1):  # text only
-        imgs, num_tiles = torch.zeros((0, 3, 1, 1)), torch.zeros(0, dtype=torch.int32)
-    attention_mask = None
-    if data["cu_lengths"].shape != (
-        1,
-        1,
-    ):  # packed: the block-diagonal causal mask thd attention applies
-        assert data["cu_lengths"].shape[0] == data["max_lengths"].shape[0] == 1, (
-            "micro-batch-size must be 1"
-        )
-        cu = data["cu_lengths"][0].long()
-        length = int(cu[-1])
-        segment = torch.repeat_interleave(torch.arange(len(cu) - 1), cu[1:] - cu[:-1])
-        allowed = (segment[:, None] == segment[None, :]) & torch.tril(
-            torch.ones(length, length, dtype=torch.bool)
-        )
-        attention_mask = ~allowed[None, None]
-    return {
-        "tokens": tokens,
-        "labels": labels,
-        "loss_mask": loss_mask,
-        "position_ids": position_ids,
-        "imgs": imgs,
-        "num_tiles": num_tiles,
-        "attention_mask": attention_mask,
-    }
-
-
-def forward(model, b: dict):
-    output, loss_mask = model(
-        b["imgs"],
-        b["tokens"],
-        b["position_ids"],
-        b["attention_mask"],
-        labels=b["labels"],
-        loss_mask=b["loss_mask"],
-        num_image_tiles=b["num_tiles"],
-    )
-    return (output.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1), loss_mask
 
 
 def spliced_layout(b: dict, image_token: int, per_tile: int):
@@ -306,11 +138,12 @@ def test_llava_trains_on_provider_batches(cpu_megatron, shards, case, capsys):
     # Packed: a micro-batch is the pack group's rows flattened, at most pack_group x seq_len positions.
     max_len = req["decoder_seq_length"] * (cfg_pack_group(cfg) if packed else 1)
     model = tiny_llava(req, max_len)
+    assert model.img_seq_len == req["tokens_per_tile"]  # the encoder counts what is spliced in
     train, _, _ = make_provider(cfg, dp_rank=0, dp_size=1, micro_batch_size=mbs, build_valid=False)(
         None
     )
     assert train.image_token_index == req["image_token_index"] == 2047
-    batches = [get_batch(next(train)) for _ in range(3)]
+    batches = [megatron_batch(next(train)) for _ in range(3)]
     train.close()
     assert any(b["imgs"].shape[0] > 0 for b in batches)
     if packed:
@@ -328,7 +161,7 @@ def test_llava_trains_on_provider_batches(cpu_megatron, shards, case, capsys):
     ]
     for b in batches:
         with torch.no_grad():
-            _, combined_mask = forward(model, b)
+            _, combined_mask = llava_loss(model, b)
         text_pos, image_pos = spliced_layout(b, req["image_token_index"], req["tokens_per_tile"])
         embeddings = captured["input"]  # [s, b, h]
         assert embeddings.shape[0] <= max_len
@@ -361,17 +194,17 @@ def test_llava_trains_on_provider_batches(cpu_megatron, shards, case, capsys):
     # Training: finite losses, and the loss on the first batch falls.
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     with torch.no_grad():
-        before = float(forward(model, batches[0])[0])
+        before = float(llava_loss(model, batches[0])[0])
     losses = []
     for step in range(8):
         optimizer.zero_grad()
-        loss, _ = forward(model, batches[step % len(batches)])
+        loss, _ = llava_loss(model, batches[step % len(batches)])
         loss.backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         optimizer.step()
         losses.append(loss.item())
     with torch.no_grad():
-        after = float(forward(model, batches[0])[0])
+        after = float(llava_loss(model, batches[0])[0])
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert after < before - 0.5, (case, before, after, losses)
     with capsys.disabled():
@@ -443,7 +276,6 @@ def test_provider_checks_megatrons_arguments(cpu_megatron, shards, tmp_path):
             )(None)
     # A user's own tokenizer folder without <image>: Megatron appends it (--special-tokens), and so
     # does the encoder: the ids agree. Megatron's own tokenizer object is compared directly.
-    import json
     import shutil
 
     from transformers import AutoTokenizer
@@ -495,3 +327,34 @@ def _yaml(path: Path) -> dict:
     import yaml
 
     return yaml.safe_load(path.read_text())
+
+
+def test_calibrate_command_times_megatrons_llava(shards, tmp_path):
+    """``energon-platform calibrate --model ...llava:calibration_model`` on the tiny
+    vision-language captions (a real CLI process: the CPU set-up is entered inside it). The times
+    of a shared machine are noisy, so the fit's quality is not asserted: either the cost file is
+    written naming the model, with non-negative coefficients, or the p90 refusal is one line and
+    writes nothing; the table of measured vs predicted times is printed either way."""
+    config = write_config(
+        tmp_path / "run.yaml",
+        loader_config(shards["coco"], ENCODERS / "image_text_vlm_small.yaml", global_batch_size=2),
+    )
+    out = tmp_path / "cost.json"
+    model = "energon_platform.integrations.megatron.llava:calibration_model"
+    argv = ["calibrate", "--config", config, "--model", model, "--out", out, "--no-progress"]
+    done = run_cli(*argv, "--micro-batches", 4, "--repeats", 1, timeout=300)
+    assert "measured ms" in done.stdout and done.stdout.count("(held back)") == 1, done.stderr
+    assert "p90 error" in done.stdout
+    if done.returncode == 0:
+        report = json.loads(out.read_text())
+        assert report["model"] == model and report["micro_batches"] == 4
+        assert set(report["coefficients"]) == set(FEATURES)
+        assert all(c >= 0 for c in report["coefficients"].values()), report["coefficients"]
+        assert sum(report["coefficients"].values()) > 0
+        assert f"wrote {out}" in done.stdout
+    else:
+        assert done.returncode == 2 and not out.exists(), done.stderr
+        error = done.stderr.strip().splitlines()[-1]
+        assert "p90 relative error" in error and error.startswith(
+            "energon-platform calibrate: error: "
+        ), done.stderr

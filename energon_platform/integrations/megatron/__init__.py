@@ -1,8 +1,9 @@
 """Megatron-LM adapter: what ``--dataloader-type external`` calls, on top of `TrainLoader`.
 
 Megatron-LM never imports this package's dependencies and this package never imports megatron-core
-(which needs CUDA): Megatron's values come in as plain arguments, or from its ``args`` namespace
-through [`make_provider_from_args`][energon_platform.integrations.megatron.make_provider_from_args]. The names below follow Megatron-LM's own code:
+(which needs CUDA) at import time: Megatron's values come in as plain arguments, or from its ``args`` namespace
+through [`make_provider_from_args`][energon_platform.integrations.megatron.make_provider_from_args]. Only `llava` uses megatron-core (a test-only dependency), inside its functions. The names below
+follow Megatron-LM's own code:
 
 * ``examples/multimodal/dataloader_provider.py``: ``train_valid_test_dataloaders_provider`` built
   only where ``is_dataloader_rank()`` (tensor-parallel rank 0, first or last pipeline stage), an
@@ -55,6 +56,9 @@ The package, one module per job (import the names below from the package itself)
 * `args`: the checks of Megatron's arguments.
 * `provider`: the provider (its run config:
   `run_config`).
+* `llava`: megatron-core's ``LLaVAModel`` on a CPU (`cpu_megatron`, `tiny_llava`,
+  `megatron_batch`, `llava_loss`) and the ``energon-platform calibrate`` factory
+  `calibration_model`.
 """
 
 from __future__ import annotations
@@ -72,6 +76,13 @@ from energon_platform.integrations.megatron.batches import (
 from energon_platform.integrations.megatron.iterators import (
     MegatronTrainIterator,
     MegatronValidIterator,
+)
+from energon_platform.integrations.megatron.llava import (
+    calibration_model,
+    cpu_megatron,
+    llava_loss,
+    megatron_batch,
+    tiny_llava,
 )
 from energon_platform.integrations.megatron.losses import sample_losses
 from energon_platform.integrations.megatron.provider import (
@@ -109,4 +120,9 @@ __all__ = [
     "MegatronArgsError",
     "megatron_requirements",
     "check_megatron_args",
+    "cpu_megatron",
+    "tiny_llava",
+    "megatron_batch",
+    "llava_loss",
+    "calibration_model",
 ]
