@@ -85,11 +85,26 @@ def spread(matrix: np.ndarray, n: int) -> list[int]:
 
 
 def time_step(model: torch.nn.Module, batch: Any) -> float:
-    """Seconds of one forward + backward of ``model`` on ``batch`` (gradients cleared first)."""
+    """Seconds of one forward + backward of ``model`` on ``batch`` (gradients cleared first). On a
+    GPU the clock is read only once the device has finished the queued work (CUDA runs the
+    backward asynchronously), so the time is the device's, not the launch's."""
+    device = _cuda_device(model)
     model.zero_grad(set_to_none=True)
+    if device is not None:
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     model(batch).backward()
+    if device is not None:
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+def _cuda_device(model: torch.nn.Module) -> torch.device | None:
+    """The CUDA device of ``model``'s first parameter, or None (a CPU model, or no parameter)."""
+    param = next(iter(model.parameters()), None)
+    if param is not None and param.device.type == "cuda":
+        return param.device
+    return None
 
 
 def time_rounds(

@@ -21,6 +21,7 @@ from energon_platform.training.calibrate import (
     check_fit,
     encoder_digest,
     load_cost_model,
+    time_step,
     write_report,
 )
 from scripts.bench_data import coco_dataset
@@ -246,3 +247,29 @@ def test_calibrate_command_refuses_a_bad_model_spec_in_one_line(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no_such_module_xyz" in err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_step_on_a_gpu_is_timed_once_the_device_has_finished(monkeypatch):
+    """CUDA runs the backward asynchronously: the clock must wait for the device before the step
+    and after it, or it times the launch."""
+    events = []
+
+    class OnGpu(torch.nn.Module):
+        def parameters(self, recurse=True):
+            yield SimpleNamespace(device=torch.device("cuda", 3))
+
+        def zero_grad(self, set_to_none=True):
+            pass
+
+        def forward(self, batch):
+            events.append("step")
+            return torch.zeros((), requires_grad=True)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: events.append(f"sync {device}"))
+    time_step(OnGpu(), None)
+    assert events == ["sync cuda:3", "step", "sync cuda:3"]
+    events.clear()
+    cpu = torch.nn.Linear(2, 1)  # a CPU model: no wait
+    cpu.forward = lambda batch: cpu.weight.sum()
+    time_step(cpu, None)
+    assert events == []
