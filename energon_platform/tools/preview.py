@@ -55,6 +55,20 @@ TEXT_WIDTH = 360  #: pixels of the text column
 PAD = 6
 
 
+def _tiles_per_image(images: Any, num_tiles: Any, num_images: Any) -> list[torch.Tensor] | None:
+    """The tiles of each image, when ``images`` ``(T, C, h, w)`` holds the tiles of all images one
+    after another, ``num_tiles`` ``(I,)`` counts them per image and ``num_images`` ``(D,)`` the
+    images per document (the vision-language batch); otherwise None."""
+    if not all(isinstance(t, torch.Tensor) for t in (images, num_tiles, num_images)):
+        return None
+    counts = num_tiles.long()
+    if images.ndim != 4 or counts.numel() != int(num_images.sum()):
+        return None
+    if int(counts.sum()) != images.shape[0]:
+        return None
+    return list(torch.split(images, counts.tolist()))
+
+
 def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
     """Per document, its media as ``(kind, tensor)``: ``("image", (C, h, w))``, ``("tiles",
     (n, C, h, w))``, ``("video", (T, C, h, w))`` (real frames only), ``("points", (P, 3|6))`` (xyz
@@ -71,10 +85,14 @@ def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
         return list(range(n_items)) if n_items == n_docs else []
 
     images = getattr(batch, "images", None)
-    if isinstance(images, torch.Tensor) and images.ndim in (4, 5):
+    tiles, num_tiles = getattr(batch, "tiles", None), getattr(batch, "num_tiles", None)
+    per_image = _tiles_per_image(images, num_tiles, getattr(batch, "num_images", None))
+    if per_image is not None:  # vision-language: each image's tiles, then the images per document
+        for j, image_tiles in zip(owners("num_images", len(per_image)), per_image):
+            out[j].append(("tiles", image_tiles))
+    elif isinstance(images, torch.Tensor) and images.ndim in (4, 5):
         for i, j in enumerate(owners("num_images", images.shape[0])):
             out[j].append(("image", images[i]) if images.ndim == 4 else ("tiles", images[i]))
-    tiles, num_tiles = getattr(batch, "tiles", None), getattr(batch, "num_tiles", None)
     if (
         isinstance(tiles, torch.Tensor)
         and isinstance(num_tiles, torch.Tensor)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from PIL import Image
 
@@ -225,3 +226,23 @@ def test_point_clouds_without_an_encoder_are_drawn_in_their_own_colours(tmp_path
 
 def torch_nonzero(mask) -> list[int]:
     return [int(i) for i in mask.nonzero().flatten()]
+
+
+def test_each_document_of_a_vision_language_batch_gets_its_own_images_tiles():
+    """A vision-language batch holds all tiles one after another, ``num_tiles`` per image and
+    ``num_images`` per document: document 1's second image is tiles 5-6, not tile 1."""
+    from types import SimpleNamespace
+
+    num_tiles = torch.tensor([2, 3, 2], dtype=torch.int32)  # doc 0: one image; doc 1: two
+    tiles = torch.arange(7, dtype=torch.float32).view(7, 1, 1, 1).expand(7, 3, 4, 4).clone()
+    batch = SimpleNamespace(
+        keys=["a", "b", "c"],
+        images=tiles,
+        num_tiles=num_tiles,
+        num_images=torch.tensor([1, 2, 0], dtype=torch.int32),
+    )
+    media = doc_media(batch)
+    assert [[k for k, _ in m] for m in media] == [["tiles"], ["tiles", "tiles"], []]
+    firsts = [[int(t[:, 0, 0, 0].min()) for _, t in m] for m in media]
+    assert firsts == [[0], [2, 5], []]
+    assert [[t.shape[0] for _, t in m] for m in media] == [[2], [3, 2], []]
