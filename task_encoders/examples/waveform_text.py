@@ -1,7 +1,7 @@
 """Example modality: raw waveforms + transcripts (``encoder: waveform_text``), for models that
 read audio samples directly (wav2vec-style) instead of mel features.
 
-Input: :class:`converters.sample_types.AudioTextSample`. Per sample: decode, mono, resample to
+Input: `converters.sample_types.AudioTextSample`. Per sample: decode, mono, resample to
 ``waveform.sample_rate``, cut to ``waveform.max_seconds``; in training, a random gain in
 ``waveform.gain_db`` drawn from the sample's own generator (so the same key in the same epoch
 always gets the same gain, whatever the worker layout).
@@ -62,8 +62,9 @@ class WaveformTextConfig(EncoderConfig):
 
 @edataclass
 class WaveformTextBatch(TextBatch):
-    """:class:`task_encoders.documents.TextBatch` plus ``waveforms``: float32 ``(D, T)`` zero-padded
-    to the longest utterance, and ``waveform_lengths``: int64 ``(D,)`` valid samples per utterance."""
+    """`task_encoders.documents.TextBatch` plus ``waveforms``: float32 ``(D, T)`` zero-padded
+    to the longest utterance, and ``waveform_lengths``: int64 ``(D,)`` valid samples per
+    utterance."""
 
     waveforms: torch.Tensor
     waveform_lengths: torch.Tensor
@@ -71,7 +72,8 @@ class WaveformTextBatch(TextBatch):
 
 @register("waveform_text")
 class WaveformTextTaskEncoder(DocumentTaskEncoder):
-    """``WaveformTextTaskEncoder(config=None, *, seed=None, training=True)``; no gain when not training."""
+    """``WaveformTextTaskEncoder(config=None, *, seed=None, training=True)``; no gain when not
+    training."""
 
     config_class = WaveformTextConfig
     batch_type = WaveformTextBatch
