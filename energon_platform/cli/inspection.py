@@ -45,9 +45,11 @@ def add_preview(sub) -> None:
 
 
 def cmd_preview(args) -> int:
-    from energon_platform.tools.preview import preview
+    from energon_platform.tools.preview import preview, undrawn_line
 
     info = preview(args.target, args.out, n=args.n, encoder=args.encoder)
+    if info["undrawn"]:
+        print(undrawn_line(info["undrawn"]), file=sys.stderr)
     print(f"{info['path']}: {info['documents']} documents, {info['width']}x{info['height']} px")
     return 0
 

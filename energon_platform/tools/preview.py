@@ -133,6 +133,50 @@ def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
     return out
 
 
+#: Batch fields the sheet reads or needs not draw: the text and its bookkeeping, the media
+#: :func:`doc_media` draws, and their counts, lengths and owners.
+READ_FIELDS = frozenset(
+    {
+        *("keys", "tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen"),
+        *("num_docs", "doc_lengths", "modalities", "spliced_lengths", "image_token_index"),
+        *("images", "num_images", "tiles", "num_tiles", "tokens_per_tile"),
+        *("videos", "num_frames", "num_videos", "points", "has_colors", "num_clouds"),
+        *("features", "feature_lengths", "num_audio", "audio_features", "audio_lengths"),
+    }
+)
+
+
+def undrawn_fields(batches: list[Any]) -> dict[str, str]:
+    """The fields of ``batches`` the sheet has no drawer for: tensors of two or more dimensions
+    (media-like; one-dimensional ones are lengths, counts or flags) whose names are not in
+    :data:`READ_FIELDS`, as ``name -> "float32 (8, 30400)"`` (dtype and the first batch's
+    shape), in field order."""
+    found: dict[str, str] = {}
+    for batch in batches:
+        for field in dataclasses.fields(batch):
+            value = getattr(batch, field.name, None)
+            if (
+                field.name in READ_FIELDS
+                or field.name in found
+                or field.name.startswith("_")
+                or not isinstance(value, torch.Tensor)
+                or value.ndim < 2
+            ):
+                continue
+            dtype = str(value.dtype).replace("torch.", "")
+            found[field.name] = f"{dtype} {tuple(value.shape)}"
+    return found
+
+
+def undrawn_line(undrawn: dict[str, str]) -> str:
+    """One line saying which fields :func:`preview` could not draw (:func:`undrawn_fields`)."""
+    fields = ", ".join(f"{name} ({kind})" for name, kind in undrawn.items())
+    return (
+        f"preview: cannot draw field(s) {fields}: no drawer for such tensors; "
+        f"the sheet shows the documents without them"
+    )
+
+
 def doc_texts(encoder: Any, batch: Any) -> list[str]:
     """Each document's tokens decoded with the encoder's tokenizer."""
     flat = batch.tokens.flatten()
@@ -395,7 +439,8 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     energon_platform's train loader (epoch 0, training augmentation, per-sample seeds) and write
     their `contact_sheet` to ``out`` in the format its suffix names (`sheet_format`).
     ``FileNotFoundError`` naming ``target`` when it does not exist, checked first, then the format.
-    Returns ``{"path", "width", "height", "documents"}``."""
+    Returns ``{"path", "width", "height", "documents", "undrawn"}``; ``undrawn``: the batch fields
+    the sheet has no drawer for (:func:`undrawn_fields`; the CLI says them on stderr)."""
     from energon_platform.loader.train_loader import TrainLoader
 
     if not Path(target).exists():
@@ -413,6 +458,7 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
                 break
         title = f"{Path(target).name}: {type(loader.encoder).__name__} ({type(loader.encoder).name}), training samples, epoch 0"
         sheet = contact_sheet(loader.encoder, batches, n, title)
+        undrawn = undrawn_fields(batches)
     finally:
         loader.close()
     out = Path(out)
@@ -423,4 +469,5 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
         "width": sheet.width,
         "height": sheet.height,
         "documents": min(n, docs),
+        "undrawn": undrawn,
     }

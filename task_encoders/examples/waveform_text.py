@@ -63,7 +63,8 @@ class WaveformTextConfig(EncoderConfig):
 @edataclass
 class WaveformTextBatch(TextBatch):
     """`task_encoders.documents.TextBatch` plus ``waveforms``: float32 ``(D, T)`` zero-padded
-    to the longest utterance, and ``waveform_lengths``: int64 ``(D,)`` valid samples per utterance."""
+    to the longest utterance, and ``waveform_lengths``: int64 ``(D,)`` valid samples per
+    utterance."""
 
     waveforms: torch.Tensor
     waveform_lengths: torch.Tensor
@@ -71,7 +72,8 @@ class WaveformTextBatch(TextBatch):
 
 @register("waveform_text")
 class WaveformTextTaskEncoder(DocumentTaskEncoder):
-    """``WaveformTextTaskEncoder(config=None, *, seed=None, training=True)``; no gain when not training."""
+    """``WaveformTextTaskEncoder(config=None, *, seed=None, training=True)``; no gain when not
+    training."""
 
     config_class = WaveformTextConfig
     batch_type = WaveformTextBatch
