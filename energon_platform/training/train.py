@@ -51,32 +51,40 @@ from energon_platform.training.preflight import preflight
 from energon_platform.training.step_log_writer import open_for_append
 from energon_platform.training.two_tower import build_model
 
+#: the media a row's digest covers: (batch field, its document-index property, the field of valid
+#: lengths, the axis they cut: -1 for time in audio features, 0 for a clip's frames)
+DIGESTED_MEDIA = (
+    ("images", "image_docs", None, 0),
+    ("features", "audio_docs", "feature_lengths", -1),
+    ("videos", "video_docs", "num_frames", 0),
+    ("audio_features", None, "audio_lengths", -1),
+    ("points", "cloud_docs", None, 0),
+)
+
 
 def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
-    """Document index → its media tensors (images; audio features cut to their valid length; point clouds).
-    Single-modality batches hold one medium per document; mixed batches say where each one goes
-    (``image_docs``/``audio_docs``)."""
+    """Document index → its media tensors (`DIGESTED_MEDIA`: images, audio features, video clips
+    and their audio, each cut to its valid length; point clouds). Single-modality batches hold one
+    medium per document; mixed batches say where each one goes (``image_docs``, ``audio_docs``,
+    ``video_docs``, ``cloud_docs``)."""
     out: dict[int, list[torch.Tensor]] = {}
-    images, features = getattr(batch, "images", None), getattr(batch, "features", None)
-    if isinstance(images, torch.Tensor):
-        docs = getattr(batch, "image_docs", None)
-        for i, j in enumerate(docs.tolist() if docs is not None else range(len(images))):
-            out.setdefault(j, []).append(images[i])
-    if isinstance(features, torch.Tensor):
-        docs = getattr(batch, "audio_docs", None)
-        for i, j in enumerate(docs.tolist() if docs is not None else range(len(features))):
-            out.setdefault(j, []).append(features[i, :, : int(batch.feature_lengths[i])])
-    points = getattr(batch, "points", None)
-    if isinstance(points, torch.Tensor):
-        docs = getattr(batch, "cloud_docs", None)
-        for i, j in enumerate(docs.tolist() if docs is not None else range(len(points))):
-            out.setdefault(j, []).append(points[i])
+    for field, docs_name, lengths_name, axis in DIGESTED_MEDIA:
+        media = getattr(batch, field, None)
+        if not isinstance(media, torch.Tensor):
+            continue
+        docs = getattr(batch, docs_name, None) if docs_name else None
+        lengths = getattr(batch, lengths_name).tolist() if lengths_name else None
+        for i, j in enumerate(docs.tolist() if docs is not None else range(len(media))):
+            item = media[i]
+            if lengths is not None:
+                item = item.narrow(axis, 0, int(lengths[i]))
+            out.setdefault(j, []).append(item)
     return out
 
 
 def batch_digest(batch: Any) -> list[str]:
     """One sha256 per row: its tokens, labels, loss_mask and position_ids plus the media of the
-    row's documents (images, or audio features cut to their valid length). Independent of how a
+    row's documents (`_media_by_doc`). Independent of how a
     global batch is split into micro-batches: the lists of the parts concatenate to the list of
     the whole."""
     media = _media_by_doc(batch)
