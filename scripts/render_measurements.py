@@ -610,7 +610,10 @@ def reason(kind: str, target: str, entry: dict, result: dict) -> str:
     return plain(text) if text else "no reason recorded yet"
 
 
-def headline(kind: str, result: dict) -> list[str]:
+def judged_rows(kind: str, result: dict) -> list[tuple]:
+    """The headline rows of a run: (comparison, ours, alternative, ratio, target, met, the run's
+    target entry), rows the run did not measure left out, the run's own targets without a row
+    added."""
     recorded = json_targets(result)
     rows = []
     for row in KINDS[kind].rows(result) if kind in KINDS else []:
@@ -622,6 +625,23 @@ def headline(kind: str, result: dict) -> list[str]:
         if all(t is not r[-1] for r in rows):
             rows.append((str(t["target"]), None, None, t.get("value"), str(t["target"]),
                          bool(t.get("met")), t))  # fmt: skip
+    return rows
+
+
+def at_a_glance(runs: dict[str, tuple[Path, dict]]) -> list[str]:
+    """One line per benchmark: its targets met of those it has, and the ones missed."""
+    cells = []
+    for name, (path, result) in runs.items():
+        rows = [r for r in judged_rows(kind_of(name), result) if r[5] is not None]
+        missed = [plain(r[4]) for r in rows if not r[5]]
+        met = f"{len(rows) - len(missed)} of {len(rows)}" if rows else "no target"
+        cells.append((f"[{name}](#{name})", run_date(result, path)[:10], met,
+                      "; ".join(missed) or "–"))  # fmt: skip
+    return table(("benchmark", "run of", "targets met", "missed"), cells) + [""]
+
+
+def headline(kind: str, result: dict) -> list[str]:
+    rows = judged_rows(kind, result)
     if not rows:
         return []
     cells = []
@@ -779,6 +799,7 @@ def render(runs: dict[str, tuple[Path, dict]], assets: Path | None = None) -> st
     if not runs:
         lines += ["No benchmark JSON was found when this page was rendered.", "", HOW]
         return "\n".join(lines)
+    lines += ["## At a glance", "", *at_a_glance(runs)]
     for name, (path, result) in runs.items():
         lines += section(name, path, result, assets)
     lines += ["## Producing these figures", "", HOW]

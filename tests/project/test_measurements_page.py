@@ -191,6 +191,12 @@ def test_each_benchmark_gets_a_headline_a_chart_and_folded_figures(tmp_path, kin
         reason = verdicts[unmet].removeprefix("**no**: ")
         assert reason and reason != "no reason recorded yet", f"{unmet}: no reason given"
     assert not [v for v in verdicts.values() if v.startswith("**no**") and v.endswith("yet")]
+    glance = next(line for line in page.splitlines() if line.startswith(f"| [{kind}](#{kind}) |"))
+    judged = [r for r in rows if r[5] != "–"]
+    missed = [r[4] for r in judged if r[5].startswith("**no**")]
+    met = f"{len(judged) - len(missed)} of {len(judged)}" if judged else "no target"
+    assert f"| {met} |" in glance, glance
+    assert all(t in glance for t in missed), f"at a glance names the missed targets: {glance}"
     assert '??? note "All figures"' in page and "\n    | " in page, "the figures fold away"
     assert not re.search(r"`[\w]+\.[\w.\[\]]+`", page.split("## Producing")[0]), "JSON paths"
     if chart:
