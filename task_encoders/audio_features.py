@@ -33,15 +33,21 @@ from task_encoders.config import At, require
 
 @dataclass(frozen=True)
 class SpecAugmentConfig:
-    """``audio.spec_augment``: ``freq_masks`` masks of up to ``freq_width`` mel bins, ``time_masks``
-    masks of up to ``time_width`` frames (never more than ``max_time_fraction`` of the utterance)."""
+    """``audio.spec_augment``: frequency and time masks on the log-mel, drawn from the sample's
+    generator, in training only. Counts and widths are integers from 0 to 10000."""
 
     enabled: bool = True
+    """Whether masks are applied (training only)."""
     freq_masks: int = 2
+    """Frequency masks per utterance."""
     freq_width: int = 15
+    """The widest frequency mask, in mel bins (at most ``audio.n_mels``)."""
     time_masks: int = 2
+    """Time masks per utterance."""
     time_width: int = 40
+    """The widest time mask, in frames."""
     max_time_fraction: float = 0.2
+    """A time mask never covers more than this share of the utterance's frames."""
 
     def check(self, at: At) -> None:
         for name in ("freq_masks", "freq_width", "time_masks", "time_width"):
@@ -59,16 +65,25 @@ class SpecAugmentConfig:
 
 @dataclass(frozen=True)
 class AudioConfig:
-    """``audio:``: target ``sample_rate``, mel analysis (``n_fft``, ``hop_length``, ``win_length``
-    (default ``n_fft``), ``n_mels``), ``max_seconds`` per utterance, ``spec_augment``."""
+    """``audio:``: resampling, log-mel analysis and SpecAugment.
+
+    ``hop_length`` <= window length <= ``n_fft``; ``n_mels`` <= ``n_fft // 2 + 1``;
+    ``spec_augment.freq_width`` <= ``n_mels``."""
 
     sample_rate: int = 16000
+    """The rate (Hz, 1000 to 192000) every utterance is resampled to before the log-mel."""
     n_fft: int = 400
+    """FFT size of the mel analysis, in samples (8 to 65536)."""
     hop_length: int = 160
+    """Samples between two log-mel frames."""
     win_length: int | None = None
+    """Analysis window length, in samples; null: ``n_fft``."""
     n_mels: int = 80
+    """Mel bins per frame."""
     max_seconds: float = 30.0
+    """The longest utterance kept, in seconds (at most 3600)."""
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
+    """Frequency and time masks in training (the ``spec_augment`` keys below)."""
 
     def check(self, at: At) -> None:
         require(

@@ -31,8 +31,12 @@ from task_encoders.sequences import pad_stack
 
 @dataclass(frozen=True)
 class AudioTextConfig(EncoderConfig):
+    """Top level of an ``audio_text`` config: the shared sections plus ``audio``."""
+
     encoder: str = "audio_text"
+    """The registered name of the encoder: ``audio_text``."""
     audio: AudioConfig = field(default_factory=AudioConfig)
+    """Resampling, log-mel analysis and SpecAugment (the ``audio`` keys below)."""
 
 
 @edataclass

@@ -74,19 +74,25 @@ class TurnTemplate:
     """How one turn of a role is written: ``prefix + content + suffix``."""
 
     prefix: str = ""
+    """The text before the turn's content."""
     suffix: str = "\n"
+    """The text after the turn's content."""
 
 
 @dataclass(frozen=True)
 class ChatConfig:
-    """``chat:``: the chat template (module doc). ``system``: a system message used when a
-    conversation has none (None: no system turn). ``system_turn``, ``user_turn``,
-    ``assistant_turn``: each a ``{prefix, suffix}``."""
+    """``chat:``: the chat template (module doc). No prefix or suffix may hold
+    ``prompt.image_token``."""
 
     system: str | None = None
+    """The system message of a conversation that has none; null: no system turn."""
     system_turn: TurnTemplate = field(default_factory=lambda: TurnTemplate("System: ", "\n"))
+    """How a system turn is written (``prefix``, ``suffix``)."""
     user_turn: TurnTemplate = field(default_factory=lambda: TurnTemplate("User: ", "\n"))
+    """How a user turn is written (``prefix``, ``suffix``)."""
     assistant_turn: TurnTemplate = field(default_factory=lambda: TurnTemplate("Assistant: ", "\n"))
+    """How an assistant turn is written (``prefix``, ``suffix``); the loss covers its content and
+    suffix."""
 
     def turn(self, role: str) -> TurnTemplate:
         return {
@@ -98,9 +104,16 @@ class ChatConfig:
 
 @dataclass(frozen=True)
 class ConversationConfig(ImageTextConfig):
+    """Top level of a ``conversation`` config: ``image_text``'s plus ``chat``, with
+    ``prompt.enabled`` always true (``prompt.template`` and ``prompt.instructions`` are unused)."""
+
     encoder: str = "conversation"
+    """The registered name of the encoder: ``conversation``."""
     prompt: PromptConfig = field(default_factory=lambda: PromptConfig(enabled=True))
+    """The placeholder and special tokens; ``enabled`` must stay true (the ``prompt`` keys
+    below)."""
     chat: ChatConfig = field(default_factory=ChatConfig)
+    """The chat template (the ``chat`` keys below)."""
 
     def check(self, at: At) -> None:
         require(

@@ -65,14 +65,19 @@ def _default_transforms() -> tuple[TransformSpec, ...]:
 
 @dataclass(frozen=True)
 class ImageConfig:
-    """``image:``: ``transforms`` (training) and ``eval_transforms`` (default: Resize + CenterCrop
-    to the training size + the training Normalize); see `task_encoders.image_transforms`.
-    ``tiling`` (`task_encoders.tiling.TilingConfig`): with ``tiling.enabled`` both lists may
-    only hold `WHOLE_IMAGE_TRANSFORMS` (eval default: the training Normalize steps)."""
+    """``image:``: the image pipelines (`task_encoders.image_transforms`) and tiling.
+
+    Without tiling both pipelines give the same fixed output size. With ``tiling.enabled`` both
+    lists may only hold `WHOLE_IMAGE_TRANSFORMS` (eval default: the training Normalize steps)."""
 
     transforms: tuple[TransformSpec, ...] = field(default_factory=_default_transforms)
+    """The training pipeline: a list of ``{name: TRANSFORM, PARAMETER: VALUE, ...}`` steps, run in
+    order with the sample's seeded generator."""
     eval_transforms: tuple[TransformSpec, ...] | None = None
+    """The pipeline with ``training=False``; null: Resize + CenterCrop to the training size + the
+    training Normalize steps."""
     tiling: TilingConfig = field(default_factory=TilingConfig)
+    """Dynamic-resolution tiles (`task_encoders.tiling.TilingConfig`), vision-language mode only."""
 
     def check(self, at: At) -> None:
         if self.tiling.enabled:
@@ -114,17 +119,23 @@ class ImageConfig:
 
 @dataclass(frozen=True)
 class PromptConfig:
-    """``prompt:``: vision-language mode (`task_encoders.vision_language`). ``enabled``: off by
-    default (plain captions, no placeholder). ``image_token``: the placeholder; ``special_tokens``:
-    Megatron's ``--special-tokens`` list, in its order, holding ``image_token``. ``template``: the
-    text before the caption, with ``{image}`` (once) and optionally ``{instruction}``;
-    ``instructions``: one is picked per sample (seeded)."""
+    """``prompt:``: vision-language mode (`task_encoders.vision_language`).
+
+    ``special_tokens`` must hold ``image_token``; ``template`` holds ``{image}`` exactly once and
+    ``{instruction}`` at most once, and needs ``instructions`` when it holds ``{instruction}``."""
 
     enabled: bool = False
+    """Whether the encoder builds vision-language batches (prompt, placeholders, tiles); false:
+    plain captions, no placeholder."""
     image_token: str = "<image>"
+    """The placeholder that stands for one image in the text."""
     special_tokens: tuple[str, ...] = ("<image>",)
+    """Megatron's ``--special-tokens`` list, in its order, added to the tokenizer."""
     template: str = "{image}\n{instruction}\n"
+    """The text before the caption: ``{image}`` becomes the placeholders, ``{instruction}`` one of
+    ``instructions``."""
     instructions: tuple[str, ...] = ("Give a short description of the image.",)
+    """The instructions; one is picked per sample with the sample's seeded generator."""
 
     def check(self, at: At) -> None:
         require(
@@ -158,10 +169,20 @@ class PromptConfig:
 
 @dataclass(frozen=True)
 class ImageTextConfig(EncoderConfig):
+    """Top level of an ``image_text`` config: the shared sections plus ``image``, ``prompt`` and
+    ``vision``. Tiling needs ``prompt.enabled`` and ``vision.image_size``; vision-language mode
+    without tiling needs square images whose side ``vision.patch_dim`` divides (and equals
+    ``vision.image_size`` when that is set)."""
+
     encoder: str = "image_text"
+    """The registered name of the encoder: ``image_text``."""
     image: ImageConfig = field(default_factory=ImageConfig)
+    """The image pipelines and tiling (the ``image`` keys below)."""
     prompt: PromptConfig = field(default_factory=PromptConfig)
+    """Vision-language mode: prompt template and placeholder (the ``prompt`` keys below)."""
     vision: VisionConfig = field(default_factory=VisionConfig)
+    """The vision encoder the batches are for, in vision-language mode (the ``vision`` keys
+    below)."""
 
     def check(self, at: At) -> None:
         super().check(at)

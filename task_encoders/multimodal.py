@@ -113,10 +113,16 @@ class _MultimodalSections(EncoderConfig):
     """The top level without its modalities (read first: they inherit its shared sections)."""
 
     encoder: str = "multimodal"
+    """The registered name of the encoder: ``multimodal``."""
     modalities: dict[str, Any] = field(default_factory=dict)
+    """Modality name → the config of its encoder, a mapping or a YAML path (``encoder:``
+    defaults to the modality name); at least one is needed."""
     dispatch: Literal["sample_type", "subflavor"] = "sample_type"
+    """How a sample's modality is found: by its sample class, or by its subflavor."""
     subflavor_key: str = "modality"
+    """With ``dispatch: subflavor``: the ``__subflavors__`` key naming the modality."""
     sample_types: dict[str, str] = field(default_factory=dict)
+    """Sample class name → modality, checked before the built-in rules of ``sample_type``."""
 
 
 @dataclass(frozen=True)

@@ -41,19 +41,25 @@ _AXES = {"x": 0, "y": 1, "z": 2}
 
 @dataclass(frozen=True)
 class PointCloudConfig:
-    """``pointcloud:`` section (module doc). ``num_points``: points per cloud. ``colors``: add rgb
-    channels. ``rotation``: ``none``, ``up`` (about ``up_axis``) or ``so3``. ``scale``: [low,
-    high] of the uniform scale factor. ``jitter``/``jitter_clip``: Gaussian noise per coordinate.
-    ``dropout``: the largest fraction of points dropped (the fraction is drawn per sample)."""
+    """``pointcloud:`` section (module doc): sampling, then augmentation in training."""
 
     num_points: int = 1024
+    """Points per cloud (1 to 1000000)."""
     colors: bool = False
+    """Add rgb channels in [0, 1] (zeros for a file without colours)."""
     rotation: Literal["none", "up", "so3"] = "up"
+    """The training rotation: none, about ``up_axis``, or uniform over all rotations (``so3``)."""
     up_axis: Literal["x", "y", "z"] = "y"
+    """The axis ``rotation: up`` turns about."""
     scale: tuple[float, float] = (0.8, 1.25)
+    """[low, high] of the uniform scale factor drawn in training (0 < low <= high)."""
     jitter: float = 0.01
+    """Standard deviation of the Gaussian noise added to every coordinate in training (>= 0)."""
     jitter_clip: float = 0.05
+    """The noise is clipped to [-jitter_clip, jitter_clip] (>= 0)."""
     dropout: float = 0.0
+    """The largest share of points dropped in training, in [0, 1) (the share is drawn per
+    sample)."""
 
     def check(self, at: At) -> None:
         require(
@@ -88,8 +94,12 @@ class PointCloudConfig:
 
 @dataclass(frozen=True)
 class PointCloudTextConfig(EncoderConfig):
+    """Top level of a ``pointcloud_text`` config: the shared sections plus ``pointcloud``."""
+
     encoder: str = "pointcloud_text"
+    """The registered name of the encoder: ``pointcloud_text``."""
     pointcloud: PointCloudConfig = field(default_factory=PointCloudConfig)
+    """Point sampling and augmentation (the ``pointcloud`` keys below)."""
 
 
 @edataclass

@@ -23,8 +23,12 @@ from task_encoders.registry import register
 
 @dataclass(frozen=True)
 class TextEncoderConfig(EncoderConfig):
+    """Top level of a ``text`` config: the shared sections, with packing on by default."""
+
     encoder: str = "text"
+    """The registered name of the encoder: ``text``."""
     packing: PackingConfig = field(default_factory=lambda: PackingConfig(enabled=True))
+    """Several documents per sequence; on by default for text (the ``packing`` keys below)."""
 
 
 class TextOnlyDecoder(SampleDecoder):

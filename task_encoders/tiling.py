@@ -44,19 +44,22 @@ _INTERPOLATION = {"bilinear": InterpolationMode.BILINEAR, "bicubic": Interpolati
 class VisionConfig:
     """``vision:``: the vision encoder the batches are for (Megatron-LM's arguments in brackets).
 
-    ``model_type`` (``--vision-model-type``): ``clip``, ``siglip`` or ``internvit``.
-    ``image_size`` (``--img-h`` = ``--img-w``): the tile side; None takes the image pipeline's output
-    size (only without tiling). ``patch_dim`` (``--patch-dim``). ``class_token_len``: class tokens the
-    ViT adds (megatron-core's CLIP ViT: 1). ``drop_class_token`` (``--disable-vision-class-token``).
-    ``pixel_shuffle`` (``--pixel-shuffle``).
+    ``image_size``, when set, is a multiple of ``patch_dim``, at most 4096.
     """
 
     model_type: Literal["clip", "siglip", "internvit"] = "clip"
+    """The vision encoder (``--vision-model-type``); ``siglip`` has no class token."""
     image_size: int | None = None
+    """The tile side in pixels (``--img-h`` = ``--img-w``); null: the image pipeline's output
+    size (only without tiling)."""
     patch_dim: int = 14
+    """The ViT patch side in pixels (``--patch-dim``), 1 to 512."""
     class_token_len: int = 1
+    """Class tokens the ViT adds (megatron-core's CLIP ViT: 1), 0 to 64."""
     drop_class_token: bool = False
+    """Leave the class tokens out of the image embeddings (``--disable-vision-class-token``)."""
     pixel_shuffle: bool = False
+    """A quarter of the embeddings per tile (``--pixel-shuffle``)."""
 
     def check(self, at: At) -> None:
         require(
@@ -90,17 +93,22 @@ class VisionConfig:
 
 @dataclass(frozen=True)
 class TilingConfig:
-    """``image.tiling:``: dynamic-resolution tiles (module doc). ``enabled`` (``--use-tiling``),
-    ``max_num_tiles`` (``--max-num-tiles``), ``min_num_tiles``, ``use_thumbnail``
-    (``--use-thumbnail``), ``aspect_ratio``: ``closest`` or ``area_weighted``
-    (``--use-area-weighted-aspect-ratio``), ``interpolation`` of the resize."""
+    """``image.tiling:``: dynamic-resolution tiles (module doc; Megatron-LM's arguments in
+    brackets). ``1 <= min_num_tiles <= max_num_tiles <= MAX_TILES``."""
 
     enabled: bool = False
+    """Cut every image into tiles of ``vision.image_size`` (``--use-tiling``)."""
     max_num_tiles: int = 6
+    """The most tiles of one image, the thumbnail not counted (``--max-num-tiles``)."""
     min_num_tiles: int = 1
+    """The fewest tiles of one image."""
     use_thumbnail: bool = False
+    """Append the whole image as one more tile when it has several (``--use-thumbnail``)."""
     aspect_ratio: Literal["closest", "area_weighted"] = "closest"
+    """How the tile grid is chosen: the closest aspect ratio, or area weighted
+    (``--use-area-weighted-aspect-ratio``)."""
     interpolation: Literal["bilinear", "bicubic"] = "bicubic"
+    """The resize to the tile grid."""
 
     def check(self, at: At) -> None:
         require(

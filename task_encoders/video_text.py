@@ -61,21 +61,25 @@ def _default_transforms() -> tuple[TransformSpec, ...]:
 class VideoConfig:
     """``video:`` section: clip length and spacing, frame transforms, optional audio features.
 
-    ``num_frames``: frames per clip. ``stride``: source frames between two clip frames (used when
-    ``fps`` is null). ``fps``: sample the clip at this rate instead (source frames are picked at
-    ``native_fps / fps`` spacing). ``transforms``/``eval_transforms``: as ``image.transforms`` /
-    ``image.eval_transforms`` of ``image_text`` (same catalogue, same fixed-output-size rule). The
+    The pipelines follow ``image_text``'s rules (same catalogue, same fixed-output-size rule). The
     default has no ``RandomHorizontalFlip``: a flipped clip of "moves from left to right" shows the
     opposite of its caption; add one only for captions without left/right.
-    ``audio``: null (no audio features) or an ``audio:`` section as in ``audio_text``.
     """
 
     num_frames: int = 8
+    """Frames per clip (1 to 1024)."""
     stride: int = 2
+    """Source frames between two clip frames (used when ``fps`` is null)."""
     fps: float | None = None
+    """Sample the clip at this rate instead of ``stride`` (source frames ``native_fps / fps``
+    apart); null: use ``stride``."""
     transforms: tuple[TransformSpec, ...] = field(default_factory=_default_transforms)
+    """The training pipeline of every frame, as ``image.transforms`` of ``image_text``."""
     eval_transforms: tuple[TransformSpec, ...] | None = None
+    """The pipeline with ``training=False``, as ``image.eval_transforms`` of ``image_text``."""
     audio: AudioConfig | None = None
+    """Log-mel features of the clip's audio: an ``audio:`` section as in ``audio_text`` (the
+    ``video.audio`` keys below); null: none."""
 
     def check(self, at: At) -> None:
         require(
@@ -112,8 +116,12 @@ class VideoConfig:
 
 @dataclass(frozen=True)
 class VideoTextConfig(EncoderConfig):
+    """Top level of a ``video_text`` config: the shared sections plus ``video``."""
+
     encoder: str = "video_text"
+    """The registered name of the encoder: ``video_text``."""
     video: VideoConfig = field(default_factory=VideoConfig)
+    """Clip sampling, frame pipelines and audio features (the ``video`` keys below)."""
 
 
 @edataclass

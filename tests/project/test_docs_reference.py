@@ -1,12 +1,14 @@
 """The reference pages read well and come from the code: the API page renders Google docstrings
 with typed signatures and parameter tables (no Sphinx role left anywhere on the site), the CLI page
 holds every command's ``--help`` as it prints, the config page tables every key of every config
-dataclass with its default and meaning, and the site shows the project's version."""
+dataclass with its default and meaning (every shipped encoder's keys included, with the defaults
+that encoder gives them), and the site shows the project's version."""
 
 import argparse
 import dataclasses
 import html
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -18,6 +20,8 @@ import pytest
 from energon_platform.cli import build_parser
 from energon_platform.config import RunConfig
 from task_encoders.config import EncoderConfig
+from task_encoders.image_transforms import TransformSpec
+from task_encoders.registry import available, encoder_class
 from tests.helpers import REPO
 
 COLUMNS = "100"
@@ -138,13 +142,76 @@ def expected_rows(cls: type, key: str = ""):
 
 
 def as_yaml(value) -> str:
+    """A default as a YAML flow value: a transform step as the mapping a config writes, a string
+    with spaces at an end or a control character double-quoted."""
+    if isinstance(value, TransformSpec):
+        value = {"name": value.name, **value.params}
     if value is None:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, tuple):
         return "[" + ", ".join(map(as_yaml, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {as_yaml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str) and (value != value.strip() or not value.isprintable()):
+        return json.dumps(value)
     return str(value) or '""'
+
+
+def config_page_tables(site) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """``(h2 text, h3 text)`` → key → the four cells of its row, for every table of the config
+    page."""
+    tables: dict[tuple[str, str], dict[str, list[str]]] = {}
+    h2 = h3 = ""
+    pattern = r"<h2[^>]*>(.*?)</h2>|<h3[^>]*>(.*?)</h3>|<tr>(.*?)</tr>"
+    for two, three, row in re.findall(pattern, page(site, "reference/config"), re.S):
+        if two:
+            h2, h3 = text(two).strip(" ¶"), ""
+        elif three:
+            h3 = text(three).strip(" ¶")
+        else:
+            cells = [text(c).strip() for c in re.findall(r"<td>(.*?)</td>", row, re.S)]
+            if len(cells) == 4:
+                tables.setdefault((h2, h3), {})[cells[0]] = cells
+    return tables
+
+
+def shipped_encoders() -> dict[str, type]:
+    """``encoder:`` name → config class of every encoder the package ships (not the examples)."""
+    classes = {name: encoder_class(name) for name in available()}
+    return {
+        name: cls.config_class
+        for name, cls in classes.items()
+        if not cls.__module__.startswith("task_encoders.examples")
+    }
+
+
+def encoder_defaults(config, key: str = ""):
+    """``(key, default)`` of every field of the config instance ``config`` and of the groups it
+    holds, as that instance has them (``packing.enabled`` of ``text`` is true). An absent optional
+    group (``video.audio``) has its own class's defaults; a dataclass that reads its own value (a
+    transform step) is one value, not a group."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        name = f"{key}.{f.name}".lstrip(".")
+        value = getattr(config, f.name)
+        yield name, value
+        groups = [
+            t
+            for t in (hints[f.name], *typing.get_args(hints[f.name]))
+            if isinstance(t, type)
+            and dataclasses.is_dataclass(t)
+            and not hasattr(t, "from_config_value")
+        ]
+        if groups:
+            yield from encoder_defaults(
+                value if isinstance(value, groups[0]) else groups[0](), name
+            )
+
+
+def shown_default(value) -> str:
+    return "the group below" if dataclasses.is_dataclass(value) else as_yaml(value)
 
 
 @pytest.mark.parametrize("config", [RunConfig, EncoderConfig], ids=lambda c: c.__name__)
@@ -167,6 +234,26 @@ def test_config_page_tables_every_field_with_its_default_and_meaning(site, confi
         else:
             assert as_yaml(default) in shown, (key, as_yaml(default), shown)
         assert all(cells[3] for cells in rows[key]), f"{key} has no meaning"
+
+
+def test_config_page_tables_every_shipped_encoders_keys_with_the_defaults_it_gives(site):
+    tables = config_page_tables(site)
+    shared = tables[("Encoder config (configs/encoders/*.yaml)", "Top level")].copy()
+    for (h2, _), rows in tables.items():
+        if h2.startswith("Encoder config ("):
+            shared.update(rows)
+    kinds = {h3: rows for (h2, h3), rows in tables.items() if h2 == "Encoder configs"}
+    encoders = shipped_encoders()
+    assert {"image_text", "conversation", "multimodal", "video_text"} <= set(encoders)
+    assert set(kinds) == {f"encoder: {name}" for name in encoders}, sorted(kinds)
+    for name, config in encoders.items():
+        own = kinds[f"encoder: {name}"]
+        assert own.get("encoder", [""] * 3)[2] == name, f"{name}: its encoder row"
+        for key, default in encoder_defaults(config()):
+            cells = own.get(key) or shared.get(key)
+            assert cells, f"{name}: {key} is in neither its table nor the shared ones"
+            assert cells[2] == shown_default(default), (name, key, shown_default(default), cells)
+            assert cells[3], f"{name}: {key} has no meaning"
 
 
 def test_home_page_shows_the_version(site):
