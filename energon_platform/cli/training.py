@@ -218,6 +218,13 @@ def add_check_resume(sub) -> None:
         "--regex", help="with --log-format regex: a Python regex with named groups step and loss"
     )
     g.add_argument(
+        "--straight-from",
+        metavar="DIR",
+        help="reuse the uninterrupted run of an earlier check of the same --cmd (that check's "
+        "--out) instead of running it again: only the killed and the resumed runs run, e.g. to "
+        "try several --resume-cmd against one long run",
+    )
+    g.add_argument(
         "--timeout",
         type=positive_float,
         default=3600,
@@ -251,7 +258,8 @@ def _check_resume_cmd(args) -> int:
         timeout=args.timeout,
     )
     try:
-        result = check_resume_cmd(spec, args.kill_at, Path(args.out))
+        straight_from = Path(args.straight_from) if args.straight_from else None
+        result = check_resume_cmd(spec, args.kill_at, Path(args.out), straight_from=straight_from)
     except (
         RunFailed
     ) as e:  # a run failed, or logged nothing we can read: its output tail is in the message
@@ -284,7 +292,13 @@ def cmd_check_resume(args) -> int:
     if is_command_form(args.cmd, args.resume_cmd):
         return _check_resume_cmd(args)
     check_trainer_form(
-        args.config, {"--log": args.log, "--log-format": args.log_format, "--regex": args.regex}
+        args.config,
+        {
+            "--log": args.log,
+            "--log-format": args.log_format,
+            "--regex": args.regex,
+            "--straight-from": args.straight_from,
+        },
     )
     args.nproc = args.nproc or 1
     cfg = load_config(args.config, overrides(args.set))  # fail here, in one line, not in a child

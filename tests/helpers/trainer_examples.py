@@ -44,10 +44,17 @@ def example(
 
 
 def check_resume(
-    out: Path, cmd: str, resume_cmd: str, steps: int, kill_at: int, tolerance: float | None = None
+    out: Path,
+    cmd: str,
+    resume_cmd: str,
+    steps: int,
+    kill_at: int,
+    tolerance: float | None = None,
+    straight_from: Path | None = None,
 ) -> tuple[subprocess.CompletedProcess, dict]:
     """Run check-resume (exact form: the examples log with StepLog; ``tolerance``: its
-    ``--tolerance``, the |Δloss| allowed); its result and report.json."""
+    ``--tolerance``, the |Δloss| allowed; ``straight_from``: an earlier check's folder whose
+    uninterrupted run is reused); its result and report.json."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -65,6 +72,7 @@ def check_resume(
         "--kill-at",
         kill_at,
         *(["--tolerance", tolerance] if tolerance is not None else []),
+        *(["--straight-from", straight_from] if straight_from is not None else []),
         timeout=600,
         cwd=REPO,
         env=env,

@@ -139,7 +139,14 @@ def test_accelerate_example_resumes_exactly_after_sigkill(run_config, tmp_path):
     assert_exact_pass(r, report)
     assert_sample_losses_fit(report["logs"]["straight"], run_config)
     assert_fails(
-        *check_resume(tmp_path / "broken", cmd, cmd + " --resume --skip-loader-restore", 6, 4)
+        *check_resume(
+            tmp_path / "broken",
+            cmd,
+            cmd + " --resume --skip-loader-restore",
+            6,
+            4,
+            straight_from=tmp_path / "ok",
+        )
     )
 
 

@@ -310,6 +310,54 @@ def test_fake_trainer_passes_exactly_and_writes_report_and_plot(fake, tmp_path):
     )
 
 
+def test_a_reused_uninterrupted_run_is_compared_with_and_not_run_again(fake, tmp_path):
+    quiet = {"log": lambda *_: None}
+    first = check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, tmp_path / "a", **quiet)
+    straight = tmp_path / "a" / "straight" / "out" / "steps.jsonl"
+    mtime = straight.stat().st_mtime_ns
+    broken = CommandSpec(fake, fake, 10)  # starts over: must fail against the reused run
+    again = check_resume_cmd(broken, 7, tmp_path / "b", straight_from=tmp_path / "a", **quiet)
+    assert first["passed"] and not again["passed"], verdict(again)
+    assert again["straight_from"] == str(tmp_path / "a") and again["resumed_steps_logged"] == 10
+    assert again["commands"]["straight"] == first["commands"]["straight"]
+    assert straight.stat().st_mtime_ns == mtime  # the earlier run was only read
+    assert not any((tmp_path / "b" / "straight" / "out").iterdir())  # and no new one ran
+    ok = check_resume_cmd(
+        CommandSpec(fake, fake + " --resume", 10),
+        5,
+        tmp_path / "c",
+        straight_from=tmp_path / "a",
+        **quiet,
+    )
+    assert ok["passed"] and ok["resume_step"] == 4, verdict(ok)
+
+
+@pytest.mark.parametrize(
+    "earlier, spec, needle",
+    [
+        ("b", ("{fake}", 10), "no readable report.json"),
+        ("a", ("{fake} --other", 10), "its uninterrupted run ran another command"),
+        ("a", ("{fake}", 12), "logged steps up to 10; --steps 12 compares up to step 12"),
+        ("c", ("{fake}", 10), "that is --out itself"),
+    ],
+    ids=["no-report", "another-command", "too-few-steps", "the-out-itself"],
+)
+def test_a_straight_run_that_cannot_be_reused_is_refused_in_one_line(
+    fake, tmp_path, earlier, spec, needle
+):
+    check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, tmp_path / "a", log=print)
+    (tmp_path / "b").mkdir()
+    if earlier == "c":
+        (tmp_path / "c").mkdir()
+    cmd, steps = spec[0].format(fake=fake), spec[1]
+    r = run_cli(
+        "check-resume", "--cmd", cmd, "--resume-cmd", cmd + " --resume", "--steps", steps,
+        "--kill-at", 7, "--out", tmp_path / "c", "--straight-from", tmp_path / earlier,
+        timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
 @pytest.mark.parametrize(
     "resume,needle",
     [
@@ -356,9 +404,9 @@ def run_config(tmp_path_factory) -> Path:
     return configs.write_config(path, configs.run_config(data, train={"steps": 8}))
 
 
-def check(tmp_path, *args):
-    r = run_cli("check-resume", "--out", tmp_path / "check", *args, timeout=600, cwd=REPO)
-    path = tmp_path / "check" / "report.json"
+def check(tmp_path, *args, name: str = "check"):
+    r = run_cli("check-resume", "--out", tmp_path / name, *args, timeout=600, cwd=REPO)
+    path = tmp_path / name / "report.json"
     assert path.exists(), (
         f"check-resume exited {r.returncode} without a report:\n{r.stdout}\n{r.stderr[-4000:]}"
     )
@@ -429,6 +477,9 @@ def test_example_torchtitan_style_loop(run_config, tmp_path, fmt):
         6,
         "--log-format",
         fmt,
+        "--straight-from",
+        tmp_path / "check",
+        name="broken",
     )
     assert r.returncode == 1 and "FAIL" in r.stdout and not report["passed"], (
         r.stdout + r.stderr[-3000:]
@@ -493,6 +544,9 @@ def test_example_megatron_style_loop(run_config, tmp_path, fmt):
         "--kill-at",
         6,
         *form,
+        "--straight-from",
+        tmp_path / "check",
+        name="broken",
     )
     assert r.returncode == 1 and "FAIL" in r.stdout and report["max_abs_loss_diff"] > 0.01, (
         r.stdout + r.stderr[-3000:]

@@ -4,6 +4,7 @@ of the formats of `energon_platform.training.step_log_readers`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -103,25 +104,57 @@ def _with_out(command: str, run_out: Path) -> str:
     return "".join(parts)
 
 
-def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> dict:
+def reused_straight(earlier: Path, spec: CommandSpec, out: Path) -> tuple[str, Path]:
+    """The uninterrupted run of an earlier ``check-resume --cmd`` whose ``--out`` was ``earlier``:
+    (its command, its log). ValueError (one line, naming the folder) unless ``earlier`` holds
+    such a check's report, other than ``out``, whose uninterrupted run ran ``spec.cmd``."""
+    earlier = Path(os.path.abspath(earlier))
+    name = f"--straight-from {earlier}"
+    if earlier == out:
+        raise ValueError(
+            f"{name}: that is --out itself; the check empties it, so give another --out"
+        )
+    try:
+        report = json.loads((earlier / "report.json").read_text())
+    except (OSError, ValueError):
+        raise ValueError(
+            f"{name}: no readable report.json of an earlier check-resume there"
+        ) from None
+    command = _with_out(spec.cmd, earlier / "straight" / "out")
+    if not isinstance(report, dict) or report.get("form") != "cmd":
+        raise ValueError(f"{name}: its report is not one of check-resume --cmd")
+    if report.get("commands", {}).get("straight") != command:
+        raise ValueError(
+            f"{name}: its uninterrupted run ran another command "
+            f"({report.get('commands', {}).get('straight')!r}); give the same --cmd"
+        )
+    return command, spec.log_path(earlier / "straight" / "out", earlier / "straight" / "stdout.txt")
+
+
+def check_resume_cmd(
+    spec: CommandSpec, kill_at: int, out: Path, log=print, straight_from: Path | None = None
+) -> dict:
     """The check on any training command (module doc); returns the report (also ``OUT/report.json``).
-    ValueError for a spec that cannot work, `RunFailed` when a run fails or logs no step."""
+    ``straight_from``: an earlier check's ``--out`` whose uninterrupted run of the same command is
+    compared with (`reused_straight`) instead of running it again. ValueError for a spec that
+    cannot work, `RunFailed` when a run fails or logs no step."""
     fmt = spec.reader()
     if not 2 <= kill_at <= spec.steps:
         raise ValueError(f"--kill-at must be between 2 and --steps ({spec.steps}), got {kill_at}")
     out = Path(os.path.abspath(out))  # {out} must name the same folder wherever the command cds to
+    reused = reused_straight(straight_from, spec, out) if straight_from is not None else None
     straight_dir, killed_dir = claim_out(out, CMD_RUN_FILES)
     for d in (straight_dir, killed_dir):
         (d / "out").mkdir()
-    straight_log = spec.log_path(straight_dir / "out", straight_dir / "stdout.txt")
     killed_log = spec.log_path(killed_dir / "out", killed_dir / "stdout.txt")
-    log(f"[1/3] uninterrupted run: {_with_out(spec.cmd, straight_dir / 'out')}")
-    run_command(
-        _with_out(spec.cmd, straight_dir / "out"),
-        straight_dir / "stdout.txt",
-        spec.timeout,
-        spec.cwd,
-    )
+    if reused is None:
+        straight_command = _with_out(spec.cmd, straight_dir / "out")
+        straight_log = spec.log_path(straight_dir / "out", straight_dir / "stdout.txt")
+        log(f"[1/3] uninterrupted run: {straight_command}")
+        run_command(straight_command, straight_dir / "stdout.txt", spec.timeout, spec.cwd)
+    else:
+        straight_command, straight_log = reused
+        log(f"[1/3] uninterrupted run: reused from {straight_from} ({straight_command})")
     straight = read_steps(straight_log, fmt)
     if not straight:
         raise RunFailed(
@@ -136,6 +169,11 @@ def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> d
         raise ValueError(
             f"the log counts steps from 0 (its last of --steps {spec.steps} is {last}): --kill-at must "
             f"be between 2 and {last}, got {kill_at}"
+        )
+    if reused is not None and max(straight) < last:
+        raise ValueError(
+            f"--straight-from {straight_from}: its uninterrupted run logged steps up to "
+            f"{max(straight)}; --steps {spec.steps} compares up to step {last}"
         )
     log(f"[2/3] run killed with SIGKILL during step {kill_at}")
     run_command_killed(
@@ -195,8 +233,9 @@ def check_resume_cmd(spec: CommandSpec, kill_at: int, out: Path, log=print) -> d
             "kill_landed_mid_step": last_logged == kill_at - 1 and kill_at not in before,
             "resume_step": resume_step,
             "resumed_steps_logged": len(resumed),
+            "straight_from": str(straight_from) if reused is not None else None,
             "commands": {
-                "straight": _with_out(spec.cmd, straight_dir / "out"),
+                "straight": straight_command,
                 "killed": _with_out(spec.cmd, killed_dir / "out"),
                 "resume": _with_out(spec.resume_cmd, killed_dir / "out"),
             },
