@@ -10,6 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# --- the order of the run ---------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run first (each group keeps its file order): the test processes
+    (``pytest -n 2``) then finish on short tests together, instead of one waiting at the end
+    while the other runs a minute-long kill-and-resume test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 # --- task_encoders: tokenizer and small Energon datasets -----------------------------------------
 
 SHIPPED_TOKENIZER = Path(__file__).resolve().parents[1] / "task_encoders" / "assets" / "tokenizer"

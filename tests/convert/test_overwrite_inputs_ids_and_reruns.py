@@ -152,6 +152,7 @@ def test_high_bit_depth_is_scaled_not_clipped(mode):
 # ---------------------------------------------------------------- 4: missing or changed shards
 
 
+@pytest.mark.slow
 def test_deleted_or_truncated_shard_is_reported_and_only_it_rewritten(tmp_path):
     reader = {"root": str(folder_corpus(tmp_path / "raw", n=10))}
     ref, out = tmp_path / "ref", tmp_path / "out"

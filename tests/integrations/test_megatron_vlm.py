@@ -660,6 +660,7 @@ def straight_and_killed(shards, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dataset,encoder_file,mbs,gbs,resume_dp",
     [

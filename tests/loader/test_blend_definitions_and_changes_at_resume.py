@@ -347,6 +347,7 @@ def _train(config: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_blend_change_at_resume_is_printed_once_and_seq_len_change_names_the_encoder(root):
     mds = write_mds(
         root,

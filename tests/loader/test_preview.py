@@ -46,6 +46,7 @@ def test_video_dataset_sheet_shows_frames_in_a_row(videos, tmp_path):
     assert row[:, : 4 * TILE].std() > 10
 
 
+@pytest.mark.slow
 def test_image_and_audio_datasets_with_default_encoders_and_cli(
     image_text_shards, audio_text_shards, tmp_path
 ):

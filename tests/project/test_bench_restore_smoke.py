@@ -8,11 +8,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 
 SCRIPT = REPO / "scripts" / "bench_restore.py"
 
 
+@pytest.mark.slow
 def test_bench_restore_toy(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(

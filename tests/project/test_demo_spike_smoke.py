@@ -7,12 +7,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from scripts.bench_data import coco_dataset
 from tests.helpers import REPO
 
 LOOP = "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; import demo; "
 
 
+@pytest.mark.slow
 def test_demo_spike_loop_replays_without_the_planted_samples_and_writes_the_report(
     tmp_path_factory, tmp_path
 ):

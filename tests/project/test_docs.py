@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 
 README = REPO / "README.md"
@@ -83,6 +85,7 @@ def test_every_command_or_code_block_is_tested_or_marked_illustrative():
     )
 
 
+@pytest.mark.slow
 def test_mkdocs_build_is_strict_and_clean(tmp_path):
     # no -q: mkdocs counts warnings for --strict only at the log levels it shows
     r = subprocess.run(

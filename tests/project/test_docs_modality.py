@@ -65,6 +65,7 @@ def repository_like(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_using_a_new_modality_runs_as_written_and_ends(tmp_path):
     page = ENCODERS_PAGE.read_text()
     blocks = fenced_blocks(section(page, "Using it")) + fenced_blocks(

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO
 from tests.helpers.run_configs import run_config, write_config
 
@@ -28,6 +30,7 @@ def quickstart_lines(start: str, stop: str) -> list[str]:
     return lines[first:last]
 
 
+@pytest.mark.slow
 def test_the_quickstart_kills_its_run_mid_run_and_resumes_it(coco, tmp_path):
     config = tmp_path / "run.yaml"
     data = {"path": str(coco), "val_split": None}

@@ -455,7 +455,9 @@ def test_example_torchtitan_style_loop(run_config, tmp_path, fmt):
     )
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr[-3000:]
     assert report["mode"] == ("exact" if fmt == "jsonl" else "loss") and report["restored"]
-    assert report["resume_step"] in (4, 5) and report["steps_compared"] == 8 - report["resume_step"]
+    # killed once step 5 is logged: the loop may still complete step 6's checkpoint before it dies
+    assert report["resume_step"] in (4, 5, 6)
+    assert report["steps_compared"] == 8 - report["resume_step"]
     if fmt == "jsonl":
         assert (
             report["keys_identical"]

@@ -61,6 +61,7 @@ def main_error(capsys, *argv) -> str:
 # ---------------------------------------------------------------- 1: val loss at every checkpoint
 
 
+@pytest.mark.slow
 def test_checkpoint_every_step_without_quiet_logs_the_right_val_loss(config_file, tmp_path):
     loud = train_cli(
         config_file, tmp_path / "loud", "--steps", 3, "--set", "train.checkpoint_every=1"
@@ -267,6 +268,7 @@ def logged_steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_latest_marker_deleted_resumes_from_newest_complete_checkpoint(
     trained, config_file, tmp_path
 ):
@@ -441,6 +443,7 @@ def test_check_resume_refuses_negative_tolerance_and_kill_before_first_checkpoin
     assert "cannot write" in line and (tmp_path / "file").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_check_resume_reports_when_nothing_was_restored(config_file, tmp_path):
     # checkpoint_every beyond the kill (the CLI refuses this; the check itself must not pass it)
     spec = RunSpec(str(config_file), steps=4, overrides=("train.checkpoint_every=10",))
@@ -452,6 +455,7 @@ def test_check_resume_reports_when_nothing_was_restored(config_file, tmp_path):
     ] == [] and "NO loader state was restored" in verdict(result)
 
 
+@pytest.mark.slow
 def test_check_resume_passes_and_says_it_restored(config_file, tmp_path):
     (tmp_path / "straight").mkdir()
     (tmp_path / "straight" / "notes.txt").write_text("mine")  # not a run's: never deleted
