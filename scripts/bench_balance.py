@@ -56,11 +56,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +68,7 @@ sys.path.insert(0, str(REPO))
 
 from energon_platform.loader.packer import sample_cost  # noqa: E402
 from energon_platform.loader.planner import Planner, deal_plan, rank_costs  # noqa: E402
+from scripts.bench_run import run_record  # noqa: E402
 
 KINDS = ("image_text", "audio", "text")
 CHUNK = 1 << 16
@@ -1333,14 +1332,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-        },
-        "load_before": [round(x, 2) for x in os.getloadavg()],
+        **run_record(),
     }
     t = time.perf_counter()
     lines = []

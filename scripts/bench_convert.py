@@ -20,18 +20,17 @@ import argparse
 import io
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
+from scripts.bench_run import load_average, run_record  # noqa: E402
 from scripts.folder_sampler import FolderSampler  # noqa: E402
 
 
@@ -142,7 +141,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-convert-"))
     server = None
     try:
-        load_before = [round(x, 2) for x in os.getloadavg()]
+        load_before = load_average()
         print(f"generating {args.images} JPEG images in {tmp} ...", file=sys.stderr)
         ann, images = make_corpus(tmp / "raw", args.images)
         variants = {
@@ -253,15 +252,9 @@ def main() -> int:
                 )
             print(f"upload retries per run  = {o['upload_retries']}")
         result = {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": {
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "processor": platform.processor() or platform.machine(),
-                "cpus": os.cpu_count(),
-            },
+            **run_record(),
             "load_before": load_before,
-            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "load_after": load_average(),
             "images": args.images,
             "samples_per_shard": args.samples_per_shard,
             "cpus": os.cpu_count(),

@@ -20,9 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,9 @@ from energon_platform.loader.packer import sample_cost
 from energon_platform.loader.planner import Planner
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.trace import step_layout, uses
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
+from scripts.bench_run import run_record  # noqa: E402
 
 N = 10**9
 
@@ -130,14 +132,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-        },
-        "load_before": [round(x, 2) for x in os.getloadavg()],
+        **run_record(),
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
     }
     result["unbalanced"] = measure(args.batch, args.epochs, args.scan)

@@ -2,10 +2,7 @@
 script shipped in docs/javascripts/ (the theme fetches it from a CDN only when the page lacks it,
 and a test or a reader without network has none)."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -27,21 +24,6 @@ def mermaid_blocks(page: str) -> int:
 
 def built_page(site, page: str):
     return site / ("index.html" if page == "index" else f"{page}/index.html")
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    r = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return out
 
 
 def test_the_pages_hold_their_mermaid_blocks_and_load_the_shipped_script(site):

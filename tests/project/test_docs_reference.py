@@ -29,21 +29,6 @@ COLUMNS = "100"
 ROLE = re.compile(r":(?:class|func|mod|meth|attr|data|exc):(?:`|<code)")
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    r = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "COLUMNS": "60"},
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return out
-
-
 def page(site, name: str) -> str:
     return (site / name / "index.html").read_text()
 
