@@ -11,7 +11,7 @@ names):
 * ``check-resume-pass``, ``check-resume-fail``: ``loss.png`` of ``check-resume`` on a small run
   config, our trainer (passes) and the torchtitan-style example loop told to skip restoring its
   loader (fails: the data starts over);
-* ``preview-image-text``, ``preview-video``, ``preview-3d``: contact
+* ``preview-image-text``, ``preview-vlm-tiles``, ``preview-video``, ``preview-3d``: contact
   sheets of ``energon-platform preview``;
 * ``balance-rank-cost``: the run report's balance chart of a two-rank run with
   ``loader.balance: attention``;
@@ -232,6 +232,7 @@ PICTURES: dict[str, Callable[[Path, Path], None]] = {
     "check-resume-pass": check_resume_pass,
     "check-resume-fail": check_resume_fail,
     "preview-image-text": preview(coco, None, 8),
+    "preview-vlm-tiles": preview(coco, "image_text_vlm_small.yaml", 4),
     "preview-video": preview(video, "video_text_small.yaml", 6),
     "preview-3d": preview(shapes, "pointcloud_text.yaml", 6),
     "balance-rank-cost": balance_rank_cost,
