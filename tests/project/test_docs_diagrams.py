@@ -2,6 +2,8 @@
 script shipped in docs/javascripts/ (the theme fetches it from a CDN only when the page lacks it,
 and a test or a reader without network has none)."""
 
+import html
+import json
 import re
 
 import pytest
@@ -62,3 +64,28 @@ def test_every_diagram_renders_to_an_svg_without_network(chromium, site, page):
         f"{page}: {drawn} of {mermaid_blocks(page)} diagrams became an <svg>"
     )
     assert "Syntax error" not in r.stdout
+
+
+#: a line first in <head> of a copy of a page: once laid out, the page's <body> names the code
+#: blocks wider than their box (each block's first line)
+OVERFLOW = (
+    "<script>addEventListener('load', () => document.body.setAttribute('data-overflow', "
+    "JSON.stringify([...document.querySelectorAll('pre > code')]"
+    ".filter(c => c.scrollWidth > c.clientWidth + 1)"
+    ".map(c => c.textContent.split('\\n')[0].slice(0, 60)))));</script>"
+)
+#: pages whose code blocks hold the longest lines (up to 100 columns)
+WIDE_PAGES = ("balance", "check-resume", "get-started", "encoders", "trainers", "megatron")
+
+
+@pytest.mark.parametrize("page", WIDE_PAGES)
+def test_code_lines_fit_the_page_at_1400_pixels(chromium, site, page):
+    built = built_page(site, page)
+    probe = built.with_name("overflow.html")
+    probe.write_text(built.read_text().replace("<head>", "<head>" + OVERFLOW, 1))
+    r = run_chromium(probe, "--dump-dom", "--window-size=1400,1000", "--virtual-time-budget=5000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    found = re.search(r'data-overflow="([^"]*)"', r.stdout)
+    assert found, "the probe did not run"
+    wide = json.loads(html.unescape(found.group(1)))
+    assert not wide, f"{page}: code blocks wider than the page at 1400 px: {wide}"
