@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py --out $(OUT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q -ra tests  # two test processes (pytest-xdist)
+	$(BIN)/python -m pytest -n 2 --dist worksteal -q -ra tests  # two test processes (pytest-xdist); the idle one takes over the queue of the other
 
 clean:
 	rm -rf out .pytest_cache

@@ -14,9 +14,11 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` run first (each group keeps its file order): the test processes
-    (``pytest -n 2``) then finish on short tests together, instead of one waiting at the end
-    while the other runs a minute-long kill-and-resume test."""
+    """Tests marked ``slow`` run first (each group keeps its file order). With ``pytest -n 2
+    --dist worksteal`` (``make test``) a process that runs out of tests takes half of the other's
+    queue, so the two then finish on short tests together instead of one waiting at the end while
+    the other runs a minute-long kill-and-resume test. (With ``--dist load`` the first process
+    would be handed every slow test in its first chunk.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
