@@ -212,7 +212,9 @@ def test_lightning_ddp_resumes_exactly_on_another_number_of_processes(
     )
     r, report = check_resume(tmp_path / "ok", cmd, resume + " --resume", 6, 4, tolerance=1e-5)
     assert_exact_pass(r, report, loss_tolerance=1e-5)
-    assert report["steps_compared"] >= 3
+    # killed during step 4: the resume is from checkpoint 2 or 3, or 4 when the kill let step 4's
+    # checkpoint complete before its log line (check-resume accepts that)
+    assert report["steps_compared"] >= 2
     assert_sample_losses_fit(report["logs"]["straight"], run_config)  # gathered in rank order
 
 

@@ -241,20 +241,35 @@ def test_stall_shorter_than_the_retries_is_waited_out_with_the_same_sample(own_s
     expected = SampleSource(str(local))[0]
     assert torch.equal(SampleSource(url)[0].image, expected.image)  # warms the process's MSC client
     calm = SampleSource(url)
-    before = own_server.counters()
+    before = settled_counters(own_server)
     assert torch.equal(calm[0].image, expected.image)
-    calm_requests = (own_server.counters() - before).requests
+    calm_requests = (settled_counters(own_server) - before).requests
 
     stalled = SampleSource(url)
     before = own_server.counters()
     own_server.pause()
     threading.Timer(1.5, own_server.resume).start()  # botocore: 1 s timeout, then a second try
     sample = stalled[0]
-    time.sleep(0.2)  # the server counts the abandoned request when it answers it, after SIGCONT
     assert sample.__key__ == expected.__key__ and torch.equal(sample.image, expected.image)
-    assert (
-        own_server.counters() - before
-    ).requests > calm_requests  # the timed-out request was retried
+    # the server counts a request when it has answered it (the abandoned one after SIGCONT), and
+    # on a loaded machine its counters lag: wait for them, up to a deadline
+    deadline, requests = time.monotonic() + 10, 0
+    while requests <= calm_requests and time.monotonic() < deadline:
+        time.sleep(0.2)
+        requests = (own_server.counters() - before).requests
+    assert requests > calm_requests, (requests, calm_requests)  # the timed-out request was retried
+
+
+def settled_counters(server):
+    """The server's request counters once two reads 0.3 s apart agree (at most 5 s)."""
+    deadline, last = time.monotonic() + 5, server.counters()
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = server.counters()
+        if now == last:
+            break
+        last = now
+    return last
 
 
 # --- the converter writes to object storage; a whole train, SIGKILL and resume reads from it ---------------
