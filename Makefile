@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py --out $(OUT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist worksteal -q -ra tests  # two test processes (pytest-xdist); the idle one takes over the queue of the other
+	$(BIN)/python -m pytest -n 3 --dist worksteal -q -ra tests  # three test processes (pytest-xdist) on two cores: many tests wait on child processes, sleeps or servers; an idle process takes over half of the longest queue
 
 clean:
 	rm -rf out .pytest_cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -14,12 +15,26 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` run first (each group keeps its file order). With ``pytest -n 2
-    --dist worksteal`` (``make test``) a process that runs out of tests takes half of the other's
-    queue, so the two then finish on short tests together instead of one waiting at the end while
-    the other runs a minute-long kill-and-resume test. (With ``--dist load`` the first process
-    would be handed every slow test in its first chunk.)"""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Each test process starts with its share of the tests marked ``slow``.
+
+    ``pytest -n N --dist worksteal`` (``make test``) hands process ``i`` the ``i``-th contiguous
+    slice of this list (the first ``T // N`` tests, then ``(T - T // N) // (N - 1)`` of the rest,
+    ...), and a process that runs out takes the back half of the longest queue. So the slow tests
+    are dealt round-robin to the slices and put at the front of each: every process starts on
+    minute-long kill-and-resume tests, and the short tests at the slices' backs are what moves
+    between processes at the end. (Put all at the front of the list instead, one process would get
+    them all and run them last, while the others wait.) Without xdist: slow tests first."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    fast = [item for item in items if item.get_closest_marker("slow") is None]
+    ordered, left = [], len(items)
+    for i in range(workers):
+        size = left // (workers - i)
+        mine = slow[i::workers]
+        take = max(0, size - len(mine))
+        ordered += mine + fast[:take]
+        fast, left = fast[take:], left - size
+    items[:] = ordered + fast
 
 
 # --- task_encoders: tokenizer and small Energon datasets -----------------------------------------
