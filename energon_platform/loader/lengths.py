@@ -20,6 +20,7 @@ killed build leaves neither a process nor a held lock behind. Cost per sample: `
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -226,6 +227,10 @@ def _assemble(folder: Path, parts: Path, n: int, width: int) -> None:
     shutil.rmtree(parts, ignore_errors=True)
 
 
+#: The samples' lengths a `SampleLengths` remembers (about 200 bytes each).
+LENGTHS_REMEMBERED = 1 << 16
+
+
 class SampleLengths:
     """``(row_length, work)`` of stream positions: the schedule says which sample a position is,
     the length index gives its facts, the encoder turns them into lengths at that epoch.
@@ -253,6 +258,10 @@ class SampleLengths:
         self.work, self.no_work = work, no_work
         #: the encoder's segment multiple: rows are planned as the padded segments they take
         self.multiple = getattr(encoder, "segment_multiple", 1)
+        # the planner rebuilds its pool from its state for every global batch, so it asks again
+        # for the samples still in its window: a sample's length at an epoch is a pure function of
+        # its facts, key and epoch, so it is remembered (least recently used forgotten first)
+        self.length_of = functools.lru_cache(maxsize=LENGTHS_REMEMBERED)(self.length_of)
 
     def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, Any]:
         """``(row_length, work)`` of one sample; ``(0, no_work)`` for a sample whose facts could

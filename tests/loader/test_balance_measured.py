@@ -119,6 +119,18 @@ def test_the_modules_cover_every_feature_once():
     assert sorted(named) == sorted(FEATURES)
 
 
+def test_a_feature_tuple_is_predicted_to_the_same_float_as_its_mapping():
+    """The planner's fast path (`CostModel.predict_work`) sums the same terms in the same order
+    as `predict`, whatever order the file lists the coefficients in: plans stay bit-identical."""
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        names = list(FEATURES)
+        rng.shuffle(names)
+        model = CostModel({n: float(rng.uniform(0, 1e-3)) for n in names}, "m", "e")
+        work = tuple(float(x) for x in rng.integers(0, 5000, len(FEATURES)) * rng.random())
+        assert model.predict_work(work) == model.predict(dict(zip(FEATURES, work))), trial
+
+
 def test_rank_costs_of_a_measured_plan_are_the_models_predictions():
     works = [_work(10, 2), _work(20, 0), _work(5, 8), _work(30, 1)]
     planner = Planner(lambda ps: [(10, works[p % 4]) for p in ps], _cost(), 4, window=64)

@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,18 @@ class CostModel:
     def predict(self, features: Mapping[str, float]) -> float:
         """Predicted seconds of a micro-batch with ``features`` (names not given count 0)."""
         return sum(c * float(features.get(name, 0.0)) for name, c in self.coefficients.items())
+
+    def predict_work(self, work: tuple[float, ...]) -> float:
+        """`predict` of a sample's features as the planner holds them: a tuple in `FEATURES`
+        order (no mapping built per sample). The same terms summed in the same order as
+        `predict`, so the same float: a plan does not depend on which of the two is asked."""
+        return sum(c * float(work[i]) for i, c in self._terms)
+
+    @cached_property
+    def _terms(self) -> tuple[tuple[int, float], ...]:
+        """``(index in FEATURES, coefficient)`` in the coefficients' order (`predict`'s)."""
+        index = {name: i for i, name in enumerate(FEATURES)}
+        return tuple((index[name], c) for name, c in self.coefficients.items() if name in index)
 
     def predict_modules(self, features: Mapping[str, float]) -> dict[str, float]:
         """`predict`'s part per model module (`MODULES`)."""

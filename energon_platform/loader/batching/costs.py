@@ -10,6 +10,7 @@ sample's cost features. `WORK` says which work a model asks the planner for;
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
@@ -38,9 +39,7 @@ def _encoder_cost(work_length: int, of: SampleCost) -> tuple[Any, str]:
 
 def _measured_cost(features: tuple[float, ...], of: SampleCost) -> tuple[Any, str]:
     """The cost model's predicted seconds of a sample's features (in FEATURES order)."""
-    return of.cost_model.predict(
-        dict(zip(FEATURES, features))
-    ), "the cost model of loader.balance.cost_model"
+    return of.cost_model.predict_work(features), "the cost model of loader.balance.cost_model"
 
 
 #: ``loader.balance`` mode → ``model(work, sample_cost) -> (cost, where it came from)``
@@ -50,6 +49,13 @@ COST_MODELS: dict[str, Callable[[Any, SampleCost], tuple[Any, str]]] = {
     "encoder": _encoder_cost,
     "measured": _measured_cost,
 }
+
+#: Modes whose cost is a pure function of the work (a fixed cost file), remembered per work
+#: value: the planner asks again for every live sample of each global batch. (``encoder`` is
+#: asked at each call: its ``balance_cost`` may be replaced.)
+MEMOISED = frozenset({"measured"})
+#: The most work values remembered (least recently used forgotten first).
+MEMO_SIZE = 1 << 16
 
 #: The work a cost model reads, where it is not the sample's work length (``length``):
 #: ``features``, its cost features (`feature_work`).
@@ -79,8 +85,13 @@ class SampleCost:
         self.mode, self.encoder, self.linear, self.source = mode, encoder, linear, source
         self.cost_model = cost_model
         self._model = COST_MODELS[mode]
+        if mode in MEMOISED:
+            self._checked = functools.lru_cache(maxsize=MEMO_SIZE)(self._checked)
 
     def __call__(self, work: Any) -> float:
+        return self._checked(work)
+
+    def _checked(self, work: Any) -> float:
         cost, where = self._model(work, self)
         if (
             isinstance(cost, bool)
