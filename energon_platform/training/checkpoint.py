@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 
 class CheckpointError(RuntimeError):
@@ -168,6 +167,8 @@ def _fsync_dir(path: Path) -> None:
 def _torch_bytes(obj: Any) -> bytes:
     import io
 
+    import torch
+
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -175,6 +176,8 @@ def _torch_bytes(obj: Any) -> bytes:
 
 def rng_state() -> dict:
     """Global RNG states as tensors and plain data (loadable with ``weights_only=True``)."""
+    import torch
+
     np_state = np.random.get_state()
     py_state = random.getstate()
     return {
@@ -186,6 +189,8 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    import torch
+
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -443,6 +448,8 @@ def load(path: Path, rank: int) -> dict:
     """``{"step", "world_size", "model_state", "rng", "loader_state"}`` of a checkpoint, for
     ``rank``; verifies it first (`verify`). A rank beyond the saved world size (elastic
     resume) gets rank 0's loader state: it is the same global position."""
+    import torch
+
     meta = verify(path)
     src_rank = rank if rank < meta["world_size"] else 0
     try:

@@ -147,6 +147,20 @@ def test_log_tail_reads_only_new_complete_lines(tmp_path):
     assert tail.steps() == {2, 3}
 
 
+def test_the_check_resume_process_starts_without_importing_torch():
+    """check-resume runs in the suite and in users' jobs around every trainer it checks: its own
+    process reads logs and checkpoint metadata only, so it must not pay torch's import (about
+    1.5 s of CPU) at each start (the checkpoint module imports torch where it loads tensors)."""
+    import subprocess
+
+    code = (
+        "import sys; import energon_platform.training.resume_check, energon_platform.cli.training; "
+        "print('torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
 # ---------------------------------------------------------------- argument errors: one line, exit 2
 
 
