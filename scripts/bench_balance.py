@@ -790,7 +790,16 @@ def train_measured_section(args) -> dict:
         "rounds": args.train_rounds,
         "calibration": {
             k: report[k]
-            for k in ("coefficients", "r2", "share", "p50_error", "p90_error", "micro_batches")
+            for k in (
+                "coefficients",
+                "overhead",
+                "r2",
+                "share",
+                "overhead_share",
+                "p50_error",
+                "p90_error",
+                "micro_batches",
+            )
         },
         "load_during": load,
         "variants": variants,
@@ -820,7 +829,8 @@ def report_train_measured(section: dict, args) -> list[str]:
         f"{section['steps']} steps per run ({section['warmup']} warm-up skipped), "
         f"{section['rounds']} interleaved rounds",
         f"calibration on {c['micro_batches']} micro-batches of today's loader: R² {c['r2']:.3f}, "
-        f"held-back p50 error {c['p50_error']:.1%}, p90 {c['p90_error']:.1%}",
+        f"held-back p50 error {c['p50_error']:.1%}, p90 {c['p90_error']:.1%}; overhead "
+        f"{1e3 * c['overhead']:.2f} ms per micro-batch ({c['overhead_share']:.0%} of the time)",
         "",
         f"{'variant':<16} {'global batch':>14} {'tokens/step':>11} {'steps/s':>8} {'tokens/s':>9} "
         f"{'steps/s per round':>20}",
@@ -1217,7 +1227,16 @@ def measured_section(args) -> dict:
         torch.set_num_threads(threads)
     calibration = {
         k: report[k]
-        for k in ("coefficients", "r2", "share", "p50_error", "p90_error", "micro_batches")
+        for k in (
+            "coefficients",
+            "overhead",
+            "r2",
+            "share",
+            "overhead_share",
+            "p50_error",
+            "p90_error",
+            "micro_batches",
+        )
     }
     return {
         "scale": args.scale,
@@ -1309,7 +1328,8 @@ def report_measured(section: dict, args) -> list[str]:
         "(forward + backward, the least of 3 after a warm-up, one thread)",
         f"calibration on {c['micro_batches']} one-sample micro-batches of another stream: R² {c['r2']:.3f}, "
         f"held-back p50 error {c['p50_error']:.1%}, p90 {c['p90_error']:.1%}; share "
-        + ", ".join(f"{k} {v:.0%}" for k, v in c["share"].items() if v > 0.005),
+        + ", ".join(f"{k} {v:.0%}" for k, v in c["share"].items() if v > 0.005)
+        + f"; overhead {1e3 * c['overhead']:.2f} ms per micro-batch ({c['overhead_share']:.0%})",
         "",
         f"{'ranks':>5} {'layout':<8} {'method':<10} {'p50':>6} {'p90':>6} {'max':>6} "
         f"{'plan ms/64 rows':>15} {'first batch ms':>14}",

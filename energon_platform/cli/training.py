@@ -67,9 +67,11 @@ def add_calibrate(sub) -> None:
         "long captions, mixed), time forward + backward of each on one thread in rounds (each "
         "round times every micro-batch once; a warm-up round excluded, the least of K rounds "
         "kept) and fit non-negative seconds per unit of each "
-        "feature (time = sum of coefficient x feature). One micro-batch in four is held back "
-        "to measure the prediction's relative error. Prints predicted vs measured times and "
-        "writes --out: coefficients, R², each feature's share of the time, the held-back "
+        "feature plus a fixed overhead per micro-batch (time = sum of coefficient x feature + "
+        "overhead; every rank pays the overhead, so balancing ignores it). One micro-batch in "
+        "four is held back to measure the prediction's relative error. Prints predicted vs "
+        "measured times and writes --out: coefficients, the overhead, R², each feature's share "
+        "of the time, the held-back "
         "p50/p90 error, the model and the encoder configuration's digest. Refuses (writing "
         "nothing) a fit whose p90 error exceeds 15%.",
     )

@@ -1,16 +1,22 @@
 """``energon-platform calibrate``: time a model on real micro-batches, fit its cost coefficients.
 
 A model's time for a micro-batch is modelled as a non-negative linear function of the batch's
-cost features (`task_encoders.features.FEATURES`): ``time ≈ Σ coef[f] · features[f]``.
+cost features (`task_encoders.features.FEATURES`): ``time ≈ Σ coef[f] · features[f] + overhead``.
 `calibrate` picks micro-batches that spread the features (farthest-point in feature space
 normalised per feature), times forward + backward of each on one thread (a warm-up round excluded,
 the minimum of ``repeats`` rounds kept; a round times every micro-batch once, so a burst of load
 from other processes inflates one run of several micro-batches, not every run of one), fits the coefficients with non-negative least squares on
 three of every four and measures the relative error of the prediction on the fourth (held back).
 
+The fit also has an ``overhead``: seconds every micro-batch costs whatever it holds. Every rank
+pays it once per micro-batch, so the planner balances only the features' part (`CostModel`
+has no overhead); fitted without it, a model's fixed cost per micro-batch would land on the
+per-sample coefficient, and the planner would balance sample counts.
+
 The cost file (JSON, `FORMAT_VERSION`) holds ``features``, ``coefficients`` (seconds per
-unit), ``r2`` (of the fit), ``share`` (each feature's part of the predicted time over the timed
-micro-batches), ``p50_error``/``p90_error`` (relative, held-back micro-batches), ``model``,
+unit), ``overhead`` (seconds per micro-batch), ``r2`` (of the fit), ``share`` (each feature's
+part of the predicted time over the timed micro-batches; ``overhead_share`` the rest),
+``p50_error``/``p90_error`` (relative, held-back micro-batches), ``model``,
 ``encoder_digest`` (`encoder_digest`), ``micro_batches``, ``repeats`` and ``rows`` (each
 timed micro-batch: features, measured and predicted seconds, held back or not).
 `load_cost_model` reads it back as a `CostModel` for the encoder it was made for
@@ -131,15 +137,20 @@ def time_rounds(
     return best
 
 
-def fit(matrix: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Non-negative least-squares coefficients of ``seconds ≈ matrix @ coef`` (columns scaled to
-    a largest value of 1 for the solver; a feature that is always 0 gets 0)."""
+def fit(matrix: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative least squares of ``seconds ≈ matrix @ coef + overhead``: ``(coef, overhead)``.
+    ``overhead`` is the seconds every micro-batch costs whatever it holds (a launch, the
+    optimizer's hooks, Python): no sample causes it, and every rank pays it once per micro-batch,
+    so it is reported but not planned with. Columns are scaled to a largest value of 1 for the
+    solver; a feature that is always 0 gets 0. Where a feature is the same for every micro-batch
+    (``samples`` of one-sample micro-batches), it and the overhead cannot be told apart."""
     from scipy.optimize import nnls
 
     scale = matrix.max(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
-    coef, _ = nnls(matrix / scale, seconds)
-    return coef / scale
+    design = np.hstack([matrix / scale, np.ones((len(matrix), 1))])
+    solution, _ = nnls(design, seconds)
+    return solution[:-1] / scale, float(solution[-1])
 
 
 def r_squared(seconds: np.ndarray, predicted: np.ndarray) -> float:
@@ -199,16 +210,19 @@ def _timed(model: torch.nn.Module, batches: list, repeats: int, progress: bool) 
 def _report(matrix: np.ndarray, seconds: np.ndarray, repeats: int) -> dict:
     """Fit on all but every `HOLD_EVERY`-th row, measure the error on those."""
     held = np.arange(len(seconds)) % HOLD_EVERY == HOLD_EVERY - 1
-    coef = fit(matrix[~held], seconds[~held])
-    predicted = matrix @ coef
+    coef, overhead = fit(matrix[~held], seconds[~held])
+    predicted = matrix @ coef + overhead
     errors = np.abs(predicted[held] - seconds[held]) / seconds[held]
     parts = (matrix * coef).sum(axis=0)
+    total = max(parts.sum() + overhead * len(seconds), 1e-300)
     return {
         "format_version": FORMAT_VERSION,
         "features": list(FEATURES),
         "coefficients": dict(zip(FEATURES, coef.tolist(), strict=True)),
+        "overhead": overhead,
         "r2": r_squared(seconds[~held], predicted[~held]),
-        "share": dict(zip(FEATURES, (parts / max(parts.sum(), 1e-300)).tolist(), strict=True)),
+        "share": dict(zip(FEATURES, (parts / total).tolist(), strict=True)),
+        "overhead_share": overhead * len(seconds) / total,
         "p50_error": float(np.percentile(errors, 50)),
         "p90_error": float(np.percentile(errors, 90)),
         "micro_batches": len(seconds),
@@ -246,7 +260,8 @@ def format_table(report: dict) -> str:
         )
     lines.append(
         f"held back: p50 error {report['p50_error']:.1%}, p90 error {report['p90_error']:.1%}; "
-        f"fit R² {report['r2']:.3f}"
+        f"fit R² {report['r2']:.3f}; overhead {1e3 * report['overhead']:.2f} ms per micro-batch "
+        f"({report['overhead_share']:.0%} of the time, not balanced)"
     )
     return "\n".join(lines)
 

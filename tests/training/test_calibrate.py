@@ -77,10 +77,30 @@ def test_calibrate_recovers_known_coefficients():
     for name, truth in TRUE.items():
         assert report["coefficients"][name] == pytest.approx(truth, rel=0.2), name
     assert report["coefficients"]["points"] == 0.0  # never varies: nothing to fit
-    assert sum(report["share"].values()) == pytest.approx(1.0)
+    assert sum(report["share"].values()) + report["overhead_share"] == pytest.approx(1.0)
     assert report["micro_batches"] == 16 and len(report["rows"]) == 16
     assert sum(r["held_back"] for r in report["rows"]) == 4
     check_fit(report)  # a linear model's fit passes
+
+
+def test_a_fixed_cost_per_micro_batch_is_the_overhead_not_a_per_sample_cost():
+    """A model that costs 6 ms per micro-batch whatever it holds, plus the linear cost: the fit
+    puts the 6 ms in ``overhead`` (every rank pays it; the planner does not balance it) and keeps
+    the per-sample coefficient the true one. Fitted without an overhead, the 6 ms would land on
+    ``samples`` (the only feature near-constant per micro-batch) and the planner would balance
+    sample counts."""
+    report = calibrate(
+        SleepModel(lambda b: 6e-3 + linear_cost(b)),
+        synthetic_batches(64),
+        lambda b: b.features,
+        micro_batches=16,
+        repeats=2,
+        progress=False,
+    )
+    assert report["overhead"] == pytest.approx(6e-3, rel=0.25)
+    for name, truth in TRUE.items():
+        assert report["coefficients"][name] == pytest.approx(truth, rel=0.25), name
+    assert 0 < report["overhead_share"] < 1 and report["p90_error"] < 0.1
 
 
 class BurstModel(SleepModel):
