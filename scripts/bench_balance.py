@@ -467,6 +467,19 @@ TRAIN_WEIGHTS = {"coco_mini": 2, "librispeech_mini": 1, "text_mini": 1}
 TRAIN_TARGET, TRAIN_WARMUP = 1.15, 2
 
 
+#: what the measured sections keep of a calibration report (``calibrate``'s, without its rows)
+CALIBRATION_KEYS = (
+    "coefficients",
+    "overhead",
+    "r2",
+    "share",
+    "overhead_share",
+    "p50_error",
+    "p90_error",
+    "micro_batches",
+)
+
+
 class TrainFailed(Exception):
     """A training run of the ``train`` section exited non-zero (its last stderr line says why)."""
 
@@ -788,19 +801,7 @@ def train_measured_section(args) -> dict:
         "steps": args.train_steps,
         "warmup": TRAIN_WARMUP,
         "rounds": args.train_rounds,
-        "calibration": {
-            k: report[k]
-            for k in (
-                "coefficients",
-                "overhead",
-                "r2",
-                "share",
-                "overhead_share",
-                "p50_error",
-                "p90_error",
-                "micro_batches",
-            )
-        },
+        "calibration": {k: report[k] for k in CALIBRATION_KEYS},
         "load_during": load,
         "variants": variants,
         "ratio": steps,
@@ -1225,19 +1226,7 @@ def measured_section(args) -> dict:
         planning = planning_64_rows(blend, cost_model, args)
     finally:
         torch.set_num_threads(threads)
-    calibration = {
-        k: report[k]
-        for k in (
-            "coefficients",
-            "overhead",
-            "r2",
-            "share",
-            "overhead_share",
-            "p50_error",
-            "p90_error",
-            "micro_batches",
-        )
-    }
+    calibration = {k: report[k] for k in CALIBRATION_KEYS}
     return {
         "scale": args.scale,
         "steps": args.measured_steps,

@@ -469,22 +469,21 @@ def balance_rows(r: dict) -> list[Row]:
                 f"{x.get('per_rank')}, {x.get('layout')}: ours vs today", ours, today,
                 ratio(today, ours), (text, "<=", None) if x.get("ranks") == 8 else None)
         )  # fmt: skip
-    train = r.get("train")
-    if isinstance(train, dict):
-        rows.append(
-            Row("tokens/s training on 2 ranks: ours (balance: attention) vs today",
-                get(train, "variants", "attention", "tokens_per_s"),
-                get(train, "variants", "none", "tokens_per_s"), train.get("ratio"),
-                ("2-rank tokens/s ours/today", ">=", None))
-        )  # fmt: skip
-    tm = r.get("train-measured")
-    if isinstance(tm, dict):
-        rows.append(
-            Row("two-tower optimizer steps/s on 2 ranks: balance measured vs none",
-                get(tm, "variants", "measured", "steps_per_s"),
-                get(tm, "variants", "none", "steps_per_s"), tm.get("ratio"),
-                ("2-rank two-tower steps/s measured/none", ">=", None))
-        )  # fmt: skip
+    for key, ours, figure, comparison, target in (
+        ("train", "attention", "tokens_per_s",
+         "tokens/s training on 2 ranks: ours (balance: attention) vs today",
+         "2-rank tokens/s ours/today"),
+        ("train-measured", "measured", "steps_per_s",
+         "two-tower optimizer steps/s on 2 ranks: balance measured vs none",
+         "2-rank two-tower steps/s measured/none"),
+    ):  # fmt: skip
+        section = r.get(key)
+        if isinstance(section, dict):
+            rows.append(
+                Row(comparison, get(section, "variants", ours, figure),
+                    get(section, "variants", "none", figure), section.get("ratio"),
+                    (target, ">=", None))
+            )  # fmt: skip
     for x in get(r, "measured", "results") or []:
         if x.get("method") == "measured":
             none = next(
