@@ -1014,33 +1014,32 @@ class Synthetic:
         tokens = length - tiles * self.per_tile + (1 if tiles else 0)
         return {"tiles": tiles, "frames": frames, "tokens": tokens, "length": length}
 
-    def features(self, docs: list[dict]) -> dict[str, float]:
-        from task_encoders.features import features
+    @staticmethod
+    def named(doc: dict) -> dict[str, int]:
+        """One scaled sample's (`doc`) cost features, by name (those it has)."""
+        return {
+            "samples": 1,
+            "llm_tokens": doc["length"],
+            "llm_attention": doc["length"] ** 2,
+            "vision_tiles": doc["tiles"],
+            "audio_frames": doc["frames"],
+        }
 
-        return features(
-            samples=len(docs),
-            llm_tokens=sum(d["length"] for d in docs),
-            llm_attention=sum(d["length"] ** 2 for d in docs),
-            vision_tiles=sum(d["tiles"] for d in docs),
-            audio_frames=sum(d["frames"] for d in docs),
-        )
+    def features(self, docs: list[dict]) -> dict[str, float]:
+        """The full feature vector of a micro-batch of ``docs``: the sum of theirs."""
+        from task_encoders.features import summed
+
+        return summed(self.named(d) for d in docs)
 
     def work(self, positions) -> list[tuple[int, tuple[float, ...]]]:
         """The planner's lookup for ``measured``, as the loader's (`SampleLengths`, which
         remembers what it looked up): per position its length and its sample's cost features
-        (`features` of its `doc`) as a tuple in FEATURES order."""
+        (`named` of its `doc`) as a tuple in FEATURES order."""
         from task_encoders.features import FEATURES
 
         new = [p for p in positions if p not in self.known]
         for n, part, p in zip(self.blend[new].tolist(), self.blend.parts(new), new):
-            d = self.doc(part)
-            values = {
-                "samples": 1.0,
-                "llm_tokens": d["length"],
-                "llm_attention": d["length"] ** 2,
-                "vision_tiles": d["tiles"],
-                "audio_frames": d["frames"],
-            }
+            values = self.named(self.doc(part))
             self.known[p] = (n, tuple(float(values.get(name, 0.0)) for name in FEATURES))
         return [self.known[p] for p in positions]
 
@@ -1115,17 +1114,20 @@ def measured_calibration(model, synth: Synthetic, args) -> dict:
     )
 
 
-def measured_plans(blend: Blend, method: str, cost_model, ranks: int, k: int, packed: bool, args):
+def measured_plans(
+    blend: Blend, method: str, cost_model, ranks: int, k: int, packed: bool, steps: int, args
+):
     """``(steps of [rank][row] -> positions, planning seconds of each global batch)`` of
-    ``method`` (none for ``none``; the first batch's also fills the planner's window)."""
+    ``method`` for ``steps`` global batches (no planning seconds for ``none``; the first batch's
+    also fills the planner's window)."""
     from energon_platform.loader.batching.costs import SampleCost
 
     if method == "none":
-        steps = []
-        for s in range(args.measured_steps):
+        batches = []
+        for s in range(steps):
             if not packed:
                 base = s * ranks * k
-                steps.append([[[base + r * k + i] for i in range(k)] for r in range(ranks)])
+                batches.append([[[base + r * k + i] for i in range(k)] for r in range(ranks)])
                 continue
             group, base, step = args.pack_group, s * ranks * k * args.pack_group, []
             for r in range(ranks):
@@ -1136,8 +1138,8 @@ def measured_plans(blend: Blend, method: str, cost_model, ranks: int, k: int, pa
                         [pos[i] for i in row] for row in ffd(blend[pos].tolist(), pos, args.seq_len)
                     ]
                 step.append(rows)
-            steps.append(step)
-        return steps, []
+            batches.append(step)
+        return batches, []
     if method == "measured":  # the loader's own cost path: feature tuples, SampleCost
         lookup = Synthetic(blend, args).work
         cost = SampleCost("measured", None, 0.0, "bench", cost_model)
@@ -1146,14 +1148,14 @@ def measured_plans(blend: Blend, method: str, cost_model, ranks: int, k: int, pa
     planner = Planner(
         lookup, cost, ranks * k, capacity=args.seq_len if packed else 0, window=args.window
     )
-    steps, seconds = [], []
-    for b in range(args.measured_steps):
+    batches, seconds = [], []
+    for b in range(steps):
         t = time.perf_counter()
         plan = planner.plan(b)
         seconds.append(time.perf_counter() - t)
         dealt = deal_plan(plan, ranks, 1, fixed=True)
-        steps.append([[list(plan.items[i]) for m in rank for i in m] for rank in dealt])
-    return steps, seconds
+        batches.append([[list(plan.items[i]) for m in rank for i in m] for rank in dealt])
+    return batches, seconds
 
 
 def planning_ms(seconds: list[float], rows: int) -> dict:
@@ -1202,7 +1204,14 @@ def measured_section(args) -> dict:
                 for method in MEASURED_METHODS:
                     t = time.perf_counter()
                     steps, plan_s = measured_plans(
-                        blend, method, cost_model, ranks, args.rows_per_rank, packed, args
+                        blend,
+                        method,
+                        cost_model,
+                        ranks,
+                        args.rows_per_rank,
+                        packed,
+                        args.measured_steps,
+                        args,
                     )
                     ratios = []
                     for step in steps:
@@ -1245,22 +1254,20 @@ PLANNING_BATCHES = 50
 def planning_64_rows(blend: Blend, cost_model, args) -> list[dict]:
     """The planner alone on global batches of 64 rows (32 ranks x 2), per layout and method:
     `planning_ms` over `PLANNING_BATCHES` batches (no model is timed)."""
-    saved, args.measured_steps = args.measured_steps, PLANNING_BATCHES
-    try:
-        out = []
-        for packed in (True, False):
-            for method in MEASURED_METHODS[1:]:
-                _, seconds = measured_plans(blend, method, cost_model, 32, 2, packed, args)
-                out.append(
-                    {
-                        "layout": "packed" if packed else "unpacked",
-                        "method": method,
-                        **planning_ms(seconds, 64),
-                    }
-                )
-        return out
-    finally:
-        args.measured_steps = saved
+    out = []
+    for packed in (True, False):
+        for method in MEASURED_METHODS[1:]:
+            _, seconds = measured_plans(
+                blend, method, cost_model, 32, 2, packed, PLANNING_BATCHES, args
+            )
+            out.append(
+                {
+                    "layout": "packed" if packed else "unpacked",
+                    "method": method,
+                    **planning_ms(seconds, 64),
+                }
+            )
+    return out
 
 
 #: the measured section's targets: p90 max/mean of the timed ranks by rank count, the calibration's
