@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from converters.convert import ConvertError
+    from converters.output import ConvertError
     from converters.readers import InputError
     from energon_platform.loader.schedule import LayoutError
     from energon_platform.loader.state import StateMismatchError

@@ -43,6 +43,9 @@ def add_train(sub) -> None:
 
 
 def cmd_train(args) -> int:
+    from energon_platform.training import collector
+
+    collector.pause()  # until the trainer has set up (it calls collector.settle)
     from energon_platform.config import load_config
     from energon_platform.training.train import train
 

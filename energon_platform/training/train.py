@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from energon_platform.config import RunConfig
 from energon_platform.loader.train_loader import TrainLoader, build_val_loader
-from energon_platform.training import checkpoint
+from energon_platform.training import checkpoint, collector
 from energon_platform.training.preflight import preflight
 from energon_platform.training.step_log_writer import open_for_append
 from energon_platform.training.two_tower import build_model
@@ -308,6 +308,8 @@ def _train(
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps))
     barrier = (lambda: dist.barrier()) if world > 1 else (lambda: None)
+    # set up: freeze it before the val loader's full collection and before any worker forks
+    collector.settle()
     val = build_val_loader(
         cfg, max(1, cfg.loader.global_batch_size // world), rank, world
     )  # re-iterable

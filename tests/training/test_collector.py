@@ -1,0 +1,56 @@
+"""The trainer's process sets up without the garbage collector, then freezes what it set up
+(`energon_platform.training.collector`), and leaves the collector of a process that never paused
+it alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO
+from tests.helpers.run_configs import run_config, write_config
+
+SPY = """
+import gc, json, sys
+from energon_platform.training import collector
+
+seen = {}
+settle = collector.settle
+
+def spy():
+    seen["enabled_during_set_up"] = gc.isenabled()
+    settle()
+    seen["frozen"] = gc.get_freeze_count()
+
+collector.settle = spy
+from energon_platform.cli import main
+
+seen["status"] = main(sys.argv[1:])
+seen["enabled_at_end"] = gc.isenabled()
+print(json.dumps(seen))
+"""
+
+
+def test_the_trainer_sets_up_with_the_collector_off_then_freezes_the_set_up(coco, tmp_path):
+    config = write_config(tmp_path / "run.yaml", run_config(coco, train={"steps": 2}))
+    argv = ["train", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet"]
+    r = subprocess.run(
+        [sys.executable, "-c", SPY, *argv], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["status"] == 0 and seen["enabled_during_set_up"] is False, seen
+    # torch, the encoder and the model: hundreds of thousands of objects no collection scans again
+    assert seen["frozen"] > 100_000 and seen["enabled_at_end"] is True, seen
+
+
+def test_settle_leaves_a_collector_it_did_not_pause_alone():
+    code = (
+        "import gc; from energon_platform.training import collector\n"
+        "gc.disable(); collector.pause(); collector.settle(); a = (gc.isenabled(), gc.get_freeze_count())\n"
+        "gc.enable(); collector.settle(); b = (gc.isenabled(), gc.get_freeze_count())\n"
+        "print(a, b)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.stdout.strip() == "(False, 0) (True, 0)", r.stdout + r.stderr
