@@ -52,13 +52,15 @@ from energon_platform.training.step_log_writer import open_for_append
 from energon_platform.training.two_tower import build_model
 
 #: the media a row's digest covers: (batch field, its document-index property, the field of valid
-#: lengths, the axis they cut: -1 for time in audio features, 0 for a clip's frames)
+#: lengths, the axis they cut: -1 for time in audio features, 0 for a clip's frames; the field
+#: that counts the tensors of each of the documents' items: a vision-language batch's ``images``
+#: are tiles, ``num_tiles`` of each image of ``image_docs``)
 DIGESTED_MEDIA = (
-    ("images", "image_docs", None, 0),
-    ("features", "audio_docs", "feature_lengths", -1),
-    ("videos", "video_docs", "num_frames", 0),
-    ("audio_features", None, "audio_lengths", -1),
-    ("points", "cloud_docs", None, 0),
+    ("images", "image_docs", None, 0, "num_tiles"),
+    ("features", "audio_docs", "feature_lengths", -1, None),
+    ("videos", "video_docs", "num_frames", 0, None),
+    ("audio_features", None, "audio_lengths", -1, None),
+    ("points", "cloud_docs", None, 0, None),
 )
 
 
@@ -66,13 +68,16 @@ def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
     """Document index → its media tensors (`DIGESTED_MEDIA`: images, audio features, video clips
     and their audio, each cut to its valid length; point clouds). Single-modality batches hold one
     medium per document; mixed batches say where each one goes (``image_docs``, ``audio_docs``,
-    ``video_docs``, ``cloud_docs``)."""
+    ``video_docs``, ``cloud_docs``), and a vision-language batch's tiles go with their image."""
     out: dict[int, list[torch.Tensor]] = {}
-    for field, docs_name, lengths_name, axis in DIGESTED_MEDIA:
+    for field, docs_name, lengths_name, axis, counts_name in DIGESTED_MEDIA:
         media = getattr(batch, field, None)
         if not isinstance(media, torch.Tensor):
             continue
         docs = getattr(batch, docs_name, None) if docs_name else None
+        counts = getattr(batch, counts_name, None) if counts_name else None
+        if docs is not None and counts is not None:  # each item's tensors (an image's tiles)
+            docs = torch.repeat_interleave(docs, counts.long())
         lengths = getattr(batch, lengths_name).tolist() if lengths_name else None
         for i, j in enumerate(docs.tolist() if docs is not None else range(len(media))):
             item = media[i]

@@ -68,3 +68,19 @@ def test_a_mixed_batchs_clip_counts_for_the_document_that_holds_it():
     batch.videos[0, 0].add_(1.0)
     after = batch_digest(batch)
     assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_a_vision_language_rows_digest_sees_every_tile_of_its_images():
+    """``images`` of a vision-language batch are tiles (``num_tiles`` per image of ``image_docs``):
+    row 0's one image has 2 tiles, row 1's has 3; each tile counts for its own row."""
+    batch = SimpleNamespace(
+        **text_rows(2, 1),
+        images=torch.rand(5, 3, 2, 2),
+        num_tiles=torch.tensor([2, 3], dtype=torch.int32),
+        image_docs=torch.tensor([0, 1]),
+    )
+    for tile, row in [(1, 0), (2, 1), (4, 1)]:
+        before = batch_digest(batch)
+        batch.images[tile].add_(1.0)
+        after = batch_digest(batch)
+        assert after[row] != before[row] and after[1 - row] == before[1 - row], (tile, row)
