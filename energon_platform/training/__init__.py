@@ -4,6 +4,7 @@
 * `train`: the trainer (``energon-platform train``, torchrun-ready).
 * `checkpoint`: atomic, checksummed checkpoints.
 * `preflight`: the checks a run makes before its first step.
+* `collector`: the trainer process's garbage collector, paused while it sets up, then frozen.
 * `resume_check`: ``energon-platform check-resume`` (our trainer,
   or any command).
 * [`step_log_writer`][energon_platform.training.step_log_writer] / `step_log_readers`: a

@@ -21,3 +21,14 @@ def run_cli(*args: object, **kwargs) -> subprocess.CompletedProcess:
         kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
     return subprocess.run(cli_argv(*args), **kwargs)
+
+
+def run_python(code: str, *args: object, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -c CODE ARGS...`` in a fresh interpreter (this one's), from the repository
+    root unless ``cwd`` is given; output captured as text, as `run_cli`."""
+    from tests.helpers import REPO
+
+    kwargs.setdefault("cwd", REPO)
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], **kwargs)

@@ -25,7 +25,7 @@ from energon_platform.training.step_log_writer import StepLog, batch_digest
 from scripts.bench_data import coco_dataset
 from tests.helpers import REPO
 from tests.helpers import run_configs as configs
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, run_python
 from tests.helpers.trainer_examples import assert_sample_losses_fit
 
 PY = shlex.quote(sys.executable)
@@ -151,15 +151,13 @@ def test_the_check_resume_process_starts_without_importing_torch():
     """check-resume runs in the suite and in users' jobs around every trainer it checks: its own
     process reads logs and checkpoint metadata only, so it must not pay torch's import (about
     1.5 s of CPU) at each start (the checkpoint module imports torch where it loads tensors)."""
-    import subprocess
-
     code = (
         "import sys; import energon_platform.training.resume_check\n"
         "from energon_platform.cli import main\n"
         "status = main(['check-resume', '--steps', '6', '--kill-at', '4'])\n"
         "print(status, 'torch' in sys.modules)"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    r = run_python(code)
     # the whole command: its argument check, and main()'s own imports (the errors it catches)
     assert r.stdout.strip() == "2 False", r.stdout + r.stderr
 

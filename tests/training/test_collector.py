@@ -5,10 +5,8 @@ it alone."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.helpers import REPO
+from tests.helpers.cli import run_python
 from tests.helpers.run_configs import run_config, write_config
 
 SPY = """
@@ -35,9 +33,7 @@ print(json.dumps(seen))
 def test_the_trainer_sets_up_with_the_collector_off_then_freezes_the_set_up(coco, tmp_path):
     config = write_config(tmp_path / "run.yaml", run_config(coco, train={"steps": 2}))
     argv = ["train", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet"]
-    r = subprocess.run(
-        [sys.executable, "-c", SPY, *argv], capture_output=True, text=True, cwd=REPO, timeout=300
-    )
+    r = run_python(SPY, *argv, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["status"] == 0 and seen["enabled_during_set_up"] is False, seen
@@ -45,12 +41,21 @@ def test_the_trainer_sets_up_with_the_collector_off_then_freezes_the_set_up(coco
     assert seen["frozen"] > 100_000 and seen["enabled_at_end"] is True, seen
 
 
+ALONE = """
+import gc
+from energon_platform.training import collector
+
+gc.disable()
+collector.pause()
+collector.settle()
+print(gc.isenabled(), gc.get_freeze_count())
+gc.enable()
+collector.settle()
+print(gc.isenabled(), gc.get_freeze_count())
+"""
+
+
 def test_settle_leaves_a_collector_it_did_not_pause_alone():
-    code = (
-        "import gc; from energon_platform.training import collector\n"
-        "gc.disable(); collector.pause(); collector.settle(); a = (gc.isenabled(), gc.get_freeze_count())\n"
-        "gc.enable(); collector.settle(); b = (gc.isenabled(), gc.get_freeze_count())\n"
-        "print(a, b)"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert r.stdout.strip() == "(False, 0) (True, 0)", r.stdout + r.stderr
+    """Off and not paused by `pause` stays off; on and not paused stays on; nothing frozen."""
+    r = run_python(ALONE)
+    assert r.stdout.split() == ["False", "0", "True", "0"], r.stdout + r.stderr
