@@ -1146,7 +1146,12 @@ def measured_plans(
     else:
         lookup, cost = blend.lookup, lambda n, m=method: sample_cost(n, m, args.linear)  # noqa: E731
     planner = Planner(
-        lookup, cost, ranks * k, capacity=args.seq_len if packed else 0, window=args.window
+        lookup,
+        cost,
+        ranks * k,
+        capacity=args.seq_len if packed else 0,
+        window=args.window,
+        like_lengths=method == "measured",  # as the loader plans measured
     )
     batches, seconds = [], []
     for b in range(steps):

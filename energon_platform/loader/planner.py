@@ -14,7 +14,9 @@ unchanged) with each sample's exact length from the length index, before any med
   duplicated; the oldest sample is always placed.
 * **Unpacked**: ``global_batch_size`` samples of like cost around the oldest of a pool of
   `BUCKET_POOL` batches, or, with ``global_batch_tokens``, the pool's samples that fit that
-  cost budget (the rest carried).
+  cost budget (the rest carried). With ``like_lengths`` (``balance: measured``), samples of like
+  row length instead: a micro-batch is padded to its longest sample, which a sum of per-sample
+  predicted times cannot see; the dealing below then evens out the rest of the predicted time.
 
 Then rows (samples) are dealt to ranks by cost, each rank its equal number of rows (or its share
 of samples), and each rank's share to its micro-batches the same way
@@ -96,6 +98,10 @@ class Planner:
     window: int = 4096  #: most samples in the pool
     fill: float = DEFAULT_FILL
     led: bool = True  #: packed: rows led by like-length documents (`pack_led_rows`), else LPT rows
+    #: unpacked, no budget: a global batch's samples are of like row length, not of like cost (a
+    #: cost that is not a function of the length: the padding to a micro-batch's longest sample
+    #: is computed, and no per-sample cost sees it)
+    like_lengths: bool = False
     #: ``identity(positions)``: which sample each stream position is (default: ``lengths.identities``,
     #: else the position itself); two positions of one identity are never in one global batch
     identity: Any = None
@@ -178,7 +184,8 @@ class Planner:
         """Unpacked: the ``items_per_batch`` pool samples nearest in cost around the oldest one
         (which is always taken, so no sample waits more global batches than the pool holds samples;
         most wait a few): samples of like cost, so equal counts per rank are equal work on any
-        world size. Samples whose next copy waits (`Pool`) are taken first."""
+        world size; with `like_lengths`, of like row length. Samples whose next copy waits
+        (`Pool`) are taken first."""
         g = self.items_per_batch
         want = min(self.window, BUCKET_POOL * g)
         pool.read(want, lambda i: 1, limit=want)
@@ -187,21 +194,22 @@ class Planner:
         live = pool.live
         cost = self.cost_at(state.batch)
         costs = {i: cost(pool.lengths[i][1]) for i in live}
+        like = {i: pool.lengths[i][0] for i in live} if self.like_lengths else costs
         forced = [live[0]] + [i for i in pool.due if i != live[0]][: g - 1]
-        if len(forced) == 1:  # the common case: a window of like cost around the oldest
-            ranked = sorted(live, key=lambda i: (costs[i], i))
+        if len(forced) == 1:  # the common case: a window of like ones around the oldest
+            ranked = sorted(live, key=lambda i: (like[i], i))
             anchor = ranked.index(live[0])
             lo = min(max(0, anchor - g + 1), len(live) - g)
             best = min(
                 range(lo, min(anchor, len(live) - g) + 1),
-                key=lambda a: (costs[ranked[a + g - 1]] - costs[ranked[a]], a),
+                key=lambda a: (like[ranked[a + g - 1]] - like[ranked[a]], a),
             )
             taken = sorted(ranked[best : best + g])
-        else:  # due samples, then the others nearest in cost to them
-            centre = sorted(costs[i] for i in forced)[len(forced) // 2]
+        else:  # due samples, then the others nearest in cost (or length) to them
+            centre = sorted(like[i] for i in forced)[len(forced) // 2]
             chosen = set(forced)
             rest = sorted(
-                (i for i in live if i not in chosen), key=lambda i: (abs(costs[i] - centre), i)
+                (i for i in live if i not in chosen), key=lambda i: (abs(like[i] - centre), i)
             )
             taken = sorted(forced + rest[: g - len(forced)])
         return self._batch(state, pool, [[i] for i in taken], costs)

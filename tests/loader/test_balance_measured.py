@@ -58,7 +58,7 @@ class MeasuredCase(Case):
             return Planner(self.lookup, cost, self.g, capacity=CAP, **kw)
         if self.mode == "budget":
             return Planner(self.lookup, cost, self.g, budget=self.g * 4 * cost(_work(12, 4)), **kw)
-        return Planner(self.lookup, cost, self.g, **kw)
+        return Planner(self.lookup, cost, self.g, like_lengths=True, **kw)  # as the loader plans
 
 
 @pytest.mark.parametrize(
@@ -114,6 +114,42 @@ def test_measured_balances_the_predicted_cost_better_than_attention_when_tiles_a
     assert spreads["measured"] < 1.05 < spreads["attention"], spreads
 
 
+def test_unpacked_measured_takes_samples_of_like_length_since_a_micro_batch_is_padded():
+    """Samples of 8-63 positions and 0-15 tiles: by predicted time many are alike whose lengths are
+    not, and a micro-batch of two pays its longest sample's positions twice. Samples of like length
+    (how ``measured`` plans unpacked) even the ranks' padded time out; samples of like cost do not.
+    """
+    rng = np.random.default_rng(5)
+    n = 4096
+    rows, tiles = rng.integers(8, 64, n), rng.integers(0, 16, n)
+    coefficients = {**VISION_HEAVY, "llm_tokens": 3e-4}  # a tile costs as much as 2.1 positions
+    works = [_work(int(r), int(t)) for r, t in zip(rows, tiles)]
+
+    def padded(micro: list[int]) -> float:  # a micro-batch's time: every row as long as its longest
+        longest = max(int(rows[p]) for p in micro)
+        return coefficients["llm_tokens"] * len(micro) * longest + coefficients[
+            "vision_tiles"
+        ] * sum(int(tiles[p]) for p in micro)
+
+    spreads = {}
+    for like in (False, True):
+        planner = Planner(
+            lambda ps: [(int(rows[p]), works[p]) for p in ps],
+            _cost(coefficients),
+            16,
+            window=1024,
+            like_lengths=like,
+        )
+        per_step = []
+        for b in range(40):
+            plan = planner.plan(b)
+            dealt = deal_plan(plan, 8, 1, fixed=True)
+            seconds = [padded([plan.items[i][0] for m in rank for i in m]) for rank in dealt]
+            per_step.append(max(seconds) / (sum(seconds) / len(seconds)))
+        spreads[like] = float(np.mean(per_step))
+    assert spreads[True] - 1 < 0.6 * (spreads[False] - 1), spreads  # half the excess, here
+
+
 def test_the_modules_cover_every_feature_once():
     named = [f for names in MODULES.values() for f in names]
     assert sorted(named) == sorted(FEATURES)
@@ -149,8 +185,9 @@ from tests.loader.test_balance import three_packed  # noqa: E402,F401  (the pack
 ENCODER_YAML = "configs/encoders/multimodal_packed.yaml"
 
 
-def _cost_file(path, **coefficients):
-    """A cost file for the packed multimodal encoder with these coefficients (others 0)."""
+def _cost_file(path, encoder: str = ENCODER_YAML, **coefficients):
+    """A cost file for ``encoder`` (default: the packed multimodal one) with these coefficients
+    (others 0)."""
     from energon_platform.loader.fingerprint import encoder_digest
     from energon_platform.training.calibrate import write_report
     from task_encoders.registry import get_encoder
@@ -161,7 +198,7 @@ def _cost_file(path, **coefficients):
         "features": list(FEATURES),
         "coefficients": {**dict.fromkeys(FEATURES, 0.0), **coefficients},
         "model": "two_tower",
-        "encoder_digest": encoder_digest(get_encoder(str(REPO / ENCODER_YAML))),
+        "encoder_digest": encoder_digest(get_encoder(str(REPO / encoder))),
     }
     write_report(data, path)
     return path
@@ -190,6 +227,41 @@ def test_a_measured_loader_fingerprints_its_cost_features_and_logs_each_modules_
     assert entry["batch"] == 0 and entry["digest"] == _digest(loader)
     assert entry["coefficients"] == {**dict.fromkeys(FEATURES, 0.0), **TILES}
     loader.close()
+
+
+def test_the_loader_plans_unpacked_measured_batches_of_like_length(coco, tmp_path, caplog):
+    """Unpacked, ``measured`` takes a global batch's samples of like row length (a micro-batch is
+    padded to its longest) and says so in its fingerprint; the other modes take samples of like
+    cost. A checkpoint saved when ``measured`` took samples of like cost continues, with one
+    warning."""
+    from energon_platform import TrainLoader, load_config
+    from tests.helpers import REPO
+
+    vlm = "configs/encoders/image_text_vlm_small.yaml"
+    cost = _cost_file(tmp_path / "cost.json", vlm, llm_tokens=1e-5, vision_tiles=1e-3)
+
+    def loader(**balance) -> TrainLoader:
+        section = {"global_batch_size": 4, "num_workers": 0, "seed": 3, **balance}
+        section["length_cache"] = str(tmp_path / "lengths")
+        data = {"path": str(coco), "val_split": None}
+        config = {"data": data, "encoder": str(REPO / vlm), "loader": section}
+        return TrainLoader(load_config(config), num_workers=0)
+
+    measured = loader(balance="measured", cost_model=str(cost))
+    assert measured.plan.batching.planner.like_lengths
+    assert measured.fingerprint["balance"]["samples"] == "like-length"
+    attention = loader(balance="attention")
+    assert not attention.plan.batching.planner.like_lengths
+    assert "samples" not in attention.fingerprint["balance"]
+    next(measured)
+    state = measured.state_dict()
+    del state["fingerprint"]["balance"]["samples"]  # saved by a build that took like costs
+    again = loader(balance="measured", cost_model=str(cost))
+    with caplog.at_level("WARNING"):
+        again.load_state_dict(state)
+    assert caplog.text.count("take samples of like length") == 1, caplog.text
+    assert again.state_dict()["fingerprint"]["balance"]["samples"] == "like-length"
+    assert again.next_microbatch == measured.next_microbatch
 
 
 #: two cost files that plan differently: vision and audio dominate, or attention alone

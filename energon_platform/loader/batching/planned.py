@@ -32,6 +32,10 @@ from energon_platform.loader.state import StateMismatchError
 
 log = logging.getLogger(__name__)
 
+#: ``balance.samples`` in the fingerprint of plans whose global batches take samples of like row
+#: length (`PlannedBatching.like_lengths`); absent where they take samples of like cost
+LIKE_LENGTHS = "like-length"
+
 
 @dataclass
 class PlannedBatching:
@@ -97,6 +101,13 @@ class PlannedBatching:
         """Whether every global batch holds a fixed number of samples (unpacked, no budget)."""
         return not self.packed_rows and self.budget is None
 
+    @property
+    def like_lengths(self) -> bool:
+        """Whether global batches of a fixed number of samples take samples of like row length
+        (``measured``: a micro-batch is padded to its longest sample, which no per-sample
+        predicted time sees) rather than of like cost (`Planner.like_lengths`)."""
+        return self.mode == "measured" and self.fixed_samples
+
     def start(self, schedule: Any, plan_state: PlanState | None = None) -> None:
         """(Re)build the planner over ``schedule``, continuing from ``plan_state`` (None: where the
         current planner starts, or the start of the run)."""
@@ -113,6 +124,7 @@ class PlannedBatching:
             budget=self.budget,
             window=self.window,
             fill=self.lookahead,
+            like_lengths=self.like_lengths,
             start=plan_state,
         )
 
@@ -130,17 +142,30 @@ class PlannedBatching:
         }
         if self.history is not None:
             balance["cost_model"] = _cost_features()
+        if self.like_lengths:
+            balance["samples"] = LIKE_LENGTHS
         return {"balance": balance}
 
     def saved_fingerprint(self, saved: dict, warn: bool) -> dict:
         """``saved`` as this planner continues it: a checkpoint of the previous planner (which could
         place a small dataset's sample twice in a global batch) means the same saved position and
-        carried samples to this one, which continues from them (logged once when ``warn``). A
+        carried samples to this one, which continues from them (logged once when ``warn``); so does
+        an unpacked ``measured`` checkpoint saved when its samples were of like cost (`like_lengths`,
+        logged the same way). A
         measured checkpoint that fingerprinted its cost model's digest (saved before the cost
         history) is continued by `resume_from`, which compares that digest."""
         balance = saved.get("balance")
         if isinstance(balance, dict) and "digest" in (balance.get("cost_model") or {}):
             balance = {**balance, "cost_model": _cost_features()}
+            saved = {**saved, "balance": balance}
+        if self.like_lengths and isinstance(balance, dict) and "samples" not in balance:
+            if warn:
+                log.warning(
+                    "the checkpoint's global batches took samples of like predicted cost; from "
+                    "here on they take samples of like length (a micro-batch is padded to its "
+                    "longest sample)"
+                )
+            balance = {**balance, "samples": LIKE_LENGTHS}
             saved = {**saved, "balance": balance}
         if not (isinstance(balance, dict) and balance.get("planner") == PREVIOUS_PLANNER_VERSION):
             return saved
