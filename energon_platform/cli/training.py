@@ -46,18 +46,21 @@ def cmd_train(args) -> int:
     from energon_platform.training import collector
 
     collector.pause()  # until the trainer has set up (it calls collector.settle)
-    from energon_platform.config import load_config
-    from energon_platform.training.train import train
+    try:
+        from energon_platform.config import load_config
+        from energon_platform.training.train import train
 
-    cfg = load_config(args.config, overrides(args.set))
-    train(
-        cfg,
-        resume=args.resume,
-        num_workers=args.num_workers,
-        out=args.out,
-        steps=args.steps,
-        quiet=args.quiet,
-    )
+        cfg = load_config(args.config, overrides(args.set))
+        train(
+            cfg,
+            resume=args.resume,
+            num_workers=args.num_workers,
+            out=args.out,
+            steps=args.steps,
+            quiet=args.quiet,
+        )
+    finally:  # a run refused before it settled leaves its caller's collector on
+        collector.resume()
     return 0
 
 

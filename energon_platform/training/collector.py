@@ -9,9 +9,11 @@ the scan also touches (and so copies) pages the worker would otherwise share wit
 
 `pause` turns the collector off; ``energon-platform train`` calls it before its first heavy
 import. `settle`, called once the set-up is done and before any worker is forked, freezes every
-object alive (`gc.freeze`: later collections skip them) and turns the collector back on. Both act
-only on a collector that `pause` turned off: in a process that never paused (a library caller,
-a test), `settle` changes nothing, since that process's collector is its own to manage.
+object alive (`gc.freeze`: later collections skip them) and turns the collector back on; `resume`
+turns it back on without freezing anything (a set-up that failed: the command's caller goes on
+with its collector as it was). All three act only on a collector that `pause` turned off: in a
+process that never paused (a library caller, a test), they change nothing, since that process's
+collector is its own to manage.
 """
 
 from __future__ import annotations
@@ -32,11 +34,18 @@ def pause() -> None:
 def settle() -> None:
     """After `pause`: freeze every object alive now and turn the collector back on. Otherwise
     nothing."""
-    global _paused
     if _paused:
         gc.freeze()
+    resume()
+
+
+def resume() -> None:
+    """After `pause` (and no `settle`): turn the collector back on, freezing nothing. Otherwise
+    nothing."""
+    global _paused
+    if _paused:
         gc.enable()
         _paused = False
 
 
-__all__ = ["pause", "settle"]
+__all__ = ["pause", "resume", "settle"]

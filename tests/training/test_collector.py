@@ -59,3 +59,16 @@ def test_settle_leaves_a_collector_it_did_not_pause_alone():
     """Off and not paused by `pause` stays off; on and not paused stays on; nothing frozen."""
     r = run_python(ALONE)
     assert r.stdout.split() == ["False", "0", "True", "0"], r.stdout + r.stderr
+
+
+def test_a_train_command_refused_in_process_leaves_the_collector_on(tmp_path, capsys):
+    """``cli.main(["train", ...])`` called from Python with a config that cannot run: one line,
+    exit 2, and the caller's collector is on again (it was paused for the set-up)."""
+    import gc
+
+    from energon_platform import cli
+
+    assert gc.isenabled()
+    assert cli.main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert gc.isenabled()
