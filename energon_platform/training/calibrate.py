@@ -117,9 +117,24 @@ def time_rounds(
     model: torch.nn.Module, batches: list, repeats: int, progress: bool = False
 ) -> np.ndarray:
     """Seconds per batch: one warm-up round, then ``repeats`` rounds each timing every batch once
-    (`time_step`), the least kept. The caller sets the threads."""
+    (`time_step`), the least kept. The caller sets the threads. Python's garbage collector is off
+    while timing (as ``timeit`` does): a full collection of a large process inside one timed step
+    would add its own time to that batch."""
+    import gc
+
     from tqdm import tqdm
 
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _rounds(model, batches, repeats, tqdm, progress)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _rounds(model: torch.nn.Module, batches: list, repeats: int, tqdm, progress: bool):
+    """`time_rounds`'s rounds (its collector already off)."""
     best = np.full(len(batches), np.inf)
     bar = tqdm(
         total=(repeats + 1) * len(batches),
