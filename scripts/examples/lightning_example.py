@@ -131,3 +131,8 @@ trainer = L.Trainer(
 model = Captioner(load_config(args.config))
 model.resumed_from = 0 if args.resume else None  # a checkpoint sets the step it resumes from
 trainer.fit(model, ckpt_path=str(saved[-1]) if saved else None)
+if dist.is_initialized():
+    # Lightning destroys only an NCCL process group at exit. A gloo one left to the interpreter's
+    # finalization can abort a rank after training (SIGABRT, "terminate called without an
+    # active exception") while gloo's threads still hold tensors.
+    dist.destroy_process_group()
