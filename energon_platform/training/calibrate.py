@@ -42,6 +42,7 @@ from energon_platform.loader.batching.cost_file import (
     load_cost_model,
 )
 from energon_platform.loader.fingerprint import encoder_digest
+from energon_platform.training import collector
 from task_encoders.features import FEATURES
 
 __all__ = [
@@ -120,21 +121,8 @@ def time_rounds(
     (`time_step`), the least kept. The caller sets the threads. Python's garbage collector is off
     while timing (as ``timeit`` does): a full collection of a large process inside one timed step
     would add its own time to that batch."""
-    import gc
-
     from tqdm import tqdm
 
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _rounds(model, batches, repeats, tqdm, progress)
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _rounds(model: torch.nn.Module, batches: list, repeats: int, tqdm, progress: bool):
-    """`time_rounds`'s rounds (its collector already off)."""
     best = np.full(len(batches), np.inf)
     bar = tqdm(
         total=(repeats + 1) * len(batches),
@@ -142,12 +130,13 @@ def _rounds(model: torch.nn.Module, batches: list, repeats: int, tqdm, progress:
         unit="run",
         disable=not progress,
     )
-    for round_ in range(repeats + 1):
-        for i, batch in enumerate(batches):
-            seconds = time_step(model, batch)
-            if round_:
-                best[i] = min(best[i], seconds)
-            bar.update()
+    with collector.off():
+        for round_ in range(repeats + 1):
+            for i, batch in enumerate(batches):
+                seconds = time_step(model, batch)
+                if round_:
+                    best[i] = min(best[i], seconds)
+                bar.update()
     bar.close()
     return best
 

@@ -7,6 +7,9 @@ again (about 0.6 s of CPU in the reference trainer's 4 s start on CPU); after, e
 collection still scans them, in the trainer and in each DataLoader worker forked from it, where
 the scan also touches (and so copies) pages the worker would otherwise share with its parent.
 
+`off` is a block run with the collector off, as it was after (``timeit``'s rule: a full
+collection of a large process inside one timed step adds its own time to that step).
+
 `pause` turns the collector off; ``energon-platform train`` calls it before its first heavy
 import. `settle`, called once the set-up is done and before any worker is forked, freezes every
 object alive (`gc.freeze`: later collections skip them) and turns the collector back on; `resume`
@@ -19,6 +22,8 @@ collector is its own to manage.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _paused = False
 
@@ -48,4 +53,17 @@ def resume() -> None:
         _paused = False
 
 
-__all__ = ["pause", "resume", "settle"]
+@contextmanager
+def off() -> Iterator[None]:
+    """The block runs with the collector off; after it, the collector is on again if it was
+    before (whatever the block raised)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+__all__ = ["off", "pause", "resume", "settle"]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from energon_platform.training import collector
 from tests.helpers.cli import run_python
 from tests.helpers.run_configs import run_config, write_config
 
@@ -72,3 +75,34 @@ def test_a_train_command_refused_in_process_leaves_the_collector_on(tmp_path, ca
     assert cli.main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "error:" in capsys.readouterr().err
     assert gc.isenabled()
+
+
+def test_off_runs_its_block_without_the_collector_and_restores_it_as_it_was():
+    import gc
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError), collector.off():
+        assert not gc.isenabled()
+        raise ValueError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector.off():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+
+
+def test_calibrate_times_each_step_with_the_collector_off(monkeypatch):
+    """A full collection inside a timed step would count as that batch's time."""
+    import gc
+
+    from energon_platform.training import calibrate
+
+    seen = []
+    monkeypatch.setattr(
+        calibrate, "time_step", lambda model, batch: seen.append(gc.isenabled()) or 1.0
+    )
+    calibrate.time_rounds(None, [0.0, 0.0], repeats=1)
+    assert seen == [False] * 4 and gc.isenabled()

@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 LIKE_LENGTHS = "like-length"
 
 
+def plans_like_lengths(mode: str, fixed_samples: bool) -> bool:
+    """Whether a plan takes samples of like row length into a global batch rather than samples of
+    like cost (`Planner.like_lengths`): ``measured`` with a fixed number of samples per global
+    batch, since a micro-batch is padded to its longest sample, which no per-sample predicted
+    time sees."""
+    return mode == "measured" and fixed_samples
+
+
 @dataclass
 class PlannedBatching:
     """Planned global batches (see the module docstring). Built by `from_config`; the
@@ -103,10 +111,8 @@ class PlannedBatching:
 
     @property
     def like_lengths(self) -> bool:
-        """Whether global batches of a fixed number of samples take samples of like row length
-        (``measured``: a micro-batch is padded to its longest sample, which no per-sample
-        predicted time sees) rather than of like cost (`Planner.like_lengths`)."""
-        return self.mode == "measured" and self.fixed_samples
+        """`plans_like_lengths` for this mode and layout."""
+        return plans_like_lengths(self.mode, self.fixed_samples)
 
     def start(self, schedule: Any, plan_state: PlanState | None = None) -> None:
         """(Re)build the planner over ``schedule``, continuing from ``plan_state`` (None: where the
