@@ -506,6 +506,12 @@ def balance_rows(r: dict) -> list[Row]:
 
 def balance_sentence(r: dict) -> str:
     s = r.get("settings") or {}
+    if s.get("sections") == ["llava"]:
+        return (
+            "How well `calibrate` predicts the time of megatron-core's own LLaVAModel (tiny, on the "
+            "CPU, its vision tower sized by the run) on vision-language micro-batches of the "
+            "embedded captions: the fit's R² and its relative error on held-back micro-batches."
+        )
     return (
         "How evenly one global batch's compute is spread over simulated data-parallel ranks, for "
         "today's consecutive samples, a naive sort-and-deal, Energon's packing and ours, on a "

@@ -219,6 +219,25 @@ def cfg_pack_group(cfg) -> int:
     return int(build_encoder(cfg).packing_buffer_size)
 
 
+def test_the_vision_tower_is_sized_as_asked(cpu_megatron, shards):
+    """``tiny_llava``'s vision tower: 1 layer of 32 by default, else the layers and width asked
+    for (the bench's ``llava`` section sizes it so the tiles take a real share of the time)."""
+    cfg = load_config(
+        {
+            "data": {"path": str(shards["coco"])},
+            "encoder": str(ENCODERS / "image_text_vlm_small.yaml"),
+            "loader": {"global_batch_size": 1, "num_workers": 0, "seed": 7},
+        }
+    )
+    req = megatron_requirements(cfg)
+    for asked, (layers, width) in (
+        ({}, (1, 32)),
+        ({"vision_layers": 3, "vision_hidden": 48}, (3, 48)),
+    ):
+        tower = tiny_llava(req, req["decoder_seq_length"], **asked).vision_model
+        assert (tower.config.num_layers, tower.config.hidden_size) == (layers, width)
+
+
 def test_provider_checks_megatrons_arguments(cpu_megatron, shards, tmp_path):
     from types import SimpleNamespace
 

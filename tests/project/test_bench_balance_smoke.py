@@ -109,6 +109,8 @@ def test_train_section_trains_both_variants_on_two_ranks_and_reports_tokens_per_
 
 
 def test_measured_section_calibrates_and_times_every_method(tmp_path):
+    """Also the ``llava`` section (in the same process): megatron-core's LLaVAModel calibrated on
+    the embedded captions, judged against the same targets."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [
@@ -116,6 +118,9 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
             str(SCRIPT),
             "--sections",
             "measured",
+            "llava",
+            "--llava-batch",
+            "2",
             "--quick",
             "--measured-steps",
             "1",
@@ -140,3 +145,11 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
     calibration = measured["calibration"]
     assert calibration["micro_batches"] == 8 and 0.0 <= calibration["p90_error"]
     assert "R²" in proc.stdout and "plan ms/64 rows" in proc.stdout
+    llava = json.loads(out.read_text())["llava"]
+    assert llava["model"].endswith("llava:calibration_model") and llava["micro_batch_size"] == 2
+    assert llava["calibration"]["micro_batches"] == 8
+    assert [t["target"] for t in llava["targets"]] == [
+        "calibration (LLaVAModel) R² >= 0.95",
+        "calibration (LLaVAModel) held-back p90 error <= 10%",
+    ]
+    assert "llava: megatron-core LLaVAModel" in proc.stdout

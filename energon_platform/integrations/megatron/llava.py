@@ -167,12 +167,18 @@ def _tensor_cuda_is_identity() -> Iterator[None]:
         torch.Tensor.cuda = cuda
 
 
-def tiny_llava(requirements: dict, max_sequence_length: int) -> torch.nn.Module:
-    """megatron-core's ``LLaVAModel`` (a 1-layer CLIP ViT, an MLP projector, a 2-layer GPT; fp32,
-    no dropout, CPU-initialised, seed 0), sized from `megatron_requirements` (tile, patch,
-    vocabulary, vision model type, class token, image token). Call inside `cpu_megatron`.
-    ``ValueError`` when the model splices in another number of embeddings per tile than the
-    encoder counts."""
+def tiny_llava(
+    requirements: dict,
+    max_sequence_length: int,
+    *,
+    vision_layers: int = 1,
+    vision_hidden: int = 32,
+) -> torch.nn.Module:
+    """megatron-core's ``LLaVAModel`` (a CLIP ViT of ``vision_layers`` layers of
+    ``vision_hidden`` (2 heads), an MLP projector, a 2-layer GPT of 64; fp32, no dropout,
+    CPU-initialised, seed 0), sized from `megatron_requirements` (tile, patch, vocabulary,
+    vision model type, class token, image token). Call inside `cpu_megatron`. ``ValueError`` when
+    the model splices in another number of embeddings per tile than the encoder counts."""
     require_megatron_core()
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.multimodal.llava_model import LLaVAModel
@@ -189,7 +195,9 @@ def tiny_llava(requirements: dict, max_sequence_length: int) -> torch.nn.Module:
         pipeline_dtype=torch.float32,
     )
     language = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, **common)
-    vision = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=2, **common)
+    vision = TransformerConfig(
+        num_layers=vision_layers, hidden_size=vision_hidden, num_attention_heads=2, **common
+    )
     vision.vision_model_type = req["vision_model_type"]
     projection = TransformerConfig(
         num_layers=1, hidden_size=64, ffn_hidden_size=64, num_attention_heads=1, **common
@@ -298,11 +306,12 @@ class LLaVACalibrationModel(torch.nn.Module):
         self._release()
 
 
-def calibration_model(encoder: Any) -> LLaVACalibrationModel:
+def calibration_model(encoder: Any, **vision: int) -> LLaVACalibrationModel:
     """``energon-platform calibrate --model
     energon_platform.integrations.megatron.llava:calibration_model``: `tiny_llava` sized
     for ``encoder`` (a vision-language encoder: ``image_text`` with ``vision`` or
-    ``conversation``), inside `cpu_megatron` kept entered while the model lives; on a CUDA
+    ``conversation``), its vision tower sized by ``vision`` (`tiny_llava`'s ``vision_layers``,
+    ``vision_hidden``), inside `cpu_megatron` kept entered while the model lives; on a CUDA
     device the model runs there and no patch is applied. ``CalibrationError`` (one line) when
     megatron-core is missing or the encoder has no image placeholder."""
     from energon_platform.training.calibrate import CalibrationError
@@ -323,7 +332,7 @@ def calibration_model(encoder: Any) -> LLaVACalibrationModel:
     setup = contextlib.ExitStack()
     setup.enter_context(cpu_megatron())
     try:
-        model = tiny_llava(req, length)
+        model = tiny_llava(req, length, **vision)
     except BaseException:
         setup.close()
         raise
