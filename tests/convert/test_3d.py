@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 
 MESH_MINI = REPO / "data" / "mesh_mini"
 
@@ -122,13 +123,7 @@ def bad_files() -> dict[str, tuple[bytes, str]]:
 
 
 def convert(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "energon_platform", "convert", "3d", *args, "--no-progress"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    return run_cli("convert", "3d", *args, "--no-progress", cwd=REPO, timeout=300)
 
 
 def samples_of(out: Path) -> dict[str, dict[str, bytes]]:

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from converters.convert import ConvertError, reason_counts
 from converters.media import AudioOptions, ImageOptions
 from converters.records import KEY_PATTERN, MAX_KEY_LENGTH, make_key
 from tests.convert.test_convert import convert, members, tree_digest
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, start_python
 from tests.helpers.corpora import (
     caption,
     image_bytes,
@@ -499,9 +498,7 @@ def test_second_conversion_is_refused_while_one_runs_and_a_killed_holder_frees_i
     out = tmp_path / "out"
     convert("folder", out, reader=reader)
     before = tree_digest(out)
-    with subprocess.Popen(
-        [sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True
-    ) as holder:
+    with start_python(_HOLD_LOCK, out) as holder:
         try:
             assert holder.stdout.readline().strip() == "locked"
             for extra in ([], ["--overwrite"], ["--samples-per-shard", "2", "--overwrite"]):

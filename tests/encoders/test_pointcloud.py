@@ -9,8 +9,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ import torch
 from task_encoders.config import ConfigError
 from task_encoders.registry import get_encoder
 from tests.helpers import REPO, layouts
+from tests.helpers.cli import run_python
 
 SMALL = {"num_points": 256, "colors": True, "dropout": 0.2}
 
@@ -245,13 +244,7 @@ print("DIGESTS " + json.dumps(out))
 
 @pytest.mark.slow
 def test_another_process_with_other_workers_gives_the_same_tensors(shards, tokenizer_dir):
-    r = subprocess.run(
-        [sys.executable, "-c", PROCESS_SCRIPT, str(REPO), str(shards), str(tokenizer_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    r = run_python(PROCESS_SCRIPT, REPO, shards, tokenizer_dir, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("DIGESTS "))[8:])
     ours = {

@@ -1,12 +1,11 @@
 """Per-key tensors are the same in a separate process (fresh interpreter, other worker count)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.cli import run_python
 
 SCRIPT = """
 import json, sys
@@ -30,13 +29,7 @@ print("DIGESTS " + json.dumps(digests))
 def test_two_processes_produce_identical_tensors_per_key(
     image_text_encoder, image_text_shards, tokenizer_dir, one_pass, doc_digests
 ):
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(REPO), str(image_text_shards), str(tokenizer_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    result = run_python(SCRIPT, REPO, image_text_shards, tokenizer_dir, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("DIGESTS "))
     theirs = json.loads(line[len("DIGESTS ") :])

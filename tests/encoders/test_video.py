@@ -9,8 +9,6 @@ import copy
 import hashlib
 import io
 import json
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from task_encoders.config import ConfigError
 from task_encoders.registry import get_encoder
 from task_encoders.video_text import VideoConfig, VideoTextBatch, clip_indices, decode_frames
 from tests.helpers import REPO, layouts
+from tests.helpers.cli import run_python
 from tests.helpers.video_corpus import make_video, read_index, video_dataset
 
 SMALL_VIDEO = {
@@ -324,13 +323,7 @@ print("DIGESTS " + json.dumps(out))
 
 @pytest.mark.slow
 def test_another_process_with_other_workers_gives_the_same_tensors(shards, tokenizer_dir):
-    r = subprocess.run(
-        [sys.executable, "-c", PROCESS_SCRIPT, str(REPO), str(shards), str(tokenizer_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    r = run_python(PROCESS_SCRIPT, REPO, shards, tokenizer_dir, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("DIGESTS "))[8:])
     ours = {

@@ -32,3 +32,12 @@ def run_python(code: str, *args: object, **kwargs) -> subprocess.CompletedProces
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], **kwargs)
+
+
+def start_python(code: str, *args: object, **kwargs) -> subprocess.Popen:
+    """Start ``python -c CODE ARGS...`` in a fresh interpreter (this one's), its stdout a text
+    pipe (for the lines it prints as it gets where a test waits for it); ``kwargs`` go to
+    :class:`subprocess.Popen`."""
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("text", True)
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], **kwargs)

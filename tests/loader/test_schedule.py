@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -19,6 +17,7 @@ from energon_platform.loader.blend import (
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import KeyedPermutation
 from energon_platform.loader.schedule import Schedule
+from tests.helpers.cli import run_python
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 16, 17, 1000, 4099])
@@ -34,9 +33,7 @@ def test_keyed_permutation_pinned_values_and_same_in_another_process():
         "import numpy as np; from energon_platform.loader.permutation import KeyedPermutation;"
         "print(KeyedPermutation(10**9, 7)(np.arange(5)).tolist())"
     )
-    there = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    there = run_python(code, cwd=None, check=True).stdout.strip()
     assert str(here) == there
     assert KeyedPermutation(10, 3)(np.arange(10)).tolist() == PINNED_10_3
 

@@ -4,13 +4,10 @@ before it the original's, and ``report.html`` written with the replay drawn agai
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from scripts.bench_data import coco_dataset
-from tests.helpers import REPO
+from tests.helpers.cli import run_python
 
 LOOP = "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; import demo; "
 
@@ -21,9 +18,7 @@ def test_demo_spike_loop_replays_without_the_planted_samples_and_writes_the_repo
 ):
     coco = coco_dataset(tmp_path_factory.getbasetemp())
     code = LOOP + f"demo.spike_loop(Path({str(tmp_path)!r}), Path({str(coco)!r}))"
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO
-    )
+    done = run_python(code, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     planted = done.stdout.split("(documents ")[1].split(" of step")[0].split(" and ")
     listing = done.stdout.split("--top 3\n")[1].splitlines()

@@ -11,8 +11,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -23,6 +21,7 @@ from task_encoders.config import EncoderConfig
 from task_encoders.image_transforms import TransformSpec
 from task_encoders.registry import available, encoder_class
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 
 COLUMNS = "100"
 #: A Sphinx role as the HTML shows it: Markdown turns its backticks into ``<code>``.
@@ -86,14 +85,7 @@ def test_cli_page_holds_every_commands_help_as_argparse_prints_it(site, monkeypa
 
 @pytest.mark.parametrize("words", [(), ("convert", "coco"), ("check-resume",)])
 def test_cli_page_matches_the_help_the_command_prints(site, words):
-    r = subprocess.run(
-        [sys.executable, "-m", "energon_platform", *words, "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "COLUMNS": COLUMNS},
-    )
+    r = run_cli(*words, "--help", cwd=REPO, timeout=60, env={**os.environ, "COLUMNS": COLUMNS})
     assert r.returncode == 0, r.stderr
     assert r.stdout in code_blocks(page(site, "reference/cli"))
     heading = " ".join(("energon-platform", *words))

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers.cli import run_python
 
 DOORS = [
     "storage",
@@ -51,8 +49,6 @@ def test_opening_every_door_imports_nothing_heavy():
         f"import sys\nfor door in {DOORS!r}:\n    __import__(door)\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
+    r = run_python(code, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"

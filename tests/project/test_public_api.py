@@ -8,11 +8,10 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-import subprocess
-import sys
 
 import energon_platform
 from tests.helpers import REPO
+from tests.helpers.cli import run_python
 
 
 def documented_names() -> list[str]:
@@ -95,9 +94,7 @@ def test_the_public_names_are_the_internal_objects_and_unknown_names_fail():
 
 def test_importing_the_package_loads_no_torch():
     code = "import sys, energon_platform; print('torch' in sys.modules, 'TrainLoader' in dir(energon_platform))"
-    r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
-    )
+    r = run_python(code, timeout=60)
     assert r.stdout.split() == ["False", "True"], r.stdout + r.stderr
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from energon_platform.training import checkpoint
 from energon_platform.training.checkpoint import CheckpointError, RunLock
+from tests.helpers.cli import run_python, start_python
 
 
 def _tmpfs(path, size="64k") -> bool:
@@ -132,9 +133,7 @@ def test_a_sigkilled_holder_does_not_leave_the_lock_stuck(tmp_path):
         "import sys, time; from energon_platform.training.checkpoint import RunLock\n"
         f"with RunLock({str(tmp_path / 'ckpt')!r}):\n    print('held', flush=True); time.sleep(60)\n"
     )
-    with subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
-    ) as holder:
+    with start_python(code) as holder:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CheckpointError, match=f"pid {holder.pid}"):
             RunLock(tmp_path / "ckpt").__enter__()
@@ -151,9 +150,7 @@ def _lock_state_elsewhere(root) -> str:
         f"try:\n    RunLock({str(root)!r}).__enter__()\n    print('free')\n"
         "except CheckpointError:\n    print('held')\n"
     )
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    ).stdout.strip()
+    return run_python(code, cwd=None, timeout=60).stdout.strip()
 
 
 def test_a_refused_second_lock_in_the_holding_process_keeps_the_first(tmp_path):
@@ -174,9 +171,7 @@ def test_processes_forked_by_a_killed_holder_do_not_keep_the_lock(tmp_path):
         "if child == 0:\n    time.sleep(60); os._exit(0)\n"
         "print(child, flush=True); time.sleep(60)\n"
     )
-    with subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
-    ) as holder:
+    with start_python(code) as holder:
         child = int(holder.stdout.readline())
         try:
             holder.kill()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from energon_platform.tools.report import BUCKETS, build_report, reduce_curve
 from scripts.bench_data import three_modality_blend
 from scripts.browser import chromium_or_reason, console_messages, run_chromium
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 from tests.helpers.spikes import spikes_of
 
 #: keys of the embedded corpora, as a blend logs them
@@ -128,12 +128,7 @@ def test_compare_run_is_drawn_against_the_run(tmp_path):
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "energon_platform", "report", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli("report", *args, timeout=120)
 
 
 def test_report_command_refuses_a_folder_without_steps_in_one_line(tmp_path):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from energon_platform.training.resume_check import (
 )
 from scripts.bench_data import coco_dataset
 from tests.helpers import REPO
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, start_python
 from tests.helpers.run_configs import run_config, write_config
 
 
@@ -182,9 +180,7 @@ def test_checkpoint_killed_mid_write_is_ignored(tmp_path):
         "        print('written', flush=True); time.sleep(60)\n"
         "checkpoint.save(sys.argv[1], 10, 0, 1, model_state={'w': 2}, loader_state={'pos': 10}, barrier=hang)\n"
     )
-    with subprocess.Popen(
-        [sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True
-    ) as proc:
+    with start_python(script, root) as proc:
         assert (
             proc.stdout.readline().strip() == "written"
         )  # files of step 10 written, not yet renamed
