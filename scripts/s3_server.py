@@ -7,7 +7,8 @@ credentials) and :attr:`S3Server.bad_profile` (a wrong secret key, which the ser
 403: ``-s3.config`` defines one identity, so anonymous or unknown keys are not accepted).
 Profile names carry the S3 port, so servers started one after another in a process never share a
 cached MSC client. :meth:`S3Server.counters` reads the server's own request and byte counters
-(:mod:`scripts.storage_stats`).
+(:mod:`scripts.storage_stats`). The server dies with the process that launched it, even when
+that process is SIGKILLed (a test worker past its timeout): none is left behind.
 
 The tests' fixtures on it are in ``tests/helpers/s3_server.py``.
 
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from energon_platform.loader.processes import die_with_parent
 from scripts.storage_stats import StorageCounters, seaweedfs_counters
 
 _PORTS = (
@@ -146,12 +148,15 @@ class S3Server:
             "-volume.max=0",
         ]
         log = open(self.root / "weed.log", "ab")
+        parent = os.getpid()
         self.proc = subprocess.Popen(
             args,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True,  # its own process group: `pause` stops the whole server
+            # killed with the process that started it, even by SIGKILL (a timed-out test worker)
+            preexec_fn=lambda: die_with_parent(parent),
         )
         log.close()
         deadline = time.monotonic() + timeout

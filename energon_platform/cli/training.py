@@ -59,7 +59,7 @@ def cmd_train(args) -> int:
             steps=args.steps,
             quiet=args.quiet,
         )
-    finally:  # a run refused before it settled leaves its caller's collector on
+    finally:  # every refusal comes before the trainer settles: the caller's collector is on again
         collector.resume()
     return 0
 

@@ -313,8 +313,6 @@ def _train(
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps))
     barrier = (lambda: dist.barrier()) if world > 1 else (lambda: None)
-    # set up: freeze it before the val loader's full collection and before any worker forks
-    collector.settle()
     val = build_val_loader(
         cfg, max(1, cfg.loader.global_batch_size // world), rank, world
     )  # re-iterable
@@ -359,6 +357,8 @@ def _train(
     if rank == 0:
         checkpoint.writable_dir(out_dir, "the training log")
     log = open_for_append(out_dir / "log.jsonl") if rank == 0 else None
+    # set up and past its last refusal: freeze it, before the loader's workers fork (first batch)
+    collector.settle()
     loss_value = float("nan")
     t0 = time.perf_counter()
     while step < last_step:

@@ -28,6 +28,7 @@ from energon_platform.loader.source import SampleSource
 from energon_platform.loader.train_loader import TrainLoader
 from storage import DatasetError, StorageError
 from tests.helpers import REPO
+from tests.helpers.cli import start_python
 from tests.helpers.s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
@@ -215,6 +216,38 @@ def own_server(tmp_path, local, monkeypatch):
         if server.proc is not None and server.proc.poll() is None:
             server.resume()  # a paused process would not take the SIGKILL until continued
         server.stop(kill=True)
+
+
+LAUNCH_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from scripts.s3_server import S3Server
+server = S3Server.launch(Path(sys.argv[1]))
+print(server.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_server_dies_with_the_process_that_launched_it_even_by_sigkill(tmp_path):
+    """A test worker killed past its timeout leaves no SeaweedFS behind (ports, CPU, files)."""
+    with start_python(LAUNCH_AND_WAIT, tmp_path / "s3", cwd=REPO) as launcher:
+        try:
+            weed = int(launcher.stdout.readline())
+        finally:
+            launcher.kill()  # SIGKILL: no stop(), no atexit
+    deadline = time.monotonic() + 10
+    while _alive(weed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(weed), f"weed {weed} outlived the process that launched it"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie: an orphan's zombie waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -77,6 +77,26 @@ def test_a_train_command_refused_in_process_leaves_the_collector_on(tmp_path, ca
     assert gc.isenabled()
 
 
+def test_a_train_command_refused_at_its_checkpoints_freezes_nothing_of_its_caller(
+    coco, tmp_path, capsys
+):
+    """The trainer settles after its last refusal: ``cli.main(["train", ...])`` in-process, into
+    an ``--out`` that already holds checkpoints (no ``--resume``), is refused once the model is
+    built, and leaves its caller's collector on with nothing frozen."""
+    import gc
+
+    from energon_platform import cli
+
+    config = write_config(tmp_path / "run.yaml", run_config(coco, train={"steps": 2}))
+    (tmp_path / "out" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "checkpoints" / "latest").write_text("step_000002")
+    frozen = gc.get_freeze_count()
+    argv = ["train", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet"]
+    assert cli.main(argv) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
 def test_off_runs_its_block_without_the_collector_and_restores_it_as_it_was():
     import gc
 
