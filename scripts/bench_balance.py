@@ -1299,9 +1299,10 @@ def measured_section(args) -> dict:
         results = []
         for ranks in args.measured_ranks:
             for packed in (True, False):
+                plans = {}
                 for method in MEASURED_METHODS:
                     t = time.perf_counter()
-                    steps, plan_s = measured_plans(
+                    plans[method] = steps, plan_s = measured_plans(
                         blend,
                         method,
                         cost_model,
@@ -1330,6 +1331,16 @@ def measured_section(args) -> dict:
                         f"  [measured {method}, {ranks} ranks: {time.perf_counter() - t:.1f} s]",
                         file=sys.stderr,
                     )
+                floor = timing_floor(model, synth, plans["measured"][0], packed)
+                results.append(
+                    {
+                        "ranks": ranks,
+                        "per_rank": args.rows_per_rank,
+                        "layout": "packed" if packed else "unpacked",
+                        "method": IDENTICAL,
+                        "max_over_mean": spread(floor),
+                    }
+                )
         planning = planning_64_rows(blend, cost_model, args)
     finally:
         torch.set_num_threads(threads)
@@ -1343,6 +1354,24 @@ def measured_section(args) -> dict:
         "planning_64_rows": planning,
         "targets": measured_targets(calibration, results, planning),
     }
+
+
+#: the measured section's timing floor (`timing_floor`), reported beside the methods
+IDENTICAL = "identical"
+
+
+def timing_floor(model, synth: Synthetic, steps: list, packed: bool) -> list[float]:
+    """Per global batch of ``steps``, max/mean of the times of its first rank's micro-batch timed
+    once for every rank, as the methods' micro-batches are (alone, the least of 3 after a
+    warm-up, one thread): the ranks' work is equal, so what is left is the timing's own spread on
+    this machine, the floor under any method's figure."""
+    from energon_platform.training.calibrate import time_rounds
+
+    ratios = []
+    for step in steps:
+        seconds = time_rounds(model, [synth.batch(step[0], packed)] * len(step), 3)
+        ratios.append(float(seconds.max() / seconds.mean()))
+    return ratios
 
 
 #: global batches the planning measurement plans per method and layout (the first one not counted)
@@ -1448,7 +1477,7 @@ def report_measured(section: dict, args) -> list[str]:
         m = r["max_over_mean"]
         plan = (
             f"{r['planner_ms_per_64_rows']:>15.2f} {r['planner_ms_first_batch']:>14.1f}"
-            if r["method"] != "none"
+            if r["method"] not in ("none", IDENTICAL)
             else f"{'-':>15} {'-':>14}"
         )
         lines.append(
@@ -1457,7 +1486,8 @@ def report_measured(section: dict, args) -> list[str]:
         )
     lines.append(
         "(plan ms: the mean over the global batches after the first; the first also fills the "
-        "planner's look-ahead window, once per process)"
+        f"planner's look-ahead window, once per process. {IDENTICAL}: one rank's micro-batch "
+        "timed for every rank, equal work, so the timing's own spread)"
     )
     lines.append("planning alone, global batches of 64 rows (32 ranks x 2), ms per batch:")
     for r in section.get("planning_64_rows", []):

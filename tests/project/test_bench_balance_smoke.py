@@ -138,7 +138,7 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
     assert {(r["layout"], r["method"]) for r in measured["results"]} == {
         (lay, m)
         for lay in ("packed", "unpacked")
-        for m in ("none", "tokens", "attention", "measured")
+        for m in ("none", "tokens", "attention", "measured", "identical")
     }
     for r in measured["results"]:
         assert r["ranks"] == 8 and 1.0 <= r["max_over_mean"]["p50"] <= r["max_over_mean"]["max"]
