@@ -7,8 +7,9 @@ credentials) and :attr:`S3Server.bad_profile` (a wrong secret key, which the ser
 403: ``-s3.config`` defines one identity, so anonymous or unknown keys are not accepted).
 Profile names carry the S3 port, so servers started one after another in a process never share a
 cached MSC client. :meth:`S3Server.counters` reads the server's own request and byte counters
-(:mod:`scripts.storage_stats`). The server dies with the process that launched it, even when
-that process is SIGKILLed (a test worker past its timeout): none is left behind.
+(:mod:`scripts.storage_stats`). A server started from the main thread dies with the process that
+started it, even when that process is SIGKILLed (a test worker past its timeout): none is left
+behind.
 
 The tests' fixtures on it are in ``tests/helpers/s3_server.py``.
 
@@ -28,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,14 +151,17 @@ class S3Server:
         ]
         log = open(self.root / "weed.log", "ab")
         parent = os.getpid()
+        # Killed with the process that started it, even by SIGKILL (a timed-out test worker). The
+        # kernel ties that to the starting *thread*: a server started from another thread (a test
+        # restarting it in the background) would die when that thread ends, so it gets no tie.
+        tied = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(
             args,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: `pause` stops the whole server
-            # killed with the process that started it, even by SIGKILL (a timed-out test worker)
-            preexec_fn=lambda: die_with_parent(parent),
+            preexec_fn=(lambda: die_with_parent(parent)) if tied else None,
         )
         log.close()
         deadline = time.monotonic() + timeout

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 
 ENCODERS = REPO / "configs" / "encoders"
 IMAGE = 2047
@@ -489,22 +490,15 @@ def test_convert_llava_counts_bad_entries(tmp_path):
     ]
     assert {s["id"] for s in skipped} >= {"missing", "broken", "noanswer", "toomany", "ok"}
     # The CLI has the source kind; a missing JSON file is one line and exit status 2.
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "convert",
-            "llava",
-            "--json",
-            str(tmp_path / "x.json"),
-            "--images",
-            str(images),
-            "--out",
-            str(tmp_path / "o2"),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "convert",
+        "llava",
+        "--json",
+        str(tmp_path / "x.json"),
+        "--images",
+        str(images),
+        "--out",
+        str(tmp_path / "o2"),
     )
     assert r.returncode == 2 and "LLaVA json file not found" in r.stderr
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from tests.conftest import _convert, _image_item
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 HEAD = "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n"
@@ -129,19 +129,7 @@ def test_a_bad_weight_from_the_command_line_is_one_line_and_exit_2(root):
         "cli",
         "    blend:\n    - {weight: 1, path: ./big}\n    - {weight: -1, path: ./small}\n",
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "train",
-            "--config",
-            str(run_config(root, str(mds), "cli")),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    done = run_cli("train", "--config", str(run_config(root, str(mds), "cli")), cwd=REPO)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "cli.yaml: splits.train.blend[1]: weight -1" in done.stderr
 
@@ -330,21 +318,7 @@ def test_entry_names_do_not_depend_on_list_order_and_a_clash_is_explained(root):
 
 
 def _train(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "train",
-            "--config",
-            str(config),
-            "--quiet",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    return run_cli("train", "--config", str(config), "--quiet", *args, cwd=REPO)
 
 
 @pytest.mark.slow

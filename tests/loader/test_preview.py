@@ -3,8 +3,6 @@ type), a run config, an explicit encoder and a multimodal blend; opened, sized a
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from PIL import Image
 
 from energon_platform.tools.preview import TILE, doc_media, preview
 from tests.helpers import REPO
+from tests.helpers.cli import run_cli
 from tests.helpers.video_corpus import video_dataset
 
 SMALL_VIDEO = str(REPO / "configs/encoders/video_text_small.yaml")
@@ -53,40 +52,21 @@ def test_image_and_audio_datasets_with_default_encoders_and_cli(
     info = preview(image_text_shards, tmp_path / "image.png", n=5)
     assert info["documents"] == 5
     assert_sheet(tmp_path / "image.png", 5)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "preview",
-            str(audio_text_shards),
-            "--out",
-            str(tmp_path / "audio.png"),
-            "--n",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "preview",
+        str(audio_text_shards),
+        "--out",
+        str(tmp_path / "audio.png"),
+        "--n",
+        "4",
         timeout=300,
         cwd=REPO,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "4 documents" in r.stdout
     assert_sheet(tmp_path / "audio.png", 4)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "preview",
-            str(tmp_path / "absent"),
-            "--out",
-            str(tmp_path / "x.png"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
+    r = run_cli(
+        "preview", str(tmp_path / "absent"), "--out", str(tmp_path / "x.png"), timeout=120, cwd=REPO
     )
     assert r.returncode == 2 and "no such" in r.stderr
 
@@ -166,20 +146,8 @@ def test_out_suffix_names_the_format_and_another_suffix_is_refused(image_text_sh
     info = preview(image_text_shards, tmp_path / "sheet.JPG", n=2)
     with Image.open(info["path"]) as im:
         assert im.format == "JPEG"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "preview",
-            str(image_text_shards),
-            "--out",
-            str(tmp_path / "sheet.gif"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
+    r = run_cli(
+        "preview", image_text_shards, "--out", tmp_path / "sheet.gif", timeout=120, cwd=REPO
     )
     assert (
         r.returncode == 2

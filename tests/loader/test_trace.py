@@ -5,8 +5,6 @@ samples from a step on, exactly, across resumes, world sizes and SIGKILL."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
@@ -15,6 +13,7 @@ import yaml
 
 from scripts.bench_data import coco_dataset, three_modality_blend
 from tests.helpers import REPO, layouts
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -302,11 +301,7 @@ def test_trace_cli_one_line_errors(data, tmp_path, capsys):
     from energon_platform.cli import main
 
     base = ["trace", "--config", str(path)]
-    p = subprocess.run(
-        [sys.executable, "-m", "energon_platform", *base, "--key", "nope"],
-        capture_output=True,
-        text=True,
-    )
+    p = run_cli(*base, "--key", "nope")
     assert (
         p.returncode == 2
         and "no such sample" in p.stderr
@@ -365,22 +360,15 @@ def test_trace_equals_the_log_of_a_killed_two_rank_blend_run_with_an_exclusion(d
     assert result["passed"] and result["keys_identical"] and result["tensors_identical"], result
     for run_dir in ("straight", "killed"):
         rows = read_log(tmp_path / "check" / run_dir / "log.jsonl")
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "energon_platform",
-                "trace",
-                "--config",
-                str(path),
-                "--steps",
-                "1:8",
-                "--json",
-                "--checkpoint",
-                str(tmp_path / "check" / run_dir),
-            ],
-            capture_output=True,
-            text=True,
+        out = run_cli(
+            "trace",
+            "--config",
+            str(path),
+            "--steps",
+            "1:8",
+            "--json",
+            "--checkpoint",
+            str(tmp_path / "check" / run_dir),
             check=True,
         ).stdout
         traced = [json.loads(line) for line in out.splitlines()]

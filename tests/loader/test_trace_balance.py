@@ -13,6 +13,7 @@ import pytest
 
 from scripts.bench_data import coco_dataset, three_modality_blend
 from tests.helpers import REPO, layouts
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -215,8 +216,6 @@ def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_
     """Our trainer, ``balance: attention``: 2 ranks, SIGKILL during step 5, resumed on 1 rank;
     ``trace --checkpoint`` of each run's output equals the keys its log.jsonl holds for every step."""
     import json
-    import subprocess
-    import sys
 
     import yaml
 
@@ -252,22 +251,15 @@ def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_
     assert result["passed"] and result["keys_identical"], result
     for run_dir in ("straight", "killed"):
         rows = read_log(tmp_path / "check" / run_dir / "log.jsonl")
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "energon_platform",
-                "trace",
-                "--config",
-                str(path),
-                "--steps",
-                "1:6",
-                "--json",
-                "--checkpoint",
-                str(tmp_path / "check" / run_dir),
-            ],
-            capture_output=True,
-            text=True,
+        out = run_cli(
+            "trace",
+            "--config",
+            str(path),
+            "--steps",
+            "1:6",
+            "--json",
+            "--checkpoint",
+            str(tmp_path / "check" / run_dir),
             check=True,
         ).stdout
         assert [json.loads(line)["keys"] for line in out.splitlines()] == [

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -20,6 +18,7 @@ from energon_platform.training.train import batch_digest
 from task_encoders.config import ConfigError
 from tests.helpers import REPO, hang_encoder
 from tests.helpers import run_configs as configs
+from tests.helpers.cli import run_cli
 
 SMALL = REPO / "configs/encoders/image_text_small.yaml"
 #: seconds: far below the hang (600 s), far above a normal sample on a busy machine (a fresh
@@ -138,23 +137,16 @@ def test_check_resume_passes_through_a_hung_sample(coco, tmp_path):
         "HANG_KEY": key,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "energon_platform",
-            "check-resume",
-            "--config",
-            str(config),
-            "--out",
-            str(tmp_path / "check"),
-            "--steps",
-            "6",
-            "--kill-at",
-            "5",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        "check-resume",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "check"),
+        "--steps",
+        "6",
+        "--kill-at",
+        "5",
         timeout=380,
         env=env,
         cwd=REPO,
