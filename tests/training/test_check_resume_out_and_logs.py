@@ -19,6 +19,7 @@ import pytest
 from energon_platform.training.checkpoint import CheckpointError
 from energon_platform.training.resume_check import (
     CommandSpec,
+    RunFailed,
     RunSpec,
     check_resume,
     check_resume_cmd,
@@ -41,9 +42,11 @@ FAKE = textwrap.dedent("""
     claimed = done + lie
     if "--restart" in args:  # starts over, yet claims to continue from the checkpoint
         done = 0
+    # every step logged at once (one write); the run the check kills then lingers, alive
+    burst = "--burst" in args
     with open(out / "steps.jsonl", "a") as log:
         for i in range(done, steps):
-            time.sleep(0.04)
+            time.sleep(0 if burst else 0.04)
             if (i + 1) % 2 == 0:  # a step's checkpoint is complete before the step is logged
                 (out / "ckpt.tmp").write_text(str(i + 1))
                 (out / "ckpt.tmp").replace(out / "ckpt")
@@ -51,8 +54,13 @@ FAKE = textwrap.dedent("""
             if "--resume" in args and i == done:
                 row["resumed_from"] = claimed
             log.write(json.dumps(row) + "\\n")
-            log.flush()
-            os.fsync(log.fileno())
+            if not burst:
+                log.flush()
+                os.fsync(log.fileno())
+        log.flush()
+        os.fsync(log.fileno())
+    if burst and out.parent.name == "killed":
+        time.sleep(60)
 """)
 
 
@@ -237,6 +245,16 @@ def test_kill_at_past_the_last_step_of_a_log_counted_from_zero_is_one_line(fake,
         and "counts steps from 0" in err[0]
         and "between 2 and 9" in err[0]
     ), r.stderr
+
+
+def test_a_kill_that_lands_after_the_last_step_is_named_not_compared(fake, tmp_path):
+    """A trainer that logs every step before the kill lands (a loaded machine, a fast trainer)
+    leaves nothing to resume: the check stops with a message saying so, not with a comparison
+    of a resume that logged no step."""
+    with pytest.raises(RunFailed, match=r"logged its last step \(10\) before the kill"):
+        check_resume_cmd(
+            CommandSpec(fake + " --burst", fake + " --resume", 10), 7, tmp_path / "c", **QUIET
+        )
 
 
 # ---------------------------------------------------------------- 4. a log that lies about resumed_from

@@ -190,6 +190,13 @@ def check_resume_cmd(
     data = killed_log.read_bytes() if killed_log.is_file() else b""
     kept = complete_length(data)
     log(f"      killed after step {last_logged} was logged")
+    if last_logged >= last:
+        raise RunFailed(
+            f"the killed run logged its last step ({last_logged}) before the kill landed (aimed "
+            f"at step {kill_at}): nothing is left to resume. The trainer outran the check "
+            f"(a loaded machine?): run it again, or give it more --steps; see "
+            f"{killed_dir / 'stdout.txt'}"
+        )
     log(f"[3/3] resume: {_with_out(spec.resume_cmd, killed_dir / 'out')}")
     run_command(
         _with_out(spec.resume_cmd, killed_dir / "out"),

@@ -167,6 +167,8 @@ def run_command_killed(
 ) -> None:
     """Start ``cmd`` and SIGKILL its whole process tree once its log (``log_path``, read with
     ``fmt``) gains step ``kill_at - 1``: while step ``kill_at`` is in flight."""
+    import psutil  # noqa: F401  (`kill_tree`'s: imported now, so the kill does not wait for it)
+
     tail = LogTail(log_path, fmt)
     with open(stdout_path, "ab") as f:
         proc = launch(cmd, f, cwd)
