@@ -11,6 +11,11 @@ def cli_argv(*args: object) -> list[str]:
     return [sys.executable, "-m", "energon_platform", *map(str, args)]
 
 
+def python_argv(code: str, *args: object) -> list[str]:
+    """The argv of ``python -c CODE ARGS...`` run by this interpreter; each arg made a string."""
+    return [sys.executable, "-c", code, *map(str, args)]
+
+
 def run_cli(*args: object, **kwargs) -> subprocess.CompletedProcess:
     """Run ``energon-platform ARGS...`` to completion, its output captured as text.
 
@@ -31,7 +36,7 @@ def run_python(code: str, *args: object, **kwargs) -> subprocess.CompletedProces
     kwargs.setdefault("cwd", REPO)
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], **kwargs)
+    return subprocess.run(python_argv(code, *args), **kwargs)
 
 
 def start_python(code: str, *args: object, **kwargs) -> subprocess.Popen:
@@ -40,4 +45,4 @@ def start_python(code: str, *args: object, **kwargs) -> subprocess.Popen:
     :class:`subprocess.Popen`."""
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("text", True)
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], **kwargs)
+    return subprocess.Popen(python_argv(code, *args), **kwargs)
