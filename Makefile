@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
-	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation deepspeed==0.19.8  # an sdist: build with this torch
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install -q --no-cache-dir --no-build-isolation deepspeed==0.19.8  # an sdist: built with this torch, its CPU shared-memory op compiled now (else every new venv JIT-compiles it in its first DeepSpeed run); no cached wheel, which may lack the op
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -179,7 +179,7 @@ def _import_all() -> None:
     import torch  # noqa: F401
     from megatron.energon import get_savable_loader, get_train_dataset  # noqa: F401
     from transformers import (
-        AutoTokenizer,  # noqa: F401  (lazy module: this attribute access imports it)
+        PreTrainedTokenizerFast,  # noqa: F401  (lazy module: this attribute access imports it)
     )
 
     import energon_platform.loader.train_loader  # noqa: F401

@@ -54,6 +54,16 @@ def test_batch_config_and_client_state(run_config):
         restore_loader(again, {"step": 1})
 
 
+def test_deepspeeds_cpu_communication_op_was_compiled_at_install():
+    """`make` builds DeepSpeed with DS_BUILD_SHM_COMM=1: otherwise the first DeepSpeed process of
+    every new environment JIT-compiles the op (about a minute of CPU inside a timed test)."""
+    from deepspeed.git_version_info import installed_ops
+
+    assert installed_ops.get("deepspeed_shm_comm"), (
+        "DeepSpeed was installed without its shm op: run `make venv` (see the Makefile)"
+    )
+
+
 @pytest.mark.slow
 def test_deepspeed_example_resumes_exactly_after_sigkill(run_config, tmp_path):
     """One process, ZeRO-1, micro-batches of one sample (DeepSpeed's gradient accumulation); the
