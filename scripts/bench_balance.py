@@ -517,20 +517,29 @@ def _train_data(base: Path) -> Path:
 
 
 def _train_config(
-    mds: Path, base: Path, balance: str, args, model: dict | None = None, cost: Path | None = None
+    mds: Path,
+    base: Path,
+    balance: str,
+    args,
+    model: dict | None = None,
+    cost: Path | None = None,
+    encoder: dict | None = None,
+    batch: dict[str, int] | None = None,
 ) -> Path:
-    """A run config: the packing multimodal encoder, today (``none``: ``--train-groups`` pack groups
-    per step) or ours (``attention`` or ``measured`` with the cost file ``cost``: ``--train-rows``
-    rows per step), the same model (``model``: the reference model's settings, default the tiny
-    model of ``--train-dim`` and ``--train-layers``) and settings."""
+    """A run config: the packing multimodal encoder (or ``encoder``), today (``none``:
+    ``--train-groups`` pack groups per step) or ours (``attention`` or ``measured`` with the cost
+    file ``cost``: ``--train-rows`` rows per step; ``batch``: the global batch by balance instead),
+    the same model (``model``: the reference model's settings, default the tiny model of
+    ``--train-dim`` and ``--train-layers``) and settings."""
     import yaml
 
     gbs = args.train_groups if balance == "none" else args.train_rows
+    gbs = (batch or {}).get(balance, gbs)
     model = model or {"dim": args.train_dim, "layers": args.train_layers, "heads": 4, "patch": 16}
     name = f"{model.get('kind', 'tiny')}-{balance}"
     cfg = {
         "data": {"path": str(mds), "val_split": None},
-        "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+        "encoder": encoder or str(REPO / "configs/encoders/multimodal_packed.yaml"),
         "loader": {
             "global_batch_size": gbs,
             "num_workers": 0,
@@ -586,11 +595,14 @@ def _train_once(config: Path, out: Path, args) -> dict:
     timed = rows[TRAIN_WARMUP:]
     seconds = timed[-1]["elapsed_s"] - rows[TRAIN_WARMUP - 1]["elapsed_s"]
     tokens = sum(r["targets"] for r in timed)
+    samples = sum(len(r["keys"]) for r in timed)
     return {
         "tokens_per_s": tokens / seconds,
+        "samples_per_s": samples / seconds,
         "seconds": seconds,
         "steps": len(timed),
         "tokens_per_step": tokens / len(timed),
+        "samples_per_step": samples / len(timed),
         "step_s": [r["elapsed_s"] for r in rows],
         "wall_s": wall,
         "rank_cost": float(np.mean([r["rank_cost"] for r in timed]))
@@ -666,10 +678,13 @@ def _variants(runs: dict[str, list[dict]], args) -> dict[str, dict]:
     variants = {}
     for name, rs in runs.items():
         tokens = sum(r["tokens_per_step"] * r["steps"] for r in rs)
+        samples = sum(r["samples_per_step"] * r["steps"] for r in rs)
         seconds = sum(r["seconds"] for r in rs)
         variants[name] = {
             "tokens_per_s": tokens / seconds,
             "tokens_per_step": tokens / sum(r["steps"] for r in rs),
+            "samples_per_s": samples / seconds,
+            "samples_per_step": samples / sum(r["steps"] for r in rs),
             "steps_per_s": sum(r["steps"] for r in rs) / seconds,
             "rounds_tokens_per_s": [r["tokens_per_s"] for r in rs],
             "rounds_steps_per_s": [r["steps"] / r["seconds"] for r in rs],
@@ -770,40 +785,81 @@ def report_train(section: dict, args) -> list[str]:
 
 # --- the two-tower model's optimizer steps/s on 2 gloo ranks, planned by measured cost ----------
 
-#: the two-tower reference model the ``train-measured`` section calibrates and trains
-TRAIN_TWO_TOWER = dict(kind="two_tower", dim=64, layers=2, heads=4, patch=16, vision_layers=1)
+#: the two-tower reference model the ``train-measured`` section calibrates and trains: its vision
+#: tower (2 blocks 64 wide over the 16 patches of 8 pixels of each tile) takes about half the time
+TRAIN_TWO_TOWER = dict(
+    kind="two_tower", dim=64, layers=2, heads=4, patch=8, vision_dim=64, vision_layers=4
+)
 MEASURED_TRAIN_TARGET = 1.15
+#: its data (`skewed_captions_dataset`): each image an exact grid of 1-12 tiles of this side
+SKEW_TILE = 32
+#: its global batches: today 2 pack groups of `SKEW_PACK_GROUP` samples (one per rank); ours (by
+#: attention or by measured cost) 2 rows of `SKEW_SEQ_LEN` positions (one per rank), which hold
+#: about as many samples and tiles as today's step
+TRAIN_MEASURED_BATCH = {"none": 2, "attention": 2, "measured": 2}
+SKEW_SEQ_LEN = 640
+SKEW_PACK_GROUP = 4
+SKEW_DATA = (
+    f"the embedded COCO captions skewed: 1-12 tiles of {SKEW_TILE} px per image (+ thumbnail), "
+    f"lognormal captions (median 12 words), rows of {SKEW_SEQ_LEN}"
+)
+
+
+def skewed_encoder() -> dict:
+    """The ``train-measured`` encoder: the small packing vision-language encoder
+    (``image_text_vlm_small_packed.yaml``) with tiles of `SKEW_TILE` pixels, up to 12 per image
+    (and a thumbnail), and rows of `SKEW_SEQ_LEN` positions after the splice."""
+    import yaml
+
+    enc = yaml.safe_load((REPO / "configs/encoders/image_text_vlm_small_packed.yaml").read_text())
+    enc["vision"]["image_size"] = SKEW_TILE
+    enc["image"]["tiling"]["max_num_tiles"] = 12
+    enc["text"]["seq_len"] = SKEW_SEQ_LEN
+    enc["packing"]["buffer_size"] = SKEW_PACK_GROUP
+    return enc
 
 
 def train_measured_section(args) -> dict:
-    """The two-tower model trained on 2 gloo ranks (``num_workers: 0``) on the skewed blend, today
-    (``balance: none``) against ours (``balance: measured``, planned with the cost file that
-    ``calibrate`` first writes for this model on this data, ``--calibrate-batches`` micro-batches
-    of today's loader), interleaved (``--train-rounds`` rounds of ``--train-steps`` steps).
-    Optimizer steps/s and tokens/s after the first ``TRAIN_WARMUP`` steps."""
+    """The two-tower model trained on 2 gloo ranks (``num_workers: 0``) on skewed image-caption
+    data (`skewed_captions_dataset`: vision work per sample varies 12-fold, apart from the
+    caption's length), today (``balance: none``) against ours (``balance: measured``, planned with
+    the cost file that ``calibrate`` first writes for this model on this data from
+    ``--calibrate-batches`` micro-batches of planned rows), with ``balance: attention`` beside
+    them (planned rows of equal attention cost: what is left is the cost model's own gain),
+    interleaved (``--train-rounds`` rounds of ``--train-steps`` steps). Optimizer steps/s,
+    samples/s and tokens/s after the first ``TRAIN_WARMUP`` steps."""
     import tempfile
 
     from energon_platform.config import load_config
     from energon_platform.training.calibrate import calibrate_run, write_report
+    from scripts.bench_data import skewed_captions_dataset
 
     with tempfile.TemporaryDirectory(prefix="bench-balance-train-measured-") as tmp:
         base = Path(tmp)
-        mds = _train_data(base)
-        none = _train_config(mds, base, "none", args, TRAIN_TWO_TOWER)
+        data = skewed_captions_dataset(base, SKEW_TILE)
+        setup = dict(model=TRAIN_TWO_TOWER, encoder=skewed_encoder(), batch=TRAIN_MEASURED_BATCH)
+        configs = {b: _train_config(data, base, b, args, **setup) for b in ("none", "attention")}
         t = time.perf_counter()
         report = calibrate_run(
-            load_config(str(none)), micro_batches=args.calibrate_batches, repeats=3, progress=False
+            load_config(str(configs["attention"])),
+            micro_batches=args.calibrate_batches,
+            repeats=3,
+            progress=False,
         )
         print(f"  [calibrate: {time.perf_counter() - t:.1f} s]", file=sys.stderr)
         write_report(report, base / "cost.json")
-        measured = _train_config(mds, base, "measured", args, TRAIN_TWO_TOWER, base / "cost.json")
-        runs, load = _interleaved_runs({"none": none, "measured": measured}, base, args)
+        configs["measured"] = _train_config(
+            data, base, "measured", args, cost=base / "cost.json", **setup
+        )
+        runs, load = _interleaved_runs(configs, base, args)
     variants = _variants(runs, args)
     steps = variants["measured"]["steps_per_s"] / variants["none"]["steps_per_s"]
     return {
+        "attention_ratio": variants["measured"]["steps_per_s"]
+        / variants["attention"]["steps_per_s"],
         "model": TRAIN_TWO_TOWER,
-        "weights": TRAIN_WEIGHTS,
-        "global_batch_size": {"none": args.train_groups, "measured": args.train_rows},
+        "data": SKEW_DATA,
+        "global_batch_size": TRAIN_MEASURED_BATCH,
         "steps": args.train_steps,
         "warmup": TRAIN_WARMUP,
         "rounds": args.train_rounds,
@@ -831,31 +887,34 @@ def train_measured_section(args) -> dict:
 def report_train_measured(section: dict, args) -> list[str]:
     c, m = section["calibration"], section["model"]
     lines = [
-        f"two-tower model (dim {m['dim']}, {m['layers']} layers, vision tower "
-        f"{m['vision_layers']} layer) on 2 gloo ranks x 0 workers, blend {section['weights']}; "
+        f"two-tower model (dim {m['dim']}, {m['layers']} layers; vision tower "
+        f"{m['vision_layers']} x {m['vision_dim']}, patches of {m['patch']} px) on 2 gloo ranks x "
+        f"0 workers; data: {section['data']}; "
         f"{section['steps']} steps per run ({section['warmup']} warm-up skipped), "
         f"{section['rounds']} interleaved rounds",
-        f"calibration on {c['micro_batches']} micro-batches of today's loader: R² {c['r2']:.3f}, "
+        f"calibration on {c['micro_batches']} micro-batches of planned rows: R² {c['r2']:.3f}, "
         f"held-back p50 error {c['p50_error']:.1%}, p90 {c['p90_error']:.1%}; overhead "
         f"{1e3 * c['overhead']:.2f} ms per micro-batch ({c['overhead_share']:.0%} of the time)",
         "",
-        f"{'variant':<16} {'global batch':>14} {'tokens/step':>11} {'steps/s':>8} {'tokens/s':>9} "
-        f"{'steps/s per round':>20}",
+        f"{'variant':<16} {'global batch':>14} {'samples/step':>12} {'tokens/step':>11} "
+        f"{'steps/s':>8} {'samples/s':>9} {'tokens/s':>9} {'steps/s per round':>20}",
     ]
     for name, v in section["variants"].items():
         gbs = section["global_batch_size"][name]
         gbs = f"{gbs} {'groups' if name == 'none' else 'rows'}"
         rounds = " ".join(f"{x:.2f}" for x in v["rounds_steps_per_s"])
         lines.append(
-            f"{name:<16} {gbs:>14} {v['tokens_per_step']:>11.0f} {v['steps_per_s']:>8.2f} "
-            f"{v['tokens_per_s']:>9.0f} {rounds:>20}"
+            f"{name:<16} {gbs:>14} {v['samples_per_step']:>12.2f} {v['tokens_per_step']:>11.0f} "
+            f"{v['steps_per_s']:>8.2f} {v['samples_per_s']:>9.1f} {v['tokens_per_s']:>9.0f} "
+            f"{rounds:>20}"
         )
     t = section["targets"][0]
     lines += [
         "",
         f"steps/s measured/none: {section['ratio']:.3f} (tokens/s: {section['tokens_ratio']:.3f}); "
-        f"per round {' '.join(f'{x:.3f}' for x in section['round_ratios'])}; 1-minute load "
-        f"average around the runs {' '.join(f'{x:.1f}' for x in section['load_during'])}",
+        f"per round {' '.join(f'{x:.3f}' for x in section['round_ratios'])}; measured/attention "
+        f"{section['attention_ratio']:.3f}; 1-minute load average around the runs "
+        f"{' '.join(f'{x:.1f}' for x in section['load_during'])}",
         target_line(t, 45),
     ]
     return lines

@@ -74,3 +74,63 @@ def three_modality_blend(base: Path, val: bool = False) -> Path:
         )
     )
     return mds
+
+
+#: `skewed_captions_dataset`: tiles per image (before the thumbnail) and caption words (lognormal)
+SKEW_TILES = range(1, 13)
+SKEW_WORDS_MEDIAN, SKEW_WORDS_SIGMA, SKEW_WORDS_MAX = 12, 1.0, 300
+
+
+def skewed_captions_dataset(base: Path, tile: int, seed: int = 0) -> Path:
+    """The embedded COCO images and captions, skewed as the measured balance bench's simulated
+    blend is: each image resized to an exact grid of 1-12 tiles of ``tile`` pixels (drawn
+    uniformly), so a tiling encoder with that tile side and ``max_num_tiles: 12`` cuts exactly
+    that grid; each caption extended to a lognormal number of words (median 12, at most 300) with
+    words of the other captions. Vision work per sample then varies 12-fold and independently of
+    the caption's length. Converted as COCO under ``base/skewed_captions``; deterministic in
+    ``seed``."""
+    import json
+    import random
+
+    from PIL import Image
+
+    root = base / "skewed_captions_raw"
+    out = base / "skewed_captions"
+    if not (root / "captions.json").exists():
+        rng = random.Random(seed)
+        source = json.loads((REPO / "data/coco_mini/captions.json").read_text(encoding="utf-8"))
+        words = [w for a in source["annotations"] for w in a["caption"].split()]
+        first = {}
+        for a in source["annotations"]:
+            first.setdefault(a["image_id"], a["caption"])
+        grids = [
+            (c, r) for n in SKEW_TILES for c in range(1, n + 1) for r in [n // c] if c * r == n
+        ]
+        (root / "images").mkdir(parents=True, exist_ok=True)
+        images, annotations = [], []
+        for row in source["images"]:
+            n = rng.choice(list(SKEW_TILES))
+            cols, rows = rng.choice([g for g in grids if g[0] * g[1] == n])
+            name = f"{row['id']:06d}.png"
+            with Image.open(REPO / "data/coco_mini/images" / row["file_name"]) as im:
+                im.convert("RGB").resize((cols * tile, rows * tile)).save(root / "images" / name)
+            caption = first[row["id"]].split()
+            want = min(
+                SKEW_WORDS_MAX, round(rng.lognormvariate(0, SKEW_WORDS_SIGMA) * SKEW_WORDS_MEDIAN)
+            )
+            caption += [rng.choice(words) for _ in range(max(0, want - len(caption)))]
+            images.append(
+                {"id": row["id"], "file_name": name, "width": cols * tile, "height": rows * tile}
+            )
+            annotations.append(
+                {"id": row["id"], "image_id": row["id"], "caption": " ".join(caption)}
+            )
+        (root / "captions.json").write_text(
+            json.dumps({"images": images, "annotations": annotations}), encoding="utf-8"
+        )
+    run_conversion(
+        "coco",
+        {"annotations": str(root / "captions.json"), "images": str(root / "images")},
+        ConvertOptions(out=str(out), samples_per_shard=64, val_fraction=0.0, progress=False),
+    )
+    return out

@@ -153,3 +153,23 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
         "calibration (LLaVAModel) held-back p90 error <= 10%",
     ]
     assert "llava: megatron-core LLaVAModel" in proc.stdout
+
+
+def test_the_skewed_captions_are_cut_into_the_grids_they_were_drawn_for(tmp_path):
+    """``train-measured``'s data: each image an exact grid of 1-12 tiles that the tiling encoder
+    (``skewed_encoder``) cuts as drawn, every count present; captions of lognormal length."""
+    from scripts.bench_balance import SKEW_TILE, skewed_encoder
+    from scripts.bench_data import SKEW_WORDS_MAX, skewed_captions_dataset
+    from task_encoders.tiling import TilingConfig, choose_grid
+
+    data = skewed_captions_dataset(tmp_path, SKEW_TILE)
+    assert (data / ".nv-meta" / "dataset.yaml").is_file()
+    raw = json.loads((tmp_path / "skewed_captions_raw" / "captions.json").read_text())
+    tiling = TilingConfig(**skewed_encoder()["image"]["tiling"])
+    grids = [(i["width"] // SKEW_TILE, i["height"] // SKEW_TILE) for i in raw["images"]]
+    assert all(i["width"] % SKEW_TILE == 0 == i["height"] % SKEW_TILE for i in raw["images"])
+    assert [choose_grid(i["width"], i["height"], SKEW_TILE, tiling) for i in raw["images"]] == grids
+    assert {c * r for c, r in grids} == set(range(1, 13))
+    words = sorted(len(a["caption"].split()) for a in raw["annotations"])
+    assert 8 <= words[len(words) // 2] <= 16 and words[-1] <= SKEW_WORDS_MAX
+    assert words[-1] >= 4 * words[len(words) // 2]  # a long tail
