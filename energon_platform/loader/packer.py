@@ -150,11 +150,12 @@ def pack_led_rows(
     room = [capacity - lengths[i] for i in leads]
     cost = [float(costs[i]) for i in leads]
     chosen, carried = set(leads), []
+    most_room = max(room)  # an item longer than this fits no row: carried without a scan
     for i in sorted(
         (i for i in range(n) if i not in chosen), key=lambda i: (i >= first, -lengths[i], order[i])
     ):
         best = -1
-        if lengths[i] <= limit:
+        if lengths[i] <= min(limit, most_room):
             for r in range(num_rows):
                 if room[r] >= lengths[i] and (best < 0 or cost[r] < cost[best]):
                     best = r
@@ -162,7 +163,11 @@ def pack_led_rows(
             carried.append(i)
             continue
         rows[best].append(i)
-        room[best] -= lengths[i]
+        if room[best] == most_room:
+            room[best] -= lengths[i]
+            most_room = max(room)
+        else:
+            room[best] -= lengths[i]
         cost[best] += costs[i]
     carried.sort(key=lambda i: order[i])
     return rows, carried
