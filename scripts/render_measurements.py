@@ -90,10 +90,10 @@ WHY = {
             "among the few samples of one rank, plus this machine's timing noise."
         ),
         "ranks, packed <=": (
-            "this is the timing floor of this machine: one rank's micro-batch timed once for "
-            "every rank (equal work, the timing floor row) spreads as much, so the p90 of 12 "
-            "global batches, each micro-batch the least of 3 timings, cannot tell the planner's "
-            "spread from the timing's own; tokens and attention sit at the same level."
+            "the target is at the timing floor of this machine: one rank's micro-batch timed "
+            "once for every rank (equal work, the timing floor row) spreads about as much, so the "
+            "p90 of 12 global batches, each micro-batch the least of 3 timings, can hardly tell "
+            "the planner's spread from the timing's own."
         ),
         "64 rows, packed": (
             "the bench looks up each new sample's cost features one by one in Python (tokens and "
