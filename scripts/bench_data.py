@@ -94,6 +94,8 @@ def skewed_captions_dataset(base: Path, tile: int, seed: int = 0) -> Path:
 
     from PIL import Image
 
+    from task_encoders.tiling import candidate_grids
+
     root = base / "skewed_captions_raw"
     out = base / "skewed_captions"
     if not (root / "captions.json").exists():
@@ -103,14 +105,11 @@ def skewed_captions_dataset(base: Path, tile: int, seed: int = 0) -> Path:
         first = {}
         for a in source["annotations"]:
             first.setdefault(a["image_id"], a["caption"])
-        grids = [
-            (c, r) for n in SKEW_TILES for c in range(1, n + 1) for r in [n // c] if c * r == n
-        ]
         (root / "images").mkdir(parents=True, exist_ok=True)
         images, annotations = [], []
         for row in source["images"]:
-            n = rng.choice(list(SKEW_TILES))
-            cols, rows = rng.choice([g for g in grids if g[0] * g[1] == n])
+            n = rng.choice(SKEW_TILES)
+            cols, rows = rng.choice(candidate_grids(n, n))
             name = f"{row['id']:06d}.png"
             with Image.open(REPO / "data/coco_mini/images" / row["file_name"]) as im:
                 im.convert("RGB").resize((cols * tile, rows * tile)).save(root / "images" / name)

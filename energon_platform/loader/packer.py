@@ -163,11 +163,10 @@ def pack_led_rows(
             carried.append(i)
             continue
         rows[best].append(i)
-        if room[best] == most_room:
-            room[best] -= lengths[i]
+        had_most = room[best] == most_room
+        room[best] -= lengths[i]
+        if had_most:
             most_room = max(room)
-        else:
-            room[best] -= lengths[i]
         cost[best] += costs[i]
     carried.sort(key=lambda i: order[i])
     return rows, carried
