@@ -164,10 +164,15 @@ def test_the_skewed_captions_are_cut_into_the_grids_they_were_drawn_for(tmp_path
 
     data = skewed_captions_dataset(tmp_path, SKEW_TILE)
     assert (data / ".nv-meta" / "dataset.yaml").is_file()
+    from PIL import Image
+
     raw = json.loads((tmp_path / "skewed_captions_raw" / "captions.json").read_text())
     tiling = TilingConfig(**skewed_encoder()["image"]["tiling"])
     grids = [(i["width"] // SKEW_TILE, i["height"] // SKEW_TILE) for i in raw["images"]]
     assert all(i["width"] % SKEW_TILE == 0 == i["height"] % SKEW_TILE for i in raw["images"])
+    for i in raw["images"]:  # the files are the sizes the annotations say
+        with Image.open(tmp_path / "skewed_captions_raw" / "images" / i["file_name"]) as im:
+            assert im.size == (i["width"], i["height"])
     assert [choose_grid(i["width"], i["height"], SKEW_TILE, tiling) for i in raw["images"]] == grids
     assert {c * r for c, r in grids} == set(range(1, 13))
     words = sorted(len(a["caption"].split()) for a in raw["annotations"])
