@@ -1256,20 +1256,53 @@ def measured_model():
 
 
 def measured_calibration(model, synth: Synthetic, args) -> dict:
-    """:func:`~energon_platform.training.calibrate.calibrate` of ``model`` on one-sample
-    micro-batches of a second stream of the blend (another seed)."""
+    """:func:`~energon_platform.training.calibrate.calibrate` of ``model`` on micro-batches of a
+    second stream of the blend (another seed), alternately one sample (`calibration_pool`) and
+    one packed row of several: a pool of one-sample micro-batches only has ``samples`` = 1 in
+    every micro-batch, so the fit cannot tell the cost of a document from the cost of a
+    micro-batch and puts the latter on ``samples``; packed rows of many short documents then look
+    far dearer than they run, and the plan evens document counts instead of time."""
     from energon_platform.training.calibrate import calibrate
 
     other = Synthetic(Blend(args, seed=args.seed + 1), args)
-    pool = (other.batch([[p]], packed=False) for p in range(8 * args.calibrate_batches))
     return calibrate(
         model,
-        pool,
+        calibration_pool(other, 8 * args.calibrate_batches),
         lambda b: b.cost_features,
         micro_batches=args.calibrate_batches,
         repeats=3,
         progress=False,
     )
+
+
+#: a calibration row is filled from the stream until this fraction of its positions is used
+CALIBRATION_ROW_FILL = 0.97
+#: ... or until it has looked this many stream positions ahead for documents that fit
+CALIBRATION_ROW_SCAN = 64
+
+
+def calibration_pool(synth: Synthetic, n: int):
+    """``n`` micro-batches of ``synth``'s stream, in order: even ones one sample (unpacked), odd
+    ones one packed row of the next documents that fit it (skipping those that do not) until it
+    is `CALIBRATION_ROW_FILL` full, as the planner's rows are; so both the per-document and the
+    per-micro-batch cost vary across the pool."""
+    position = 0
+    for i in range(n):
+        if i % 2 == 0:
+            yield synth.batch([[position]], packed=False)
+            position += 1
+            continue
+        row, used, scan = [], 0, position
+        while (
+            used < CALIBRATION_ROW_FILL * synth.seq_len and scan < position + CALIBRATION_ROW_SCAN
+        ):
+            length = synth.doc(synth.blend.parts([scan])[0])["length"]
+            if used + length <= synth.seq_len:
+                row.append(scan)
+                used += length
+            scan += 1
+        position = scan
+        yield synth.batch([row], packed=True)
 
 
 def measured_plans(
@@ -1532,8 +1565,8 @@ def report_measured(section: dict, args) -> list[str]:
         f"measured: the two-tower model ({section['model']['dim']}-wide, positions / {section['scale']}), "
         f"{section['steps']} global batches per method; each rank's micro-batch timed alone "
         "(forward + backward, the least of 3 after a warm-up, one thread)",
-        f"calibration on {c['micro_batches']} one-sample micro-batches of another stream: "
-        + fit_summary(c),
+        f"calibration on {c['micro_batches']} micro-batches of another stream (one sample or "
+        "one packed row): " + fit_summary(c),
         "",
         f"{'ranks':>5} {'layout':<8} {'method':<10} {'p50':>6} {'p90':>6} {'max':>6} "
         f"{'plan ms/64 rows':>15} {'first batch ms':>14}",
@@ -1724,7 +1757,11 @@ def main(argv: list[str] | None = None) -> int:
         "(minutes; --quick about one)",
     )
     p.add_argument(
-        "--scale", type=int, default=16, help="section measured: positions are the blend's / this"
+        "--scale",
+        type=int,
+        default=8,
+        help="section measured: positions are the blend's / this (default 8: micro-batches of "
+        "tens of milliseconds, whose timing spreads less than at 16)",
     )
     p.add_argument(
         "--measured-steps",

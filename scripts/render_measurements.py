@@ -89,6 +89,13 @@ WHY = {
             "timed for every rank): what is left is the spread of lengths, tiles and frames "
             "among the few samples of one rank, plus this machine's timing noise."
         ),
+        "held-back p90 error": (
+            "the worst held-back micro-batches are single samples, the cheapest of the pool: one "
+            "without an image or a clip skips the vision or the audio tower, whose fixed cost per "
+            "call no feature carries (the fit's overhead assumes every tower runs), and the "
+            "selection that spreads the features picks many such extremes; p90 of the held-back "
+            "quarter (a dozen micro-batches) is about its second-worst error."
+        ),
         "ranks, packed <=": (
             "the target is at the timing floor of this machine: one rank's micro-batch timed "
             "once for every rank (equal work, the timing floor row) spreads about as much, so the "

@@ -122,6 +122,8 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
             "--llava-batch",
             "2",
             "--quick",
+            "--scale",
+            "16",  # half the positions of the default: this checks the section's shape, not its figures
             "--measured-steps",
             "1",
             "--calibrate-batches",
@@ -153,6 +155,39 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
         "calibration (LLaVAModel) held-back p90 error <= 10%",
     ]
     assert "llava: megatron-core LLaVAModel" in proc.stdout
+
+
+def test_the_calibration_pool_varies_the_documents_per_micro_batch_in_full_rows():
+    """``measured``'s calibration pool: one-sample micro-batches alternate with packed rows of
+    several documents, filled as the planner fills its rows. With one-sample micro-batches only,
+    ``samples`` is 1 in every one and the fit puts the micro-batch's own cost on each document."""
+    from types import SimpleNamespace
+
+    from scripts.bench_balance import CALIBRATION_ROW_FILL, Blend, Synthetic, calibration_pool
+
+    args = SimpleNamespace(
+        seed=3,
+        weights={"image_text": 0.4, "audio": 0.2, "text": 0.4},
+        caption_mu=3.5,
+        caption_sigma=0.8,
+        text_mu=5.5,
+        text_sigma=1.2,
+        tokens_per_tile=64,
+        audio_fps=25.0,
+        seq_len=4096,
+        scale=8,
+    )
+    synth = Synthetic(Blend(args), args)
+    batches = list(calibration_pool(synth, 40))
+    samples = [b.cost_features["samples"] for b in batches]
+    assert samples[0::2] == [1] * 20
+    rows = batches[1::2]
+    assert all(tuple(b.tokens.shape) == (1, synth.seq_len) for b in rows)
+    tokens = [b.cost_features["llm_tokens"] for b in rows]
+    assert all(t <= synth.seq_len for t in tokens)
+    full = [t >= CALIBRATION_ROW_FILL * synth.seq_len for t in tokens]  # as the planner's rows
+    assert sum(full) >= 15
+    assert len(set(samples[1::2])) >= 3 and max(samples) >= 3
 
 
 def test_the_skewed_captions_are_cut_into_the_grids_they_were_drawn_for(tmp_path):
