@@ -1255,7 +1255,7 @@ def measured_model():
     return TwoTowerModel(ModelConfig(**MEASURED_MODEL), VOCAB, 4096, ("image", "audio"), N_MELS)
 
 
-def measured_calibration(model, synth: Synthetic, args) -> dict:
+def measured_calibration(model, args) -> dict:
     """:func:`~energon_platform.training.calibrate.calibrate` of ``model`` on micro-batches of a
     second stream of the blend (another seed), alternately one sample (`calibration_pool`) and
     one packed row of several: a pool of one-sample micro-batches only has ``samples`` = 1 in
@@ -1390,7 +1390,7 @@ def measured_section(args) -> dict:
     synth, model = Synthetic(blend, args), measured_model()
     torch.set_num_threads(1)
     try:
-        report = measured_calibration(model, synth, args)
+        report = measured_calibration(model, args)
         cost_model = CostModel(
             dict(zip(FEATURES, report["coefficients"].values())), "two_tower", ""
         )
