@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-import io
-import json
 import os
-from collections.abc import Callable, Iterable
-from pathlib import Path
 
-import numpy as np
-import pytest
+# --- the run's threads ------------------------------------------------------------------------------
+
+# One compute thread per process (this test process and every child it starts), as `torchrun` sets
+# for its ranks. ``make test`` runs three test processes on two cores, each starting trainers; with
+# torch's (OpenMP's) and numpy's (OpenBLAS's) default of one thread per core, their idle threads
+# spin for the cores the other processes need: on the kill-and-resume tests, about a fifth of the
+# CPU. Set before anything imports torch or numpy: both read it once, when their library loads. A
+# test that needs more threads sets them itself (`torch.set_num_threads`).
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import io  # noqa: E402
+import json  # noqa: E402
+from collections.abc import Callable, Iterable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 # --- the order of the run ---------------------------------------------------------------------------
 

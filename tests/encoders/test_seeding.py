@@ -84,6 +84,29 @@ def test_single_intra_op_thread_restores_the_thread_count():
     from task_encoders.seeding import single_intra_op_thread
 
     before = torch.get_num_threads()
-    with single_intra_op_thread():
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(3)  # not 1 (the suite's default): a restore must be seen to happen
+    try:
+        with single_intra_op_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_encoding_runs_on_one_intra_op_thread_whatever_the_process_has(
+    image_text_encoder, raw_samples, monkeypatch
+):
+    # float kernels split work by thread count: a sample encoded in the main process (0 workers)
+    # must get the tensors a DataLoader worker (1 thread) gives it; the suite itself runs on one
+    # thread (tests/conftest.py), so the process is given more here
+    seen, encode = [], image_text_encoder.encode
+    monkeypatch.setattr(
+        image_text_encoder, "encode", lambda s: (seen.append(torch.get_num_threads()), encode(s))[1]
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        image_text_encoder.encode_sample(raw_samples("image_text")[0])
+        assert seen == [1] and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

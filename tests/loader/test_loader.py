@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from energon_platform.config import load_config
 from energon_platform.loader.schedule import LayoutError, Schedule
@@ -238,3 +239,22 @@ def test_mid_step_state_needs_the_same_layout(coco):
     same = TrainLoader(config)
     same.load_state_dict(state)
     assert list(next(same).keys) == list(next(loader).keys)
+
+
+def test_a_loader_without_workers_batches_on_one_intra_op_thread(coco, monkeypatch):
+    # as in its DataLoader workers (PyTorch sets 1 there), so a batch does not depend on
+    # num_workers; the suite runs on one thread (tests/conftest.py), so the process is given more
+    loader = TrainLoader(cfg(coco), num_workers=0)
+    seen, batch = [], loader.encoder.encode_batch
+    monkeypatch.setattr(
+        loader.encoder,
+        "encode_batch",
+        lambda b: (seen.append(torch.get_num_threads()), batch(b))[1],
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        next(iter(loader))
+        assert seen == [1] and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
