@@ -1623,7 +1623,8 @@ def weights(text: str) -> dict[str, float]:
     return {k: out.get(k, 0.0) for k in KINDS}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: its options and their defaults (`main` completes those left None)."""
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -1790,7 +1791,11 @@ def main(argv: list[str] | None = None) -> int:
         help="section llava: samples per micro-batch LLaVAModel is timed on (default 2)",
     )
     p.add_argument("--check", action="store_true", help="exit 1 when a target is not met")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     args.steps = args.steps or (40 if args.quick else 500)
     args.ranks = args.ranks or ([8] if args.quick else [8, 64])
     args.linear = float(args.seq_len if args.linear is None else args.linear)

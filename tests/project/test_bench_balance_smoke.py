@@ -161,22 +161,15 @@ def test_the_calibration_pool_varies_the_documents_per_micro_batch_in_full_rows(
     """``measured``'s calibration pool: one-sample micro-batches alternate with packed rows of
     several documents, filled as the planner fills its rows. With one-sample micro-batches only,
     ``samples`` is 1 in every one and the fit puts the micro-batch's own cost on each document."""
-    from types import SimpleNamespace
-
-    from scripts.bench_balance import CALIBRATION_ROW_FILL, Blend, Synthetic, calibration_pool
-
-    args = SimpleNamespace(
-        seed=3,
-        weights={"image_text": 0.4, "audio": 0.2, "text": 0.4},
-        caption_mu=3.5,
-        caption_sigma=0.8,
-        text_mu=5.5,
-        text_sigma=1.2,
-        tokens_per_tile=64,
-        audio_fps=25.0,
-        seq_len=4096,
-        scale=8,
+    from scripts.bench_balance import (
+        CALIBRATION_ROW_FILL,
+        Blend,
+        Synthetic,
+        build_parser,
+        calibration_pool,
     )
+
+    args = build_parser().parse_args(["--seed", "3", "--scale", "8"])
     synth = Synthetic(Blend(args), args)
     batches = list(calibration_pool(synth, 40))
     samples = [b.cost_features["samples"] for b in batches]
