@@ -90,17 +90,20 @@ WHY = {
             "among the few samples of one rank, plus this machine's timing noise."
         ),
         "held-back p90 error": (
-            "the worst held-back micro-batches are single samples, the cheapest of the pool: one "
-            "without an image or a clip skips the vision or the audio tower, whose fixed cost per "
-            "call no feature carries (the fit's overhead assumes every tower runs), and the "
-            "selection that spreads the features picks many such extremes; p90 of the held-back "
-            "quarter (a dozen micro-batches) is about its second-worst error."
+            "the worst held-back micro-batches are single text samples. The reference model's "
+            "attention is dense over its row (a mask keeps the documents apart), so its cost "
+            "grows with the row's length squared, not with its documents' (`llm_attention`); the "
+            "per-token coefficient, fitted mostly on full rows, carries that part and overshoots a "
+            "lone sample of a few hundred tokens. A feature for each tower's fixed cost per call "
+            "(tried) barely moves it. And p90 of the held-back quarter (a dozen micro-batches) is "
+            "about its second-worst error: one noisy timing moves it."
         ),
         "ranks, packed <=": (
-            "the target is at the timing floor of this machine: one rank's micro-batch timed "
-            "once for every rank (equal work, the timing floor row) spreads about as much, so the "
-            "p90 of 12 global batches, each micro-batch the least of 3 timings, can hardly tell "
-            "the planner's spread from the timing's own."
+            "the target sits close to the timing floor of this machine (the timing floor row: "
+            "equal work, one rank's micro-batch timed once for every rank); the p90 of 12 global "
+            "batches, about their second-worst, each micro-batch the least of 3 timings, moves "
+            "between runs by about as much as that gap, so a run lands on either side of the "
+            "target."
         ),
         "64 rows, packed": (
             "the bench looks up each new sample's cost features one by one in Python (tokens and "
