@@ -6,9 +6,9 @@ project's own imports), and the suite runs a few hundred commands on two cores, 
 starts each one from a warm server (`tests.helpers.cli_server`, one per test process): a forked
 child that has those libraries imported already, and imports the project afresh, in the command's
 own directory, with its own stdout and stderr, exiting the usual way. Anything that would make
-that child differ from a fresh interpreter falls back to one: an environment other than the one the
-server started with (but for `PER_TEST`), input on stdin, output not captured, or an import that printed something
-(the server then refuses to start). ``EP_TESTS_FRESH_CLI=1`` runs every command in a fresh
+that child differ from a fresh interpreter falls back to one: an environment other than the one
+the server started with (but for `PER_TEST`), input on stdin, output not captured, or an import
+that printed something (the server then refuses to start). ``EP_TESTS_FRESH_CLI=1`` runs every command in a fresh
 interpreter. `cli_argv` (for `subprocess.Popen`, where a test signals or kills the command), and
 the processes that commands start themselves, are always fresh interpreters.
 """
@@ -157,9 +157,8 @@ class _WarmServer:
             self.process.kill()
             self.process.wait()
         self.process.stdout.close()
-        for name in ("socket",):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.folder, name))
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
         with contextlib.suppress(OSError):
             os.rmdir(self.folder)
 

@@ -6,7 +6,7 @@ webdataset), then serves on the Unix socket ``SOCKET``. A request is one JSON ob
 ``{"args": [...], "cwd": ..., "env": {...}}``, with the command's stdout and stderr file
 descriptors passed along. It runs in a forked child: the fds become its stdout and stderr (stdin
 is empty), it takes the request's environment (the client sends only one that equals the server's
-but for the test's name) and directory, and runs ``python -m energon_platform ARGS`` there
+but for `tests.helpers.cli.PER_TEST`) and directory, and runs ``python -m energon_platform ARGS`` there
 (`runpy`; ``sys.path[0]`` the directory, as ``-m`` sets it). So everything of the project is
 imported afresh, in the child, and the interpreter exits the usual way (``atexit`` handlers,
 flushed streams). The server answers the child's pid, then its exit status (``-N``: killed by
