@@ -1,5 +1,3 @@
-import sys
+from energon_platform.cli import run
 
-from energon_platform.cli import main
-
-sys.exit(main())
+run()

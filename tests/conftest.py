@@ -23,6 +23,9 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+#: fixtures any test may ask for by name, one instance per test process (`s3_server`, `s3`)
+pytest_plugins = ("tests.helpers.s3_server",)
+
 # --- the order of the run ---------------------------------------------------------------------------
 
 
@@ -380,10 +383,15 @@ def text_mini(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spike_run(tmp_path_factory) -> dict:
-    """:func:`scripts.planted_spike.planted_run`, once per session (its folder is only
-    read by the tests): ``{"config", "out", "planted"}``."""
+    """:func:`scripts.planted_spike.planted_run`, once per test run, whichever test process asks
+    first (its folder is only read by the tests): ``{"config", "out", "planted"}``."""
     from scripts.bench_data import coco_dataset
     from scripts.planted_spike import planted_run
+    from tests.helpers.once import once_per_run
 
-    base = tmp_path_factory.mktemp("spike_run")
-    return planted_run(base, coco_dataset(tmp_path_factory.getbasetemp()))
+    def build(base: Path) -> dict:
+        run = planted_run(base, coco_dataset(tmp_path_factory.getbasetemp()))
+        return {**run, "config": str(run["config"]), "out": str(run["out"])}
+
+    run = once_per_run(tmp_path_factory, "spike_run", build)
+    return {**run, "config": Path(run["config"]), "out": Path(run["out"])}

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from energon_platform.cli.common import UsageError
 from energon_platform.cli.data import EXAMPLES, add_convert, add_info, add_prepare, add_verify
 from energon_platform.cli.inspection import add_preview, add_report, add_spikes, add_trace
 from energon_platform.cli.training import add_calibrate, add_check_resume, add_replay, add_train
 
-__all__ = ["EXAMPLES", "UsageError", "build_parser", "main"]
+__all__ = ["EXAMPLES", "UsageError", "build_parser", "main", "run"]
 
 
 QUIET_LOGGERS = ("multistorageclient",)
@@ -122,3 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+
+
+def run() -> NoReturn:
+    """The program ``energon-platform`` (its console script and ``python -m energon_platform``):
+    `main` on ``sys.argv``, then exit with its status. Whatever `main` returned or raised, the
+    objects alive are frozen first (`collector.before_exit`), so the interpreter's collection at
+    exit does not scan what the imports made. `main` itself leaves the caller's collector alone."""
+    from energon_platform.training import collector
+
+    try:
+        status = main()
+    finally:
+        collector.before_exit()
+    sys.exit(status)

@@ -17,6 +17,11 @@ turns it back on without freezing anything (a set-up that failed: the command's 
 with its collector as it was). All three act only on a collector that `pause` turned off: in a
 process that never paused (a library caller, a test), they change nothing, since that process's
 collector is its own to manage.
+
+`before_exit` is for a program about to end (the ``energon-platform`` command, whatever it ran):
+it freezes every object alive, so the interpreter's last full collection at exit skips them.
+That collection scans every object the imports made: about 0.4 s of CPU for ``info``, 0.8 s once
+torch's compiler modules are in (``trace``, ``check-resume``), for nothing the process needs.
 """
 
 from __future__ import annotations
@@ -53,6 +58,16 @@ def resume() -> None:
         _paused = False
 
 
+def before_exit() -> None:
+    """Freeze every object alive: the interpreter's collection at exit then scans none of them.
+
+    For a process that ends next. ``atexit`` handlers and ``weakref.finalize`` callbacks still
+    run, and so does the clean-up of every module; what no longer runs is the finalizer of an
+    object that only a reference cycle keeps (which CPython does not promise at exit either).
+    """
+    gc.freeze()
+
+
 @contextmanager
 def off() -> Iterator[None]:
     """The block runs with the collector off; after it, the collector is on again if it was
@@ -66,4 +81,4 @@ def off() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["off", "pause", "resume", "settle"]
+__all__ = ["before_exit", "off", "pause", "resume", "settle"]

@@ -18,7 +18,6 @@ from converters import remote
 from converters.remote import upload_dataset
 from energon_platform.cli import main as cli_main
 from tests.helpers.cli import run_cli
-from tests.helpers.s3_server import s3, s3_server  # noqa: F401  (fixtures)
 from tests.storage.test_s3 import _coco
 
 

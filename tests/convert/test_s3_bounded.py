@@ -25,7 +25,7 @@ import pytest
 from energon_platform.cli import main as cli_main
 from scripts.folder_sampler import FolderSampler
 from tests.helpers.cli import cli_argv
-from tests.helpers.s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
+from tests.helpers.s3_server import S3Server
 from tests.storage.test_s3 import _coco, assert_same_batch, micro_batches
 
 SPS = 4  #: samples per shard: many small shards, so the corpus is many times the staging bound

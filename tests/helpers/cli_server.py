@@ -82,6 +82,11 @@ def main() -> None:
     path, parent = sys.argv[1], os.getppid()
     if _preimport():
         sys.exit(3)
+    # what the imports made is frozen before any fork (as `gc.freeze` advises): a child's
+    # collections then skip it, and do not touch, so copy, the pages it shares with the server
+    import gc
+
+    gc.freeze()
     request = _serve(path, parent)
     if request is None:
         return

@@ -1,8 +1,9 @@
 """Fixtures on a real S3 server on loopback (:class:`scripts.s3_server.S3Server`, SeaweedFS).
 
-Import them into a test module: ``from tests.helpers.s3_server import s3, s3_server``.
-``s3_server`` is one server for the session; ``s3`` is the same server with ``MSC_CONFIG``
-pointing at its config for the test.
+A plugin of the whole suite (``pytest_plugins`` in ``tests/conftest.py``), so any test can ask for
+them by name and ``s3_server`` is one server per test process. (Imported into each test module
+instead, each module would define a fixture of its own, each with its own server.) ``s3`` is the
+same server with ``MSC_CONFIG`` pointing at its config for the test.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from energon_platform.loader.train_loader import build_val_loader
 from tests.helpers import REPO
 from tests.helpers.cli import cli_argv, run_cli
 from tests.helpers.run_configs import run_config, write_config
-from tests.helpers.s3_server import s3, s3_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")

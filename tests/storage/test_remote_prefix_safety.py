@@ -20,7 +20,6 @@ import pytest
 
 from energon_platform.cli import main as cli_main
 from tests.convert.test_prefix_verify_info_and_manifest_errors import docs
-from tests.helpers.s3_server import s3, s3_server  # noqa: F401  (fixtures)
 
 #: A hand-made WebDataset: shards named as a conversion names them (the case a careless
 #: ``--overwrite`` would delete).

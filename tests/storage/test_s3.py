@@ -29,7 +29,7 @@ from energon_platform.loader.train_loader import TrainLoader
 from storage import DatasetError, StorageError
 from tests.helpers import REPO
 from tests.helpers.cli import start_python
-from tests.helpers.s3_server import S3Server, s3, s3_server  # noqa: F401  (fixtures)
+from tests.helpers.s3_server import S3Server
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 

@@ -126,3 +126,29 @@ def test_calibrate_times_each_step_with_the_collector_off(monkeypatch):
     )
     calibrate.time_rounds(None, [0.0, 0.0], repeats=1)
     assert seen == [False] * 4 and gc.isenabled()
+
+
+EXITS = """
+import atexit, gc, runpy, sys
+from importlib.metadata import entry_points
+
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count()))
+how, sys.argv = sys.argv[1], ["energon-platform", *sys.argv[2:]]
+if how == "module":
+    runpy.run_module("energon_platform", run_name="__main__", alter_sys=True)
+else:
+    entry_points(group="console_scripts")["energon-platform"].load()()
+"""
+
+
+@pytest.mark.parametrize("how", ["module", "console-script"])
+def test_the_program_exits_with_what_its_imports_made_frozen(how, tmp_path):
+    """``python -m energon_platform`` and the installed ``energon-platform`` freeze every object
+    alive before they exit (`collector.before_exit`): the interpreter's collection at exit then
+    scans none of what torch and Energon made. The status is the command's, here a one-line
+    error (exit 2) on a folder that is not a dataset. Run outside the repository, so the entry
+    point is the installed package's, not that of build metadata left in the checkout."""
+    r = run_python(EXITS, how, "info", tmp_path, cwd=tmp_path)
+    assert r.returncode == 2 and "not an Energon dataset" in r.stderr, r.stdout + r.stderr
+    frozen = int(r.stdout.rsplit(":", 1)[-1])
+    assert frozen > 100_000, r.stdout
