@@ -147,8 +147,12 @@ class _WarmServer:
                 os.kill(pid, signal.SIGKILL)
                 conn.settimeout(None)
                 _answer(conn)
+                # as `subprocess.run` raises it, text or not: the bytes read, None for none
                 raise subprocess.TimeoutExpired(
-                    argv, timeout, output=_read(out, text), stderr=_read(err, text)
+                    argv,
+                    timeout,
+                    output=_read(out, False) or None,
+                    stderr=_read(err, False) or None,
                 ) from None
             return subprocess.CompletedProcess(argv, code, _read(out, text), _read(err, text))
 

@@ -36,6 +36,12 @@ def test_another_environment_runs_in_a_fresh_interpreter(monkeypatch):
 
 
 def test_a_warm_command_past_its_timeout_is_killed_and_the_next_one_runs():
-    with pytest.raises(subprocess.TimeoutExpired):
+    """The error `subprocess.run` raises, with what it holds: bytes read so far (None for
+    none), even for a command run with ``text=True``."""
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         cli.run_cli("--help", timeout=0.01)
+    assert all(
+        out is None or isinstance(out, bytes)
+        for out in (timed_out.value.output, timed_out.value.stderr)
+    )
     assert cli.run_cli("--help", timeout=120).returncode == 0
