@@ -15,6 +15,18 @@ import os
 for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
+# --- the exit of the processes the tests start ------------------------------------------------------
+
+# Every Python process the tests start imports ``tests/helpers/exit_hook/sitecustomize.py``
+# (first on PYTHONPATH): it skips the interpreter's last full collection at exit, as
+# ``energon-platform`` itself does (`collector.before_exit`); read that module for why and what
+# it leaves as it was.
+_EXIT_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "exit_hook")
+if _EXIT_HOOK not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_EXIT_HOOK, os.environ.get("PYTHONPATH")) if p
+    )
+
 import io  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Callable, Iterable  # noqa: E402
