@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from energon_platform.training import collector
 from tests.helpers import REPO
 from tests.helpers.cli import run_cli
 
@@ -715,4 +714,3 @@ def test_sigkill_and_resume_on_the_megatron_path(
 
 if __name__ == "__main__":
     worker(json.loads(sys.argv[1]))
-    collector.before_exit()  # the exit's collection would scan all that torch and Megatron made

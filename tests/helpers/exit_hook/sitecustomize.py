@@ -4,8 +4,8 @@ alive is frozen, so the interpreter's last full collection does not scan them.
 
 What ``energon-platform`` does itself (`energon_platform.training.collector.before_exit`), for the
 processes the tests start that are not the command: the example trainers, torchrun's launcher,
-scripts. With torch imported that collection costs about 0.8 s of CPU per process, and the suite
-starts hundreds. Nothing else changes: a process's ``atexit`` handlers and ``weakref.finalize``
+scripts. With torch imported that collection is a large part of a short process's CPU, and the
+suite starts hundreds. Nothing else changes: a process's ``atexit`` handlers and ``weakref.finalize``
 callbacks run first and as before; only objects that a reference cycle alone keeps are no longer
 finalized at exit, which CPython does not promise either.
 """
