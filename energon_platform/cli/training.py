@@ -68,9 +68,11 @@ def add_calibrate(sub) -> None:
     p = sub.add_parser(
         "calibrate",
         help="time a model on micro-batches of a config's data and fit its cost coefficients",
-        description="Draw micro-batches from a run config's training data (no loader workers), "
-        "pick N of the first 8N that spread the cost features (text only, images, many tiles, "
-        "long captions, mixed), time forward + backward of each on one thread in rounds (each "
+        description="Compose micro-batches from a run config's training data (no loader "
+        "workers): the documents of its first positions grouped in the stream's order, most "
+        "tiles, most audio frames, longest, shortest and text only first, at the run's size, one "
+        "document and half the size (a run that packs: its own micro-batches); pick N of the "
+        "first 8N that spread the cost features, time forward + backward of each on one thread in rounds (each "
         "round times every micro-batch once; a warm-up round excluded, the least of K rounds "
         "kept) and fit non-negative seconds per unit of each "
         "feature plus a fixed overhead per micro-batch (time = sum of coefficient x feature + "

@@ -26,6 +26,7 @@ from energon_platform.loader.sample_watch import SampleTimeoutError
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.source import StorageError
 from energon_platform.loader.stand_in import MAX_REPLACEMENTS, row_fits, stand_in
+from task_encoders.seeding import single_intra_op_thread
 
 log = logging.getLogger(__name__)
 
@@ -298,12 +299,8 @@ class MicroBatchMaker:
         """Encoding runs with one intra-op thread, as in DataLoader workers (PyTorch sets 1 there):
         float kernels split work by thread count, so this keeps tensors bit-identical with 0 or N
         workers."""
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with single_intra_op_thread():
             return self._make(c)
-        finally:
-            torch.set_num_threads(threads)
 
     def planned_items(self, c: int) -> list[list[int]]:
         """With a planner: the stream positions of each row (packed) or sample of micro-batch ``c``."""
@@ -344,8 +341,7 @@ class MicroBatchMaker:
             )
         if not samples:
             raise RuntimeError(f"micro-batch {c}: every sample failed; see the log")
-        out = self.encoder.encode_batch(self.encoder.batch(samples))
-        return next(out) if inspect.isgenerator(out) else out
+        return self._batched(samples)
 
     def _make(self, c: int) -> Any:
         if self.planner is not None:
@@ -361,9 +357,32 @@ class MicroBatchMaker:
             raise RuntimeError(
                 f"micro-batch {c} (global batch {batch}): every sample failed; see the log"
             )
-        out = self.encoder.batch(samples)
-        out = self.encoder.encode_batch(out)
+        return self._batched(samples)
+
+    def _batched(self, samples: list) -> Any:
+        """The encoder's ``batch`` then ``encode_batch`` of ``samples`` (packs when packing)."""
+        out = self.encoder.encode_batch(self.encoder.batch(samples))
         return next(out) if inspect.isgenerator(out) else out
+
+    def encoded_at(self, positions: Iterable[int]) -> list:
+        """The encoded documents of stream ``positions``, in order, as micro-batches hold them (a
+        failed sample's stand-in, ``loader.exclude`` applied as in global batch 0), on one intra-op
+        thread. For composing micro-batches other than the run's (`batch_of`)."""
+        d, epoch, index = self.schedule.samples(list(positions))
+        with single_intra_op_thread():
+            return [
+                doc
+                for item in zip(d.tolist(), epoch.tolist(), index.tolist())
+                for doc in self._load_or_replace(0, *item)
+            ]
+
+    def batch_of(self, docs: list) -> Any:
+        """One micro-batch of encoded ``docs`` (`encoded_at`), made as this maker makes the run's:
+        packed into rows by the encoder's own selection when the run packs; one intra-op thread."""
+        if not docs:
+            raise ValueError("a micro-batch needs at least one document")
+        with single_intra_op_thread():
+            return self._batched(self._pack(docs) if self.packing else list(docs))
 
 
 def _named(rule: Any) -> str:

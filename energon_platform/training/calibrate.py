@@ -328,10 +328,12 @@ def calibrate_run(
 ) -> dict:
     """The cost report (module doc) of ``factory(encoder)`` (default: the two-tower model of
     ``cfg.model``) on micro-batches of ``cfg``'s training data (a ``TrainLoader`` without
-    workers). ``features``: a batch's cost features (default: the encoder's ``batch_features``)."""
+    workers), composed to spread the features (`calibration_pool.composed`). ``features``: a
+    batch's cost features (default: the encoder's ``batch_features``)."""
     import dataclasses
 
     from energon_platform import TrainLoader
+    from energon_platform.training.calibration_pool import composed
     from energon_platform.training.two_tower import build_model
 
     loader = TrainLoader(cfg, num_workers=0)
@@ -342,6 +344,11 @@ def calibrate_run(
     else:
         model = factory(encoder)
     report = calibrate(
-        model, loader, features, micro_batches=micro_batches, repeats=repeats, progress=progress
+        model,
+        composed(loader, features, micro_batches),
+        features,
+        micro_batches=micro_batches,
+        repeats=repeats,
+        progress=progress,
     )
     return {**report, "model": model_name, "encoder_digest": encoder_digest(encoder)}
