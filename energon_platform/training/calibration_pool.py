@@ -2,8 +2,8 @@
 
 A run's own micro-batches may all look alike. An exact blend puts the same number of samples of each
 dataset into every micro-batch, so across them the tiles, frames and sample counts hardly vary, and
-a fit cannot tell what each feature costs (on the demo blend, every micro-batch held 8 samples and 4
-tiles, and the fit's R² was 0.003). `composed` therefore reads the encoded documents of the stream's
+a fit cannot tell what each feature costs (on the demo blend every micro-batch holds 8 samples, 4
+of them images). `composed` therefore reads the encoded documents of the stream's
 first positions (as the loader encodes them: stand-ins for failed samples, ``loader.exclude``
 applied) and groups them in several orders:
 
@@ -19,7 +19,7 @@ document and a fixed cost per micro-batch can be told apart. Each is batched as 
 
 A run that packs is timed on its own micro-batches: its rows are full whatever documents they hold,
 while documents regrouped by an order pack into rows of another padding, which the features do not
-count (on the packed demo blend the held-back p90 error rose from 4-13% to 16-23%).
+count (on the packed demo blend, regrouping raised the held-back error past what calibrate accepts).
 """
 
 from __future__ import annotations
