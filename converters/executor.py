@@ -6,6 +6,7 @@ arrive in completion order; ``on_done(unit, stats)`` is called for each one (pro
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -93,10 +94,14 @@ def run_ray(
     writer: Writer = write_unit,
 ) -> None:
     """Units as Ray tasks. ``address=None`` starts a local Ray instance with ``workers`` CPUs;
-    otherwise connects to that cluster (``out_dir`` must then be a path every node can write)."""
+    otherwise connects to that cluster (``out_dir`` must then be a path every node can write).
+    Ray started here is shut down after, and the process's environment is put back as ``ray.init``
+    found it: it sets variables of its own (``PYTHONBREAKPOINT`` to Ray's debugger, among others),
+    which would outlive the conversion in a caller's process. (What importing Ray sets stays.)"""
     import ray
 
     started_here = not ray.is_initialized()
+    environ = dict(os.environ)
     if started_here:
         kwargs = (
             {"address": address}
@@ -106,6 +111,7 @@ def run_ray(
         try:
             ray.init(log_to_driver=False, configure_logging=False, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
+            _restore(environ)
             raise ConvertError(
                 f"cannot start or join Ray{f' at {address}' if address else ''}: "
                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
@@ -120,3 +126,14 @@ def run_ray(
     finally:
         if started_here:
             ray.shutdown()
+            _restore(environ)
+
+
+def _restore(environ: dict[str, str]) -> None:
+    """Make ``os.environ`` equal ``environ`` again (variables added since removed, changed ones
+    set back), touching only what differs."""
+    for key in set(os.environ) - set(environ):
+        del os.environ[key]
+    for key, value in environ.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value

@@ -38,6 +38,24 @@ import pytest  # noqa: E402
 #: fixtures any test may ask for by name, one instance per test process (`s3_server`, `s3`)
 pytest_plugins = ("tests.helpers.s3_server",)
 
+# --- the environment of the test process ------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """Every test leaves this process's environment as it found it. Libraries used inside a test
+    set variables of their own (megatron-core's language model sets ``NVTE_*_ATTN`` when it is
+    built); the warm CLI server (`tests.helpers.cli`) runs a command only in the environment it
+    started in, so one such variable would send every later command of this process to a fresh
+    interpreter (slower), and fail the runner's own tests. The variables `tests.helpers.cli.PER_TEST`
+    names are left as they are: libraries set them once, at import."""
+    from tests.helpers.cli import PER_TEST
+    from tests.helpers.environment import environment_as_found
+
+    with environment_as_found(keep=PER_TEST):
+        yield
+
+
 # --- the order of the run ---------------------------------------------------------------------------
 
 

@@ -238,6 +238,10 @@ def test_sigkill_then_resume_from_another_empty_staging_folder_is_byte_identical
 def test_ray_two_workers_separate_staging_gives_the_same_objects(s3, corpus, tmp_path, monkeypatch):
     staging = tmp_path / "driver"
     staging.mkdir()
+    monkeypatch.setenv("ENERGON_PLATFORM_STAGING", str(staging))
+    import ray  # noqa: F401  (sets RAY_CLIENT_MODE when imported, for its workers to inherit)
+
+    environ = dict(os.environ)
     with FolderSampler(staging) as sampler:
         assert (
             convert(
@@ -245,6 +249,7 @@ def test_ray_two_workers_separate_staging_gives_the_same_objects(s3, corpus, tmp
             )
             == 0
         )
+    assert dict(os.environ) == environ  # Ray's own variables (PYTHONBREAKPOINT, ...) did not stay
     if not (objects_local := objects(s3, "inline")):
         assert convert(corpus, s3.url("inline"), tmp_path / "inline", monkeypatch) == 0
         objects_local = objects(s3, "inline")
