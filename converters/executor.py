@@ -101,8 +101,8 @@ def run_ray(
     import ray
 
     started_here = not ray.is_initialized()
-    environ = dict(os.environ)
     if started_here:
+        environ = dict(os.environ)
         kwargs = (
             {"address": address}
             if address

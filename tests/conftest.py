@@ -35,6 +35,9 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from tests.helpers.cli import PER_TEST  # noqa: E402
+from tests.helpers.environment import environment_as_found  # noqa: E402
+
 #: fixtures any test may ask for by name, one instance per test process (`s3_server`, `s3`)
 pytest_plugins = ("tests.helpers.s3_server",)
 
@@ -49,9 +52,6 @@ def _environment_as_found():
     started in, so one such variable would send every later command of this process to a fresh
     interpreter (slower), and fail the runner's own tests. The variables `tests.helpers.cli.PER_TEST`
     names are left as they are: libraries set them once, at import."""
-    from tests.helpers.cli import PER_TEST
-    from tests.helpers.environment import environment_as_found
-
     with environment_as_found(keep=PER_TEST):
         yield
 
