@@ -83,14 +83,31 @@ def test_calibrate_recovers_known_coefficients():
     check_fit(report)  # a linear model's fit passes
 
 
-def test_a_fixed_cost_per_micro_batch_is_the_overhead_not_a_per_sample_cost():
+class ClockModel(SleepModel):
+    """A :class:`SleepModel` on a clock of its own: ``forward`` moves `now` on by exactly
+    ``cost(batch)``, where a sleep would overshoot by the scheduler's delay (on a loaded machine,
+    milliseconds per call: a fixed cost per micro-batch of its own)."""
+
+    now = 0.0
+
+    def forward(self, batch):
+        self.now += self.cost(batch)
+        return self.weight * 1.0
+
+
+def test_a_fixed_cost_per_micro_batch_is_the_overhead_not_a_per_sample_cost(monkeypatch):
     """A model that costs 6 ms per micro-batch whatever it holds, plus the linear cost: the fit
     puts the 6 ms in ``overhead`` (every rank pays it; the planner does not balance it) and keeps
     the per-sample coefficient the true one. Fitted without an overhead, the 6 ms would land on
     ``samples`` (the only feature near-constant per micro-batch) and the planner would balance
-    sample counts."""
+    sample counts. Timed on the model's own clock: a sleep's overshoot is a fixed cost per call
+    too, and would be counted in the overhead."""
+    import energon_platform.training.calibrate as module
+
+    model = ClockModel(lambda b: 6e-3 + linear_cost(b))
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: model.now))
     report = calibrate(
-        SleepModel(lambda b: 6e-3 + linear_cost(b)),
+        model,
         synthetic_batches(64),
         lambda b: b.features,
         micro_batches=16,
