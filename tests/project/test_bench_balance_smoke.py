@@ -206,3 +206,41 @@ def test_the_skewed_captions_are_cut_into_the_grids_they_were_drawn_for(tmp_path
     words = sorted(len(a["caption"].split()) for a in raw["annotations"])
     assert 8 <= words[len(words) // 2] <= 16 and words[-1] <= SKEW_WORDS_MAX
     assert words[-1] >= 4 * words[len(words) // 2]  # a long tail
+
+
+def test_paired_timing_divides_out_a_slow_drift_that_the_least_of_three_keeps(monkeypatch):
+    """``--timing paired`` (`timed`): on a clock that drifts slowly (consecutive runs of equal work
+    take alike longer, as on a shared machine), eight equal micro-batches timed plain spread by the
+    drift; paired with a reference timed around each, they come out equal, in seconds of the
+    model's fastest runs."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    import energon_platform.training.calibrate as calibrate
+    from scripts.bench_balance import timed
+
+    class Drifting(torch.nn.Module):
+        """Each forward moves the clock on by its batch's cost times a factor that drifts over
+        calls (±20%, a period of about 60 calls)."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(()))
+            self.now, self.calls = 0.0, 0
+
+        def forward(self, batch):
+            self.calls += 1
+            self.now += batch.cost * (1.0 + 0.2 * math.sin(self.calls / 10))
+            return self.weight * 1.0
+
+    model = Drifting()
+    monkeypatch.setattr(calibrate, "time", SimpleNamespace(perf_counter=lambda: model.now))
+    equal, reference = [SimpleNamespace(cost=0.01)] * 8, SimpleNamespace(cost=0.02)
+    plain = timed(model, equal, reference, "plain")
+    assert plain.max() / plain.mean() > 1.05  # the drift lands in the least of 3
+    paired = timed(model, equal, reference, "paired")
+    assert paired.max() / paired.mean() < 1.002
+    # in seconds at the reference's fastest runs, whose factor is near the drift's least (0.8)
+    assert 0.01 * 0.8 <= paired.min() and paired.max() <= 0.01 * 0.83
