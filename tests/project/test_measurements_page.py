@@ -233,3 +233,19 @@ def test_restore_target_judges_ours_not_the_ratio_to_energon(tmp_path):
     first, second = headline_rows(page)
     assert first[1:4] == ["1", "3", "3"] and first[5] == "yes"
     assert second[5].startswith("**no**")
+
+
+@pytest.mark.parametrize("timing", ["plain", "paired"])
+def test_a_paired_timing_run_says_so_and_is_not_judged_on_the_max_over_mean_targets(
+    tmp_path, timing
+):
+    """``bench_balance.py --timing paired`` divides each timing by a reference's: its max/mean rows
+    are labelled and carry no target, which is stated on plain timing."""
+    run = json.loads(json.dumps(RUNS["balance"][0]))
+    run["measured"]["timing"] = timing
+    rows = {r[0]: r for r in headline_rows(render_one(tmp_path, "balance", run))}
+    label = " (paired timing)" if timing == "paired" else ""
+    row = rows[
+        f"measured step time p90 max/mean{label}, 8 ranks, packed: planned by measured cost vs today"
+    ]
+    assert (row[4] == "–") == (timing == "paired"), row
