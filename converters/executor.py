@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 
 from converters.output import ConvertError
 from converters.units import WorkUnit
@@ -100,40 +101,41 @@ def run_ray(
     which would outlive the conversion in a caller's process. (What importing Ray sets stays.)"""
     import ray
 
-    started_here = not ray.is_initialized()
-    if started_here:
-        environ = dict(os.environ)
-        kwargs = (
-            {"address": address}
-            if address
-            else {"num_cpus": max(1, workers), "include_dashboard": False}
-        )
-        try:
-            ray.init(log_to_driver=False, configure_logging=False, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            _restore(environ)
-            raise ConvertError(
-                f"cannot start or join Ray{f' at {address}' if address else ''}: "
-                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            ) from e
-    try:
+    with ExitStack() as cleanup:
+        if not ray.is_initialized():  # started here: shut down after, the environment put back
+            cleanup.enter_context(environment_as_found())
+            kwargs = (
+                {"address": address}
+                if address
+                else {"num_cpus": max(1, workers), "include_dashboard": False}
+            )
+            try:
+                ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise ConvertError(
+                    f"cannot start or join Ray{f' at {address}' if address else ''}: "
+                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                ) from e
+            cleanup.callback(ray.shutdown)  # before the environment is put back
         task = ray.remote(num_cpus=1, max_retries=3)(_call)
         refs = {task.remote(writer, unit, out_dir, opts): unit for unit in units}
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1)
             for ref in done:
                 on_done(refs.pop(ref), ray.get(ref))
+
+
+@contextmanager
+def environment_as_found(keep: frozenset[str] = frozenset()) -> Iterator[None]:
+    """After the body, ``os.environ`` is what it was before it: variables added are removed and
+    changed ones set back, all but those named in ``keep`` (left as the body left them). Only what
+    differs is touched."""
+    before = {k: v for k, v in os.environ.items() if k not in keep}
+    try:
+        yield
     finally:
-        if started_here:
-            ray.shutdown()
-            _restore(environ)
-
-
-def _restore(environ: dict[str, str]) -> None:
-    """Make ``os.environ`` equal ``environ`` again (variables added since removed, changed ones
-    set back), touching only what differs."""
-    for key in set(os.environ) - set(environ):
-        del os.environ[key]
-    for key, value in environ.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
+        for key in set(os.environ) - set(before) - keep:
+            del os.environ[key]
+        for key, value in before.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value

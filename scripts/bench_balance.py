@@ -1398,10 +1398,12 @@ def measured_section(args) -> dict:
             for packed in (True, False):
                 plans = {}
                 # `timed`'s reference (paired): the first rank's micro-batch of today's first batch
-                first = measured_plans(
-                    blend, "none", cost_model, ranks, args.rows_per_rank, packed, 1, args
-                )
-                reference = synth.batch(first[0][0][0], packed)
+                reference = None
+                if args.timing == "paired":
+                    first = measured_plans(
+                        blend, "none", cost_model, ranks, args.rows_per_rank, packed, 1, args
+                    )
+                    reference = synth.batch(first[0][0][0], packed)
                 for method in MEASURED_METHODS:
                     t = time.perf_counter()
                     plans[method] = steps, plan_s = measured_plans(

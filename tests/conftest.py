@@ -35,8 +35,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from converters.executor import environment_as_found  # noqa: E402
 from tests.helpers.cli import PER_TEST  # noqa: E402
-from tests.helpers.environment import environment_as_found  # noqa: E402
 
 #: fixtures any test may ask for by name, one instance per test process (`s3_server`, `s3`)
 pytest_plugins = ("tests.helpers.s3_server",)

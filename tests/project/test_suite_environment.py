@@ -1,4 +1,5 @@
-"""The suite puts the test process's environment back after each test (`tests/conftest.py`)."""
+"""The suite puts the test process's environment back after each test (`tests/conftest.py`), with
+the converter's `environment_as_found` (which `run_ray` uses after Ray)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 
 import pytest
 
-from tests.helpers.environment import environment_as_found
+from converters.executor import environment_as_found
 
 
 def test_what_a_body_adds_or_changes_is_put_back_but_what_it_keeps(monkeypatch):
