@@ -1183,11 +1183,13 @@ class Synthetic:
             "audio_frames": doc["frames"],
         }
 
-    def features(self, docs: list[dict]) -> dict[str, float]:
-        """The full feature vector of a micro-batch of ``docs``: the sum of theirs."""
-        from task_encoders.features import summed
+    def features(self, docs: list[dict], packed: bool) -> dict[str, float]:
+        """The features of a micro-batch of ``docs`` as it runs (`micro_batch_features`): packed,
+        its rows' documents at their own lengths; unpacked, every row padded to the longest
+        sample and the clips to the longest clip, as `batch` lays them out."""
+        from task_encoders.features import LONGEST, micro_batch_features
 
-        return summed(self.named(d) for d in docs)
+        return micro_batch_features((self.named(d) for d in docs), None if packed else LONGEST)
 
     def work(self, positions) -> list[tuple[int, tuple[float, ...]]]:
         """The planner's lookup for ``measured``, as the loader's (`SampleLengths`, which
@@ -1241,7 +1243,7 @@ class Synthetic:
             features=torch.randn(len(frames), N_MELS, max(frames, default=0), generator=gen),
             feature_lengths=torch.tensor(frames, dtype=torch.long),
             audio_docs=torch.tensor(audio_docs, dtype=torch.long),
-            cost_features=self.features([d for r in docs for d in r]),
+            cost_features=self.features([d for r in docs for d in r], packed),
         )
 
 
@@ -1255,24 +1257,38 @@ def measured_model():
     return TwoTowerModel(ModelConfig(**MEASURED_MODEL), VOCAB, 4096, ("image", "audio"), N_MELS)
 
 
-def measured_calibration(model, args) -> dict:
+def measured_calibration(model, args, packed: bool) -> dict:
     """:func:`~energon_platform.training.calibrate.calibrate` of ``model`` on micro-batches of a
     second stream of the blend (another seed), alternately one sample (`calibration_pool`) and
     one packed row of several: a pool of one-sample micro-batches only has ``samples`` = 1 in
     every micro-batch, so the fit cannot tell the cost of a document from the cost of a
     micro-batch and puts the latter on ``samples``; packed rows of many short documents then look
     far dearer than they run, and the plan evens document counts instead of time."""
-    from energon_platform.training.calibrate import calibrate
+    from energon_platform.training.calibrate import calibrate, paired
+    from task_encoders.features import LONGEST
 
     other = Synthetic(Blend(args, seed=args.seed + 1), args)
+    n = 8 * args.calibrate_batches
+    pool = calibration_pool(other, n) if packed else unpacked_pool(other, n, args.rows_per_rank)
     return calibrate(
         model,
-        calibration_pool(other, 8 * args.calibrate_batches),
-        lambda b: b.cost_features,
+        paired(pool, lambda b: b.cost_features),
         micro_batches=args.calibrate_batches,
         repeats=3,
         progress=False,
+        row_width=None if packed else LONGEST,
     )
+
+
+def unpacked_pool(synth: Synthetic, n: int, k: int):
+    """``n`` unpacked micro-batches of 1 to ``k`` samples of ``synth``'s stream, drawn at random
+    (seeded) from its first ``64 n`` positions, so padding, tiles, clips and tower calls vary
+    across them as they do across a plan's micro-batches (what the unpacked cost model is
+    fitted on: the micro-batch as it runs)."""
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        picked = rng.choice(64 * n, size=1 + i % k, replace=False)
+        yield synth.batch([[int(p)] for p in sorted(picked)], packed=False)
 
 
 #: a calibration row is filled from the stream until this fraction of its positions is used
@@ -1374,7 +1390,7 @@ def measured_section(args) -> dict:
     import torch
 
     from energon_platform.loader.batching.cost_file import CostModel
-    from task_encoders.features import FEATURES
+    from task_encoders.features import MICRO_BATCH_FEATURES
 
     if args.pack_group is None:
         args.pack_group = max(
@@ -1389,10 +1405,16 @@ def measured_section(args) -> dict:
     synth, model = Synthetic(blend, args), measured_model()
     torch.set_num_threads(1)
     try:
-        report = measured_calibration(model, args)
-        cost_model = CostModel(
-            dict(zip(FEATURES, report["coefficients"].values())), "two_tower", ""
-        )
+        reports = {packed: measured_calibration(model, args, packed) for packed in (True, False)}
+        cost_models = {
+            packed: CostModel(
+                {n: r["coefficients"][n] for n in MICRO_BATCH_FEATURES},
+                "two_tower",
+                "",
+                r["row_width"],
+            )
+            for packed, r in reports.items()
+        }
         results = []
         for ranks in args.measured_ranks:
             for packed in (True, False):
@@ -1401,7 +1423,7 @@ def measured_section(args) -> dict:
                 reference = None
                 if args.timing == "paired":
                     first = measured_plans(
-                        blend, "none", cost_model, ranks, args.rows_per_rank, packed, 1, args
+                        blend, "none", None, ranks, args.rows_per_rank, packed, 1, args
                     )
                     reference = synth.batch(first[0][0][0], packed)
                 for method in MEASURED_METHODS:
@@ -1409,7 +1431,7 @@ def measured_section(args) -> dict:
                     plans[method] = steps, plan_s = measured_plans(
                         blend,
                         method,
-                        cost_model,
+                        cost_models[packed],
                         ranks,
                         args.rows_per_rank,
                         packed,
@@ -1447,19 +1469,21 @@ def measured_section(args) -> dict:
                         "max_over_mean": spread(floor),
                     }
                 )
-        planning = planning_64_rows(blend, cost_model, args)
+        planning = planning_64_rows(blend, cost_models, args)
     finally:
         torch.set_num_threads(threads)
-    calibration = {k: report[k] for k in CALIBRATION_KEYS}
+    calibration = {k: reports[True][k] for k in CALIBRATION_KEYS}
+    unpacked = {k: reports[False][k] for k in (*CALIBRATION_KEYS, "row_width")}
     return {
         "scale": args.scale,
         "steps": args.measured_steps,
         "timing": args.timing,
         "model": MEASURED_MODEL,
         "calibration": calibration,
+        "calibration_unpacked": unpacked,
         "results": results,
         "planning_64_rows": planning,
-        "targets": measured_targets(calibration, results, planning, args.timing),
+        "targets": measured_targets(calibration, results, planning, args.timing, unpacked),
     }
 
 
@@ -1515,14 +1539,15 @@ def timing_floor(
 PLANNING_BATCHES = 50
 
 
-def planning_64_rows(blend: Blend, cost_model, args) -> list[dict]:
+def planning_64_rows(blend: Blend, cost_models: dict, args) -> list[dict]:
     """The planner alone on global batches of 64 rows (32 ranks x 2), per layout and method:
-    `planning_ms` over `PLANNING_BATCHES` batches (no model is timed)."""
+    `planning_ms` over `PLANNING_BATCHES` batches (no model is timed). ``cost_models``: the
+    measured cost model of each layout (``packed`` True or False)."""
     out = []
     for packed in (True, False):
         for method in MEASURED_METHODS[1:]:
             _, seconds = measured_plans(
-                blend, method, cost_model, 32, 2, packed, PLANNING_BATCHES, args
+                blend, method, cost_models[packed], 32, 2, packed, PLANNING_BATCHES, args
             )
             out.append(
                 {
@@ -1569,11 +1594,18 @@ def calibration_targets(calibration: dict, model: str = "") -> list[dict]:
 
 
 def measured_targets(
-    calibration: dict, results: list[dict], planning: list[dict], timing: str = "plain"
+    calibration: dict,
+    results: list[dict],
+    planning: list[dict],
+    timing: str = "plain",
+    unpacked: dict | None = None,
 ) -> list[dict]:
     """Each `MEASURED_TARGETS` entry judged on this run (``measured`` rows only). The max/mean
-    targets are stated on plain timing (`timed`): a ``paired`` run is not judged on them."""
+    targets are stated on plain timing (`timed`): a ``paired`` run is not judged on them.
+    ``unpacked``: the unpacked layout's own calibration, judged as well, where there is one."""
     out = calibration_targets(calibration)
+    if unpacked is not None:
+        out += calibration_targets(unpacked, "unpacked micro-batches")
     for r in results:
         limit = MEASURED_TARGETS["ratio"].get(r["ranks"])
         if r["method"] != "measured" or timing != "plain":
@@ -1615,6 +1647,15 @@ def report_measured(section: dict, args) -> list[str]:
         ),
         f"calibration on {c['micro_batches']} micro-batches of another stream (one sample or "
         "one packed row): " + fit_summary(c),
+        *(
+            [
+                f"unpacked: calibration on {u['micro_batches']} micro-batches of 1 to "
+                f"{args.rows_per_rank} random samples of it, rows padded to the longest: "
+                + fit_summary(u)
+            ]
+            if (u := section.get("calibration_unpacked"))
+            else []
+        ),
         "",
         f"{'ranks':>5} {'layout':<8} {'method':<10} {'p50':>6} {'p90':>6} {'max':>6} "
         f"{'plan ms/64 rows':>15} {'first batch ms':>14}",

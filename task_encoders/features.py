@@ -24,6 +24,13 @@ The contract, per encoder (the same three views of one sample must agree exactly
 A feature an encoder does not produce is 0. Values are floats >= 0 (integers, exact as floats).
 The shared logic is `task_encoders.documents.DocumentTaskEncoder`'s; a modality states only
 its media's part (see there).
+
+A micro-batch's cost is not always the sum of its samples'. A model pads the rows of an unpacked
+micro-batch to one width and the clips to the longest, and runs each tower once per micro-batch
+that has any of its media. `micro_batch_features` states a micro-batch *as it runs*, over
+`MICRO_BATCH_FEATURES` (`FEATURES` plus ``vision_calls`` and ``audio_calls``: 1 when a tower runs
+at all), from its samples' vectors; `Shape` is the same, grown one sample at a time (what a
+planner weighing where a sample goes asks for, many times per global batch).
 """
 
 from __future__ import annotations
@@ -40,14 +47,23 @@ FEATURES: tuple[str, ...] = (
     "points",
 )
 
+#: What a micro-batch costs besides its samples' features: 1 when the vision tower (any tile) or
+#: the audio encoder (any frame) runs at all, its fixed cost per call.
+CALL_FEATURES: tuple[str, ...] = ("vision_calls", "audio_calls")
+#: A micro-batch's features as it runs (`micro_batch_features`), in the order cost files store them.
+MICRO_BATCH_FEATURES: tuple[str, ...] = FEATURES + CALL_FEATURES
+
 #: The model module each feature's cost is spent in (per-module cost statistics): the language
 #: model (per sample, per position, attention), the vision tower, the audio encoder, the points one.
 MODULES: dict[str, tuple[str, ...]] = {
     "llm": ("samples", "llm_tokens", "llm_attention"),
-    "vision": ("vision_tiles",),
-    "audio": ("audio_frames",),
+    "vision": ("vision_tiles", "vision_calls"),
+    "audio": ("audio_frames", "audio_calls"),
     "points": ("points",),
 }
+
+#: ``width`` of a micro-batch whose rows are padded to its longest sample (`micro_batch_features`)
+LONGEST = "longest"
 
 
 def features(**values: float) -> dict[str, float]:
@@ -72,3 +88,74 @@ def summed(vectors: Iterable[Mapping[str, float]]) -> dict[str, float]:
         for name, value in features(**vector).items():
             total[name] += value
     return total
+
+
+class Shape(tuple):
+    """What a micro-batch's cost depends on, grown one sample at a time (`grow`): samples, the
+    sums of tokens, attention, tiles, frames and points, the longest sample, clips (samples with
+    frames) and the longest clip. A tuple (hashable, cheap); `EMPTY` holds nothing. Grown by a
+    vector that is already a sum of several samples' (a packed micro-batch's ``batch_features``),
+    it counts their ``samples``, which is all ``as_run(None)`` reads of it."""
+
+    __slots__ = ()
+
+    def grow(self, work: tuple[float, ...]) -> Shape:
+        """This shape with one more sample of ``work`` (its features in `FEATURES` order)."""
+        n, tokens, attention, tiles, frames, points, longest, clips, longest_clip = self
+        s, t, a, v, f, p = work
+        return Shape(
+            (
+                n + s,
+                tokens + t,
+                attention + a,
+                tiles + v,
+                frames + f,
+                points + p,
+                max(longest, t),
+                clips + (f > 0),
+                max(longest_clip, f),
+            )
+        )
+
+    def as_run(self, width: int | str | None) -> tuple[float, ...]:
+        """The micro-batch's features as it runs, in `MICRO_BATCH_FEATURES` order. ``width``: how
+        its rows are laid out. ``None``: the documents' own positions (packed rows, or a model
+        that runs every document at its length): tokens and attention are the sums. `LONGEST`:
+        every row padded to the longest sample (``n·W`` positions, ``n·W²`` attention). An
+        integer ``S``: every row padded to ``S`` positions. Clips are padded to the longest clip
+        (``clips x longest`` frames) where rows are padded; tiles and points are their sums."""
+        n, tokens, attention, tiles, frames, points, longest, clips, longest_clip = self
+        if width is not None:
+            w = longest if width == LONGEST else width
+            tokens, attention, frames = n * w, n * w * w, clips * longest_clip
+        return (
+            float(n),
+            float(tokens),
+            float(attention),
+            float(tiles),
+            float(frames),
+            float(points),
+            float(tiles > 0),
+            float(clips > 0),
+        )
+
+
+#: The shape of a micro-batch without samples.
+EMPTY = Shape((0,) * 9)
+
+
+def shape_of(vectors: Iterable[Mapping[str, float]]) -> Shape:
+    """The `Shape` of a micro-batch of samples with these feature vectors."""
+    shape = EMPTY
+    for vector in vectors:
+        full = features(**vector)
+        shape = shape.grow(tuple(full[name] for name in FEATURES))
+    return shape
+
+
+def micro_batch_features(
+    vectors: Iterable[Mapping[str, float]], width: int | str | None = None
+) -> dict[str, float]:
+    """A micro-batch of samples with these feature vectors as it runs (`Shape.as_run` with
+    ``width``), by name over `MICRO_BATCH_FEATURES`."""
+    return dict(zip(MICRO_BATCH_FEATURES, shape_of(vectors).as_run(width), strict=True))

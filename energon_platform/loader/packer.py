@@ -13,11 +13,14 @@ the same rows on every process, layout and resume.
   (unpacked models), the rest carried.
 * `deal`: items → ``parts`` groups of equal count (rows) or free count (samples) with
   balanced cost (longest processing time first).
+* `deal_shapes`: the same with each group costed as a whole (a micro-batch padded to its
+  longest sample, a tower's cost per call), not as the sum of its items'.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 BALANCE_MODES = ("none", "tokens", "attention", "encoder", "measured")
 
@@ -115,6 +118,40 @@ def deal(
             empty -= 1
         groups[best].append(i)
         load[best] += costs[i]
+    for g in groups:
+        g.sort(key=lambda i: order[i])
+    return groups
+
+
+def deal_shapes(
+    works: Sequence, order: Sequence[int], parts: int, per_part: int, empty: Any, cost: Any
+) -> list[list[int]]:
+    """Deal items to ``parts`` groups of ``per_part`` items, each group costed as a whole:
+    ``cost(shape)`` of its shape, ``empty.grow(work)`` grown by each item's work. Items go
+    dearest alone first (ties: lower ``order``), each to the group whose cost *with it* is least
+    (ties: lower group id) among those with room: `deal`'s longest processing time first, where
+    an item may cost a group less than alone (a second image in a micro-batch that runs the
+    vision tower anyway). Groups list item indices in ``order`` order; ``len(works)`` must
+    equal ``parts * per_part``."""
+    if len(works) != parts * per_part:
+        raise ValueError(f"{len(works)} items cannot be dealt as {parts} x {per_part}")
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    shapes = [empty] * parts
+    alone = [cost(empty.grow(w)) for w in works]
+    for i in sorted(range(len(works)), key=lambda i: (-alone[i], order[i])):
+        best, best_cost, tried_empty = -1, 0.0, False
+        for g in range(parts):
+            if len(groups[g]) >= per_part:
+                continue
+            if not groups[g]:  # every empty group is the same: try the first only
+                if tried_empty:
+                    continue
+                tried_empty = True
+            c = cost(shapes[g].grow(works[i]))
+            if best < 0 or c < best_cost:
+                best, best_cost = g, c
+        groups[best].append(i)
+        shapes[best] = shapes[best].grow(works[i])
     for g in groups:
         g.sort(key=lambda i: order[i])
     return groups

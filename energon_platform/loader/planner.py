@@ -17,6 +17,9 @@ unchanged) with each sample's exact length from the length index, before any med
   cost budget (the rest carried). With ``like_lengths`` (``balance: measured``), samples of like
   row length instead: a micro-batch is padded to its longest sample, which a sum of per-sample
   predicted times cannot see; the dealing below then evens out the rest of the predicted time.
+  With a cost model of the micro-batch as it runs (a grouped `CostModel`), that dealing costs each
+  micro-batch as a whole (`MicroBatchCost`, `deal_shapes`): its padded positions, one call per
+  tower.
 
 Then rows (samples) are dealt to ranks by cost, each rank its equal number of rows (or its share
 of samples), and each rank's share to its micro-batches the same way
@@ -35,7 +38,13 @@ from functools import partial
 from typing import Any
 
 from energon_platform.loader.blend import integer_counts
-from energon_platform.loader.packer import deal, fill_budget, pack_led_rows, pack_rows
+from energon_platform.loader.packer import (
+    deal,
+    deal_shapes,
+    fill_budget,
+    pack_led_rows,
+    pack_rows,
+)
 from storage import DatasetError
 
 #: The planner's version in the fingerprint (``balance.planner``): what its plans are a function of.
@@ -77,11 +86,36 @@ class BatchPlan:
     used: list[int]
     next_state: PlanState
     capacity: int = 0  #: positions per row (packed), 0 unpacked
+    #: how a micro-batch of these items costs as a whole (unpacked ``measured`` with a grouped
+    #: cost model); None: a micro-batch costs the sum of its items' ``costs``
+    grouped: MicroBatchCost | None = None
 
     @property
     def padding(self) -> float:
         """Fraction of the rows' positions left empty (0 unpacked)."""
         return 1.0 - sum(self.used) / (len(self.items) * self.capacity) if self.capacity else 0.0
+
+
+@dataclass(frozen=True)
+class MicroBatchCost:
+    """A micro-batch of a plan's items costed as a whole: ``works``, each item's work (its
+    features), grown from ``empty`` into a shape (``empty.grow(work)``) that ``cost(shape)``
+    prices (`CostModel.shape_cost`)."""
+
+    works: list
+    empty: Any
+    cost: Any
+
+    def shape(self, items: Sequence[int]) -> Any:
+        """The shape of a micro-batch of these item indices."""
+        shape = self.empty
+        for i in items:
+            shape = shape.grow(self.works[i])
+        return shape
+
+    def of(self, items: Sequence[int]) -> float:
+        """The cost of a micro-batch of these item indices."""
+        return self.cost(self.shape(items))
 
 
 @dataclass
@@ -212,7 +246,10 @@ class Planner:
                 (i for i in live if i not in chosen), key=lambda i: (abs(like[i] - centre), i)
             )
             taken = sorted(forced + rest[: g - len(forced)])
-        return self._batch(state, pool, [[i] for i in taken], costs)
+        grouped = getattr(cost, "grouped", None) if self.like_lengths else None
+        if grouped is not None:
+            grouped = MicroBatchCost([pool.lengths[i][1] for i in taken], *grouped)
+        return self._batch(state, pool, [[i] for i in taken], costs, grouped)
 
     def _packed(self, state: PlanState, pool: Pool) -> BatchPlan:
         rows = self.items_per_batch
@@ -265,7 +302,14 @@ class Planner:
             state, pool, [[live[k]] for k in sorted(taken, key=lambda k: live[k])], costs
         )
 
-    def _batch(self, state: PlanState, pool: Pool, rows: list[list[int]], costs: dict) -> BatchPlan:
+    def _batch(
+        self,
+        state: PlanState,
+        pool: Pool,
+        rows: list[list[int]],
+        costs: dict,
+        grouped: MicroBatchCost | None = None,
+    ) -> BatchPlan:
         """The `BatchPlan` of ``rows`` (lists of pool indices); everything else is carried."""
         placed = {i for row in rows for i in row}
         return BatchPlan(
@@ -278,6 +322,7 @@ class Planner:
                 tuple(p for i, p in enumerate(pool.positions) if i not in placed),
             ),
             self.capacity,
+            grouped,
         )
 
 
@@ -398,9 +443,13 @@ def deal_plan(
     plan: BatchPlan, world_size: int, accumulation: int, fixed: bool
 ) -> list[list[list[int]]]:
     """``[rank][micro-batch]`` → indices into ``plan.items``. ``fixed``: every rank and micro-batch
-    gets the same number of items (rows); else counts vary and costs are balanced."""
+    gets the same number of items (rows); else counts vary and costs are balanced. A `grouped`
+    plan (fixed counts) is dealt to all ``world_size x accumulation`` micro-batches at once, each
+    costed as a whole (`deal_shapes`), and the micro-batches to ranks by their cost (`deal`)."""
     n = len(plan.items)
     order = [item[0] for item in plan.items]
+    if plan.grouped is not None and fixed:
+        return _deal_grouped(plan, order, world_size, accumulation)
     ranks = deal(plan.costs, order, world_size, n // world_size if fixed else None)
     out = []
     for share in ranks:
@@ -414,6 +463,21 @@ def deal_plan(
     return out
 
 
+def _deal_grouped(
+    plan: BatchPlan, order: list[int], world_size: int, accumulation: int
+) -> list[list[list[int]]]:
+    """`deal_plan` of a grouped plan: micro-batches by `deal_shapes`, ranks by `deal` of them."""
+    g = plan.grouped
+    slots = world_size * accumulation
+    micro = deal_shapes(g.works, order, slots, len(plan.items) // slots, g.empty, g.cost)
+    first = [order[m[0]] for m in micro]
+    ranks = deal([g.of(m) for m in micro], first, world_size, accumulation)
+    return [[micro[k] for k in share] for share in ranks]
+
+
 def rank_costs(plan: BatchPlan, dealt: list[list[list[int]]]) -> list[float]:
-    """Each rank's summed cost under ``dealt``."""
+    """Each rank's cost under ``dealt``: the sum of its items' costs, or of its micro-batches'
+    (a `grouped` plan)."""
+    if plan.grouped is not None:
+        return [sum(plan.grouped.of(m) for m in rank if m) for rank in dealt]
     return [sum(plan.costs[i] for m in rank for i in m) for rank in dealt]

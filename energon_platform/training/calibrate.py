@@ -1,7 +1,9 @@
 """``energon-platform calibrate``: time a model on real micro-batches, fit its cost coefficients.
 
 A model's time for a micro-batch is modelled as a non-negative linear function of the batch's
-cost features (`task_encoders.features.FEATURES`): ``time ≈ Σ coef[f] · features[f] + overhead``.
+cost features as it runs (`task_encoders.features.MICRO_BATCH_FEATURES`: positions and attention
+of its rows as laid out, tiles, frames, one call per tower that runs):
+``time ≈ Σ coef[f] · features[f] + overhead``.
 `calibrate` picks micro-batches that spread the features (farthest-point in feature space
 normalised per feature), times forward + backward of each on one thread (a warm-up round excluded,
 the minimum of ``repeats`` rounds kept; a round times every micro-batch once, so a burst of load
@@ -14,7 +16,8 @@ has no overhead); fitted without it, a model's fixed cost per micro-batch would 
 per-sample coefficient, and the planner would balance sample counts.
 
 The cost file (JSON, `FORMAT_VERSION`) holds ``features``, ``coefficients`` (seconds per
-unit), ``overhead`` (seconds per micro-batch), ``r2`` (of the fit), ``share`` (each feature's
+unit), ``row_width`` (how the timed rows were laid out, `Shape.as_run`), ``overhead``
+(seconds per micro-batch), ``r2`` (of the fit), ``share`` (each feature's
 part of the predicted time over the timed micro-batches; ``overhead_share`` the rest),
 ``p50_error``/``p90_error`` (relative, held-back micro-batches), ``model``,
 ``encoder_digest`` (`encoder_digest`), ``micro_batches``, ``repeats`` and ``rows`` (each
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ from energon_platform.loader.batching.cost_file import (
 )
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.training import collector
-from task_encoders.features import FEATURES
+from task_encoders.features import MICRO_BATCH_FEATURES as FITTED
 
 __all__ = [
     "FORMAT_VERSION",
@@ -65,6 +68,8 @@ HOLD_EVERY = 4
 POOL_FACTOR = 8
 
 Features = Callable[[Any], Mapping[str, float]]
+#: A micro-batch to time and its features as it runs (over `FITTED`; names not given are 0).
+Measured = tuple[Any, Mapping[str, float]]
 
 
 class CalibrationError(ValueError):
@@ -72,10 +77,16 @@ class CalibrationError(ValueError):
 
 
 def feature_matrix(vectors: Iterable[Mapping[str, float]]) -> np.ndarray:
-    """float64 ``(B, len(FEATURES))``: the vectors' values in `FEATURES` order."""
+    """float64 ``(B, len(FITTED))``: the vectors' values in `FITTED` order (0 where not given)."""
     return np.array(
-        [[float(v.get(name, 0.0)) for name in FEATURES] for v in vectors], dtype=np.float64
-    ).reshape(-1, len(FEATURES))
+        [[float(v.get(name, 0.0)) for name in FITTED] for v in vectors], dtype=np.float64
+    ).reshape(-1, len(FITTED))
+
+
+def paired(batches: Iterable[Any], features: Features) -> Iterator[Measured]:
+    """``(batch, features(batch))`` of each batch: what `calibrate` times and fits."""
+    for batch in batches:
+        yield batch, features(batch)
 
 
 def spread(matrix: np.ndarray, n: int) -> list[int]:
@@ -166,28 +177,30 @@ def r_squared(seconds: np.ndarray, predicted: np.ndarray) -> float:
 
 def calibrate(
     model: torch.nn.Module,
-    batches: Iterable[Any],
-    features: Features,
+    measured: Iterable[Measured],
     *,
     micro_batches: int = 24,
     repeats: int = 3,
     pool: int | None = None,
     progress: bool = True,
+    row_width: int | str | None = None,
 ) -> dict:
     """The cost report (module doc, without ``model`` and ``encoder_digest``) of ``model`` on
-    ``micro_batches`` of the first ``pool`` (default 8x) ``batches``, chosen by `spread` of
-    ``features(batch)``. Runs on one thread (restored after). `CalibrationError` when fewer
+    ``micro_batches`` of the first ``pool`` (default 8x) ``measured`` micro-batches (each with
+    its features as it runs, `paired`), chosen by `spread` of their features. ``row_width``:
+    how those features laid the rows out (`Shape.as_run`), written to the report for the
+    planner to predict with. Runs on one thread (restored after). `CalibrationError` when fewer
     than `HOLD_EVERY` micro-batches can be timed."""
-    drawn = _draw(batches, pool or POOL_FACTOR * micro_batches)
-    matrix = feature_matrix([features(b) for b in drawn])
+    drawn = _draw(measured, pool or POOL_FACTOR * micro_batches)
+    matrix = feature_matrix([vector for _, vector in drawn])
     chosen = spread(matrix, micro_batches)
     if len(chosen) < HOLD_EVERY:
         raise CalibrationError(
             f"{len(chosen)} micro-batch(es) to time; at least {HOLD_EVERY} are needed "
             "(three to fit, one held back)"
         )
-    seconds = _timed(model, [drawn[i] for i in chosen], repeats, progress)
-    return _report(matrix[chosen], seconds, repeats)
+    seconds = _timed(model, [drawn[i][0] for i in chosen], repeats, progress)
+    return {**_report(matrix[chosen], seconds, repeats), "row_width": row_width}
 
 
 def _draw(batches: Iterable[Any], count: int) -> list:
@@ -221,11 +234,11 @@ def _report(matrix: np.ndarray, seconds: np.ndarray, repeats: int) -> dict:
     total = max(parts.sum() + overhead * len(seconds), 1e-300)
     return {
         "format_version": FORMAT_VERSION,
-        "features": list(FEATURES),
-        "coefficients": dict(zip(FEATURES, coef.tolist(), strict=True)),
+        "features": list(FITTED),
+        "coefficients": dict(zip(FITTED, coef.tolist(), strict=True)),
         "overhead": overhead,
         "r2": r_squared(seconds[~held], predicted[~held]),
-        "share": dict(zip(FEATURES, (parts / total).tolist(), strict=True)),
+        "share": dict(zip(FITTED, (parts / total).tolist(), strict=True)),
         "overhead_share": overhead * len(seconds) / total,
         "p50_error": float(np.percentile(errors, 50)),
         "p90_error": float(np.percentile(errors, 90)),
@@ -233,7 +246,7 @@ def _report(matrix: np.ndarray, seconds: np.ndarray, repeats: int) -> dict:
         "repeats": repeats,
         "rows": [
             {
-                "features": dict(zip(FEATURES, row.tolist(), strict=True)),
+                "features": dict(zip(FITTED, row.tolist(), strict=True)),
                 "seconds": float(s),
                 "predicted": float(p),
                 "held_back": bool(h),
@@ -328,12 +341,13 @@ def calibrate_run(
 ) -> dict:
     """The cost report (module doc) of ``factory(encoder)`` (default: the two-tower model of
     ``cfg.model``) on micro-batches of ``cfg``'s training data (a ``TrainLoader`` without
-    workers), composed to spread the features (`calibration_pool.composed`). ``features``: a
-    batch's cost features (default: the encoder's ``batch_features``)."""
+    workers), composed to spread the features, each with its features as it runs
+    (`calibration_pool.composed`, `calibration_pool.row_width`). ``features``: a
+    batch's summed cost features (default: the encoder's ``batch_features``)."""
     import dataclasses
 
     from energon_platform import TrainLoader
-    from energon_platform.training.calibration_pool import composed
+    from energon_platform.training.calibration_pool import composed, row_width
     from energon_platform.training.two_tower import build_model
 
     loader = TrainLoader(cfg, num_workers=0)
@@ -346,9 +360,9 @@ def calibrate_run(
     report = calibrate(
         model,
         composed(loader, features, micro_batches),
-        features,
         micro_batches=micro_batches,
         repeats=repeats,
         progress=progress,
+        row_width=row_width(loader),
     )
     return {**report, "model": model_name, "encoder_digest": encoder_digest(encoder)}

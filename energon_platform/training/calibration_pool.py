@@ -16,6 +16,8 @@ each cut into micro-batches of the run's size (documents per micro-batch, `run_s
 stream's order also into micro-batches of one document and of half the size, so that a cost per
 document and a fixed cost per micro-batch can be told apart. Each is batched as the loader batches
 (`MicroBatchMaker.batch_of`). The orders take turns, so any prefix of the pool holds some of each.
+Each micro-batch comes with its features as it runs (`micro_batch_features`): every unpacked row is
+``seq_len`` positions wide (`row_width`), clips padded to the longest, one call per tower that runs.
 
 A run that packs is timed on its own micro-batches: its rows are full whatever documents they hold,
 while documents regrouped by an order pack into rows of another padding, which the features do not
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from task_encoders.features import features as full
+from task_encoders.features import micro_batch_features
 
 #: Documents read per micro-batch to time: the pool has this many times as many documents as
 #: `calibrate` times micro-batches of the run's size (each order cuts all of them).
@@ -74,17 +77,30 @@ def groups(doc_features: list[Mapping[str, float]], size: int, count: int) -> It
                 yield sorted(cut[k])
 
 
-def composed(loader: Any, features: Callable[[Any], Mapping[str, float]], count: int) -> Iterator:
-    """Micro-batches of ``loader``'s data composed to spread the cost features (module doc),
-    enough for `calibrate` to choose ``count`` of: documents of the first ``DOCS_FACTOR x count x``
-    `run_size` stream positions (fewer where a position holds several), grouped by `groups`; a
-    run that packs: its own micro-batches, in order."""
+def row_width(loader: Any) -> int | None:
+    """How ``loader``'s micro-batches lay out their rows, for `micro_batch_features`: ``None``
+    when it packs (a row's documents at their own lengths), else every row padded to the
+    encoder's ``seq_len`` (the documents' batch: rows of one width, fixed shapes)."""
+    return None if loader.maker.packing else int(loader.encoder.seq_len)
+
+
+def composed(
+    loader: Any, features: Callable[[Any], Mapping[str, float]], count: int
+) -> Iterator[tuple[Any, dict[str, float]]]:
+    """``(micro-batch, its features as it runs)`` of ``loader``'s data composed to spread the
+    cost features (module doc), enough for `calibrate` to choose ``count`` of: documents of the
+    first ``DOCS_FACTOR x count x`` `run_size` stream positions (fewer where a position holds
+    several), grouped by `groups`; a run that packs: its own micro-batches, in order, with
+    ``features(batch)`` as their documents' sum."""
     if loader.maker.packing:
-        yield from loader
+        for batch in loader:
+            yield batch, micro_batch_features([features(batch)])
         return
     size = run_size(loader, features)
     docs = loader.maker.encoded_at(range(DOCS_FACTOR * count * size))
     encoder = loader.encoder
     of = [full(**encoder.encoded_features(d)) for d in docs]
+    width = row_width(loader)
     for group in groups(of, min(size, len(docs)), count):
-        yield loader.maker.batch_of([docs[i] for i in group])
+        vectors = [of[i] for i in group]
+        yield loader.maker.batch_of([docs[i] for i in group]), micro_batch_features(vectors, width)

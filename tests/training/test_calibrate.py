@@ -21,6 +21,7 @@ from energon_platform.training.calibrate import (
     check_fit,
     encoder_digest,
     load_cost_model,
+    paired,
     time_step,
     write_report,
 )
@@ -67,8 +68,7 @@ def linear_cost(batch) -> float:
 def test_calibrate_recovers_known_coefficients():
     report = calibrate(
         SleepModel(linear_cost),
-        synthetic_batches(64),
-        lambda b: b.features,
+        paired(synthetic_batches(64), lambda b: b.features),
         micro_batches=16,
         repeats=2,
         progress=False,
@@ -108,8 +108,7 @@ def test_a_fixed_cost_per_micro_batch_is_the_overhead_not_a_per_sample_cost(monk
     monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: model.now))
     report = calibrate(
         model,
-        synthetic_batches(64),
-        lambda b: b.features,
+        paired(synthetic_batches(64), lambda b: b.features),
         micro_batches=16,
         repeats=2,
         progress=False,
@@ -144,8 +143,7 @@ def test_a_load_burst_longer_than_one_micro_batchs_runs_does_not_skew_its_time()
     model = BurstModel(linear_cost, burst=range(13, 17), extra=0.05)
     report = calibrate(
         model,
-        synthetic_batches(8),
-        lambda b: b.features,
+        paired(synthetic_batches(8), lambda b: b.features),
         micro_batches=8,
         repeats=3,
         progress=False,
@@ -161,8 +159,7 @@ def test_a_fit_with_a_large_held_back_error_is_refused():
 
     report = calibrate(
         SleepModel(unrelated),
-        synthetic_batches(32),
-        lambda b: b.features,
+        paired(synthetic_batches(32), lambda b: b.features),
         micro_batches=8,
         repeats=1,
         progress=False,
@@ -176,8 +173,7 @@ def test_too_few_micro_batches_are_refused():
     with pytest.raises(CalibrationError, match="at least 4"):
         calibrate(
             SleepModel(lambda b: 0.0),
-            synthetic_batches(3),
-            lambda b: b.features,
+            paired(synthetic_batches(3), lambda b: b.features),
             micro_batches=8,
             progress=False,
         )

@@ -13,9 +13,15 @@ import numpy as np
 import pytest
 
 from energon_platform.training.calibrate import POOL_FACTOR, feature_matrix
-from energon_platform.training.calibration_pool import ORDERS, composed, groups, run_size
+from energon_platform.training.calibration_pool import (
+    ORDERS,
+    composed,
+    groups,
+    row_width,
+    run_size,
+)
 from scripts.bench_data import three_modality_blend
-from task_encoders.features import features, summed
+from task_encoders.features import features, micro_batch_features, summed
 from tests.helpers import REPO
 from tests.helpers import run_configs as configs
 
@@ -46,7 +52,7 @@ def test_the_runs_own_micro_batches_do_not_vary_where_the_pool_does(blend):
     assert set(samples) == {8.0} and set(tiles) == {4.0}  # what makes the pool necessary
 
     pool = list(islice(composed(loader, of, count=6), POOL_FACTOR * 6))  # what calibrate draws
-    matrix = feature_matrix(of(b) for b in pool)
+    matrix = feature_matrix(of(b) for b, _ in pool)
     docs = matrix[:, 0]
     assert {1.0, 4.0, 8.0} <= set(docs)  # a cost per document and per micro-batch told apart
     media = matrix[:, 3] + matrix[:, 4]
@@ -76,7 +82,31 @@ def test_a_run_that_packs_is_timed_on_its_own_micro_batches(blend):
     loader = loader_of(blend, "multimodal_packed.yaml")
     of = loader.encoder.batch_features
     pool = composed(loader, of, count=4)
-    assert [of(next(pool)) for _ in range(3)] == [of(loader.maker(c)) for c in range(3)]
+    drawn = [next(pool) for _ in range(3)]
+    assert [of(b) for b, _ in drawn] == [of(loader.maker(c)) for c in range(3)]
+    for batch, vector in drawn:  # the documents' own positions, one call per tower that runs
+        assert vector == micro_batch_features([of(batch)])
+        assert vector["samples"] == of(batch)["samples"] > 1
+
+
+def test_an_unpacked_micro_batch_is_stated_as_it_runs(blend):
+    """What calibrate fits is what the batch holds: rows of ``seq_len`` positions, clips padded to
+    the longest, one call per tower that runs (break the width or the clip padding in
+    `Shape.as_run` and this fails)."""
+    loader = loader_of(blend)
+    assert row_width(loader) == loader.encoder.seq_len
+    seen_audio = seen_text_only = False
+    for batch, vector in islice(composed(loader, loader.encoder.batch_features, count=6), 24):
+        rows, width = batch.tokens.shape
+        assert (vector["samples"], vector["llm_tokens"]) == (rows, rows * width)
+        assert vector["llm_attention"] == rows * width * width
+        assert vector["audio_frames"] == batch.features.shape[0] * batch.features.shape[-1]
+        assert vector["vision_tiles"] == loader.encoder.batch_features(batch)["vision_tiles"]
+        assert vector["vision_calls"] == float(vector["vision_tiles"] > 0)
+        assert vector["audio_calls"] == float(batch.features.shape[0] > 0)
+        seen_audio |= batch.features.shape[0] > 1
+        seen_text_only |= vector["vision_calls"] + vector["audio_calls"] == 0
+    assert seen_audio and seen_text_only
 
 
 def test_run_size_counts_the_documents_of_the_first_micro_batch(blend):

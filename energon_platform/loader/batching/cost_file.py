@@ -1,12 +1,21 @@
-"""The cost file of ``energon-platform calibrate``, read back: a calibrated model's cost per sample.
+"""The cost file of ``energon-platform calibrate``, read back: a calibrated model's cost per micro-batch.
 
 ``calibrate`` (`energon_platform.training.calibrate`) times a model on micro-batches and
-writes a JSON cost file: ``format_version`` (`FORMAT_VERSION`), ``features``
-(`FEATURES`), ``coefficients`` (seconds per unit of each feature),
+writes a JSON cost file: ``format_version`` (`FORMAT_VERSION`), ``features``,
+``coefficients`` (seconds per unit of each feature), ``row_width``,
 ``model``, ``encoder_digest`` and its fit's report. `load_cost_model` reads it for one
 encoder as a `CostModel`; ``loader.balance: measured`` plans global batches with its
-`CostModel.predict` of each sample's cost features. Every problem with the file is a
-one-line `CostFileError` naming the file and the field.
+predictions. Every problem with the file is a one-line `CostFileError` naming the file and
+the field.
+
+Two layouts are read:
+
+* **version 2** (what ``calibrate`` writes): the features of a micro-batch as it runs
+  (`MICRO_BATCH_FEATURES`: padded positions, one call per tower) and ``row_width``, how its rows
+  were laid out when timed (`Shape.as_run`). The planner costs an unpacked micro-batch as a
+  whole (`CostModel.shape_cost`).
+* **version 1**: the sum of the samples' features (`FEATURES`); planned as before, each
+  sample's cost added up.
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ from typing import Any
 
 from energon_platform.loader.fingerprint import encoder_digest
 from task_encoders.config import ConfigError
-from task_encoders.features import FEATURES, MODULES
+from task_encoders.features import FEATURES, LONGEST, MICRO_BATCH_FEATURES, MODULES, Shape
 
-#: Version of the cost file's layout.
-FORMAT_VERSION = 1
+#: Version of the cost file's layout that ``calibrate`` writes.
+FORMAT_VERSION = 2
+#: The layouts read, by version: the features their coefficients name.
+READ_VERSIONS: dict[int, tuple[str, ...]] = {1: FEATURES, 2: MICRO_BATCH_FEATURES}
 
 
 class CostFileError(ConfigError):
@@ -34,11 +45,30 @@ class CostFileError(ConfigError):
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds a micro-batch takes: ``Σ coefficients[f] · features[f]`` over `FEATURES`."""
+    """Seconds a micro-batch takes: ``Σ coefficients[f] · features[f]``. ``coefficients`` name
+    `FEATURES` (version 1: a micro-batch costs the sum of its samples) or
+    `MICRO_BATCH_FEATURES` (version 2: `grouped`, the micro-batch as it runs with rows laid out
+    as ``row_width`` says, `Shape.as_run`). A sample alone (`predict_work`) is costed by the
+    `FEATURES` terms only: the calls are a micro-batch's, not a sample's."""
 
     coefficients: dict[str, float]
     model: str
     encoder_digest: str
+    row_width: int | str | None = None
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the coefficients cost a micro-batch as it runs (version 2): the planner then
+        deals an unpacked global batch by `shape_cost`."""
+        return set(self.coefficients) == set(MICRO_BATCH_FEATURES)
+
+    def shape_cost(self, shape: Shape) -> float:
+        """Predicted seconds of a micro-batch of ``shape`` as it runs (a `grouped` model)."""
+        return sum(c * x for c, x in zip(self._grouped_terms, shape.as_run(self.row_width)))
+
+    @cached_property
+    def _grouped_terms(self) -> tuple[float, ...]:
+        return tuple(self.coefficients.get(name, 0.0) for name in MICRO_BATCH_FEATURES)
 
     def predict(self, features: Mapping[str, float]) -> float:
         """Predicted seconds of a micro-batch with ``features`` (names not given count 0)."""
@@ -65,8 +95,13 @@ class CostModel:
 
     @property
     def digest(self) -> str:
-        """What the predictions are a function of: the features and their coefficients (16 hex)."""
-        text = json.dumps({"features": list(FEATURES), "coefficients": self.coefficients})
+        """What the predictions are a function of: the features and their coefficients, and a
+        grouped model's row width (16 hex; a version 1 model's digest is what it always was)."""
+        names = MICRO_BATCH_FEATURES if self.grouped else FEATURES
+        content: dict[str, Any] = {"features": list(names), "coefficients": self.coefficients}
+        if self.grouped:
+            content["row_width"] = self.row_width
+        text = json.dumps(content)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -76,18 +111,26 @@ def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
     `FEATURES`, a coefficient missing or not a finite number >= 0, another encoder's digest."""
     data = _read_json(Path(path))
     source = str(path)
+    version = data.get("format_version")
     _field(
-        data.get("format_version") == FORMAT_VERSION, source, "format_version", data, FORMAT_VERSION
+        isinstance(version, int) and not isinstance(version, bool) and version in READ_VERSIONS,
+        source,
+        "format_version",
+        data,
+        " or ".join(map(str, READ_VERSIONS)),
     )
-    _field(data.get("features") == list(FEATURES), source, "features", data, list(FEATURES))
+    names = READ_VERSIONS[version]
+    _field(data.get("features") == list(names), source, "features", data, list(names))
     coefficients = data.get("coefficients")
     _field(isinstance(coefficients, dict), source, "coefficients", data, "a mapping")
-    unknown = sorted(set(coefficients) - set(FEATURES))
+    unknown = sorted(set(coefficients) - set(names))
     if unknown:
         raise CostFileError(
-            source, "coefficients", f"unknown feature(s) {unknown} (known: {list(FEATURES)})"
+            source, "coefficients", f"unknown feature(s) {unknown} (known: {list(names)})"
         )
-    for name in FEATURES:
+    width = data.get("row_width") if version >= 2 else None
+    _field(row_width_ok(width), source, "row_width", data, f"null, {LONGEST!r} or an integer > 0")
+    for name in names:
         value = coefficients.get(name)
         ok = (
             isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -104,7 +147,16 @@ def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
             f"{data.get('encoder_digest')!r} is another encoder configuration's (this one's is "
             f"{digest!r}); run energon-platform calibrate again with this config",
         )
-    return CostModel({n: float(coefficients[n]) for n in FEATURES}, str(data.get("model")), digest)
+    return CostModel(
+        {n: float(coefficients[n]) for n in names}, str(data.get("model")), digest, width
+    )
+
+
+def row_width_ok(width: Any) -> bool:
+    """Whether ``width`` is a row width `Shape.as_run` knows."""
+    if isinstance(width, bool):
+        return False
+    return width is None or width == LONGEST or (isinstance(width, int) and width > 0)
 
 
 def _read_json(path: Path) -> dict:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from energon_platform.loader.batching.cost_file import CostModel
+from energon_platform.loader.batching.cost_file import READ_VERSIONS, CostModel, row_width_ok
 from energon_platform.loader.state import StateMismatchError
-from task_encoders.features import FEATURES
+from task_encoders.features import FEATURES, MICRO_BATCH_FEATURES
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,14 @@ class CostEntry:
     cost: Any  #: ``cost(work)``: the planner's cost of a sample's work under ``model``
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "batch": self.batch,
             "digest": self.model.digest,
             "coefficients": dict(self.model.coefficients),
         }
+        if self.model.grouped:
+            out["row_width"] = self.model.row_width
+        return out
 
 
 class CostHistory:
@@ -82,19 +85,32 @@ class CostHistory:
 
 
 def _entry(item: Any, i: int, cost_of: Callable[[CostModel], Any]) -> CostEntry:
-    """One saved entry ``{"batch", "digest", "coefficients"}``, checked: coefficients of every
-    feature, finite numbers >= 0, whose digest is the saved one."""
+    """One saved entry ``{"batch", "digest", "coefficients"}`` (a grouped model's also
+    ``row_width``), checked: coefficients of every feature of a cost file's version, finite
+    numbers >= 0, whose digest is the saved one."""
     where = f"loader state is malformed: plan.costs[{i}]"
-    if not isinstance(item, dict) or set(item) != {"batch", "digest", "coefficients"}:
-        raise StateMismatchError(f"{where} must be {{batch, digest, coefficients}}")
+    keys = {"batch", "digest", "coefficients"}
+    if not isinstance(item, dict) or not keys <= set(item) <= keys | {"row_width"}:
+        raise StateMismatchError(f"{where} must be {{batch, digest, coefficients[, row_width]}}")
     batch, coefficients = item["batch"], item["coefficients"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise StateMismatchError(f"{where}.batch must be an integer >= 0, got {batch!r}")
-    if not isinstance(coefficients, dict) or set(coefficients) != set(FEATURES):
-        raise StateMismatchError(f"{where}.coefficients must name the features {list(FEATURES)}")
+    names = (
+        next((v for v in READ_VERSIONS.values() if set(v) == set(coefficients or ())), None)
+        if isinstance(coefficients, dict)
+        else None
+    )
+    if names is None:
+        raise StateMismatchError(
+            f"{where}.coefficients must name the features {list(FEATURES)} or "
+            f"{list(MICRO_BATCH_FEATURES)}"
+        )
     if not all(_is_coefficient(c) for c in coefficients.values()):
         raise StateMismatchError(f"{where}.coefficients must be finite numbers >= 0")
-    model = CostModel({n: float(coefficients[n]) for n in FEATURES}, "", "")
+    width = item.get("row_width")
+    if not row_width_ok(width):
+        raise StateMismatchError(f"{where}.row_width must be null, 'longest' or an integer > 0")
+    model = CostModel({n: float(coefficients[n]) for n in names}, "", "", width)
     if model.digest != item["digest"]:
         raise StateMismatchError(
             f"{where}.digest {item['digest']!r} is not its coefficients' ({model.digest!r})"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from energon_platform.loader.packer import sample_cost
-from task_encoders.features import FEATURES
+from task_encoders.features import EMPTY, FEATURES
 
 
 def _formula(mode: str) -> Callable[[Any, SampleCost], tuple[Any, str]]:
@@ -79,11 +79,16 @@ class SampleCost:
     anything else is a `ConfigError` (file ``source``, key ``loader.balance``) naming where
     it came from. The encoder is asked at each call (its ``balance_cost`` may be replaced).
     ``cost_model``: the `CostModel` of
-    ``measured`` (None otherwise)."""
+    ``measured`` (None otherwise). ``grouped``: with a cost model of the micro-batch as it runs
+    (`CostModel.grouped`), ``(empty shape, shape_cost)`` for costing a micro-batch as a whole
+    (`planner.MicroBatchCost`); None otherwise."""
 
     def __init__(self, mode: str, encoder: Any, linear: float, source: str, cost_model: Any = None):
         self.mode, self.encoder, self.linear, self.source = mode, encoder, linear, source
         self.cost_model = cost_model
+        self.grouped = None
+        if mode == "measured" and cost_model is not None and cost_model.grouped:
+            self.grouped = (EMPTY, cost_model.shape_cost)
         self._model = COST_MODELS[mode]
         if mode in MEMOISED:
             self._checked = functools.lru_cache(maxsize=MEMO_SIZE)(self._checked)

@@ -262,12 +262,21 @@ class PlannedBatching:
         cost of that module's features by the cost model of global batch ``batch`` (1.0 for a
         module nothing costs in)."""
         model = self.history.at(batch).cost_model
-        works = [self.planner.lengths(item) for item in plan.items]
-        per_item = [_summed(model.predict_modules(_named(w)) for _, w in work) for work in works]
-        return {
-            module: _spread([sum(per_item[i][module] for m in rank for i in m) for rank in dealt])
-            for module in per_item[0]
-        }
+        if plan.grouped is not None:  # each micro-batch as it runs
+            per_rank = [
+                _summed(
+                    model.predict_modules(_as_run(plan.grouped.shape(m), model.row_width))
+                    for m in rank
+                )
+                for rank in dealt
+            ]
+        else:
+            works = [self.planner.lengths(item) for item in plan.items]
+            per_item = [
+                _summed(model.predict_modules(_named(w)) for _, w in work) for work in works
+            ]
+            per_rank = [_summed(per_item[i] for m in rank for i in m) for rank in dealt]
+        return {module: _spread([r[module] for r in per_rank]) for module in per_rank[0]}
 
     def step_done(self, batch: int) -> None:
         """Keep this process's plans current at the end of a global batch (state, stats): O(1)."""
@@ -286,6 +295,13 @@ def _spread(costs: list[float]) -> float:
     """max/mean of per-rank costs, rounded (1.0 when they are all 0)."""
     mean = sum(costs) / len(costs)
     return round(max(costs) / mean, 4) if mean else 1.0
+
+
+def _as_run(shape: Any, width: Any) -> dict[str, float]:
+    """A micro-batch's features as it runs (`Shape.as_run`), by name."""
+    from task_encoders.features import MICRO_BATCH_FEATURES
+
+    return dict(zip(MICRO_BATCH_FEATURES, shape.as_run(width)))
 
 
 def _named(work: tuple[float, ...]) -> dict[str, float]:
