@@ -83,23 +83,24 @@ WHY = {
         "batch bound under All figures tells a planning limit from a dealing one.",
         ": padding": "too few short samples were left to fill the rows' ends.",
         "unpacked <=": (
-            "an unpacked micro-batch is padded to its longest sample and the padding is computed; "
-            "measured takes samples of like length and deals them by predicted time, yet can stay "
-            "up to a tenth above the timing floor (the timing floor row: one rank's micro-batch "
-            "timed for every rank). Part of that is this machine's timing noise, part the plan's "
-            "own (timed with --timing paired, which divides out the machine's drift, most of the "
-            "spread repeats): the vision tower's fixed cost per call, which no per-sample feature "
-            "carries; the padding of a rare batch of long samples; and samples of like length but "
-            "unlike tower work, two per rank."
+            "an unpacked micro-batch is padded to its longest sample, and a tower costs a call "
+            "whenever it runs; measured takes samples of like length and deals them to "
+            "micro-batches by the cost model's time of each micro-batch as a whole (a cost file "
+            "of version 2), yet stays above the timing floor (the timing floor row: one rank's "
+            "micro-batch timed for every rank). What is left is partly this machine's timing "
+            "noise, partly the unpacked calibration's own error (its held-back p90 error, below), "
+            "and partly two samples per rank of like length but unlike tower work, which no "
+            "dealing can even out."
         ),
         "held-back p90 error": (
             "the worst held-back micro-batches are single text samples. The reference model's "
             "attention is dense over its row (a mask keeps the documents apart), so its cost "
             "grows with the row's length squared, not with its documents' (`llm_attention`); the "
             "per-token coefficient, fitted mostly on full rows, carries that part and overshoots a "
-            "lone sample of a few hundred tokens. A feature for each tower's fixed cost per call "
-            "(tried) barely moves it. And p90 of the held-back quarter (a dozen micro-batches) is "
-            "about its second-worst error: one noisy timing moves it."
+            "lone sample of a few hundred tokens. The micro-batches are chosen to spread the "
+            "features, so the held-back ones include the extremes. And p90 of the held-back "
+            "quarter (a dozen micro-batches) is about its second-worst error: one noisy timing "
+            "moves it."
         ),
         "ranks, packed <=": (
             "the target sits close to the timing floor of this machine (the timing floor row: "
@@ -110,7 +111,9 @@ WHY = {
         ),
         "64 rows, packed": (
             "the bench looks up each new sample's cost features one by one in Python (tokens and "
-            "attention read a vectorised lookup), and packing 64 rows takes about 7 ms in any mode."
+            "attention read a vectorised lookup), and packing 64 rows takes about 7 ms in any mode "
+            "on this machine, more when it runs slow (compare the tokens and attention rows of "
+            "the same run under All figures)."
         ),
         "2-rank tokens/s ours/today": (
             "with 2 ranks today's ranks are already close to even (rank cost max/mean of today, All "
