@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from task_encoders.features import FEATURES
+from task_encoders.features import MICRO_BATCH_FEATURES
 from tests.helpers import REPO
 from tests.helpers.cli import run_cli
 from tests.helpers.run_configs import loader_config, write_config
@@ -367,7 +367,8 @@ def test_calibrate_command_times_megatrons_llava(shards, tmp_path):
     if done.returncode == 0:
         report = json.loads(out.read_text())
         assert report["model"] == model and report["micro_batches"] == 4
-        assert set(report["coefficients"]) == set(FEATURES)
+        assert set(report["coefficients"]) == set(MICRO_BATCH_FEATURES)
+        assert report["format_version"] == 2
         assert all(c >= 0 for c in report["coefficients"].values()), report["coefficients"]
         assert sum(report["coefficients"].values()) > 0
         assert f"wrote {out}" in done.stdout
