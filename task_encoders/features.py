@@ -139,6 +139,10 @@ class Shape(tuple):
             float(clips > 0),
         )
 
+    def named(self, width: int | str | None) -> dict[str, float]:
+        """`as_run`, by name over `MICRO_BATCH_FEATURES`."""
+        return dict(zip(MICRO_BATCH_FEATURES, self.as_run(width), strict=True))
+
 
 #: The shape of a micro-batch without samples.
 EMPTY = Shape((0,) * 9)
@@ -158,4 +162,4 @@ def micro_batch_features(
 ) -> dict[str, float]:
     """A micro-batch of samples with these feature vectors as it runs (`Shape.as_run` with
     ``width``), by name over `MICRO_BATCH_FEATURES`."""
-    return dict(zip(MICRO_BATCH_FEATURES, shape_of(vectors).as_run(width), strict=True))
+    return shape_of(vectors).named(width)

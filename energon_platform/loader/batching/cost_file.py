@@ -132,10 +132,7 @@ def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
     _field(row_width_ok(width), source, "row_width", data, f"null, {LONGEST!r} or an integer > 0")
     for name in names:
         value = coefficients.get(name)
-        ok = (
-            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        )
-        if not (ok and value >= 0):
+        if not coefficient_ok(value):
             raise CostFileError(
                 source, f"coefficients.{name}", f"got {value!r} (expected a finite number >= 0)"
             )
@@ -150,6 +147,20 @@ def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
     return CostModel(
         {n: float(coefficients[n]) for n in names}, str(data.get("model")), digest, width
     )
+
+
+def coefficient_ok(value: Any) -> bool:
+    """Whether ``value`` is a coefficient: a finite number >= 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and value >= 0
+
+
+def names_of(coefficients: Any) -> tuple[str, ...] | None:
+    """The features of the cost file version whose features ``coefficients`` names, or None."""
+    if not isinstance(coefficients, dict):
+        return None
+    return next((v for v in READ_VERSIONS.values() if set(v) == set(coefficients)), None)
 
 
 def row_width_ok(width: Any) -> bool:

@@ -9,12 +9,16 @@ resume, or a trace from a later checkpoint, replays every earlier global batch e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from energon_platform.loader.batching.cost_file import READ_VERSIONS, CostModel, row_width_ok
+from energon_platform.loader.batching.cost_file import (
+    CostModel,
+    coefficient_ok,
+    names_of,
+    row_width_ok,
+)
 from energon_platform.loader.state import StateMismatchError
 from task_encoders.features import FEATURES, MICRO_BATCH_FEATURES
 
@@ -95,17 +99,13 @@ def _entry(item: Any, i: int, cost_of: Callable[[CostModel], Any]) -> CostEntry:
     batch, coefficients = item["batch"], item["coefficients"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise StateMismatchError(f"{where}.batch must be an integer >= 0, got {batch!r}")
-    names = (
-        next((v for v in READ_VERSIONS.values() if set(v) == set(coefficients or ())), None)
-        if isinstance(coefficients, dict)
-        else None
-    )
+    names = names_of(coefficients)
     if names is None:
         raise StateMismatchError(
             f"{where}.coefficients must name the features {list(FEATURES)} or "
             f"{list(MICRO_BATCH_FEATURES)}"
         )
-    if not all(_is_coefficient(c) for c in coefficients.values()):
+    if not all(coefficient_ok(c) for c in coefficients.values()):
         raise StateMismatchError(f"{where}.coefficients must be finite numbers >= 0")
     width = item.get("row_width")
     if not row_width_ok(width):
@@ -116,12 +116,3 @@ def _entry(item: Any, i: int, cost_of: Callable[[CostModel], Any]) -> CostEntry:
             f"{where}.digest {item['digest']!r} is not its coefficients' ({model.digest!r})"
         )
     return CostEntry(batch, model, cost_of(model))
-
-
-def _is_coefficient(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )

@@ -265,7 +265,7 @@ class PlannedBatching:
         if plan.grouped is not None:  # each micro-batch as it runs
             per_rank = [
                 _summed(
-                    model.predict_modules(_as_run(plan.grouped.shape(m), model.row_width))
+                    model.predict_modules(plan.grouped.shape(m).named(model.row_width))
                     for m in rank
                 )
                 for rank in dealt
@@ -295,13 +295,6 @@ def _spread(costs: list[float]) -> float:
     """max/mean of per-rank costs, rounded (1.0 when they are all 0)."""
     mean = sum(costs) / len(costs)
     return round(max(costs) / mean, 4) if mean else 1.0
-
-
-def _as_run(shape: Any, width: Any) -> dict[str, float]:
-    """A micro-batch's features as it runs (`Shape.as_run`), by name."""
-    from task_encoders.features import MICRO_BATCH_FEATURES
-
-    return dict(zip(MICRO_BATCH_FEATURES, shape.as_run(width)))
 
 
 def _named(work: tuple[float, ...]) -> dict[str, float]:
