@@ -147,6 +147,15 @@ class Shape(tuple):
 #: The shape of a micro-batch without samples.
 EMPTY = Shape((0,) * 9)
 
+_TILES, _FRAMES = FEATURES.index("vision_tiles"), FEATURES.index("audio_frames")
+
+
+def towers(work: tuple[float, ...]) -> tuple[bool, ...]:
+    """The towers besides the language model that a sample of ``work`` (its features in
+    `FEATURES` order) runs, in `CALL_FEATURES` order: the calls of a micro-batch of it alone
+    (`Shape.as_run`). Samples of one pattern can share micro-batches without adding a call."""
+    return (work[_TILES] > 0, work[_FRAMES] > 0)
+
 
 def shape_of(vectors: Iterable[Mapping[str, float]]) -> Shape:
     """The `Shape` of a micro-batch of samples with these feature vectors."""

@@ -19,7 +19,8 @@ unchanged) with each sample's exact length from the length index, before any med
   predicted times cannot see; the dealing below then evens out the rest of the predicted time.
   With a cost model of the micro-batch as it runs (a grouped `CostModel`), that dealing costs each
   micro-batch as a whole (`MicroBatchCost`, `deal_shapes`): its padded positions, one call per
-  tower.
+  tower; and the global batch takes samples that run the oldest one's towers
+  (`Planner._same_towers`), so every micro-batch pays the same calls.
 
 Then rows (samples) are dealt to ranks by cost, each rank its equal number of rows (or its share
 of samples), and each rank's share to its micro-batches the same way
@@ -46,6 +47,7 @@ from energon_platform.loader.packer import (
     pack_rows,
 )
 from storage import DatasetError
+from task_encoders.features import towers
 
 #: The planner's version in the fingerprint (``balance.planner``): what its plans are a function of.
 PLANNER_VERSION = "pool-led-v2"
@@ -229,13 +231,15 @@ class Planner:
         cost = self.cost_at(state.batch)
         costs = {i: cost(pool.lengths[i][1]) for i in live}
         like = {i: pool.lengths[i][0] for i in live} if self.like_lengths else costs
+        grouped = getattr(cost, "grouped", None) if self.like_lengths else None
         forced = [live[0]] + [i for i in pool.due if i != live[0]][: g - 1]
         if len(forced) == 1:  # the common case: a window of like ones around the oldest
-            ranked = sorted(live, key=lambda i: (like[i], i))
+            among = live if grouped is None else self._same_towers(live, pool, g)
+            ranked = sorted(among, key=lambda i: (like[i], i))
             anchor = ranked.index(live[0])
-            lo = min(max(0, anchor - g + 1), len(live) - g)
+            lo = min(max(0, anchor - g + 1), len(among) - g)
             best = min(
-                range(lo, min(anchor, len(live) - g) + 1),
+                range(lo, min(anchor, len(among) - g) + 1),
                 key=lambda a: (like[ranked[a + g - 1]] - like[ranked[a]], a),
             )
             taken = sorted(ranked[best : best + g])
@@ -246,10 +250,19 @@ class Planner:
                 (i for i in live if i not in chosen), key=lambda i: (abs(like[i] - centre), i)
             )
             taken = sorted(forced + rest[: g - len(forced)])
-        grouped = getattr(cost, "grouped", None) if self.like_lengths else None
         if grouped is not None:
             grouped = MicroBatchCost([pool.lengths[i][1] for i in taken], *grouped)
         return self._batch(state, pool, [[i] for i in taken], costs, grouped)
+
+    @staticmethod
+    def _same_towers(live: list[int], pool: Pool, g: int) -> list[int]:
+        """The live samples that run the same towers as the oldest (`towers`), when there are at
+        least ``g`` of them; else all. Micro-batches costed as a whole pay each tower once: a
+        batch of like-length samples with one image among texts gives one micro-batch the vision
+        tower's call that none of the others pays, and no dealing can even that out."""
+        pattern = towers(pool.lengths[live[0]][1])
+        same = [i for i in live if towers(pool.lengths[i][1]) == pattern]
+        return same if len(same) >= g else live
 
     def _packed(self, state: PlanState, pool: Pool) -> BatchPlan:
         rows = self.items_per_batch

@@ -157,15 +157,18 @@ def fit(matrix: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
     ``overhead`` is the seconds every micro-batch costs whatever it holds (a launch, the
     optimizer's hooks, Python): no sample causes it, and every rank pays it once per micro-batch,
     so it is reported but not planned with. Columns are scaled to a largest value of 1 for the
-    solver; a feature that is always 0 gets 0. Where a feature is the same for every micro-batch
-    (``samples`` of one-sample micro-batches), it and the overhead cannot be told apart."""
+    solver; a feature that is always 0 gets 0. A feature of the same value in every micro-batch
+    (``vision_calls`` where every micro-batch holds an image, ``samples`` of one-sample
+    micro-batches) cannot be told apart from the overhead: it gets 0 and the overhead takes its
+    time, so no share of the report is a guess."""
     from scipy.optimize import nnls
 
     scale = matrix.max(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
-    design = np.hstack([matrix / scale, np.ones((len(matrix), 1))])
+    varies = (matrix != matrix[:1]).any(axis=0) if len(matrix) else np.zeros(matrix.shape[1], bool)
+    design = np.hstack([matrix / scale * varies, np.ones((len(matrix), 1))])
     solution, _ = nnls(design, seconds)
-    return solution[:-1] / scale, float(solution[-1])
+    return solution[:-1] * varies / scale, float(solution[-1])
 
 
 def r_squared(seconds: np.ndarray, predicted: np.ndarray) -> float:

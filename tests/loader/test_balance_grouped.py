@@ -35,6 +35,7 @@ from task_encoders.features import (
     MICRO_BATCH_FEATURES,
     features,
     micro_batch_features,
+    towers,
 )
 from tests.loader.test_balance_measured import MeasuredCase
 from tests.loader.test_plan_no_repeats import BATCHES, _check, _plans
@@ -171,6 +172,58 @@ def test_a_sample_goes_where_it_adds_least_not_to_the_cheapest_micro_batch():
     assert dealt == [[0, 2], [1, 3]]
     costs = [MicroBatchCost(works, EMPTY, model.shape_cost).of(m) for m in dealt]
     assert costs == pytest.approx([16e-3, 15e-3])
+
+
+def test_towers_are_the_calls_of_a_sample_alone():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        work = tuple(float(x) for x in rng.integers(0, 3, len(FEATURES)))
+        calls = EMPTY.grow(work).as_run(None)[len(FEATURES) :]
+        assert towers(work) == tuple(c > 0 for c in calls)
+
+
+def _tower_stream(positions):
+    """Texts of 8-10 tokens; every fourth sample an image of one tile and as many tokens."""
+    out = []
+    for p in positions:
+        tokens = 8 + p % 3
+        work = _work(llm_tokens=tokens, vision_tiles=1 if p % 4 == 3 else 0)
+        out.append((tokens, work))
+    return out
+
+
+def _tower_plans(planner, batches: int) -> list:
+    return [planner.plan(b) for b in range(batches)]
+
+
+def test_a_grouped_global_batch_takes_samples_that_run_the_oldest_ones_towers(monkeypatch):
+    """Like lengths alone put one or two images among texts of the same length: one micro-batch
+    pays the vision tower's call that the others do not, and no dealing evens it out. With a
+    grouped cost, a global batch takes samples of the oldest one's towers (all texts or all
+    images here) and every micro-batch costs the same; every sample is still placed once and the
+    oldest first. Without the rule (patched out) the same stream deals batches 30% apart."""
+    from energon_platform.loader.planner import Planner
+
+    cost = SampleCost("measured", None, 0.0, "run.yaml", _grouped())
+
+    def ratios(plans):
+        out = []
+        for plan in plans:
+            per_rank = rank_costs(plan, deal_plan(plan, 4, 1, fixed=True))
+            out.append(max(per_rank) / np.mean(per_rank))
+        return out
+
+    plans = _tower_plans(Planner(_tower_stream, cost, 8, window=256, like_lengths=True), 40)
+    for plan in plans:
+        patterns = {towers(_tower_stream(item)[0][1]) for item in plan.items}
+        assert len(patterns) == 1, plan.items
+    placed = [p for plan in plans for item in plan.items for p in item]
+    assert len(placed) == len(set(placed)) and max(placed) < 40 * 8 + 256
+    assert max(ratios(plans)) < 1.05
+
+    monkeypatch.setattr(Planner, "_same_towers", staticmethod(lambda live, pool, g: live))
+    mixed = _tower_plans(Planner(_tower_stream, cost, 8, window=256, like_lengths=True), 40)
+    assert max(ratios(mixed)) > 1.3
 
 
 @pytest.mark.parametrize("seed", range(8))

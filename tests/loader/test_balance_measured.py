@@ -249,7 +249,7 @@ def test_the_loader_plans_unpacked_measured_batches_of_like_length(coco, tmp_pat
 
     measured = loader(balance="measured", cost_model=str(cost))
     assert measured.plan.batching.planner.like_lengths
-    assert measured.fingerprint["balance"]["samples"] == "like-length"
+    assert measured.fingerprint["balance"]["samples"] == "like-length-same-towers"
     attention = loader(balance="attention")
     assert not attention.plan.batching.planner.like_lengths
     assert "samples" not in attention.fingerprint["balance"]
@@ -260,7 +260,16 @@ def test_the_loader_plans_unpacked_measured_batches_of_like_length(coco, tmp_pat
     with caplog.at_level("WARNING"):
         again.load_state_dict(state)
     assert caplog.text.count("take samples of like length") == 1, caplog.text
-    assert again.state_dict()["fingerprint"]["balance"]["samples"] == "like-length"
+    assert "took samples of like predicted cost" in caplog.text
+    resumed = again.state_dict()["fingerprint"]["balance"]["samples"]
+    assert resumed == "like-length-same-towers"
+    assert again.next_microbatch == measured.next_microbatch
+    caplog.clear()
+    state["fingerprint"]["balance"]["samples"] = "like-length"  # like lengths, any towers
+    again = loader(balance="measured", cost_model=str(cost))
+    with caplog.at_level("WARNING"):
+        again.load_state_dict(state)
+    assert "of like length whatever towers they run" in caplog.text, caplog.text
     assert again.next_microbatch == measured.next_microbatch
 
 

@@ -95,6 +95,28 @@ class ClockModel(SleepModel):
         return self.weight * 1.0
 
 
+def test_a_feature_the_same_in_every_micro_batch_is_the_overhead_not_a_guess(monkeypatch):
+    """Every micro-batch runs the vision tower once (``vision_calls`` = 1 in all): that column
+    and the overhead are the same unknown, and the solver would split 6 ms between them at
+    will (a report once put 74% of the time on the calls and none on the overhead). The fit
+    gives the constant feature 0 and the overhead its time; the other coefficients stay true."""
+    import energon_platform.training.calibrate as module
+
+    batches = synthetic_batches(64)
+    for b in batches:
+        b.features = {**b.features, "vision_calls": 1.0}
+    model = ClockModel(lambda b: 6e-3 + linear_cost(b))
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: model.now))
+    report = calibrate(
+        model, paired(batches, lambda b: b.features), micro_batches=16, repeats=2, progress=False
+    )
+    assert report["coefficients"]["vision_calls"] == 0.0
+    assert report["share"]["vision_calls"] == 0.0
+    assert report["overhead"] == pytest.approx(6e-3, rel=0.25)
+    for name, truth in TRUE.items():
+        assert report["coefficients"][name] == pytest.approx(truth, rel=0.25), name
+
+
 def test_a_fixed_cost_per_micro_batch_is_the_overhead_not_a_per_sample_cost(monkeypatch):
     """A model that costs 6 ms per micro-batch whatever it holds, plus the linear cost: the fit
     puts the 6 ms in ``overhead`` (every rank pays it; the planner does not balance it) and keeps
