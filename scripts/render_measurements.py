@@ -84,13 +84,13 @@ WHY = {
         ": padding": "too few short samples were left to fill the rows' ends.",
         "unpacked <=": (
             "an unpacked micro-batch is padded to its longest sample, and a tower costs a call "
-            "whenever it runs; measured takes samples of like length and deals them to "
-            "micro-batches by the cost model's time of each micro-batch as a whole (a cost file "
-            "of version 2), yet stays above the timing floor (the timing floor row: one rank's "
-            "micro-batch timed for every rank). What is left is partly this machine's timing "
-            "noise, partly the unpacked calibration's own error (its held-back p90 error, below), "
-            "and partly two samples per rank of like length but unlike tower work, which no "
-            "dealing can even out."
+            "whenever it runs; measured takes samples of like length that run the oldest one's "
+            "towers and deals them to micro-batches by the cost model's time of each micro-batch "
+            "as a whole (a cost file of version 2). What is left is this machine's timing noise "
+            "on micro-batches of 10-30 ms (the timing floor row: one rank's micro-batch timed for "
+            "every rank; at 64 ranks it can sit above measured's own figure) and the global "
+            "batches whose oldest sample is far longer than the pool's others, around which no "
+            "window of like lengths is narrow."
         ),
         "held-back p90 error": (
             "the worst held-back micro-batches are single text samples. The reference model's "

@@ -220,8 +220,9 @@ class Planner:
         """Unpacked: the ``items_per_batch`` pool samples nearest in cost around the oldest one
         (which is always taken, so no sample waits more global batches than the pool holds samples;
         most wait a few): samples of like cost, so equal counts per rank are equal work on any
-        world size; with `like_lengths`, of like row length. Samples whose next copy waits
-        (`Pool`) are taken first."""
+        world size; with `like_lengths`, of like row length, and with a grouped cost (a cost of
+        the micro-batch as it runs) of the oldest one's towers too (`_same_towers`). Samples
+        whose next copy waits (`Pool`) are taken first."""
         g = self.items_per_batch
         want = min(self.window, BUCKET_POOL * g)
         pool.read(want, lambda i: 1, limit=want)
