@@ -1438,11 +1438,12 @@ def measured_section(args) -> dict:
                         args.measured_steps,
                         args,
                     )
-                    ratios = []
+                    ratios, predicted = [], []
                     for step in steps:
                         batches = [synth.batch(rows, packed) for rows in step]
                         seconds = timed(model, batches, reference, args.timing)
                         ratios.append(float(seconds.max() / seconds.mean()))
+                        predicted.append(predicted_ratio(batches, reports[packed]))
                     results.append(
                         {
                             "ranks": ranks,
@@ -1450,6 +1451,7 @@ def measured_section(args) -> dict:
                             "layout": "packed" if packed else "unpacked",
                             "method": method,
                             "max_over_mean": spread(ratios),
+                            "predicted_max_over_mean": spread(predicted),
                             **planning_ms(plan_s, ranks * args.rows_per_rank),
                         }
                     )
@@ -1485,6 +1487,21 @@ def measured_section(args) -> dict:
         "planning_64_rows": planning,
         "targets": measured_targets(calibration, results, planning, args.timing, unpacked),
     }
+
+
+def predicted_ratio(batches: list, calibration: dict) -> float:
+    """max/mean over one step's micro-batches of the time ``calibration`` (a `calibrate` report)
+    predicts for each, its overhead included: how even the plan is by the cost model, without
+    the timing's noise."""
+    coefficients = calibration["coefficients"]
+    predicted = np.array(
+        [
+            calibration["overhead"]
+            + sum(coefficients.get(name, 0.0) * value for name, value in b.cost_features.items())
+            for b in batches
+        ]
+    )
+    return float(predicted.max() / predicted.mean())
 
 
 #: ``--timing``: how the measured section times micro-batches (`timed`)
@@ -1658,10 +1675,12 @@ def report_measured(section: dict, args) -> list[str]:
         ),
         "",
         f"{'ranks':>5} {'layout':<8} {'method':<10} {'p50':>6} {'p90':>6} {'max':>6} "
-        f"{'plan ms/64 rows':>15} {'first batch ms':>14}",
+        f"{'predicted p90':>13} {'plan ms/64 rows':>15} {'first batch ms':>14}",
     ]
     for r in section["results"]:
         m = r["max_over_mean"]
+        predicted = r.get("predicted_max_over_mean")
+        predicted = f"{predicted['p90']:>13.3f}" if predicted else f"{'-':>13}"
         plan = (
             f"{r['planner_ms_per_64_rows']:>15.2f} {r['planner_ms_first_batch']:>14.1f}"
             if r["method"] not in ("none", IDENTICAL)
@@ -1669,10 +1688,12 @@ def report_measured(section: dict, args) -> list[str]:
         )
         lines.append(
             f"{r['ranks']:>5} {r['layout']:<8} {r['method']:<10} {m['p50']:>6.3f} {m['p90']:>6.3f} "
-            f"{m['max']:>6.3f} {plan}"
+            f"{m['max']:>6.3f} {predicted} {plan}"
         )
     lines.append(
-        "(plan ms: the mean over the global batches after the first; the first also fills the "
+        "(predicted p90: the same max/mean of the times the calibration predicts for the "
+        "micro-batches, how even a plan is by the cost model without the timing's noise. "
+        "plan ms: the mean over the global batches after the first; the first also fills the "
         f"planner's look-ahead window, once per process. {IDENTICAL}: one rank's micro-batch "
         "timed for every rank, equal work, so the timing's own spread)"
     )

@@ -144,6 +144,10 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
     }
     for r in measured["results"]:
         assert r["ranks"] == 8 and 1.0 <= r["max_over_mean"]["p50"] <= r["max_over_mean"]["max"]
+        predicted = r.get("predicted_max_over_mean")
+        assert (predicted is None) == (r["method"] == "identical")
+        assert predicted is None or 1.0 <= predicted["p50"] <= predicted["max"]
+    assert "predicted p90" in proc.stdout
     calibration = measured["calibration"]
     assert calibration["micro_batches"] == 8 and 0.0 <= calibration["p90_error"]
     assert "R²" in proc.stdout and "plan ms/64 rows" in proc.stdout
