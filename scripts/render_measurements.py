@@ -86,11 +86,12 @@ WHY = {
             "an unpacked micro-batch is padded to its longest sample, and a tower costs a call "
             "whenever it runs; measured takes samples of like length that run the oldest one's "
             "towers and deals them to micro-batches by the cost model's time of each micro-batch "
-            "as a whole (a cost file of version 2). What is left is this machine's timing noise "
-            "on micro-batches of 10-30 ms (the timing floor row: one rank's micro-batch timed for "
-            "every rank; at 64 ranks it can sit above measured's own figure) and the global "
-            "batches whose oldest sample is far longer than the pool's others, around which no "
-            "window of like lengths is narrow."
+            "as a whole (a cost file of version 2). By that model its plans are even (its "
+            "predicted max over mean under All figures, beside the other modes'); what is left "
+            "is the model's error on single micro-batches (the worst of a step's micro-batches "
+            "sets its max: at 64 ranks that is the worst of 64) and this machine's timing noise "
+            "on micro-batches of 10-30 ms (the timing floor row: one rank's micro-batch timed "
+            "for every rank)."
         ),
         "held-back p90 error": (
             "the worst held-back micro-batches are single text samples. The reference model's "

@@ -165,7 +165,7 @@ def fit(matrix: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
 
     scale = matrix.max(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
-    varies = (matrix != matrix[:1]).any(axis=0) if len(matrix) else np.zeros(matrix.shape[1], bool)
+    varies = (matrix != matrix[:1]).any(axis=0)  # all False for no rows
     design = np.hstack([matrix / scale * varies, np.ones((len(matrix), 1))])
     solution, _ = nnls(design, seconds)
     return solution[:-1] * varies / scale, float(solution[-1])
