@@ -1443,7 +1443,11 @@ def measured_section(args) -> dict:
                         batches = [synth.batch(rows, packed) for rows in step]
                         seconds = timed(model, batches, reference, args.timing)
                         ratios.append(float(seconds.max() / seconds.mean()))
-                        predicted.append(predicted_ratio(batches, reports[packed]))
+                        predicted.append(
+                            predicted_ratio(
+                                batches, cost_models[packed], reports[packed]["overhead"]
+                            )
+                        )
                     results.append(
                         {
                             "ranks": ranks,
@@ -1489,18 +1493,11 @@ def measured_section(args) -> dict:
     }
 
 
-def predicted_ratio(batches: list, calibration: dict) -> float:
-    """max/mean over one step's micro-batches of the time ``calibration`` (a `calibrate` report)
-    predicts for each, its overhead included: how even the plan is by the cost model, without
-    the timing's noise."""
-    coefficients = calibration["coefficients"]
-    predicted = np.array(
-        [
-            calibration["overhead"]
-            + sum(coefficients.get(name, 0.0) * value for name, value in b.cost_features.items())
-            for b in batches
-        ]
-    )
+def predicted_ratio(batches: list, cost_model, overhead: float) -> float:
+    """max/mean over one step's micro-batches of the seconds ``cost_model`` predicts for each
+    (`CostModel.predict` of its features as it runs) plus ``overhead``: how even the plan is by
+    the cost model, without the timing's noise."""
+    predicted = np.array([cost_model.predict(b.cost_features) + overhead for b in batches])
     return float(predicted.max() / predicted.mean())
 
 

@@ -200,8 +200,9 @@ def test_a_grouped_global_batch_takes_samples_that_run_the_oldest_ones_towers(mo
     """Like lengths alone put one or two images among texts of the same length: one micro-batch
     pays the vision tower's call that the others do not, and no dealing evens it out. With a
     grouped cost, a global batch takes samples of the oldest one's towers (all texts or all
-    images here) and every micro-batch costs the same; every sample is still placed once and the
-    oldest first. Without the rule (patched out) the same stream deals batches 30% apart."""
+    images here) and every micro-batch costs the same; no sample is placed twice (the planner's
+    property checks with this rule: `test_grouped_plans_never_repeat_or_drop_a_sample_and_resume_exactly`).
+    Without the rule (patched out) the same stream deals batches 30% apart."""
     from energon_platform.loader.planner import Planner
 
     cost = SampleCost("measured", None, 0.0, "run.yaml", _grouped())

@@ -36,8 +36,12 @@ log = logging.getLogger(__name__)
 #: length (`PlannedBatching.like_lengths`) and, with a cost model of the micro-batch as it runs,
 #: of the oldest one's towers (`Planner._same_towers`); absent where they take samples of like cost
 LIKE_LENGTHS = "like-length-same-towers"
-#: ``balance.samples`` of a checkpoint whose global batches took like lengths whatever the towers
-EARLIER_LIKE_LENGTHS = "like-length"
+#: ``balance.samples`` of checkpoints whose plans this one continues (absent: like costs), and
+#: what their global batches took
+EARLIER_SAMPLES = {
+    None: "of like predicted cost",
+    "like-length": "of like length whatever towers they run",
+}
 
 
 def plans_like_lengths(mode: str, fixed_samples: bool) -> bool:
@@ -167,17 +171,17 @@ class PlannedBatching:
         if isinstance(balance, dict) and "digest" in (balance.get("cost_model") or {}):
             balance = {**balance, "cost_model": _cost_features()}
             saved = {**saved, "balance": balance}
-        earlier = {
-            None: "of like predicted cost",
-            EARLIER_LIKE_LENGTHS: "of like length whatever towers they run",
-        }
-        if self.like_lengths and isinstance(balance, dict) and balance.get("samples") in earlier:
+        if (
+            self.like_lengths
+            and isinstance(balance, dict)
+            and balance.get("samples") in EARLIER_SAMPLES
+        ):
             if warn:
                 log.warning(
                     "the checkpoint's global batches took samples %s; from here on they take "
                     "samples of like length (a micro-batch is padded to its longest sample) "
                     "that run the same towers as the oldest",
-                    earlier[balance.get("samples")],
+                    EARLIER_SAMPLES[balance.get("samples")],
                 )
             balance = {**balance, "samples": LIKE_LENGTHS}
             saved = {**saved, "balance": balance}
