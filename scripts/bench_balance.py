@@ -77,6 +77,8 @@ from energon_platform.loader.planner import Planner, deal_plan, rank_costs  # no
 from scripts.bench_run import run_record  # noqa: E402
 
 KINDS = ("image_text", "audio", "text")
+#: what `Blend.draw_parts` draws per sample
+PART_FIELDS = ("kind", "tiles", "frames", "length")
 CHUNK = 1 << 16
 TARGET_RATIO, TARGET_PADDING, TARGET_RANKS = 1.05, 0.02, 8
 
@@ -110,17 +112,24 @@ class Blend:
         length = np.clip(length.astype(np.int64), 2, a.seq_len)
         return {"kind": kind, "tiles": tiles, "frames": frames.astype(np.int64), "length": length}
 
+    def part_arrays(self, positions) -> dict[str, np.ndarray]:
+        """Per position (as arrays): its ``kind``, ``tiles``, ``frames`` and ``length`` (as
+        :meth:`draw_parts`)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        chunk = positions // CHUNK
+        out = {k: np.empty(len(positions), dtype=np.int64) for k in PART_FIELDS}
+        for c in np.unique(chunk).tolist():
+            if c not in self._parts:
+                self._parts[c] = self.draw_parts(np.random.default_rng([self.seed, c]), CHUNK)
+            sel = chunk == c
+            for k in PART_FIELDS:
+                out[k][sel] = self._parts[c][k][positions[sel] % CHUNK]
+        return out
+
     def parts(self, positions) -> list[dict]:
         """Per position: its ``kind``, ``tiles``, ``frames`` and ``length`` (as :meth:`draw_parts`)."""
-        positions = np.asarray(positions, dtype=np.int64)
-        out = []
-        for p in positions.tolist():
-            c = p // CHUNK
-            if c not in self._parts:
-                rng = np.random.default_rng([self.seed, int(c)])
-                self._parts[c] = self.draw_parts(rng, CHUNK)
-            out.append({k: int(v[p % CHUNK]) for k, v in self._parts[c].items()})
-        return out
+        arrays = self.part_arrays(positions)
+        return [dict(zip(PART_FIELDS, v)) for v in zip(*(arrays[k].tolist() for k in PART_FIELDS))]
 
     def __getitem__(self, positions) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64)
@@ -1161,16 +1170,20 @@ class Synthetic:
 
     def doc(self, part: dict) -> dict:
         """One sample's scaled shape: ``kind``, ``tiles``, ``frames`` (mel), ``tokens`` (row
-        positions before the splice) and ``length`` (after)."""
-        length = min(self.seq_len, max(2, round(part["length"] / self.scale)))
-        kind = KINDS[part["kind"]]
-        tiles = part["tiles"] if kind == "image_text" else 0
-        tiles = min(tiles, (length - 1) // self.per_tile)
-        frames = (
-            2 * min(length, max(1, round(part["frames"] / self.scale))) if kind == "audio" else 0
-        )
-        tokens = length - tiles * self.per_tile + (1 if tiles else 0)
-        return {"tiles": tiles, "frames": frames, "tokens": tokens, "length": length}
+        positions before the splice) and ``length`` (after); of `Blend.parts` one part, or of
+        `Blend.part_arrays` arrays of them (each value then an array)."""
+        scalar = np.ndim(part["length"]) == 0
+        kind = np.asarray(part["kind"])
+        length = np.minimum(self.seq_len, np.maximum(2, np.round(part["length"] / self.scale)))
+        length = length.astype(np.int64)
+        image, audio = kind == KINDS.index("image_text"), kind == KINDS.index("audio")
+        tiles = np.where(image, np.minimum(part["tiles"], (length - 1) // self.per_tile), 0)
+        frames = np.where(
+            audio, 2 * np.minimum(length, np.maximum(1, np.round(part["frames"] / self.scale))), 0
+        ).astype(np.int64)
+        tokens = length - tiles * self.per_tile + (tiles > 0)
+        out = {"tiles": tiles, "frames": frames, "tokens": tokens, "length": length}
+        return {k: int(v) for k, v in out.items()} if scalar else out
 
     @staticmethod
     def named(doc: dict) -> dict[str, int]:
@@ -1194,13 +1207,23 @@ class Synthetic:
     def work(self, positions) -> list[tuple[int, tuple[float, ...]]]:
         """The planner's lookup for ``measured``, as the loader's (`SampleLengths`, which
         remembers what it looked up): per position its length and its sample's cost features
-        (`named` of its `doc`) as a tuple in FEATURES order."""
+        (`named` of its `doc`) as a tuple in FEATURES order. Computed over the new positions at
+        once, as `Blend.lookup` is for the other methods: the bench times the planner, not a
+        lookup (an encoder's own costs what its `sample_length` and `sample_features` do)."""
         from task_encoders.features import FEATURES
 
         new = [p for p in positions if p not in self.known]
-        for n, part, p in zip(self.blend[new].tolist(), self.blend.parts(new), new):
-            values = self.named(self.doc(part))
-            self.known[p] = (n, tuple(float(values.get(name, 0.0)) for name in FEATURES))
+        if new:
+            arrays = self.blend.part_arrays(new)
+            named = self.named(self.doc(arrays))
+            columns = [
+                np.broadcast_to(np.asarray(named.get(name, 0), dtype=np.float64), len(new))
+                for name in FEATURES
+            ]
+            for p, n, values in zip(
+                new, arrays["length"].tolist(), zip(*(c.tolist() for c in columns))
+            ):
+                self.known[p] = (n, values)
         return [self.known[p] for p in positions]
 
     def batch(self, rows: list[list[int]], packed: bool):

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 BALANCE_MODES = ("none", "tokens", "attention", "encoder", "measured")
 
 
@@ -175,35 +177,40 @@ def pack_led_rows(
     n = len(lengths)
     if n < num_rows:
         raise ValueError(f"{n} items cannot lead {num_rows} rows")
-    ranked = sorted(range(n), key=lambda i: (lengths[i], order[i]))
-    anchor = ranked.index(min(range(n), key=lambda i: order[i]))
+    # numpy for the sorts and the row search (a few thousand items, a batch's rows); the result
+    # is exactly that of the plain loops it replaced: stable sorts on the same keys, the first
+    # least-cost feasible row, the same float sums
+    length = np.fromiter(lengths, dtype=np.int64, count=n)
+    age = np.fromiter(order, dtype=np.int64, count=n)
+    ranked = np.lexsort((age, length))  # by length, then age
+    anchor = int(np.flatnonzero(ranked == int(age.argmin()))[0])
     lo, hi = max(0, anchor - num_rows + 1), min(anchor, n - num_rows)
-    start = min(
-        range(lo, hi + 1), key=lambda s: (lengths[ranked[s + num_rows - 1]] - lengths[ranked[s]], s)
-    )
-    leads = ranked[start : start + num_rows]
-    limit = max(lengths[leads[0]], capacity // 4)
+    spans = length[ranked[lo + num_rows - 1 : hi + num_rows]] - length[ranked[lo : hi + 1]]
+    leads = ranked[lo + int(spans.argmin()) :][:num_rows].tolist()  # the narrowest, first
+    limit = max(int(length[leads[0]]), capacity // 4)
     rows = [[i] for i in leads]
-    room = [capacity - lengths[i] for i in leads]
-    cost = [float(costs[i]) for i in leads]
-    chosen, carried = set(leads), []
-    most_room = max(room)  # an item longer than this fits no row: carried without a scan
-    for i in sorted(
-        (i for i in range(n) if i not in chosen), key=lambda i: (i >= first, -lengths[i], order[i])
-    ):
-        best = -1
-        if lengths[i] <= min(limit, most_room):
-            for r in range(num_rows):
-                if room[r] >= lengths[i] and (best < 0 or cost[r] < cost[best]):
-                    best = r
-        if best < 0:
+    room = capacity - length[leads]
+    cost = np.array([float(costs[i]) for i in leads], dtype=np.float64)
+    placed = np.zeros(n, dtype=bool)
+    placed[leads] = True
+    carried: list[int] = []
+    most_room = int(room.max())  # an item longer than this fits no row: carried without a search
+    fits = min(limit, most_room)
+    later = np.lexsort((age, -length, np.arange(n) >= first))  # carried first, longest first
+    for i, size in zip(later.tolist(), length[later].tolist()):
+        if placed[i]:
+            continue
+        if size > fits:
             carried.append(i)
             continue
+        feasible = (room >= size).nonzero()[0]
+        best = int(feasible[cost[feasible].argmin()])
         rows[best].append(i)
         had_most = room[best] == most_room
-        room[best] -= lengths[i]
+        room[best] -= size
         if had_most:
-            most_room = max(room)
+            most_room = int(room.max())
+            fits = min(limit, most_room)
         cost[best] += costs[i]
     carried.sort(key=lambda i: order[i])
     return rows, carried

@@ -10,10 +10,19 @@ layout with the same rows.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 
-from energon_platform.loader.packer import deal, fill_budget, pack_rows, sample_cost
+from energon_platform.loader.packer import (
+    deal,
+    fill_budget,
+    pack_led_rows,
+    pack_rows,
+    sample_cost,
+)
 from energon_platform.loader.planner import Planner, PlanState, deal_plan, rank_costs
 
 
@@ -91,6 +100,51 @@ def test_dealing_keeps_rows_and_balances_cost():
             assert all(len(m) == 16 // world // accumulation for rank in dealt for m in rank)
         costs = rank_costs(plan, deal_plan(plan, 8, 1, fixed=True))
         assert max(costs) / np.mean(costs) < 1.03
+
+
+def _led_cases():
+    """200 small seeded inputs of `pack_led_rows`: 1-39 items, some equal lengths and costs."""
+    rng = np.random.default_rng(29)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        rows, cap = int(rng.integers(1, n + 1)), int(rng.integers(4, 64))
+        yield (
+            rng.integers(1, cap + 1, n).tolist(),
+            rng.choice([0.5, 1.0, 2.0, 3.25], n).tolist(),
+            rng.permutation(3 * n)[:n].tolist(),
+            rows,
+            cap,
+            int(rng.integers(0, n + 1)),
+        )
+
+
+#: SHA-256 of the JSON of `pack_led_rows` over `_led_cases`, as the plain-loop version of it
+#: computed them: saved plans replay these rows, so a faster version must give the same ones
+LED_ROWS_DIGEST = "dff53d777de94b422865bc510553f7c0f4121002fe340df5b79079ad9d21ed60"
+
+
+def test_led_rows_keep_their_contract_and_the_rows_plans_were_saved_with():
+    out = []
+    for lengths, costs, order, num_rows, cap, first in _led_cases():
+        rows, carried = pack_led_rows(lengths, costs, order, num_rows, cap, first=first)
+        out.append([rows, carried])
+        n = len(lengths)
+        assert sorted([i for r in rows for i in r] + carried) == list(range(n))
+        assert carried == sorted(carried, key=lambda i: order[i])
+        assert len(rows) == num_rows and all(sum(lengths[i] for i in r) <= cap for r in rows)
+        leads = [r[0] for r in rows]
+        oldest = min(range(n), key=lambda i: order[i])
+        assert oldest in leads, "the oldest item leads a row"
+        ranked = sorted(range(n), key=lambda i: (lengths[i], order[i]))
+        windows = [ranked[s : s + num_rows] for s in range(n - num_rows + 1)]
+        narrowest = min(  # of the windows of like length that hold the oldest item
+            lengths[w[-1]] - lengths[w[0]] for w in windows if oldest in w
+        )
+        assert max(lengths[i] for i in leads) - min(lengths[i] for i in leads) == narrowest
+        limit = max(min(lengths[i] for i in leads), cap // 4)
+        assert all(lengths[i] <= limit for r in rows for i in r[1:])
+    digest = hashlib.sha256(json.dumps(out).encode()).hexdigest()
+    assert digest == LED_ROWS_DIGEST, "pack_led_rows places items otherwise than saved plans did"
 
 
 def test_deal_free_counts_gives_every_part_an_item_and_beats_contiguous_slices():
