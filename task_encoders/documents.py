@@ -19,6 +19,7 @@ samples keep text elsewhere) and sets ``batch_type``; see docs/encoders.md, "Add
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -233,18 +234,31 @@ class DocumentTaskEncoder(SeededTaskEncoder):
     #: The cost feature the work outside the row counts (None: no such work); a name of FEATURES.
     work_feature: ClassVar[str | None] = None
 
+    #: Whether `fact_media_features` takes ``lengths`` (set per class: an override may not)
+    media_takes_lengths: ClassVar[bool] = True
+
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
+        cls.media_takes_lengths = "lengths" in inspect.signature(cls.fact_media_features).parameters
         if cls.work_feature is not None and cls.work_feature not in FEATURES:
             raise TypeError(
                 f"{cls.__qualname__}.work_feature is {cls.work_feature!r}, not a cost feature; "
                 f"one of {list(FEATURES)} (task_encoders.features)"
             )
 
-    def sample_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
-        """The cost features of the sample of these facts, final ``key`` and ``epoch`` (no decoding)."""
-        row, _ = self.sample_length(facts, key, epoch)
-        return summed([text_features(row), self.fact_media_features(facts, key, epoch)])
+    def sample_features(
+        self, facts: tuple[int, ...], key: str, epoch: int, lengths: tuple[int, int] | None = None
+    ) -> dict[str, float]:
+        """The cost features of the sample of these facts, final ``key`` and ``epoch`` (no decoding).
+        ``lengths``: its `sample_length` at these arguments where the caller has it (the loader's
+        lookup does), so that it is not derived again; None: derived here."""
+        if lengths is None:
+            lengths = self.sample_length(facts, key, epoch)
+        if self.media_takes_lengths:
+            media = self.fact_media_features(facts, key, epoch, lengths=lengths)
+        else:  # a modality's override of the earlier signature
+            media = self.fact_media_features(facts, key, epoch)
+        return summed([text_features(lengths[0]), media])
 
     def encoded_features(self, doc: EncodedDoc) -> dict[str, float]:
         """The cost features of an encoded document."""
@@ -261,9 +275,13 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         )
         return summed([text, self.batch_media_features(batch)])
 
-    def fact_media_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
-        """The media's features from the facts: ``work_feature`` counts ``work - row``."""
-        return self.work_features(self.sample_length(facts, key, epoch))
+    def fact_media_features(
+        self, facts: tuple[int, ...], key: str, epoch: int, lengths: tuple[int, int] | None = None
+    ) -> dict[str, float]:
+        """The media's features from the facts: ``work_feature`` counts ``work - row``.
+        ``lengths``: the sample's `sample_length` at these arguments (None: derived here). An
+        override may leave ``lengths`` out of its signature; it is then called without."""
+        return self.work_features(lengths or self.sample_length(facts, key, epoch))
 
     def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
         """The media's features of an encoded document: ``work_feature`` counts ``work - row``."""

@@ -279,7 +279,9 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
 
     # --- cost features: one whole image per document through the vision tower -------------------
 
-    def fact_media_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
+    def fact_media_features(
+        self, facts: tuple[int, ...], key: str, epoch: int, lengths: tuple[int, int] | None = None
+    ) -> dict[str, float]:
         return features(vision_tiles=1)
 
     def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:

@@ -399,9 +399,13 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
 
     # --- cost features, dispatched like the lengths -------------------------------------------
 
-    def sample_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
+    def sample_features(
+        self, facts: tuple[int, ...], key: str, epoch: int, lengths: tuple[int, int] | None = None
+    ) -> dict[str, float]:
         encoder = list(self.encoders.values())[facts[0]]
-        return encoder.sample_features(tuple(facts[1 : 1 + encoder.facts_width]), key, epoch)
+        return encoder.sample_features(
+            tuple(facts[1 : 1 + encoder.facts_width]), key, epoch, lengths
+        )
 
     def encoded_features(self, doc: MultimodalDoc) -> dict[str, float]:
         return self.encoders[doc.modality].encoded_features(doc)

@@ -300,9 +300,12 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
 
     # --- cost features: the row is the spliced length; every tile goes through the vision tower --
 
-    def fact_media_features(self, facts: tuple[int, ...], key: str, epoch: int) -> dict[str, float]:
-        _, _, num_tiles = self.document_layout(facts, key, epoch)
-        return features(vision_tiles=num_tiles)
+    def fact_media_features(
+        self, facts: tuple[int, ...], key: str, epoch: int, lengths: tuple[int, int] | None = None
+    ) -> dict[str, float]:
+        return features(
+            vision_tiles=facts[2]
+        )  # facts: (caption, images, tiles), as document_layout
 
     def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
         return features(vision_tiles=int(doc.media["num_tiles"].sum()))

@@ -235,7 +235,8 @@ class SampleLengths:
     """``(row_length, work)`` of stream positions: the schedule says which sample a position is,
     the length index gives its facts, the encoder turns them into lengths at that epoch.
     ``prefixes``: per dataset, what the loader puts before a key (``"name:"`` in a metadataset).
-    ``work(facts, key, epoch)``: what a sample's cost is computed from (None: its work length);
+    ``work(facts, key, epoch, lengths)``: what a sample's cost is computed from, given its
+    ``(row, work)`` lengths from the encoder's ``sample_length`` (None: its work length);
     ``no_work``: the work of a sample whose facts could not be read or that the encoder rejects.
     With the encoder's ``segment_multiple`` (``loader.context_parallel``) a row length is the
     padded segment the document takes, and a work length counts that padding too."""
@@ -275,7 +276,7 @@ class SampleLengths:
             row, work = (int(x) for x in self.encoder.sample_length(facts, key, epoch))
             padded = padded_length(row, self.multiple)
             if self.work is not None:
-                return padded, self.work(facts, key, epoch)
+                return padded, self.work(facts, key, epoch, (row, work))
             return padded, work + padded - row
         except (
             ValueError

@@ -134,6 +134,15 @@ def _outcome(fn):
         return "rejected", ValueError
 
 
+def _derived(encoder, facts: tuple, key: str, epoch: int) -> tuple:
+    """``(sample_length, sample_features)`` from the facts; the features handed the lengths (as
+    the loader's lookup hands them, `feature_work`) must be the same."""
+    lengths = encoder.sample_length(facts, key, epoch)
+    values = encoder.sample_features(facts, key, epoch)
+    assert encoder.sample_features(facts, key, epoch, lengths=lengths) == values, key
+    return lengths, values
+
+
 def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]:
     """Compare derived and encoded lengths and cost features, then the cost features of a batch of
     each epoch's encoded documents (module doc); returns counts of what was seen (``shared_rows``:
@@ -162,12 +171,7 @@ def check_lengths(encoder, paths: list[Path], per_corpus: int) -> dict[str, int]
                 }
                 doc = _outcome(lambda: encoder.encode(sample))
                 encoded = doc[0], doc[1] if doc[0] == "rejected" else encoded_views(encoder, doc[1])
-                derived = _outcome(
-                    lambda: (
-                        encoder.sample_length(facts, key, epoch),
-                        encoder.sample_features(facts, key, epoch),
-                    )
-                )
+                derived = _outcome(lambda: _derived(encoder, facts, key, epoch))
                 assert derived == encoded, (
                     f"{path.name} sample {i} ({key}) epoch {epoch}: derived {derived}, encoded {encoded}"
                 )
@@ -340,3 +344,87 @@ def test_with_a_segment_multiple_packed_rows_hold_the_padded_derived_lengths(cas
     assert any(len(p.docs) > 1 for p in packs), "no row shares documents"
     expected = summed(encoder.encoded_features(d) for d in docs)
     assert encoder.batch_features(encoder.batch(packs)) == expected
+
+
+class _Index:
+    """A length index of given facts, keyed ``s0``, ``s1``, ... (what `SampleLengths` reads)."""
+
+    def __init__(self, facts: list[tuple]):
+        self._facts = facts
+
+    def facts(self, index: int) -> tuple:
+        return self._facts[index]
+
+    def key(self, index: int) -> str:
+        return f"s{index}"
+
+
+@pytest.mark.parametrize(
+    "name, corpus, leaf, derive",
+    [
+        ("audio_text.yaml", "speech", "audio_text:AudioTextTaskEncoder", "sample_length"),
+        (
+            "image_text_vlm_small.yaml",
+            "coco",
+            "vision_language:VisionLanguageTaskEncoder",
+            "document_layout",
+        ),
+        ("multimodal.yaml", "speech", "audio_text:AudioTextTaskEncoder", "sample_length"),
+    ],
+)
+def test_the_loaders_feature_lookup_derives_a_samples_lengths_once(
+    name, corpus, leaf, derive, corpora, monkeypatch
+):
+    """`SampleLengths` with `feature_work` (``balance: measured``) derives a sample's lengths once
+    and hands them to ``sample_features``: the encoder's derivation (``derive`` of the encoder
+    class ``leaf``, ``module:class`` in task_encoders; for the vision-language encoder its seeded
+    prompt draw) runs once per lookup,
+    and the work equals ``sample_features`` asked alone. It ran three times per lookup before."""
+    import importlib
+
+    from energon_platform.loader.batching.costs import feature_work
+    from energon_platform.loader.lengths import SampleLengths
+    from energon_platform.loader.light_sample import light_sample
+    from energon_platform.loader.source import SampleSource
+    from task_encoders.features import FEATURES
+    from task_encoders.registry import get_encoder
+
+    encoder = get_encoder(_config(name), training=True)
+    source = SampleSource(str(corpora[corpus]), "train")
+    facts = [encoder.sample_facts(light_sample(source, i)) for i in _spread(len(source), 6)]
+    module, _, class_name = leaf.partition(":")
+    cls = getattr(importlib.import_module(f"task_encoders.{module}"), class_name)
+    calls = []
+    original = getattr(cls, derive)
+    monkeypatch.setattr(cls, derive, lambda self, *a: calls.append(a) or original(self, *a))
+    lookup = SampleLengths(None, [_Index(facts)], encoder, [PREFIX], *feature_work(encoder))
+    for epoch in EPOCHS:
+        for i, f in enumerate(facts):
+            before = len(calls)
+            row, work = lookup.length_of(0, epoch, i)
+            assert len(calls) - before == 1, f"{name}: sample {i} derived {len(calls) - before}x"
+            alone = encoder.sample_features(f, f"{PREFIX}s{i}", epoch)
+            assert work == tuple(alone[n] for n in FEATURES) and row == alone["llm_tokens"]
+
+
+def test_a_modality_whose_media_features_leave_out_the_lengths_is_still_asked():
+    """An encoder written against the earlier signature ``fact_media_features(facts, key,
+    epoch)`` keeps working: the base class sees the override's signature and calls it without
+    ``lengths``."""
+    from task_encoders.documents import DocumentTaskEncoder
+    from task_encoders.features import features
+
+    class OldStyle(DocumentTaskEncoder):
+        def __init__(self):  # only what sample_features reads
+            pass
+
+        def sample_length(self, facts, key, epoch):
+            return facts[0], facts[0]
+
+        def fact_media_features(self, facts, key, epoch):
+            return features(points=facts[1])
+
+    assert not OldStyle.media_takes_lengths and DocumentTaskEncoder.media_takes_lengths
+    for lengths in (None, (7, 7)):
+        got = OldStyle().sample_features((7, 3), "k", 0, lengths=lengths)
+        assert got == features(samples=1, llm_tokens=7, llm_attention=49, points=3)

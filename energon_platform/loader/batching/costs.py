@@ -11,6 +11,7 @@ sample's cost features. `WORK` says which work a model asks the planner for;
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -62,13 +63,19 @@ MEMO_SIZE = 1 << 16
 WORK: dict[str, str] = {"measured": "features"}
 
 
-def feature_work(encoder: Any) -> tuple[Callable[[tuple, str, int], tuple], tuple]:
-    """``(work(facts, key, epoch), no work)`` of a cost model that reads cost features: the
-    encoder's ``sample_features`` as a tuple in FEATURES order, and the all-zero tuple (a sample
-    whose facts could not be read)."""
+def feature_work(encoder: Any) -> tuple[Callable[[tuple, str, int, tuple], tuple], tuple]:
+    """``(work(facts, key, epoch, lengths), no work)`` of a cost model that reads cost features:
+    the encoder's ``sample_features`` as a tuple in FEATURES order, and the all-zero tuple (a
+    sample whose facts could not be read). ``lengths`` (the sample's `sample_length`, which the
+    lookup has already derived) is handed on to a ``sample_features`` that takes it, so the
+    encoder does not derive it again; one of a user's encoder that does not is called without."""
+    takes_lengths = "lengths" in inspect.signature(encoder.sample_features).parameters
 
-    def work(facts: tuple, key: str, epoch: int) -> tuple[float, ...]:
-        values = encoder.sample_features(facts, key, epoch)
+    def work(facts: tuple, key: str, epoch: int, lengths: tuple) -> tuple[float, ...]:
+        if takes_lengths:
+            values = encoder.sample_features(facts, key, epoch, lengths=lengths)
+        else:
+            values = encoder.sample_features(facts, key, epoch)
         return tuple(float(values.get(name, 0.0)) for name in FEATURES)
 
     return work, (0.0,) * len(FEATURES)
