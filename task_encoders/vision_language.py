@@ -303,9 +303,8 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
     def fact_media_features(
         self, facts: tuple[int, ...], key: str, epoch: int, lengths: tuple[int, int] | None = None
     ) -> dict[str, float]:
-        return features(
-            vision_tiles=facts[2]
-        )  # facts: (caption, images, tiles), as document_layout
+        # every vision-language encoder's facts end with its `image_facts`: (images, tiles)
+        return features(vision_tiles=facts[-1])
 
     def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
         return features(vision_tiles=int(doc.media["num_tiles"].sum()))
