@@ -111,10 +111,10 @@ WHY = {
             "target."
         ),
         "64 rows, packed": (
-            "the bench looks up each new sample's cost features one by one in Python (tokens and "
-            "attention read a vectorised lookup), and packing 64 rows takes about 7 ms in any mode "
-            "on this machine, more when it runs slow (compare the tokens and attention rows of "
-            "the same run under All figures)."
+            "packing 64 rows takes about 6-7 ms in any mode on this machine (the tokens and "
+            "attention rows of the same run under All figures), and the figure has moved by up to "
+            "half between runs when the machine runs slow, although each batch counts the least "
+            "of 3 plannings."
         ),
         "2-rank tokens/s ours/today": (
             "with 2 ranks today's ranks are already close to even (rank cost max/mean of today, All "
