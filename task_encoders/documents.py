@@ -19,7 +19,6 @@ samples keep text elsewhere) and sets ``batch_type``; see docs/encoders.md, "Add
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -27,7 +26,7 @@ import torch
 from megatron.energon import Batch, Sample, edataclass, stateless
 
 from task_encoders.base import ConfigLike, SeededTaskEncoder
-from task_encoders.features import FEATURES, features, summed, text_features
+from task_encoders.features import FEATURES, features, summed, text_features, with_lengths
 from task_encoders.seeding import sample_key
 from task_encoders.sequences import collate_rows, first_fit_decreasing, layout_row, padded_length
 from task_encoders.tokenization import TextTokenizer
@@ -234,12 +233,8 @@ class DocumentTaskEncoder(SeededTaskEncoder):
     #: The cost feature the work outside the row counts (None: no such work); a name of FEATURES.
     work_feature: ClassVar[str | None] = None
 
-    #: Whether `fact_media_features` takes ``lengths`` (set per class: an override may not)
-    media_takes_lengths: ClassVar[bool] = True
-
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
-        cls.media_takes_lengths = "lengths" in inspect.signature(cls.fact_media_features).parameters
         if cls.work_feature is not None and cls.work_feature not in FEATURES:
             raise TypeError(
                 f"{cls.__qualname__}.work_feature is {cls.work_feature!r}, not a cost feature; "
@@ -254,10 +249,7 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         lookup does), so that it is not derived again; None: derived here."""
         if lengths is None:
             lengths = self.sample_length(facts, key, epoch)
-        if self.media_takes_lengths:
-            media = self.fact_media_features(facts, key, epoch, lengths=lengths)
-        else:  # a modality's override of the earlier signature
-            media = self.fact_media_features(facts, key, epoch)
+        media = with_lengths(self.fact_media_features, facts, key, epoch, lengths)
         return summed([text_features(lengths[0]), media])
 
     def encoded_features(self, doc: EncodedDoc) -> dict[str, float]:

@@ -35,7 +35,10 @@ planner weighing where a sample goes asks for, many times per global batch).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 #: The cost features, in the order cost models store their coefficients.
 FEATURES: tuple[str, ...] = (
@@ -172,3 +175,18 @@ def micro_batch_features(
     """A micro-batch of samples with these feature vectors as it runs (`Shape.as_run` with
     ``width``), by name over `MICRO_BATCH_FEATURES`."""
     return shape_of(vectors).named(width)
+
+
+@functools.cache
+def _takes_lengths(function: Callable) -> bool:
+    return "lengths" in inspect.signature(function).parameters
+
+
+def with_lengths(method: Callable, facts: tuple, key: str, epoch: int, lengths: Any) -> Any:
+    """``method(facts, key, epoch, lengths=lengths)`` (an encoder's ``sample_features`` or
+    ``fact_media_features``, handed the sample's `sample_length` so that it is not derived
+    again), or ``method(facts, key, epoch)`` where the method's signature leaves ``lengths`` out:
+    an encoder written before it was added keeps working."""
+    if _takes_lengths(getattr(method, "__func__", method)):
+        return method(facts, key, epoch, lengths=lengths)
+    return method(facts, key, epoch)

@@ -56,7 +56,7 @@ from megatron.energon.errors import FatalSampleError
 from task_encoders.audio_text import AudioTextBatch
 from task_encoders.config import At, EncoderConfig, TextConfig, parse, read_yaml, to_plain
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
-from task_encoders.features import summed
+from task_encoders.features import summed, with_lengths
 from task_encoders.image_text import ImageTextBatch
 from task_encoders.pointcloud_text import PointCloudTextBatch
 from task_encoders.registry import _import_module, encoder_class, register
@@ -403,9 +403,8 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         self, facts: tuple[int, ...], key: str, epoch: int, lengths: tuple[int, int] | None = None
     ) -> dict[str, float]:
         encoder = list(self.encoders.values())[facts[0]]
-        return encoder.sample_features(
-            tuple(facts[1 : 1 + encoder.facts_width]), key, epoch, lengths
-        )
+        own = tuple(facts[1 : 1 + encoder.facts_width])
+        return with_lengths(encoder.sample_features, own, key, epoch, lengths)
 
     def encoded_features(self, doc: MultimodalDoc) -> dict[str, float]:
         return self.encoders[doc.modality].encoded_features(doc)

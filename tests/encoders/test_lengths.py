@@ -407,14 +407,16 @@ def test_the_loaders_feature_lookup_derives_a_samples_lengths_once(
             assert work == tuple(alone[n] for n in FEATURES) and row == alone["llm_tokens"]
 
 
-def test_a_modality_whose_media_features_leave_out_the_lengths_is_still_asked():
-    """An encoder written against the earlier signature ``fact_media_features(facts, key,
-    epoch)`` keeps working: the base class sees the override's signature and calls it without
-    ``lengths``."""
+def test_an_encoder_written_without_lengths_is_still_asked():
+    """A modality's ``fact_media_features(facts, key, epoch)`` and a user encoder's
+    ``sample_features(facts, key, epoch)``, written before ``lengths`` was added, keep working:
+    `with_lengths` sees the signature and calls them without it, in the encoder and in the
+    loader's lookup (`feature_work`)."""
+    from energon_platform.loader.batching.costs import feature_work
     from task_encoders.documents import DocumentTaskEncoder
-    from task_encoders.features import features
+    from task_encoders.features import FEATURES, features
 
-    class OldStyle(DocumentTaskEncoder):
+    class OldMedia(DocumentTaskEncoder):
         def __init__(self):  # only what sample_features reads
             pass
 
@@ -424,7 +426,16 @@ def test_a_modality_whose_media_features_leave_out_the_lengths_is_still_asked():
         def fact_media_features(self, facts, key, epoch):
             return features(points=facts[1])
 
-    assert not OldStyle.media_takes_lengths and DocumentTaskEncoder.media_takes_lengths
+    class OldUser:
+        def sample_features(self, facts, key, epoch):
+            return features(samples=1, llm_tokens=facts[0])
+
+    expected = features(samples=1, llm_tokens=7, llm_attention=49, points=3)
     for lengths in (None, (7, 7)):
-        got = OldStyle().sample_features((7, 3), "k", 0, lengths=lengths)
-        assert got == features(samples=1, llm_tokens=7, llm_attention=49, points=3)
+        assert OldMedia().sample_features((7, 3), "k", 0, lengths=lengths) == expected
+    work, _ = feature_work(OldMedia())
+    assert work((7, 3), "k", 0, (7, 7)) == tuple(expected[n] for n in FEATURES)
+    work, _ = feature_work(OldUser())
+    assert work((5,), "k", 0, (5, 5)) == tuple(
+        features(samples=1, llm_tokens=5)[n] for n in FEATURES
+    )

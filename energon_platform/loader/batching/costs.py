@@ -11,14 +11,13 @@ sample's cost features. `WORK` says which work a model asks the planner for;
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import numbers
 from collections.abc import Callable
 from typing import Any
 
 from energon_platform.loader.packer import sample_cost
-from task_encoders.features import EMPTY, FEATURES
+from task_encoders.features import EMPTY, FEATURES, with_lengths
 
 
 def _formula(mode: str) -> Callable[[Any, SampleCost], tuple[Any, str]]:
@@ -68,14 +67,11 @@ def feature_work(encoder: Any) -> tuple[Callable[[tuple, str, int, tuple], tuple
     the encoder's ``sample_features`` as a tuple in FEATURES order, and the all-zero tuple (a
     sample whose facts could not be read). ``lengths`` (the sample's `sample_length`, which the
     lookup has already derived) is handed on to a ``sample_features`` that takes it, so the
-    encoder does not derive it again; one of a user's encoder that does not is called without."""
-    takes_lengths = "lengths" in inspect.signature(encoder.sample_features).parameters
+    encoder does not derive it again (`with_lengths`: one that does not take it is called
+    without)."""
 
     def work(facts: tuple, key: str, epoch: int, lengths: tuple) -> tuple[float, ...]:
-        if takes_lengths:
-            values = encoder.sample_features(facts, key, epoch, lengths=lengths)
-        else:
-            values = encoder.sample_features(facts, key, epoch)
+        values = with_lengths(encoder.sample_features, facts, key, epoch, lengths)
         return tuple(float(values.get(name, 0.0)) for name in FEATURES)
 
     return work, (0.0,) * len(FEATURES)
