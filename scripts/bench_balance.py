@@ -91,7 +91,6 @@ class Blend:
         self.args, self.seed = args, args.seed if seed is None else seed
         w = np.array([args.weights[k] for k in KINDS], dtype=float)
         self.p = w / w.sum()
-        self._chunks: dict[int, np.ndarray] = {}
         self._parts: dict[int, dict[str, np.ndarray]] = {}
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -112,17 +111,17 @@ class Blend:
         length = np.clip(length.astype(np.int64), 2, a.seq_len)
         return {"kind": kind, "tiles": tiles, "frames": frames.astype(np.int64), "length": length}
 
-    def part_arrays(self, positions) -> dict[str, np.ndarray]:
-        """Per position (as arrays): its ``kind``, ``tiles``, ``frames`` and ``length`` (as
-        :meth:`draw_parts`)."""
+    def part_arrays(self, positions, fields=PART_FIELDS) -> dict[str, np.ndarray]:
+        """Per position (as arrays): its ``fields`` of ``kind``, ``tiles``, ``frames`` and
+        ``length`` (as :meth:`draw_parts`; each chunk of positions drawn once)."""
         positions = np.asarray(positions, dtype=np.int64)
         chunk = positions // CHUNK
-        out = {k: np.empty(len(positions), dtype=np.int64) for k in PART_FIELDS}
+        out = {k: np.empty(len(positions), dtype=np.int64) for k in fields}
         for c in np.unique(chunk).tolist():
             if c not in self._parts:
                 self._parts[c] = self.draw_parts(np.random.default_rng([self.seed, c]), CHUNK)
             sel = chunk == c
-            for k in PART_FIELDS:
+            for k in fields:
                 out[k][sel] = self._parts[c][k][positions[sel] % CHUNK]
         return out
 
@@ -132,15 +131,8 @@ class Blend:
         return [dict(zip(PART_FIELDS, v)) for v in zip(*(arrays[k].tolist() for k in PART_FIELDS))]
 
     def __getitem__(self, positions) -> np.ndarray:
-        positions = np.asarray(positions, dtype=np.int64)
-        out = np.empty(len(positions), dtype=np.int64)
-        chunk = positions // CHUNK
-        for c in np.unique(chunk):
-            if c not in self._chunks:
-                self._chunks[c] = self.draw(np.random.default_rng([self.seed, int(c)]), CHUNK)
-            sel = chunk == c
-            out[sel] = self._chunks[c][positions[sel] % CHUNK]
-        return out
+        """The ``length`` of each position (as :meth:`part_arrays`)."""
+        return self.part_arrays(positions, ("length",))["length"]
 
     def lookup(self, positions) -> list[tuple[int, int]]:
         """The planner's ``lengths(positions)``: ``(row_length, work_length)`` per position."""
