@@ -79,18 +79,41 @@ def _factory_unchecked(path: str, split: str, subflavors: dict | None):
 
 
 def split_parts(path: str) -> list[str]:
-    """Names of the split parts in ``.nv-meta/split.yaml`` that list at least one shard."""
+    """Names of the split parts in ``.nv-meta/split.yaml`` that list at least one shard.
+
+    `DatasetError` when the file is missing or not a split file; `StorageError` when object storage
+    fails the read of a file that is there (the server gone between the client's HEAD and its GET
+    reads as MSC's ``OSError("Failed to download file ...")``): the store, not the dataset.
+    """
     import yaml
 
     try:
-        parts = yaml.safe_load((dataset_root(path) / ".nv-meta" / "split.yaml").read_text())[
-            "split_parts"
-        ]
+        with storage_errors(path, ".nv-meta/split.yaml"):
+            try:
+                text = (dataset_root(path) / ".nv-meta" / "split.yaml").read_text()
+            except OSError as e:
+                if not is_remote(path) or _not_found(e):
+                    raise _no_split_file(path, e) from None
+                raise
+        parts = yaml.safe_load(text)["split_parts"]
         return [name for name, shards in parts.items() if shards]
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
-        raise DatasetError(
-            f"{path}: .nv-meta/split.yaml is missing or unreadable ({type(e).__name__}: {e})"
-        ) from None
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+        raise _no_split_file(path, e) from None
+
+
+def _no_split_file(path: str, error: Exception) -> DatasetError:
+    return DatasetError(
+        f"{path}: .nv-meta/split.yaml is missing or unreadable ({type(error).__name__}: {error})"
+    )
+
+
+def _not_found(error: BaseException | None) -> bool:
+    """Whether ``error`` or one of its causes says the object is not there."""
+    while error is not None:
+        if isinstance(error, FileNotFoundError):
+            return True
+        error = error.__cause__
+    return False
 
 
 class SampleSource:

@@ -25,7 +25,7 @@ import torch
 from converters.remote import dataset_files, upload_dataset
 from energon_platform.cli import main as cli_main
 from energon_platform.config import load_config
-from energon_platform.loader.source import SampleSource
+from energon_platform.loader.source import SampleSource, split_parts
 from energon_platform.loader.train_loader import TrainLoader
 from storage import DatasetError, StorageError
 from tests.helpers import REPO
@@ -268,6 +268,35 @@ def test_server_killed_mid_run_is_a_named_error_not_a_skip(own_server, workers):
     message = str(e.value)
     # a worker that reopens the dataset after the kill names the metadata, others the sample
     assert "\n" not in message and message.startswith(f"{url}: cannot read "), message
+
+
+def test_server_gone_between_head_and_get_of_the_split_file_is_a_storage_error(
+    own_server, s3, local, monkeypatch
+):
+    """A DataLoader worker reopens the dataset after the kill: the client's HEAD of
+    ``split.yaml`` answered, its GET did not (MSC raises a plain ``OSError``). That is the store
+    failing, a `StorageError`; a split file the store says is not there stays bad input."""
+    from multistorageclient.providers.s3 import S3StorageProvider
+
+    url = own_server.url("ds")
+    assert split_parts(url) == ["train"]  # HEAD and GET answered
+    real = S3StorageProvider._download_file
+
+    def killed_before_the_get(self, remote_path, *a, **kw):
+        if remote_path.endswith("split.yaml"):
+            own_server.stop(kill=True)
+        return real(self, remote_path, *a, **kw)
+
+    monkeypatch.setattr(S3StorageProvider, "_download_file", killed_before_the_get)
+    with pytest.raises(StorageError, match=rf"^{url}: cannot read \.nv-meta/split\.yaml \("):
+        split_parts(url)
+
+    missing = s3.url("no-split-file")
+    upload_dataset(local, missing)
+    s3.client().delete_object(Bucket=s3.bucket, Key="no-split-file/.nv-meta/split.yaml")
+    with pytest.raises(DatasetError, match="split.yaml is missing or unreadable") as e:
+        split_parts(missing)
+    assert not isinstance(e.value, StorageError)
 
 
 def test_stall_shorter_than_the_retries_is_waited_out_with_the_same_sample(
