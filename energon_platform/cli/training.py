@@ -65,12 +65,15 @@ def cmd_train(args) -> int:
 
 
 def add_calibrate(sub) -> None:
+    from energon_platform.training.calibration_pool import ORDERS
+
+    *firsts, last = [name for name in ORDERS if name != "stream"]
     p = sub.add_parser(
         "calibrate",
         help="time a model on micro-batches of a config's data and fit its cost coefficients",
         description="Compose micro-batches from a run config's training data (no loader "
-        "workers): the documents of its first positions grouped in the stream's order, most "
-        "tiles, most audio frames, longest, shortest and text only first, at the run's size, one "
+        "workers): the documents of its first positions grouped in the stream's order, "
+        f"{', '.join(firsts)} and {last} first, at the run's size, one "
         "document and half the size (a run that packs: its own micro-batches); pick N of the "
         "first 8N that spread the cost features, time forward + backward of each on one thread "
         "in rounds (each round times every micro-batch once; a warm-up round excluded, the "

@@ -160,3 +160,14 @@ def test_the_orders_take_turns_so_a_short_pool_has_each():
     assert max(tokens) == sum(sorted((d["llm_tokens"] for d in docs), reverse=True)[:8])
     assert min(tokens) == sum(sorted(d["llm_tokens"] for d in docs)[:8])
     assert any(t == 0 and f == 0 for t, f in zip(tiles, frames)) and all(everything)
+
+
+def test_calibrate_help_names_every_order_the_pool_composes(capsys):
+    """The help text is written from `ORDERS`, so an order added there is in ``--help`` too."""
+    from energon_platform.cli import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main(["calibrate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ORDERS:
+        assert name in text, name
