@@ -8,6 +8,11 @@ CPU-second, and what that means at 10^8 samples (GB on disk, core-hours to build
 it is compared with is decoding: the same samples fully loaded and encoded (``encode``), which is
 what a length index built by decoding would cost.
 
+It also times the lookup ``loader.balance: measured`` makes per sample in a run: a sample's lengths
+and cost features at an epoch from its facts in the index (`SampleLengths.length_of`, the encoder's
+``sample_length`` and ``sample_features``; its cache bypassed), in µs per sample over
+`LOOKUP_EPOCHS` epochs (least of `LOOKUP_REPEATS` passes after one warm-up), against decoding and encoding the sample.
+
     .venv/bin/python scripts/bench_lengths.py [--json bench-lengths.json]
 """
 
@@ -68,6 +73,29 @@ def convert(base: Path) -> dict[str, Path]:
     return out
 
 
+#: Epochs the per-sample lookup is timed over (each epoch redraws a sample's seeded lengths).
+LOOKUP_EPOCHS = 5
+#: Timed passes of the lookup over every sample and epoch; the least is reported.
+LOOKUP_REPEATS = 3
+
+
+def lookup_us(index, encoder, n: int) -> float:
+    """CPU µs per sample of the loader's lookup of a sample's lengths and cost features."""
+    from energon_platform.loader.batching.costs import feature_work
+    from energon_platform.loader.lengths import SampleLengths
+
+    lookup = SampleLengths(None, [index], encoder, [""], *feature_work(encoder))
+    length_of = lookup.length_of.__wrapped__  # the lookup itself, not its cache of repeats
+    seconds = []
+    for _ in range(1 + LOOKUP_REPEATS):  # the first pass warms up and is not counted
+        t = time.process_time()
+        for epoch in range(LOOKUP_EPOCHS):
+            for i in range(n):
+                length_of(0, epoch, i)
+        seconds.append(time.process_time() - t)
+    return 1e6 * min(seconds[1:]) / (LOOKUP_EPOCHS * n)
+
+
 def measure(path: Path, encoder_config: str, tmp: Path) -> dict:
     from energon_platform.loader.lengths import LengthIndex, build
     from energon_platform.loader.source import SampleSource
@@ -87,6 +115,7 @@ def measure(path: Path, encoder_config: str, tmp: Path) -> dict:
         encoder.encode(sample)
     decode_cpu = time.process_time() - t
     per_sample = index.nbytes / n
+    lookup = lookup_us(index, encoder, n)
     return {
         "dataset": path.name,
         "encoder": encoder_config,
@@ -95,6 +124,9 @@ def measure(path: Path, encoder_config: str, tmp: Path) -> dict:
         "index_samples_per_cpu_s": round(n / index_cpu),
         "decode_samples_per_cpu_s": round(n / decode_cpu),
         "speedup_vs_decoding": round(decode_cpu / index_cpu, 1),
+        "lookup_us_per_sample": round(lookup, 1),
+        "decode_us_per_sample": round(1e6 * decode_cpu / n, 1),
+        "lookup_speedup_vs_decoding": round(1e6 * decode_cpu / n / lookup, 1),
         "at_1e8": {
             "gb": round(per_sample * 1e8 / 1e9, 2),
             "core_hours": round(1e8 * index_cpu / n / 3600, 1),
@@ -116,13 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         ]
     print(
         f"{'dataset':18} {'samples':>7} {'B/sample':>8} {'index/s/core':>12} {'decode/s/core':>13} "
-        f"{'ratio':>6} {'1e8: GB':>8} {'1e8: core-h':>11}"
+        f"{'ratio':>6} {'1e8: GB':>8} {'1e8: core-h':>11} {'lookup us':>9} {'decode us':>9} "
+        f"{'ratio':>6}"
     )
     for r in rows:
         print(
             f"{r['dataset']:18} {r['samples']:7d} {r['bytes_per_sample']:8.1f} {r['index_samples_per_cpu_s']:12d} "
             f"{r['decode_samples_per_cpu_s']:13d} {r['speedup_vs_decoding']:5.1f}x {r['at_1e8']['gb']:8.2f} "
-            f"{r['at_1e8']['core_hours']:11.1f}"
+            f"{r['at_1e8']['core_hours']:11.1f} {r['lookup_us_per_sample']:9.1f} "
+            f"{r['decode_us_per_sample']:9.1f} {r['lookup_speedup_vs_decoding']:5.1f}x"
         )
     if args.json:
         args.json.write_text(
@@ -132,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
                     "load_average": {"before": list(load), "after": list(os.getloadavg())},
+                    "settings": {"lookup_epochs": LOOKUP_EPOCHS, "lookup_repeats": LOOKUP_REPEATS},
                     "results": rows,
                 },
                 indent=2,

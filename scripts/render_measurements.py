@@ -442,12 +442,28 @@ def three_d_rows(r: dict) -> list[Row]:
 
 
 def lengths_rows(r: dict) -> list[Row]:
-    return [
-        Row(f"{x.get('dataset')}: samples per CPU second, building the length index vs decoding",
-            x.get("index_samples_per_cpu_s"), x.get("decode_samples_per_cpu_s"),
-            x.get("speedup_vs_decoding"))
-        for x in r.get("results") or []
-    ]  # fmt: skip
+    rows = []
+    for x in r.get("results") or []:
+        rows.append(
+            Row(
+                f"{x.get('dataset')}: samples per CPU second, building the length index "
+                "vs decoding",
+                x.get("index_samples_per_cpu_s"),
+                x.get("decode_samples_per_cpu_s"),
+                x.get("speedup_vs_decoding"),
+            )
+        )
+        if "lookup_us_per_sample" in x:  # runs before the lookup was timed lack it
+            rows.append(
+                Row(
+                    f"{x.get('dataset')}: CPU µs per sample to look up its lengths and "
+                    "cost features (balance: measured) vs decoding it",
+                    x.get("lookup_us_per_sample"),
+                    x.get("decode_us_per_sample"),
+                    x.get("lookup_speedup_vs_decoding"),
+                )
+            )
+    return rows  # fmt: skip
 
 
 def trace_rows(r: dict) -> list[Row]:
@@ -630,7 +646,8 @@ KINDS = {
     "lengths": Kind(
         lambda r: (
             "What building the length index costs per sample on the embedded corpora, "
-            "against decoding every sample to learn its length."
+            "against decoding every sample to learn its length; and what `balance: measured` "
+            "pays per sample in a run to look up its lengths and cost features from the index."
         ),
         lengths_rows,
     ),

@@ -69,13 +69,21 @@ MODULES: dict[str, tuple[str, ...]] = {
 LONGEST = "longest"
 
 
+_KNOWN = frozenset(FEATURES)
+
+
 def features(**values: float) -> dict[str, float]:
     """A full feature vector: every name of `FEATURES`, the ones not given 0.0; an unknown
     name is a ``KeyError`` naming it."""
-    unknown = sorted(set(values) - set(FEATURES))
-    if unknown:
-        raise KeyError(f"unknown cost feature(s) {unknown}; known: {list(FEATURES)}")
+    _check_names(values)
     return {name: float(values.get(name, 0.0)) for name in FEATURES}
+
+
+def _check_names(vector: Mapping[str, float]) -> None:
+    """``KeyError`` naming the names of ``vector`` that are not cost features."""
+    if not vector.keys() <= _KNOWN:
+        unknown = sorted(set(vector) - _KNOWN)
+        raise KeyError(f"unknown cost feature(s) {unknown}; known: {list(FEATURES)}")
 
 
 def text_features(length: int) -> dict[str, float]:
@@ -86,10 +94,11 @@ def text_features(length: int) -> dict[str, float]:
 def summed(vectors: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """The element-wise sum of feature vectors (a batch's features from its documents'); a full
     vector. An unknown name is a ``KeyError`` naming it (`features`)."""
-    total = features()
+    total = dict.fromkeys(FEATURES, 0.0)
     for vector in vectors:
-        for name, value in features(**vector).items():
-            total[name] += value
+        _check_names(vector)
+        for name, value in vector.items():  # a name it leaves out adds 0.0: the same sums
+            total[name] += float(value)
     return total
 
 

@@ -43,7 +43,11 @@ def default_cache_dir() -> Path:
 
 
 class LengthIndex:
-    """Read side: ``facts(i)`` (a tuple of ``width`` ints) and ``key(i)`` of sample ``i``."""
+    """Read side: ``facts(i)`` (a tuple of ``width`` ints) and ``key(i)`` of sample ``i``.
+
+    The files are memory-mapped and read through plain read-only array views of the maps (a
+    ``np.memmap`` wraps every row it hands out in another memmap, which cost a lookup more than the
+    read itself)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -58,25 +62,25 @@ class LengthIndex:
             )
             if self.num_samples * self.width
             else np.zeros((self.num_samples, self.width), np.int32)
-        )
+        ).view(np.ndarray)
         self._offsets = np.memmap(
             self.folder / "keys.off", dtype=np.int64, mode="r", shape=(self.num_samples + 1,)
-        )
+        ).view(np.ndarray)
         self._keys = (
             np.memmap(self.folder / "keys.bin", dtype=np.uint8, mode="r")
             if self._offsets[-1]
             else np.zeros(0, np.uint8)
-        )
+        ).view(np.ndarray)
 
     def __len__(self) -> int:
         return self.num_samples
 
     def facts(self, index: int) -> tuple[int, ...]:
-        return tuple(int(x) for x in self._facts[index])
+        return tuple(self._facts[index].tolist())
 
     def key(self, index: int) -> str:
         a, b = int(self._offsets[index]), int(self._offsets[index + 1])
-        return bytes(self._keys[a:b]).decode()
+        return self._keys[a:b].tobytes().decode()
 
     @property
     def nbytes(self) -> int:
