@@ -4,14 +4,14 @@ storage, through multi-storage-client and Energon's ``EPath``) and how its failu
 It sits below the other packages: ``converters/`` (``info``, ``verify``, uploads) and the loader
 (``energon_platform.loader``) both use it, and it imports none of them (``tests/test_layering.py``).
 
-* `storage.errors`: `DatasetError`, `StorageError`, `storage_errors`.
+* `storage.errors`: `DatasetError`, `StorageError`, `storage_errors`, `caused_by`.
 * `storage.paths`: `dataset_root` (path or URL → ``EPath``), `is_remote`.
 * `storage.retry`: `with_retries` (backoff over a store's passing failures).
 * `storage.lazy_exports`: `lazy_exports`, the doors of every package (names imported on
   first use).
 """
 
-from storage.errors import DatasetError, StorageError, storage_errors
+from storage.errors import DatasetError, StorageError, caused_by, storage_errors
 from storage.paths import dataset_root, is_remote
 from storage.retry import RetriesExhausted, with_retries
 
@@ -19,6 +19,7 @@ __all__ = [
     "DatasetError",
     "RetriesExhausted",
     "StorageError",
+    "caused_by",
     "dataset_root",
     "is_remote",
     "storage_errors",

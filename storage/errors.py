@@ -29,6 +29,13 @@ class StorageError(DatasetError):
     """The dataset's storage failed a read (one line, names the path and the cause)."""
 
 
+def caused_by(error: BaseException, kinds: type | tuple[type, ...]) -> bool:
+    """Whether ``error`` or its direct cause is one of ``kinds``: MSC raises a failed download as
+    ``OSError("Failed to download file ...")`` from what the store answered (a refused credential,
+    a missing object)."""
+    return any(isinstance(x, kinds) for x in (error, error.__cause__))
+
+
 @contextlib.contextmanager
 def storage_errors(path: str, what: str):
     """Turn what the storage client raises inside the block into `StorageError`: ``OSError``

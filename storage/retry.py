@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from storage.errors import caused_by
+
 T = TypeVar("T")
 
 #: Tries per action before giving up, and the first pause between tries in seconds (doubled each time).
@@ -31,7 +33,7 @@ class RetriesExhausted(Exception):
 
 
 def _permanent(e: BaseException) -> bool:
-    return any(isinstance(x, (PermissionError, FileNotFoundError)) for x in (e, e.__cause__))
+    return caused_by(e, (PermissionError, FileNotFoundError))
 
 
 def with_retries(

@@ -27,7 +27,14 @@ from typing import Any
 
 from megatron.energon import WorkerConfig
 
-from storage import DatasetError, StorageError, dataset_root, is_remote, storage_errors
+from storage import (
+    DatasetError,
+    StorageError,
+    caused_by,
+    dataset_root,
+    is_remote,
+    storage_errors,
+)
 
 #: ``DatasetError`` and ``StorageError`` are the storage room's (`storage`), re-exported: the
 #: loader raises them, so a caller may name them from here.
@@ -92,7 +99,7 @@ def split_parts(path: str) -> list[str]:
             try:
                 text = (dataset_root(path) / ".nv-meta" / "split.yaml").read_text()
             except OSError as e:
-                if not is_remote(path) or _not_found(e):
+                if not is_remote(path) or caused_by(e, FileNotFoundError):
                     raise _no_split_file(path, e) from None
                 raise
         parts = yaml.safe_load(text)["split_parts"]
@@ -105,15 +112,6 @@ def _no_split_file(path: str, error: Exception) -> DatasetError:
     return DatasetError(
         f"{path}: .nv-meta/split.yaml is missing or unreadable ({type(error).__name__}: {error})"
     )
-
-
-def _not_found(error: BaseException | None) -> bool:
-    """Whether ``error`` or one of its causes says the object is not there."""
-    while error is not None:
-        if isinstance(error, FileNotFoundError):
-            return True
-        error = error.__cause__
-    return False
 
 
 class SampleSource:
