@@ -340,8 +340,11 @@ class TrainLoader:
         return batch
 
     def _dead_workers(self, wait: float) -> list[tuple[int, int]]:
-        """``(worker id, pid)`` of the DataLoader workers that have exited; waits up to ``wait``
-        seconds for one (a transfer cut by a kill can surface just before the exit is visible)."""
+        """``(worker id, pid)`` of the DataLoader workers that died (killed, or exited with an error
+        status); waits up to ``wait`` seconds for one (a transfer cut by a kill can surface just
+        before the exit is visible). A worker that exited with 0 did not die: PyTorch retired it
+        (its iterator ended, e.g. after its own micro-batch raised, which reaches us as "Caught X
+        in DataLoader worker process N")."""
         import time
 
         deadline = time.monotonic() + wait
@@ -349,7 +352,7 @@ class TrainLoader:
             dead = [
                 (i, w.pid)
                 for i, w in enumerate(getattr(self._iter, "_workers", []))
-                if not w.is_alive()
+                if not w.is_alive() and w.exitcode != 0
             ]
             if dead or time.monotonic() >= deadline:
                 return dead

@@ -92,3 +92,37 @@ def test_an_exception_in_a_loader_worker_is_not_reported_as_its_death(make_datas
         next(loader)
     loader.close()
     assert not isinstance(caught.value, LoaderWorkerError), str(caught.value)
+
+
+def test_a_worker_pytorch_retired_before_anothers_exception_is_not_a_death(
+    make_dataset, monkeypatch
+):
+    """Worker 1 fails its micro-batch at once: its iterator ends and PyTorch retires it (it exits
+    with 0) while worker 0 is still on micro-batch 0, whose failure arrives later. That exit is not
+    a death: the error passed on is the encoder's, not a LoaderWorkerError naming worker 1."""
+    import time
+
+    from energon_platform.config import load_config
+    from energon_platform.loader.batches import MicroBatchMaker
+    from energon_platform.loader.train_loader import LoaderWorkerError, TrainLoader
+
+    def broken(self, c):
+        if c == 0:  # worker 0's: late, after worker 1 has failed and been retired
+            time.sleep(3)
+        raise RuntimeError(f"the encoder's own failure in micro-batch {c}")
+
+    monkeypatch.setattr(MicroBatchMaker, "_make", broken)  # the workers are forked: they see it
+    config = load_config(
+        {
+            "data": {"path": str(make_dataset("image_text")), "val_split": None},
+            "encoder": IMAGE,
+            "loader": {"global_batch_size": 4},
+        }
+    )
+    loader = TrainLoader(config, num_workers=2)
+    try:
+        with pytest.raises(RuntimeError, match="own failure in micro-batch 0") as caught:
+            next(loader)
+    finally:
+        loader.close()
+    assert not isinstance(caught.value, LoaderWorkerError), str(caught.value)
