@@ -69,37 +69,15 @@ def test_a_truncated_shard_stops_training_with_one_line_naming_it(truncated, tmp
     assert "memory" not in r.stderr.lower() and "died" not in last, last
 
 
-def test_an_exception_in_a_loader_worker_is_not_reported_as_its_death(make_dataset, monkeypatch):
-    """Only a worker that exited is a LoaderWorkerError ("Out of memory?"); PyTorch's "Caught
-    RuntimeError in DataLoader worker process 0" is the worker's own error, passed on."""
-    from energon_platform.config import load_config
-    from energon_platform.loader.batches import MicroBatchMaker
-    from energon_platform.loader.train_loader import LoaderWorkerError, TrainLoader
-
-    def broken(self, c):
-        raise RuntimeError("the encoder's own failure")
-
-    monkeypatch.setattr(MicroBatchMaker, "_make", broken)  # the workers are forked: they see it
-    config = load_config(
-        {
-            "data": {"path": str(make_dataset("image_text")), "val_split": None},
-            "encoder": IMAGE,
-            "loader": {"global_batch_size": 4},
-        }
-    )
-    loader = TrainLoader(config, num_workers=2)
-    with pytest.raises(RuntimeError, match="the encoder's own failure") as caught:
-        next(loader)
-    loader.close()
-    assert not isinstance(caught.value, LoaderWorkerError), str(caught.value)
-
-
-def test_a_worker_pytorch_retired_before_anothers_exception_is_not_a_death(
-    make_dataset, monkeypatch
+@pytest.mark.parametrize("late", [0, 3], ids=["at-once", "worker-1-retired-first"])
+def test_an_exception_in_a_loader_worker_is_not_reported_as_its_death(
+    make_dataset, monkeypatch, late
 ):
-    """Worker 1 fails its micro-batch at once: its iterator ends and PyTorch retires it (it exits
-    with 0) while worker 0 is still on micro-batch 0, whose failure arrives later. That exit is not
-    a death: the error passed on is the encoder's, not a LoaderWorkerError naming worker 1."""
+    """Only a worker that died is a LoaderWorkerError ("Out of memory?"); PyTorch's "Caught
+    RuntimeError in DataLoader worker process 0" is the worker's own error, passed on.
+    ``late``: seconds worker 0 takes before its micro-batch fails. With 3, worker 1 fails first,
+    its iterator ends and PyTorch retires it (it exits with 0) before worker 0's failure arrives:
+    that exit is not a death either."""
     import time
 
     from energon_platform.config import load_config
@@ -107,8 +85,8 @@ def test_a_worker_pytorch_retired_before_anothers_exception_is_not_a_death(
     from energon_platform.loader.train_loader import LoaderWorkerError, TrainLoader
 
     def broken(self, c):
-        if c == 0:  # worker 0's: late, after worker 1 has failed and been retired
-            time.sleep(3)
+        if c == 0:  # worker 0's micro-batch
+            time.sleep(late)
         raise RuntimeError(f"the encoder's own failure in micro-batch {c}")
 
     monkeypatch.setattr(MicroBatchMaker, "_make", broken)  # the workers are forked: they see it
@@ -121,7 +99,9 @@ def test_a_worker_pytorch_retired_before_anothers_exception_is_not_a_death(
     )
     loader = TrainLoader(config, num_workers=2)
     try:
-        with pytest.raises(RuntimeError, match="own failure in micro-batch 0") as caught:
+        with pytest.raises(
+            RuntimeError, match="the encoder's own failure in micro-batch 0"
+        ) as caught:
             next(loader)
     finally:
         loader.close()
