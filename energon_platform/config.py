@@ -9,6 +9,7 @@ resolve against the YAML file's folder.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -536,13 +537,15 @@ def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) 
     else:
         data, at = read_yaml(path_or_dict)
     _group_balance(data, at)
+    shell = set()
     for dotted, value in (overrides or {}).items():
         dotted = _balance_override(data, dotted, value)
         if dotted is not None:
             _set_dotted(data, dotted, value, at)
+            shell.add(dotted)
     _group_balance(data, at)
     data["source"] = at.source
-    return parse(RunConfig, data, at)
+    return parse(RunConfig, data, dataclasses.replace(at, shell_keys=frozenset(shell)))
 
 
 def _group_balance(data: dict, at: At) -> None:
@@ -586,11 +589,14 @@ def _balance_override(data: dict, dotted: str, value: Any) -> str | None:
     its mode (the group's other keys stay; None: done here), a flat key of earlier configs goes to
     its group key (with the deprecation note), ``loader.cost_model`` to the group's; others as
     written."""
-    loader = data.get("loader")
-    if dotted == "loader.balance" and isinstance(value, str) and isinstance(loader, dict):
-        group = loader.get("balance")
-        if isinstance(group, dict):
-            group["mode"] = value
+    if dotted == "loader.balance" and isinstance(value, str):
+        loader = data.setdefault("loader", {}) if data.get("loader") is None else data["loader"]
+        if isinstance(loader, dict):  # a mode: the group's other keys, given before or after, stay
+            group = loader.get("balance")
+            if isinstance(group, dict):
+                group["mode"] = value
+            else:
+                loader["balance"] = {"mode": value}
             return None
     old = dotted.removeprefix("loader.")
     if old != dotted and old in LOADER_BALANCE_KEYS:

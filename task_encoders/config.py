@@ -46,11 +46,19 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class At:
-    """Where a value sits: the config's source, the key path and the folder for relative paths."""
+    """Where a value sits: the config's source, the key path and the folder for relative paths.
+    ``shell_keys``: the keys set on the command line (``--set``), whose relative paths are the
+    shell's (resolved against the working folder, not the config's)."""
 
     source: str = "<dict>"
     key: str = ""
     base_dir: Path = field(default_factory=Path.cwd)
+    shell_keys: frozenset[str] = frozenset()
+
+    @property
+    def folder(self) -> Path:
+        """The folder a relative path at this key is resolved against."""
+        return Path.cwd() if self.key in self.shell_keys else self.base_dir
 
     def child(self, name: str) -> At:
         return dataclasses.replace(self, key=f"{self.key}.{name}" if self.key else name)
@@ -132,7 +140,7 @@ def _parse_scalar(tp: Any, value: Any, at: At) -> Any:
         return value  # a URL (``msc://PROFILE/prefix``): kept as written, a string, never resolved
     if tp is Path and isinstance(value, str) and value:
         path = Path(value).expanduser()
-        return path if path.is_absolute() else (at.base_dir / path).resolve()
+        return path if path.is_absolute() else (at.folder / path).resolve()
     expected = {
         bool: "true or false",
         int: "an integer",

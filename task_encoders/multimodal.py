@@ -215,7 +215,7 @@ def _modality_config(name: str, spec: Any, top: _MultimodalSections, at: At) -> 
     top level's shared sections (module doc)."""
     if isinstance(spec, str):
         path = Path(spec).expanduser()
-        data, at = read_yaml(path if path.is_absolute() else at.base_dir / path)
+        data, at = read_yaml(path if path.is_absolute() else at.folder / path)
     elif isinstance(spec, Mapping) or spec is None:
         data = dict(spec or {})
     else:

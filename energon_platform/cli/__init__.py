@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from energon_platform.training.checkpoint import CheckpointError
     from energon_platform.training.resume_check.options import OptionError
     from storage import DatasetError
+    from storage.outputs import OutputError
     from task_encoders.config import ConfigError
 
     args = build_parser().parse_args(argv)
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         LayoutError,
         CheckpointError,
         OptionError,
+        OutputError,
     ) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
         return 2

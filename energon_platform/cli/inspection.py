@@ -327,10 +327,13 @@ def _report_spikes(args, config) -> list[dict]:
 
 def cmd_report(args) -> int:
     from energon_platform.config import load_config
-    from energon_platform.tools.report import ReportError, build_report
+    from energon_platform.tools.report import ReportError, build_report, is_report
+    from storage.outputs import check_file
 
     if args.set and not args.config:
         raise UsageError("--set overrides values of --config; pass --config too")
+    logs = [Path(r) / "log.jsonl" for r in (args.run, args.compare) if r]
+    check_file(args.out, is_report, "run report", inputs=[*logs, args.config])
     config = load_config(args.config, overrides(args.set)) if args.config else None
     try:
         info = build_report(

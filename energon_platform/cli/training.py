@@ -119,6 +119,10 @@ def add_calibrate(sub) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
+#: The most micro-batches calibrate times (each is timed ``--repeats`` + 1 times, one thread).
+MAX_MICRO_BATCHES = 4096
+
+
 def cmd_calibrate(args) -> int:
     from energon_platform.config import load_config
     from energon_platform.training.calibrate import (
@@ -126,11 +130,20 @@ def cmd_calibrate(args) -> int:
         calibrate_run,
         check_fit,
         format_table,
+        is_cost_file,
         load_factory,
         write_report,
     )
+    from storage.outputs import check_file
 
+    if not 4 <= args.micro_batches <= MAX_MICRO_BATCHES:
+        raise UsageError(
+            f"--micro-batches {args.micro_batches}: expected 4 to {MAX_MICRO_BATCHES} (three "
+            f"fitted for each one held back; each timed --repeats + 1 times)"
+        )
+    check_file(args.out, is_cost_file, "cost file", inputs=[args.config])
     cfg = load_config(args.config, overrides(args.set))
+    cfg = _plan_without(cfg, Path(args.out))
     try:
         factory = load_factory(args.model) if args.model else None
         report = calibrate_run(
@@ -148,6 +161,29 @@ def cmd_calibrate(args) -> int:
     write_report(report, args.out)
     print(f"wrote {args.out}")
     return 0
+
+
+def _plan_without(cfg, out: Path):
+    """``cfg`` as calibrate reads its data: a run that balances with the cost file this
+    calibration is to write (``loader.balance.cost_model`` = ``--out``), and that has none yet,
+    plans with ``attention`` instead, a fixed number of samples a global batch (what calibrate
+    times is the model, not the plan)."""
+    import dataclasses
+
+    balance = cfg.loader.balance
+    if balance.mode != "measured" or Path(balance.cost_model).resolve() != out.resolve():
+        return cfg
+    if out.is_file():
+        return cfg  # a calibration again: the run's plan, with its earlier cost file
+    print(
+        f"note: the config balances with {out}, which this calibration writes; its micro-batches "
+        f"are drawn as balance: attention plans them",
+        file=sys.stderr,
+    )
+    plain = dataclasses.replace(
+        balance, mode="attention", cost_model=None, global_batch_tokens=None
+    )
+    return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, balance=plain))
 
 
 CHECK_RESUME_EXAMPLES = """examples:

@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from storage.outputs import check_file, write_atomic
+from storage.paths import dataset_root, is_remote
+
 
 def preview_batch(encoder: Any, batch: Any, max_docs: int = 2, max_chars: int = 80) -> str:
     """One line per field (``name: dtype (shape)`` for tensors), then up to ``max_docs`` documents
@@ -364,8 +367,9 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
     import yaml
 
     from energon_platform.config import load_config
-    from task_encoders.config import ConfigError
 
+    if is_remote(target):  # a dataset on object storage (a config is a local file)
+        return _dataset_config(str(target), encoder, n, dataset_root(str(target)))
     path = Path(target)
     doc = None
     if path.is_file() and path.suffix in (".yaml", ".yml"):
@@ -375,31 +379,41 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
         if encoder is not None:
             overrides["encoder"] = encoder
         return load_config(path, overrides)
-    if encoder is None:
-        if path.is_dir() and not (path / ".nv-meta" / "dataset.yaml").is_file():
-            from storage import DatasetError
+    if encoder is None and path.is_dir() and not (path / ".nv-meta" / "dataset.yaml").is_file():
+        from storage import DatasetError
 
-            raise DatasetError(
-                f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml) nor a run config; "
-                f"convert it with `energon-platform convert ...` first"
-            )
-        sample_class = _dataset_sample_class(path) if path.is_dir() else None
+        raise DatasetError(
+            f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml) nor a run config; "
+            f"convert it with `energon-platform convert ...` first"
+        )
+    return _dataset_config(str(path.resolve()), encoder, n, path if path.is_dir() else None)
+
+
+def _dataset_config(data: str, encoder: Any, n: int, folder: Any) -> Any:
+    """The run config of a dataset or metadataset ``data`` (a local path or an ``msc://`` URL):
+    ``encoder``, or the default of the sample class read from ``folder`` (a ``Path`` or
+    ``EPath``; None for a metadataset); one batch of ``n`` samples, no workers."""
+    from energon_platform.config import load_config
+    from task_encoders.config import ConfigError
+
+    if encoder is None:
+        sample_class = _dataset_sample_class(folder) if folder is not None else None
         if sample_class not in DEFAULT_ENCODERS:
             what = (
                 f"sample type {sample_class or 'unknown'}"
-                if path.is_dir()
+                if folder is not None
                 else "a metadataset: its datasets may hold different sample types"
             )
             raise ConfigError(
-                str(path),
+                data,
                 "--encoder",
-                f"cannot choose an encoder for {path} ({what}); pass "
+                f"cannot choose an encoder for {data} ({what}); pass "
                 f"--encoder CONFIG (e.g. configs/encoders/multimodal.yaml)",
             )
         encoder = DEFAULT_ENCODERS[sample_class]
     return load_config(
         {
-            "data": {"path": str(path.resolve()), "val_split": None},
+            "data": {"path": data, "val_split": None},
             "encoder": encoder,
             "loader": {"global_batch_size": n, "num_workers": 0},
         }
@@ -434,6 +448,43 @@ def sheet_format(out: str | Path) -> str:
     return SHEET_FORMATS[suffix]
 
 
+#: The mark a contact sheet carries in its metadata (PNG text, JPEG comment, WebP XMP, TIFF
+#: description): the only existing picture ``preview --out`` replaces. BMP holds no metadata, so
+#: an existing ``.bmp`` is never replaced.
+MARK = "energon-platform preview contact sheet"
+
+
+def _marked(fmt: str) -> dict:
+    """Pillow ``save`` arguments that write `MARK` into a picture of format ``fmt``."""
+    from PIL import PngImagePlugin
+
+    if fmt == "PNG":
+        info = PngImagePlugin.PngInfo()
+        info.add_text("Software", MARK)
+        return {"pnginfo": info}
+    if fmt == "JPEG":
+        return {"comment": MARK.encode()}
+    if fmt == "WEBP":
+        return {"xmp": MARK.encode()}
+    if fmt == "TIFF":
+        return {"description": MARK}
+    return {}
+
+
+def is_sheet(path: Path) -> bool:
+    """Whether the picture ``path`` carries `MARK` (a contact sheet ``preview`` wrote)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            found = [image.info.get(k) for k in ("Software", "comment", "xmp")]
+            if image.format == "TIFF":
+                found.append(image.tag_v2.get(270))
+    except Exception:  # not a picture Pillow reads: not ours
+        return False
+    return any(v in (MARK, MARK.encode()) for v in found)
+
+
 def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = None) -> dict:
     """Encode the first training samples of ``target`` (`preview_config`) with
     energon_platform's train loader (epoch 0, training augmentation, per-sample seeds) and write
@@ -443,9 +494,15 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     the sheet has no drawer for (:func:`undrawn_fields`; the CLI says them on stderr)."""
     from energon_platform.loader.train_loader import TrainLoader
 
-    if not Path(target).exists():
+    if not is_remote(target) and not Path(target).exists():
         raise FileNotFoundError(f"{target}: no such run config, dataset or metadataset")
     fmt = sheet_format(out)
+    check_file(
+        out,
+        is_sheet,
+        "contact sheet",
+        inputs=[target, encoder if isinstance(encoder, (str, Path)) else None],
+    )
     cfg = preview_config(target, encoder, n)
     loader = TrainLoader(cfg)
     try:
@@ -462,8 +519,8 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     finally:
         loader.close()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sheet.save(out, format=fmt)
+    with write_atomic(out) as tmp:
+        sheet.save(tmp, format=fmt, **_marked(fmt))
     return {
         "path": str(out),
         "width": sheet.width,

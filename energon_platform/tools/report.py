@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from storage.outputs import write_atomic
+
 __all__ = ["BUCKETS", "ReportError", "RunLog", "build_report", "read_run_log", "reduce_curve"]
 
 #: Buckets a curve is reduced to (each keeps its minimum and maximum point).
@@ -442,12 +444,26 @@ def render_page(
         panels += f"<p>Spikes without a panel (lower z): steps {rest}</p>"
     spikes_html = f"<h2>Spikes</h2>{panels}" if spikes else "<h2>Spikes</h2><p>No spikes.</p>"
     return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{GENERATOR}"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         f"<title>Run report: {_e(log.path.parent.name)}</title><style>{STYLE}</style></head><body>"
         f"<h1>Run report: {_e(log.path.parent.name)}</h1>{_summary(log, spikes, compare)}"
         f"<h2>Curves</h2>{figures}{spikes_html}</body></html>\n"
     )
+
+
+#: The mark of a page this module wrote: the only existing file ``report --out`` replaces.
+GENERATOR = '<meta name="generator" content="energon-platform report">'
+
+
+def is_report(path: Path) -> bool:
+    """Whether ``path`` is a report this module wrote (its `GENERATOR` mark in the head)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"<!DOCTYPE html>") and GENERATOR.encode() in head
 
 
 def build_report(
@@ -471,8 +487,8 @@ def build_report(
     reader = SampleReader(config) if config is not None and spikes else None
     page = render_page(log, spikes, compare, reader)
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    with write_atomic(out) as tmp:
+        tmp.write_text(page, encoding="utf-8")
     return {
         "path": str(out),
         "bytes": out.stat().st_size,

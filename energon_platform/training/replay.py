@@ -10,6 +10,7 @@ resumed run; the losses show where the replay departs from the original.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from dataclasses import dataclass
@@ -20,9 +21,12 @@ from energon_platform.training import checkpoint
 from energon_platform.training.resume_check.comparison import compare
 from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.step_log_readers import JsonLines
+from storage.outputs import OutputError, check_folder
 
-#: what a run writes in its folder: all an ``--overwrite`` may delete
-RUN_NAMES = {"log.jsonl", "checkpoints"}
+#: the file that marks a folder as a replay's (what it replays); ``--overwrite`` needs it
+MARK = "replay.json"
+#: what a replay writes in its folder: all an ``--overwrite`` may delete
+RUN_NAMES = {"log.jsonl", "checkpoints", MARK}
 
 
 class ReplayError(ValueError):
@@ -75,39 +79,30 @@ def plan_replay(run: Path, first: int, steps: int) -> ReplayPlan:
     return ReplayPlan(found, start, first, start + steps)
 
 
-def _inside(a: Path, b: Path) -> bool:
-    """Whether folder ``a`` is ``b`` or lies inside it."""
-    return a == b or b in a.parents
+def is_replay(folder: Path) -> bool:
+    """Whether ``folder`` holds a replay's run and nothing else: its `MARK` and only `RUN_NAMES`
+    (a training run's folder, which has no mark, is never a replay's), or only the run lock of a
+    replay stopped before it wrote its mark."""
+    names = {p.name for p in folder.iterdir()}
+    if names == {"checkpoints"} and (folder / "checkpoints").is_dir():
+        return [p.name for p in (folder / "checkpoints").iterdir()] in ([], [".run.lock"])
+    return (folder / MARK).is_file() and names <= RUN_NAMES
 
 
-def claim_out(out: Path, run: Path, overwrite: bool) -> None:
-    """Make ``out`` a new, empty run folder. Refuses (`ReplayError`) an ``out`` that is
-    ``run``, lies inside it or holds it; a non-empty ``out`` without ``overwrite``; and, with
-    ``overwrite``, one holding anything a run does not write (`RUN_NAMES`), which is
-    never deleted."""
-    resolved, original = out.resolve(), run.resolve()
-    if _inside(resolved, original) or _inside(original, resolved):
-        raise ReplayError(
-            f"--out {out}: the replay never writes into or around the run it replays ({run}); "
-            f"choose a folder outside it"
-        )
-    if out.exists() and not out.is_dir():
-        raise ReplayError(f"--out {out}: a file, not a folder; choose another --out")
-    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if names and not overwrite:
-        raise ReplayError(
-            f"--out {out}: not empty (holds {', '.join(names[:3])}); pass --overwrite to replace "
-            f"the run there, or choose another --out"
-        )
-    foreign = [n for n in names if n not in RUN_NAMES]
-    if foreign:
-        raise ReplayError(
-            f"--out {out}: holds {', '.join(foreign[:3])}, which a run does not write; "
-            f"--overwrite replaces only a run: choose another --out"
-        )
-    for name in names:
+def claim_out(out: Path) -> None:
+    """Empty ``out`` of what a replay wrote (never the run lock, which the caller holds: the
+    `checkpoint.RunLock` of ``out / "checkpoints"``), once `storage.outputs.check_folder` has
+    accepted it; `ReplayError` if it is no longer a replay's (changed since the check)."""
+    if out.is_dir() and any(out.iterdir()) and not is_replay(out):
+        raise ReplayError(f"--out {out}: changed since it was checked; choose another --out")
+    for name in sorted(RUN_NAMES):
         target = out / name
-        shutil.rmtree(target) if target.is_dir() else target.unlink()
+        if target.is_dir() and not target.is_symlink():
+            for p in target.iterdir():
+                if p.name != ".run.lock":
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        else:
+            target.unlink(missing_ok=True)
 
 
 def _rows(log: Path, start: int, last: int) -> dict[int, dict]:
@@ -170,9 +165,26 @@ def replay(
 
     run, out = Path(run), Path(out)
     plan = plan_replay(run, first, steps)
-    claim_out(out, run, overwrite)
-    checkpoint.copy_as_latest(plan.checkpoint, out / "checkpoints")
-    train(cfg, resume=True, num_workers=num_workers, out=str(out), quiet=True, until=plan.last)
+    try:  # refused before the lock is taken (which creates out/checkpoints)
+        check_folder(
+            out, is_replay, "replay", overwrite=overwrite, inputs=(run, cfg.source, cfg.data.path)
+        )
+    except OutputError as e:
+        raise ReplayError(str(e)) from None
+    with checkpoint.RunLock(out / "checkpoints") as lock:
+        claim_out(out)
+        mark = {"run": str(run.resolve()), "from": first, "steps": steps}
+        (out / MARK).write_text(json.dumps(mark) + "\n")
+        checkpoint.copy_as_latest(plan.checkpoint, out / "checkpoints")
+        train(
+            cfg,
+            resume=True,
+            num_workers=num_workers,
+            out=str(out),
+            quiet=True,
+            until=plan.last,
+            lock=lock,
+        )
     original = _rows(run / "log.jsonl", plan.start, plan.last)
     return compare_replay(original, _rows(out / "log.jsonl", plan.start, plan.last), plan)
 

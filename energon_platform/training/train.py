@@ -255,15 +255,19 @@ def train(
     steps: int | None = None,
     quiet: bool = False,
     until: int | None = None,
+    lock: checkpoint.RunLock | None = None,
 ) -> dict:
     """Run (or continue) training; returns ``{"step", "loss", "out"}`` of the last step. Rank 0
     holds the checkpoint folder's `RunLock` for the
     whole run: a second run pointed at the same folder is refused. ``until``: stop after that
     step (checkpointing it) instead of after ``steps``, the learning-rate schedule still spanning
-    ``steps`` (default ``train.steps``), as a replay of part of a longer run needs."""
+    ``steps`` (default ``train.steps``), as a replay of part of a longer run needs. ``lock``: the
+    folder's `RunLock`, already held by the caller (a replay, which claims the folder under it)."""
     ckpt_dir = Path(out or cfg.train.out) / "checkpoints"
-    lock = checkpoint.RunLock(ckpt_dir) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
-    with lock:
+    if lock is not None and lock.path.parent.resolve() != ckpt_dir.resolve():
+        raise ValueError(f"the lock given is {lock.path}'s, not {ckpt_dir}'s")
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    with checkpoint.RunLock(ckpt_dir) if rank0 and lock is None else nullcontext():
         return _train(
             cfg,
             resume=resume,

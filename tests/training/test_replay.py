@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from energon_platform import cli
-from energon_platform.training.replay import claim_out
+from energon_platform.training.replay import MARK, claim_out
 from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.spikes import find_spikes
 from energon_platform.training.step_log_readers import JsonLines
@@ -102,9 +102,10 @@ def test_replay_fails_in_one_line_when_a_step_before_from_is_not_the_originals(
         ("no checkpoint before", "--from 8: "),
         ("beyond the log", "--from 99: "),
         ("too few steps", "--steps 2: the replay would stop at step 10"),
-        ("out not empty", "not empty (holds log.jsonl); pass --overwrite"),
-        ("overwrite a foreign folder", "holds notes.txt, which a run does not write"),
-        ("out inside the run", "never writes into or around the run"),
+        ("out not empty", "holds an earlier replay; pass --overwrite"),
+        ("overwrite a foreign folder", "holds notes.txt, which no replay wrote"),
+        ("overwrite a training run", "holds checkpoints, log.jsonl, which no replay wrote"),
+        ("out inside the run", "is inside or holds"),
         ("no log", "no step log there"),
     ],
 )
@@ -120,6 +121,10 @@ def test_replay_refuses_bad_inputs_in_one_line(spike_run, capsys, tmp_path, case
     elif case == "out not empty":
         out.mkdir()
         (out / "log.jsonl").write_text("")
+        (out / MARK).write_text("{}")
+    elif case == "overwrite a training run":  # a run's folder has no replay mark
+        shutil.copytree(run, out)
+        argv["--overwrite"] = None
     elif case == "overwrite a foreign folder":
         out.mkdir()
         (out / "notes.txt").write_text("mine")
@@ -134,12 +139,54 @@ def test_replay_refuses_bad_inputs_in_one_line(spike_run, capsys, tmp_path, case
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1, err
     assert folder_digest(run) == before and not (run / "replay").exists()
-    assert case == "overwrite a foreign folder" or not (out / "checkpoints").exists()
+    if case == "overwrite a training run":
+        assert folder_digest(out) == before  # nothing of the run there was touched
+    elif case != "overwrite a foreign folder":
+        assert not (out / "checkpoints").exists()
 
 
-def test_overwrite_empties_a_folder_an_earlier_replay_left(tmp_path):
+def test_replay_onto_a_live_replay_is_refused_by_its_run_lock(spike_run, capsys, tmp_path):
+    """A replay into a folder another process is training in (it holds the folder's run lock)
+    is refused in one line, and the live run's files stay."""
+    out = tmp_path / "replay"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / MARK).write_text("{}")
+    (out / "log.jsonl").write_text('{"step": 1}\n')
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from energon_platform.training.checkpoint "
+            "import RunLock\nwith RunLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
+            str(out / "checkpoints"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = ["--run", spike_run["out"], "--config", spike_run["config"], "--from", 13]
+        argv += ["--steps", 5, "--out", out, "--overwrite"]
+        assert cli.main(["replay", *map(str, argv)]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    err = capsys.readouterr().err
+    assert "another training run is using this checkpoint folder" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert (out / "log.jsonl").read_text() == '{"step": 1}\n' and (out / MARK).is_file()
+
+
+def test_overwrite_empties_a_folder_an_earlier_replay_left_but_keeps_its_lock(tmp_path):
     out = tmp_path / "replay"
     (out / "checkpoints" / "step_000008").mkdir(parents=True)
+    (out / "checkpoints" / ".run.lock").write_text("")
     (out / "log.jsonl").write_text("{}\n")
-    claim_out(out, tmp_path / "run", overwrite=True)
-    assert list(out.iterdir()) == []
+    (out / MARK).write_text("{}\n")
+    claim_out(out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "checkpoints",
+        "checkpoints/.run.lock",
+    ]

@@ -1,0 +1,183 @@
+"""The output rule: a command writes only what is its own, and refuses before any long work.
+
+Every command that writes (``convert``, ``check-resume``, ``replay``, ``calibrate``, ``report``,
+``preview``, the docs scripts) asks this module first, with what it reads (``inputs``) and how
+it recognises its own earlier output (``own``, by a marker or the file's own format):
+
+* `check_file`: a file written whole (a cost file, an HTML report, a picture).
+* `check_folder`: a folder a command fills (a replayed run, a check's runs).
+* `refuse_places`: the places nothing may write into, alone (``convert`` adds its own rules).
+
+Refused, in one line naming the path and what to do (`OutputError`), before anything is written:
+an input of the command (or, for a folder, a folder that is, holds or lies inside one); a path
+inside a dataset (a folder with ``.nv-meta/``) or a conversion (``.convert/``); a run's own files
+(``log.jsonl``, ``run.yaml``, ``run.json`` beside ``checkpoints/``) and anything inside a run's
+``checkpoints/``; a folder output that is the home folder, the file system's root or a
+repository's root; and an existing path the command did not write. A file the command wrote
+before is replaced; a folder it filled before only with ``--overwrite``.
+
+`write_atomic` writes through a temporary sibling renamed into place, so a kill never leaves half
+a file where the user's was.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from pathlib import Path
+
+#: What a training run writes beside its ``checkpoints/`` folder (never another command's output).
+RUN_FILES = ("log.jsonl", "run.yaml", "run.json")
+
+
+class OutputError(ValueError):
+    """An output path a command may not write; one line naming it and what to do."""
+
+
+def _is_run(folder: Path) -> bool:
+    """Whether ``folder`` is a training run's folder (it holds a log or a checkpoints folder)."""
+    return (folder / "log.jsonl").is_file() or (folder / "checkpoints").is_dir()
+
+
+def protected_place(path: Path) -> str | None:
+    """Why nothing may be written at ``path`` (resolved), or None: a place inside a dataset, a
+    conversion or a run's checkpoints, or one of a run's own files."""
+    if path.name in RUN_FILES and _is_run(path.parent):
+        return f"a file of the training run {path.parent}"
+    for folder in [path, *path.parents]:
+        if (folder / ".nv-meta").is_dir() and folder != path:
+            return f"inside the dataset {folder}"
+        if (folder / ".convert" / "state.json").is_file() and folder != path:
+            return f"inside the conversion {folder}"
+        if folder.name == "checkpoints" and _is_run(folder.parent):
+            return f"inside the checkpoints of the run {folder.parent}"
+    return None
+
+
+def _is_special_folder(path: Path) -> str | None:
+    """``path`` (resolved) is the home folder, the file system's root or a repository's root."""
+    if path == Path(path.anchor):
+        return "the file system's root"
+    if path == Path.home().resolve():
+        return "your home folder"
+    if (path / ".git").exists():
+        return "a repository's root"
+    return None
+
+
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def refuse_places(
+    path: str | Path, flag: str = "--out", inputs: Iterable = (), folder: bool = False
+) -> Path:
+    """``path`` resolved, after refusing an input, a protected place (`protected_place`) and, for
+    a ``folder`` output, the home folder, the root, a repository root and a folder that holds or
+    lies in an input. Remote inputs (``msc://``) are left out."""
+    resolved = Path(path).resolve()
+    for inp in inputs:
+        if inp is None or str(inp).startswith("msc://"):
+            continue
+        r = Path(inp).resolve()
+        if r == resolved or (folder and (_inside(r, resolved) or _inside(resolved, r))):
+            raise OutputError(
+                f"{flag} {path}: {'is' if r == resolved else 'is inside or holds'} {inp}, which "
+                f"this command reads; nothing was written; choose another {flag}"
+            )
+    why = protected_place(resolved) or (_is_special_folder(resolved) if folder else None)
+    if why:
+        raise OutputError(
+            f"{flag} {path}: {why}; this command writes only its own output there; nothing was "
+            f"written; choose another {flag}"
+        )
+    return resolved
+
+
+def check_file(
+    path: str | Path,
+    own: Callable[[Path], bool],
+    what: str,
+    *,
+    flag: str = "--out",
+    inputs: Iterable = (),
+) -> Path:
+    """Refuse (`OutputError`) to write the file ``path`` unless it is new or ``own(path)`` says
+    it is this command's earlier output (``what``, e.g. "cost file"); also `refuse_places` and a
+    parent that cannot take a file. Creates the parent folder. Call before any long work."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(
+            f"{flag} {path}: a folder; name the {what} to write, e.g. {p / ('out' + (p.suffix or ''))}"
+        )
+    refuse_places(p, flag, inputs)
+    if p.is_symlink() or (p.exists() and not (p.is_file() and own(p))):
+        raise OutputError(
+            f"{flag} {path}: exists and is not a {what} this command wrote; nothing was changed; "
+            f"move it away or choose another {flag}"
+        )
+    probe_writable(p.parent, flag, path)
+    return p
+
+
+def check_folder(
+    path: str | Path,
+    own: Callable[[Path], bool],
+    what: str,
+    *,
+    overwrite: bool,
+    flag: str = "--out",
+    inputs: Iterable = (),
+) -> Path:
+    """Refuse (`OutputError`) to fill the folder ``path`` unless it is new or empty, or
+    ``own(path)`` says it holds this command's earlier output (``what``, e.g. "replay") and
+    ``overwrite`` is set; also `refuse_places` for a folder. Call before any long work."""
+    p = Path(path)
+    refuse_places(p, flag, inputs, folder=True)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{flag} {path}: a file, not a folder; choose another {flag}")
+    names = sorted(q.name for q in p.iterdir()) if p.is_dir() else []
+    if names and not own(p):
+        raise OutputError(
+            f"{flag} {path}: holds {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}, "
+            f"which no {what} wrote; nothing was changed; choose a new or empty {flag}"
+        )
+    if names and not overwrite:
+        raise OutputError(
+            f"{flag} {path}: holds an earlier {what}; pass --overwrite to replace it, or choose "
+            f"another {flag}"
+        )
+    probe_writable(p, flag, path)
+    return p
+
+
+def probe_writable(folder: Path, flag: str, path) -> None:
+    """Create ``folder`` if needed and prove a file can be written in it; `OutputError` naming
+    ``path`` otherwise."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+
+
+@contextmanager
+def write_atomic(path: str | Path):
+    """``with write_atomic(path) as tmp:`` write the file ``tmp`` (beside ``path``, whose folder is
+    created); on success it replaces ``path`` (a rename), on an error it is removed and ``path`` is
+    left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
