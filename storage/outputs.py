@@ -78,6 +78,12 @@ def refuse_places(
     a ``folder`` output, the home folder, the root, a repository root and a folder that holds or
     lies in an input. Remote inputs (``msc://``) are left out."""
     resolved = Path(path).resolve()
+    special = _is_special_folder(resolved) if folder else None
+    if special:
+        raise OutputError(
+            f"{flag} {path}: {special}; this command writes only into a folder of its own; "
+            f"nothing was written; choose another {flag}"
+        )
     for inp in inputs:
         if inp is None or str(inp).startswith("msc://"):
             continue
@@ -87,7 +93,7 @@ def refuse_places(
                 f"{flag} {path}: {'is' if r == resolved else 'is inside or holds'} {inp}, which "
                 f"this command reads; nothing was written; choose another {flag}"
             )
-    why = protected_place(resolved) or (_is_special_folder(resolved) if folder else None)
+    why = protected_place(resolved)
     if why:
         raise OutputError(
             f"{flag} {path}: {why}; this command writes only its own output there; nothing was "

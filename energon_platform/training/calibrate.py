@@ -270,12 +270,20 @@ def _report(matrix: np.ndarray, seconds: np.ndarray, repeats: int) -> dict:
 
 
 def check_fit(report: dict, max_p90: float = MAX_P90_ERROR) -> None:
-    """`CalibrationError` when the held-back p90 relative error exceeds ``max_p90``."""
+    """`CalibrationError` when the held-back p90 relative error exceeds ``max_p90``, or when every
+    coefficient is 0 (the micro-batches' times did not grow with any feature: nothing to
+    balance with)."""
     if report["p90_error"] > max_p90:
         raise CalibrationError(
             f"the fit's p90 relative error on held-back micro-batches is "
             f"{report['p90_error']:.1%} (more than {max_p90:.0%}); time more micro-batches "
             "(--micro-batches) or repeats (--repeats) on a quiet machine"
+        )
+    if not any(report["coefficients"].values()):
+        raise CalibrationError(
+            "every fitted coefficient is 0: the timed micro-batches took the same time whatever "
+            "they held (the model's fixed cost hides the samples'); time a larger model or "
+            "longer samples"
         )
 
 

@@ -239,6 +239,8 @@ def test_a_cost_file_loads_and_predicts(cost_file, encoder):
         ({"coefficients": {**{n: 1e-4 for n in FEATURES}, "llm_tokens": -1.0}}, "llm_tokens"),
         ({"coefficients": {**{n: 1e-4 for n in FEATURES}, "samples": float("nan")}}, "samples"),
         ({"coefficients": {**{n: 1e-4 for n in FEATURES}, "points": float("inf")}}, "points"),
+        ({"coefficients": {**{n: 1e-4 for n in FEATURES}, "points": 1e308}}, "points"),  # T7
+        ({"coefficients": {n: 0.0 for n in FEATURES}}, "every coefficient is 0"),
         ({"coefficients": {**{n: 1e-4 for n in FEATURES}, "frames": 1.0}}, "frames"),
         ({"coefficients": {n: 1e-4 for n in FEATURES[1:]}}, "coefficients.samples"),
         ({"features": ["samples", "pixels"]}, "features"),
@@ -328,3 +330,87 @@ def test_a_step_on_a_gpu_is_timed_once_the_device_has_finished(monkeypatch):
     cpu.forward = lambda batch: cpu.weight.sum()
     time_step(cpu, None)
     assert events == []
+
+
+USER_MODEL = """import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, batch):
+        return {forward}
+
+
+def build({args}):
+    return {built}
+"""
+
+
+@pytest.mark.parametrize(
+    "forward, args, built, said",
+    [
+        ("self.w * 1.0", "encoder", "None", "the factory returned NoneType (expected a torch.nn"),
+        ("self.w * 1.0", "encoder", "3", "the factory returned int"),
+        ("self.w * 1.0", "", "Model()", "the factory must take one argument, the encoder"),
+        (
+            "self.w * 1.0",
+            "encoder",
+            "1 / 0",
+            "the factory raised ZeroDivisionError: division by zero (at {file}:14)",
+        ),
+        ("self.w * 1.0", "encoder", "Model(", "importing {file} raised SyntaxError"),
+        (
+            "__import__('no_such_module_xyz')",
+            "encoder",
+            "Model()",
+            "the model's forward raised ModuleNotFoundError: No module named 'no_such_module_xyz' (at {file}:10)",
+        ),
+        (
+            "1.5",
+            "encoder",
+            "Model()",
+            "forward(batch) returned float; it must return the scalar loss",
+        ),
+        ("{'loss': self.w}", "encoder", "Model()", "forward(batch) returned dict"),
+        ("None", "encoder", "Model()", "forward(batch) returned NoneType"),
+        ("self.w * torch.ones(3)", "encoder", "Model()", "returned a tensor of shape (3,)"),
+        ("torch.ones(())", "encoder", "Model()", "returned a tensor without a gradient"),
+    ],
+)
+def test_a_users_model_that_is_not_usable_is_one_line_naming_its_own_frame(
+    spike_run, tmp_path, capsys, forward, args, built, said
+):
+    """T3/T4: the user's factory, import or forward fails: one line naming the problem and the
+    user's own file:line, never the platform's traceback; nothing is written."""
+    model = tmp_path / "my_model.py"
+    model.write_text(USER_MODEL.format(forward=forward, args=args, built=built))
+    out = tmp_path / "cost.json"
+    argv = ["calibrate", "--config", str(spike_run["config"]), "--out", str(out)]
+    argv += ["--model", f"{model}:build", "--micro-batches", "4", "--repeats", "1", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said.format(file=model) in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_a_config_that_balances_with_the_cost_file_being_written_is_calibrated(
+    spike_run, tmp_path, capsys, monkeypatch
+):
+    """M1: the config names the cost file calibrate is about to write (``balance: measured``):
+    it used to stop with 'file not found (write it with calibrate)'. ``--set`` paths are the
+    shell's (M2), and ``loader.balance=measured`` may come before ``loader.cost_model`` (M11)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["calibrate", "--config", str(spike_run["config"]), "--out", "cost.json"]
+    argv += ["--set", "loader.balance=measured", "--set", "loader.cost_model=cost.json"]
+    status = main([*argv, "--micro-batches", "8", "--repeats", "1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert "which this calibration writes" in captured.err, captured.err
+    assert "p90 error" in captured.out
+    assert (
+        status == 0
+        and (monkey_cwd / "cost.json").is_file()
+        or (status == 2 and "p90 relative error" in captured.err)
+    )

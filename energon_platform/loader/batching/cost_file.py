@@ -134,8 +134,17 @@ def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
         value = coefficients.get(name)
         if not coefficient_ok(value):
             raise CostFileError(
-                source, f"coefficients.{name}", f"got {value!r} (expected a finite number >= 0)"
+                source,
+                f"coefficients.{name}",
+                f"got {value!r} (expected seconds per unit: a number from 0 to {MAX_COEFFICIENT:g})",
             )
+    if not any(coefficients[name] for name in names):
+        raise CostFileError(
+            source,
+            "coefficients",
+            "every coefficient is 0: the file predicts no cost, so nothing can be balanced by it; "
+            "run energon-platform calibrate again",
+        )
     digest = encoder_digest(encoder)
     if data.get("encoder_digest") != digest:
         raise CostFileError(
@@ -149,11 +158,17 @@ def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
     )
 
 
+#: The largest coefficient read (seconds per unit of a feature): far above any model's, and small
+#: enough that a global batch's predicted cost stays finite (1e308 passed as finite and overflowed
+#: in the planner).
+MAX_COEFFICIENT = 1e3
+
+
 def coefficient_ok(value: Any) -> bool:
-    """Whether ``value`` is a coefficient: a finite number >= 0 (not a bool)."""
+    """Whether ``value`` is a coefficient: a number from 0 to `MAX_COEFFICIENT` (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return math.isfinite(value) and value >= 0
+    return math.isfinite(value) and 0 <= value <= MAX_COEFFICIENT
 
 
 def names_of(coefficients: Any) -> tuple[str, ...] | None:
