@@ -235,6 +235,18 @@ def _print_exclusions(args, rows, tracer) -> int:
     return 0
 
 
+class Counted:
+    """``rows`` iterated as they are, counted (``count``)."""
+
+    def __init__(self, rows):
+        self.rows, self.count = rows, 0
+
+    def __iter__(self):
+        for row in self.rows:
+            self.count += 1
+            yield row
+
+
 def cmd_spikes(args) -> int:
     from energon_platform.loader.trace import TraceError
     from energon_platform.training.spike_samples import format_spike
@@ -244,17 +256,30 @@ def cmd_spikes(args) -> int:
     try:
         if args.exclude_from is not None:
             return _print_exclusions(args, rows, tracer)
-        found = 0
-        for spike in find_spikes(rows, args.z, args.window):
+        found, counted, noted = 0, Counted(rows), False
+        for spike in find_spikes(counted, args.z, args.window):
             listing = _spike_listing(tracer, spike)
             spike.pop("row")
             found += 1
+            if args.top is not None and not listing["losses_logged"] and not noted:
+                noted = True
+                print(
+                    f"note: {rows.path} logs no sample_losses: --top {args.top} lists each "
+                    f"spike's first {args.top} samples in trace's order, not its worst (log "
+                    f"sample_losses, as the reference trainer does, to rank them)",
+                    file=sys.stderr,
+                )
             if args.json:
                 print(json.dumps({**spike, **listing, "samples": listing["samples"][: args.top]}))
             else:
                 print(format_spike(spike, listing, args.top))
     except TraceError as e:
         raise UsageError(str(e)) from None
+    if not counted.count:
+        raise UsageError(
+            f"{rows.path}: no step rows ({rows.skipped} line(s) that are no step, in "
+            f"--log-format {args.log_format}); pass the run's step log and its --log-format"
+        )
     if rows.skipped:
         print(f"skipped {rows.skipped} line(s) of {rows.path} that are no step", file=sys.stderr)
     if not args.json:

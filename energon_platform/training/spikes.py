@@ -6,8 +6,9 @@ previous ``window`` finite losses reaches ``z``::
     z = (loss - median) / (1.4826 * MAD)
 
 ``median`` and ``MAD`` (median absolute deviation) are those of the previous ``window`` finite
-losses; a step is scored once ``min(window, MIN_HISTORY)`` of them exist. A window whose MAD is 0
-(a flat loss) scores any rise as infinite. Spikes do not enter the window, so a long bad stretch
+losses; a step is scored once ``min(window, MIN_HISTORY)`` of them exist. A window flatter than
+`FLAT` of its median (a MAD of 0 included) is scored against that spread, so a flat loss gives
+finite z-scores. Spikes do not enter the window, so a long bad stretch
 keeps being flagged against the losses before it.
 """
 
@@ -25,6 +26,12 @@ MIN_HISTORY = 10
 
 #: MAD → standard deviation of a normal distribution.
 MAD_SCALE = 1.4826
+
+#: The least spread a window is scored with, relative to its median: a loss flat to 0.1% (a MAD
+#: of 0 included) scores a rise of 1% at z 10, not infinity.
+FLAT = 1e-3
+#: The least spread in absolute terms (a flat window with a median of 0).
+TINY = 1e-12
 
 
 class RollingMedian:
@@ -82,9 +89,9 @@ def _median(values: list[float]) -> float:
 
 
 def _z(loss: float, median: float, mad: float) -> float:
-    if mad > 0:
-        return (loss - median) / (MAD_SCALE * mad)
-    return 0.0 if loss <= median else math.inf
+    """The robust z-score; a window flatter than `FLAT` of its median scores against that
+    instead (a MAD of 0 made any rise an infinite z, which ranks nothing)."""
+    return (loss - median) / max(MAD_SCALE * mad, FLAT * abs(median), TINY)
 
 
 def _spike(row: dict, loss: float, z: float | None, median: float | None) -> dict:

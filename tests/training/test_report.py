@@ -182,3 +182,15 @@ def test_chromium_reports_a_fetch_the_page_tries(chromium, blend_report, tmp_pat
     bad.write_text(page)
     r = run_chromium(bad, "--dump-dom")
     assert any("example.invalid" in line for line in console_messages(r.stderr)), r.stderr[-2000:]
+
+
+def test_a_step_logged_again_after_a_resume_is_drawn_with_its_later_row(tmp_path):
+    """A resumed run logs the steps after its checkpoint again: the report draws the later loss."""
+    from energon_platform.tools.report import read_run_log
+
+    rows = [{"step": s, "loss": 1.0} for s in (1, 2, 3, 4)] + [
+        {"step": s, "loss": 9.0} for s in (3, 4, 5)
+    ]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = read_run_log(tmp_path)
+    assert log.steps.tolist() == [1, 2, 3, 4, 5] and log.loss.tolist() == [1, 1, 9, 9, 9]

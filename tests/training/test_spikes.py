@@ -230,3 +230,64 @@ def test_spikes_counts_corrupt_lines_it_skipped(run, capsys, tmp_path):
     status, out, err = spikes(capsys, run, "--log", log)
     assert status == 0 and "1 spike(s)" in out
     assert f"skipped 1 line(s) of {log} that are no step" in err
+
+
+def test_a_flat_loss_scores_a_rise_with_a_finite_z():
+    """A window whose MAD is 0 scored any rise at z inf; it is scored against 0.1% of its median."""
+    rows = [{"step": s, "loss": 2.0} for s in range(1, 21)]
+    rows += [{"step": 21, "loss": 2.02}, {"step": 22, "loss": 2.0001}]
+    (found,) = find_spikes(rows, z=4, window=20)
+    assert found["step"] == 21 and found["z"] == pytest.approx(10.0)
+
+
+def test_log_rows_take_a_step_logged_again_at_a_resume_once_the_later(tmp_path):
+    """A run logged 1-5 and resumed at 5 (its checkpoint was of step 4) logs step 5 twice: it is
+    one row, the later one (a restart is a step at or below the one before)."""
+    log = tmp_path / "log.jsonl"
+    rows = [{"step": s, "loss": 1.0} for s in (1, 2, 3, 4, 5)] + [
+        {"step": s, "loss": 2.0} for s in (5, 6)
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [(r["step"], r["loss"]) for r in LogRows(log, JsonLines())] == [
+        (1, 1.0),
+        (2, 1.0),
+        (3, 1.0),
+        (4, 1.0),
+        (5, 2.0),
+        (6, 2.0),
+    ]
+
+
+def test_spikes_says_that_top_is_not_the_worst_without_sample_losses(run, capsys, tmp_path):
+    """S1: without sample_losses, --top N lists the first N samples; a note says they are not the
+    step's worst."""
+    rows = [json.loads(line) for line in (run["out"] / "log.jsonl").read_text().splitlines()]
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({k: v for k, v in r.items() if k != "sample_losses"}) + "\n" for r in rows
+        )
+    )
+    status, out, err = spikes(capsys, run, "--log", log, "--top", "2")
+    assert status == 0 and f"step {PLANTED_STEP}" in out
+    assert err.count("logs no sample_losses: --top 2 lists each spike's first 2 samples") == 1
+    status, out, err = spikes(capsys, run, "--top", "2")
+    assert status == 0 and "sample_losses" not in err
+
+
+@pytest.mark.parametrize(
+    "content, fmt",
+    [
+        (b"", "jsonl"),
+        (b"{torn\nnot json\n", "jsonl"),
+        (bytes(range(256)) * 4 + b"\n", "jsonl"),
+        (None, "megatron"),  # the run's own jsonl log read as another format
+    ],
+)
+def test_spikes_refuses_a_log_without_step_rows_as_report_does(run, capsys, tmp_path, content, fmt):
+    """S2: it said '0 spike(s)', exit 0, where report refuses the same log."""
+    log = tmp_path / "log.jsonl"
+    log.write_bytes((run["out"] / "log.jsonl").read_bytes() if content is None else content)
+    status, out, err = spikes(capsys, run, "--log", log, "--log-format", fmt)
+    assert status == 2 and "spike(s)" not in out
+    assert f"{log}: no step rows" in err and len(err.strip().splitlines()) == 1, err
