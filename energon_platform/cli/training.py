@@ -280,11 +280,12 @@ def add_check_resume(sub) -> None:
         "--out) instead of running it again: only the killed and the resumed runs run, e.g. to "
         "try several --resume-cmd against one long run",
     )
-    g.add_argument(
+    p.add_argument(
         "--timeout",
         type=positive_float,
         default=3600,
-        help="seconds each run may take (default 3600)",
+        help="seconds each of the three runs may take, with --config or --cmd (default 3600); "
+        "a run past it is killed and the check fails",
     )
     p.set_defaults(func=cmd_check_resume)
 
@@ -370,6 +371,7 @@ def cmd_check_resume(args) -> int:
             args.resume_nproc,
             args.resume_workers,
             args.tolerance,
+            timeout=args.timeout,
         )
     except RunFailed as e:  # a trainer process failed: its output tail is in the message
         print(f"energon-platform check-resume: {e}", file=sys.stderr)

@@ -118,3 +118,17 @@ def test_a_budget_the_window_limits_fills_what_the_window_holds():
     """No repeats in reach: a budget beyond the window's samples is no error, the batch takes them all."""
     planner = Planner(lambda ps: [(10, 10)] * len(ps), float, 2, budget=10**6, window=64)
     assert len(planner.plan(0).items) == 64 and len(planner.plan(1).items) == 64
+
+
+def test_an_encoders_cost_is_asked_again_when_its_balance_cost_is_replaced():
+    """``balance: encoder`` is never remembered (only a fixed cost file's is): a replaced
+    ``balance_cost`` gives its own cost at the next call."""
+    from types import SimpleNamespace
+
+    from energon_platform.loader.batching.costs import SampleCost
+
+    encoder = SimpleNamespace(balance_cost=lambda length: 2.0 * length)
+    cost = SampleCost("encoder", encoder, 0.0, "run.yaml")
+    assert cost(7) == 14.0
+    encoder.balance_cost = lambda length: 3.0 * length
+    assert cost(7) == 21.0

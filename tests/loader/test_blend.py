@@ -334,6 +334,35 @@ def test_blend_unit_batch_takes_each_micro_batch_from_one_dataset(corpora):
     assert Counter(dataset_of(m[0]) for m in micro) == {"big": 4, "small": 4}
 
 
+def test_blend_unit_batch_of_a_packing_encoder_takes_each_micro_batchs_documents_from_one_dataset(
+    corpora,
+):
+    """A packed micro-batch holds ``micro_batch_size`` rows of ``pack_group`` documents each: the
+    blend unit is all of its documents, not one per row."""
+    config = load_config(
+        {
+            "data": {
+                "path": str(blend_of(corpora, "packed-unit", big=1, small=1)),
+                "val_split": None,
+            },
+            "encoder": str(REPO / "configs/encoders/image_text_small_packed.yaml"),
+            "loader": {
+                "global_batch_size": 2,
+                "num_workers": 0,
+                "blend_unit": "batch",
+                "micro_batch_size": 1,
+                "pack_group": 4,
+            },
+        }
+    )
+    loader = TrainLoader(config)
+    micro = [list(next(loader).keys) for _ in range(6)]
+    loader.close()
+    assert all(len(m) == 4 for m in micro)  # a row of four documents
+    assert all(len({dataset_of(k) for k in m}) == 1 for m in micro), micro
+    assert {dataset_of(m[0]) for m in micro} == {"big", "small"}
+
+
 def test_state_is_plain_json_with_the_blend_history_and_accounting(corpora):
     loader = TrainLoader(cfg(blend_of(corpora, "json", big=3, small=1)))
     for _ in range(2):

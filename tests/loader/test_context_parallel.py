@@ -178,6 +178,7 @@ def test_a_context_parallel_run_resumes_exactly_and_only_with_the_same_setting(t
         (True, None, "loader.context_parallel"),
         (2, {**PACKED_TEXT, "packing": {"enabled": False}}, "2: TextTaskEncoder does not pack"),
         (3, {**PACKED_TEXT, "text": {"seq_len": 256}}, "seq_len 256 is not a multiple of 6"),
+        (2, {**PACKED_TEXT, "text": {"seq_len": 258}}, "seq_len 258 is not a multiple of 4"),
         (2, "configs/encoders/image_text_vlm_small_packed.yaml", "cannot pad its documents"),
     ],
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -173,6 +174,25 @@ def test_a_load_burst_longer_than_one_micro_batchs_runs_does_not_skew_its_time()
     assert model.calls == 32
     for row in report["rows"]:
         assert row["seconds"] < linear_cost(SimpleNamespace(features=row["features"])) + 0.02
+
+
+def test_the_fit_never_sees_the_held_back_micro_batches():
+    """Every `HOLD_EVERY`-th micro-batch only measures the error: changing its time changes the
+    error, never the coefficients."""
+    from energon_platform.training.calibrate import FITTED, HOLD_EVERY, _report, feature_matrix
+
+    vectors = [b.features for b in synthetic_batches(16)]
+    matrix = feature_matrix(vectors)
+    seconds = np.array([linear_cost(SimpleNamespace(features=v)) + 1e-3 for v in vectors])
+    held = np.arange(len(seconds)) % HOLD_EVERY == HOLD_EVERY - 1
+    plain = _report(matrix, seconds, 1)
+    skewed = _report(matrix, np.where(held, seconds * 3, seconds), 1)
+    assert (
+        skewed["coefficients"] == plain["coefficients"] and skewed["overhead"] == plain["overhead"]
+    )
+    assert skewed["p50_error"] == pytest.approx(2 / 3) and plain["p50_error"] < 1e-6
+    assert plain["coefficients"]["llm_tokens"] == pytest.approx(TRUE["llm_tokens"], rel=1e-6)
+    assert set(plain["coefficients"]) == set(FITTED)
 
 
 def test_a_fit_with_a_large_held_back_error_is_refused():

@@ -330,3 +330,10 @@ def test_a_report_with_a_nan_loss_is_strict_json(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text(), parse_constant=refuse)
     assert report["max_abs_loss_diff"] is None and report["nested"] == [None, {"x": None}]
     assert report["passed"] is False
+
+
+def test_timeout_bounds_each_run_of_the_reference_trainer_too(spike_run, tmp_path):
+    """``--timeout`` was read only with ``--cmd``: the --config form waited as long as a run took."""
+    argv = ["check-resume", "--config", spike_run["config"], "--steps", "16", "--kill-at", "12"]
+    r = run_cli(*map(str, argv), "--timeout", "1", "--out", str(tmp_path / "check"), timeout=120)
+    assert r.returncode == 1 and "still running after 1 s, killed" in r.stderr, r.stderr[-2000:]

@@ -147,6 +147,8 @@ def test_check_resume_passes_through_a_hung_sample(coco, tmp_path):
         "6",
         "--kill-at",
         "5",
+        "--timeout",  # each run: a hang the loader misses fails here, not at the test's timeout
+        "150",
         timeout=380,
         env=env,
         cwd=REPO,

@@ -89,6 +89,13 @@ def test_find_spikes_flags_rises_and_non_finite_losses_not_the_wobble():
     assert worst[0]["step"] == 100 and len(worst) == 2 and worst[1]["z"] >= found[-1]["z"]
 
 
+def test_a_short_log_is_scored_from_its_tenth_step_with_the_default_window():
+    """The default window (50) needs only `MIN_HISTORY` (10) losses before a step: a 16-step run
+    (the demo's) has its spike at step 12 found."""
+    assert [s["step"] for s in find_spikes(steady(16, spikes={12}))] == [12]
+    assert [s["step"] for s in find_spikes(steady(16, spikes={10}))] == []  # 9 losses before it
+
+
 def test_find_spikes_scores_nothing_before_it_has_history():
     assert list(find_spikes(steady(9, spikes={5}), window=50)) == []
     with pytest.raises(ValueError, match="--window 0"):

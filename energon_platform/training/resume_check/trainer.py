@@ -80,17 +80,20 @@ def check_resume(
     resume_workers: int | None = None,
     tolerance: float = 0.0,
     log=print,
+    timeout: float | None = None,
 ) -> dict:
-    """Run the check (module doc); returns the report (also written to ``OUT/report.json``)."""
+    """Run the check (module doc); returns the report (also written to ``OUT/report.json``).
+    ``timeout``: seconds each of the three runs may take (None: no limit but the kill's 900 s
+    wait for its step); a run past it is killed and the check fails (`RunFailed`)."""
     if not 2 <= kill_at <= spec.steps:
         raise ValueError(f"--kill-at must be between 2 and --steps ({spec.steps}), got {kill_at}")
     if not tolerance >= 0:
         raise ValueError(f"--tolerance must be >= 0, got {tolerance}")
     straight_dir, killed_dir = claim_out(out, RUN_FILES)
     log(f"[1/3] uninterrupted run: {spec.steps} steps on {spec.nproc} rank(s)")
-    run_command(trainer_command(spec, straight_dir), straight_dir / "stdout.txt")
+    run_command(trainer_command(spec, straight_dir), straight_dir / "stdout.txt", timeout)
     log(f"[2/3] run killed with SIGKILL during step {kill_at}")
-    last_logged = run_killed(spec, killed_dir, kill_at)
+    last_logged = run_killed(spec, killed_dir, kill_at, timeout or 900)
     before = read_log(killed_dir / "log.jsonl")
     resume_spec = RunSpec(
         spec.config,
@@ -109,7 +112,9 @@ def check_resume(
         + (f" x {resume_workers} worker(s)" if resume_workers is not None else "")
     )
     lines_before = count_lines(killed_dir / "log.jsonl")
-    run_command(trainer_command(resume_spec, killed_dir, resume=True), killed_dir / "stdout.txt")
+    run_command(
+        trainer_command(resume_spec, killed_dir, resume=True), killed_dir / "stdout.txt", timeout
+    )
     # only rows the resumed process wrote count: nothing may have survived the kill
     straight, resumed = (
         read_log(straight_dir / "log.jsonl"),
