@@ -14,7 +14,7 @@ from braceexpand import braceexpand
 from converters.convert import summarize
 from converters.readers import InputError
 from converters.writer import shard_problem
-from storage import dataset_root, is_remote, storage_errors
+from storage import check_there, dataset_root, is_remote, storage_errors
 
 
 def dataset_info(path: str) -> dict:
@@ -32,6 +32,7 @@ def _dataset_info(path: str) -> dict:
     where = str(out) if is_remote(path) else str(Path(path).resolve())
     meta = out / ".nv-meta"
     if not (meta / ".info.json").is_file():
+        check_there(path)
         raise InputError(f"{out}: not an Energon dataset (no .nv-meta/.info.json)")
     try:
         shard_counts = json.loads((meta / ".info.json").read_text())["shard_counts"]

@@ -19,7 +19,7 @@ import json
 
 from converters.energon_meta import META, META_FILES
 from converters.readers import InputError
-from storage import dataset_root, storage_errors
+from storage import check_there, dataset_root, storage_errors
 
 CHUNK = 1 << 20
 
@@ -54,6 +54,7 @@ def verify_dataset(path: str, progress: bool = True) -> dict:
         root = dataset_root(path)
         report_path = root / "report.json"
         if not report_path.is_file():
+            check_there(path)
             raise InputError(
                 f"{path}: no report.json: only datasets written by `energon-platform convert` "
                 f"carry the checksums verify needs"

@@ -224,6 +224,11 @@ class S3Server:
         return f"s3badkey{self.ports['s3']}"
 
     @property
+    def no_bucket_profile(self) -> str:
+        """A profile with the right credentials on a bucket that does not exist."""
+        return f"s3nobucket{self.ports['s3']}"
+
+    @property
     def msc_config(self) -> Path:
         return self.root / "msc_config.yaml"
 
@@ -232,12 +237,12 @@ class S3Server:
         return f"msc://{profile or self.profile}/{key.lstrip('/')}"
 
     def write_msc_config(self) -> Path:
-        def profile(secret: str) -> dict:
+        def profile(secret: str, bucket: str = self.bucket) -> dict:
             return {
                 "storage_provider": {
                     "type": "s3",
                     "options": {
-                        "base_path": self.bucket,
+                        "base_path": bucket,
                         "endpoint_url": self.endpoint,
                         "region_name": "us-east-1",
                         "connect_timeout": 2,
@@ -256,6 +261,7 @@ class S3Server:
             "profiles": {
                 self.profile: profile(self.secret_key),
                 self.bad_profile: profile("wrong-secret"),
+                self.no_bucket_profile: profile(self.secret_key, "no-such-bucket"),
             }
         }
         self.msc_config.write_text(yaml.safe_dump(config, sort_keys=True))

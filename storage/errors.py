@@ -36,12 +36,37 @@ def caused_by(error: BaseException, kinds: type | tuple[type, ...]) -> bool:
     return any(isinstance(x, kinds) for x in (error, error.__cause__))
 
 
+def no_bucket(error: BaseException) -> bool:
+    """Whether ``error``, its cause or its context is the store saying the bucket does not exist
+    (botocore's ``NoSuchBucket``, raised through MSC as it is)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        code = getattr(error, "response", None)
+        if isinstance(code, dict) and code.get("Error", {}).get("Code") == "NoSuchBucket":
+            return True
+        if type(error).__name__ == "NoSuchBucket":
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def bucket_error(path: str) -> StorageError:
+    """The one line of a ``path`` whose bucket does not exist."""
+    profile = str(path).split("://", 1)[1].split("/", 1)[0]
+    return StorageError(
+        f"{path}: the bucket of MSC profile {profile!r} does not exist (NoSuchBucket); create it, "
+        f"or correct the profile's base_path in MSC_CONFIG"
+    )
+
+
 @contextlib.contextmanager
 def storage_errors(path: str, what: str):
     """Turn what the storage client raises inside the block into `StorageError`: ``OSError``
     (permission, missing object, I/O), MSC's ``RuntimeError`` (connection failed after botocore's
     retries), ``RetryableError`` (MSC's own retries used up) and `RetriesExhausted`
-    (ours). ``DatasetError`` passes through."""
+    (ours); a bucket that does not exist (`bucket_error`), however it is raised.
+    ``DatasetError`` passes through."""
     from multistorageclient.types import RetryableError
 
     from storage.retry import RetriesExhausted
@@ -50,14 +75,21 @@ def storage_errors(path: str, what: str):
         yield
     except DatasetError:
         raise
-    except RetriesExhausted as e:
-        raise StorageError(
-            f"{path}: cannot reach {what} after {e.tries} tries ({type(e.last).__name__}: {e.last})"
-        ) from e
-    except (OSError, RuntimeError, RetryableError) as e:
+    except (RetriesExhausted, OSError, RuntimeError, RetryableError) as e:
+        if no_bucket(e):
+            raise bucket_error(path) from e
+        if isinstance(e, RetriesExhausted):
+            raise StorageError(
+                f"{path}: cannot reach {what} after {e.tries} tries "
+                f"({type(e.last).__name__}: {e.last})"
+            ) from e
         hint = ""
         if isinstance(e, PermissionError) and path.startswith("msc://"):
             from megatron.energon.epathlib import EPath
 
             hint = f"; check the credentials of MSC profile {EPath(path).profile!r} (MSC_CONFIG)"
         raise StorageError(f"{path}: cannot read {what} ({type(e).__name__}: {e}){hint}") from e
+    except Exception as e:  # botocore's ClientError, as MSC lets it through
+        if no_bucket(e):
+            raise bucket_error(path) from e
+        raise

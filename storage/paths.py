@@ -3,9 +3,10 @@ profile from ``MSC_CONFIG``), read and listed through Energon's ``EPath`` either
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from storage.errors import DatasetError
+from storage.errors import DatasetError, bucket_error, no_bucket
 
 if TYPE_CHECKING:
     from megatron.energon.epathlib import EPath
@@ -25,3 +26,20 @@ def dataset_root(path: str) -> EPath:
         return EPath(path)
     except ValueError as e:  # MSC: profile not in MSC_CONFIG / ~/.msc_config.yaml
         raise DatasetError(f"{path}: {e}") from None
+
+
+def check_there(path: str) -> None:
+    """Raise the one line that says nothing can be at ``path``: a local path that does not exist
+    (`DatasetError`), a bucket that does not exist (`StorageError`); else return. Ask it before
+    saying "not an Energon dataset" of a path, which would send the user to convert it."""
+    if not is_remote(path):
+        if not Path(path).exists():
+            raise DatasetError(f"{path}: no such file or folder")
+        return
+    root = dataset_root(path)
+    try:
+        next(iter(root.fs.list(str(root.internal_path).rstrip("/") + "/")), None)
+    except Exception as e:
+        if no_bucket(e):
+            raise bucket_error(path) from e
+        # anything else is for the caller's own read to meet and name

@@ -34,7 +34,7 @@ from energon_platform.loader.metadataset_weights import (
     written_shares,
 )
 from energon_platform.loader.source import SampleSource
-from storage import DatasetError
+from storage import DatasetError, check_there
 
 #: Metadataset keys whose meaning our schedule does not reproduce.
 UNSUPPORTED_KEYS = ("join", "subset", "shuffle_over_epochs_multiplier", "shuffle_over_epochs")
@@ -173,6 +173,7 @@ def _energon_errors(path: str):
     except DatasetError:
         raise
     except FileNotFoundError as e:  # Energon: a path that is neither a dataset nor a metadataset
+        check_there(path)
         raise DatasetError(
             f"{path}: {e}: not an Energon dataset (no .nv-meta) or metadataset; convert it with "
             f"`energon-platform convert ...` first"

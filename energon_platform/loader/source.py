@@ -31,6 +31,7 @@ from storage import (
     DatasetError,
     StorageError,
     caused_by,
+    check_there,
     dataset_root,
     is_remote,
     storage_errors,
@@ -56,6 +57,7 @@ def _factory_unchecked(path: str, split: str, subflavors: dict | None):
     from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 
     if not (dataset_root(path) / ".nv-meta" / "dataset.yaml").is_file():
+        check_there(path)
         raise DatasetError(
             f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml); "
             f"convert it with `energon-platform convert ...` first"

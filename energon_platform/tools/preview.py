@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from storage.outputs import check_file, write_atomic
-from storage.paths import dataset_root, is_remote
+from storage.paths import check_there, dataset_root, is_remote
 
 
 def preview_batch(encoder: Any, batch: Any, max_docs: int = 2, max_chars: int = 80) -> str:
@@ -369,6 +369,7 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
     from energon_platform.config import load_config
 
     if is_remote(target):  # a dataset on object storage (a config is a local file)
+        check_there(str(target))
         return _dataset_config(str(target), encoder, n, dataset_root(str(target)))
     path = Path(target)
     doc = None

@@ -17,6 +17,7 @@ import pytest
 from converters import remote
 from converters.remote import upload_dataset
 from energon_platform.cli import main as cli_main
+from tests.helpers import REPO
 from tests.helpers.cli import run_cli
 from tests.storage.test_s3 import _coco
 
@@ -169,6 +170,47 @@ def test_first_conversion_to_an_unusable_msc_profile_is_one_line(s3, tmp_path, c
     )
     assert one_line_error(r), r.stderr
     assert url in r.stderr and "MSC_CONFIG" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["convert", "prepare", "info", "verify", "preview", "train"])
+def test_a_bucket_that_does_not_exist_is_named_by_every_command(s3, tmp_path, capsys, command):
+    """T1/T2/M4: a missing bucket was a 60-line botocore traceback (convert, prepare) or "not an
+    Energon dataset" / "no report.json" / "convert it first" (the readers)."""
+    url = s3.url("x", s3.no_bucket_profile)
+    argv = {
+        "convert": ["convert", "text", "--manifest", str(docs(tmp_path / "d.jsonl")), "--out", url],
+        "prepare": ["prepare", url],
+        "info": ["info", url],
+        "verify": ["verify", url],
+        "preview": ["preview", url, "--out", str(tmp_path / "sheet.png")],
+        "train": [
+            "train",
+            "--config",
+            str(REPO / "configs/train_image_text.yaml"),
+            "--set",
+            f"data.path={url}",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    }[command]
+    assert cli_main([*argv, *(["--no-progress"] if command == "convert" else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{url}: the bucket of MSC profile" in err[0], err
+    assert "does not exist (NoSuchBucket)" in err[0]
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "preview"])
+def test_a_path_that_does_not_exist_is_not_called_a_dataset_to_convert(tmp_path, capsys, command):
+    """M13: ``info does/not/exist`` said "not an Energon dataset"."""
+    missing = str(tmp_path / "does" / "not" / "exist")
+    extra = ["--out", str(tmp_path / "sheet.png")] if command == "preview" else []
+    assert cli_main([command, missing, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and err[0].endswith(f"{missing}: no such file or folder")
+        or (command == "preview" and "no such run config, dataset or metadataset" in err[0])
+    ), err
 
 
 # ---------------------------------------------------------------- 3: verify checks what the loader reads
