@@ -618,6 +618,9 @@ def test_energon_info_and_our_info_describe_the_output(tmp_path, coco60):
     assert r.returncode == 0 and "sample type: CaptioningSample" in r.stdout
     assert "skipped missing_file: 1" in r.stdout and "train:" in r.stdout and "val:" in r.stdout
     r = run_cli("info", tmp_path / "nothing")
+    assert r.returncode == 2 and f"{tmp_path / 'nothing'}: no such file or folder" in r.stderr
+    (tmp_path / "plain").mkdir()
+    r = run_cli("info", tmp_path / "plain")
     assert r.returncode == 2 and "not an Energon dataset" in r.stderr
 
 
