@@ -35,6 +35,7 @@ from converters.output import (
     OutputLock,
     check_not_foreign,
     check_target,
+    different,
     removal_plan,
     remove,
     stale_tmp_files,
@@ -198,8 +199,8 @@ def _open_state(out: Path, state: dict, overwrite: bool, lock: OutputLock) -> bo
         diff = state_diff(old, state)
         if diff:
             raise ConvertError(
-                f"{out} holds a conversion of a different {' and '.join(diff)}; "
-                f"use another --out or pass --overwrite to replace it"
+                f"{out} holds {different(diff)}; use another --out or pass --overwrite to "
+                f"replace it"
             )
         return bool(old.get("finished"))
     lock.announce()

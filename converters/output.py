@@ -61,13 +61,32 @@ FINGERPRINT = ("source", "options", "records")
 def state_diff(old: dict, state: dict, keys: tuple[str, ...] = FINGERPRINT) -> list[str]:
     """The ``keys`` in which a recorded conversion ``old`` (a state, or a report for source and
     options) differs from ``state``. A text conversion written before text outputs left the media
-    options out compares without them."""
+    options out compares without them. Input paths alone do not differ where the records are
+    compared and the same (an input folder moved with the clone it lies in)."""
     if state.get("modality") == "text" and isinstance(old.get("options"), dict):
         old = {
             **old,
             "options": {k: v for k, v in old["options"].items() if k not in ("image", "audio")},
         }
-    return [k for k in keys if old.get(k) != state[k]]
+    diff = [k for k in keys if old.get(k) != state[k]]
+    moved = (old.get("source") or {}).get("kind") == state["source"].get("kind")
+    if diff == ["source"] and "records" in keys and moved:
+        return []  # the same records of the same kind, read from where the input now lies
+    return diff
+
+
+#: What a conversion differing in each `FINGERPRINT` key differs in, in words.
+DIFF_WORDS = {
+    "source": "input (another kind of corpus, or other input paths)",
+    "options": "set of options",
+    "records": "input content (records added, removed or changed: a caption, an id, a media "
+    "file's size or time)",
+}
+
+
+def different(diff: list[str]) -> str:
+    """``a conversion of another ...`` in words, for the keys ``diff`` of `state_diff`."""
+    return "a conversion of another " + " and ".join(DIFF_WORDS[k] for k in diff)
 
 
 def owned(out: Path) -> bool:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from converters.energon_meta import META, META_FILES
-from converters.output import STATE_FILE, ConvertError, state_diff
+from converters.output import STATE_FILE, ConvertError, different, state_diff
 from converters.remote import COMMIT_FILES
 from converters.writer import STATS_DIR
 from storage import StorageError, storage_errors, with_retries
@@ -229,10 +229,7 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> Claim:
             if foreign
             else "use another --out or pass --overwrite to replace it"
         )
-        raise ConvertError(
-            f"{prefix.url} holds a conversion of a different {' and '.join(diff)}; nothing was "
-            f"changed; {remedy}"
-        )
+        raise ConvertError(f"{prefix.url} holds {different(diff)}; nothing was changed; {remedy}")
     if old is not None and old.get("finished") and _finished_and_whole(objects, report):
         return Claim(done=report)
     if old is None or old.get("finished"):  # a repair must not leave it marked finished if killed

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from converters.readers import existing_file
+from converters.readers import caption_texts, existing_file
 from converters.readers.tables import iter_rows
-from converters.records import Media, Problem, ReadResult, Record, clean_texts, id_text, make_key
+from converters.records import Media, Problem, ReadResult, Record, id_text, make_key
 
 
 def read(manifest: str) -> ReadResult:
@@ -26,7 +26,10 @@ def read(manifest: str) -> ReadResult:
             problems.append(Problem("malformed_line", f"line {n}", "no 'audio_filepath'"))
             continue
         source_id = id_text(row.get("id")) or str(Path(audio).with_suffix(""))
-        texts = clean_texts([row.get("text")])
+        texts, bad = caption_texts(row.get("text"), "text")
+        if bad:
+            problems.append(Problem(bad[0], source_id, f"line {n}: {bad[1]}"))
+            continue
         if not texts:
             problems.append(Problem("empty_text", source_id, f"line {n}: empty 'text'"))
             continue

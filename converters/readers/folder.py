@@ -6,6 +6,8 @@ wins (``.txt`` before ``.json``), so an empty ``.txt`` does not hide a good ``.j
 relative path without extension (made key-safe). Images are visited in sorted path order; an image
 name that is a dangling symlink or a symlink loop is a ``missing_file``, and a name that is not
 UTF-8 an ``invalid_file_name`` (its id printed with ``\\xNN`` escapes): never skipped silently.
+Hidden files and folders (a name starting with ``.``) and the folders file managers write
+(`SYSTEM_FOLDERS`) are not part of the corpus and are not read (`hidden`).
 """
 
 from __future__ import annotations
@@ -72,13 +74,24 @@ def _broken_link(path: Path) -> str | None:
     return None
 
 
+#: Folders that file managers and operating systems write beside a user's files.
+SYSTEM_FOLDERS = {"@eaDir", "__MACOSX", "$RECYCLE.BIN", "System Volume Information"}
+
+
+def hidden(rel: Path) -> bool:
+    """Whether ``rel`` (relative to the input folder) is no file of the corpus: a hidden name at
+    any depth (``.thumbnails/``, ``.x.jpg``, macOS's ``._x.jpg``) or inside a system folder
+    (Synology's ``@eaDir/``, ``__MACOSX/``)."""
+    return any(part.startswith(".") or part in SYSTEM_FOLDERS for part in rel.parts)
+
+
 def read(
     root: str, extensions=IMAGE_EXTENSIONS, modality: str = "image", what: str = "image folder"
 ) -> ReadResult:
     """Records of the media files under ``root`` (``extensions``, lower case with the dot; images by
     default, as ``convert folder`` reads them) with their sidecars; ``modality`` names the result."""
     base = existing_dir(root, what)
-    entries = sorted(base.rglob("*"))
+    entries = sorted(p for p in base.rglob("*") if not hidden(p.relative_to(base)))
     sidecars = defaultdict(list)  # (folder, stem) -> sidecar files, .txt first
     for p in entries:
         if p.suffix.lower() in SIDECAR_EXTENSIONS and p.is_file():

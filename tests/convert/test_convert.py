@@ -145,6 +145,24 @@ def test_folder_with_txt_and_json_sidecars(tmp_path):
     assert texts[key]["captions"] == ["first caption", "second caption"] and "." not in key
 
 
+def test_hidden_files_and_file_manager_folders_are_not_part_of_a_folder_corpus(tmp_path):
+    """``.thumbnails/``, ``@eaDir/``, ``.x.jpg`` and macOS's ``._x.jpg`` became samples or errors."""
+    root = tmp_path / "raw"
+    for folder in ("", ".thumbnails/", "@eaDir/a.png/", "__MACOSX/"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    (root / "a.png").write_bytes(image_bytes(1))
+    (root / "a.txt").write_text("a caption")
+    (root / ".x.png").write_bytes(image_bytes(2))
+    (root / ".x.txt").write_text("a hidden caption")
+    (root / "._a.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")  # macOS metadata, no picture
+    (root / ".thumbnails" / "a.png").write_bytes(image_bytes(3))
+    (root / ".thumbnails" / "a.txt").write_text("a thumbnail")
+    (root / "@eaDir" / "a.png" / "SYNOFILE_THUMB_M.jpg").write_bytes(image_bytes(4, fmt="JPEG"))
+    (root / "__MACOSX" / "._a.png").write_bytes(b"\x00\x05\x16\x07")
+    outcome = convert("folder", tmp_path / "out", reader={"root": str(root)})
+    assert reason_counts(outcome.report) == {} and outcome.report["totals"]["seen"] == 1
+
+
 def test_folder_file_name_not_utf8_is_skipped_with_its_reason_and_the_rest_written(tmp_path):
     root = tmp_path / "raw"
     root.mkdir()
@@ -524,7 +542,7 @@ def test_rerun_does_nothing_and_other_input_is_refused(tmp_path, coco60):
         "convert", "coco", "--annotations", ann, "--images", images, "--out", out, "--no-progress"
     )
     assert r.returncode == 0 and "nothing to do" in r.stdout
-    with pytest.raises(ConvertError, match="different options"):
+    with pytest.raises(ConvertError, match="another set of options"):
         convert("coco", out, reader=reader, samples_per_shard=7)
     r = run_cli(
         "convert",

@@ -658,17 +658,17 @@ def test_edited_caption_or_changed_media_is_never_nothing_to_do(tmp_path):
     out = tmp_path / "out"
     convert("folder", out, reader=reader)
     (root / "002.txt").write_text("an edited caption")
-    with pytest.raises(ConvertError, match="different records"):
+    with pytest.raises(ConvertError, match="another input content"):
         convert("folder", out, reader=reader)
     (root / "002.txt").write_text(caption(2))
     assert convert("folder", out, reader=reader).already_done
     (root / "003.png").write_bytes(image_bytes(3, size=(41, 32)))  # another size
-    with pytest.raises(ConvertError, match="different records"):
+    with pytest.raises(ConvertError, match="another input content"):
         convert("folder", out, reader=reader)
     assert not convert("folder", out, reader=reader, overwrite=True).already_done
     assert convert("folder", out, reader=reader).already_done
     os.utime(root / "004.png", ns=(1, 1))  # same size, another modification time
-    with pytest.raises(ConvertError, match="different records"):
+    with pytest.raises(ConvertError, match="another input content"):
         convert("folder", out, reader=reader)
 
 
@@ -713,3 +713,17 @@ def test_dataset_identity_changes_when_only_content_changes(tmp_path):
     (root / "002.png").write_bytes(image_bytes(5))  # other pixels, same options
     convert("folder", tmp_path / "c", reader=reader)
     assert len({uuid(tmp_path / n) for n in ("a", "b", "c")}) == 3
+
+
+def test_an_input_moved_with_its_records_unchanged_is_the_same_conversion(tmp_path):
+    """M9: a clone moved to another folder (its inputs and output with it) converted again had
+    "a conversion of a different source"; the same records of the same kind are nothing to do."""
+    root = folder_corpus(tmp_path / "raw")
+    out = tmp_path / "out"
+    convert("folder", out, reader={"root": str(root)})
+    moved = tmp_path / "elsewhere"
+    root.rename(moved)
+    assert convert("folder", out, reader={"root": str(moved)}).already_done
+    (moved / "002.txt").write_text("an edited caption")
+    with pytest.raises(ConvertError, match=r"and input content \(records added, removed"):
+        convert("folder", out, reader={"root": str(moved)})

@@ -71,7 +71,7 @@ def test_other_conversion_onto_a_dataset_prefix_is_refused_naming_the_url(
     assert (
         len(err.splitlines()) == 1
         and url in err
-        and "different source" in err
+        and "another input (another kind of corpus" in err
         and "--overwrite" in err
     ), err
     assert str(tmp_path / "b") not in err
