@@ -341,7 +341,12 @@ class Planner:
 
 
 class PlanError(DatasetError):
-    """A global batch cannot be made without putting one sample in it twice (one line)."""
+    """A global batch cannot be made without putting one sample in it twice (one line).
+    ``smallest``: the samples of the dataset too small for its share, where one is known."""
+
+    def __init__(self, message: str, smallest: int | None = None):
+        super().__init__(message)
+        self.smallest = smallest
 
 
 def check_distinct(
@@ -361,7 +366,8 @@ def check_distinct(
                 raise PlanError(
                     f"dataset {name!r} has {size} samples, but its share of a global batch of "
                     f"{units_per_batch * unit} samples is {share:.4g}{when}: every global batch would repeat "
-                    f"some of them; lower its weight or the global batch size"
+                    f"some of them; lower its weight or the global batch size",
+                    smallest=size,
                 )
 
 

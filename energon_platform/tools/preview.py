@@ -493,7 +493,9 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     ``FileNotFoundError`` naming ``target`` when it does not exist, checked first, then the format.
     Returns ``{"path", "width", "height", "documents", "undrawn"}``; ``undrawn``: the batch fields
     the sheet has no drawer for (:func:`undrawn_fields`; the CLI says them on stderr)."""
+    from energon_platform.loader.planner import PlanError
     from energon_platform.loader.train_loader import TrainLoader
+    from task_encoders.config import ConfigError
 
     if not is_remote(target) and not Path(target).exists():
         raise FileNotFoundError(f"{target}: no such run config, dataset or metadataset")
@@ -505,7 +507,17 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
         inputs=[target, encoder if isinstance(encoder, (str, Path)) else None],
     )
     cfg = preview_config(target, encoder, n)
-    loader = TrainLoader(cfg)
+    try:
+        loader = TrainLoader(cfg)
+    except PlanError as e:  # one global batch of n documents holds each sample once at most
+        if e.smallest is None or cfg.source != "<dict>":
+            raise  # a run config: its own blend and batch size are the user's to change
+        raise ConfigError(
+            str(target),
+            "--n",
+            f"{n} documents, but a dataset has {e.smallest} samples; a sheet is one global batch "
+            f"and shows each sample once at most: pass --n {e.smallest} or fewer",
+        ) from None
     try:
         batches, docs = [], 0
         while docs < n:

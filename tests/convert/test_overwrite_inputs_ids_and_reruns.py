@@ -727,3 +727,15 @@ def test_an_input_moved_with_its_records_unchanged_is_the_same_conversion(tmp_pa
     (moved / "002.txt").write_text("an edited caption")
     with pytest.raises(ConvertError, match=r"and input content \(records added, removed"):
         convert("folder", out, reader={"root": str(moved)})
+
+
+def test_an_audio_manifest_text_of_another_type_is_malformed_not_empty(tmp_path):
+    """M5: ``"text": 42`` or ``["a", 1]`` was counted as ``empty_text``."""
+    manifest = Path(audio_manifest(tmp_path / "raw", {f"{i}.wav": wav("PCM_16") for i in range(4)}))
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    rows[1]["text"], rows[2]["text"], rows[3]["text"] = 42, ["a", 1], " "
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outcome = convert(
+        "audio-manifest", tmp_path / "out", reader={"manifest": str(manifest)}, max_error_fraction=1
+    )
+    assert reason_counts(outcome.report) == {"malformed_line": 2, "empty_text": 1}

@@ -142,6 +142,15 @@ def test_doc_media_reads_every_batch_kind(videos):
     assert all(t.shape[0] == int(n) for m, n in zip(media, batch.num_frames) for _, t in m)
 
 
+def test_a_dataset_smaller_than_the_sheet_says_to_lower_n_not_a_weight(audio_text_shards, tmp_path):
+    """M6: a 12-sample dataset with the default --n 16 was told to lower a weight."""
+    r = run_cli("preview", audio_text_shards, "--out", tmp_path / "s.png", timeout=120, cwd=REPO)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert "--n: 16 documents, but a dataset has 12 samples" in err[0] and "pass --n 12" in err[0]
+    assert "weight" not in err[0] and not (tmp_path / "s.png").exists()
+
+
 def test_out_suffix_names_the_format_and_another_suffix_is_refused(image_text_shards, tmp_path):
     info = preview(image_text_shards, tmp_path / "sheet.JPG", n=2)
     with Image.open(info["path"]) as im:
