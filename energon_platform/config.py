@@ -217,6 +217,10 @@ class BalanceConfig:
         )
 
 
+#: The least ``loader.sample_timeout`` (seconds): a worker's start and its first sample take
+#: longer than a fraction of a second on a loaded machine.
+MIN_SAMPLE_TIMEOUT = 1.0
+
 #: The flat ``loader`` keys of earlier configs → their key in the ``loader.balance`` group.
 FLAT_BALANCE_KEYS = {
     "balance_window": "window",
@@ -250,9 +254,10 @@ class LoaderConfig:
     stand-in is used, as for a corrupt sample, and it is not waited for again in this process)
     and the workers restart where the loader is: the order and every other batch stay the same, and so does the
     state. With ``num_workers: 0`` it runs one worker process (a sample stuck in the training
-    process could not be stopped). It covers the loader's samples, not the few samples the
-    trainer's start-up check encodes itself. Set it well above the slowest normal sample: a
-    sample that only sometimes finishes within it makes runs differ.
+    process could not be stopped). The trainer's start-up check, which encodes a few samples in
+    its own process, counts a sample past it as failed too (it tries the next). At
+    least 1 second; set it well above the slowest normal sample: a sample that only sometimes
+    finishes within it makes runs differ.
 
     ``context_parallel``: with ``N > 1`` ranks the encoder must pack (``packing.enabled``,
     with or without a balance mode), ``text.seq_len`` must be a multiple of ``2N``, and every
@@ -365,6 +370,13 @@ class LoaderConfig:
             at.child("sample_timeout"),
             f"got {self.sample_timeout}",
             "seconds > 0, or null for no limit",
+        )
+        require(
+            self.sample_timeout is None or self.sample_timeout >= MIN_SAMPLE_TIMEOUT,
+            at.child("sample_timeout"),
+            f"got {self.sample_timeout}: below it every worker is killed before its first "
+            f"sample (a new worker takes seconds to start)",
+            f"at least {MIN_SAMPLE_TIMEOUT:g} seconds, well above the slowest normal sample",
         )
 
 

@@ -161,7 +161,9 @@ def _chunk(start: int) -> tuple[int, np.ndarray, list[str]]:
 
 
 def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: bool = True) -> None:
-    """Compute the facts of every sample into ``folder`` (chunked, resumable, ``workers`` processes)."""
+    """Compute the facts of every sample into ``folder`` (chunked, resumable, ``workers``
+    processes). The bar is drawn with ``progress`` unless the process's bars are off
+    (``TQDM_DISABLE``, as ``train --quiet`` sets it)."""
     import multiprocessing
 
     from tqdm import tqdm
@@ -178,7 +180,7 @@ def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: b
         initial=n - sum(min(CHUNK, n - s) for s in todo),
         unit="sample",
         desc=f"length index {Path(str(source.path)).name}",
-        disable=not progress or not todo,
+        disable=not progress or not todo or bool(os.environ.get("TQDM_DISABLE")),
     )
     try:
 

@@ -17,6 +17,8 @@ the same numbers as one that does not.
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,11 +42,36 @@ def _rng_untouched() -> Iterator[None]:
         checkpoint.set_rng_state(saved)
 
 
-def check_encoder_fits(source: SampleSource, encoder: Any) -> Any:
+class SampleTimedOut(Exception):
+    """A sample of the start-up check took longer than ``loader.sample_timeout``."""
+
+
+@contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """The block raises `SampleTimedOut` once it has run ``seconds`` (a ``SIGALRM`` timer, in the
+    main thread only: elsewhere, or with ``seconds`` None, no limit)."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        raise SampleTimedOut(f"took longer than loader.sample_timeout={seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None = None) -> Any:
     """The first sample of ``source`` that ``encoder`` encodes (an ``EncodedDoc``), trying up to
     ``errors.max_consecutive_failures`` samples; `DatasetError` naming the dataset, its
     sample type and the encoder's error when every one fails. Counts nothing in the encoder's
-    skip policy."""
+    skip policy. ``timeout`` (``loader.sample_timeout``): a sample that takes longer counts as
+    failed here, as the loader counts it (a hung first sample hung the start-up before)."""
     from task_encoders.skipping import _reason
 
     limit = getattr(getattr(encoder, "config", None), "errors", None)
@@ -53,9 +80,10 @@ def check_encoder_fits(source: SampleSource, encoder: Any) -> Any:
     with _rng_untouched():
         for index in range(tries):
             try:
-                sample = source[index]
-                kind = f"{type(sample).__name__} samples"
-                return encoder.encode(sample)
+                with _time_limit(timeout):
+                    sample = source[index]
+                    kind = f"{type(sample).__name__} samples"
+                    return encoder.encode(sample)
             except (
                 StorageError,
                 ImportError,
@@ -90,7 +118,11 @@ def preflight(cfg: RunConfig, loader: Any = None) -> None:
 
         loader = TrainLoader(cfg, num_workers=0)
     for source in [e.source for e in loader.datasets.entries]:
-        check_model_fits(cfg.model, check_encoder_fits(source, loader.encoder), cfg.source)
+        check_model_fits(
+            cfg.model,
+            check_encoder_fits(source, loader.encoder, cfg.loader.sample_timeout),
+            cfg.source,
+        )
     path = str(cfg.data.path)
     if not cfg.data.val_split:
         return

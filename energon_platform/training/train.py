@@ -36,7 +36,7 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from energon_platform.training import checkpoint, collector
 from energon_platform.training.preflight import preflight
 from energon_platform.training.step_log_writer import open_for_append
 from energon_platform.training.two_tower import build_model
+from storage.outputs import refuse_places
 
 #: the media a row's digest covers: (batch field, its document-index property, the field of valid
 #: lengths, the axis they cut: -1 for time in audio features, 0 for a clip's frames; the field
@@ -266,8 +267,12 @@ def train(
     ckpt_dir = Path(out or cfg.train.out) / "checkpoints"
     if lock is not None and lock.path.parent.resolve() != ckpt_dir.resolve():
         raise ValueError(f"the lock given is {lock.path}'s, not {ckpt_dir}'s")
+    refuse_places(Path(out or cfg.train.out), "--out", (cfg.data.path,))  # not in a dataset
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    with checkpoint.RunLock(ckpt_dir) if rank0 and lock is None else nullcontext():
+    with (
+        checkpoint.RunLock(ckpt_dir) if rank0 and lock is None else nullcontext(),
+        progress_bars(not quiet),
+    ):
         return _train(
             cfg,
             resume=resume,
@@ -277,6 +282,24 @@ def train(
             quiet=quiet,
             until=until,
         )
+
+
+@contextmanager
+def progress_bars(shown: bool):
+    """With ``shown`` False, no progress bar of the block draws (the length index's, a build's),
+    nor one of a process it starts: ``TQDM_DISABLE`` set for the block, as it was after."""
+    if shown:
+        yield
+        return
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
 
 
 def _what_changed(ck: dict, tok) -> str:

@@ -385,6 +385,33 @@ def test_out_that_is_a_file_is_one_line(config_file, tmp_path):
     assert (tmp_path / "file").read_text() == "mine"
 
 
+def test_out_that_is_or_lies_in_the_dataset_it_reads_is_one_line(config_file, coco, capsys):
+    """``train --out`` the dataset it reads was accepted (the run's files went into the dataset)."""
+    before = sorted(p.name for p in coco.iterdir())
+    for out, said in [(coco, "which this command reads"), (coco / "run", "inside the dataset")]:
+        err = main_error(capsys, "train", "--config", str(config_file), "--out", str(out))
+        assert said in err, err
+    assert sorted(p.name for p in coco.iterdir()) == before
+
+
+def test_quiet_draws_no_progress_bar_not_even_the_length_index(config_file, tmp_path):
+    """``--quiet`` still drew the length index's bars."""
+    r = train_cli(
+        config_file,
+        tmp_path / "run",
+        "--quiet",
+        "--steps",
+        "1",
+        "--set",
+        "loader.balance=attention",
+        "--set",
+        f"loader.length_cache={tmp_path / 'lengths'}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "lengths").is_dir() and "length index" not in r.stderr, r.stderr[-2000:]
+    assert "%|" not in r.stderr and "it/s" not in r.stderr
+
+
 # ---------------------------------------------------------------- 11: check-resume
 
 

@@ -97,6 +97,33 @@ def test_a_hung_sample_is_replaced_as_if_corrupt_and_the_run_resumes_exactly(
     )
 
 
+def test_a_sample_timeout_below_a_second_is_refused_naming_it():
+    """0.001 was accepted: every worker was killed before its first sample, 500 lines later an
+    error that did not name the timeout."""
+    text = "data: {path: /tmp}\nencoder: text\nloader: {sample_timeout: 0.001}\n"
+    with pytest.raises(ConfigError, match=r"loader\.sample_timeout: got 0\.001: below it") as e:
+        load_config(yaml.safe_load(text))
+    assert "at least 1 seconds" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.timeout(60)
+def test_the_start_up_check_counts_a_hung_first_sample_as_failed(dataset, encoder, monkeypatch):
+    """A sample that hangs at dataset index 0 hung ``train`` in its start-up check, which
+    ``sample_timeout`` did not cover: it is the loader's failure to handle, the check tries the
+    next sample."""
+    import time
+
+    from energon_platform.loader.source import SampleSource
+    from energon_platform.training.preflight import check_encoder_fits
+    from task_encoders.registry import get_encoder
+
+    source = SampleSource(str(dataset))
+    monkeypatch.setenv("HANG_KEY", source[0].__key__)
+    start = time.monotonic()
+    encoded = check_encoder_fits(source, get_encoder(encoder), timeout=1.0)
+    assert encoded is not None and time.monotonic() - start < 30
+
+
 @pytest.mark.parametrize("value", [0, -1, ".nan", ".inf"])
 def test_sample_timeout_must_be_positive_seconds(value):
     text = f"data: {{path: /tmp}}\nencoder: text\nloader: {{sample_timeout: {value}}}\n"
