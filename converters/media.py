@@ -95,6 +95,23 @@ def _png_bytes(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+def has_alpha(img: Image.Image) -> bool:
+    """Whether ``img`` has transparency: an alpha channel, or a palette or mode with a
+    transparent colour."""
+    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+
+
+def on_white(img: Image.Image) -> Image.Image:
+    """``img`` as RGB, its transparent pixels drawn over white as a viewer shows them (a plain
+    conversion drops the alpha and shows the colour stored under it: a fully transparent PNG
+    often hides black or noise there)."""
+    if not has_alpha(img):
+        return img.convert("RGB")
+    rgba = img.convert("RGBA")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(white, rgba).convert("RGB")
+
+
 def _resized(img: Image.Image, max_side: int | None) -> Image.Image:
     if max_side and max(img.size) > max_side:
         scale = max_side / max(img.size)
@@ -107,9 +124,11 @@ def encode_image(data: bytes, opts: ImageOptions) -> tuple[str, bytes, dict]:
     """Validate and encode one image. Returns ``(extension, bytes, provenance)``.
 
     ``png``: decoded, EXIF orientation applied, high bit depth scaled to 8 bits (`to_8bit`),
-    converted to RGB, optionally downscaled, written as PNG. ``keep``: the original bytes when the
-    format is one Energon decodes (JPEG/PNG/WebP), the depth is 8 bits (a loader would clip more)
-    and no downscale is needed; otherwise as ``png``. Provenance has the stored ``width``/``height``
+    converted to RGB (transparent pixels drawn over white, `on_white`), optionally downscaled,
+    written as PNG. ``keep``: the original bytes when the format is one Energon decodes
+    (JPEG/PNG/WebP), the depth is 8 bits (a loader would clip more), the image is opaque (a
+    loader would drop the alpha and show the colour under it) and no downscale is needed;
+    otherwise as ``png``. Provenance has the stored ``width``/``height``
     and the original ``format``.
     """
     img = _open_image(data, opts.max_pixels)
@@ -118,6 +137,7 @@ def encode_image(data: bytes, opts: ImageOptions) -> tuple[str, bytes, dict]:
         opts.image_format == "keep"
         and original in KEEP_IMAGE_FORMATS
         and not _high_depth(img)
+        and not has_alpha(img)
         and not (opts.max_side and max(img.size) > opts.max_side)
     ):
         return (
@@ -126,7 +146,7 @@ def encode_image(data: bytes, opts: ImageOptions) -> tuple[str, bytes, dict]:
             {"width": img.width, "height": img.height, "format": original},
         )
     try:
-        out = _resized(to_8bit(ImageOps.exif_transpose(img)).convert("RGB"), opts.max_side)
+        out = _resized(on_white(to_8bit(ImageOps.exif_transpose(img))), opts.max_side)
     except Exception as e:
         raise MediaError("undecodable_image", f"{type(e).__name__}: {e}") from e
     return "png", _png_bytes(out), {"width": out.width, "height": out.height, "format": original}

@@ -148,6 +148,31 @@ def test_high_bit_depth_is_scaled_not_clipped(mode):
         assert abs(out[0, 32] - round(ramp[0, 32] * 255 / 65535)) <= 1
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_transparent_pixels_are_drawn_over_white_not_the_colour_hidden_under_them(mode):
+    """A fully transparent PNG trained on the colour stored under its alpha (often black or
+    noise); ``keep`` re-encodes it too, since a loader would drop the alpha."""
+    from converters.media import encode_image
+
+    rgba = np.zeros((8, 8, 4), np.uint8)
+    rgba[..., :3] = 17  # the hidden colour
+    rgba[:, 4:, 3] = 255  # the right half opaque
+    img = Image.fromarray(rgba, "RGBA")
+    if mode == "LA":
+        img = img.convert("LA")
+    elif mode == "P":
+        img = img.convert("RGB").quantize(2)
+        img.info["transparency"] = img.getpixel((0, 0))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    for fmt in ("png", "keep"):
+        ext, png, _ = encode_image(buf.getvalue(), ImageOptions(fmt))
+        out = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        assert ext == "png" and (out[:, :4] == 255).all(), fmt  # transparent: white
+        if mode != "P":
+            assert (out[:, 4:] == 17).all(), fmt  # opaque: its own colour
+
+
 # ---------------------------------------------------------------- 4: missing or changed shards
 
 
