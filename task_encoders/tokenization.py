@@ -27,6 +27,9 @@ from task_encoders.config import At, TextConfig
 # DataLoader forks its workers would otherwise warn in every worker.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+#: ``model_max_length`` of the tokenizers the encoders use (they cut to ``seq_len`` themselves).
+UNLIMITED = 1 << 62
+
 #: The tokenizer the repository ships (built offline by ``scripts/build_tokenizer.py``).
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "tokenizer"
 
@@ -76,6 +79,9 @@ class TextTokenizer:
             raise at.child("tokenizer").error(
                 f"cannot load {self.path}: {e}", "a Hugging Face tokenizer"
             ) from None
+        # The encoders cut token ids to ``seq_len`` themselves: the tokenizer's own limit only
+        # warned ("indexing errors") for every caption longer than the model it was made for.
+        self.hf.model_max_length = UNLIMITED
         bos = self._token_id(config.bos_token, self.hf.bos_token_id, at.child("bos_token"))
         eos = self._token_id(config.eos_token, self.hf.eos_token_id, at.child("eos_token"))
         pad_default = self.hf.pad_token_id if self.hf.pad_token_id is not None else eos

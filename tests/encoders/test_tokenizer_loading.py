@@ -51,3 +51,21 @@ def test_only_the_shipped_folder_skips_autotokenizer(tmp_path, monkeypatch):
     copy = shutil.copytree(DEFAULT_TOKENIZER_DIR, tmp_path / "tok")
     with pytest.raises(RuntimeError, match="AutoTokenizer called"):
         load_hf_tokenizer(copy)
+
+
+def test_a_caption_longer_than_the_tokenizers_model_is_cut_without_its_warning(tmp_path, caplog):
+    """A tokenizer made for a shorter model warned "indexing errors" for every long caption,
+    though the encoders cut to seq_len themselves."""
+    import json
+    import logging
+
+    from task_encoders.config import TextConfig
+    from task_encoders.tokenization import TextTokenizer
+
+    folder = shutil.copytree(DEFAULT_TOKENIZER_DIR, tmp_path / "tok")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 8}))
+    caplog.set_level(logging.WARNING)
+    tok = TextTokenizer(TextConfig(tokenizer=folder, seq_len=16))
+    ids = tok.encode(" ".join(["a long caption"] * 20))
+    assert len(ids) == 16 and "indexing errors" not in caplog.text
