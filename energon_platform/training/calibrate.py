@@ -210,7 +210,7 @@ def calibrate(
             f"{len(chosen)} micro-batch(es) to time; at least {HOLD_EVERY} are needed "
             "(three to fit, one held back)"
         )
-    if user_model is not None:
+    if user_model is not None:  # a user's model, or a built-in one (a NaN loss is said)
         check_loss(model, drawn[chosen[0]][0], user_model)
     seconds = _timed(model, [drawn[i][0] for i in chosen], repeats, progress)
     return {**_report(matrix[chosen], seconds, repeats), "row_width": row_width}
@@ -484,11 +484,11 @@ def calibrate_run(
         model = build_user_model(factory, encoder, model_name)
     report = calibrate(
         model,
-        composed(loader, features, micro_batches),
+        composed(loader, features, micro_batches, progress),
         micro_batches=micro_batches,
         repeats=repeats,
         progress=progress,
         row_width=row_width(loader),
-        user_model=None if factory is None else model_name,
+        user_model=model_name,
     )
     return {**report, "model": model_name, "encoder_digest": encoder_digest(encoder)}

@@ -26,6 +26,7 @@ count (on the packed demo blend, regrouping raised the held-back error past what
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -84,23 +85,49 @@ def row_width(loader: Any) -> int | None:
     return None if loader.maker.packing else int(loader.encoder.seq_len)
 
 
+#: Documents encoded at a time while composing (one step of the progress bar).
+ENCODE_CHUNK = 32
+
+
 def composed(
-    loader: Any, features: Callable[[Any], Mapping[str, float]], count: int
+    loader: Any,
+    features: Callable[[Any], Mapping[str, float]],
+    count: int,
+    progress: bool = False,
 ) -> Iterator[tuple[Any, dict[str, float]]]:
     """``(micro-batch, its features as it runs)`` of ``loader``'s data composed to spread the
     cost features (module doc), enough for `calibrate` to choose ``count`` of: documents of the
     first ``DOCS_FACTOR x count x`` `run_size` stream positions (fewer where a position holds
     several), grouped by `groups`; a run that packs: its own micro-batches, in order, with
-    ``features(batch)`` as their documents' sum."""
+    ``features(batch)`` as their documents' sum. ``progress``: a bar while the documents are
+    encoded (minutes on a large encoder), a line for a run that packs."""
     if loader.maker.packing:
+        if progress:
+            print("composing: the run's own packed micro-batches, in order", file=sys.stderr)
         for batch in loader:
             yield batch, micro_batch_features([features(batch)])
         return
     size = run_size(loader, features)
-    docs = loader.maker.encoded_at(range(DOCS_FACTOR * count * size))
+    docs = encoded(loader, DOCS_FACTOR * count * size, progress)
     encoder = loader.encoder
     of = [full(**encoder.encoded_features(d)) for d in docs]
     width = row_width(loader)
     for group in groups(of, min(size, len(docs)), count):
         vectors = [of[i] for i in group]
         yield loader.maker.batch_of([docs[i] for i in group]), micro_batch_features(vectors, width)
+
+
+def encoded(loader: Any, n: int, progress: bool) -> list:
+    """The encoded documents of ``loader``'s first ``n`` stream positions (`encoded_at`), in
+    chunks of `ENCODE_CHUNK` under a progress bar."""
+    from tqdm import tqdm
+
+    docs = []
+    with tqdm(
+        total=n, desc="encoding documents to compose", unit="doc", disable=not progress
+    ) as bar:
+        for start in range(0, n, ENCODE_CHUNK):
+            stop = min(n, start + ENCODE_CHUNK)
+            docs += loader.maker.encoded_at(range(start, stop))
+            bar.update(stop - start)
+    return docs

@@ -434,3 +434,18 @@ def test_a_config_that_balances_with_the_cost_file_being_written_is_calibrated(
         and (tmp_path / "cost.json").is_file()
         or (status == 2 and "p90 relative error" in captured.err)
     )
+
+
+def test_a_model_whose_loss_is_not_finite_is_timed_with_a_warning(spike_run, tmp_path, capsys):
+    """calibrate timed a NaN loss without a word; it warns once, and times it all the same."""
+    model = tmp_path / "nan_model.py"
+    model.write_text(
+        USER_MODEL.format(forward="self.w * float('nan')", args="encoder", built="Model()")
+    )
+    argv = ["calibrate", "--config", str(spike_run["config"]), "--out", str(tmp_path / "c.json")]
+    argv += ["--model", f"{model}:build", "--micro-batches", "4", "--repeats", "1", "--no-progress"]
+    main(argv)
+    err = capsys.readouterr().err
+    assert (
+        err.count("the loss of the first micro-batch is nan; its time is timed all the same") == 1
+    )
