@@ -56,6 +56,7 @@ from converters.readers import (
 from converters.records import ReadResult, drop_duplicates
 from converters.units import WorkUnit, plan_units
 from converters.writer import STATS_DIR, WriteOptions, atomic_write_bytes, load_stats
+from storage.outputs import READERS_FILE
 
 __all__ = [
     "ConvertError",
@@ -205,6 +206,7 @@ def _open_state(out: Path, state: dict, overwrite: bool, lock: OutputLock) -> bo
         return bool(old.get("finished"))
     lock.announce()
     _write_json(state_path, state)
+    (out / READERS_FILE).touch()  # the loaders reading this dataset lock it (storage.outputs)
     return False
 
 

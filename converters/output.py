@@ -24,6 +24,8 @@ import socket
 import time
 from pathlib import Path
 
+from storage.outputs import READERS_FILE, read_by_a_run
+
 STATE_FILE = ".convert/state.json"
 LOCK_FILE = ".convert/lock"
 #: Everything a conversion writes into OUT.
@@ -104,7 +106,9 @@ def check_not_foreign(out: Path) -> None:
     if (
         entries == [".convert"]
         and (out / ".convert").is_dir()
-        and all(p.name in ("lock", "state.json.tmp") for p in (out / ".convert").iterdir())
+        and all(
+            p.name in ("lock", "readers", "state.json.tmp") for p in (out / ".convert").iterdir()
+        )
     ):
         return  # a conversion stopped before it wrote its state
     raise ConvertError(
@@ -187,8 +191,15 @@ def removal_plan(out: Path) -> list[Path]:
             f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); nothing was removed; "
             f"move them away or choose another --out"
         )
+    if read_by_a_run(out):
+        raise ConvertError(
+            f"--overwrite refused: {out} is read by a running training job (its loader holds "
+            f"{READERS_FILE}); replacing it would change the data under the run; nothing was "
+            f"removed; wait for the run to end, or convert into another --out"
+        )
     plan = [out / n for n in OUTPUT_ENTRIES if n != ".convert" and (out / n).exists()]
-    return plan + [p for p in sorted((out / ".convert").iterdir()) if p.name != "lock"]
+    kept = ("lock", Path(READERS_FILE).name)
+    return plan + [p for p in sorted((out / ".convert").iterdir()) if p.name not in kept]
 
 
 def stale_tmp_files(out: Path) -> list[Path]:

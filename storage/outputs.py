@@ -187,3 +187,61 @@ def write_atomic(path: str | Path):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: The file in a converted dataset that every loader reading it holds a shared lock on
+#: (`hold_readers`), so that ``convert --overwrite`` does not change the data under a live run.
+READERS_FILE = ".convert/readers"
+
+
+class Readers:
+    """Open `READERS_FILE` s with a shared lock each, released by `release` or when this object
+    is collected."""
+
+    def __init__(self, files: list):
+        self.files = files
+
+    def release(self) -> None:
+        for f in self.files:
+            f.close()  # closing drops the lock
+        self.files = []
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def hold_readers(folders: Iterable) -> Readers:
+    """Shared locks (``flock``) on the `READERS_FILE` of each local folder that has one, held
+    while the returned `Readers` lives (a loader keeps it; the kernel drops the locks when the
+    process ends, SIGKILL included). Folders without the file, or remote ones, are passed over."""
+    import fcntl
+
+    held = []
+    for folder in folders:
+        if folder is None or "://" in str(folder):
+            continue
+        try:
+            f = open(Path(folder) / READERS_FILE, "rb")  # noqa: SIM115 - held by the caller
+        except OSError:
+            continue
+        fcntl.flock(f, fcntl.LOCK_SH)
+        held.append(f)
+    return Readers(held)
+
+
+def read_by_a_run(folder: Path) -> bool:
+    """Whether a live process holds `hold_readers`' lock on ``folder`` (an exclusive lock cannot
+    be had)."""
+    import fcntl
+
+    try:
+        f = open(folder / READERS_FILE, "rb")  # noqa: SIM115 - closed below
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False

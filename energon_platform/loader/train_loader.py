@@ -37,6 +37,7 @@ from energon_platform.loader.sample_watch import SampleWatch, Stuck
 from energon_platform.loader.schedule import LayoutError, Schedule
 from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError
 from storage import DatasetError
+from storage.outputs import hold_readers
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class TrainLoader:
         self.encoder = build_encoder(cfg)
         #: the run's pure plan: datasets, orders, blend, schedule, batching mode, fingerprint
         self.plan = RunPlan(cfg, self.encoder, world_size, self.num_workers, rank)
+        #: shared locks on the datasets read, for this loader's life: ``convert --overwrite``
+        #: refuses to replace a dataset a live run reads (`storage.outputs.hold_readers`)
+        self._reading = hold_readers(e.source.path for e in self.plan.datasets.entries)
         self.maker = self._maker()
         self.next_microbatch = 0
         self._tracer = None  #: for `exclusion_stats`, built at its first use

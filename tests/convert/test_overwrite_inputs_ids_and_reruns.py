@@ -764,3 +764,34 @@ def test_an_audio_manifest_text_of_another_type_is_malformed_not_empty(tmp_path)
         "audio-manifest", tmp_path / "out", reader={"manifest": str(manifest)}, max_error_fraction=1
     )
     assert reason_counts(outcome.report) == {"malformed_line": 2, "empty_text": 1}
+
+
+def test_overwrite_of_a_dataset_a_live_loader_reads_is_refused(tmp_path):
+    """``convert --overwrite`` replaced a dataset a running job read (the run could not resume):
+    every loader holds a shared lock on the dataset while it lives."""
+    import gc
+
+    from energon_platform.config import load_config
+    from energon_platform.loader.train_loader import TrainLoader
+    from storage.outputs import read_by_a_run
+    from tests.helpers import REPO
+
+    reader = {"root": str(folder_corpus(tmp_path / "raw", n=8))}
+    out = tmp_path / "out"
+    convert("folder", out, reader=reader)
+    config = {
+        "data": {"path": str(out), "val_split": None},
+        "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+        "loader": {"global_batch_size": 2, "num_workers": 0},
+    }
+    loader = TrainLoader(load_config(config))
+    assert read_by_a_run(out)
+    before = stamps(out)
+    with pytest.raises(ConvertError, match="is read by a running training job"):
+        convert("folder", out, reader=reader, overwrite=True)
+    assert stamps(out) == before
+    assert convert("folder", out, reader=reader).already_done  # reading it: still nothing to do
+    del loader
+    gc.collect()
+    assert not read_by_a_run(out)
+    assert not convert("folder", out, reader=reader, overwrite=True).already_done
