@@ -347,6 +347,24 @@ def test_a_reused_uninterrupted_run_is_compared_with_and_not_run_again(fake, tmp
     assert ok["passed"] and ok["resume_step"] == 4, verdict(ok)
 
 
+def test_a_moved_earlier_check_is_reused_and_space_around_the_command_does_not_count(
+    fake, tmp_path
+):
+    """M7: a check folder moved elsewhere was refused as "another command" (its recorded command
+    held the old folder), and so was a --cmd with a trailing space."""
+    quiet = {"log": lambda *_: None}
+    check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, tmp_path / "a", **quiet)
+    (tmp_path / "a").rename(tmp_path / "moved")
+    again = check_resume_cmd(
+        CommandSpec(fake + " ", fake + " --resume", 10),
+        7,
+        tmp_path / "b",
+        straight_from=tmp_path / "moved",
+        **quiet,
+    )
+    assert again["passed"] and again["straight_from"] == str(tmp_path / "moved"), verdict(again)
+
+
 @pytest.mark.parametrize(
     "earlier, spec, needle",
     [
@@ -376,7 +394,7 @@ def test_a_straight_run_that_cannot_be_reused_is_refused_in_one_line(
 @pytest.mark.parametrize(
     "resume,needle",
     [
-        ("", "started again from step 1: it restored nothing"),
+        ("", "it restored nothing (if the trainer had saved no checkpoint by step"),
         (" --resume --resume-elsewhere", "which the killed run never logged"),
     ],
     ids=["started-over", "another-runs-checkpoint"],

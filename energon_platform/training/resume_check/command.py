@@ -107,7 +107,8 @@ def _with_out(command: str, run_out: Path) -> str:
 def reused_straight(earlier: Path, spec: CommandSpec, out: Path) -> tuple[str, Path]:
     """The uninterrupted run of an earlier ``check-resume --cmd`` whose ``--out`` was ``earlier``:
     (its command, its log). ValueError (one line, naming the folder) unless ``earlier`` holds
-    such a check's report, other than ``out``, whose uninterrupted run ran ``spec.cmd``."""
+    such a check's report, other than ``out``, whose uninterrupted run ran ``spec.cmd`` (compared
+    as written, ``{out}`` unfilled and white space around it aside: the folder may have moved)."""
     earlier = Path(os.path.abspath(earlier))
     name = f"--straight-from {earlier}"
     if earlier == out:
@@ -123,10 +124,17 @@ def reused_straight(earlier: Path, spec: CommandSpec, out: Path) -> tuple[str, P
     command = _with_out(spec.cmd, earlier / "straight" / "out")
     if not isinstance(report, dict) or report.get("form") != "cmd":
         raise ValueError(f"{name}: its report is not one of check-resume --cmd")
-    if report.get("commands", {}).get("straight") != command:
+    commands = report.get("commands") or {}
+    template = commands.get("template")  # {out} unfilled: the folder may have moved since
+    same = (
+        template.strip() == spec.cmd.strip()
+        if isinstance(template, str)
+        else commands.get("straight") == command
+    )
+    if not same:
         raise ValueError(
             f"{name}: its uninterrupted run ran another command "
-            f"({report.get('commands', {}).get('straight')!r}); give the same --cmd"
+            f"({template or commands.get('straight')!r}); give the same --cmd"
         )
     return command, spec.log_path(earlier / "straight" / "out", earlier / "straight" / "stdout.txt")
 
@@ -242,6 +250,7 @@ def check_resume_cmd(
             "resumed_steps_logged": len(resumed),
             "straight_from": str(straight_from) if reused is not None else None,
             "commands": {
+                "template": spec.cmd,
                 "straight": straight_command,
                 "killed": _with_out(spec.cmd, killed_dir / "out"),
                 "resume": _with_out(spec.resume_cmd, killed_dir / "out"),

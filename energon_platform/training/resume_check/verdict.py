@@ -40,7 +40,9 @@ def verdict(result: dict) -> str:
         elif result["resume_step"] <= 0:
             text += (
                 f"; the resume command started again from step {result.get('first_resumed_step', base)}: it "
-                f"restored nothing"
+                f"restored nothing (if the trainer had saved no checkpoint by step "
+                f"{result['killed_after_logged_step']}, where the kill came, pick a --kill-at after "
+                f"its first checkpoint; otherwise --resume-cmd does not load one)"
             )
         elif result["resume_step"] + base - 1 > max(
             result["killed_after_logged_step"], result["kill_at"]
