@@ -164,9 +164,10 @@ class BalanceConfig:
     """The pool holds this many global batches of positions."""
     linear: float | None = None
     """The linear term of ``attention``'s cost; null: the encoder's ``seq_len``."""
-    global_batch_tokens: int | None = None
+    global_batch_tokens: float | None = None
     """Unpacked: a global batch is this cost budget (``global_batch_size`` samples at least);
-    null: a fixed number of samples."""
+    null: a fixed number of samples. A whole number of cost units (tokens, attention) in every
+    mode but ``measured``, whose costs are predicted seconds (0.5 is a budget there)."""
     cost_model: Path | None = None
     """``measured`` only: the cost file written by ``energon-platform calibrate`` (also read
     from ``loader.cost_model``)."""
@@ -196,7 +197,20 @@ class BalanceConfig:
             f"got {self.lookahead}",
             f"at most {MAX_BALANCE_LOOKAHEAD} global batches",
         )
-        _at_least(self, at, null_ok=True, global_batch_tokens=1, linear=0)
+        _at_least(self, at, null_ok=True, linear=0)
+        budget = self.global_batch_tokens
+        if budget is not None:
+            measured = self.mode == "measured"
+            require(
+                _finite(budget) and budget > 0 and (measured or float(budget).is_integer()),
+                at.child("global_batch_tokens"),
+                f"got {budget:g}",
+                "seconds > 0 (the cost model's predicted time)"
+                if measured
+                else f"a whole number >= 1 of {self.mode} cost units, or null",
+            )
+            if float(budget).is_integer():  # the fingerprint holds 4096, as before, not 4096.0
+                object.__setattr__(self, "global_batch_tokens", int(budget))
         require(
             self.global_batch_tokens is None or self.planned,
             at.child("global_batch_tokens"),

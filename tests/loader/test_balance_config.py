@@ -74,6 +74,34 @@ def test_bad_group_keys_and_values_are_named():
         _balance({"global_batch_size": 32, "balance": {"mode": "tokens", "window": 16}})
 
 
+def test_a_budget_is_whole_cost_units_but_any_positive_seconds_with_measured():
+    """M10: a ``measured`` budget is in predicted seconds, and had to be a whole number."""
+    measured = {"mode": "measured", "cost_model": "/costs.json", "global_batch_tokens": 0.5}
+    assert _balance({"balance": measured}).global_batch_tokens == 0.5
+    tokens = _balance({"balance": {"mode": "tokens", "global_batch_tokens": 4096.0}})
+    assert tokens.global_batch_tokens == 4096 and isinstance(tokens.global_batch_tokens, int)
+    for mode, value, said in [
+        ("tokens", 0.5, "a whole number >= 1 of tokens cost units"),
+        ("attention", 0, "a whole number >= 1 of attention cost units"),
+        ("measured", -1, "seconds > 0"),
+    ]:
+        group = {"mode": mode, "global_batch_tokens": value}
+        if mode == "measured":
+            group["cost_model"] = "/costs.json"
+        with pytest.raises(ConfigError, match=f"global_batch_tokens: got {value} .expected {said}"):
+            _balance({"balance": group})
+
+
+def test_overrides_set_the_mode_before_or_after_the_cost_file():
+    """M11: ``--set loader.balance=measured --set loader.cost_model=X`` failed in that order
+    ("is 'measured', not a section") on a config without a balance group."""
+    first = {"loader.balance": "measured", "loader.cost_model": "/costs.json"}
+    then = {"loader.cost_model": "/costs.json", "loader.balance": "measured"}
+    for overrides in (first, then):
+        got = _balance({}, overrides)
+        assert (got.mode, str(got.cost_model)) == ("measured", "/costs.json"), overrides
+
+
 def test_measured_reads_its_cost_file_relative_to_the_yaml_file(tmp_path, caplog):
     run = tmp_path / "run.yaml"
     run.write_text(
