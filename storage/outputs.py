@@ -195,16 +195,17 @@ READERS_FILE = ".convert/readers"
 
 
 class Readers:
-    """Open `READERS_FILE` s with a shared lock each, released by `release` or when this object
-    is collected."""
+    """Descriptors of `READERS_FILE` s with a shared lock each, released by `release` or when
+    this object is collected (plain descriptors: no file object to be finalised first, with a
+    warning, when a failed constructor leaves both in a cycle)."""
 
-    def __init__(self, files: list):
-        self.files = files
+    def __init__(self, fds: list[int]):
+        self.fds = fds
 
     def release(self) -> None:
-        for f in self.files:
-            f.close()  # closing drops the lock
-        self.files = []
+        for fd in self.fds:
+            os.close(fd)  # closing drops the lock
+        self.fds = []
 
     def __del__(self) -> None:
         self.release()
@@ -221,11 +222,11 @@ def hold_readers(folders: Iterable) -> Readers:
         if folder is None or "://" in str(folder):
             continue
         try:
-            f = open(Path(folder) / READERS_FILE, "rb")  # noqa: SIM115 - held by the caller
+            fd = os.open(Path(folder) / READERS_FILE, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
-        fcntl.flock(f, fcntl.LOCK_SH)
-        held.append(f)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        held.append(fd)
     return Readers(held)
 
 

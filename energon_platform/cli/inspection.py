@@ -33,7 +33,8 @@ def add_preview(sub) -> None:
         "--out",
         required=True,
         help="the picture to write; its suffix names the format "
-        "(.png, .jpg/.jpeg, .webp, .bmp, .tif/.tiff)",
+        "(.png, .jpg/.jpeg, .webp, .bmp, .tif/.tiff); a new file, or a sheet preview wrote "
+        "(a picture of yours is never drawn over)",
     )
     p.add_argument("--n", type=positive, default=16, help="documents on the sheet (default 16)")
     p.add_argument(
@@ -300,7 +301,12 @@ def add_report(sub) -> None:
         "and skipped. See docs/spikes.md.",
     )
     p.add_argument("--run", required=True, help="the run's output folder (holds log.jsonl)")
-    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the HTML file to write: a new file, or a report this command wrote (a run's own "
+        "files and any other file are refused)",
+    )
     p.add_argument(
         "--config", help="the run config YAML: its datasets and encoder draw the spikes' samples"
     )

@@ -108,7 +108,12 @@ def add_calibrate(sub) -> None:
         help="micro-batches to time, at least 4 (default 24)",
     )
     p.add_argument("--repeats", type=positive, default=3, help="timed rounds, K (default 3)")
-    p.add_argument("--out", required=True, help="the cost file to write (JSON)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the cost file to write (JSON): a new file, or a cost file calibrate wrote (any "
+        "other file, an input or a folder is refused before any timing)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--set",
@@ -412,7 +417,10 @@ def add_replay(sub) -> None:
     )
     p.add_argument("--out", required=True, help="the replayed run's folder (new or empty)")
     p.add_argument(
-        "--overwrite", action="store_true", help="replace the run an earlier replay left in --out"
+        "--overwrite",
+        action="store_true",
+        help="replace the run an earlier replay left in --out (marked by its replay.json; a "
+        "training run's folder is never replaced)",
     )
     p.set_defaults(func=cmd_replay)
 

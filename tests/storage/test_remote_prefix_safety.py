@@ -150,7 +150,8 @@ def test_overwrite_refuses_a_conversion_holding_an_object_no_conversion_wrote(
     # without --overwrite: refused as another conversion, and --overwrite is not offered
     rc, err = convert_text(url, other, tmp_path, monkeypatch, capsys)
     assert (
-        refused(rc, err, url, "different", "train/user_notes.txt") and "pass --overwrite" not in err
+        refused(rc, err, url, "holds a conversion of another", "train/user_notes.txt")
+        and "pass --overwrite" not in err
     ), err
     assert etags(s3, key) == before
 
