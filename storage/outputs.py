@@ -109,15 +109,15 @@ def check_file(
     *,
     flag: str = "--out",
     inputs: Iterable = (),
+    example: str = "out",
 ) -> Path:
     """Refuse (`OutputError`) to write the file ``path`` unless it is new or ``own(path)`` says
     it is this command's earlier output (``what``, e.g. "cost file"); also `refuse_places` and a
-    parent that cannot take a file. Creates the parent folder. Call before any long work."""
+    parent that cannot take a file. Creates the parent folder. Call before any long work.
+    ``example``: the file name a refused folder is shown with (``cost.json``)."""
     p = Path(path)
     if p.is_dir():
-        raise OutputError(
-            f"{flag} {path}: a folder; name the {what} to write, e.g. {p / ('out' + (p.suffix or ''))}"
-        )
+        raise OutputError(f"{flag} {path}: a folder; name the {what} to write, e.g. {p / example}")
     refuse_places(p, flag, inputs)
     if p.is_symlink() or (p.exists() and not (p.is_file() and own(p))):
         raise OutputError(

@@ -364,7 +364,9 @@ def cmd_report(args) -> int:
     if args.set and not args.config:
         raise UsageError("--set overrides values of --config; pass --config too")
     logs = [Path(r) / "log.jsonl" for r in (args.run, args.compare) if r]
-    check_file(args.out, is_report, "run report", inputs=[*logs, args.config])
+    check_file(
+        args.out, is_report, "run report", inputs=[*logs, args.config], example="report.html"
+    )
     config = load_config(args.config, overrides(args.set)) if args.config else None
     try:
         info = build_report(

@@ -146,7 +146,7 @@ def cmd_calibrate(args) -> int:
             f"--micro-batches {args.micro_batches}: expected 4 to {MAX_MICRO_BATCHES} (three "
             f"fitted for each one held back; each timed --repeats + 1 times)"
         )
-    check_file(args.out, is_cost_file, "cost file", inputs=[args.config])
+    check_file(args.out, is_cost_file, "cost file", inputs=[args.config], example="cost.json")
     cfg = load_config(args.config, overrides(args.set))
     cfg = _plan_without(cfg, Path(args.out))
     try:
