@@ -159,14 +159,19 @@ def check_folder(
     return p
 
 
+def write_probe(folder: Path) -> None:
+    """Create ``folder`` if needed and prove a file can be written in it (a file made and removed:
+    a read-only file system, no permission or a file in the way raise ``OSError``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+
+
 def probe_writable(folder: Path, flag: str, path) -> None:
-    """Create ``folder`` if needed and prove a file can be written in it; `OutputError` naming
-    ``path`` otherwise."""
+    """`write_probe` of ``folder``; `OutputError` naming ``path`` when it fails."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+        write_probe(folder)
     except OSError as e:
         raise OutputError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
 

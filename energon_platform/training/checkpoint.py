@@ -32,7 +32,6 @@ import random
 import re
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from storage.outputs import write_probe
 
 
 class CheckpointError(RuntimeError):
@@ -128,10 +129,7 @@ def writable_dir(path: str | Path, what: str) -> Path:
     any work whose result would go there."""
     path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        write_probe(path)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write {what} there ({e.strerror or e})") from None
     return path
