@@ -223,6 +223,25 @@ def test_old_runs_say_machine_and_load_were_not_recorded(tmp_path):
     assert page.count("not recorded in this run (recorded from now on)") == 2
 
 
+def test_the_page_is_written_only_over_its_own_earlier_page(tmp_path):
+    """The docs script holds to the output rule: a file it did not write is never replaced."""
+    path = tmp_path / "bench-3d.json"
+    path.write_text(json.dumps({"ratio": 0.95}))
+    out = tmp_path / "m.md"
+    for _ in range(2):  # new, then its own page again
+        r = subprocess.run([sys.executable, str(RENDER), "--out", str(out), str(path)], timeout=120)
+        assert r.returncode == 0
+    out.write_text("# My notes\n")
+    r = subprocess.run(
+        [sys.executable, str(RENDER), "--out", str(out), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "not a measurements page this command wrote" in r.stderr
+    assert out.read_text() == "# My notes\n"
+
+
 def test_repository_paths_are_shown_relative_to_it(tmp_path):
     page = render_one(tmp_path, "loader", RUNS["loader"][0])
     assert "configs/encoders/a.yaml" in page and "…/work/somewhere" not in page
