@@ -45,8 +45,6 @@ def no_bucket(error: BaseException) -> bool:
         code = getattr(error, "response", None)
         if isinstance(code, dict) and code.get("Error", {}).get("Code") == "NoSuchBucket":
             return True
-        if type(error).__name__ == "NoSuchBucket":
-            return True
         error = error.__cause__ or error.__context__
     return False
 
