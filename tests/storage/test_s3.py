@@ -143,6 +143,13 @@ def test_info_reads_an_msc_dataset(s3, remote, local, capsys):
     assert f"dataset: {remote}" in capsys.readouterr().out
 
 
+def test_preview_reads_an_msc_dataset_as_info_and_train_do(s3, remote, tmp_path, capsys):
+    """M3: ``preview msc://...`` was refused ("no such run config, dataset or metadataset")."""
+    sheet = tmp_path / "sheet.png"
+    assert cli_main(["preview", remote, "--out", str(sheet), "--n", "2"]) == 0
+    assert sheet.stat().st_size > 0 and "2 documents" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loader_on_s3_gives_the_micro_batches_of_local_disk(s3, remote, local, workers):
     there, here = micro_batches(remote, 4, workers), micro_batches(local, 4, workers)
