@@ -170,6 +170,12 @@ def _read(kind: str, reader_args: dict) -> ReadResult:
         ) from e
     if not result.records and not result.problems:
         inputs = [str(v) for k, v in reader_args.items() if k in INPUT_ARGS and v]
+        converted = [i for i in inputs if (Path(i) / ".nv-meta").is_dir()]
+        if converted:
+            raise InputError(
+                f"{converted[0]}: a converted dataset already (it holds .nv-meta/); convert reads "
+                f"raw corpora: train on it, or look at it with energon-platform preview or info"
+            )
         raise InputError(
             f"{' and '.join(inputs) or 'the input'}: empty: no record to convert "
             f"(no line, row or file found)"

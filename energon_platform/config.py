@@ -390,7 +390,7 @@ class LoaderConfig:
             at.child("sample_timeout"),
             f"got {self.sample_timeout}: below it every worker is killed before its first "
             f"sample (a new worker takes seconds to start)",
-            f"at least {MIN_SAMPLE_TIMEOUT:g} seconds, well above the slowest normal sample",
+            f"at least {MIN_SAMPLE_TIMEOUT:g} second, well above the slowest normal sample",
         )
 
 

@@ -380,9 +380,14 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
         if encoder is not None:
             overrides["encoder"] = encoder
         return load_config(path, overrides)
-    if encoder is None and path.is_dir() and not (path / ".nv-meta" / "dataset.yaml").is_file():
-        from storage import DatasetError
+    from storage import DatasetError
 
+    if path.is_file() and path.suffix not in (".yaml", ".yml"):
+        raise DatasetError(
+            f"{path}: a file that is neither a run config nor a metadataset (YAML); pass a run "
+            f"config, a dataset folder or a metadataset YAML"
+        )
+    if encoder is None and path.is_dir() and not (path / ".nv-meta" / "dataset.yaml").is_file():
         raise DatasetError(
             f"{path}: not an Energon dataset (no .nv-meta/dataset.yaml) nor a run config; "
             f"convert it with `energon-platform convert ...` first"

@@ -163,6 +163,16 @@ def test_hidden_files_and_file_manager_folders_are_not_part_of_a_folder_corpus(t
     assert reason_counts(outcome.report) == {} and outcome.report["totals"]["seen"] == 1
 
 
+def test_a_converted_dataset_given_as_the_input_is_named_so_not_empty(tmp_path):
+    root = tmp_path / "raw"
+    root.mkdir()
+    (root / "a.png").write_bytes(image_bytes(1))
+    (root / "a.txt").write_text("a caption")
+    convert("folder", tmp_path / "out", reader={"root": str(root)})
+    with pytest.raises(InputError, match="out: a converted dataset already"):
+        convert("folder", tmp_path / "again", reader={"root": str(tmp_path / "out")})
+
+
 def test_folder_file_name_not_utf8_is_skipped_with_its_reason_and_the_rest_written(tmp_path):
     root = tmp_path / "raw"
     root.mkdir()

@@ -79,6 +79,14 @@ def test_a_missing_target_is_refused_by_name_before_the_out_format(tmp_path):
         preview(tmp_path / "absent", tmp_path / "sheet.gif")
 
 
+def test_a_file_that_is_no_yaml_is_not_called_a_metadataset(tmp_path):
+    from storage import DatasetError
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(DatasetError, match="notes.txt: a file that is neither a run config nor"):
+        preview(tmp_path / "notes.txt", tmp_path / "sheet.png")
+
+
 def test_multimodal_blend_run_config(videos, image_text_shards, tmp_path):
     blend = tmp_path / "blend.yaml"
     blend.write_text(

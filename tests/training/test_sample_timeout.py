@@ -103,7 +103,7 @@ def test_a_sample_timeout_below_a_second_is_refused_naming_it():
     text = "data: {path: /tmp}\nencoder: text\nloader: {sample_timeout: 0.001}\n"
     with pytest.raises(ConfigError, match=r"loader\.sample_timeout: got 0\.001: below it") as e:
         load_config(yaml.safe_load(text))
-    assert "at least 1 seconds" in str(e.value) and "\n" not in str(e.value)
+    assert "at least 1 second," in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.timeout(60)
