@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +50,8 @@ class SampleTimedOut(Exception):
 @contextmanager
 def _time_limit(seconds: float | None) -> Iterator[None]:
     """The block raises `SampleTimedOut` once it has run ``seconds`` (a ``SIGALRM`` timer, in the
-    main thread only: elsewhere, or with ``seconds`` None, no limit)."""
+    main thread only: elsewhere, or with ``seconds`` None, no limit). A timer the process had set
+    (a harness's own time limit) is set again after, less the time the block took."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -58,12 +60,16 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
         raise SampleTimedOut(f"took longer than loader.sample_timeout={seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    delay, interval = signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if delay > 0:
+            left = delay - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), interval)
 
 
 def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None = None) -> Any:

@@ -124,6 +124,21 @@ def test_the_start_up_check_counts_a_hung_first_sample_as_failed(dataset, encode
     assert encoded is not None and time.monotonic() - start < 30
 
 
+def test_the_start_up_checks_time_limit_keeps_a_timer_the_process_had():
+    """A harness's own SIGALRM timer (a test time limit) is set again after the check's."""
+    import signal
+
+    from energon_platform.training.preflight import _time_limit
+
+    harness = signal.setitimer(signal.ITIMER_REAL, 50.0)  # pytest-timeout's, set back after
+    try:
+        with _time_limit(5.0):
+            assert signal.getitimer(signal.ITIMER_REAL)[0] <= 5.0
+        assert 45.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 50.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *harness)
+
+
 @pytest.mark.parametrize("value", [0, -1, ".nan", ".inf"])
 def test_sample_timeout_must_be_positive_seconds(value):
     text = f"data: {{path: /tmp}}\nencoder: text\nloader: {{sample_timeout: {value}}}\n"
