@@ -107,7 +107,8 @@ def check_not_foreign(out: Path) -> None:
         entries == [".convert"]
         and (out / ".convert").is_dir()
         and all(
-            p.name in ("lock", "readers", "state.json.tmp") for p in (out / ".convert").iterdir()
+            p.name in ("lock", Path(READERS_FILE).name, "state.json.tmp")
+            for p in (out / ".convert").iterdir()
         )
     ):
         return  # a conversion stopped before it wrote its state

@@ -616,7 +616,9 @@ def _balance_override(data: dict, dotted: str, value: Any) -> str | None:
     its group key (with the deprecation note), ``loader.cost_model`` to the group's; others as
     written."""
     if dotted == "loader.balance" and isinstance(value, str):
-        loader = data.setdefault("loader", {}) if data.get("loader") is None else data["loader"]
+        if data.get("loader") is None:
+            data["loader"] = {}
+        loader = data["loader"]
         if isinstance(loader, dict):  # a mode: the group's other keys, given before or after, stay
             group = loader.get("balance")
             if isinstance(group, dict):

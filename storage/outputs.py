@@ -1,7 +1,7 @@
 """The output rule: a command writes only what is its own, and refuses before any long work.
 
 Every command that writes (``convert``, ``check-resume``, ``replay``, ``calibrate``, ``report``,
-``preview``, the docs scripts) asks this module first, with what it reads (``inputs``) and how
+``preview``, ``train --out``, ``scripts/render_measurements.py``) asks this module first, with what it reads (``inputs``) and how
 it recognises its own earlier output (``own``, by a marker or the file's own format):
 
 * `check_file`: a file written whole (a cost file, an HTML report, a picture).
@@ -27,6 +27,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
+
+from storage.paths import is_remote
 
 #: What a training run writes beside its ``checkpoints/`` folder (never another command's output).
 RUN_FILES = ("log.jsonl", "run.yaml", "run.json")
@@ -85,7 +87,7 @@ def refuse_places(
             f"nothing was written; choose another {flag}"
         )
     for inp in inputs:
-        if inp is None or str(inp).startswith("msc://"):
+        if inp is None or is_remote(inp):
             continue
         r = Path(inp).resolve()
         if r == resolved or (folder and (_inside(r, resolved) or _inside(resolved, r))):
@@ -224,7 +226,7 @@ def hold_readers(folders: Iterable) -> Readers:
 
     held = []
     for folder in folders:
-        if folder is None or "://" in str(folder):
+        if folder is None or is_remote(folder):
             continue
         try:
             fd = os.open(Path(folder) / READERS_FILE, os.O_RDONLY | os.O_CLOEXEC)

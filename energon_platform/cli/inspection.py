@@ -236,18 +236,6 @@ def _print_exclusions(args, rows, tracer) -> int:
     return 0
 
 
-class Counted:
-    """``rows`` iterated as they are, counted (``count``)."""
-
-    def __init__(self, rows):
-        self.rows, self.count = rows, 0
-
-    def __iter__(self):
-        for row in self.rows:
-            self.count += 1
-            yield row
-
-
 def cmd_spikes(args) -> int:
     from energon_platform.loader.trace import TraceError
     from energon_platform.training.spike_samples import format_spike
@@ -257,8 +245,8 @@ def cmd_spikes(args) -> int:
     try:
         if args.exclude_from is not None:
             return _print_exclusions(args, rows, tracer)
-        found, counted, noted = 0, Counted(rows), False
-        for spike in find_spikes(counted, args.z, args.window):
+        found, noted = 0, False
+        for spike in find_spikes(rows, args.z, args.window):
             listing = _spike_listing(tracer, spike)
             spike.pop("row")
             found += 1
@@ -276,7 +264,7 @@ def cmd_spikes(args) -> int:
                 print(format_spike(spike, listing, args.top))
     except TraceError as e:
         raise UsageError(str(e)) from None
-    if not counted.count:
+    if not rows.rows:
         raise UsageError(
             f"{rows.path}: no step rows ({rows.skipped} line(s) that are no step, in "
             f"--log-format {args.log_format}); pass the run's step log and its --log-format"

@@ -136,9 +136,9 @@ def cmd_calibrate(args) -> int:
         check_fit,
         format_table,
         is_cost_file,
-        load_factory,
         write_report,
     )
+    from energon_platform.training.user_model import UserModelError, load_factory
     from storage.outputs import check_file
 
     if not 4 <= args.micro_batches <= MAX_MICRO_BATCHES:
@@ -161,7 +161,7 @@ def cmd_calibrate(args) -> int:
         )
         print(format_table(report))
         check_fit(report)
-    except CalibrationError as e:
+    except (CalibrationError, UserModelError) as e:
         raise UsageError(str(e)) from None
     write_report(report, args.out)
     print(f"wrote {args.out}")

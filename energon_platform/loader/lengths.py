@@ -180,6 +180,7 @@ def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: b
         initial=n - sum(min(CHUNK, n - s) for s in todo),
         unit="sample",
         desc=f"length index {Path(str(source.path)).name}",
+        # TQDM_DISABLE is read here: tqdm reads it only once, when it is first imported
         disable=not progress or not todo or bool(os.environ.get("TQDM_DISABLE")),
     )
     try:

@@ -30,10 +30,7 @@ plans with them).
 from __future__ import annotations
 
 import json
-import sys
-import sysconfig
 import time
-import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +46,7 @@ from energon_platform.loader.batching.cost_file import (
 )
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.training import collector
+from energon_platform.training.user_model import build_user_model, check_loss
 from storage.outputs import write_atomic
 from task_encoders.features import MICRO_BATCH_FEATURES as FITTED
 
@@ -63,8 +61,6 @@ __all__ = [
     "load_cost_model",
     "write_report",
 ]
-
-_REPO = Path(__file__).resolve().parents[2]
 
 #: The largest p90 relative error (held-back micro-batches) a fit may have to be written.
 MAX_P90_ERROR = 0.15
@@ -193,15 +189,16 @@ def calibrate(
     pool: int | None = None,
     progress: bool = True,
     row_width: int | str | None = None,
-    user_model: str | None = None,
+    checked_as: str | None = None,
 ) -> dict:
     """The cost report (module doc, without ``model`` and ``encoder_digest``) of ``model`` on
     ``micro_batches`` of the first ``pool`` (default 8x) ``measured`` micro-batches (each with
     its features as it runs, `paired`), chosen by `spread` of their features. ``row_width``:
     how those features laid the rows out (`Shape.as_run`), written to the report for the
     planner to predict with. Runs on one thread (restored after). `CalibrationError` when fewer
-    than `HOLD_EVERY` micro-batches can be timed. ``user_model``: the ``--model`` of a user's
-    model, checked on one micro-batch first (`check_loss`)."""
+    than `HOLD_EVERY` micro-batches can be timed. ``checked_as``: the name ``model`` is checked
+    under on one micro-batch first (`check_loss`: a forward that returns no scalar loss with a
+    gradient is refused, a loss that is not finite said); None: not checked."""
     drawn = _draw(measured, pool or POOL_FACTOR * micro_batches)
     matrix = feature_matrix([vector for _, vector in drawn])
     chosen = spread(matrix, micro_batches)
@@ -210,8 +207,8 @@ def calibrate(
             f"{len(chosen)} micro-batch(es) to time; at least {HOLD_EVERY} are needed "
             "(three to fit, one held back)"
         )
-    if user_model is not None:  # a user's model, or a built-in one (a NaN loss is said)
-        check_loss(model, drawn[chosen[0]][0], user_model)
+    if checked_as is not None:
+        check_loss(model, drawn[chosen[0]][0], checked_as)
     seconds = _timed(model, [drawn[i][0] for i in chosen], repeats, progress)
     return {**_report(matrix[chosen], seconds, repeats), "row_width": row_width}
 
@@ -322,126 +319,6 @@ def is_cost_file(path: Path) -> bool:
     )
 
 
-def user_frame(error: BaseException) -> str:
-    """``file:line`` of the innermost frame of ``error``'s traceback in the user's code (not this
-    project's packages, an installed library or the standard library); the innermost frame when
-    none is."""
-    if isinstance(error, SyntaxError) and error.filename:
-        return f"{error.filename}:{error.lineno}"
-    frames = traceback.extract_tb(error.__traceback__)
-    user = [f for f in frames if not f.filename.startswith(_NOT_USER)]
-    frame = (user or frames)[-1] if frames else None
-    return f"{frame.filename}:{frame.lineno}" if frame else "no frame"
-
-
-#: Where code is not the user's: this project's packages, installed libraries, the standard library.
-_NOT_USER = (
-    *(str(_REPO / name) for name in ("energon_platform", "task_encoders", "storage", "converters")),
-    *{sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")},
-    "<frozen",
-)
-
-
-def _user_error(spec: str, doing: str, error: BaseException) -> CalibrationError:
-    """The one line of the user's model code raising ``error`` while ``doing``."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return CalibrationError(
-        f"--model {spec}: {doing} raised {type(error).__name__}"
-        f"{': ' + message if message else ''} (at {user_frame(error)})"
-    )
-
-
-def load_factory(spec: str) -> Callable[[Any], torch.nn.Module]:
-    """``FILE_OR_MODULE:FACTORY`` → the factory: a ``.py`` file's or an importable module's
-    attribute. `CalibrationError` naming what is missing."""
-    import importlib
-    import importlib.util
-
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise CalibrationError(f"--model {spec!r}: expected FILE_OR_MODULE:FACTORY")
-    if where.endswith(".py"):
-        if not Path(where).is_file():
-            raise CalibrationError(f"--model {spec!r}: file {where} not found")
-        module_spec = importlib.util.spec_from_file_location(Path(where).stem, where)
-        module = importlib.util.module_from_spec(module_spec)
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as e:
-            raise _user_error(spec, f"importing {where}", e) from None
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ModuleNotFoundError as e:
-            raise CalibrationError(f"--model {spec!r}: cannot import {where} ({e})") from None
-        except Exception as e:
-            raise _user_error(spec, f"importing {where}", e) from None
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        raise CalibrationError(f"--model {spec!r}: {where} has no callable {name}")
-    return factory
-
-
-def build_user_model(factory: Callable[[Any], Any], encoder: Any, spec: str) -> torch.nn.Module:
-    """``factory(encoder)``, checked: a factory that cannot take the encoder, raises or returns no
-    ``torch.nn.Module`` is a one-line `CalibrationError` naming ``spec`` (and the user's frame)."""
-    import inspect
-
-    try:
-        inspect.signature(factory).bind(encoder)
-    except TypeError:
-        raise CalibrationError(
-            f"--model {spec}: the factory must take one argument, the encoder "
-            f"(FACTORY(encoder) returns a torch.nn.Module)"
-        ) from None
-    except ValueError:
-        pass  # no signature to read (a builtin): call it and see
-    try:
-        model = factory(encoder)
-    except Exception as e:
-        raise _user_error(spec, "the factory", e) from None
-    if not isinstance(model, torch.nn.Module):
-        raise CalibrationError(
-            f"--model {spec}: the factory returned {type(model).__name__} "
-            f"(expected a torch.nn.Module whose forward(batch) returns a scalar loss)"
-        )
-    return model
-
-
-def check_loss(model: torch.nn.Module, batch: Any, spec: str) -> None:
-    """One forward + backward of the user's ``model`` on ``batch``, checked before any timing:
-    ``forward`` must return a scalar tensor that has a gradient. `CalibrationError` (one line,
-    the user's frame for an exception) otherwise; a loss that is not finite is a warning (its
-    time is still the model's time)."""
-    try:
-        loss = model(batch)
-    except Exception as e:
-        raise _user_error(spec, "the model's forward", e) from None
-    what = None
-    if not isinstance(loss, torch.Tensor):
-        what = f"returned {type(loss).__name__}"
-    elif loss.numel() != 1:
-        what = f"returned a tensor of shape {tuple(loss.shape)}"
-    elif not loss.requires_grad:
-        what = "returned a tensor without a gradient (it does not depend on the model's parameters)"
-    if what:
-        raise CalibrationError(
-            f"--model {spec}: the model's forward(batch) {what}; it must return the scalar loss "
-            f"of the batch, with a gradient"
-        )
-    try:
-        loss.backward()
-    except Exception as e:
-        raise _user_error(spec, "the model's backward", e) from None
-    model.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss.detach()).all():
-        print(
-            f"warning: --model {spec}: the loss of the first micro-batch is {loss.item()}; "
-            f"its time is timed all the same",
-            file=sys.stderr,
-        )
-
-
 def batch_features_of(encoder: Any) -> Features:
     """The encoder's ``batch_features`` (the features contract); `CalibrationError` when it
     states none."""
@@ -468,7 +345,9 @@ def calibrate_run(
     ``cfg.model``) on micro-batches of ``cfg``'s training data (a ``TrainLoader`` without
     workers), composed to spread the features, each with its features as it runs
     (`calibration_pool.composed`, `calibration_pool.row_width`). ``features``: a
-    batch's summed cost features (default: the encoder's ``batch_features``)."""
+    batch's summed cost features (default: the encoder's ``batch_features``). A user's
+    ``factory`` that cannot build a model, or whose model returns no usable loss, is a one-line
+    `user_model.UserModelError`."""
     import dataclasses
 
     from energon_platform import TrainLoader
@@ -489,6 +368,6 @@ def calibrate_run(
         repeats=repeats,
         progress=progress,
         row_width=row_width(loader),
-        user_model=model_name,
+        checked_as=model_name,
     )
     return {**report, "model": model_name, "encoder_digest": encoder_digest(encoder)}

@@ -26,12 +26,12 @@ class LogRows:
     `get_format`), each step once: where a
     resumed run logged steps again, the later rows replace the earlier (as ``read_steps``).
     Iterating streams the file twice (the first pass notes only where steps go back: O(resumes)
-    memory); ``skipped``: lines that were no step (a torn or corrupt line), counted by the last
-    iteration."""
+    memory); ``skipped``: lines that were no step (a torn or corrupt line), and ``rows``: the
+    step rows read, both counted by the last iteration."""
 
     def __init__(self, path: str | Path, fmt: Any):
         self.path, self.fmt = Path(path), fmt
-        self.skipped = 0
+        self.skipped = self.rows = 0
 
     def _lines(self) -> Iterator[tuple[int, dict | None]]:
         """``(line number, row or None)`` of every non-empty complete line."""
@@ -62,12 +62,13 @@ class LogRows:
 
     def __iter__(self) -> Iterator[dict]:
         restarts = self._superseded_from()
-        self.skipped = 0
+        self.skipped = self.rows = 0
         at = 0
         for number, row in self._lines():
             if row is None:
                 self.skipped += 1
                 continue
+            self.rows += 1
             while at < len(restarts) and restarts[at][0] <= number:
                 at += 1
             if at < len(restarts) and row["step"] >= restarts[at][1]:

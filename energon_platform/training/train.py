@@ -286,8 +286,9 @@ def train(
 
 @contextmanager
 def progress_bars(shown: bool):
-    """With ``shown`` False, no progress bar of the block draws (the length index's, a build's),
-    nor one of a process it starts: ``TQDM_DISABLE`` set for the block, as it was after."""
+    """With ``shown`` False, ``TQDM_DISABLE`` is set for the block (as it was after): the length
+    index's bar reads it, and so does tqdm in every process the block starts (this process's
+    tqdm read it once, at its import)."""
     if shown:
         yield
         return
