@@ -290,12 +290,12 @@ class SampleLengths:
         ):  # the encoder rejects this sample at this epoch: it fails when loaded too
             return 0, self.no_work
 
-    def identities(self, positions: list[int]) -> list[tuple[int, int]]:
-        """``(dataset, sample index)`` of each stream position: the same sample in any epoch."""
+    def copies(self, positions: list[int]) -> list[tuple[int, int, int]]:
+        """``(dataset, epoch, sample index)`` of each stream position."""
         if not positions:
             return []
-        d, _, i = self.schedule.samples(positions)
-        return list(zip(d.tolist(), i.tolist()))
+        d, e, i = self.schedule.samples(positions)
+        return list(zip(d.tolist(), e.tolist(), i.tolist()))
 
     def __call__(self, positions: list[int]) -> list[tuple[int, Any]]:
         if not positions:

@@ -166,13 +166,16 @@ def pack_led_rows(
     num_rows: int,
     capacity: int,
     first: int = 0,
+    leads: int = 0,
 ) -> tuple[list[list[int]], list[int]]:
     """Rows of like cost: ``num_rows`` *leads*, the pool items nearest in length around the oldest
     item (least ``order``: it is always placed, so nothing waits for ever), one per row; then the
     other items no longer than the shortest lead (or than a quarter row, whichever is more),
     carried ones first, longest first, each into the feasible row of least cost. A batch's long
     documents are thus all of one size and one per row, so every row costs about the same and
-    any dealing to any number of ranks is balanced. Returns ``(rows, carried)`` as
+    any dealing to any number of ranks is balanced. ``leads``: the first ``leads`` items (at most
+    ``num_rows``) lead rows whatever their length (the end of an epoch), the other leads nearest in
+    length to their median; of more than ``num_rows``, the longest lead, the rest fill first. Returns ``(rows, carried)`` as
     `pack_rows` does; needs at least ``num_rows`` items."""
     n = len(lengths)
     if n < num_rows:
@@ -183,10 +186,20 @@ def pack_led_rows(
     length = np.fromiter(lengths, dtype=np.int64, count=n)
     age = np.fromiter(order, dtype=np.int64, count=n)
     ranked = np.lexsort((age, length))  # by length, then age
-    anchor = int(np.flatnonzero(ranked == int(age.argmin()))[0])
-    lo, hi = max(0, anchor - num_rows + 1), min(anchor, n - num_rows)
-    spans = length[ranked[lo + num_rows - 1 : hi + num_rows]] - length[ranked[lo : hi + 1]]
-    leads = ranked[lo + int(spans.argmin()) :][:num_rows].tolist()  # the narrowest, first
+    forced = leads
+    if leads >= num_rows:  # the longest of them lead: the others are no longer than any lead
+        chosen = np.lexsort((age[:leads], -length[:leads]))[:num_rows]
+        leads = chosen[np.lexsort((age[chosen], length[chosen]))].tolist()  # shortest first
+    elif leads:
+        centre = int(np.sort(length[:leads])[leads // 2])
+        rest = leads + np.lexsort((age[leads:], np.abs(length[leads:] - centre)))
+        chosen = np.concatenate([np.arange(leads), rest[: num_rows - leads]])
+        leads = chosen[np.lexsort((age[chosen], length[chosen]))].tolist()  # shortest first
+    else:
+        anchor = int(np.flatnonzero(ranked == int(age.argmin()))[0])
+        lo, hi = max(0, anchor - num_rows + 1), min(anchor, n - num_rows)
+        spans = length[ranked[lo + num_rows - 1 : hi + num_rows]] - length[ranked[lo : hi + 1]]
+        leads = ranked[lo + int(spans.argmin()) :][:num_rows].tolist()  # the narrowest, first
     limit = max(int(length[leads[0]]), capacity // 4)
     rows = [[i] for i in leads]
     room = capacity - length[leads]
@@ -196,7 +209,8 @@ def pack_led_rows(
     carried: list[int] = []
     most_room = int(room.max())  # an item longer than this fits no row: carried without a search
     fits = min(limit, most_room)
-    later = np.lexsort((age, -length, np.arange(n) >= first))  # carried first, longest first
+    tier = (np.arange(n) >= forced).astype(np.int64) + (np.arange(n) >= first)
+    later = np.lexsort((age, -length, tier))  # forced, then carried, first; longest first
     for i, size in zip(later.tolist(), length[later].tolist()):
         if placed[i]:
             continue

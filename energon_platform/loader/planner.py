@@ -35,7 +35,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from energon_platform.loader.blend import integer_counts
@@ -50,13 +49,21 @@ from storage import DatasetError
 from task_encoders.features import towers
 
 #: The planner's version in the fingerprint (``balance.planner``): what its plans are a function of.
-PLANNER_VERSION = "pool-led-v2"
-#: The previous planner, whose checkpoints this one continues (their saved state means the same).
-PREVIOUS_PLANNER_VERSION = "pool-led-v1"
+PLANNER_VERSION = "epoch-fenced-v3"
+#: Earlier planners, whose checkpoints this one continues (their saved state means the same: the
+#: next stream position and the carried positions): ``pool-led-v1`` could repeat a sample in a
+#: global batch, ``pool-led-v2`` could place a sample's next epoch before its epoch ended.
+PREVIOUS_PLANNER_VERSIONS = ("pool-led-v1", "pool-led-v2")
 #: Pool fill (positions or cost, relative to the batch's) the packer looks ahead.
 DEFAULT_FILL = 3.0
 #: Unpacked without a budget: the pool holds this many global batches of samples (at most ``window``).
 BUCKET_POOL = 32
+#: Packed: rows this empty (a fraction of their positions) are planned again with the next epoch
+#: of a dataset whose epoch is ending let in (`Planner._packed`)
+STRADDLE_PADDING = 0.05
+#: Packed and budgeted: a pool reads on past a dataset's epoch boundary (its fenced copies, `Pool`)
+#: until ``window // FENCED_PART`` of its positions are fenced; unpacked: until `pool_size` are
+FENCED_PART = 8
 
 
 @dataclass(frozen=True)
@@ -138,21 +145,26 @@ class Planner:
     #: cost that is not a function of the length: the padding to a micro-batch's longest sample
     #: is computed, and no per-sample cost sees it)
     like_lengths: bool = False
-    #: ``identity(positions)``: which sample each stream position is (default: ``lengths.identities``,
-    #: else the position itself); two positions of one identity are never in one global batch
-    identity: Any = None
+    #: ``samples(positions)``: which copy each stream position is, ``(dataset, epoch, index)``
+    #: (default: ``lengths.copies``, else each position a sample of its own in epoch 0): a global
+    #: batch never holds one sample twice, and a dataset's epochs are placed in order (`Pool`)
+    samples: Any = None
     start: PlanState = field(default_factory=PlanState)
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     def __post_init__(self):
         self._cache[self.start.batch] = (self.start, None)
 
-    def identities(self, positions: list[int]) -> list:
-        """The sample identity of each stream position (`identity`)."""
-        if self.identity is not None:
-            return self.identity(positions)
-        of = getattr(self.lengths, "identities", None)
-        return of(positions) if of is not None else list(positions)
+    def copies(self, positions: list[int]) -> list[tuple[int, int, int]]:
+        """``(dataset, epoch, index)`` of each stream position (`samples`)."""
+        if self.samples is not None:
+            return self.samples(positions)
+        of = getattr(self.lengths, "copies", None)
+        return of(positions) if of is not None else [(0, 0, p) for p in positions]
+
+    def identities(self, positions: list[int]) -> list[tuple[int, int]]:
+        """``(dataset, index)`` of each stream position: the same sample in any epoch."""
+        return [(d, i) for d, _, i in self.copies(positions)]
 
     def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, int]:
         """``(row_length, work_length)`` of one sample (see `SampleLengths`)."""
@@ -204,12 +216,16 @@ class Planner:
         return self.cost if at is None else at(batch)
 
     def _plan(self, state: PlanState) -> BatchPlan:
-        pool = Pool(self, state)
         if self.capacity:
-            return self._packed(state, pool)
+            return self._packed(state, Pool(self, state, self.window // FENCED_PART))
         if self.budget is None:
-            return self._bucketed(state, pool)
-        return self._budgeted(state, pool)
+            return self._bucketed(state, Pool(self, state, self.pool_size))
+        return self._budgeted(state, Pool(self, state, self.window // FENCED_PART))
+
+    @property
+    def pool_size(self) -> int:
+        """Unpacked without a budget: the live samples a global batch is chosen from."""
+        return min(self.window, BUCKET_POOL * self.items_per_batch)
 
     @property
     def fixed_counts(self) -> bool:
@@ -217,40 +233,53 @@ class Planner:
         return self.budget is None
 
     def _bucketed(self, state: PlanState, pool: Pool) -> BatchPlan:
-        """Unpacked: the ``items_per_batch`` pool samples nearest in cost around the oldest one
-        (which is always taken, so no sample waits more global batches than the pool holds samples;
-        most wait a few): samples of like cost, so equal counts per rank are equal work on any
-        world size; with `like_lengths`, of like row length, and with a grouped cost (a cost of
-        the micro-batch as it runs) of the oldest one's towers too (`_same_towers`). Samples
-        whose next copy waits (`Pool`) are taken first."""
+        """Unpacked: ``items_per_batch`` samples of like cost (with `like_lengths`, of like row
+        length, and with a grouped cost of the oldest one's towers too, `_same_towers`), so equal
+        counts per rank are equal work on any world size. Three cases:
+
+        * the pool can grow (`Pool.blocked` is false or it holds `pool_size` live samples): the
+          ``g`` samples nearest in cost around the oldest, which is always taken (no sample waits
+          more global batches than the pool holds samples; most wait a few);
+        * the pool is *closed* (a dataset's epoch boundary stops it growing): its live samples
+          sorted by cost, cut into runs of ``g`` from the costliest down (the remainder, the
+          cheapest, shares the batch that straddles the boundary); the run holding the oldest, or
+          the cheapest run when the oldest is in the remainder. Removing a run leaves the others
+          as they were, so a closed pool is emitted as its runs, each of like cost;
+        * the straddle (`Pool.open`): the forced samples (the end of an epoch), and the next
+          epoch's samples nearest in cost to their median; likewise a late epoch (`Pool.overdue`:
+          a dataset that needs more of a global batch than the other cases give it, a tiny one
+          weighted high) is forced in, with the oldest sample."""
         g = self.items_per_batch
-        want = min(self.window, BUCKET_POOL * g)
-        pool.read(want, lambda i: 1, limit=want)
-        pool.read(want, lambda i: 1, minimum=g)  # more only when waiting copies leave too few live
+        want = self.pool_size
+        pool.read(want, lambda i: 1)
         pool.require(g, state.batch, "samples")
         live = pool.live
         cost = self.cost_at(state.batch)
         costs = {i: cost(pool.lengths[i][1]) for i in live}
         like = {i: pool.lengths[i][0] for i in live} if self.like_lengths else costs
         grouped = getattr(cost, "grouped", None) if self.like_lengths else None
-        forced = [live[0]] + [i for i in pool.due if i != live[0]][: g - 1]
-        if len(forced) == 1:  # the common case: a window of like ones around the oldest
-            among = live if grouped is None else self._same_towers(live, pool, g)
-            ranked = sorted(among, key=lambda i: (like[i], i))
-            anchor = ranked.index(live[0])
-            lo = min(max(0, anchor - g + 1), len(among) - g)
-            best = min(
-                range(lo, min(anchor, len(among) - g) + 1),
-                key=lambda a: (like[ranked[a + g - 1]] - like[ranked[a]], a),
-            )
-            taken = sorted(ranked[best : best + g])
-        else:  # due samples, then the others nearest in cost (or length) to them
+        late = pool.forced or pool.overdue(state.batch * g)
+        if late:
+            forced = pool.forced or ([live[0]] + [i for i in late if i != live[0]])[:g]
             centre = sorted(like[i] for i in forced)[len(forced) // 2]
             chosen = set(forced)
             rest = sorted(
                 (i for i in live if i not in chosen), key=lambda i: (abs(like[i] - centre), i)
             )
-            taken = sorted(forced + rest[: g - len(forced)])
+            taken = forced + rest[: g - len(forced)]
+        else:
+            among = live if grouped is None else self._same_towers(live, pool, g)
+            ranked = sorted(among, key=lambda i: (like[i], i))
+            if len(live) < want and pool.blocked:
+                runs = [ranked[k - g : k] for k in range(len(ranked), g - 1, -g)]
+                taken = next((run for run in runs if live[0] in run), runs[-1])
+            else:
+                anchor = ranked.index(live[0])
+                lo = min(max(0, anchor - g + 1), len(among) - g)
+                starts = range(lo, min(anchor, len(among) - g) + 1)
+                best = min(starts, key=lambda a: (like[ranked[a + g - 1]] - like[ranked[a]], a))
+                taken = ranked[best : best + g]
+        taken = sorted(taken)
         if grouped is not None:
             grouped = MicroBatchCost([pool.lengths[i][1] for i in taken], *grouped)
         return self._batch(state, pool, [[i] for i in taken], costs, grouped)
@@ -266,6 +295,20 @@ class Planner:
         return same if len(same) >= g else live
 
     def _packed(self, state: PlanState, pool: Pool) -> BatchPlan:
+        """Packed rows (`pack_led_rows`) from the open epochs' documents; when they leave more than
+        `STRADDLE_PADDING` of the rows empty (the end of a small dataset's epoch), the rows
+        planned again with the next epoch let in (`Pool.open`), kept when every forced document
+        is placed and the rows are fuller."""
+        plan, _ = self._pack(state, pool)
+        if plan.padding > STRADDLE_PADDING and self.led:
+            straddle, placed = self._pack(state, Pool(self, state, pool.fence_cap), straddle=True)
+            if placed and straddle.padding < plan.padding:
+                return straddle
+        return plan
+
+    def _pack(self, state: PlanState, pool: Pool, straddle: bool = False) -> tuple[BatchPlan, bool]:
+        """The packed plan from ``pool`` (``straddle``: its fenced datasets' next epochs let in,
+        `Pool.open`) and whether every forced document is placed."""
         rows = self.items_per_batch
         target = self.fill * rows * self.capacity
         pool.read(target, lambda i: pool.lengths[i][0], minimum=rows)
@@ -281,30 +324,60 @@ class Planner:
             lambda i: pool.lengths[i][0] if pool.lengths[i][0] <= short else 0,
             limit=min(len(pool.positions) + need, 4 * need + pool.waiting),
         )
+        if straddle:
+            if not pool.open():
+                return BatchPlan([], [], [], state), False
+            if sum(pool.lengths[i][0] for i in pool.forced) > rows * self.capacity:
+                return BatchPlan([], [], [], state), False
+            pool.read(target, lambda i: pool.lengths[i][0], minimum=rows)
         pool.require(rows, state.batch, "documents to lead its rows")
         live = pool.prioritised(state)
         cost = self.cost_at(state.batch)
         costs = {i: cost(pool.lengths[i][1]) for i in live}
-        pack = pack_led_rows if self.led else partial(pack_rows, balance=True)
-        rows_, _ = pack(
-            [pool.lengths[i][0] for i in live],
-            [costs[i] for i in live],
-            [pool.positions[i] for i in live],
-            rows,
-            self.capacity,
-            first=pool.first,
-        )
-        return self._batch(state, pool, [[live[k] for k in row] for row in rows_], costs)
+        order = [pool.positions[i] for i in live]
+        lengths = [pool.lengths[i][0] for i in live]
+        if self.led:
+            # a closed pool (no more live documents come in before a boundary) is packed longest
+            # first: its long documents lead, its short ones fill (else rows around a short oldest
+            # one are left empty, and the long ones wait for the straddle)
+            closed = pool.blocked and not pool.forced
+            rows_, _ = pack_led_rows(
+                lengths,
+                [costs[i] for i in live],
+                order,
+                rows,
+                self.capacity,
+                first=pool.first,
+                leads=len(live) if closed else len(pool.forced),
+            )
+        else:
+            rows_, _ = pack_rows(
+                lengths, [costs[i] for i in live], order, rows, self.capacity, balance=True
+            )
+        plan = self._batch(state, pool, [[live[k] for k in row] for row in rows_], costs)
+        placed = {live[k] for row in rows_ for k in row}
+        return plan, all(i in placed for i in pool.forced)
 
     def _budgeted(self, state: PlanState, pool: Pool) -> BatchPlan:
+        """Unpacked with ``global_batch_tokens``: the pool's samples (forced and carried first)
+        that fit the budget (`fill_budget`). When the open epochs cannot reach it, the batch
+        straddles into the next epoch (`Pool.open`) if everything forced fits the budget."""
         cost = self.cost_at(state.batch)
         cost_of = lambda i: cost(pool.lengths[i][1])  # noqa: E731
-        pool.read(self.fill * self.budget, cost_of, minimum=self.items_per_batch)
+        target = self.fill * self.budget
+        pool.read(target, cost_of, minimum=self.items_per_batch)
+        if (
+            pool.blocked
+            and sum(cost_of(i) for i in pool.live) < self.budget
+            and sum(cost_of(i) for i in pool.closing()) <= self.budget
+            and pool.open()
+        ):
+            pool.read(target, cost_of, minimum=self.items_per_batch)
         pool.require(self.items_per_batch, state.batch, "samples")
         live = pool.prioritised(state)
         costs = {i: cost_of(i) for i in live}
         if (
-            pool.starved and pool.waiting and sum(costs.values()) < self.budget
+            pool.blocked and pool.waiting and sum(costs.values()) < self.budget
         ):  # repeats, not the window, limit it
             raise PlanError(
                 f"global batch {state.batch}: loader.balance.global_batch_tokens={self.budget:g} cannot be "
@@ -375,62 +448,114 @@ class Pool:
     """The samples a global batch is planned from: the carried stream positions, then positions
     read from the stream, in stream order (index ``i`` in `positions`).
 
-    One sample (dataset and index) may be pending at several positions when a small dataset
-    wraps into its next epoch: only its *first* pending copy is `live` (may be placed);
-    later copies *wait* (are carried unplaced) until the earlier one is placed. A global batch
-    never holds one sample twice, and a sample's copy of epoch ``e + 1`` is never placed while
-    its copy of epoch ``e`` is pending. Live samples with a waiting copy are `due` and are
-    placed first, so waiting copies move on."""
+    **Epochs are permutations, per dataset.** A dataset's *open* epoch is the least epoch of its
+    pending copies (the first one in stream order). Only copies of the open epoch are `live`
+    (may be placed); a copy of a later epoch is *fenced* (carried unplaced) until every copy of
+    the open epoch is placed. Reading goes on past a fence (other datasets' samples are live) until
+    ``fence_cap`` fenced positions are pending. When too few samples are live for one global batch,
+    `open` lets each fenced dataset's next epoch in for this one batch and *forces* every pending
+    copy of its open epoch into it (`forced`): at most one global batch straddles a boundary, and
+    there no sample twice (only the first pending copy of a sample is live)."""
 
-    def __init__(self, planner: Planner, state: PlanState):
+    def __init__(self, planner: Planner, state: PlanState, fence_cap: int):
         self.planner = planner
         self.positions: list[int] = list(state.carried)
         self.lengths: list[tuple[int, int]] = planner.lengths(self.positions)
+        self.copies: list[tuple[int, int, int]] = planner.copies(self.positions)
         self.position = state.position  #: the next unread stream position
         self.carried = len(state.carried)
-        self.first = 0  #: after `prioritised`: how many of its indices come first (due or carried)
-        self.live: list[int] = []
-        self.due: list[int] = []
-        self._first: dict = {}  # sample identity -> index of its live copy
-        self._due: set[int] = set()
-        self._sort(range(len(self.positions)), planner.identities(self.positions))
+        self.fence_cap = fence_cap
+        self.first = (
+            0  #: after `prioritised`: how many of its indices come first (forced or carried)
+        )
+        self.opened: set[int] = set()  #: datasets whose next epoch `open` let in
+        self.forced: list[
+            int
+        ] = []  #: after `open`: the pending copies of the opened datasets' open epochs
+        self._classify()
 
-    def _sort(self, indices, ids) -> None:
-        for i, key in zip(indices, ids):
-            live = self._first.setdefault(key, i)
-            if live == i:
+    def _classify(self) -> None:
+        self.live: list[int] = []
+        self.fenced = 0  #: pending positions of a later epoch than their dataset's open one
+        self._epoch: dict[int, int] = {}  # dataset -> its open epoch
+        self._first: set = set()  # identities with a live copy
+        self._fence: dict[int, int] = {}  # dataset -> stream position of its first fenced copy
+        self._sort(range(len(self.positions)))
+
+    def _sort(self, indices) -> None:
+        for i in indices:
+            d, e, index = self.copies[i]
+            open_ = self._epoch.setdefault(d, e)
+            if e > open_ + (d in self.opened) or (d, index) in self._first:
+                self.fenced += 1
+                self._fence.setdefault(d, self.positions[i])
+            else:
+                self._first.add((d, index))
                 self.live.append(i)
-            elif live not in self._due:
-                self._due.add(live)
-                self.due.append(live)
 
     @property
     def waiting(self) -> int:
-        """Pending positions that are not live (later copies of a live sample)."""
+        """Pending positions that are not live (fenced: a later epoch, or a later copy)."""
         return len(self.positions) - len(self.live)
 
     @property
     def starved(self) -> bool:
-        """The pool could not grow as asked: its window is full (of waiting copies, often)."""
+        """The pool could not grow as asked: its window is full (of fenced copies, often)."""
         return len(self.positions) >= self.planner.window
+
+    @property
+    def blocked(self) -> bool:
+        """No more live samples can be read (the window, or fenced copies, are full)."""
+        return self.starved or self.fenced >= self.fence_cap
 
     def read(self, target: float, measure, minimum: int = 0, limit: int | None = None) -> int:
         """Read stream positions until the live samples' ``measure`` (of a pool index) sums to
         ``target`` and at least ``minimum`` are live, or the pool holds ``limit`` (default: the
-        window) positions; returns the number of live samples."""
+        window) positions, or ``fence_cap`` fenced ones; returns the number of live samples."""
         limit = self.planner.window if limit is None else min(limit, self.planner.window)
         total = sum(measure(i) for i in self.live)
-        while (total < target or len(self.live) < minimum) and len(self.positions) < limit:
+        while (
+            (total < target or len(self.live) < minimum)
+            and len(self.positions) < limit
+            and self.fenced < self.fence_cap
+        ):
             new = list(
                 range(self.position, self.position + max(1, min(limit - len(self.positions), 64)))
             )
             start, before = len(self.positions), len(self.live)
             self.positions += new
             self.lengths += self.planner.lengths(new)
+            self.copies += self.planner.copies(new)
             self.position += len(new)
-            self._sort(range(start, len(self.positions)), self.planner.identities(new))
+            self._sort(range(start, len(self.positions)))
             total += sum(measure(i) for i in self.live[before:])
         return len(self.live)
+
+    def closing(self) -> list[int]:
+        """Live copies, oldest first, of the datasets with fenced copies (their open epoch is all
+        read): what `open` forces."""
+        fenced = {d for d, e, _ in self.copies if e > self._epoch[d]}
+        return [i for i in self.live if self.copies[i][0] in fenced]
+
+    def open(self) -> bool:
+        """Let each dataset with fenced copies (its open epoch is all read) into its next epoch,
+        for this global batch, and force every live copy of those datasets' open epochs into it
+        (`forced`, oldest first); the caller reads on. False (nothing changes) when no dataset is
+        fenced. Called when the open epochs cannot make the batch: the forced copies fit it."""
+        fenced = {d for d, e, _ in self.copies if e > self._epoch[d]}
+        if not fenced or self.opened:
+            return False
+        self.forced = self.closing()
+        self.opened = fenced
+        self._classify()
+        return True
+
+    def overdue(self, position: int) -> list[int]:
+        """Live copies, oldest first, of the datasets whose next epoch began in the stream before
+        ``position`` (the global batch's own first stream position): their epoch is late, and
+        each copy of it holds a later copy back."""
+        late = {d for d, p in self._fence.items() if p < position}
+        return [i for i in self.live if self.copies[i][0] in late] if late else []
 
     def reach(self, target: float, measure) -> int:
         """How many live samples, oldest first, ``measure`` needs to sum to ``target`` (all if fewer)."""
@@ -442,7 +567,10 @@ class Pool:
         return len(self.live)
 
     def require(self, count: int, batch: int, what: str) -> None:
-        """`PlanError` unless at least ``count`` samples are live."""
+        """`open` and read on when fewer than ``count`` samples are live, then `PlanError` unless
+        at least ``count`` are."""
+        if len(self.live) < count and self.open():
+            self.read(0, lambda i: 0, minimum=count)
         if len(self.live) < count:
             raise PlanError(
                 f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
@@ -452,11 +580,13 @@ class Pool:
             )
 
     def prioritised(self, state: PlanState) -> list[int]:
-        """Live indices with the due and carried ones first (see `first`), oldest first within each."""
-        due = set(self.due)
-        front = [i for i in self.live if i in due or i < self.carried]
+        """Live indices with the forced and carried ones first (see `first`), oldest first within
+        each (forced before carried)."""
+        forced = set(self.forced)
+        front = self.forced + [i for i in self.live if i < self.carried and i not in forced]
         self.first = len(front)
-        return front + [i for i in self.live if i not in due and i >= self.carried]
+        chosen = set(front)
+        return front + [i for i in self.live if i not in chosen]
 
 
 def deal_plan(
@@ -501,3 +631,29 @@ def rank_costs(plan: BatchPlan, dealt: list[list[list[int]]]) -> list[float]:
     if plan.grouped is not None:
         return [sum(plan.grouped.of(m) for m in rank if m) for rank in dealt]
     return [sum(plan.costs[i] for m in rank for i in m) for rank in dealt]
+
+
+def deal_bound(costs: Sequence[float], world_size: int, fixed: bool) -> float:
+    """A lower bound of max/mean over ranks of any dealing of items of these ``costs`` to
+    ``world_size`` ranks (``fixed``: each rank the same number of items): the rank holding the
+    costliest item holds it and, with fixed counts, at least the cheapest others of its share."""
+    mean = sum(costs) / world_size
+    if not mean:
+        return 1.0
+    top = max(costs)
+    if fixed:
+        top += sum(sorted(costs)[: len(costs) // world_size - 1])
+    return max(1.0, top / mean)
+
+
+def plan_bound(plan: BatchPlan, world_size: int, fixed: bool) -> float | None:
+    """`deal_bound` of the plan's items: no dealing of this global batch to ``world_size`` ranks
+    does better. None for a `grouped` plan (a micro-batch's cost is not the sum of its items')."""
+    if plan.grouped is not None:
+        return None
+    return deal_bound(plan.costs, world_size, fixed)
+
+
+def outlier_anchored(plan: BatchPlan, world_size: int) -> bool:
+    """One item costs more than a rank's fair share of the batch: no dealing reaches 1.0."""
+    return max(plan.costs) * world_size > sum(plan.costs)

@@ -39,6 +39,8 @@ def _work(row: int, tiles: int) -> tuple[float, ...]:
 class MeasuredCase(Case):
     """:class:`Case` whose samples also have vision tiles, planned with the measured cost."""
 
+    costs_like_lengths = False  #: like lengths, costs that also count tiles
+
     def __init__(self, seed: int, mode: str):
         super().__init__(seed, mode)
         rng = np.random.default_rng(seed + 1000)
@@ -53,7 +55,7 @@ class MeasuredCase(Case):
 
     def planner(self, start: PlanState = PlanState()) -> Planner:
         cost = _cost()
-        kw = dict(window=max(self.window, self.g), identity=self.identity, start=start)
+        kw = dict(window=self.window, samples=self.copies, start=start)
         if self.mode == "packed":
             return Planner(self.lookup, cost, self.g, capacity=CAP, **kw)
         if self.mode == "budget":

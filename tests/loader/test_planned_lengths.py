@@ -144,7 +144,7 @@ def test_a_state_of_the_previous_planner_resumes_with_this_one(coco, caplog):
     resumed = _loader(data, str(VLM), base / "lengths_old_planner")
     with caplog.at_level("WARNING"):
         resumed.load_state_dict(state)
-    assert "previous planner (pool-led-v1)" in caplog.text
+    assert "a previous planner (pool-led-v1)" in caplog.text
     for b in range(1, 4):
         ids = resumed.planner.identities([p for row in resumed.planner.plan(b).items for p in row])
         assert len(ids) == len(set(ids))

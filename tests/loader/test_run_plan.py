@@ -31,9 +31,9 @@ CONFIGS = {
 }
 
 EXPECTED = {
-    "planned_attention": "5b056f528db33dd19b44b45e5f191fd495a70c62480f5d9c2ddc9c8bafc2d391",
-    "planned_budget": "45f9982758e6518580e3787d8f6c3f94f2ffa100c4cd02a18615595eeef2d9a7",
-    "planned_packed": "dd35089b4346029a4ba4b7259657f1f78ae838ca78ac4e54a420a524f16a4408",
+    "planned_attention": "e9d85c0b959f55651420dc87dd2103942f05fd30ab3074e8ddb746b82809ee80",
+    "planned_budget": "17e780c165bf461116d963c875df7c778c47b911dbca64342ca8707b3b83679a",
+    "planned_packed": "a47eece46a797a4963609fa65c41836dcaab16910499e0e357526bc66c790016",
     "stream": "414cbf6821dd20f043230223f47e327581842d210badabeb66c9475ad2b38b6d",
     "stream_excluded": "57a3bfe846d3f45bbe4f0d35656f451d96ea420d1c4742cfa6801650d43bbe97",
     "stream_locality_two_ranks": "3756fba8a10a2a3938a5ebdde5127a383d25c35264d4d4ec6a18bbbc76f25e94",

@@ -22,7 +22,7 @@ from energon_platform.loader.batching.costs import WORK, SampleCost, feature_wor
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.planner import (
     PLANNER_VERSION,
-    PREVIOUS_PLANNER_VERSION,
+    PREVIOUS_PLANNER_VERSIONS,
     Planner,
     PlanState,
     deal_plan,
@@ -185,13 +185,14 @@ class PlannedBatching:
                 )
             balance = {**balance, "samples": LIKE_LENGTHS}
             saved = {**saved, "balance": balance}
-        if not (isinstance(balance, dict) and balance.get("planner") == PREVIOUS_PLANNER_VERSION):
+        if not (isinstance(balance, dict) and balance.get("planner") in PREVIOUS_PLANNER_VERSIONS):
             return saved
         if warn:
             log.warning(
-                "the checkpoint was planned by the previous planner (%s); global batches "
-                "from here on are planned by %s, which never repeats a sample in one",
-                PREVIOUS_PLANNER_VERSION,
+                "the checkpoint was planned by a previous planner (%s); global batches "
+                "from here on are planned by %s, which never repeats a sample in one and "
+                "places each dataset's epochs in order",
+                balance["planner"],
                 PLANNER_VERSION,
             )
         return {**saved, "balance": {**balance, "planner": PLANNER_VERSION}}
