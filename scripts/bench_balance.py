@@ -73,7 +73,13 @@ sys.path.insert(0, str(REPO))
 
 from energon_platform.loader.batching.planned import plans_like_lengths  # noqa: E402
 from energon_platform.loader.packer import sample_cost  # noqa: E402
-from energon_platform.loader.planner import Planner, deal_plan, rank_costs  # noqa: E402
+from energon_platform.loader.planner import (  # noqa: E402
+    Planner,
+    deal_bound,
+    deal_plan,
+    rank_costs,
+)
+from scripts.balance_sizes import report_sizes, sizes_section  # noqa: E402
 from scripts.bench_run import run_record  # noqa: E402
 
 KINDS = ("image_text", "audio", "text")
@@ -259,16 +265,6 @@ def packed_energon(blend: Blend, cost, ranks: int, k: int, args) -> dict:
     return rec.result()
 
 
-def bound(costs: list[float], ranks: int, per_rank: int | None) -> float:
-    """A lower bound of max/mean for dealing ``costs`` to ``ranks`` (``per_rank`` items each, or any
-    count): the rank holding the costliest item holds it plus at least ``per_rank - 1`` of the
-    cheapest; no rank can hold less than the mean. Above 1, the batch's items, not the dealing,
-    cap the balance."""
-    mean = sum(costs) / ranks
-    heavy = max(costs) + (sum(sorted(costs)[: per_rank - 1]) if per_rank else 0.0)
-    return max(heavy, mean) / mean
-
-
 def run_ours(
     planner: Planner, ranks: int, fixed: bool, steps: int, seq_len: int, packed: bool
 ) -> dict:
@@ -277,7 +273,7 @@ def run_ours(
         t = time.perf_counter()
         plan = planner.plan(b)
         seconds += time.perf_counter() - t
-        bounds.append(bound(plan.costs, ranks, len(plan.items) // ranks if fixed else None))
+        bounds.append(deal_bound(plan.costs, ranks, fixed))
         dealt = deal_plan(plan, ranks, 1, fixed=fixed)
         rows = [sum(len(m) for m in rank) for rank in dealt] if packed else None
         rec.step(
@@ -1744,6 +1740,7 @@ SECTIONS = {
     "measured": (measured_section, report_measured),
     "train-measured": (train_measured_section, report_train_measured),
     "llava": (llava_section, report_llava),
+    "sizes": (lambda args: sizes_section(args, Blend), report_sizes),
 }
 
 
@@ -1770,6 +1767,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", type=Path, help="also write the results (with machine, date, load average) here"
     )
     p.add_argument("--quick", action="store_true", help="a few seconds: 40 steps, 8 ranks only")
+    p.add_argument(
+        "--sizes-steps",
+        type=int,
+        default=None,
+        help="section sizes: global batches per case (default 200; --quick 40)",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -1850,7 +1853,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--long-steps batches; demo: the embedded demo blend through the loader's planner; train: "
         "the reference model's tokens/s on 2 gloo ranks; measured: the two-tower model's timed "
         "micro-batches per method; train-measured: the two-tower model's steps/s on 2 gloo "
-        "ranks, balance none against measured, after calibrating it)",
+        "ranks, balance none against measured, after calibrating it; sizes: the planner on every "
+        "dataset size, g to 10 x window, single and blended with a large one, packed and "
+        "unpacked, attention and measured)",
     )
     p.add_argument(
         "--long-steps",

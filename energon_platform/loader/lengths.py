@@ -297,8 +297,9 @@ class SampleLengths:
         d, e, i = self.schedule.samples(positions)
         return list(zip(d.tolist(), e.tolist(), i.tolist()))
 
+    def of_copies(self, copies: list[tuple[int, int, int]]) -> list[tuple[int, Any]]:
+        """``(row_length, work)`` of each ``(dataset, epoch, index)`` (`copies`)."""
+        return [self.length_of(d, e, i) for d, e, i in copies]
+
     def __call__(self, positions: list[int]) -> list[tuple[int, Any]]:
-        if not positions:
-            return []
-        d, e, i = self.schedule.samples(positions)
-        return [self.length_of(int(a), int(b), int(c)) for a, b, c in zip(d, e, i)]
+        return self.of_copies(self.copies(positions))

@@ -64,6 +64,8 @@ STRADDLE_PADDING = 0.05
 #: Packed and budgeted: a pool reads on past a dataset's epoch boundary (its fenced copies, `Pool`)
 #: until ``window // FENCED_PART`` of its positions are fenced; unpacked: until `pool_size` are
 FENCED_PART = 8
+#: The planner remembers the copies and lengths of this many windows of positions (`Planner.lookup`)
+REMEMBERED = 4
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ class Planner:
     samples: Any = None
     start: PlanState = field(default_factory=PlanState)
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    _known: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     def __post_init__(self):
         self._cache[self.start.batch] = (self.start, None)
@@ -161,6 +164,25 @@ class Planner:
             return self.samples(positions)
         of = getattr(self.lengths, "copies", None)
         return of(positions) if of is not None else [(0, 0, p) for p in positions]
+
+    def lookup(self, positions: list[int]) -> tuple[list, list]:
+        """`copies` and `lengths` of ``positions``, remembered: a pool is rebuilt from its
+        carried positions for every global batch (the last ``REMEMBERED x window`` positions
+        looked up are kept, least recently looked up forgotten first)."""
+        known = self._known
+        missing = [p for p in positions if p not in known]
+        if missing:
+            copies = self.copies(missing)
+            of = getattr(self.lengths, "of_copies", None)  # the lengths without a second lookup
+            lengths = of(copies) if of is not None else self.lengths(missing)
+            for p, copy, length in zip(missing, copies, lengths):
+                known[p] = (copy, length)
+        found = [known[p] for p in positions]
+        for p in positions:
+            known.move_to_end(p)
+        while len(known) > REMEMBERED * self.window:
+            known.popitem(last=False)
+        return [f[0] for f in found], [f[1] for f in found]
 
     def identities(self, positions: list[int]) -> list[tuple[int, int]]:
         """``(dataset, index)`` of each stream position: the same sample in any epoch."""
@@ -251,7 +273,7 @@ class Planner:
           weighted high) is forced in, with the oldest sample."""
         g = self.items_per_batch
         want = self.pool_size
-        pool.read(want, lambda i: 1)
+        pool.read(want)
         pool.require(g, state.batch, "samples")
         live = pool.live
         cost = self.cost_at(state.batch)
@@ -270,7 +292,7 @@ class Planner:
         else:
             among = live if grouped is None else self._same_towers(live, pool, g)
             ranked = sorted(among, key=lambda i: (like[i], i))
-            if len(live) < want and pool.blocked:
+            if len(live) < want and pool.closed:
                 runs = [ranked[k - g : k] for k in range(len(ranked), g - 1, -g)]
                 taken = next((run for run in runs if live[0] in run), runs[-1])
             else:
@@ -340,7 +362,7 @@ class Planner:
             # a closed pool (no more live documents come in before a boundary) is packed longest
             # first: its long documents lead, its short ones fill (else rows around a short oldest
             # one are left empty, and the long ones wait for the straddle)
-            closed = pool.blocked and not pool.forced
+            closed = pool.closed and not pool.forced
             rows_, _ = pack_led_rows(
                 lengths,
                 [costs[i] for i in live],
@@ -460,8 +482,7 @@ class Pool:
     def __init__(self, planner: Planner, state: PlanState, fence_cap: int):
         self.planner = planner
         self.positions: list[int] = list(state.carried)
-        self.lengths: list[tuple[int, int]] = planner.lengths(self.positions)
-        self.copies: list[tuple[int, int, int]] = planner.copies(self.positions)
+        self.copies, self.lengths = planner.lookup(self.positions)
         self.position = state.position  #: the next unread stream position
         self.carried = len(state.carried)
         self.fence_cap = fence_cap
@@ -508,24 +529,37 @@ class Pool:
         """No more live samples can be read (the window, or fenced copies, are full)."""
         return self.starved or self.fenced >= self.fence_cap
 
-    def read(self, target: float, measure, minimum: int = 0, limit: int | None = None) -> int:
-        """Read stream positions until the live samples' ``measure`` (of a pool index) sums to
+    @property
+    def closed(self) -> bool:
+        """Fenced copies stop the pool growing (their cap, or the window full with some of them):
+        until a boundary is crossed, the live samples are all there will be."""
+        return self.fenced >= self.fence_cap or (self.starved and self.fenced > 0)
+
+    def read(
+        self, target: float, measure=None, minimum: int = 0, limit: int | None = None
+    ) -> int:
+        """Read stream positions until the live samples' ``measure`` (of a pool index; None:
+        their count, and no more positions are read than the count still needs) sums to
         ``target`` and at least ``minimum`` are live, or the pool holds ``limit`` (default: the
         window) positions, or ``fence_cap`` fenced ones; returns the number of live samples."""
         limit = self.planner.window if limit is None else min(limit, self.planner.window)
+        count = measure is None
+        measure = measure or (lambda i: 1)
         total = sum(measure(i) for i in self.live)
         while (
             (total < target or len(self.live) < minimum)
             and len(self.positions) < limit
             and self.fenced < self.fence_cap
         ):
-            new = list(
-                range(self.position, self.position + max(1, min(limit - len(self.positions), 64)))
-            )
+            step = min(limit - len(self.positions), 64)
+            if count:
+                step = min(step, max(target - total, minimum - len(self.live)))
+            new = list(range(self.position, self.position + max(1, int(step))))
             start, before = len(self.positions), len(self.live)
             self.positions += new
-            self.lengths += self.planner.lengths(new)
-            self.copies += self.planner.copies(new)
+            copies, lengths = self.planner.lookup(new)
+            self.copies += copies
+            self.lengths += lengths
             self.position += len(new)
             self._sort(range(start, len(self.positions)))
             total += sum(measure(i) for i in self.live[before:])
@@ -570,7 +604,7 @@ class Pool:
         """`open` and read on when fewer than ``count`` samples are live, then `PlanError` unless
         at least ``count`` are."""
         if len(self.live) < count and self.open():
-            self.read(0, lambda i: 0, minimum=count)
+            self.read(0, minimum=count)
         if len(self.live) < count:
             raise PlanError(
                 f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
@@ -635,14 +669,25 @@ def rank_costs(plan: BatchPlan, dealt: list[list[list[int]]]) -> list[float]:
 
 def deal_bound(costs: Sequence[float], world_size: int, fixed: bool) -> float:
     """A lower bound of max/mean over ranks of any dealing of items of these ``costs`` to
-    ``world_size`` ranks (``fixed``: each rank the same number of items): the rank holding the
-    costliest item holds it and, with fixed counts, at least the cheapest others of its share."""
+    ``world_size`` ranks. Free counts: the costliest item. Fixed counts (``k`` items per rank):
+    by pigeonhole, some rank holds ``m`` of the ``(m - 1) x world_size + 1`` costliest items, at
+    least the ``m`` cheapest of them, and ``k - m`` more, at least the cheapest others, for each
+    ``m`` in 1..k; with ``k = 2`` the exact least (the costliest paired with the cheapest, the
+    second with the second cheapest, ...: no pairing does better)."""
     mean = sum(costs) / world_size
     if not mean:
         return 1.0
-    top = max(costs)
-    if fixed:
-        top += sum(sorted(costs)[: len(costs) // world_size - 1])
+    if not fixed:
+        return max(1.0, max(costs) / mean)
+    c = sorted(costs, reverse=True)
+    k = len(c) // world_size
+    if k == 2:
+        return max(1.0, max(c[i] + c[-1 - i] for i in range(world_size)) / mean)
+    top = 0.0
+    for m in range(1, k + 1):
+        last = (m - 1) * world_size  # the (last + 1) costliest items: indices 0..last
+        held = sum(c[last - m + 1 : last + 1])
+        top = max(top, held + sum(c[len(c) - (k - m) :]) if k > m else held)
     return max(1.0, top / mean)
 
 

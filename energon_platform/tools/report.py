@@ -61,6 +61,8 @@ class RunLog:
     lr: np.ndarray
     rank_cost: np.ndarray
     padding: np.ndarray
+    #: the least rank cost max/mean any dealing of the step's batch reaches (NaN: not logged)
+    rank_cost_bound: np.ndarray = field(default_factory=lambda: np.array([]))
     samples: dict[str, np.ndarray] = field(default_factory=dict)
     excluded: dict[str, np.ndarray] = field(default_factory=dict)
     corrupt: int = 0  #: lines that are not a step row (skipped)
@@ -141,6 +143,7 @@ def read_run_log(run_dir: str | Path) -> RunLog:
         lr=np.array([_number(r, "lr") for r in rows]),
         rank_cost=np.array([_number(r, "rank_cost") for r in rows]),
         padding=np.array([_number(r, "padding") for r in rows]),
+        rank_cost_bound=np.array([_number(r, "rank_cost_bound") for r in rows]),
         samples=_per_dataset(rows, "datasets", _samples_of),
         excluded=_per_dataset(rows, "excluded", _count),
         corrupt=corrupt,
@@ -249,9 +252,12 @@ def lr_chart(log: RunLog) -> str:
 
 
 def balance_chart(log: RunLog) -> str:
-    """Per-rank cost (max/mean, 1 is perfect) and padding fraction over steps."""
+    """Per-rank cost (max/mean, 1 is perfect) beside its lower bound, and padding fraction over
+    steps."""
     fig, ax = _figure("Balance: per-rank cost (max/mean) and padding", "rank cost")
     _plot(ax, log.steps, log.rank_cost, "rank cost max/mean", color="tab:purple")
+    if len(log.rank_cost_bound) and not np.isnan(log.rank_cost_bound).all():
+        _plot(ax, log.steps, log.rank_cost_bound, "lower bound", color="tab:purple", linestyle=":")
     right = ax.twinx()
     right.set_ylabel("padding")
     _plot(right, log.steps, log.padding, "padding", color="tab:gray")

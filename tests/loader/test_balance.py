@@ -290,6 +290,22 @@ def test_every_sample_of_a_dataset_once_per_epoch_including_carried(three_packed
     loader.close()
 
 
+def test_stats_state_the_bound_beside_the_rank_cost(three_packed):
+    """Every balanced step's stats carry the least max/mean any dealing of its rows reaches, at
+    most its own; a batch whose costliest row exceeds a rank's fair share says so."""
+    from energon_platform.loader.planner import outlier_anchored
+    from energon_platform.loader.train_loader import TrainLoader
+
+    mds, cache = three_packed
+    loader = TrainLoader(_config(mds, cache), world_size=2, num_workers=0)
+    for b in range(12):
+        stats = loader.batching.stats(b, 2, 2)
+        assert 1.0 <= stats["rank_cost_bound"] <= stats["rank_cost"] + 1e-4, stats
+        anchored = outlier_anchored(loader.planner.plan(b), 2)
+        assert stats.get("outlier_anchored", False) == anchored
+    loader.close()
+
+
 def test_lengths_used_equal_encoded_lengths_through_the_loader(three_packed):
     """The planner's row lengths are the encoder's: a row's real tokens equal the planned sum."""
     mds, cache = three_packed

@@ -286,3 +286,29 @@ def test_two_samples_at_half_the_blend_keep_their_share_without_repeating():
         check_distinct(
             Blend([Segment(0, ("100", "1"))], 2), [2, 500], ["small", "large"], 4, unit=2
         )
+
+
+def test_the_deal_bound_is_a_lower_bound_and_exact_for_two_per_rank():
+    """`deal_bound` never exceeds the best dealing (brute force over tiny batches), equals it with
+    two items per rank, and the loader's dealing reaches it there."""
+    import itertools
+    import random
+
+    from energon_platform.loader.packer import deal
+    from energon_platform.loader.planner import deal_bound
+
+    rng = random.Random(0)
+    for _ in range(200):
+        ranks, k = rng.choice([2, 3]), rng.choice([1, 2, 3])
+        costs = [float(rng.choice([1, 2, 3, 5, 8, 13, 40])) for _ in range(ranks * k)]
+        best = min(
+            max(sum(costs[i] for i in order[r * k : (r + 1) * k]) for r in range(ranks))
+            for order in itertools.permutations(range(ranks * k))
+        )
+        bound = deal_bound(costs, ranks, fixed=True) * sum(costs) / ranks
+        assert bound <= best + 1e-9, (costs, ranks)
+        if k == 2:
+            assert bound == pytest.approx(best), (costs, ranks)
+            dealt = deal(costs, list(range(len(costs))), ranks, k)
+            assert max(sum(costs[i] for i in part) for part in dealt) == pytest.approx(best)
+    assert deal_bound([4.0, 1.0, 1.0], 2, fixed=False) == pytest.approx(4 / 3)

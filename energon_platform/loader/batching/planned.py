@@ -26,6 +26,8 @@ from energon_platform.loader.planner import (
     Planner,
     PlanState,
     deal_plan,
+    outlier_anchored,
+    plan_bound,
     rank_costs,
 )
 from energon_platform.loader.state import StateMismatchError
@@ -256,12 +258,13 @@ class PlannedBatching:
         }
 
     def stats(self, batch: int, world_size: int, accumulation: int) -> dict:
-        """Global batch ``batch``: per-rank cost max/mean, padding, samples and carried samples
-        (for logs and the resume check)."""
+        """Global batch ``batch``: per-rank cost max/mean beside its lower bound (`bound_stats`),
+        padding, samples and carried samples (for logs and the resume check)."""
         plan = self.planner.plan(batch)
         dealt = deal_plan(plan, world_size, accumulation, fixed=self.planner.fixed_counts)
         stats = {
             "rank_cost": _spread(rank_costs(plan, dealt)),
+            **self.bound_stats(plan, world_size),
             "padding": round(plan.padding, 4),
             "samples": sum(len(i) for i in plan.items),
             "carried": len(plan.next_state.carried),
@@ -269,6 +272,16 @@ class PlannedBatching:
         if self.history is not None:
             stats["rank_cost_by_module"] = self.module_spreads(plan, dealt, batch)
         return stats
+
+    def bound_stats(self, plan: Any, world_size: int) -> dict:
+        """``rank_cost_bound``: the least max/mean any dealing of the batch's items reaches
+        (`plan_bound`; absent for a grouped plan), and ``outlier_anchored`` where one item
+        costs more than a rank's fair share (no dealing reaches 1.0: the batch, not the dealing)."""
+        bound = plan_bound(plan, world_size, fixed=self.planner.fixed_counts)
+        out = {} if bound is None else {"rank_cost_bound": round(bound, 4)}
+        if outlier_anchored(plan, world_size):
+            out["outlier_anchored"] = True
+        return out
 
     def module_spreads(self, plan: Any, dealt: list, batch: int) -> dict[str, float]:
         """Per model module (``llm``, ``vision``, ...), the max/mean over ranks of the predicted
