@@ -535,9 +535,7 @@ class Pool:
         until a boundary is crossed, the live samples are all there will be."""
         return self.fenced >= self.fence_cap or (self.starved and self.fenced > 0)
 
-    def read(
-        self, target: float, measure=None, minimum: int = 0, limit: int | None = None
-    ) -> int:
+    def read(self, target: float, measure=None, minimum: int = 0, limit: int | None = None) -> int:
         """Read stream positions until the live samples' ``measure`` (of a pool index; None:
         their count, and no more positions are read than the count still needs) sums to
         ``target`` and at least ``minimum`` are live, or the pool holds ``limit`` (default: the
