@@ -133,6 +133,11 @@ class ExcludeRule:
 MAX_BALANCE_WINDOW, MAX_BALANCE_LOOKAHEAD = 65536, 16.0
 
 
+#: ``loader.balance`` modes, the one list: ``none`` (`StreamBatching`) and the cost models of
+#: planned batching (`COST_MODELS`); the loader's registries are checked against it
+BALANCE_MODES = ("none", "tokens", "attention", "encoder", "measured")
+
+
 @dataclass(frozen=True)
 class BalanceConfig:
     """``loader.balance``: how global batches are made (`planner`).
@@ -153,7 +158,7 @@ class BalanceConfig:
     ``global_batch_tokens``) are still read, as these keys, with a one-line deprecation note.
     """
 
-    mode: Literal["none", "tokens", "attention", "encoder", "measured"] = "none"
+    mode: Literal[BALANCE_MODES] = "none"
     """How global batches are made: ``none`` (consecutive stream positions), ``tokens`` (equal
     Σ L per rank), ``attention`` (equal Σ L² + ``linear``·L), ``encoder`` (the encoder's own
     ``balance_cost(length)``) or ``measured`` (the calibrated model's predicted time of each

@@ -32,20 +32,20 @@ from collections import defaultdict
 
 import numpy as np
 
-from energon_platform.loader.batching.cost_file import CostModel
-from energon_platform.loader.batching.costs import SampleCost
-from energon_platform.loader.blend import Blend as Weights
-from energon_platform.loader.blend import Segment
-from energon_platform.loader.orders import DatasetOrder
-from energon_platform.loader.packer import sample_cost
-from energon_platform.loader.permutation import derive_key
-from energon_platform.loader.planner import (
-    Planner,
+from energon_platform.loader.balance.cost_file import CostModel
+from energon_platform.loader.balance.costs import SampleCost
+from energon_platform.loader.balance.dealing import (
     deal_plan,
     outlier_anchored,
     plan_bound,
     rank_costs,
 )
+from energon_platform.loader.balance.packer import sample_cost
+from energon_platform.loader.balance.planner import Planner
+from energon_platform.loader.blend import Blend as Weights
+from energon_platform.loader.blend import Segment
+from energon_platform.loader.orders import DatasetOrder
+from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import Schedule
 from task_encoders.features import FEATURES
 

@@ -26,7 +26,7 @@ summed cost (reported as p50/p90/max over steps) for:
   blocks of ``--packing-buffer-size`` samples (block j to rank j mod R), packs each block first-fit
   decreasing and batches the packs, K rows per step. Nothing is dropped; no rank sees another's
   samples, so rows per rank are fixed but their cost is not balanced.
-* ``ours``: :class:`energon_platform.loader.planner.Planner`, then ``deal_plan``. Packed: R·K rows
+* ``ours``: :class:`energon_platform.loader.balance.planner.Planner`, then ``deal_plan``. Packed: R·K rows
   of ``--seq-len`` per global batch, dealt with ``fixed=True``. Unpacked: ``ours`` plans R·K samples of
   like cost around the oldest of a pool of 32 global batches (no budget) and deals them K per rank;
   ``ours-budget`` plans with a cost budget (``budget=`` R·K x the blend's mean cost, measured on a
@@ -71,14 +71,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from energon_platform.loader.batching.planned import plans_like_lengths  # noqa: E402
-from energon_platform.loader.packer import sample_cost  # noqa: E402
-from energon_platform.loader.planner import (  # noqa: E402
-    Planner,
-    deal_bound,
-    deal_plan,
-    rank_costs,
-)
+from energon_platform.loader.balance.dealing import deal_bound, deal_plan, rank_costs  # noqa: E402
+from energon_platform.loader.balance.packer import sample_cost  # noqa: E402
+from energon_platform.loader.balance.planned import plans_like_lengths  # noqa: E402
+from energon_platform.loader.balance.planner import Planner  # noqa: E402
 from scripts.balance_sizes import report_sizes, sizes_section  # noqa: E402
 from scripts.bench_run import run_record  # noqa: E402
 
@@ -1063,7 +1059,7 @@ def demo_section(args) -> dict:
 
     sys.path.insert(0, str(REPO))
     from energon_platform import TrainLoader, load_config
-    from energon_platform.loader.planner import deal_plan, rank_costs
+    from energon_platform.loader.balance.dealing import deal_plan, rank_costs
     from scripts.bench_data import three_modality_blend
 
     out = []
@@ -1338,7 +1334,7 @@ def measured_plans(
     """``(steps of [rank][row] -> positions, planning seconds of each global batch)`` of
     ``method`` for ``steps`` global batches (no planning seconds for ``none``; the first batch's
     also fills the planner's window)."""
-    from energon_platform.loader.batching.costs import SampleCost
+    from energon_platform.loader.balance.costs import SampleCost
 
     if method == "none":
         batches = []
@@ -1400,7 +1396,7 @@ def measured_section(args) -> dict:
     method's plans (each alone, the least of 3 after a warm-up, one thread)."""
     import torch
 
-    from energon_platform.loader.batching.cost_file import CostModel
+    from energon_platform.loader.balance.cost_file import CostModel
     from task_encoders.features import MICRO_BATCH_FEATURES
 
     if args.pack_group is None:

@@ -2,7 +2,7 @@
 """What the length index of ``loader.balance`` costs: bytes per sample and build time per core.
 
 Converts the embedded corpora (image-text, audio-text, text) into a temporary folder, builds each
-one's length index (:mod:`energon_platform.loader.lengths`) from scratch in one process under the
+one's length index (:mod:`energon_platform.loader.balance.lengths`) from scratch in one process under the
 encoder ``loader.balance`` would use, and reports the index's bytes per sample, samples per
 CPU-second, and what that means at 10^8 samples (GB on disk, core-hours to build). The alternative
 it is compared with is decoding: the same samples fully loaded and encoded (``encode``), which is
@@ -81,8 +81,8 @@ LOOKUP_REPEATS = 3
 
 def lookup_us(index, encoder, n: int) -> float:
     """CPU µs per sample of the loader's lookup of a sample's lengths and cost features."""
-    from energon_platform.loader.batching.costs import feature_work
-    from energon_platform.loader.lengths import SampleLengths
+    from energon_platform.loader.balance.costs import feature_work
+    from energon_platform.loader.balance.lengths import SampleLengths
 
     lookup = SampleLengths(None, [index], encoder, [""], *feature_work(encoder))
     length_of = lookup.length_of.__wrapped__  # the lookup itself, not its cache of repeats
@@ -97,7 +97,7 @@ def lookup_us(index, encoder, n: int) -> float:
 
 
 def measure(path: Path, encoder_config: str, tmp: Path) -> dict:
-    from energon_platform.loader.lengths import LengthIndex, build
+    from energon_platform.loader.balance.lengths import LengthIndex, build
     from energon_platform.loader.source import SampleSource
     from task_encoders.registry import get_encoder
 

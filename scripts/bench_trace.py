@@ -9,7 +9,7 @@ with: scanning the steps' samples for the key, timed on ``--scan`` steps and ext
 
 Balanced runs (``loader.balance``) plan each global batch from the planner's state, which only the
 batches before it give: tracing step N replays N plans. ``balanced`` times that replay with
-:class:`~energon_platform.loader.planner.Planner` on synthetic log-normal lengths (packed rows of
+:class:`~energon_platform.loader.balance.planner.Planner` on synthetic log-normal lengths (packed rows of
 ``--seq-len``, ``--rows`` rows per global batch, the default window), per plan and per 10,000 steps.
 
     .venv/bin/python scripts/bench_trace.py [--json bench-trace.json]   # illustrative
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from energon_platform.loader.balance.packer import sample_cost
+from energon_platform.loader.balance.planner import Planner
 from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.orders import DatasetOrder
-from energon_platform.loader.packer import sample_cost
-from energon_platform.loader.planner import Planner
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.trace import step_layout, uses
 

@@ -304,7 +304,7 @@ class MicroBatchMaker:
 
     def planned_items(self, c: int) -> list[list[int]]:
         """With a planner: the stream positions of each row (packed) or sample of micro-batch ``c``."""
-        from energon_platform.loader.planner import deal_plan
+        from energon_platform.loader.balance.dealing import deal_plan
 
         batch, part = divmod(c, self.accumulation)
         plan = self.planner.plan(batch)

@@ -162,7 +162,7 @@ class RunPlan:
         now, or the start)."""
         self.blend = Blend(segments, len(self.datasets.entries))
         if self.batching.fixed_samples:  # a fixed number of samples per batch
-            from energon_platform.loader.planner import check_distinct
+            from energon_platform.loader.balance.planner import check_distinct
 
             check_distinct(
                 self.blend,

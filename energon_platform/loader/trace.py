@@ -177,7 +177,7 @@ class Tracer:
         planner = self.plan.planner
         if batch < planner.start.batch:
             if self._replay is None or self._replay.lengths is not planner.lengths:
-                from energon_platform.loader.planner import PlanState
+                from energon_platform.loader.balance.plans import PlanState
 
                 self._replay = replace(planner, start=PlanState(), _cache=OrderedDict())
             planner = self._replay
@@ -201,7 +201,7 @@ class Tracer:
         """``(dataset, epoch, index, rank, micro_batch, row, room)`` of every sample of a planned
         global batch, in rank, micro-batch, row order (``room``: a packed row's stand-ins must be
         at most this long, as the loader requires; None unpacked)."""
-        from energon_platform.loader.planner import deal_plan
+        from energon_platform.loader.balance.dealing import deal_plan
 
         run, planner = self.plan, self.plan.planner
         plan = self.batch_plan(batch)
@@ -398,7 +398,7 @@ class Tracer:
         the plans from the one that read it (a position read by batch ``b`` is placed in ``b`` or a
         later plan: the planner's wait is bounded) until it is placed: one replay of the planner
         through ``steps``, each plan checked with a set lookup."""
-        from energon_platform.loader.planner import deal_plan
+        from energon_platform.loader.balance.dealing import deal_plan
 
         run, planner = self.plan, self.plan.planner
         streams = {i: stream_uses(self.schedule, dataset, i) for i in indices}

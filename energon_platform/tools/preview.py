@@ -498,7 +498,7 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     ``FileNotFoundError`` naming ``target`` when it does not exist, checked first, then the format.
     Returns ``{"path", "width", "height", "documents", "undrawn"}``; ``undrawn``: the batch fields
     the sheet has no drawer for (:func:`undrawn_fields`; the CLI says them on stderr)."""
-    from energon_platform.loader.planner import PlanError
+    from energon_platform.loader.balance.plans import PlanError
     from energon_platform.loader.train_loader import TrainLoader
     from task_encoders.config import ConfigError
 

@@ -23,7 +23,7 @@ part of the predicted time over the timed micro-batches; ``overhead_share`` the 
 ``encoder_digest`` (`encoder_digest`), ``micro_batches``, ``repeats`` and ``rows`` (each
 timed micro-batch: features, measured and predicted seconds, held back or not).
 `load_cost_model` reads it back as a `CostModel` for the encoder it was made for
-(both live in `energon_platform.loader.batching.cost_file`: ``loader.balance: measured``
+(both live in `energon_platform.loader.balance.cost_file`: ``loader.balance: measured``
 plans with them).
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from energon_platform.loader.batching.cost_file import (
+from energon_platform.loader.balance.cost_file import (
     FORMAT_VERSION,
     CostFileError,
     CostModel,

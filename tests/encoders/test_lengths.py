@@ -382,8 +382,8 @@ def test_the_loaders_feature_lookup_derives_a_samples_lengths_once(
     and the work equals ``sample_features`` asked alone. It ran three times per lookup before."""
     import importlib
 
-    from energon_platform.loader.batching.costs import feature_work
-    from energon_platform.loader.lengths import SampleLengths
+    from energon_platform.loader.balance.costs import feature_work
+    from energon_platform.loader.balance.lengths import SampleLengths
     from energon_platform.loader.light_sample import light_sample
     from energon_platform.loader.source import SampleSource
     from task_encoders.features import FEATURES
@@ -412,7 +412,7 @@ def test_an_encoder_written_without_lengths_is_still_asked():
     ``sample_features(facts, key, epoch)``, written before ``lengths`` was added, keep working:
     `with_lengths` sees the signature and calls them without it, in the encoder and in the
     loader's lookup (`feature_work`)."""
-    from energon_platform.loader.batching.costs import feature_work
+    from energon_platform.loader.balance.costs import feature_work
     from task_encoders.documents import DocumentTaskEncoder
     from task_encoders.features import FEATURES, features
 

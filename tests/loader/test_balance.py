@@ -16,14 +16,16 @@ import json
 import numpy as np
 import pytest
 
-from energon_platform.loader.packer import (
+from energon_platform.loader.balance.dealing import deal_plan, rank_costs
+from energon_platform.loader.balance.packer import (
     deal,
     fill_budget,
     pack_led_rows,
     pack_rows,
     sample_cost,
 )
-from energon_platform.loader.planner import Planner, PlanState, deal_plan, rank_costs
+from energon_platform.loader.balance.planner import Planner
+from energon_platform.loader.balance.plans import PlanState
 
 
 def _lognormal_lengths(n: int, cap: int, seed: int = 0) -> np.ndarray:
@@ -293,7 +295,7 @@ def test_every_sample_of_a_dataset_once_per_epoch_including_carried(three_packed
 def test_stats_state_the_bound_beside_the_rank_cost(three_packed):
     """Every balanced step's stats carry the least max/mean any dealing of its rows reaches, at
     most its own; a batch whose costliest row exceeds a rank's fair share says so."""
-    from energon_platform.loader.planner import outlier_anchored
+    from energon_platform.loader.balance.dealing import outlier_anchored
     from energon_platform.loader.train_loader import TrainLoader
 
     mds, cache = three_packed
@@ -309,7 +311,7 @@ def test_stats_state_the_bound_beside_the_rank_cost(three_packed):
 def test_lengths_used_equal_encoded_lengths_through_the_loader(three_packed):
     """The planner's row lengths are the encoder's: a row's real tokens equal the planned sum."""
     mds, cache = three_packed
-    from energon_platform.loader.planner import deal_plan
+    from energon_platform.loader.balance.dealing import deal_plan
     from energon_platform.loader.train_loader import TrainLoader
 
     loader = TrainLoader(_config(mds, cache), num_workers=0)
@@ -360,7 +362,7 @@ def test_weights_changed_at_resume_continue_from_the_saved_position(three_packed
 def test_restore_far_into_a_run_costs_what_a_start_does(three_packed):
     """O(1) restore: planning the next batch from a saved state reads only the pool's lengths."""
     mds, cache = three_packed
-    from energon_platform.loader.planner import PlanState
+    from energon_platform.loader.balance.plans import PlanState
     from energon_platform.loader.train_loader import TrainLoader
 
     loader = TrainLoader(_config(mds, cache), num_workers=0)
@@ -497,7 +499,7 @@ def test_unpacked_batches_of_like_cost_every_sample_once_and_bounded_wait():
         ratios.append(max(costs) / np.mean(costs))
     state = planner.state_at(300)
     assert sorted(list(seen) + list(state.carried)) == list(range(state.position))
-    from energon_platform.loader.planner import BUCKET_POOL
+    from energon_platform.loader.balance.planner import BUCKET_POOL
 
     pool = BUCKET_POOL * 16
     read_at = {p: 0 if p < pool else (p - pool) // 16 + 1 for p in seen}

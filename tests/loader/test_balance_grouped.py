@@ -18,16 +18,11 @@ import json
 import numpy as np
 import pytest
 
-from energon_platform.loader.batching.cost_file import CostModel
-from energon_platform.loader.batching.costs import SampleCost
-from energon_platform.loader.packer import deal, deal_shapes
-from energon_platform.loader.planner import (
-    BatchPlan,
-    MicroBatchCost,
-    PlanState,
-    deal_plan,
-    rank_costs,
-)
+from energon_platform.loader.balance.cost_file import CostModel
+from energon_platform.loader.balance.costs import SampleCost
+from energon_platform.loader.balance.dealing import deal_plan, rank_costs
+from energon_platform.loader.balance.packer import deal, deal_shapes
+from energon_platform.loader.balance.plans import BatchPlan, MicroBatchCost, PlanState
 from task_encoders.features import (
     EMPTY,
     FEATURES,
@@ -203,7 +198,7 @@ def test_a_grouped_global_batch_takes_samples_that_run_the_oldest_ones_towers(mo
     images here) and every micro-batch costs the same; no sample is placed twice (the planner's
     property checks with this rule: `test_grouped_plans_never_repeat_or_drop_a_sample_and_resume_exactly`).
     Without the rule (patched out) the same stream deals batches 30% apart."""
-    from energon_platform.loader.planner import Planner
+    from energon_platform.loader.balance.planner import Planner
 
     cost = SampleCost("measured", None, 0.0, "run.yaml", _grouped())
 
@@ -230,7 +225,7 @@ def test_a_grouped_global_batch_takes_samples_that_run_the_oldest_ones_towers(mo
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_grouped_plans_never_repeat_or_drop_a_sample_and_resume_exactly(seed, accumulation):
-    from energon_platform.loader.planner import PlanError
+    from energon_platform.loader.balance.plans import PlanError
 
     case = MeasuredCase(seed, "unpacked")
     cost = SampleCost("measured", None, 0.0, "run.yaml", _grouped())
@@ -307,7 +302,7 @@ def _file(tmp_path, encoder, **changes):
 
 
 def test_a_version_2_cost_file_loads_grouped_with_its_row_width(tmp_path, encoder):
-    from energon_platform.loader.batching.cost_file import load_cost_model
+    from energon_platform.loader.balance.cost_file import load_cost_model
 
     model = load_cost_model(_file(tmp_path, encoder), encoder)
     assert model.grouped and model.row_width == LONGEST and model.coefficients == CALLS
@@ -327,7 +322,7 @@ def test_a_version_2_cost_file_loads_grouped_with_its_row_width(tmp_path, encode
     ],
 )
 def test_a_bad_version_2_cost_file_is_one_line_naming_the_field(tmp_path, encoder, changes, field):
-    from energon_platform.loader.batching.cost_file import CostFileError, load_cost_model
+    from energon_platform.loader.balance.cost_file import CostFileError, load_cost_model
 
     path = _file(tmp_path, encoder, **changes)
     with pytest.raises(CostFileError, match=field) as e:
@@ -336,7 +331,7 @@ def test_a_bad_version_2_cost_file_is_one_line_naming_the_field(tmp_path, encode
 
 
 def test_a_saved_history_of_both_versions_continues_and_a_bad_row_width_is_refused():
-    from energon_platform.loader.batching.cost_history import CostEntry, CostHistory
+    from energon_platform.loader.balance.cost_history import CostEntry, CostHistory
     from energon_platform.loader.state import StateMismatchError
 
     v1 = CostModel({n: CALLS[n] for n in FEATURES}, "m", "e")

@@ -17,9 +17,11 @@ import json
 import numpy as np
 import pytest
 
-from energon_platform.loader.batching.cost_file import CostModel
-from energon_platform.loader.batching.costs import SampleCost
-from energon_platform.loader.planner import Planner, PlanState, deal_plan, rank_costs
+from energon_platform.loader.balance.cost_file import CostModel
+from energon_platform.loader.balance.costs import SampleCost
+from energon_platform.loader.balance.dealing import deal_plan, rank_costs
+from energon_platform.loader.balance.planner import Planner
+from energon_platform.loader.balance.plans import PlanState
 from task_encoders.features import FEATURES, MICRO_BATCH_FEATURES, MODULES, features
 from tests.loader.test_plan_no_repeats import BATCHES, CAP, Case, _check, _plans
 
@@ -67,7 +69,7 @@ class MeasuredCase(Case):
     "seed,mode", [(s, m) for m in ("unpacked", "packed", "budget") for s in range(8)]
 )
 def test_measured_plans_never_repeat_or_drop_a_sample_and_resume_exactly(seed, mode):
-    from energon_platform.loader.planner import PlanError
+    from energon_platform.loader.balance.plans import PlanError
 
     case = MeasuredCase(seed, mode)
     straight = case.planner()

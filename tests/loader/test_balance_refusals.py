@@ -15,7 +15,8 @@ import math
 import pytest
 import torch
 
-from energon_platform.loader.planner import PlanError, Planner
+from energon_platform.loader.balance.planner import Planner
+from energon_platform.loader.balance.plans import PlanError
 from scripts.bench_data import coco_dataset
 from storage import DatasetError
 from task_encoders.config import ConfigError
@@ -80,7 +81,7 @@ def test_pool_bounds_are_refused_at_load(coco, key, value):
 
 @pytest.mark.parametrize("cost", [math.nan, math.inf, -1.0, "12", None])
 def test_a_cost_that_is_not_a_finite_number_is_refused_naming_the_encoder(coco, cost):
-    from energon_platform.loader.batching.costs import SampleCost
+    from energon_platform.loader.balance.costs import SampleCost
 
     loader = _loader(coco, balance="tokens")
     encoder_cost = SampleCost("encoder", loader.encoder, loader.batching.linear, "run.yaml")
@@ -125,7 +126,7 @@ def test_an_encoders_cost_is_asked_again_when_its_balance_cost_is_replaced():
     ``balance_cost`` gives its own cost at the next call."""
     from types import SimpleNamespace
 
-    from energon_platform.loader.batching.costs import SampleCost
+    from energon_platform.loader.balance.costs import SampleCost
 
     encoder = SimpleNamespace(balance_cost=lambda length: 2.0 * length)
     cost = SampleCost("encoder", encoder, 0.0, "run.yaml")

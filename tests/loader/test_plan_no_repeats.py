@@ -23,19 +23,13 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
+from energon_platform.loader.balance.dealing import deal_plan, plan_bound, rank_costs
+from energon_platform.loader.balance.packer import sample_cost
+from energon_platform.loader.balance.planner import Planner, check_distinct
+from energon_platform.loader.balance.plans import PlanError, PlanState
 from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.orders import DatasetOrder
-from energon_platform.loader.packer import sample_cost
 from energon_platform.loader.permutation import derive_key
-from energon_platform.loader.planner import (
-    PlanError,
-    Planner,
-    PlanState,
-    check_distinct,
-    deal_plan,
-    plan_bound,
-    rank_costs,
-)
 from energon_platform.loader.schedule import Schedule
 
 CAP = 64  #: packed row length
@@ -294,8 +288,8 @@ def test_the_deal_bound_is_a_lower_bound_and_exact_for_two_per_rank():
     import itertools
     import random
 
-    from energon_platform.loader.packer import deal
-    from energon_platform.loader.planner import deal_bound
+    from energon_platform.loader.balance.dealing import deal_bound
+    from energon_platform.loader.balance.packer import deal
 
     rng = random.Random(0)
     for _ in range(200):

@@ -156,7 +156,7 @@ def test_a_state_of_the_previous_planner_resumes_with_this_one(coco, caplog):
 
 
 def test_an_encoder_stating_more_facts_than_its_index_holds_gets_its_own_index(coco):
-    from energon_platform.loader.lengths import index_folder
+    from energon_platform.loader.balance.lengths import index_folder
 
     base, data = coco
     loader = _loader(data, str(VLM), base / "width_cache")

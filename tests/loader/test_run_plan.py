@@ -95,8 +95,8 @@ def test_a_resumed_plan_saves_the_same_bytes(coco, name):
 
 
 def test_every_balance_mode_has_a_batching_mode_and_every_planned_one_a_cost_model():
+    from energon_platform.config import BALANCE_MODES
     from energon_platform.loader.batching import BATCHING, COST_MODELS, PlannedBatching
-    from energon_platform.loader.packer import BALANCE_MODES
 
     assert set(BATCHING) == set(BALANCE_MODES)
     planned = {mode for mode, cls in BATCHING.items() if cls is PlannedBatching}

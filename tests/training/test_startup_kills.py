@@ -21,7 +21,7 @@ import psutil
 import pytest
 import yaml
 
-from energon_platform.loader.lengths import CHUNK
+from energon_platform.loader.balance.lengths import CHUNK
 from energon_platform.training.resume_check import (
     RunSpec,
     launch,
@@ -241,7 +241,7 @@ def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
     script = tmp_path / "slow_build.py"
     script.write_text(
         "import os, sys, time, types\n"
-        "from energon_platform.loader import lengths, light_sample\n"
+        "from energon_platform.loader import light_sample\nfrom energon_platform.loader.balance import lengths\n"
         "light_sample.light_sample = lambda source, i: types.SimpleNamespace(__key__=str(i))\n"
         "class Slow:\n"
         "    facts_width = 1\n"

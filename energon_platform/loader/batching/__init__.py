@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from energon_platform.loader.batching.costs import COST_MODELS
-from energon_platform.loader.batching.planned import PlannedBatching
+from energon_platform.loader.balance.costs import COST_MODELS
+from energon_platform.loader.balance.planned import PlannedBatching
 from energon_platform.loader.batching.stream import StreamBatching
 
 

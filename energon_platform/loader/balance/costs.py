@@ -16,7 +16,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from energon_platform.loader.packer import sample_cost
+from energon_platform.loader.balance.packer import sample_cost
 from task_encoders.features import EMPTY, FEATURES, with_lengths
 
 

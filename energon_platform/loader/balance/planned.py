@@ -17,19 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from energon_platform.loader.batching.cost_history import CostEntry, CostHistory
-from energon_platform.loader.batching.costs import WORK, SampleCost, feature_work
-from energon_platform.loader.fingerprint import encoder_digest
-from energon_platform.loader.planner import (
-    PLANNER_VERSION,
-    PREVIOUS_PLANNER_VERSIONS,
-    Planner,
-    PlanState,
+from energon_platform.loader.balance.cost_history import CostEntry, CostHistory
+from energon_platform.loader.balance.costs import WORK, SampleCost, feature_work
+from energon_platform.loader.balance.dealing import (
     deal_plan,
     outlier_anchored,
     plan_bound,
     rank_costs,
 )
+from energon_platform.loader.balance.planner import (
+    PLANNER_VERSION,
+    PREVIOUS_PLANNER_VERSIONS,
+    Planner,
+)
+from energon_platform.loader.balance.plans import PlanState
+from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.state import StateMismatchError
 
 log = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ class PlannedBatching:
     def start(self, schedule: Any, plan_state: PlanState | None = None) -> None:
         """(Re)build the planner over ``schedule``, continuing from ``plan_state`` (None: where the
         current planner starts, or the start of the run)."""
-        from energon_platform.loader.lengths import SampleLengths
+        from energon_platform.loader.balance.lengths import SampleLengths
 
         if plan_state is None:
             plan_state = self.planner.start if self.planner is not None else PlanState()
@@ -345,7 +347,7 @@ def _cost_model(cfg: Any, encoder: Any) -> Any:
     path = cfg.loader.balance.cost_model
     if cfg.loader.balance.mode != "measured" or path is None:
         return None
-    from energon_platform.loader.batching.cost_file import load_cost_model
+    from energon_platform.loader.balance.cost_file import load_cost_model
 
     return load_cost_model(path, encoder)
 
@@ -393,7 +395,7 @@ def _check(cfg: Any, encoder: Any, packed: bool) -> None:
 
 def _length_indexes(cfg: Any, encoder: Any, datasets: Any, workers: int) -> list:
     """Each dataset's `LengthIndex` (built if missing)."""
-    from energon_platform.loader.lengths import open_length_index
+    from energon_platform.loader.balance.lengths import open_length_index
 
     digest = encoder_digest(encoder)
     cache = Path(cfg.loader.length_cache) if cfg.loader.length_cache else None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from energon_platform.loader.batching.cost_file import (
+from energon_platform.loader.balance.cost_file import (
     CostModel,
     coefficient_ok,
     names_of,

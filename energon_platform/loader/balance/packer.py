@@ -24,8 +24,6 @@ from typing import Any
 
 import numpy as np
 
-BALANCE_MODES = ("none", "tokens", "attention", "encoder", "measured")
-
 
 def sample_cost(work_length: int, mode: str, linear: float) -> float:
     """Cost of one document of ``work_length`` positions under ``mode`` (not ``encoder``/``none``)."""

@@ -37,15 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from energon_platform.loader.balance.packer import fill_budget, pack_led_rows, pack_rows
+from energon_platform.loader.balance.plans import BatchPlan, MicroBatchCost, PlanError, PlanState
+from energon_platform.loader.balance.pool import Pool
 from energon_platform.loader.blend import integer_counts
-from energon_platform.loader.packer import (
-    deal,
-    deal_shapes,
-    fill_budget,
-    pack_led_rows,
-    pack_rows,
-)
-from storage import DatasetError
 from task_encoders.features import towers
 
 #: The planner's version in the fingerprint (``balance.planner``): what its plans are a function of.
@@ -66,67 +61,6 @@ STRADDLE_PADDING = 0.05
 FENCED_PART = 8
 #: The planner remembers the copies and lengths of this many windows of positions (`Planner.lookup`)
 REMEMBERED = 4
-
-
-@dataclass(frozen=True)
-class PlanState:
-    """Where planning of global batch ``batch`` starts: the next unread stream ``position`` and
-    the ``carried`` stream positions (read earlier, not yet placed), in stream order."""
-
-    batch: int = 0
-    position: int = 0
-    carried: tuple[int, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"batch": self.batch, "position": self.position, "carried": list(self.carried)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> PlanState:
-        return cls(
-            int(data["batch"]), int(data["position"]), tuple(int(p) for p in data["carried"])
-        )
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """One global batch: ``items`` (rows: lists of stream positions; unpacked: one position each),
-    their ``costs`` and ``positions`` used (row positions), and the state after it."""
-
-    items: list[list[int]]
-    costs: list[float]
-    used: list[int]
-    next_state: PlanState
-    capacity: int = 0  #: positions per row (packed), 0 unpacked
-    #: how a micro-batch of these items costs as a whole (unpacked ``measured`` with a grouped
-    #: cost model); None: a micro-batch costs the sum of its items' ``costs``
-    grouped: MicroBatchCost | None = None
-
-    @property
-    def padding(self) -> float:
-        """Fraction of the rows' positions left empty (0 unpacked)."""
-        return 1.0 - sum(self.used) / (len(self.items) * self.capacity) if self.capacity else 0.0
-
-
-@dataclass(frozen=True)
-class MicroBatchCost:
-    """A micro-batch of a plan's items costed as a whole: ``works``, each item's work (its
-    features), grown from ``empty`` into a shape (``empty.grow(work)``) that ``cost(shape)``
-    prices (`CostModel.shape_cost`)."""
-
-    works: list
-    empty: Any
-    cost: Any
-
-    def shape(self, items: Sequence[int]) -> Any:
-        """The shape of a micro-batch of these item indices."""
-        shape = self.empty
-        for i in items:
-            shape = shape.grow(self.works[i])
-        return shape
-
-    def of(self, items: Sequence[int]) -> float:
-        """The cost of a micro-batch of these item indices."""
-        return self.cost(self.shape(items))
 
 
 @dataclass
@@ -165,12 +99,17 @@ class Planner:
         of = getattr(self.lengths, "copies", None)
         return of(positions) if of is not None else [(0, 0, p) for p in positions]
 
-    def lookup(self, positions: list[int]) -> tuple[list, list]:
+    def lookup(self, positions: list[int], ahead: int = 0) -> tuple[list, list]:
         """`copies` and `lengths` of ``positions``, remembered: a pool is rebuilt from its
         carried positions for every global batch (the last ``REMEMBERED x window`` positions
-        looked up are kept, least recently looked up forgotten first)."""
+        looked up are kept, least recently looked up forgotten first). ``ahead``: also look up
+        that many positions after the last one, in the same call (the stream is read in order;
+        one schedule lookup of many positions costs about what one of a few does)."""
         known = self._known
         missing = [p for p in positions if p not in known]
+        if missing and ahead:
+            end = max(positions) + 1
+            missing += [p for p in range(end, end + ahead) if p not in known]
         if missing:
             copies = self.copies(missing)
             of = getattr(self.lengths, "of_copies", None)  # the lengths without a second lookup
@@ -359,10 +298,11 @@ class Planner:
         order = [pool.positions[i] for i in live]
         lengths = [pool.lengths[i][0] for i in live]
         if self.led:
-            # a closed pool (no more live documents come in before a boundary) is packed longest
-            # first: its long documents lead, its short ones fill (else rows around a short oldest
-            # one are left empty, and the long ones wait for the straddle)
-            closed = pool.closed and not pool.forced
+            # a closed pool (no more live documents come in before a boundary) short of the
+            # look-ahead is packed longest first: its long documents lead, its short ones fill
+            # (else rows around a short oldest one are left empty, and the long ones wait for the
+            # straddle); a closed pool that still holds the look-ahead is led as any other
+            closed = pool.closed and not pool.forced and sum(lengths) < target
             rows_, _ = pack_led_rows(
                 lengths,
                 [costs[i] for i in live],
@@ -435,15 +375,6 @@ class Planner:
         )
 
 
-class PlanError(DatasetError):
-    """A global batch cannot be made without putting one sample in it twice (one line).
-    ``smallest``: the samples of the dataset too small for its share, where one is known."""
-
-    def __init__(self, message: str, smallest: int | None = None):
-        super().__init__(message)
-        self.smallest = smallest
-
-
 def check_distinct(
     blend: Any, sizes: Sequence[int], names: Sequence[str], units_per_batch: int, unit: int = 1
 ) -> None:
@@ -464,239 +395,3 @@ def check_distinct(
                     f"some of them; lower its weight or the global batch size",
                     smallest=size,
                 )
-
-
-class Pool:
-    """The samples a global batch is planned from: the carried stream positions, then positions
-    read from the stream, in stream order (index ``i`` in `positions`).
-
-    **Epochs are permutations, per dataset.** A dataset's *open* epoch is the least epoch of its
-    pending copies (the first one in stream order). Only copies of the open epoch are `live`
-    (may be placed); a copy of a later epoch is *fenced* (carried unplaced) until every copy of
-    the open epoch is placed. Reading goes on past a fence (other datasets' samples are live) until
-    ``fence_cap`` fenced positions are pending. When too few samples are live for one global batch,
-    `open` lets each fenced dataset's next epoch in for this one batch and *forces* every pending
-    copy of its open epoch into it (`forced`): at most one global batch straddles a boundary, and
-    there no sample twice (only the first pending copy of a sample is live)."""
-
-    def __init__(self, planner: Planner, state: PlanState, fence_cap: int):
-        self.planner = planner
-        self.positions: list[int] = list(state.carried)
-        self.copies, self.lengths = planner.lookup(self.positions)
-        self.position = state.position  #: the next unread stream position
-        self.carried = len(state.carried)
-        self.fence_cap = fence_cap
-        self.first = (
-            0  #: after `prioritised`: how many of its indices come first (forced or carried)
-        )
-        self.opened: set[int] = set()  #: datasets whose next epoch `open` let in
-        self.forced: list[
-            int
-        ] = []  #: after `open`: the pending copies of the opened datasets' open epochs
-        self._classify()
-
-    def _classify(self) -> None:
-        self.live: list[int] = []
-        self.fenced = 0  #: pending positions of a later epoch than their dataset's open one
-        self._epoch: dict[int, int] = {}  # dataset -> its open epoch
-        self._first: set = set()  # identities with a live copy
-        self._fence: dict[int, int] = {}  # dataset -> stream position of its first fenced copy
-        self._sort(range(len(self.positions)))
-
-    def _sort(self, indices) -> None:
-        for i in indices:
-            d, e, index = self.copies[i]
-            open_ = self._epoch.setdefault(d, e)
-            if e > open_ + (d in self.opened) or (d, index) in self._first:
-                self.fenced += 1
-                self._fence.setdefault(d, self.positions[i])
-            else:
-                self._first.add((d, index))
-                self.live.append(i)
-
-    @property
-    def waiting(self) -> int:
-        """Pending positions that are not live (fenced: a later epoch, or a later copy)."""
-        return len(self.positions) - len(self.live)
-
-    @property
-    def starved(self) -> bool:
-        """The pool could not grow as asked: its window is full (of fenced copies, often)."""
-        return len(self.positions) >= self.planner.window
-
-    @property
-    def blocked(self) -> bool:
-        """No more live samples can be read (the window, or fenced copies, are full)."""
-        return self.starved or self.fenced >= self.fence_cap
-
-    @property
-    def closed(self) -> bool:
-        """Fenced copies stop the pool growing (their cap, or the window full with some of them):
-        until a boundary is crossed, the live samples are all there will be."""
-        return self.fenced >= self.fence_cap or (self.starved and self.fenced > 0)
-
-    def read(self, target: float, measure=None, minimum: int = 0, limit: int | None = None) -> int:
-        """Read stream positions until the live samples' ``measure`` (of a pool index; None:
-        their count, and no more positions are read than the count still needs) sums to
-        ``target`` and at least ``minimum`` are live, or the pool holds ``limit`` (default: the
-        window) positions, or ``fence_cap`` fenced ones; returns the number of live samples."""
-        limit = self.planner.window if limit is None else min(limit, self.planner.window)
-        count = measure is None
-        measure = measure or (lambda i: 1)
-        total = sum(measure(i) for i in self.live)
-        while (
-            (total < target or len(self.live) < minimum)
-            and len(self.positions) < limit
-            and self.fenced < self.fence_cap
-        ):
-            step = min(limit - len(self.positions), 64)
-            if count:
-                step = min(step, max(target - total, minimum - len(self.live)))
-            new = list(range(self.position, self.position + max(1, int(step))))
-            start, before = len(self.positions), len(self.live)
-            self.positions += new
-            copies, lengths = self.planner.lookup(new)
-            self.copies += copies
-            self.lengths += lengths
-            self.position += len(new)
-            self._sort(range(start, len(self.positions)))
-            total += sum(measure(i) for i in self.live[before:])
-        return len(self.live)
-
-    def closing(self) -> list[int]:
-        """Live copies, oldest first, of the datasets with fenced copies (their open epoch is all
-        read): what `open` forces."""
-        fenced = {d for d, e, _ in self.copies if e > self._epoch[d]}
-        return [i for i in self.live if self.copies[i][0] in fenced]
-
-    def open(self) -> bool:
-        """Let each dataset with fenced copies (its open epoch is all read) into its next epoch,
-        for this global batch, and force every live copy of those datasets' open epochs into it
-        (`forced`, oldest first); the caller reads on. False (nothing changes) when no dataset is
-        fenced. Called when the open epochs cannot make the batch: the forced copies fit it."""
-        fenced = {d for d, e, _ in self.copies if e > self._epoch[d]}
-        if not fenced or self.opened:
-            return False
-        self.forced = self.closing()
-        self.opened = fenced
-        self._classify()
-        return True
-
-    def overdue(self, position: int) -> list[int]:
-        """Live copies, oldest first, of the datasets whose next epoch began in the stream before
-        ``position`` (the global batch's own first stream position): their epoch is late, and
-        each copy of it holds a later copy back."""
-        late = {d for d, p in self._fence.items() if p < position}
-        return [i for i in self.live if self.copies[i][0] in late] if late else []
-
-    def reach(self, target: float, measure) -> int:
-        """How many live samples, oldest first, ``measure`` needs to sum to ``target`` (all if fewer)."""
-        total = 0.0
-        for k, i in enumerate(self.live):
-            total += measure(i)
-            if total >= target:
-                return k + 1
-        return len(self.live)
-
-    def require(self, count: int, batch: int, what: str) -> None:
-        """`open` and read on when fewer than ``count`` samples are live, then `PlanError` unless
-        at least ``count`` are."""
-        if len(self.live) < count and self.open():
-            self.read(0, minimum=count)
-        if len(self.live) < count:
-            raise PlanError(
-                f"global batch {batch} needs {count} distinct {what}, but only {len(self.live)} are "
-                f"within loader.balance.window={self.planner.window} stream positions without repeating "
-                f"one ({self.waiting} later copies wait): a dataset is too small for its share of the "
-                f"global batch; lower its weight or the global batch size, or raise balance.window"
-            )
-
-    def prioritised(self, state: PlanState) -> list[int]:
-        """Live indices with the forced and carried ones first (see `first`), oldest first within
-        each (forced before carried)."""
-        forced = set(self.forced)
-        front = self.forced + [i for i in self.live if i < self.carried and i not in forced]
-        self.first = len(front)
-        chosen = set(front)
-        return front + [i for i in self.live if i not in chosen]
-
-
-def deal_plan(
-    plan: BatchPlan, world_size: int, accumulation: int, fixed: bool
-) -> list[list[list[int]]]:
-    """``[rank][micro-batch]`` → indices into ``plan.items``. ``fixed``: every rank and micro-batch
-    gets the same number of items (rows); else counts vary and costs are balanced. A `grouped`
-    plan (fixed counts) is dealt to all ``world_size x accumulation`` micro-batches at once, each
-    costed as a whole (`deal_shapes`), and the micro-batches to ranks by their cost (`deal`)."""
-    n = len(plan.items)
-    order = [item[0] for item in plan.items]
-    if plan.grouped is not None and fixed:
-        return _deal_grouped(plan, order, world_size, accumulation)
-    ranks = deal(plan.costs, order, world_size, n // world_size if fixed else None)
-    out = []
-    for share in ranks:
-        micro = deal(
-            [plan.costs[i] for i in share],
-            [order[i] for i in share],
-            accumulation,
-            len(share) // accumulation if fixed else None,
-        )
-        out.append([[share[i] for i in m] for m in micro])
-    return out
-
-
-def _deal_grouped(
-    plan: BatchPlan, order: list[int], world_size: int, accumulation: int
-) -> list[list[list[int]]]:
-    """`deal_plan` of a grouped plan: micro-batches by `deal_shapes`, ranks by `deal` of them."""
-    g = plan.grouped
-    slots = world_size * accumulation
-    micro = deal_shapes(g.works, order, slots, len(plan.items) // slots, g.empty, g.cost)
-    first = [order[m[0]] for m in micro]
-    ranks = deal([g.of(m) for m in micro], first, world_size, accumulation)
-    return [[micro[k] for k in share] for share in ranks]
-
-
-def rank_costs(plan: BatchPlan, dealt: list[list[list[int]]]) -> list[float]:
-    """Each rank's cost under ``dealt``: the sum of its items' costs, or of its micro-batches'
-    (a `grouped` plan)."""
-    if plan.grouped is not None:
-        return [sum(plan.grouped.of(m) for m in rank if m) for rank in dealt]
-    return [sum(plan.costs[i] for m in rank for i in m) for rank in dealt]
-
-
-def deal_bound(costs: Sequence[float], world_size: int, fixed: bool) -> float:
-    """A lower bound of max/mean over ranks of any dealing of items of these ``costs`` to
-    ``world_size`` ranks. Free counts: the costliest item. Fixed counts (``k`` items per rank):
-    by pigeonhole, some rank holds ``m`` of the ``(m - 1) x world_size + 1`` costliest items, at
-    least the ``m`` cheapest of them, and ``k - m`` more, at least the cheapest others, for each
-    ``m`` in 1..k; with ``k = 2`` the exact least (the costliest paired with the cheapest, the
-    second with the second cheapest, ...: no pairing does better)."""
-    mean = sum(costs) / world_size
-    if not mean:
-        return 1.0
-    if not fixed:
-        return max(1.0, max(costs) / mean)
-    c = sorted(costs, reverse=True)
-    k = len(c) // world_size
-    if k == 2:
-        return max(1.0, max(c[i] + c[-1 - i] for i in range(world_size)) / mean)
-    top = 0.0
-    for m in range(1, k + 1):
-        last = (m - 1) * world_size  # the (last + 1) costliest items: indices 0..last
-        held = sum(c[last - m + 1 : last + 1])
-        top = max(top, held + sum(c[len(c) - (k - m) :]) if k > m else held)
-    return max(1.0, top / mean)
-
-
-def plan_bound(plan: BatchPlan, world_size: int, fixed: bool) -> float | None:
-    """`deal_bound` of the plan's items: no dealing of this global batch to ``world_size`` ranks
-    does better. None for a `grouped` plan (a micro-batch's cost is not the sum of its items')."""
-    if plan.grouped is not None:
-        return None
-    return deal_bound(plan.costs, world_size, fixed)
-
-
-def outlier_anchored(plan: BatchPlan, world_size: int) -> bool:
-    """One item costs more than a rank's fair share of the batch: no dealing reaches 1.0."""
-    return max(plan.costs) * world_size > sum(plan.costs)
