@@ -251,7 +251,8 @@ def sizes_targets(results: list[dict]) -> list[dict]:
                     {"target": f"{ranks} ranks {layout} attention, N >= 10g: p90 max/mean <= {limit}",
                      "value": worst[key], "met": worst[key] <= limit,
                      "worst": f"{worst['kind']} N={worst['n']}, "
-                              f"{worst['outlier_anchored_steps']} steps outlier-anchored"}
+                              f"{worst['outlier_anchored_steps']} steps outlier-anchored",
+                     "why": _why(worst)}
                 )  # fmt: skip
         over = max(mine, key=lambda r: r["over_bound_p90"])
         out.append(
@@ -260,14 +261,36 @@ def sizes_targets(results: list[dict]) -> list[dict]:
              "worst": f"{over['layout']} {over['cost']} {over['kind']} N={over['n']}"}
         )  # fmt: skip
         if ranks * mine[0]["per_rank"] >= 64:
-            ms = max(r["planner_ms_per_64_rows"] for r in mine)
+            slow = max(mine, key=lambda r: r["planner_ms_per_64_rows"])
+            ms = slow["planner_ms_per_64_rows"]
             out.append({"target": f"{ranks} ranks: planning ms per 64 rows <= {TARGET_MS:g}",
-                        "value": ms, "met": ms <= TARGET_MS})  # fmt: skip
+                        "value": ms, "met": ms <= TARGET_MS,
+                        "worst": f"{slow['layout']} {slow['cost']} {slow['kind']} N={slow['n']}",
+                        "why": "the slowest case is packed with the measured cost on a blend: each "
+                        "global batch reads about a thousand new documents, and the pool of the "
+                        "window's carried positions is sorted and costed again in Python"})  # fmt: skip
     for what in ("twice_in_a_batch", "early"):
         total = sum(r[what] for r in results)
         out.append({"target": f"samples {what.replace('_', ' ')}: 0", "value": float(total),
                     "met": total == 0})  # fmt: skip
     return out
+
+
+def _why(worst: dict) -> str:
+    """Why a balance target was missed by its worst case (its bound tells batch from dealing)."""
+    if worst["layout"] == "packed":
+        return (
+            f"{worst['kind']} N={worst['n']}: the batch's own bound is its p90 (the dealing is the best "
+            "possible). A small dataset's epoch is about one global batch of documents here, so "
+            "its closing epoch's longest document, left to the end, becomes the oldest and leads a "
+            "row alone beside rows of shorter leads"
+        )
+    return (
+        f"{worst['kind']} N={worst['n']}: an epoch is about ten global batches, cut into runs of like "
+        "cost; the costliest run holds the epoch's tail of a heavy-tailed length distribution, "
+        "so one batch in ten is uneven by its own samples (its bound); from N = 40g the p90 is "
+        "within the target"
+    )
 
 
 def report_sizes(section: dict, args) -> list[str]:

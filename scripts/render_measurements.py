@@ -552,11 +552,43 @@ def balance_rows(r: dict) -> list[Row]:
                         "max/mean of equal work (one rank's micro-batch timed for every rank)",
                         get(floor, "max_over_mean", "p90"), None, None)
                 )  # fmt: skip
+    rows += sizes_rows(r)
+    return rows
+
+
+def sizes_rows(r: dict) -> list[Row]:
+    """The ``sizes`` section: ours against today per dataset size, one dataset, unpacked
+    ``attention`` (every case is in All figures)."""
+    rows = []
+    for x in get(r, "sizes", "results") or []:
+        if (
+            x.get("kind") != "single"
+            or x.get("layout") != "unpacked"
+            or x.get("cost") != "attention"
+        ):
+            continue
+        rows.append(
+            Row(f"rank cost p90 max/mean, one dataset of N = {x.get('n')} samples, "
+                f"{x.get('ranks')} ranks × {x.get('per_rank')}, unpacked attention "
+                f"({x.get('outlier_anchored_steps')} steps outlier-anchored; bound "
+                f"{fmt(x.get('bound_p90'))}): ours vs today",
+                x.get("max_over_mean_p90"), x.get("none_p90"),
+                ratio(x.get("none_p90"), x.get("max_over_mean_p90")))
+        )  # fmt: skip
     return rows
 
 
 def balance_sentence(r: dict) -> str:
     s = r.get("settings") or {}
+    if s.get("sections") == ["sizes"]:
+        return (
+            "The planner on every dataset size: one dataset of N samples, and a large one blended "
+            "4:1 with it, for N from one global batch to ten times the window, packed and "
+            f"unpacked, `attention` and `measured`, {fmt(get(r, 'sizes', 'steps'))} global batches "
+            "each: the ranks' p90 max/mean beside the batches' lower bound, steps whose costliest "
+            "item exceeds a rank's share (outlier-anchored), samples twice in a batch or placed "
+            "before their previous epoch ended, and planning time."
+        )
     if s.get("sections") == ["llava"]:
         return (
             "How well `calibrate` predicts the time of megatron-core's own LLaVAModel (tiny, on the "

@@ -323,13 +323,13 @@ class MicroBatchMaker:
             for d, epoch, idx in item:
                 planned = self.planner.length_of(d, epoch, idx)
                 got = self._load_or_replace(
-                    c, d, epoch, idx, room=planned[0] if self.packing else None
+                    c, d, epoch, idx, room=planned.row if self.packing else None
                 )
                 for doc in got:
-                    if self.packing and self.encoder.encoded_length(doc)[0] > planned[0]:
+                    if self.packing and self.encoder.encoded_length(doc)[0] > planned.row:
                         raise RuntimeError(
                             f"micro-batch {c}: sample {getattr(doc, '__key__', idx)} encodes to "
-                            f"{self.encoder.encoded_length(doc)[0]} positions, its length index says {planned[0]}: "
+                            f"{self.encoder.encoded_length(doc)[0]} positions, its length index says {planned.row}: "
                             f"{type(self.encoder).__name__}.sample_length is not exact"
                         )
                 docs += got

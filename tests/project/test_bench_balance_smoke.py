@@ -16,7 +16,20 @@ SCRIPT = REPO / "scripts" / "bench_balance.py"
 def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--steps", "12", "--json", str(out)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--steps",
+            "12",
+            "--json",
+            str(out),
+            "--sections",
+            "balance",
+            "sizes",
+            "--sizes-steps",
+            "12",
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=120,
@@ -38,6 +51,13 @@ def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
             assert r["variants"]["energon"]["rows_per_rank_max"] == 2
     targets = data["balance"]["targets"]
     assert len(targets) == 6 and all(isinstance(t["met"], bool) for t in targets)
+    # the planner on every dataset size: each case planned, never a sample twice or early
+    sizes = data["sizes"]["results"]
+    assert len(sizes) == 2 * 2 * 8 * 2  # layouts x costs x sizes x single/blend (8 ranks)
+    for r in sizes:
+        assert r["twice_in_a_batch"] == 0 and r["early"] == 0, r
+        assert r["max_over_mean_p90"] >= r["bound_p90"] - 1e-9 >= 1 - 1e-9, r
+    assert "samples early: 0" in proc.stdout and "p90 na" in proc.stdout
 
 
 def test_bad_flag_value_is_a_one_line_user_error():

@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from energon_platform.loader.balance.packer import fill_budget, pack_led_rows, pack_rows
-from energon_platform.loader.balance.plans import BatchPlan, MicroBatchCost, PlanError, PlanState
+from energon_platform.loader.balance.plans import (
+    BatchPlan,
+    Copy,
+    Lengths,
+    MicroBatchCost,
+    PlanError,
+    PlanState,
+)
 from energon_platform.loader.balance.pool import Pool
 from energon_platform.loader.blend import integer_counts
 from task_encoders.features import towers
@@ -99,8 +106,8 @@ class Planner:
         of = getattr(self.lengths, "copies", None)
         return of(positions) if of is not None else [(0, 0, p) for p in positions]
 
-    def lookup(self, positions: list[int], ahead: int = 0) -> tuple[list, list]:
-        """`copies` and `lengths` of ``positions``, remembered: a pool is rebuilt from its
+    def lookup(self, positions: list[int], ahead: int = 0) -> tuple[list[Copy], list[Lengths]]:
+        """`copies` and `lengths` of ``positions`` (as `Copy` and `Lengths`), remembered: a pool is rebuilt from its
         carried positions for every global batch (the last ``REMEMBERED x window`` positions
         looked up are kept, least recently looked up forgotten first). ``ahead``: also look up
         that many positions after the last one, in the same call (the stream is read in order;
@@ -115,7 +122,7 @@ class Planner:
             of = getattr(self.lengths, "of_copies", None)  # the lengths without a second lookup
             lengths = of(copies) if of is not None else self.lengths(missing)
             for p, copy, length in zip(missing, copies, lengths):
-                known[p] = (copy, length)
+                known[p] = (Copy(*copy), Lengths(*length))
         found = [known[p] for p in positions]
         for p in positions:
             known.move_to_end(p)
@@ -127,9 +134,9 @@ class Planner:
         """``(dataset, index)`` of each stream position: the same sample in any epoch."""
         return [(d, i) for d, _, i in self.copies(positions)]
 
-    def length_of(self, dataset: int, epoch: int, index: int) -> tuple[int, int]:
-        """``(row_length, work_length)`` of one sample (see `SampleLengths`)."""
-        return self.lengths.length_of(dataset, epoch, index)
+    def length_of(self, dataset: int, epoch: int, index: int) -> Lengths:
+        """The `Lengths` of one sample (see `SampleLengths`)."""
+        return Lengths(*self.lengths.length_of(dataset, epoch, index))
 
     def restart(self, state: PlanState) -> None:
         """Continue from ``state`` (a restore): forget what was planned."""
@@ -216,8 +223,8 @@ class Planner:
         pool.require(g, state.batch, "samples")
         live = pool.live
         cost = self.cost_at(state.batch)
-        costs = {i: cost(pool.lengths[i][1]) for i in live}
-        like = {i: pool.lengths[i][0] for i in live} if self.like_lengths else costs
+        costs = {i: cost(pool.lengths[i].work) for i in live}
+        like = {i: pool.lengths[i].row for i in live} if self.like_lengths else costs
         grouped = getattr(cost, "grouped", None) if self.like_lengths else None
         late = pool.forced or pool.overdue(state.batch * g)
         if late:
@@ -242,7 +249,7 @@ class Planner:
                 taken = ranked[best : best + g]
         taken = sorted(taken)
         if grouped is not None:
-            grouped = MicroBatchCost([pool.lengths[i][1] for i in taken], *grouped)
+            grouped = MicroBatchCost([pool.lengths[i].work for i in taken], *grouped)
         return self._batch(state, pool, [[i] for i in taken], costs, grouped)
 
     @staticmethod
@@ -251,8 +258,8 @@ class Planner:
         least ``g`` of them; else all. Micro-batches costed as a whole pay each tower once: a
         batch of like-length samples with one image among texts gives one micro-batch the vision
         tower's call that none of the others pays, and no dealing can even that out."""
-        pattern = towers(pool.lengths[live[0]][1])
-        same = [i for i in live if towers(pool.lengths[i][1]) == pattern]
+        pattern = towers(pool.lengths[live[0]].work)
+        same = [i for i in live if towers(pool.lengths[i].work) == pattern]
         return same if len(same) >= g else live
 
     def _packed(self, state: PlanState, pool: Pool) -> BatchPlan:
@@ -272,8 +279,8 @@ class Planner:
         `Pool.open`) and whether every forced document is placed."""
         rows = self.items_per_batch
         target = self.fill * rows * self.capacity
-        pool.read(target, lambda i: pool.lengths[i][0], minimum=rows)
-        need = max(rows, pool.reach(target, lambda i: pool.lengths[i][0]))
+        pool.read(target, lambda i: pool.lengths[i].row, minimum=rows)
+        need = max(rows, pool.reach(target, lambda i: pool.lengths[i].row))
         # and enough short documents to fill the rows around their leads: carried samples are mostly
         # long ones (led rows defer them), so a pool of carried samples alone would leave rows empty.
         # Read at most as many samples again as the first target needs, and keep the live pool within
@@ -282,21 +289,21 @@ class Planner:
         short = self.capacity // 4
         pool.read(
             rows * self.capacity,
-            lambda i: pool.lengths[i][0] if pool.lengths[i][0] <= short else 0,
+            lambda i: pool.lengths[i].row if pool.lengths[i].row <= short else 0,
             limit=min(len(pool.positions) + need, 4 * need + pool.waiting),
         )
         if straddle:
             if not pool.open():
                 return BatchPlan([], [], [], state), False
-            if sum(pool.lengths[i][0] for i in pool.forced) > rows * self.capacity:
+            if sum(pool.lengths[i].row for i in pool.forced) > rows * self.capacity:
                 return BatchPlan([], [], [], state), False
-            pool.read(target, lambda i: pool.lengths[i][0], minimum=rows)
+            pool.read(target, lambda i: pool.lengths[i].row, minimum=rows)
         pool.require(rows, state.batch, "documents to lead its rows")
         live = pool.prioritised(state)
         cost = self.cost_at(state.batch)
-        costs = {i: cost(pool.lengths[i][1]) for i in live}
+        costs = {i: cost(pool.lengths[i].work) for i in live}
         order = [pool.positions[i] for i in live]
-        lengths = [pool.lengths[i][0] for i in live]
+        lengths = [pool.lengths[i].row for i in live]
         if self.led:
             # a closed pool (no more live documents come in before a boundary) short of the
             # look-ahead is packed longest first: its long documents lead, its short ones fill
@@ -325,7 +332,7 @@ class Planner:
         that fit the budget (`fill_budget`). When the open epochs cannot reach it, the batch
         straddles into the next epoch (`Pool.open`) if everything forced fits the budget."""
         cost = self.cost_at(state.batch)
-        cost_of = lambda i: cost(pool.lengths[i][1])  # noqa: E731
+        cost_of = lambda i: cost(pool.lengths[i].work)  # noqa: E731
         target = self.fill * self.budget
         pool.read(target, cost_of, minimum=self.items_per_batch)
         if (
@@ -364,7 +371,7 @@ class Planner:
         return BatchPlan(
             [[pool.positions[i] for i in row] for row in rows],
             [sum(costs[i] for i in row) for row in rows],
-            [sum(pool.lengths[i][0] for i in row) for row in rows],
+            [sum(pool.lengths[i].row for i in row) for row in rows],
             PlanState(
                 state.batch + 1,
                 pool.position,

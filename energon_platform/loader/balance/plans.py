@@ -7,9 +7,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from storage import DatasetError
+
+
+class Copy(NamedTuple):
+    """Which sample a stream position is: ``index`` of ``dataset``, in that dataset's ``epoch``
+    (the same sample in two epochs is two copies of it)."""
+
+    dataset: int
+    epoch: int
+    index: int
+
+
+class Lengths(NamedTuple):
+    """What a sample weighs in a plan: ``row``, the positions it takes in a row (padded to the
+    encoder's segment multiple), and ``work``, what its cost is computed from (its work length,
+    or its cost features for ``measured``)."""
+
+    row: int
+    work: Any
 
 
 @dataclass(frozen=True)

@@ -114,15 +114,15 @@ class Pool:
     def closing(self) -> list[int]:
         """Live copies, oldest first, of the datasets with fenced copies (their open epoch is all
         read): what `open` forces."""
-        fenced = {d for d, e, _ in self.copies if e > self._epoch[d]}
-        return [i for i in self.live if self.copies[i][0] in fenced]
+        fenced = {c.dataset for c in self.copies if c.epoch > self._epoch[c.dataset]}
+        return [i for i in self.live if self.copies[i].dataset in fenced]
 
     def open(self) -> bool:
         """Let each dataset with fenced copies (its open epoch is all read) into its next epoch,
         for this global batch, and force every live copy of those datasets' open epochs into it
         (`forced`, oldest first); the caller reads on. False (nothing changes) when no dataset is
         fenced. Called when the open epochs cannot make the batch: the forced copies fit it."""
-        fenced = {d for d, e, _ in self.copies if e > self._epoch[d]}
+        fenced = {c.dataset for c in self.copies if c.epoch > self._epoch[c.dataset]}
         if not fenced or self.opened:
             return False
         self.forced = self.closing()
@@ -135,7 +135,7 @@ class Pool:
         ``position`` (the global batch's own first stream position): their epoch is late, and
         each copy of it holds a later copy back."""
         late = {d for d, p in self._fence.items() if p < position}
-        return [i for i in self.live if self.copies[i][0] in late] if late else []
+        return [i for i in self.live if self.copies[i].dataset in late] if late else []
 
     def reach(self, target: float, measure) -> int:
         """How many live samples, oldest first, ``measure`` needs to sum to ``target`` (all if fewer)."""
