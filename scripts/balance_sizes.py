@@ -221,18 +221,48 @@ def sizes_section(args, blend_class) -> dict:
                                 data, cost_name, ranks, args.rows_per_rank, steps, args
                             )
                         results.append(
-                            {"ranks": ranks, "per_rank": args.rows_per_rank, "layout": layout,
-                             "cost": cost_name, "size": name, "n": n, "kind": kind, **case}
+                            {"n": n, "ranks": ranks, "layout": layout, "cost": cost_name,
+                             "kind": kind, **nested(case)}
                         )  # fmt: skip
         print(f"  [sizes, {ranks} ranks: {time.perf_counter() - t:.1f} s]", file=sys.stderr)
-    return {"steps": steps, "results": results, "targets": sizes_targets(results)}
+    return {
+        "steps": steps,
+        "per_rank": args.rows_per_rank,
+        "results": results,
+        "targets": sizes_targets([flat(r) for r in results], args.rows_per_rank),
+    }
 
 
-def _large(r: dict) -> bool:
-    return r["n"] >= 10 * r["ranks"] * r["per_rank"]
+#: a case's figures in the JSON: its balance and its plan's invariants and cost, apart (the
+#: measurements page draws each group as one table)
+BALANCE_FIGURES = (
+    "max_over_mean_p90",
+    "max_over_mean_p90_not_anchored",
+    "bound_p90",
+    "over_bound_p90",
+    "none_p90",
+    "outlier_anchored_steps",
+)
 
 
-def sizes_targets(results: list[dict]) -> list[dict]:
+def nested(case: dict) -> dict:
+    """A case's figures (`run_case`) as ``{"balance": ..., "plan": ...}``."""
+    return {
+        "balance": {k: v for k, v in case.items() if k in BALANCE_FIGURES},
+        "plan": {k: v for k, v in case.items() if k not in BALANCE_FIGURES},
+    }
+
+
+def flat(result: dict) -> dict:
+    """A result of the section's JSON with its figures at the top (as `run_case` gave them)."""
+    return {**result, **result.get("balance", {}), **result.get("plan", {})}
+
+
+def _large(r: dict, per_rank: int) -> bool:
+    return r["n"] >= 10 * r["ranks"] * per_rank
+
+
+def sizes_targets(results: list[dict], per_rank: int = 2) -> list[dict]:
     """The section's targets (module doc), each with the worst measured value. Balance targets
     are judged on ``attention`` over the steps that are not outlier-anchored (those are counted
     apart); ``measured`` is reported beside them; planning time where a batch has 64 rows or
@@ -240,7 +270,7 @@ def sizes_targets(results: list[dict]) -> list[dict]:
     out = []
     for ranks in sorted({r["ranks"] for r in results}):
         mine = [r for r in results if r["ranks"] == ranks]
-        large = [r for r in mine if _large(r) and r["cost"] == "attention"]
+        large = [r for r in mine if _large(r, per_rank) and r["cost"] == "attention"]
         limit = TARGET.get(ranks, TARGET[64])
         for layout in ("unpacked", "packed"):
             key = "max_over_mean_p90_not_anchored"
@@ -260,7 +290,7 @@ def sizes_targets(results: list[dict]) -> list[dict]:
              "value": over["over_bound_p90"], "met": over["over_bound_p90"] <= TARGET_OVER_BOUND,
              "worst": f"{over['layout']} {over['cost']} {over['kind']} N={over['n']}"}
         )  # fmt: skip
-        if ranks * mine[0]["per_rank"] >= 64:
+        if ranks * per_rank >= 64:
             slow = max(mine, key=lambda r: r["planner_ms_per_64_rows"])
             ms = slow["planner_ms_per_64_rows"]
             out.append({"target": f"{ranks} ranks: planning ms per 64 rows <= {TARGET_MS:g}",
@@ -303,7 +333,7 @@ def report_sizes(section: dict, args) -> list[str]:
         f"{'ms/64r':>6} {'carried':>7} {'state B':>7}",
         "-" * 119,
     ]
-    for r in section["results"]:
+    for r in map(flat, section["results"]):
         none = f"{r['none_p90']:>6.3f}" if "none_p90" in r else f"{'-':>6}"
         lines.append(
             f"{r['ranks']:>5} {r['layout']:<8} {r['cost']:<9} {r['kind']:<6} {r['n']:>6} "

@@ -55,8 +55,8 @@ def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
     sizes = data["sizes"]["results"]
     assert len(sizes) == 2 * 2 * 8 * 2  # layouts x costs x sizes x single/blend (8 ranks)
     for r in sizes:
-        assert r["twice_in_a_batch"] == 0 and r["early"] == 0, r
-        assert r["max_over_mean_p90"] >= r["bound_p90"] - 1e-9 >= 1 - 1e-9, r
+        assert r["plan"]["twice_in_a_batch"] == 0 and r["plan"]["early"] == 0, r
+        assert r["balance"]["max_over_mean_p90"] >= r["balance"]["bound_p90"] - 1e-9 >= 1 - 1e-9
     assert "samples early: 0" in proc.stdout and "p90 na" in proc.stdout
 
 
