@@ -27,6 +27,7 @@ _NAMES = {
     "StepLog": "energon_platform.training.step_log_writer",
     "batch_digest": "energon_platform.training.step_log_writer",
     "to_device": "energon_platform.integrations.device",
+    "record_run": "energon_platform.training.run_record",
 }
 
 __all__ = sorted(_NAMES)

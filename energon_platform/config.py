@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -559,6 +560,27 @@ class RunConfig:
             f"got {type(self.encoder).__name__}",
             "a path to an encoder YAML or a mapping",
         )
+
+
+def config_dict(cfg: RunConfig) -> dict:
+    """``cfg`` as plain YAML data (mappings, lists, strings, numbers; paths absolute): `load_config`
+    of it gives ``cfg`` back (its ``source`` aside; a path it held relative, as a default one,
+    absolute from the working folder)."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {
+                f.name: plain(getattr(value, f.name))
+                for f in dataclasses.fields(value)
+                if f.name != "source"
+            }
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return os.path.abspath(value) if isinstance(value, Path) else value
+
+    return plain(cfg)
 
 
 def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) -> RunConfig:

@@ -101,6 +101,35 @@ def overrides(pairs: list[str]) -> dict:
     return out
 
 
+def run_config(args, run: str | None, required: bool = True):
+    """The config of a command over a run folder: ``--config`` (with ``--set``) when given, else
+    the one ``RUN/run.yaml`` records (with ``--set``). Given both, one line on stderr names the
+    keys where ``--config`` differs from the record (``train.out`` aside: the run's own folder). None when neither is there and ``required``
+    is false; else a `UsageError` saying what to pass."""
+    from energon_platform.config import config_dict, load_config
+    from energon_platform.training.run_record import RUN_YAML, config_changes, recorded_config
+
+    sets = overrides(getattr(args, "set", None))
+    recorded = recorded_config(run, sets) if run is not None else None
+    if args.config is None:
+        if recorded is None and required:
+            where = f"{run} records no config (no {RUN_YAML}: a run of an earlier version)"
+            raise UsageError(f"{where}; pass --config FILE" if run else "pass --config FILE")
+        if recorded is None and sets:
+            raise UsageError("--set overrides a config: pass --config FILE too")
+        return recorded
+    cfg = load_config(args.config, sets)
+    if recorded is not None:
+        changed = config_changes(config_dict(recorded), config_dict(cfg))
+        changed.pop("train.out", None)  # the run's own folder, wherever the config pointed
+        if changed:
+            print(
+                f"note: --config differs from {Path(run) / RUN_YAML} at {', '.join(sorted(changed))}",
+                file=sys.stderr,
+            )
+    return cfg
+
+
 def add_run_args(p, workers_help: str, config_required: bool = True) -> None:
     """Arguments every command that runs the trainer takes."""
     p.add_argument(

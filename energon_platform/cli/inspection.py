@@ -8,10 +8,10 @@ from pathlib import Path
 
 from energon_platform.cli.common import (
     UsageError,
-    overrides,
     positive,
     positive_float,
     replay_progress,
+    run_config,
 )
 
 
@@ -65,7 +65,12 @@ def add_trace(sub) -> None:
         "permutation, O(1) per epoch; a balanced run replays its planner up to "
         "the steps asked). See docs/provenance.md.",
     )
-    p.add_argument("--config", required=True, help="the run config YAML")
+    p.add_argument("--config", help="the run config YAML (default: the one --run records)")
+    p.add_argument(
+        "--run",
+        help="a run's output folder: its recorded config (run.yaml) and its checkpoints "
+        "(as --checkpoint)",
+    )
     what = p.add_mutually_exclusive_group()
     what.add_argument("--step", type=positive, help="one step (log.jsonl numbering, from 1)")
     what.add_argument(
@@ -98,7 +103,6 @@ def add_trace(sub) -> None:
 
 
 def cmd_trace(args) -> int:
-    from energon_platform.config import load_config
     from energon_platform.loader.trace import (
         TraceError,
         format_key,
@@ -110,10 +114,11 @@ def cmd_trace(args) -> int:
 
     if args.step is None and args.key is None and not args.steps:
         raise UsageError("say what to trace: --step N, --steps A:B or --key KEY")
-    cfg = load_config(args.config, overrides(args.set))
+    cfg = run_config(args, args.run)
+    folder = args.checkpoint if args.checkpoint is not None else args.run
     try:
         asked = parse_steps(args.steps, args.step, args.key, cfg.train.steps)
-        state = checkpoint.loader_state(args.checkpoint) if args.checkpoint is not None else None
+        state = checkpoint.loader_state(folder) if folder is not None else None
         tracer = open_tracer(cfg, args.world_size, state, progress=replay_progress)
         results = (
             [tracer.step(s) for s in asked] if args.key is None else [tracer.find(args.key, asked)]
@@ -140,7 +145,7 @@ def add_spikes(sub) -> None:
         "loader.exclude=@rules.yaml. See docs/spikes.md.",
     )
     p.add_argument("--run", required=True, help="the run's output folder (log and checkpoints)")
-    p.add_argument("--config", help="the run config YAML (required)")
+    p.add_argument("--config", help="the run config YAML (default: the one RUN/run.yaml records)")
     p.add_argument("--z", type=positive_float, default=4.0, help="z-score threshold (default 4)")
     p.add_argument(
         "--window", type=positive, default=50, help="steps of the rolling median (default 50)"
@@ -178,14 +183,12 @@ def add_spikes(sub) -> None:
 
 def _spike_inputs(args) -> tuple:
     """``(LogRows, Tracer)`` of ``spikes``' arguments; ``UsageError`` for a missing input."""
-    from energon_platform.config import load_config
     from energon_platform.loader.trace import open_tracer
     from energon_platform.training import checkpoint
     from energon_platform.training.spike_samples import LogRows
     from energon_platform.training.step_log_readers import LogFormatError, get_format
 
-    if args.config is None:
-        raise UsageError("spikes needs the run's config: pass --config FILE (as for trace)")
+    cfg = run_config(args, args.run)
     log = Path(args.log) if args.log else Path(args.run) / "log.jsonl"
     if not log.is_file():
         raise UsageError(f"{log}: no step log there; pass --log FILE (and --log-format)")
@@ -193,7 +196,6 @@ def _spike_inputs(args) -> tuple:
         rows = LogRows(log, get_format(args.log_format, args.regex))
     except LogFormatError as e:
         raise UsageError(str(e)) from None
-    cfg = load_config(args.config, overrides(args.set))
     state = checkpoint.loader_state(args.run)
     return rows, open_tracer(cfg, None, state, progress=replay_progress)
 
@@ -296,13 +298,15 @@ def add_report(sub) -> None:
         "files and any other file are refused)",
     )
     p.add_argument(
-        "--config", help="the run config YAML: its datasets and encoder draw the spikes' samples"
+        "--config",
+        help="the run config YAML: its datasets and encoder draw the spikes' samples (default: "
+        "the one RUN/run.yaml records)",
     )
     p.add_argument(
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="override a value of --config, e.g. data.path=out/demo/blend.yaml",
+        help="override a config value, e.g. data.path=out/demo/blend.yaml",
     )
     p.add_argument("--compare", metavar="RUN", help="another run folder: its loss drawn against")
     p.add_argument(
@@ -345,17 +349,14 @@ def _report_spikes(args, config) -> list[dict]:
 
 
 def cmd_report(args) -> int:
-    from energon_platform.config import load_config
     from energon_platform.tools.report import ReportError, build_report, is_report
     from storage.outputs import check_file
 
-    if args.set and not args.config:
-        raise UsageError("--set overrides values of --config; pass --config too")
     logs = [Path(r) / "log.jsonl" for r in (args.run, args.compare) if r]
     check_file(
         args.out, is_report, "run report", inputs=[*logs, args.config], example="report.html"
     )
-    config = load_config(args.config, overrides(args.set)) if args.config else None
+    config = run_config(args, args.run, required=False)
     try:
         info = build_report(
             args.run,

@@ -14,6 +14,7 @@ from energon_platform.cli.common import (
     overrides,
     positive,
     positive_float,
+    run_config,
 )
 
 
@@ -397,8 +398,12 @@ def add_replay(sub) -> None:
         "schedule spanning train.steps as the original's did (--set train.steps=N for a run "
         "started with --steps N). See docs/spikes.md.",
     )
-    p.add_argument("--run", required=True, help="the original run's folder (log and checkpoints)")
-    add_run_args(p, "loader workers (default: the config's)")
+    p.add_argument(
+        "--run",
+        required=True,
+        help="the original run's folder (log, checkpoints, and the config it records)",
+    )
+    add_run_args(p, "loader workers (default: the config's)", config_required=False)
     p.add_argument(
         "--from",
         dest="from_step",
@@ -426,10 +431,9 @@ def add_replay(sub) -> None:
 
 
 def cmd_replay(args) -> int:
-    from energon_platform.config import load_config
     from energon_platform.training.replay import ReplayError, mismatch_line, replay, summary
 
-    cfg = load_config(args.config, overrides(args.set))
+    cfg = run_config(args, args.run)
     try:
         result = replay(
             cfg,

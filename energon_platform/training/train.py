@@ -30,6 +30,7 @@ write, checkpoints of another run in a fresh run's folder, and checkpoints none 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ from energon_platform.config import RunConfig
 from energon_platform.loader.train_loader import TrainLoader, build_val_loader
 from energon_platform.training import checkpoint, collector
 from energon_platform.training.preflight import preflight
+from energon_platform.training.run_record import check_record, record_run
 from energon_platform.training.step_log_writer import open_for_append
 from energon_platform.training.two_tower import build_model
 from storage.outputs import refuse_places
@@ -328,6 +330,8 @@ def _train(
     rank, world, device = _init_distributed()
     out_dir = Path(out or cfg.train.out)
     ckpt_dir = out_dir / "checkpoints"
+    if rank == 0:
+        check_record(out_dir)  # its run.yaml and run.json: new, or this run's own record
     total_steps = steps or cfg.train.steps
     last_step = until or total_steps
     loader = TrainLoader(cfg, rank=rank, world_size=world, num_workers=num_workers)
@@ -385,6 +389,11 @@ def _train(
     if rank == 0:
         checkpoint.writable_dir(out_dir, "the training log")
     log = open_for_append(out_dir / "log.jsonl") if rank == 0 else None
+    if rank == 0:  # run.yaml and run.json: how this run was made (the commands over it read them)
+        recorded = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, steps=total_steps, out=out_dir.resolve())
+        )
+        record_run(out_dir, recorded, world, loader, resumed=ck is not None)
     # set up and past its last refusal: freeze it, before the loader's workers fork (first batch)
     collector.settle()
     loss_value = float("nan")

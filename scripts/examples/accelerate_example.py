@@ -33,6 +33,7 @@ from energon_platform import (
     batch_digest,
     gradient_accumulation_steps,
     load_config,
+    record_run,
     to_device,
 )
 from energon_platform.integrations.accelerate import prepare_loader
@@ -77,6 +78,8 @@ if saved:  # the newest complete checkpoint: step-N folders appear by rename, on
 resumed_from = {"resumed_from": step} if args.resume else {}
 
 log = StepLog(Path(args.out) / "steps.jsonl", rank=accelerator.process_index)
+if accelerator.is_main_process:  # OUT/run.yaml and run.json: how this run was made
+    record_run(args.out, cfg, accelerator.num_processes, loader, resumed=args.resume and step > 0)
 while step < args.steps:
     batch = to_device(next(loader), accelerator.device)
     loss_sum, targets, sample_losses = batch_losses(model(batch.tokens, batch.images), batch)

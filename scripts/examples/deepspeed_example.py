@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from tiny_model import TinyModel, batch_losses
 
-from energon_platform import StepLog, TrainLoader, batch_digest, load_config
+from energon_platform import StepLog, TrainLoader, batch_digest, load_config, record_run
 from energon_platform.integrations.deepspeed import (
     batch_config,
     client_state,
@@ -70,6 +70,8 @@ if args.resume:  # "latest" names the newest complete checkpoint (written once e
 resumed_from = {"resumed_from": step} if args.resume else {}
 
 log = StepLog(Path(args.out) / "steps.jsonl")
+if rank == 0:  # OUT/run.yaml and run.json: how this run was made
+    record_run(args.out, load_config(args.config), world, loader, resumed=args.resume and step > 0)
 while step < args.steps:
     keys, digests, losses, sample_losses = [], [], [], []
     for _ in range(

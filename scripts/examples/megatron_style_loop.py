@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from tiny_model import TinyModel, token_losses
 
-from energon_platform import StepLog, build_encoder, load_config
+from energon_platform import StepLog, build_encoder, load_config, record_run
 from energon_platform.integrations.megatron import (
     make_provider,
     sample_losses,
@@ -111,6 +111,8 @@ def gather(part):
 
 # 3. train
 log = StepLog(Path(args.save) / "steps.jsonl")
+if dp_rank == 0:  # SAVE/run.yaml and run.json: how this run was made
+    record_run(args.save, load_config(args.config), dp_size, resumed=args.iteration > 0)
 iteration = args.iteration
 while iteration < args.train_iters:
     t0 = time.perf_counter()

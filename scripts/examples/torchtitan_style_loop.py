@@ -34,7 +34,7 @@ from tiny_model import TinyModel, batch_losses
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from energon_platform import StepLog, TrainLoader, batch_digest, load_config
+from energon_platform import StepLog, TrainLoader, batch_digest, load_config, record_run
 from energon_platform.integrations.dcp import DCPLoader
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,6 +103,8 @@ if saved:  # the newest complete checkpoint: step-N folders appear by rename, on
 resumed_from = {"resumed_from": step} if args.resume else {}
 
 log = StepLog(Path(args.out) / "steps.jsonl")
+if rank == 0:  # OUT/run.yaml and run.json: how this run was made
+    record_run(args.out, cfg, world, loader, resumed=args.resume and step > 0)
 while step < args.steps:
     t0 = time.perf_counter()
     batch = next(loader)

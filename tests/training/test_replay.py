@@ -104,7 +104,10 @@ def test_replay_fails_in_one_line_when_a_step_before_from_is_not_the_originals(
         ("too few steps", "--steps 2: the replay would stop at step 10"),
         ("out not empty", "holds an earlier replay; pass --overwrite"),
         ("overwrite a foreign folder", "holds notes.txt, which no replay wrote"),
-        ("overwrite a training run", "holds checkpoints, log.jsonl, which no replay wrote"),
+        (
+            "overwrite a training run",
+            "holds checkpoints, log.jsonl, run.json, ..., which no replay wrote",
+        ),
         ("out inside the run", "is inside or holds"),
         ("no log", "no step log there"),
     ],

@@ -207,7 +207,10 @@ def test_spikes_warns_when_the_logs_keys_are_not_traces(run, capsys, tmp_path):
     "case,said",
     [
         ("no log", "no step log there; pass --log FILE"),
-        ("no config", "spikes needs the run's config: pass --config FILE"),
+        (
+            "no config",
+            "records no config (no run.yaml: a run of an earlier version); pass --config",
+        ),
         ("no checkpoints", "no checkpoint there"),
         ("step beyond the log", "--exclude-from 99: "),
         ("unreadable @file", "--set loader.seed=@"),
@@ -217,8 +220,9 @@ def test_spikes_refuses_bad_inputs_in_one_line(run, capsys, tmp_path, case, said
     argv = ["spikes", "--run", str(run["out"]), "--config", str(run["config"])]
     if case == "no log":
         argv[2] = str(tmp_path)
-    elif case == "no config":
-        argv = argv[:3]
+    elif case == "no config":  # a run folder without its record, and no --config
+        (tmp_path / "log.jsonl").write_bytes((run["out"] / "log.jsonl").read_bytes())
+        argv = ["spikes", "--run", str(tmp_path)]
     elif case == "no checkpoints":
         (tmp_path / "log.jsonl").write_bytes((run["out"] / "log.jsonl").read_bytes())
         argv[2] = str(tmp_path)

@@ -1,0 +1,155 @@
+"""A run folder records itself (``run.yaml``, ``run.json``), and the commands over a run read it.
+
+Unit: a config written as plain data loads back to the same config (every shipped config and one
+with exclusions, a weight schedule and a grouped balance); a start records the command, versions,
+datasets and world size; a resume keeps the first start and appends what it changed; a fresh
+start over an old record replaces it. Through the CLI, on the session's run with a planted spike
+(trained by ``train``): ``spikes``, ``trace`` and ``report`` take ``--run R`` alone and say the
+same as with ``--config``; a ``--config`` that differs from the record is named in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from energon_platform import cli, load_config
+from energon_platform.config import config_dict
+from energon_platform.training.run_record import config_changes, record_run, recorded_config
+from storage.outputs import OutputError
+from tests.helpers import REPO
+
+
+def _configs() -> list:
+    shipped = sorted((REPO / "configs").glob("train_*.yaml"))
+    rich = {
+        "data": {"path": str(REPO / "configs/blend_demo.yaml"), "val_split": None},
+        "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+        "loader": {
+            "global_batch_size": 8,
+            "seed": 3,
+            "balance": {"mode": "attention", "window": 512},
+            "exclude": [{"step": 3, "keys": ["coco*"]}],
+        },
+        "train": {"steps": 9, "lr": 0.002},
+    }
+    return [*map(str, shipped), rich]
+
+
+@pytest.mark.parametrize(
+    "source", _configs(), ids=lambda s: Path(s).stem if isinstance(s, str) else "rich"
+)
+def test_a_config_as_plain_data_loads_back_to_itself(source):
+    cfg = load_config(source)
+    data = config_dict(cfg)
+    assert yaml.safe_load(yaml.safe_dump(data)) == data  # plain YAML
+    assert config_dict(load_config(data)) == data  # loads back to itself
+    if isinstance(source, str):  # every path of a config file's is absolute once parsed
+        assert dataclasses.replace(load_config(data), source=cfg.source) == cfg
+
+
+def test_a_start_records_itself_and_a_resume_appends_what_it_changed(tmp_path):
+    cfg = load_config(str(REPO / "configs/train_image_text.yaml"))
+    first = record_run(tmp_path, cfg, 2, argv=["energon-platform", "train"])
+    assert first["world_size"] == 2 and first["command"] == ["energon-platform", "train"]
+    assert first["versions"]["python"] and first["versions"]["torch"] and first["resumes"] == []
+    assert recorded_config(tmp_path) == dataclasses.replace(cfg, source=str(tmp_path / "run.yaml"))
+    later = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=cfg.train.lr * 2))
+    again = record_run(tmp_path, later, 4, argv=["resume"], resumed=True)
+    assert again["started"] == first["started"] and again["command"] == first["command"]
+    (resume,) = again["resumes"]
+    assert resume["world_size"] == 4 and resume["changed"] == {
+        "train.lr": [cfg.train.lr, cfg.train.lr * 2]
+    }
+    assert recorded_config(tmp_path).train.lr == cfg.train.lr * 2
+    fresh = record_run(tmp_path, cfg, 1, argv=["again"])  # a new run in the folder: a new record
+    assert fresh["resumes"] == [] and fresh["command"] == ["again"]
+
+
+def test_a_users_own_run_yaml_in_the_runs_folder_is_never_replaced(tmp_path, capsys):
+    """A config named run.yaml in the --out folder is the user's input, not a record: train
+    refuses in one line before any work, and the file is unchanged."""
+    from tests.helpers.run_configs import run_config, write_config
+
+    own = tmp_path / "run.yaml"
+    write_config(own, run_config(str(tmp_path / "data")))  # refused before the data is read
+    before = own.read_bytes()
+    status = cli.main(["train", "--config", str(own), "--out", str(tmp_path), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert status != 0 and own.read_bytes() == before
+    assert "is not this run's record" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(OutputError, match="is not this run's record"):
+        record_run(tmp_path, load_config(own), 1)
+
+
+def test_config_changes_name_every_dotted_key_that_differs():
+    old = {"a": 1, "b": {"c": 2, "d": 3}}
+    assert config_changes(old, {"a": 1, "b": {"c": 5}, "e": 0}) == {
+        "b.c": [2, 5],
+        "b.d": [3, None],
+        "e": [None, 0],
+    }
+
+
+# --- the commands over the session's run -----------------------------------------------------
+
+
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    status = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_the_trained_run_records_how_it_was_made(spike_run):
+    out = spike_run["out"]
+    record = json.loads((out / "run.json").read_text())
+    assert record["world_size"] == 1 and record["datasets"] and record["fingerprint"]
+    recorded = recorded_config(out)
+    assert recorded.train.out == out.resolve()
+    assert dataclasses.replace(recorded, train=load_config(spike_run["config"]).train) == (
+        dataclasses.replace(load_config(spike_run["config"]), source=recorded.source)
+    )
+
+
+def test_spikes_and_trace_take_the_run_alone(spike_run, capsys):
+    run, config = spike_run["out"], spike_run["config"]
+    alone = _cli(capsys, "spikes", "--run", run, "--window", "10", "--json")
+    given = _cli(capsys, "spikes", "--run", run, "--config", config, "--window", "10", "--json")
+    assert alone[0] == 0 and alone[1] == given[1] and json.loads(alone[1].splitlines()[0])
+    alone = _cli(capsys, "trace", "--run", run, "--step", "3", "--json")
+    given = _cli(capsys, "trace", "--config", config, "--checkpoint", run, "--step", "3", "--json")
+    assert alone[0] == given[0] == 0 and alone[1] == given[1]
+
+
+def test_a_config_that_differs_from_the_record_is_named_in_one_line(spike_run, capsys, tmp_path):
+    other = tmp_path / "other.yaml"
+    data = yaml.safe_load(Path(spike_run["config"]).read_text())
+    data.setdefault("train", {})["lr"] = 0.5  # the trace does not depend on it
+    other.write_text(yaml.safe_dump(data))
+    status, _, err = _cli(
+        capsys, "trace", "--run", spike_run["out"], "--config", other, "--step", "1"
+    )
+    assert status == 0
+    (note,) = [line for line in err.splitlines() if line.startswith("note:")]
+    assert "train.lr" in note and "run.yaml" in note
+
+
+def test_a_run_without_a_record_asks_for_the_config(spike_run, capsys, tmp_path):
+    (tmp_path / "log.jsonl").write_bytes((spike_run["out"] / "log.jsonl").read_bytes())
+    for argv in (("spikes", "--run", tmp_path), ("trace", "--run", tmp_path, "--step", "1")):
+        status, _, err = _cli(capsys, *argv)
+        assert status == 2 and "records no config" in err and "pass --config FILE" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_report_draws_the_spikes_samples_from_the_recorded_config(spike_run, capsys, tmp_path):
+    page = tmp_path / "report.html"
+    status, _, _ = _cli(
+        capsys, "report", "--run", spike_run["out"], "--out", page, "--window", "10"
+    )
+    assert status == 0
+    assert any(key in page.read_text() for key in spike_run["planted"])
