@@ -22,9 +22,14 @@ unchanged) with each sample's exact length from the length index, before any med
   tower; and the global batch takes samples that run the oldest one's towers
   (`Planner._same_towers`), so every micro-batch pays the same calls.
 
+Whatever the mode, each dataset's epochs are placed in order (`Pool`): its next epoch is fenced
+until its current one is placed, a pool closed by such a fence is planned as runs of like cost
+(unpacked) or led by its longest documents (packed, when short), and one global batch straddles
+each boundary with the epoch's last samples forced in.
+
 Then rows (samples) are dealt to ranks by cost, each rank its equal number of rows (or its share
 of samples), and each rank's share to its micro-batches the same way
-(`deal`). Rows and batches depend on (seed, position, blend
+(`deal_plan`; `deal_bound` says how close any dealing can come). Rows and batches depend on (seed, position, blend
 history, carried samples) only; the dealing also on the world size. The state is
 `PlanState`: the next stream position and the carried positions (bounded by the window),
 so restore is O(1): planning batch ``b`` continues from the saved state.
@@ -205,7 +210,7 @@ class Planner:
         length, and with a grouped cost of the oldest one's towers too, `_same_towers`), so equal
         counts per rank are equal work on any world size. Three cases:
 
-        * the pool can grow (`Pool.blocked` is false or it holds `pool_size` live samples): the
+        * the pool is not closed (`Pool.closed` is false, or it holds `pool_size` live samples): the
           ``g`` samples nearest in cost around the oldest, which is always taken (no sample waits
           more global batches than the pool holds samples; most wait a few);
         * the pool is *closed* (a dataset's epoch boundary stops it growing): its live samples
