@@ -34,13 +34,12 @@ class Pool:
         self.position = state.position  #: the next unread stream position
         self.carried = len(state.carried)
         self.fence_cap = fence_cap
-        self.first = (
-            0  #: after `prioritised`: how many of its indices come first (forced or carried)
-        )
-        self.opened: set[int] = set()  #: datasets whose next epoch `open` let in
-        self.forced: list[
-            int
-        ] = []  #: after `open`: the pending copies of the opened datasets' open epochs
+        #: after `prioritised`: how many of its indices come first (forced or carried)
+        self.first = 0
+        #: datasets whose next epoch `open` let in
+        self.opened: set[int] = set()
+        #: after `open`: the pending copies of the opened datasets' open epochs
+        self.forced: list[int] = []
         self._classify()
 
     def _classify(self) -> None:
