@@ -28,7 +28,14 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tiny_model import TinyModel, batch_losses
 
-from energon_platform import StepLog, TrainLoader, batch_digest, build_encoder, load_config
+from energon_platform import (
+    StepLog,
+    TrainLoader,
+    batch_digest,
+    build_encoder,
+    load_config,
+    record_run,
+)
 from energon_platform.integrations.lightning import EnergonHooks
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,7 +61,10 @@ class Captioner(EnergonHooks, L.LightningModule):
         self.resumed_from = None
 
     def train_dataloader(self):
-        return TrainLoader(self.cfg, rank=self.global_rank, world_size=self.trainer.world_size)
+        loader = TrainLoader(self.cfg, rank=self.global_rank, world_size=self.trainer.world_size)
+        if self.global_rank == 0:  # OUT/run.yaml and run.json: how this run was made
+            record_run(args.out, self.cfg, self.trainer.world_size, loader, resumed=args.resume)
+        return loader
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.model.parameters(), lr=3e-3)

@@ -5,6 +5,8 @@ Lightning's ModelCheckpoint carrying the loader state and the random state, and
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("lightning")
@@ -187,6 +189,10 @@ def test_lightning_example_resumes_exactly_after_sigkill(run_config, tmp_path):
     r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
     assert_exact_pass(r, report)
     assert_sample_losses_fit(report["logs"]["straight"], run_config)
+    # the run folder records itself through the public record_run: the resume appended itself
+    killed = json.loads((tmp_path / "ok" / "killed" / "out" / "run.json").read_text())
+    assert killed["world_size"] == 1 and len(killed["resumes"]) == 1, killed
+    assert "--resume" in killed["resumes"][0]["command"] and killed["datasets"]
     assert_fails(
         *check_resume(
             tmp_path / "broken",
