@@ -143,9 +143,8 @@ class Tracer:
         self.names = plan.datasets.names
         self._prefixes = [f"{n}:" if plan.datasets.metadataset else "" for n in self.names]
         self._keys = [KeyIndex(e.source) for e in plan.datasets.entries]
-        self._replay = (
-            None  #: balanced runs: a planner from the start, for batches before the plan's
-        )
+        #: balanced runs: a planner from the start, for batches before the plan's
+        self._replay = None
         #: the batching mode's answers: a step's samples, and a sample's uses
         self._layout, self._placed = {
             "stream": (self._stream_layout, self._stream_uses),
@@ -357,7 +356,7 @@ class Tracer:
                 if not self.excluder.excluded(batch, dataset, x, self.key(dataset, x)):
                     continue
                 room = (
-                    planner.length_of(dataset, epoch, x)[0]
+                    planner.length_of(dataset, epoch, x).row
                     if planner is not None and planner.capacity
                     else None
                 )
