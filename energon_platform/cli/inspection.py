@@ -115,7 +115,12 @@ def cmd_trace(args) -> int:
     if args.step is None and args.key is None and not args.steps:
         raise UsageError("say what to trace: --step N, --steps A:B or --key KEY")
     cfg = run_config(args, args.run)
-    folder = args.checkpoint if args.checkpoint is not None else args.run
+    folder = args.checkpoint
+    # a run's checkpoints, where it has saved any (one killed before its first is traced from
+    # its recorded config alone, as --config without --checkpoint)
+    if folder is None and args.run is not None and (Path(args.run) / "checkpoints").is_dir():
+        folder = args.run
+
     try:
         asked = parse_steps(args.steps, args.step, args.key, cfg.train.steps)
         state = checkpoint.loader_state(folder) if folder is not None else None

@@ -125,6 +125,15 @@ def test_spikes_and_trace_take_the_run_alone(spike_run, capsys):
     assert alone[0] == given[0] == 0 and alone[1] == given[1]
 
 
+def test_a_run_without_checkpoints_is_traced_from_its_record(spike_run, capsys, tmp_path):
+    """A run killed before its first checkpoint: ``trace --run`` reads its record, and says what
+    ``trace --config`` without ``--checkpoint`` says."""
+    (tmp_path / "run.yaml").write_bytes((spike_run["out"] / "run.yaml").read_bytes())
+    alone = _cli(capsys, "trace", "--run", tmp_path, "--step", "2", "--json")
+    given = _cli(capsys, "trace", "--config", spike_run["config"], "--step", "2", "--json")
+    assert alone[0] == given[0] == 0 and alone[1] == given[1]
+
+
 def test_a_config_that_differs_from_the_record_is_named_in_one_line(spike_run, capsys, tmp_path):
     other = tmp_path / "other.yaml"
     data = yaml.safe_load(Path(spike_run["config"]).read_text())
