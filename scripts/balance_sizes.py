@@ -91,9 +91,7 @@ class Datasets:
         self.schedule = Schedule(orders, g, 1, weights)
 
     def copies(self, positions) -> list[tuple[int, int, int]]:
-        if not len(positions):
-            return []
-        return list(zip(*(x.tolist() for x in self.schedule.samples(positions))))
+        return self.schedule.copies(positions)
 
     def lengths(self, positions) -> list[tuple]:
         return self.of_copies(self.copies(positions))

@@ -312,10 +312,7 @@ class MicroBatchMaker:
         return [plan.items[i] for i in dealt[self.rank][part]]
 
     def _make_planned(self, c: int) -> Any:
-        items = [
-            [tuple(int(x) for x in t) for t in zip(*self.schedule.samples(positions))]
-            for positions in self.planned_items(c)
-        ]
+        items = [self.schedule.copies(positions) for positions in self.planned_items(c)]
         self._prefetch(items)
         samples, self._padded_by = [], []
         for item in items:

@@ -109,6 +109,12 @@ class Schedule:
             index[group] = self.orders[int(d[group[0]])].indices(int(epoch[group[0]]), i[group])
         return d, epoch, index
 
+    def copies(self, positions) -> list[tuple[int, int, int]]:
+        """`samples` of ``positions`` as one ``(dataset, epoch, index)`` tuple per position."""
+        if not len(positions):
+            return []
+        return list(zip(*(x.tolist() for x in self.samples(positions))))
+
     def sample_at(self, position: int) -> tuple[int, int, int]:
         """``(dataset, epoch, index)`` of one stream position."""
         d, e, i = self.samples([position])

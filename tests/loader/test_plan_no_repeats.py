@@ -70,7 +70,7 @@ class Case:
         ]
 
     def copies(self, positions):
-        return list(zip(*[x.tolist() for x in self.schedule.samples(positions)]))
+        return self.schedule.copies(positions)
 
     def identity(self, positions):
         d, _, i = self.schedule.samples(positions)

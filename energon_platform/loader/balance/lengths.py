@@ -292,10 +292,7 @@ class SampleLengths:
 
     def copies(self, positions: list[int]) -> list[tuple[int, int, int]]:
         """``(dataset, epoch, sample index)`` of each stream position."""
-        if not positions:
-            return []
-        d, e, i = self.schedule.samples(positions)
-        return list(zip(d.tolist(), e.tolist(), i.tolist()))
+        return self.schedule.copies(positions)
 
     def of_copies(self, copies: list[tuple[int, int, int]]) -> list[tuple[int, Any]]:
         """``(row_length, work)`` of each ``(dataset, epoch, index)`` (`copies`)."""

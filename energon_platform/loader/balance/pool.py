@@ -47,7 +47,9 @@ class Pool:
         self.fenced = 0  #: pending positions of a later epoch than their dataset's open one
         self._epoch: dict[int, int] = {}  # dataset -> its open epoch
         self._first: set = set()  # identities with a live copy
-        self._fence: dict[int, int] = {}  # dataset -> stream position of its first fenced copy
+        # dataset -> stream position of its first fenced copy (its keys: the datasets whose open
+        # epoch is all read; until `open`, a copy is fenced only for its epoch)
+        self._fence: dict[int, int] = {}
         self._sort(range(len(self.positions)))
 
     def _sort(self, indices) -> None:
@@ -113,19 +115,17 @@ class Pool:
     def closing(self) -> list[int]:
         """Live copies, oldest first, of the datasets with fenced copies (their open epoch is all
         read): what `open` forces."""
-        fenced = {c.dataset for c in self.copies if c.epoch > self._epoch[c.dataset]}
-        return [i for i in self.live if self.copies[i].dataset in fenced]
+        return [i for i in self.live if self.copies[i].dataset in self._fence]
 
     def open(self) -> bool:
         """Let each dataset with fenced copies (its open epoch is all read) into its next epoch,
         for this global batch, and force every live copy of those datasets' open epochs into it
         (`forced`, oldest first); the caller reads on. False (nothing changes) when no dataset is
         fenced. Called when the open epochs cannot make the batch: the forced copies fit it."""
-        fenced = {c.dataset for c in self.copies if c.epoch > self._epoch[c.dataset]}
-        if not fenced or self.opened:
+        if not self._fence or self.opened:
             return False
         self.forced = self.closing()
-        self.opened = fenced
+        self.opened = set(self._fence)
         self._classify()
         return True
 
