@@ -143,7 +143,7 @@ BALANCE_MODES = ("none", "tokens", "attention", "encoder", "measured")
 class BalanceConfig:
     """``loader.balance``: how global batches are made (`planner`).
 
-    Written as a mode alone (``balance: attention``) or as a group::
+    Written as a mode alone (``balance: attention``) or as a group:
 
         balance:
           mode: attention      # none | tokens | attention | encoder | measured

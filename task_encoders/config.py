@@ -1,7 +1,7 @@
 """Encoder configuration: YAML → frozen, validated dataclasses.
 
 Every problem raises `ConfigError`, whose message names the source (the YAML file, or
-``<dict>``), the key path and what was expected, e.g.::
+``<dict>``), the key path and what was expected, e.g.:
 
     configs/encoders/image_text.yaml: image.transforms[1].name: unknown transform 'RandomFlip'
     (expected one of CenterCrop, ColorJitter, ...)

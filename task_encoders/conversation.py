@@ -20,7 +20,7 @@ placeholders than images the missing ones go, each followed by ``"\\n"``, in fro
 turn (as Megatron-LM's ``encode_llava_sft`` does); more placeholders than images, or a placeholder
 in an assistant turn, skips the sample (counted). A conversation without images is text only.
 
-The chat template (``chat:``, `ChatConfig`) renders a document as::
+The chat template (``chat:``, `ChatConfig`) renders a document as:
 
     [BOS] system.prefix + system + system.suffix        (only with a system turn or chat.system)
           user.prefix + content + user.suffix
@@ -28,7 +28,7 @@ The chat template (``chat:``, `ChatConfig`) renders a document as::
           [EOS]
 
 The shipped template is plain text the shipped tokenizer knows (``"User: "``, ``"Assistant: "``,
-each turn ending in ``"\\n"``)::
+each turn ending in ``"\\n"``):
 
     <bos>User: <image>
     What animal is this?

@@ -1,7 +1,7 @@
 """Several modalities in one batch (``encoder: multimodal``): each sample goes to the encoder of
 its modality, and every batch is one `MultimodalBatch`.
 
-Config (``configs/encoders/multimodal.yaml``)::
+Config (``configs/encoders/multimodal.yaml``):
 
     encoder: multimodal
     seed: 1234                  # shared: every modality encodes with this run seed

@@ -1,6 +1,6 @@
 """LLaVA-style instruction data: one JSON file (an array, or JSON lines) + an image folder.
 
-Entry format (LLaVA-Instruct, ShareGPT4V, ...)::
+Entry format (LLaVA-Instruct, ShareGPT4V, ...):
 
     {"id": "000000033471",
      "image": "coco/train2017/000000033471.jpg",            # or "images": [...], or neither

@@ -1,5 +1,5 @@
 """Hugging Face Accelerate: the loader's state inside ``accelerator.save_state``/``load_state``,
-restored in O(1), and the loader kept out of ``accelerator.prepare``::
+restored in O(1), and the loader kept out of ``accelerator.prepare``:
 
     cfg = load_config("run.yaml")
     world = int(os.environ.get("WORLD_SIZE", 1))                  # set by accelerate launch / torchrun

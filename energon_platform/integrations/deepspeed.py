@@ -1,5 +1,5 @@
 """DeepSpeed: the loader's state in ``engine.save_checkpoint(..., client_state=...)`` and back from
-``engine.load_checkpoint``, and DeepSpeed's batch arithmetic taken from the loader::
+``engine.load_checkpoint``, and DeepSpeed's batch arithmetic taken from the loader:
 
     init_distributed()                                     # CPU: DeepSpeed's gloo backend
     loader = TrainLoader(cfg, rank=dist.get_rank(), world_size=dist.get_world_size())
@@ -13,8 +13,8 @@
 * **Client state.** DeepSpeed writes ``client_state`` into the model-states file of data-parallel
   rank 0 and gives it back to every rank in ``load_checkpoint``. The loader state saved at a step
   boundary is the global position, the same on every rank, so rank 0's copy serves them all.
-* **Batch arithmetic.** DeepSpeed checks ``train_batch_size = micro batch * gradient accumulation
-  * world size`` and steps the optimizer every ``gradient_accumulation_steps`` micro-batches;
+* **Batch arithmetic.** DeepSpeed checks that ``train_batch_size`` is the micro batch times the
+  gradient accumulation times the world size, and steps the optimizer every ``gradient_accumulation_steps`` micro-batches;
   [`batch_config`][energon_platform.integrations.deepspeed.batch_config] takes those numbers from the loader, so a DeepSpeed step is one global batch.
 * **One process without a launcher.** ``deepspeed.init_distributed`` outside ``torchrun`` or the
   ``deepspeed`` launcher looks for MPI (``mpi4py``); [`init_distributed`][energon_platform.integrations.deepspeed.init_distributed] gives a lone process

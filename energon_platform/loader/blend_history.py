@@ -1,6 +1,6 @@
 """The blend's history as segments: planned from the config, and continued at resume.
 
-A run's blend is a list of `Segment`\\ s (start unit,
+A run's blend is a list of `Segment` records (start unit,
 weights per dataset). ``plan_segments`` builds it from the metadataset's weights and
 ``loader.blend_schedule``. At resume, ``resume_segments`` keeps the saved history up to the resume
 position and continues with the current config's plan from there, so
@@ -35,7 +35,7 @@ def _weights_for(names: Sequence[str], mapping: dict[str, Any]) -> tuple[str, ..
 def plan_segments(
     datasets: Any, blend_schedule: Sequence[Any], units_per_batch: int
 ) -> list[Segment]:
-    """Segments from the metadataset's weights and ``blend_schedule`` (``BlendStep``\\ s: step, weights)."""
+    """Segments from the metadataset's weights and ``blend_schedule`` (``BlendStep`` records: step, weights)."""
     segments = [Segment(0, datasets.weights())]
     for entry in blend_schedule:
         seg = Segment(entry.step * units_per_batch, _weights_for(datasets.names, entry.weights))

@@ -1,6 +1,6 @@
 """``loader.exclude``: skip keys, shards or whole datasets from a given global batch on, exactly.
 
-A run's exclusions are a history of `Exclusion`\\ s (first global batch, end or None,
+A run's exclusions are a history of `Exclusion` records (first global batch, end or None,
 what they match), planned from the config and continued at resume the way the blend is
 (`blend_history`):
 

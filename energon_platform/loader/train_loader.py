@@ -15,7 +15,7 @@ the same data now; datasets may be added at resume, not removed.
 Worker supervision: a worker that dies (killed for memory) stops the run with
 [`LoaderWorkerError`][energon_platform.loader.train_loader.LoaderWorkerError]; with ``loader.sample_timeout`` a worker on one sample for longer than the
 limit is killed, the sample becomes a failed sample (its stand-in is used, as for a corrupt one) and
-the workers restart at the loader's position (`TrainLoader._replace_stuck`). Micro-batches are
+the workers restart at the loader's position. Micro-batches are
 pure functions of their position, so the restart changes no other batch and the state no field.
 """
 
@@ -426,7 +426,7 @@ def _sigchld_ignored():
     SIGCHLD handler the first time any DataLoader of the process starts workers outside
     `_without_sigchld_handler` (Energon's validation loader, a user's own loader); that
     handler raises "DataLoader worker ... is killed by signal" for every registered worker that
-    dies, including one `TrainLoader._replace_stuck` kills on purpose."""
+    dies, including one the loader kills on purpose (a stuck worker)."""
     import signal
     import threading
 

@@ -1,6 +1,6 @@
 """Atomic checkpoints of model, optimizer, scheduler, step, RNG states and every rank's loader.
 
-Layout of ``DIR``::
+Layout of ``DIR``:
 
     DIR/step_000020/model.pt        model, optimizer, scheduler state dicts (tensors + plain data)
     DIR/step_000020/rng_rank0.pt    torch/numpy/python RNG states of rank 0 (tensors + plain data)

@@ -1,7 +1,7 @@
 """Loss spikes in a run's step log: pure and streaming (one pass, O(``window``) memory).
 
 A step is a spike when its loss is NaN or infinite, or when its robust z-score against the
-previous ``window`` finite losses reaches ``z``::
+previous ``window`` finite losses reaches ``z``:
 
     z = (loss - median) / (1.4826 * MAD)
 

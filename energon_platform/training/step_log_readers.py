@@ -45,7 +45,7 @@ class LogFormatError(ValueError):
 class JsonLines:
     """One JSON object per line with at least ``step`` (int) and ``loss`` (number); other fields
     are kept (``keys``, ``batch_sha256``, ``resumed_from``...). A line that is not such an object
-    (a torn line that some other writer appended to) is no step. Sample::
+    (a torn line that some other writer appended to) is no step. Sample:
 
         {"step": 17, "loss": 7.633512, "keys": ["000000000189", "000000000147"], "batch_sha256": "8fb7d776..."}
     """
@@ -72,7 +72,7 @@ class MegatronLog:
     """Megatron-LM's per-iteration line (``megatron/training/training.py``, ``training_log``,
     printed by the last rank every ``--log-interval`` iterations: log every iteration for the
     check). The loss is the ``lm loss`` field (``loss_key``), an average over the log interval.
-    Sample (one line)::
+    Sample (one line):
 
          [2026-08-22 15:22:22.123456] iteration       17/      30 | consumed samples:          136 | elapsed time per iteration (ms): 812.3 | learning rate: 2.999900E-04 | global batch size:     8 | lm loss: 7.633512E+00 | loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |
     """
@@ -99,7 +99,7 @@ class MegatronLog:
 class TorchtitanLog:
     """torchtitan's training line (``torchtitan/components/metrics.py``, ``MetricsProcessor.log``;
     colour codes and torchrun's ``[rank0]:`` prefix are ignored; ``validate step:`` lines are not
-    steps). The loss is printed with 5 decimals. Sample::
+    steps). The loss is printed with 5 decimals. Sample:
 
         [titan] 2026-08-22 15:22:22,123 - root - INFO - step: 17  loss:  7.63351  grad_norm:  1.2345  memory:  0.00GiB(0.00%)  tps: 1,234  tflops: 0.00  mfu: 0.00%
     """
@@ -118,7 +118,7 @@ class TorchtitanLog:
 
 class RegexLog:
     """Lines matched (``re.search``) by a user regex with named groups ``step`` (an integer) and
-    ``loss`` (a float), e.g. for nanoGPT's ``iter 17: loss 7.6335, time 812.30ms, mfu 1.20%``::
+    ``loss`` (a float), e.g. for nanoGPT's ``iter 17: loss 7.6335, time 812.30ms, mfu 1.20%``:
 
         --log-format regex --regex 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\deE]+|nan)'
 

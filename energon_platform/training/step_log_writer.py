@@ -1,7 +1,5 @@
 """A step log any training loop can write, for ``energon-platform check-resume --cmd``.
 
-::
-
     from energon_platform import StepLog
 
     log = StepLog(f"{out}/steps.jsonl")           # rank 0 writes; other ranks' calls do nothing
@@ -11,7 +9,7 @@
         log.write(step, loss.item(), keys=batch.keys, batch=[batch.tokens, batch.images])
 
 Each call appends one JSON line and flushes and fsyncs it, so a SIGKILL loses at most the line
-being written::
+being written:
 
     {"step": 7, "loss": 5.91, "keys": ["000000000189", ...], "batch_sha256": "8fb7d776..."}
 

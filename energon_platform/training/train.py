@@ -2,7 +2,7 @@
 
 Single process, or one process per rank under ``torchrun`` (gloo on CPU, nccl on GPU). Each step
 takes one global batch (``loader.accumulation`` micro-batches per rank), does AdamW with a warmup
-schedule, and rank 0 appends one JSON line to ``OUT/log.jsonl``::
+schedule, and rank 0 appends one JSON line to ``OUT/log.jsonl``:
 
     {"step": 7, "loss": 5.91..., "keys": [...global batch keys, rank order...],
      "sample_losses": [...each key's document's mean loss over its own targets...],

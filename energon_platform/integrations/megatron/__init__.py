@@ -20,8 +20,8 @@ follow Megatron-LM's own code:
   rank calls it and the rank gating happens here.
 * ``megatron/training/checkpointing.py`` (``maybe_save_dataloader_state``): at a checkpoint
   iteration, the first pipeline stage's tensor-parallel rank 0 of every data-parallel rank calls
-  ``train_iterator.iterable.save_state()`` and ``torch.save``\\ s ``{"dataloader_state_dict":
-  state}`` to the path above (``mp_rank_00_000`` with pipeline parallelism).
+  ``train_iterator.iterable.save_state()`` and saves ``{"dataloader_state_dict": state}``
+  with ``torch.save`` to the path above (``mp_rank_00_000`` with pipeline parallelism).
   [`save_dataloader_state`][energon_platform.integrations.megatron.save_dataloader_state] writes the same file the same way, atomically.
 * ``examples/multimodal/train.py`` (``get_batch``) and ``pretrain_gpt.py`` /
   ``megatron/core/utils.py`` (``get_batch_on_this_tp_rank``, ``flatten_batch_for_packed_sequences``):

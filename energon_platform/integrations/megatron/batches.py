@@ -42,7 +42,7 @@ def to_megatron_batch(
     ``get_batch`` reads. ``N`` rows of ``S`` tokens holding ``D`` documents; ``IGNORE_INDEX = -100``.
 
     ``format="multimodal"`` (``examples/multimodal/train.py`` ``get_batch``, which
-    ``broadcast_data``\\ s each key with the dtype given here and checks it):
+    broadcasts each key with ``broadcast_data`` with the dtype given here and checks it):
 
     * ``tokens``: int64 ``(N, S)``, our ``tokens``.
     * ``labels``: int64 ``(N, S + 1)``. Megatron's multimodal batches carry targets *aligned with
