@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 
@@ -99,6 +100,25 @@ def overrides(pairs: list[str]) -> dict:
                 f"--set {pair}: the value is not valid YAML ({getattr(e, 'problem', None) or e})"
             ) from None
     return out
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """A description or epilog wrapped to the terminal's width one paragraph (blank-line separated)
+    at a time; a paragraph with an indented line (examples, commands) is kept as written, so its
+    lines must fit 100 columns on their own (``tests/project/test_docs_reference.py`` checks)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            lines = paragraph.splitlines()
+            if any(line[:1].isspace() for line in lines):
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                words = " ".join(line.strip() for line in lines)
+                paragraphs.append(
+                    textwrap.fill(words, width, initial_indent=indent, subsequent_indent=indent)
+                )
+        return "\n\n".join(paragraphs)
 
 
 def run_config(args, run: str | None, required: bool = True):

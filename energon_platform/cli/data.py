@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from energon_platform.cli.common import (
+    HelpFormatter,
     folder_or_manifest,
     format_arg,
     fraction,
@@ -17,7 +18,8 @@ from energon_platform.cli.common import (
 EXAMPLES = """examples:
   energon-platform convert coco --annotations captions.json --images images/ --out shards/
   energon-platform convert folder --root photos/ --out shards/ --image-format keep --max-side 1024
-  energon-platform convert manifest --manifest laion.parquet --image-column jpg --text-column caption --out shards/
+  energon-platform convert manifest --manifest laion.parquet --image-column jpg \\
+      --text-column caption --out shards/
   energon-platform convert librispeech --root LibriSpeech/train-clean-100 --out speech/ --workers 8
   energon-platform convert audio-manifest --manifest train.jsonl --out speech/ --executor ray
   energon-platform convert text --manifest data/text_mini/documents.jsonl --id-column id --out docs/
@@ -116,7 +118,7 @@ def add_convert(sub) -> None:
         "Energon-ready WebDataset shards. Bad records are skipped and counted "
         "in OUT/report.json and OUT/skipped.jsonl; a killed run resumes where it stopped.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="SOURCE-KIND")
     k = kinds.add_parser("coco", parents=[common, image], help="COCO captions json + image folder")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from energon_platform.cli.common import (
+    HelpFormatter,
     UsageError,
     add_run_args,
     non_negative,
@@ -195,12 +195,18 @@ def _plan_without(cfg, out: Path):
 CHECK_RESUME_EXAMPLES = """examples:
   energon-platform check-resume --config configs/train_image_text.yaml --steps 30 --kill-at 17
   energon-platform check-resume --steps 12 --kill-at 8 \\
-      --cmd "torchrun --standalone --nproc-per-node 2 scripts/examples/torchtitan_style_loop.py --config run.yaml --out {out} --steps 12" \\
-      --resume-cmd "torchrun --standalone --nproc-per-node 2 scripts/examples/torchtitan_style_loop.py --config run.yaml --out {out} --steps 12 --resume"
+      --cmd "torchrun --standalone --nproc-per-node 2 scripts/examples/torchtitan_style_loop.py \\
+             --config run.yaml --out {out} --steps 12" \\
+      --resume-cmd "torchrun --standalone --nproc-per-node 2 \\
+             scripts/examples/torchtitan_style_loop.py --config run.yaml --out {out} --steps 12 \\
+             --resume"
   energon-platform check-resume --steps 12 --kill-at 8 --log-format megatron \\
-      --cmd "python scripts/examples/megatron_style_loop.py --config run.yaml --save {out} --train-iters 12" \\
-      --resume-cmd "python scripts/examples/megatron_style_loop.py --config run.yaml --save {out} --load {out} --train-iters 12"
-  ... --log-format regex --regex 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\deE]+)'   # any other trainer's lines
+      --cmd "python scripts/examples/megatron_style_loop.py --config run.yaml --save {out} \\
+             --train-iters 12" \\
+      --resume-cmd "python scripts/examples/megatron_style_loop.py --config run.yaml \\
+             --save {out} --load {out} --train-iters 12"
+  ... --log-format regex \\
+      --regex 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\deE]+)'   # any other trainer's lines
 """
 
 
@@ -218,7 +224,7 @@ def add_check_resume(sub) -> None:
         "digests, loss) where the log carries keys and batch digests (StepLog), else "
         "|Δloss| <= 0.01 at every compared step.",
         epilog=CHECK_RESUME_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_run_args(p, "loader workers per rank (default: the config's)", config_required=False)
     p.add_argument("--steps", type=positive, required=True, help="steps of both runs")

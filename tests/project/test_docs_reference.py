@@ -83,6 +83,17 @@ def test_cli_page_holds_every_commands_help_as_argparse_prints_it(site, monkeypa
     assert not missing, f"commands whose --help the CLI page lacks: {missing}"
 
 
+def test_every_commands_help_fits_the_100_columns_the_cli_page_promises(monkeypatch):
+    monkeypatch.setenv("COLUMNS", COLUMNS)
+    wide = [
+        f"{' '.join(path) or '(top)'}: {len(line)} columns: {line[:60]!r}..."
+        for path, parser in commands(build_parser())
+        for line in parser.format_help().splitlines()
+        if len(line) > int(COLUMNS)
+    ]
+    assert not wide, "\n".join(wide)
+
+
 @pytest.mark.parametrize("words", [(), ("convert", "coco"), ("check-resume",)])
 def test_cli_page_matches_the_help_the_command_prints(site, words):
     r = run_cli(*words, "--help", cwd=REPO, timeout=60, env={**os.environ, "COLUMNS": COLUMNS})
