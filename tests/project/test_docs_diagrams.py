@@ -45,6 +45,37 @@ def test_the_pages_hold_their_mermaid_blocks_and_load_the_shipped_script(site):
     assert "MIT License" in (DOCS / "javascripts" / "mermaid.LICENSE.txt").read_text()
 
 
+#: the most nodes a left-to-right diagram may have: scaled to a phone's width, a longer row of
+#: boxes draws its text a few pixels high
+MOST_NODES_ACROSS = 4
+
+
+def flowcharts(text: str) -> list[tuple[str, int]]:
+    """``(direction, number of nodes)`` of every mermaid flowchart in ``text``."""
+    charts = []
+    for body in re.findall(r"^```mermaid\s*\n(.*?)^```", text, re.S | re.M):
+        head = re.match(r"\s*(?:flowchart|graph)\s+(\w+)", body)
+        if head:
+            nodes = set(
+                re.findall(r"(?:^|-->|---|-\.->|--\s[^-]*-->|\s)\s*(\w+)\s*[\[({]", body, re.M)
+            )
+            charts.append((head.group(1), len(nodes)))
+    return charts
+
+
+def test_long_diagrams_are_drawn_top_down():
+    across = [
+        f"{page.name}: {direction} with {nodes} nodes"
+        for page in sorted(DOCS.rglob("*.md"))
+        for direction, nodes in flowcharts(page.read_text())
+        if direction in ("LR", "RL") and nodes > MOST_NODES_ACROSS
+    ]
+    assert not across, "draw these top-down (flowchart TB):\n" + "\n".join(across)
+    assert flowcharts('```mermaid\nflowchart LR\n  a["x"] --> b["y"]\n  b --> c{"z"}\n```\n') == [
+        ("LR", 3)
+    ]
+
+
 @pytest.fixture(scope="module")
 def chromium():
     reason = chromium_or_reason()
