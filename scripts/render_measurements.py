@@ -10,11 +10,19 @@ several files name one benchmark, the newest run (its ``date``, else the file's 
 is shown: the page holds one run per benchmark, not a history.
 
 Per benchmark the page shows one sentence on what was compared on what data, the run's date,
-machine and load average, a headline table (comparison, ours, the alternative, ratio, target,
-met, and why when a target is not met: from the target's or the run's ``why``, else from
-:data:`WHY`), at most one chart (``assets/measurements/NAME.svg`` next to the page) and every figure
-of the run in a collapsed "All figures" block. No absolute path of the machine that ran it is shown.
-Exit status: 0, or 2 with one line for a missing or unreadable file.
+machine and load average, a comparison table (comparison, ours, the alternative, ours ÷ alternative,
+better when, target, met, and why when a target is not met: from the target's or the run's ``why``,
+else from :data:`WHY`), a "figures" table for what has no alternative (a fit's R², an error, a
+padding fraction), at most one chart (``assets/measurements/NAME.svg`` next to the page, with an alt
+text saying what it plots) and every figure of the run in a collapsed "All figures" block. The ratio
+is always ours ÷ the alternative, computed here from the two figures (a run's own ratio may be the
+other way round), and "better when" (lower or higher) comes from the figure's unit by
+:func:`better_when`: a figure whose direction it cannot tell stops the page (:class:`Unclear`), so a
+new benchmark states it (a unit the table knows, a target with ``<=``/``>=``, or ``"better"`` on
+its target). The at-a-glance table gives one headline figure per benchmark (:func:`headline_of`). No
+absolute path of the machine that ran it is shown.
+Exit status: 0, or 2 with one line for a missing or unreadable file or a figure without a
+direction.
 """
 
 from __future__ import annotations
@@ -127,15 +135,97 @@ WHY = {
 
 
 class Row(NamedTuple):
-    """One line of a headline table; ``target`` is ``(text, op, threshold)`` or None, about
-    ``checks`` (the ratio, or ours when the ratio is missing or ``checks`` is ``"ours"``)."""
+    """One comparison: ``ours`` against ``alternative``, both in ``unit`` (its words tell
+    :func:`better_when` which side is good); ``target`` is ``(text, op, threshold)`` or None, about
+    ``checks`` (``"ratio"``: ours ÷ alternative, else ``"ours"``). ``ratio`` is the run's own ratio
+    stated as ours ÷ alternative (invert a run's alternative-over-ours first): shown, as a figure,
+    only when the run lacks one of the two figures."""
 
     comparison: str
     ours: object
     alternative: object
-    ratio: object
-    target: tuple[str, str, float] | None = None
+    unit: str
+    target: tuple[str, str, float | None] | None = None
     checks: str = "ratio"  # the figure the target is about: "ratio", else "ours"
+    ratio: object = None
+
+
+class Figure(NamedTuple):
+    """One figure with no alternative (a fit's R², an error, a time): ``value`` in ``unit``."""
+
+    name: str
+    value: object
+    unit: str
+    target: tuple[str, str, float | None] | None = None
+
+
+class Line(NamedTuple):
+    """A row as the page shows it: a comparison when ``ratio`` (ours ÷ alternative) is set, else a
+    figure whose value is ``ours``."""
+
+    name: str
+    ours: object
+    alternative: object
+    ratio: float | None
+    better: str  # "lower" or "higher"
+    target: str  # the target's text, "–" for none
+    met: bool | None  # None: no target
+    entry: dict  # the run's own target entry, {} for none
+    on_ours: bool = False  # a comparison's target judges ours, not the ratio
+    percent: bool = False  # the target is in percent: show the figures so
+
+
+class Unclear(ValueError):
+    """A figure whose better side (lower or higher) the renderer cannot tell."""
+
+
+#: which side of a figure is better, by the words of its unit (or name): the first rule matching
+#: wins, so a rate (``samples/s``) is higher before its ``s`` reads as seconds
+BETTER = (
+    ("higher", re.compile(r"/s\b|\bper (?:cpu )?s(?:econd)?\b|r²|\bspeedup\b")),
+    (
+        "lower",
+        re.compile(r"\b(?:ms|µs|s|seconds?|mib|gib|bytes|time|max/mean|padding|error|latency)\b"),
+    ),
+)
+KNOWN_UNITS = (
+    "(samples/s, per s, R²: higher; ms, s, MiB, bytes, time, max/mean, padding, error: lower)"
+)
+#: a target's comparison operator, its last one in the text (``N >= 10g: p90 max/mean <= 1.05``)
+OPERATOR = re.compile(r"<=|>=|≤|≥|<|>")
+
+
+def side_of_target(text: str) -> str | None:
+    """The side a target's text asks for: ``<=`` lower, ``>=`` higher, ``...: 0`` (a count that
+    must be none) lower; None when it has no operator."""
+    ops = OPERATOR.findall(text)
+    if ops:
+        return "lower" if ops[-1] in ("<=", "≤", "<") else "higher"
+    return "lower" if re.search(r":\s*0$", text.strip()) else None
+
+
+def better_when(name: str, unit: str = "", target: str = "", stated: object = None) -> str:
+    """``"lower"`` or ``"higher"``: the run's own ``better`` on the target, else the words of
+    ``unit`` (or of ``name`` when no unit is given), else the target's operator. Raises
+    :class:`Unclear` naming ``name`` when none tells, or when the unit and the target disagree."""
+    if stated in ("lower", "higher"):
+        return str(stated)
+    words_of = (unit or name).lower()
+    by_unit = next((side for side, rule in BETTER if rule.search(words_of)), None)
+    by_target = side_of_target(target) if target else None
+    if by_unit and by_target and by_unit != by_target:
+        raise Unclear(
+            f"{name!r}: its unit {unit or name!r} says {by_unit} is better, its target "
+            f"{target!r} asks for {by_target}"
+        )
+    side = by_unit or by_target
+    if side is None:
+        raise Unclear(
+            f"{name!r}: cannot tell whether lower or higher is better; give it a unit "
+            f'{KNOWN_UNITS} or a target with <= or >=, or "better": "lower"|"higher" on '
+            "its target"
+        )
+    return side
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -252,10 +342,20 @@ def get(node: object, *keys: object) -> object:
     return node
 
 
+def number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def ratio(a: object, b: object) -> float | None:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+    """``a / b``, or None unless both are numbers and ``b`` is not 0."""
+    if number(a) and number(b) and b:
         return a / b
     return None
+
+
+def inverse(x: object) -> float | None:
+    """A run's ratio of the alternative over ours, turned into ours ÷ the alternative."""
+    return ratio(1, x)
 
 
 # --- run header: machine and load ----------------------------------------------------------
@@ -297,9 +397,7 @@ def loader_rows(r: dict) -> list[Row]:
     pad = r.get("padding") or {}
 
     def pair(text: str, a: str, b: str, key: str, target: tuple | None) -> Row:
-        return Row(
-            text, rate.get(a), rate.get(b), t.get(key, ratio(rate.get(a), rate.get(b))), target
-        )
+        return Row(text, rate.get(a), rate.get(b), "samples/s", target, ratio=t.get(key))
 
     return [
         pair("samples/s: ours vs a plain webdataset pipeline", "ours", "webdataset", "ratio_a_b",
@@ -311,7 +409,8 @@ def loader_rows(r: dict) -> list[Row]:
         pair("samples/s of a blend: ours vs Energon's blend", "blend", "energon_blend",
              "ratio_e_f", ("ours / Energon's blend >= 1.0", ">=", 1.0)),
         Row("padding: packed rows vs one caption per row", pad.get("padding_packed"),
-            pad.get("padding_unpacked"), None, ("padding with packing <= 3%", "<=", 0.03)),
+            pad.get("padding_unpacked"), "padding", ("padding with packing <= 3%", "<=", 0.03),
+            "ours"),
     ]  # fmt: skip
 
 
@@ -324,17 +423,40 @@ def loader_sentence(r: dict) -> str:
     )
 
 
+#: the loaders of ``bench_loader``'s ``samples_per_s``, as the chart names them; ours are blue
+LOADERS = {
+    "ours": "ours (Energon's savable loader)",
+    "webdataset": "plain webdataset",
+    "restore_seeds": "Energon reseeding every sample",
+    "schedule": "our TrainLoader",
+    "blend": "ours on a blend",
+    "energon_blend": "Energon's blend",
+}
+OURS_LOADERS = ("ours", "schedule", "blend")
+
+
 def loader_chart(r: dict, plt) -> object | None:
     rate = get(r, "throughput", "samples_per_s")
     if not isinstance(rate, dict) or not rate:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    names = [words(k) for k in rate]
-    colours = ["#2a7ab0" if k in ("ours", "schedule", "blend") else "#b0b0b0" for k in rate]
+    names = [LOADERS.get(k, words(k)) for k in rate]
+    colours = ["#2a7ab0" if k in OURS_LOADERS else "#b0b0b0" for k in rate]
     ax.barh(names, list(rate.values()), color=colours)
     ax.invert_yaxis()
-    ax.set_xlabel("samples per second (blue: ours, grey: webdataset and Energon)")
+    ax.set_xlabel("samples per second (higher is better)\nblue: ours; grey: webdataset and Energon")
     return fig
+
+
+def loader_alt(r: dict) -> str:
+    rate = get(r, "throughput", "samples_per_s") or {}
+    ours = [LOADERS.get(k, words(k)) for k in rate if k in OURS_LOADERS]
+    others = [LOADERS.get(k, words(k)) for k in rate if k not in OURS_LOADERS]
+    return (
+        "Horizontal bar chart: samples per second on the x axis (higher is better), one bar per "
+        f"loader on the y axis; ours in blue ({'; '.join(ours)}), the alternatives in grey "
+        f"({'; '.join(others)})."
+    )
 
 
 def restore_rows(r: dict) -> list[Row]:
@@ -344,8 +466,9 @@ def restore_rows(r: dict) -> list[Row]:
         ours, energon = get(p, "ours", "ratio"), get(p, "energon_default", "ratio")
         target = (f"ours <= {limit} at every position", "<=", limit) if limit else None
         rows.append(
-            Row(f"resume after {pos} batches, as a multiple of a fresh start (lower is better)",
-                ours, energon, ratio(energon, ours), target, "ours")
+            Row(f"resume after {pos} batches, time to the first batch as a multiple of a fresh "
+                "start: ours vs Energon's savable loader", ours, energon,
+                "restore time ÷ fresh start", target, "ours")
         )  # fmt: skip
     return rows
 
@@ -356,7 +479,7 @@ def restore_sentence(r: dict) -> str:
         "Time from building the loader to its first batch in a fresh process, resuming a state "
         "saved after a number of batches against starting fresh: ours against Energon's savable "
         f"loader, on a generated dataset of {fmt(d.get('num_samples', '?'))} samples in "
-        f"{fmt(d.get('num_shards', '?'))} shards. Ratio: Energon's multiple over ours."
+        f"{fmt(d.get('num_shards', '?'))} shards."
     )
 
 
@@ -366,16 +489,43 @@ def restore_chart(r: dict, plt) -> object | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.2))
     xs = [int(p) for p in positions]
-    for loader, name in (("ours", "ours"), ("energon_default", "Energon, default"),
-                         ("energon_frequent", "Energon, frequent checkpoints")):  # fmt: skip
+    for loader, style in RESTORE_LINES.items():
         ys = [get(p, loader, "ratio") for p in positions.values()]
         if any(y is not None for y in ys):
-            ax.plot(xs, ys, marker="o", label=name)
+            ax.plot(xs, ys, **style)
+    ax.axhline(1.0, color="black", linewidth=0.6)
     ax.set_xscale("log")
-    ax.set_xlabel("position resumed at (batches)")
-    ax.set_ylabel("restore time ÷ fresh start")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.set_xlabel("position resumed at (batches, log scale)")
+    ax.set_ylabel("time to first batch\n÷ a fresh start's (log)")
     ax.legend()
     return fig
+
+
+#: the lines of the restore chart: ours drawn last and thin over a thick grey Energon with frequent
+#: checkpoints, so that both stay seen where they run together near 1
+RESTORE_LINES = {
+    "energon_default": {"label": "Energon (default)", "marker": "s", "color": "#b07a2a"},
+    "energon_frequent": {"label": "Energon (frequent checkpoints)", "marker": "^", "markersize": 10,
+                         "linestyle": "--", "linewidth": 4, "color": "#b0b0b0"},
+    "ours": {"label": "ours", "marker": "o", "color": "#2a7ab0", "linewidth": 1.5, "zorder": 3},
+}  # fmt: skip
+
+
+def restore_alt(r: dict) -> str:
+    positions = r.get("positions") or {}
+    lines = [
+        style["label"]
+        for k, style in RESTORE_LINES.items()
+        if any(get(p, k, "ratio") is not None for p in positions.values())
+    ]
+    return (
+        "Line chart: the time from building the loader to its first batch when resuming, as a "
+        "multiple of a fresh start's (y axis, log scale, lower is better, 1 = no slower than "
+        f"fresh), against the batch position resumed at (x axis, log scale: {', '.join(positions)})"
+        f"; one line each for {'; '.join(lines)}."
+    )
 
 
 def scale_rows(r: dict) -> list[Row]:
@@ -386,10 +536,12 @@ def scale_rows(r: dict) -> list[Row]:
         ours, arr = sched.get("ours permutation", {}), sched.get("array permutation", {})
         rows += [
             Row(f"restore at {n:,} samples: seconds, ours vs one permutation array per epoch",
-                ours.get("seconds"), arr.get("seconds"), x.get("restore_time_array_over_ours")),
-            Row(f"restore at {n:,} samples: memory above baseline (MiB)",
-                ours.get("rss_above_baseline_mib"), arr.get("rss_above_baseline_mib"),
-                x.get("rss_above_base_array_over_ours")),
+                ours.get("seconds"), arr.get("seconds"), "seconds",
+                ratio=inverse(x.get("restore_time_array_over_ours"))),
+            Row(f"restore at {n:,} samples: memory above baseline (MiB), ours vs one permutation "
+                "array per epoch", ours.get("rss_above_baseline_mib"),
+                arr.get("rss_above_baseline_mib"), "MiB",
+                ratio=inverse(x.get("rss_above_base_array_over_ours"))),
         ]  # fmt: skip
     return rows
 
@@ -400,46 +552,48 @@ def convert_rows(r: dict) -> list[Row]:
     bound = get(r, "object_storage", "staging_bound_bytes") or {}
     rows = [
         Row("samples/s: ours with 1 worker vs a naive ShardWriter loop", rate.get("ours, 1 worker"),
-            rate.get("naive ShardWriter loop"), q.get("ours_1w_over_naive"),
-            ("ours 1 worker / naive >= 0.95", ">=", 0.95)),
+            rate.get("naive ShardWriter loop"), "samples/s",
+            ("ours 1 worker / naive >= 0.95", ">=", 0.95), ratio=q.get("ours_1w_over_naive")),
         Row("samples/s: ours with 2 workers vs 1 worker", rate.get("ours, 2 workers"),
-            rate.get("ours, 1 worker"), q.get("ours_2w_over_ours_1w"),
-            ("ours 2 workers / 1 worker >= 1.7", ">=", 1.7)),
+            rate.get("ours, 1 worker"), "samples/s",
+            ("ours 2 workers / 1 worker >= 1.7", ">=", 1.7), ratio=q.get("ours_2w_over_ours_1w")),
     ]  # fmt: skip
     for w, name in (("1w", "1 worker"), ("2w", "2 workers")):
         rows.append(
             Row(f"samples/s: into S3 vs to local disk, {name}", rate.get(f"ours, {name} -> S3"),
-                rate.get(f"ours, {name}"), q.get(f"s3_over_local_{w}"),
-                (f"S3 / local ({name}) >= 0.9", ">=", 0.9))
+                rate.get(f"ours, {name}"), "samples/s", (f"S3 / local ({name}) >= 0.9", ">=", 0.9),
+                ratio=q.get(f"s3_over_local_{w}"))
         )  # fmt: skip
         if w in staging:
             rows.append(
                 Row(f"bytes staged on disk at most, into S3, {name}: peak vs bound", staging[w],
-                    bound.get(w), ratio(staging[w], bound.get(w)),
+                    bound.get(w), "bytes",
                     (f"peak staging ({w}) <= (workers + 1) x largest shard + records", "<=", 1.0))
             )  # fmt: skip
     return rows
 
 
-def video_rows(r: dict) -> list[Row]:
+def video_rows(r: dict) -> list[Row | Figure]:
     v = r.get("loader_vs_pyav") or {}
     rows = [
         Row("clips/s: our loader vs a PyAV loop decoding the same clips (decode only)",
-            v.get("loader_clips_per_s"), v.get("pyav_clips_per_s"), v.get("ratio")),
+            v.get("loader_clips_per_s"), v.get("pyav_clips_per_s"), "clips/s",
+            ratio=v.get("ratio")),
         Row("clips/s: our loader vs a loop doing the same work by hand",
-            v.get("loader_clips_per_s"), v.get("same_work_clips_per_s"), v.get("ratio_same_work"),
-            ("loader / same work >= 0.9", ">=", 0.9)),
+            v.get("loader_clips_per_s"), v.get("same_work_clips_per_s"), "clips/s",
+            ("loader / same work >= 0.9", ">=", 0.9), ratio=v.get("ratio_same_work")),
     ]  # fmt: skip
     for fmt_, x in (r.get("seek_long_over_short") or {}).items():
-        rows.append(Row(f"decode time per clip, {fmt_}: long video over short (about 1 is ideal)",
-                        None, None, x))  # fmt: skip
+        rows.append(Figure(f"decode time per clip, {fmt_}: a long video's ÷ a short one's (1: the "
+                           "length costs nothing)", x, "decode time ratio"))  # fmt: skip
     return rows
 
 
 def three_d_rows(r: dict) -> list[Row]:
     return [
         Row("point clouds/s: our loader vs a plain trimesh loop", r.get("ours_clouds_per_s"),
-            r.get("plain_trimesh_clouds_per_s"), r.get("ratio"), ("ours / plain >= 0.9", ">=", 0.9))
+            r.get("plain_trimesh_clouds_per_s"), "point clouds/s",
+            ("ours / plain >= 0.9", ">=", 0.9), ratio=r.get("ratio"))
     ]  # fmt: skip
 
 
@@ -452,7 +606,8 @@ def lengths_rows(r: dict) -> list[Row]:
                 "vs decoding",
                 x.get("index_samples_per_cpu_s"),
                 x.get("decode_samples_per_cpu_s"),
-                x.get("speedup_vs_decoding"),
+                "samples per CPU second",
+                ratio=x.get("speedup_vs_decoding"),
             )
         )
         if "lookup_us_per_sample" in x:  # runs before the lookup was timed lack it
@@ -462,32 +617,33 @@ def lengths_rows(r: dict) -> list[Row]:
                     "cost features (balance: measured) vs decoding it",
                     x.get("lookup_us_per_sample"),
                     x.get("decode_us_per_sample"),
-                    x.get("lookup_speedup_vs_decoding"),
+                    "CPU µs per sample",
+                    ratio=inverse(x.get("lookup_speedup_vs_decoding")),
                 )
             )
     return rows  # fmt: skip
 
 
-def trace_rows(r: dict) -> list[Row]:
+def trace_rows(r: dict) -> list[Row | Figure]:
     epochs = get(r, "settings", "epochs")
     rows = [
         Row(f"{x.get('schedule')}: ms to find every step of one sample over {epochs} epochs, "
             "ours vs scanning the steps", x.get("key_ms"),
-            None if x.get("scan_s_estimated") is None else 1000 * x["scan_s_estimated"],
-            x.get("scan_over_key"))
+            None if x.get("scan_s_estimated") is None else 1000 * x["scan_s_estimated"], "ms",
+            ratio=inverse(x.get("scan_over_key")))
         for x in r.get("unbalanced") or []
     ]  # fmt: skip
     b = r.get("balanced")
     if isinstance(b, dict):
-        rows.append(Row("balanced run: seconds of planner replay to trace step 10,000",
-                        b.get("replay_s_per_10k_steps"), None, None))  # fmt: skip
+        rows.append(Figure("balanced run: seconds of planner replay to trace step 10,000",
+                           b.get("replay_s_per_10k_steps"), "seconds"))  # fmt: skip
     return rows
 
 
 COSTS_OF_TODAY = {"none": "today", "naive": "naive sort-and-deal", "energon": "Energon packing"}
 
 
-def balance_rows(r: dict) -> list[Row]:
+def balance_rows(r: dict) -> list[Row | Figure]:
     rows = []
     for x in get(r, "balance", "results") or []:
         ours, today = (
@@ -498,22 +654,22 @@ def balance_rows(r: dict) -> list[Row]:
         rows.append(
             Row(f"rank cost p90 max/mean, {x.get('cost')}, {x.get('ranks')} ranks × "
                 f"{x.get('per_rank')}, {x.get('layout')}: ours vs today", ours, today,
-                ratio(today, ours), (text, "<=", None) if x.get("ranks") == 8 else None)
+                "p90 max/mean", (text, "<=", None) if x.get("ranks") == 8 else None, "ours")
         )  # fmt: skip
     for key, ours, figure, comparison, target in (
         ("train", "attention", "tokens_per_s",
          "tokens/s training on 2 ranks: ours (balance: attention) vs today",
          "2-rank tokens/s ours/today"),
         ("train-measured", "measured", "steps_per_s",
-         "two-tower optimizer steps/s on 2 ranks: balance measured vs none",
+         "two-tower optimizer steps/s on 2 ranks: balance measured vs today (none)",
          "2-rank two-tower steps/s measured/none"),
     ):  # fmt: skip
         section = r.get(key)
         if isinstance(section, dict):
             rows.append(
                 Row(comparison, get(section, "variants", ours, figure),
-                    get(section, "variants", "none", figure), section.get("ratio"),
-                    (target, ">=", None))
+                    get(section, "variants", "none", figure), words(figure).replace(" per ", "/"),
+                    (target, ">=", None), ratio=section.get("ratio"))
             )  # fmt: skip
     beside = get(r, "train-measured", "variants", "attention", "steps_per_s")
     if beside is not None:
@@ -521,7 +677,7 @@ def balance_rows(r: dict) -> list[Row]:
             Row("two-tower optimizer steps/s on 2 ranks: balance measured vs attention (both plan "
                 "rows; the cost model's own gain)",
                 get(r, "train-measured", "variants", "measured", "steps_per_s"), beside,
-                get(r, "train-measured", "attention_ratio"))
+                "steps/s", ratio=get(r, "train-measured", "attention_ratio"))
         )  # fmt: skip
     # paired timing (`bench_balance.timed`) is not what the targets are stated on: no target
     paired = get(r, "measured", "timing") == "paired"
@@ -537,7 +693,7 @@ def balance_rows(r: dict) -> list[Row]:
                 Row(f"measured step time p90 max/mean{timing}, {x.get('ranks')} ranks, "
                     f"{x.get('layout')}: planned by measured cost vs today",
                     get(x, "max_over_mean", "p90"), get(none, "max_over_mean", "p90"),
-                    ratio(get(none, "max_over_mean", "p90"), get(x, "max_over_mean", "p90")),
+                    "p90 max/mean",
                     (f"measured p90 max/mean, {x.get('ranks')} ranks, {x.get('layout')}", "<=",
                      None) if x.get("ranks") in (8, 64) and not paired else None, "ours")
             )  # fmt: skip
@@ -548,9 +704,9 @@ def balance_rows(r: dict) -> list[Row]:
             )  # fmt: skip
             if floor is not None:
                 rows.append(
-                    Row(f"timing floor{timing}, {x.get('ranks')} ranks, {x.get('layout')}: p90 "
-                        "max/mean of equal work (one rank's micro-batch timed for every rank)",
-                        get(floor, "max_over_mean", "p90"), None, None)
+                    Figure(f"timing floor{timing}, {x.get('ranks')} ranks, {x.get('layout')}: p90 "
+                           "max/mean of equal work (one rank's micro-batch timed for every rank)",
+                           get(floor, "max_over_mean", "p90"), "p90 max/mean")
                 )  # fmt: skip
     rows += sizes_rows(r)
     return rows
@@ -567,13 +723,13 @@ def sizes_rows(r: dict) -> list[Row]:
             or x.get("cost") != "attention"
         ):
             continue
+        b = x.get("balance") or {}
         rows.append(
             Row(f"rank cost p90 max/mean, one dataset of N = {x.get('n')} samples, "
-                f"{x.get('ranks')} ranks × {x.get('per_rank')}, unpacked attention "
-                f"({x.get('outlier_anchored_steps')} steps outlier-anchored; bound "
-                f"{fmt(x.get('bound_p90'))}): ours vs today",
-                x.get("max_over_mean_p90"), x.get("none_p90"),
-                ratio(x.get("none_p90"), x.get("max_over_mean_p90")))
+                f"{x.get('ranks')} ranks, unpacked attention "
+                f"({b.get('outlier_anchored_steps')} steps outlier-anchored; bound "
+                f"{fmt(b.get('bound_p90'))}): ours vs today",
+                b.get("max_over_mean_p90"), b.get("none_p90"), "p90 max/mean")
         )  # fmt: skip
     return rows
 
@@ -616,8 +772,14 @@ def balance_chart(r: dict, plt) -> object | None:
     if not results:
         return None
     panels = sorted({(x.get("cost"), x.get("layout")) for x in results})
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), sharey=True)
-    axes = axes if len(panels) > 1 else [axes]
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.6 * cols, 3.2 * rows), sharey=True, squeeze=False
+    )
+    axes = list(axes.flat)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
     for ax, (cost, layout) in zip(axes, panels):
         chosen = [x for x in results if (x.get("cost"), x.get("layout")) == (cost, layout)]
         methods = list(dict.fromkeys(m for x in chosen for m in x.get("variants", {})))
@@ -630,22 +792,40 @@ def balance_chart(r: dict, plt) -> object | None:
         ax.set_xticklabels([COSTS_OF_TODAY.get(m, m) for m in methods], rotation=30, ha="right")
         ax.set_title(f"{cost}, {layout}", fontsize=10)
         ax.axhline(1.0, color="black", linewidth=0.6)
-    axes[0].set_ylabel("p90 max/mean of rank cost (1 = even)")
-    axes[-1].legend()
+    for ax in axes[::cols]:
+        ax.set_ylabel("p90 max/mean of rank cost\n(1 = even, lower is better)", fontsize=9)
+    axes[len(panels) - 1].legend()
     return fig
 
 
+def balance_alt(r: dict) -> str:
+    results = get(r, "balance", "results") or []
+    panels = sorted({(x.get("cost"), x.get("layout")) for x in results})
+    methods = list(dict.fromkeys(m for x in results for m in x.get("variants", {})))
+    ranks = list(dict.fromkeys(str(x.get("ranks")) for x in results))
+    return (
+        "Grouped bar charts, one panel per cost and layout ("
+        + "; ".join(f"{c}, {lay}" for c, lay in panels)
+        + "): the p90 over steps of the costliest rank's cost divided by the mean rank's (y axis, "
+        "1 = even ranks, lower is better) for each way of dealing samples on the x axis ("
+        + ", ".join(COSTS_OF_TODAY.get(m, m) for m in methods)
+        + f"), one bar per rank count ({', '.join(ranks)} ranks); a black line marks 1."
+    )
+
+
 class Kind(NamedTuple):
-    """What the page says of one benchmark."""
+    """What the page says of one benchmark; ``alt`` says what its chart shows (each axis, each
+    series), for a reader who does not see it."""
 
     sentence: Callable[[dict], str]
-    rows: Callable[[dict], list[Row]]
+    rows: Callable[[dict], list[Row | Figure]]
     chart: Callable[[dict, object], object | None] | None = None
+    alt: Callable[[dict], str] | None = None
 
 
 KINDS = {
-    "loader": Kind(loader_sentence, loader_rows, loader_chart),
-    "restore": Kind(restore_sentence, restore_rows, restore_chart),
+    "loader": Kind(loader_sentence, loader_rows, loader_chart, loader_alt),
+    "restore": Kind(restore_sentence, restore_rows, restore_chart, restore_alt),
     "scale": Kind(
         lambda r: (
             "The time and memory a fresh process needs to compute one global batch deep in "
@@ -693,7 +873,7 @@ KINDS = {
         ),
         trace_rows,
     ),
-    "balance": Kind(balance_sentence, balance_rows, balance_chart),
+    "balance": Kind(balance_sentence, balance_rows, balance_chart, balance_alt),
 }
 
 
@@ -715,17 +895,18 @@ def json_targets(node: object) -> list[dict]:
     return found
 
 
-def judge(row: Row, recorded: list[dict]) -> tuple[str, bool | None, dict]:
-    """The row's target text, whether it is met (None: no target) and the run's own target entry
+def judge(
+    target: tuple | None, value: object, recorded: list[dict]
+) -> tuple[str, bool | None, dict]:
+    """A target's text, whether ``value`` meets it (None: no target) and the run's own target entry
     (matched by text, or by prefix when the renderer does not know the threshold)."""
-    if row.target is None:
+    if target is None:
         return "–", None, {}
-    text, op, limit = row.target
+    text, op, limit = target
     entry = next((t for t in recorded if str(t["target"]).startswith(text)), {})
     if entry:
         return str(entry["target"]), bool(entry.get("met")), entry
-    value = row.ratio if row.ratio is not None and row.checks == "ratio" else row.ours
-    if limit is None or not isinstance(value, (int, float)):
+    if limit is None or not number(value):
         return text, None, {}
     return text, (value >= limit if op == ">=" else value <= limit), {}
 
@@ -739,52 +920,149 @@ def reason(kind: str, target: str, entry: dict, result: dict) -> str:
     return plain(text) if text else "no reason recorded yet"
 
 
-def judged_rows(kind: str, result: dict) -> list[tuple]:
-    """The headline rows of a run: (comparison, ours, alternative, ratio, target, met, the run's
-    target entry), rows the run did not measure left out, the run's own targets without a row
-    added."""
+def in_percent(target: str) -> bool:
+    """Whether a target's threshold is in percent (``padding <= 2%``)."""
+    ops = list(OPERATOR.finditer(target))
+    return bool(ops) and target[ops[-1].end() :].strip().endswith("%")
+
+
+def figure_name(target: str, entry: dict) -> str:
+    """The figure a run's own target is about: its text before its last operator (``calibration
+    R² >= 0.95`` → ``calibration R²``), with the worst case the run names."""
+    ops = list(OPERATOR.finditer(target))
+    name = target[: ops[-1].start()] if ops else re.sub(r":\s*0$", "", target.strip())
+    while re.search(r"(?:[,:]|\bin)\s*$", name):
+        name = re.sub(r"(?:[,:]|\bin)\s*$", "", name)
+    name = name.strip() or target
+    unit = re.search(r"\d\s*([^\W\d_][\w/]*)$", target[ops[-1].end() :]) if ops else None
+    if unit and unit.group(1) not in name:  # ``... in <= 10 ms``: the value is in ms
+        name += f" ({unit.group(1)})"
+    worst = entry.get("worst")
+    return f"{name} (worst: {worst})" if isinstance(worst, str) else name
+
+
+def line_of(row: Row | Figure, recorded: list[dict]) -> Line | None:
+    """How ``row`` shows: a comparison when the run has both figures, else a figure (ours alone, or
+    the run's own ratio when it lacks the figures); None when the run measured none of it."""
+    if isinstance(row, Row) and ratio(row.ours, row.alternative) is not None:
+        q = ratio(row.ours, row.alternative)
+        target, met, entry = judge(row.target, q if row.checks == "ratio" else row.ours, recorded)
+        better = better_when(row.comparison, row.unit, target, entry.get("better"))
+        on_ours = row.target is not None and row.checks == "ours"
+        return Line(row.comparison, row.ours, row.alternative, q, better, target, met, entry,
+                    on_ours, in_percent(target))  # fmt: skip
+    if isinstance(row, Figure):
+        name, value, checked = row.name, row.value, row.value
+    elif row.ours is not None:  # the run has no alternative for it, or one of 0
+        why = "the alternative is 0" if row.alternative == 0 else "no alternative in this run"
+        name, value = f"{row.comparison}: ours ({why})", row.ours
+        checked = value if row.checks == "ours" else None
+    elif row.ratio is not None:  # only the run's own ratio, already ours ÷ alternative
+        name, value = f"{row.comparison}: ours ÷ alternative", row.ratio
+        checked = value if row.checks == "ratio" else None
+    else:
+        return None  # a figure this run did not measure
+    if value is None:
+        return None
+    target, met, entry = judge(row.target, checked, recorded)
+    better = better_when(name, row.unit, target, entry.get("better"))
+    return Line(name, value, None, None, better, target, met, entry, percent=in_percent(target))
+
+
+def judged_rows(kind: str, result: dict) -> list[Line]:
+    """The rows of a run, comparisons and figures, as the page shows them: rows the run did not
+    measure left out, the run's own targets without a row added as figures. Raises
+    :class:`Unclear` for a row whose better side cannot be told."""
     recorded = json_targets(result)
-    rows = []
+    lines = []
     for row in KINDS[kind].rows(result) if kind in KINDS else []:
-        if row.ours is None and row.alternative is None and row.ratio is None:
-            continue  # a figure this run did not measure
-        target, met, entry = judge(row, recorded)
-        rows.append((row.comparison, row.ours, row.alternative, row.ratio, target, met, entry))
+        line = line_of(row, recorded)
+        if line is not None:
+            lines.append(line)
     for t in recorded:  # the run's targets the renderer has no row for
-        if all(t is not r[-1] for r in rows):
-            rows.append((str(t["target"]), None, None, t.get("value"), str(t["target"]),
-                         bool(t.get("met")), t))  # fmt: skip
-    return rows
+        if all(t is not x.entry for x in lines):
+            text = str(t["target"])
+            better = better_when(text, "", text, t.get("better"))
+            lines.append(Line(figure_name(text, t), t.get("value"), None, None, better, text,
+                              bool(t.get("met")), t, percent=in_percent(text)))  # fmt: skip
+    return lines
+
+
+def shown(value: object, percent: bool) -> str:
+    """A figure for a cell: in percent when its target is (``0.146%``)."""
+    if percent and number(value):
+        return f"{value * 100:.4g}%"
+    return fmt(value)
+
+
+def headline_of(lines: list[Line]) -> str:
+    """One figure for a benchmark: its first comparison with a target, else its first figure with a
+    target, else its first comparison, else its first figure."""
+    for chosen in (
+        [x for x in lines if x.ratio is not None and x.met is not None],
+        [x for x in lines if x.met is not None],
+        [x for x in lines if x.ratio is not None],
+        lines,
+    ):
+        if chosen:
+            x = chosen[0]
+            shown_as = (
+                f"ours ÷ alternative {fmt(x.ratio)}"
+                if x.ratio is not None
+                else shown(x.ours, x.percent)
+            )
+            return f"{plain(x.name)} — {shown_as} ({x.better} is better)"
+    return "–"
 
 
 def at_a_glance(runs: dict[str, tuple[Path, dict]]) -> list[str]:
-    """One line per benchmark: its targets met of those it has, and the ones missed."""
+    """One line per benchmark: its headline figure, its targets met of those it has, and the ones
+    missed."""
     cells = []
     for name, (path, result) in runs.items():
-        rows = [r for r in judged_rows(kind_of(name), result) if r[5] is not None]
-        missed = [plain(r[4]) for r in rows if not r[5]]
-        met = f"{len(rows) - len(missed)} of {len(rows)}" if rows else "no target"
-        cells.append((f"[{name}](#{name})", run_date(result, path)[:10], met,
+        lines = judged_rows(kind_of(name), result)
+        judged = [x for x in lines if x.met is not None]
+        missed = [plain(x.target) for x in judged if not x.met]
+        met = f"{len(judged) - len(missed)} of {len(judged)}" if judged else "no target"
+        cells.append((f"[{name}](#{name})", run_date(result, path)[:10], headline_of(lines), met,
                       "; ".join(missed) or "–"))  # fmt: skip
-    return table(("benchmark", "run of", "targets met", "missed"), cells) + [""]
+    return table(("benchmark", "run of", "headline", "targets met", "missed"), cells) + [""]
+
+
+def verdict(kind: str, line: Line, result: dict) -> str:
+    if line.met is None:
+        return "–"
+    return "yes" if line.met else "**no**: " + reason(kind, line.target, line.entry, result)
 
 
 def headline(kind: str, result: dict) -> list[str]:
-    rows = judged_rows(kind, result)
-    if not rows:
-        return []
-    cells = []
-    for comparison, ours, alt, q, target, met, entry in rows:
-        verdict = (
-            "–"
-            if met is None
-            else "yes"
-            if met
-            else "**no**: " + reason(kind, target, entry, result)
-        )
-        cells.append((plain(comparison), fmt(ours), fmt(alt), fmt(q), plain(target), verdict))
-    header = ("comparison", "ours", "alternative", "ratio", "target", "met?")
-    return table(header, cells) + [""]
+    """The benchmark's comparison table and its figures table (each only when it has rows)."""
+    lines = judged_rows(kind, result)
+    out = []
+    comparisons = [x for x in lines if x.ratio is not None]
+    if comparisons:
+        cells = [
+            (plain(x.name), shown(x.ours, x.percent), shown(x.alternative, x.percent),
+             fmt(x.ratio), x.better, plain(x.target) + (" (on ours)" if x.on_ours else ""),
+             verdict(kind, x, result))
+            for x in comparisons
+        ]  # fmt: skip
+        out += table(COMPARISON_HEADER, cells) + [""]
+    figures = [x for x in lines if x.ratio is None]
+    if figures:
+        cells = [
+            (plain(x.name), shown(x.ours, x.percent), x.better, plain(x.target),
+             verdict(kind, x, result))
+            for x in figures
+        ]  # fmt: skip
+        out += table(FIGURE_HEADER, cells) + [""]
+    return out
+
+
+COMPARISON_HEADER = (
+    "comparison", "ours", "alternative", "ours ÷ alternative", "better when", "target", "met?"
+)  # fmt: skip
+FIGURE_HEADER = ("figure", "value", "better when", "target", "met?")
 
 
 # --- all figures, as readable tables --------------------------------------------------------
@@ -867,8 +1145,10 @@ def draw(kind: str, result: dict, assets: Path, name: str) -> str | None:
     if fig is None:
         return None
     assets.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(assets / f"{name}.svg", metadata={"Date": None})
+    fig.tight_layout()  # and the labels kept whole: the saved box grows to hold them
+    fig.savefig(
+        assets / f"{name}.svg", metadata={"Date": None}, bbox_inches="tight", pad_inches=0.1
+    )
     plt.close(fig)
     return f"{name}.svg"
 
@@ -892,9 +1172,23 @@ def section(name: str, path: Path, result: dict, assets: Path) -> list[str]:
     lines += headline(kind, result)
     chart = draw(kind, result, assets, name)
     if chart:
-        lines += [f"![{name}: {words(kind)} chart](assets/measurements/{chart})", ""]
+        alt = KINDS[kind].alt(result) if KINDS[kind].alt else f"{name}: {words(kind)} chart"
+        alt = plain(alt).replace("[", "(").replace("]", ")")
+        lines += [f"![{alt}](assets/measurements/{chart})", ""]
     return lines + all_figures(result)
 
+
+CONVENTION = (
+    "How to read the tables: a comparison puts ours beside an alternative measured in the same",
+    "run, and its ratio is always **ours ÷ alternative**. **better when** says which way the",
+    "figure is good: `lower` (times, memory, max/mean, padding, errors) means a ratio below 1 has",
+    "ours ahead, `higher` (rates such as samples/s) a ratio above 1. **today** is the same loader",
+    "without balancing: samples in the order they come, consecutive ones to each rank. A target is",
+    "judged on the ratio unless it says *(on ours)*; its text is the benchmark's own. Figures with",
+    "no alternative (a fit's R², its error, a padding fraction, a planning time) are in a",
+    "**figures** table of their own, and the at-a-glance **headline** is one figure per benchmark:",
+    "its first comparison with a target.",
+)
 
 HOW = """Each `scripts/bench_*.py` measures ours and the alternative side by side in one run and writes
 its figures as JSON with `--json`. To fill this page:
@@ -923,6 +1217,8 @@ def render(runs: dict[str, tuple[Path, dict]], assets: Path | None = None) -> st
         "",
         "Generated by `scripts/render_measurements.py` from the benchmarks' JSON: one run per benchmark,",
         "not a history. Absolute rates depend on the machine and its load; read the ratios of one run.",
+        "",
+        *CONVENTION,
         "",
     ]
     if not runs:
@@ -970,7 +1266,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 2
-    page = render(runs, args.out.parent / "assets" / "measurements")
+    try:
+        page = render(runs, args.out.parent / "assets" / "measurements")
+    except Unclear as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     with write_atomic(args.out) as tmp:
         tmp.write_text(page)
     print(f"wrote {args.out} ({len(runs)} benchmark{'s' if len(runs) != 1 else ''})")

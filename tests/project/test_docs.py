@@ -153,6 +153,6 @@ def test_measurements_render_one_run_per_benchmark(tmp_path):
     assert (
         "cpus 4" in page and "1.5, 1, 0.7 before" in page and "| ratios › d over b | 1.07 |" in page
     )
-    assert "| 1.07 | d/b >= 1.0 | yes |" in page and "| rate | 123 |" in page
+    assert "| d/b | 1.07 | higher | d/b >= 1.0 | yes |" in page and "| rate | 123 |" in page
     r = render(tmp_path, "--out", out, tmp_path / "bench-bad.json")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "bench-bad.json" in r.stderr
