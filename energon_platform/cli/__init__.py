@@ -64,11 +64,22 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+def package_version() -> str:
+    """This package's installed version ("not installed" when it runs from a source tree only)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("energon-platform")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energon-platform",
         description="Multimodal data on megatron-energon: convert corpora to shards, encode, train with exact resume.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_convert(sub)
     add_info(sub)
