@@ -227,7 +227,11 @@ def add_check_resume(sub) -> None:
         formatter_class=HelpFormatter,
     )
     add_run_args(p, "loader workers per rank (default: the config's)", config_required=False)
-    p.add_argument("--steps", type=positive, required=True, help="steps of both runs")
+    p.add_argument(
+        "--steps",
+        type=positive,
+        help="steps of both runs (required, but with --straight-from RUN: the run's own)",
+    )
     p.add_argument(
         "--kill-at",
         type=positive,
@@ -285,12 +289,14 @@ def add_check_resume(sub) -> None:
     g.add_argument(
         "--regex", help="with --log-format regex: a Python regex with named groups step and loss"
     )
-    g.add_argument(
+    p.add_argument(
         "--straight-from",
         metavar="DIR",
-        help="reuse the uninterrupted run of an earlier check of the same --cmd (that check's "
-        "--out) instead of running it again: only the killed and the resumed runs run, e.g. to "
-        "try several --resume-cmd against one long run",
+        help="reuse an uninterrupted run instead of running it again: only the killed and the "
+        "resumed runs run. Alone (no --config, no --cmd): a finished training run's folder "
+        "(train --out DIR), whose recorded config, world size, steps and log are the "
+        "uninterrupted run. With --cmd: an earlier check of the same --cmd (that check's --out), "
+        "e.g. to try several --resume-cmd against one long run",
     )
     p.add_argument(
         "--timeout",
@@ -307,6 +313,8 @@ def _check_resume_cmd(args) -> int:
     from energon_platform.training.resume_check import RunFailed, check_resume_cmd, verdict
     from energon_platform.training.resume_check.options import command_spec
 
+    if args.steps is None:
+        raise UsageError("--steps is required: the steps of every run of the command")
     spec = command_spec(
         config=args.config,
         cmd=args.cmd,
@@ -339,6 +347,53 @@ def _check_resume_cmd(args) -> int:
     return _print_verdict(verdict(result), args.out, result["passed"])
 
 
+def _check_resume_from_run(args) -> int:
+    """``check-resume --straight-from RUN``: a finished training run stands for the
+    uninterrupted run; its recorded config is killed at ``--kill-at`` and resumed."""
+    from energon_platform.config import load_config
+    from energon_platform.training.resume_check import RunFailed, check_resume, verdict
+    from energon_platform.training.resume_check.options import (
+        check_trainer_run,
+        default_tolerance,
+    )
+    from energon_platform.training.resume_check.trainer import straight_run_spec
+
+    given = {"--steps": args.steps, "--nproc": args.nproc, "--set": args.set}
+    for flag, value in given.items():
+        if value is not None:
+            raise UsageError(
+                f"{flag} comes from the run with --straight-from RUN alone (its run.yaml and "
+                f"run.json); use --resume-nproc or --resume-workers to resume on another layout"
+            )
+    run = Path(args.straight_from).resolve()
+    if args.out is not None and Path(args.out).resolve() == run:
+        raise UsageError(f"--straight-from {run}: that is --out itself; give another --out")
+    try:
+        spec = straight_run_spec(run, args.num_workers)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    check_trainer_run(
+        load_config(spec.config), spec.nproc, args.resume_nproc, args.kill_at, spec.steps
+    )
+    if args.tolerance is None:
+        args.tolerance = default_tolerance(spec.nproc, args.resume_nproc)
+    try:
+        result = check_resume(
+            spec,
+            args.kill_at,
+            Path(args.out),
+            args.resume_nproc,
+            args.resume_workers,
+            args.tolerance,
+            timeout=args.timeout,
+            straight_run=run,
+        )
+    except RunFailed as e:  # a trainer process failed: its output tail is in the message
+        print(f"energon-platform check-resume: {e}", file=sys.stderr)
+        return 1
+    return _print_verdict(verdict(result), args.out, result["passed"])
+
+
 def _print_verdict(text: str, out: str, passed: bool) -> int:
     """Print a check's verdict and where its report and plot are; the exit status."""
     print(text)
@@ -360,6 +415,10 @@ def cmd_check_resume(args) -> int:
 
     if is_command_form(args.cmd, args.resume_cmd):
         return _check_resume_cmd(args)
+    if args.straight_from is not None and args.config is None:
+        return _check_resume_from_run(args)
+    if args.steps is None:
+        raise UsageError("--steps is required (with --straight-from RUN alone: the run's own)")
     check_trainer_form(
         args.config,
         {

@@ -19,6 +19,7 @@ from pathlib import Path
 from energon_platform.config import RunConfig
 from energon_platform.training import checkpoint
 from energon_platform.training.resume_check.comparison import compare
+from energon_platform.training.run_record import RUN_JSON, RUN_YAML
 from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.step_log_readers import JsonLines
 from storage.outputs import OutputError, check_folder
@@ -26,7 +27,7 @@ from storage.outputs import OutputError, check_folder
 #: the file that marks a folder as a replay's (what it replays); ``--overwrite`` needs it
 MARK = "replay.json"
 #: what a replay writes in its folder: all an ``--overwrite`` may delete
-RUN_NAMES = {"log.jsonl", "checkpoints", MARK}
+RUN_NAMES = {"log.jsonl", "checkpoints", MARK, RUN_YAML, RUN_JSON}
 
 
 class ReplayError(ValueError):

@@ -337,3 +337,20 @@ def test_timeout_bounds_each_run_of_the_reference_trainer_too(spike_run, tmp_pat
     argv = ["check-resume", "--config", spike_run["config"], "--steps", "16", "--kill-at", "12"]
     r = run_cli(*map(str, argv), "--timeout", "1", "--out", str(tmp_path / "check"), timeout=120)
     assert r.returncode == 1 and "still running after 1 s, killed" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_folder_an_earlier_trainer_check_made_is_reused_with_the_runs_records(tmp_path):
+    """The reference trainer records itself (run.yaml, run.json) in each run folder: a second
+    check into the same --out takes them as its own."""
+    from energon_platform.training.resume_check.out_folder import claim_out
+    from energon_platform.training.resume_check.trainer import RUN_FILES
+
+    out = tmp_path / "check"
+    for run in ("straight", "killed"):
+        (out / run / "checkpoints" / "step_000002").mkdir(parents=True)
+        for name in ("log.jsonl", "stdout.txt", "run.yaml", "run.json"):
+            (out / run / name).write_text("{}\n")
+    report = {"steps_compared": 2, "resume_step": 2, "passed": True, "rows": []}
+    (out / "report.json").write_text(json.dumps(report))
+    straight, killed = claim_out(out, RUN_FILES)
+    assert straight.is_dir() and killed.is_dir()

@@ -188,6 +188,8 @@ def test_overwrite_empties_a_folder_an_earlier_replay_left_but_keeps_its_lock(tm
     (out / "checkpoints" / ".run.lock").write_text("")
     (out / "log.jsonl").write_text("{}\n")
     (out / MARK).write_text("{}\n")
+    for record in ("run.yaml", "run.json"):  # what the replay's trainer records of itself
+        (out / record).write_text("{}\n")
     claim_out(out)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
         "checkpoints",

@@ -162,3 +162,56 @@ def test_report_draws_the_spikes_samples_from_the_recorded_config(spike_run, cap
     )
     assert status == 0
     assert any(key in page.read_text() for key in spike_run["planted"])
+
+
+def test_check_resume_takes_a_finished_run_as_its_uninterrupted_run(spike_run, capsys, tmp_path):
+    """``check-resume --straight-from RUN`` alone: a finished run of ``train`` (its config given
+    with a ``--set`` and ``--steps``, both recorded) is killed during a step and resumed from what
+    it records, and compared with the run's own log: no uninterrupted run is trained."""
+    run = tmp_path / "run"
+    argv = ["train", "--config", spike_run["config"], "--out", run, "--steps", 12, "--quiet"]
+    assert _cli(capsys, *argv, "--set", "train.checkpoint_every=4")[0] == 0
+    out = tmp_path / "check"
+    status, printed, err = _cli(
+        capsys, "check-resume", "--straight-from", run, "--kill-at", "7", "--out", out
+    )
+    assert status == 0 and "PASS" in printed, printed + err
+    assert f"[1/3] uninterrupted run: {run.resolve()} (12 steps on 1 rank(s))" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["straight_from"] == str(run.resolve()) and report["resume_step"] == 4
+    assert report["steps_compared"] == 8 and report["passed"]
+    assert not any((out / "straight").iterdir()), "no uninterrupted run was trained"
+
+
+def test_check_resume_straight_from_refuses_what_is_not_one_finished_run(
+    spike_run, capsys, tmp_path
+):
+    run = spike_run["out"]
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    for name in ("run.yaml", "log.jsonl"):
+        (resumed / name).write_bytes((run / name).read_bytes())
+    record = json.loads((run / "run.json").read_text())
+    (resumed / "run.json").write_text(json.dumps({**record, "resumes": [{"world_size": 1}]}))
+    short = tmp_path / "short"
+    short.mkdir()
+    for name in ("run.yaml", "run.json"):
+        (short / name).write_bytes((run / name).read_bytes())
+    (short / "log.jsonl").write_text("".join((run / "log.jsonl").read_text().splitlines(True)[:5]))
+    cases = {
+        (str(tmp_path),): "no run.yaml and run.json of a training run there",
+        (str(resumed),): "that run was resumed (1 time(s))",
+        (str(short),): "its log reaches step 5 of its 16",
+        (str(run), "--set", "loader.seed=1"): "--set comes from the run",
+        (str(run), "--steps", "16"): "--steps comes from the run",
+        (str(run), "--out", str(run)): "that is --out itself",
+    }
+    for (folder, *more), expected in cases.items():
+        argv = ["check-resume", "--straight-from", folder, "--kill-at", "12", *more]
+        if "--out" not in more:
+            argv += ["--out", str(tmp_path / "never")]
+        status, _, err = _cli(capsys, *argv)
+        assert status == 2 and expected in err and err.count("\n") == 1, (folder, more, err)
+    assert not (tmp_path / "never").exists()
+    status, _, err = _cli(capsys, "check-resume", "--config", spike_run["config"], "--kill-at", "9")
+    assert status == 2 and "--steps is required" in err

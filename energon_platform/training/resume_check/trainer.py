@@ -15,6 +15,7 @@ from energon_platform.training.resume_check.out_folder import claim_out, write_r
 from energon_platform.training.resume_check.plot import plot
 from energon_platform.training.resume_check.processes import run_command, run_command_killed
 from energon_platform.training.resume_check.trainer_log import complete_lines, count_lines, read_log
+from energon_platform.training.run_record import RUN_JSON, RUN_YAML
 from energon_platform.training.step_log_readers import (
     JsonLines,
 )
@@ -51,7 +52,39 @@ def trainer_command(spec: RunSpec, out: Path, resume: bool = False) -> list[str]
     return cmd + (["--resume"] if resume else [])
 
 
-RUN_FILES = {"log.jsonl", "stdout.txt", "checkpoints"}  #: what a trainer run writes in its folder
+#: what a trainer run writes in its folder
+RUN_FILES = {"log.jsonl", "stdout.txt", "checkpoints", RUN_YAML, RUN_JSON}
+
+
+def straight_run_spec(run: Path, num_workers: int | None = None) -> RunSpec:
+    """The `RunSpec` of a finished training run's folder (``train --out RUN``), from what it
+    records: its config (``RUN/run.yaml``: every ``--set`` applied), its world size and its steps
+    (``RUN/run.json``). ValueError (one line naming the folder) unless it records a run that was
+    never resumed (its log then holds one uninterrupted run) and logged every step."""
+    from energon_platform.training.run_record import recorded_config
+
+    name = f"--straight-from {run}"
+    try:
+        record = json.loads((run / RUN_JSON).read_text())
+        cfg = recorded_config(run)
+    except (OSError, ValueError):
+        record, cfg = None, None
+    if not isinstance(record, dict) or cfg is None:
+        raise ValueError(
+            f"{name}: no {RUN_YAML} and {RUN_JSON} of a training run there (train --out writes them)"
+        )
+    if record.get("resumes"):
+        raise ValueError(
+            f"{name}: that run was resumed ({len(record['resumes'])} time(s)), so its log is not "
+            f"one uninterrupted run; check it with --config {run / RUN_YAML} instead"
+        )
+    steps = cfg.train.steps
+    logged = max(read_log(run / "log.jsonl"), default=0)
+    if logged < steps:
+        raise ValueError(
+            f"{name}: its log reaches step {logged} of its {steps}; let the run finish first"
+        )
+    return RunSpec(str(run / RUN_YAML), steps, int(record.get("world_size") or 1), num_workers)
 
 
 def run_killed(
@@ -81,17 +114,24 @@ def check_resume(
     tolerance: float = 0.0,
     log=print,
     timeout: float | None = None,
+    straight_run: Path | None = None,
 ) -> dict:
     """Run the check (module doc); returns the report (also written to ``OUT/report.json``).
     ``timeout``: seconds each of the three runs may take (None: no limit but the kill's 900 s
-    wait for its step); a run past it is killed and the check fails (`RunFailed`)."""
+    wait for its step); a run past it is killed and the check fails (`RunFailed`).
+    ``straight_run``: a finished training run of ``spec`` (``train --out`` folder, see
+    `straight_run_spec`) whose log stands for the uninterrupted run, which is then not run."""
     if not 2 <= kill_at <= spec.steps:
         raise ValueError(f"--kill-at must be between 2 and --steps ({spec.steps}), got {kill_at}")
     if not tolerance >= 0:
         raise ValueError(f"--tolerance must be >= 0, got {tolerance}")
     straight_dir, killed_dir = claim_out(out, RUN_FILES)
-    log(f"[1/3] uninterrupted run: {spec.steps} steps on {spec.nproc} rank(s)")
-    run_command(trainer_command(spec, straight_dir), straight_dir / "stdout.txt", timeout)
+    if straight_run is None:
+        log(f"[1/3] uninterrupted run: {spec.steps} steps on {spec.nproc} rank(s)")
+        run_command(trainer_command(spec, straight_dir), straight_dir / "stdout.txt", timeout)
+    else:
+        log(f"[1/3] uninterrupted run: {straight_run} ({spec.steps} steps on {spec.nproc} rank(s))")
+        straight_dir = straight_run
     log(f"[2/3] run killed with SIGKILL during step {kill_at}")
     last_logged = run_killed(spec, killed_dir, kill_at, timeout or 900)
     before = read_log(killed_dir / "log.jsonl")
@@ -134,6 +174,7 @@ def check_resume(
             "killed_after_logged_step": last_logged,
             "kill_landed_mid_step": last_logged == kill_at - 1 and kill_at not in before,
             "resume_step": resume_step,
+            "straight_from": str(straight_run) if straight_run is not None else None,
             "layout": {"nproc": spec.nproc, "num_workers": spec.num_workers},
             "resume_layout": {"nproc": resume_spec.nproc, "num_workers": resume_spec.num_workers},
             # per dataset of the blend: samples and epochs consumed by the end of each run
