@@ -1,77 +1,70 @@
 #!/usr/bin/env python
-"""The screenshot of the run report on the docs page (``docs/assets/report.png``).
+"""A run report (the HTML page ``energon-platform report`` writes) photographed in headless
+Chromium (``scripts/browser.py``) into a PNG, the blank space below the page cut off::
 
-Converts the embedded corpora into a three-modality blend, trains the reference model on it
-(``configs/train_blend.yaml``), writes its report with ``energon-platform report`` (spikes found
-and their samples traced as the command does) and photographs it in headless Chromium
-(``scripts/browser.py``)::
+    python scripts/report_screenshot.py --page out/demo/report.html --out report.png
 
-    python scripts/report_screenshot.py --work out/report-shot --out docs/assets/report.png
-
-``scripts/docs_pictures.py --only report`` calls :func:`screenshot` with the other docs pictures.
+``scripts/docs_pictures.py --only report`` draws ``docs/assets/report.png`` with it: the report
+``make demo`` writes of its planted loss spike and the replay without the spike's samples.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.bench_data import three_modality_blend  # noqa: E402
 from scripts.browser import chromium_or_reason, run_chromium  # noqa: E402
 
-
-def train(blend: Path, run: Path, steps: int) -> None:
-    """The reference trainer on ``blend`` for ``steps`` steps into ``run`` (a fresh folder)."""
-    cmd = [sys.executable, "-m", "energon_platform", "train", "--config"]
-    cmd += [str(REPO / "configs/train_blend.yaml"), "--set", f"data.path={blend}"]
-    cmd += ["--steps", str(steps), "--out", str(run), "--quiet", "--num-workers", "0"]
-    subprocess.run(cmd, check=True, cwd=REPO)
+#: the browser window: the report's width, and a height above any short run's page
+WIDTH, HEIGHT = 1100, 4000
+#: white kept below the page's last drawn pixel (pixels)
+MARGIN = 24
 
 
-def screenshot(work: Path, out: Path, steps: int = 60, z: float = 2.5, window: int = 5) -> int:
-    """The report of a ``steps``-step blend run (datasets and run under ``work``, reused when
-    there) photographed into ``out``; 0 when written, else the exit status (the reason printed)."""
+def trim_bottom(path: Path, margin: int = MARGIN) -> None:
+    """``path`` (a screenshot on a white page) cut ``margin`` pixels below its lowest non-white
+    pixel."""
+    from PIL import Image, ImageChops
+
+    with Image.open(path) as im:
+        image = im.convert("RGB")
+    box = ImageChops.difference(image, Image.new("RGB", image.size, "white")).getbbox()
+    if box and box[3] + margin < image.height:
+        image.crop((0, 0, image.width, box[3] + margin)).save(path)
+
+
+def screenshot(page: Path, out: Path, width: int = WIDTH, height: int = HEIGHT) -> int:
+    """``page`` photographed into ``out`` (a ``width`` x ``height`` window, the blank below the
+    page cut off); 0 when written, else the exit status (the reason printed)."""
     reason = chromium_or_reason()
     if reason:
         print(reason, file=sys.stderr)
         return 2
-    blend = three_modality_blend(work / "data")
-    run = work / "run"
-    if not (run / "log.jsonl").is_file():
-        train(blend, run, steps)
-    page = work / "report.html"
-    cmd = [sys.executable, "-m", "energon_platform", "report", "--run", str(run)]
-    cmd += ["--out", str(page)]
-    cmd += ["--config", str(REPO / "configs/train_blend.yaml"), "--set", f"data.path={blend}"]
-    cmd += ["--z", str(z), "--window", str(window)]
-    made = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if made.returncode != 0:
-        print(made.stderr[-2000:], file=sys.stderr)
-        return 1
+    if not page.is_file():
+        print(f"{page}: no such page (make demo writes out/demo/report.html)", file=sys.stderr)
+        return 2
     out.parent.mkdir(parents=True, exist_ok=True)
-    shot = run_chromium(page, f"--screenshot={out}", "--window-size=1100,2400")
+    shot = run_chromium(page, f"--screenshot={out}", f"--window-size={width},{height}")
     if shot.returncode != 0 or not out.is_file():
         print(shot.stderr[-2000:], file=sys.stderr)
         return 1
-    print(f"{out}: screenshot of {made.stdout.strip()}")
+    trim_bottom(out)
+    print(f"{out}: screenshot of {page}")
     return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", default="out/report-shot", help="datasets and the run go here")
-    ap.add_argument("--out", default="docs/assets/report.png", help="the screenshot to write")
-    ap.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
-    ap.add_argument("--z", type=float, default=2.5, help="spike threshold (default 2.5)")
-    ap.add_argument("--window", type=int, default=5, help="steps a z-score looks back over")
+    ap.add_argument(
+        "--page", default="out/demo/report.html", help="the report to photograph (make demo's)"
+    )
+    ap.add_argument("--out", default="report.png", help="the screenshot to write")
     args = ap.parse_args()
-    work, out = (REPO / args.work).resolve(), (REPO / args.out).resolve()
-    return screenshot(work, out, args.steps, args.z, args.window)
+    return screenshot(Path(args.page).resolve(), Path(args.out).resolve())
 
 
 if __name__ == "__main__":
