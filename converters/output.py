@@ -25,11 +25,21 @@ import time
 from pathlib import Path
 
 from storage.outputs import READERS_FILE, read_by_a_run
+from storage.paths import DERIVED_FOLDER
 
 STATE_FILE = ".convert/state.json"
 LOCK_FILE = ".convert/lock"
-#: Everything a conversion writes into OUT.
-OUTPUT_ENTRIES = ("train", "val", ".nv-meta", ".convert", "report.json", "skipped.jsonl")
+#: Everything a conversion writes into OUT, and what the loader derives from it there (the length
+#: indexes, `DERIVED_FOLDER`): ``--overwrite`` removes it with the shards it was derived from.
+OUTPUT_ENTRIES = (
+    "train",
+    "val",
+    ".nv-meta",
+    ".convert",
+    "report.json",
+    "skipped.jsonl",
+    DERIVED_FOLDER,
+)
 SPLIT_DIRS = ("train", "val")
 _SHARD_FILE = re.compile(r"^shard-\d{6}\.tar(\.idx)?(\.tmp)?$")
 
@@ -165,7 +175,7 @@ def _foreign_in(out: Path) -> list[str]:
         if (
             p.name not in OUTPUT_ENTRIES
             or p.is_symlink()
-            or (p.name in SPLIT_DIRS + (".nv-meta", ".convert")) != p.is_dir()
+            or (p.name in SPLIT_DIRS + (".nv-meta", ".convert", DERIVED_FOLDER)) != p.is_dir()
         ):
             foreign.append(p.name)
         elif p.name in SPLIT_DIRS:

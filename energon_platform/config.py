@@ -313,8 +313,12 @@ class LoaderConfig:
     balance: BalanceConfig = field(default_factory=BalanceConfig)
     """How global batches are made: a mode alone (``balance: attention``) or the group below."""
     length_cache: str | None = None
-    """The folder of the cached length index; null: ``$ENERGON_PLATFORM_CACHE/lengths`` or
-    ``~/.cache/energon-platform/lengths``."""
+    """A folder for length indexes that cannot be stored with their dataset (object storage, a
+    read-only folder; a folder every node sees, shared); null: ``$ENERGON_PLATFORM_CACHE/lengths``
+    or ``~/.cache/energon-platform/lengths``."""
+    length_index: Literal["build", "require"] = "build"
+    """A dataset without a length index at start-up: ``build`` it then (after one line naming
+    ``energon-platform index`` and the time it takes), or ``require`` it (stop with that line)."""
     exclude: tuple[ExcludeRule, ...] = ()
     """Samples skipped from given steps on: a list of ``{step, keys, shards, datasets}``."""
     sample_timeout: float | None = None

@@ -97,16 +97,18 @@ def lookup_us(index, encoder, n: int) -> float:
 
 
 def measure(path: Path, encoder_config: str, tmp: Path) -> dict:
-    from energon_platform.loader.balance.lengths import LengthIndex, build
+    from energon_platform.loader.balance.length_store import build
+    from energon_platform.loader.balance.lengths import LengthIndex
+    from energon_platform.loader.fingerprint import encoder_digest
     from energon_platform.loader.source import SampleSource
     from task_encoders.registry import get_encoder
 
     source, encoder = SampleSource(str(path)), get_encoder(str(REPO / encoder_config))
-    folder = tmp / f"index-{path.name}"
+    place = tmp / f"index-{path.name}"
     t = time.process_time()
-    build(folder, source, encoder, workers=1, progress=False)
+    built = build(source, encoder, encoder_digest(encoder), place, workers=1, progress=False)
     index_cpu = time.process_time() - t
-    index = LengthIndex(folder)
+    index = LengthIndex(Path(built["folder"]))
     n = len(source)
     t = time.process_time()
     for i in range(n):  # the alternative: decode and encode every sample to learn its length

@@ -12,8 +12,8 @@ when more than 1, dividing the global batch; 0 to ``--max-workers`` loader worke
 * ``checkpoint``: while a checkpoint is being written (its ``.tmp-step_*`` folder exists);
 * ``startup``: while the trainer's first child processes start (the length index's build pool of
   a balanced run, the loader's workers) or, without workers, at a random time before the first
-  step. The reference and the chain each have their own length cache (in their folders), so the
-  chain's first processes build the length index as a new job does.
+  step. The length index the reference stored with the data is removed before the chain starts,
+  so the chain's first processes build it again, as a new job does.
 
 At the end the union of all logged steps must equal the reference: the steps each process kept
 (those up to the checkpoint the next process resumed from) chain to every global batch once, in
@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -88,10 +89,15 @@ def tiny_config(out: Path, seed: int) -> Path:
     return path
 
 
-def own_cache(run: Path) -> tuple[str]:
-    """The override giving a run folder a length cache of its own (``loader.balance``): the soak's
-    first processes build the length index, as a new job does, and start-up kills can land there."""
-    return (f"loader.length_cache={run / 'lengths'}",)
+def forget_stored_indexes(cfg) -> None:
+    """Remove the length indexes stored with ``cfg``'s datasets (``DATASET/.energon-platform``):
+    the next run builds them at start-up, as a new job does, and start-up kills can land there."""
+    from energon_platform.loader.datasets import open_datasets
+    from storage.paths import DERIVED_FOLDER, is_remote
+
+    for entry in open_datasets(str(cfg.data.path), cfg.data.train_split).entries:
+        if not is_remote(entry.source.path):
+            shutil.rmtree(Path(entry.source.path) / DERIVED_FOLDER, ignore_errors=True)
 
 
 def log_lines(path: Path) -> list[dict]:
@@ -159,13 +165,11 @@ def main(argv=None) -> int:
     ref_dir, run_dir = out / "reference", out / "soak"
     for d in (ref_dir, run_dir):
         if d.exists():
-            import shutil
-
             shutil.rmtree(d)
         d.mkdir(parents=True)
     t0 = time.perf_counter()
     run_command(
-        trainer_command(RunSpec(str(config), steps, 1, 0, own_cache(ref_dir)), ref_dir),
+        trainer_command(RunSpec(str(config), steps, 1, 0), ref_dir),
         ref_dir / "stdout.txt",
     )
     ref_wall = time.perf_counter() - t0
@@ -182,6 +186,7 @@ def main(argv=None) -> int:
         flush=True,
     )
 
+    forget_stored_indexes(cfg)
     log_path, ckpt = run_dir / "log.jsonl", run_dir / "checkpoints"
     attempts: list[dict] = []
     deadline = time.time() + args.max_minutes * 60
@@ -204,9 +209,7 @@ def main(argv=None) -> int:
         stale = tmp_checkpoints(ckpt)
         tail = LogTail(log_path)
         lines_before = len(done)
-        spec = RunSpec(
-            str(config), steps, layout["nproc"], layout["num_workers"], own_cache(run_dir)
-        )
+        spec = RunSpec(str(config), steps, layout["nproc"], layout["num_workers"])
         record = {
             "layout": layout,
             "resume_from": start,

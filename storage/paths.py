@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from megatron.energon.epathlib import EPath
 
 
+#: the folder beside a dataset's shards that holds what the loader derives from them (the length
+#: indexes): a conversion's ``--overwrite`` removes it with the shards
+DERIVED_FOLDER = ".energon-platform"
+
+
 def is_remote(path) -> bool:
     """Whether ``path`` names object storage (``msc://PROFILE/prefix``) rather than a local folder."""
     return "://" in str(path)

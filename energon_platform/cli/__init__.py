@@ -18,7 +18,14 @@ import sys
 from typing import NoReturn
 
 from energon_platform.cli.common import UsageError
-from energon_platform.cli.data import EXAMPLES, add_convert, add_info, add_prepare, add_verify
+from energon_platform.cli.data import (
+    EXAMPLES,
+    add_convert,
+    add_index,
+    add_info,
+    add_prepare,
+    add_verify,
+)
 from energon_platform.cli.inspection import add_preview, add_report, add_spikes, add_trace
 from energon_platform.cli.training import add_calibrate, add_check_resume, add_replay, add_train
 
@@ -83,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_convert(sub)
     add_info(sub)
+    add_index(sub)
     add_prepare(sub)
     add_verify(sub)
     add_train(sub)

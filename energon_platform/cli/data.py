@@ -11,6 +11,7 @@ from energon_platform.cli.common import (
     folder_or_manifest,
     format_arg,
     fraction,
+    overrides,
     positive,
     positive_float,
 )
@@ -312,6 +313,63 @@ def cmd_convert(args) -> int:
     where = outcome.uploaded_to or Path(args.out).resolve()
     print(f"shards: {where}\nreport: {where}/report.json")
     return 0 if outcome.ok else 1
+
+
+def add_index(sub) -> None:
+    p = sub.add_parser(
+        "index",
+        help="build the length index of a run config's datasets ahead of training",
+        description="Build the length index (each sample's length facts and key, which balanced "
+        "batching reads) of every dataset of a run config under its encoder, shard by shard, and "
+        "store it with the data (DATASET/.energon-platform/lengths; a dataset on object storage "
+        "or in a read-only folder: loader.length_cache, else the local cache), so that no "
+        "training job builds it at start-up. Resumable: the shards a killed run indexed are kept, "
+        "and a dataset that gained or changed shards indexes only those.",
+    )
+    p.add_argument("--config", required=True, help="run config YAML (see configs/train_*.yaml)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, as the training run will (data.path, encoder, ...)",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive,
+        default=1,
+        help="processes (or Ray CPUs) indexing shards at once (default 1)",
+    )
+    p.add_argument(
+        "--ray", action="store_true", help="run the shards as Ray tasks (a local Ray instance)"
+    )
+    p.add_argument(
+        "--ray-address",
+        help="run the shards as tasks of the Ray cluster at HOST:PORT, ray://HOST:PORT or auto "
+        "(the dataset and the index's place must be paths every node sees)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_index)
+
+
+def cmd_index(args) -> int:
+    from energon_platform.config import load_config
+    from energon_platform.tools.length_index import index_run, summary
+    from task_encoders.config import ConfigError
+
+    cfg = load_config(args.config, overrides(args.set))
+    try:
+        done = index_run(
+            cfg,
+            workers=args.workers,
+            use_ray=args.ray,
+            ray_address=args.ray_address,
+            progress=not args.no_progress,
+        )
+    except NotImplementedError as e:
+        raise ConfigError(cfg.source, "encoder", str(e)) from None
+    for stats in done:
+        print(summary(stats))
+    return 0
 
 
 def add_info(sub) -> None:

@@ -76,15 +76,19 @@ def _planned_equals_encoded(loader, batches: int = 2) -> None:
     loader.close()
 
 
-def test_one_cache_two_tilings_each_plans_what_it_encodes(coco):
+def test_one_dataset_two_tilings_each_plans_what_it_encodes(coco):
+    from energon_platform.loader.balance.length_store import locate
+    from energon_platform.loader.fingerprint import encoder_digest
+
     base, data = coco
-    cache = base / "lengths_tiles"
+    found = []
     for tiles in (4, 1):
-        _planned_equals_encoded(
-            _loader(data, _encoder(base, f"tiles{tiles}", max_num_tiles=tiles), cache)
-        )
-    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2, (
-        "one length index per encoder config"
+        loader = _loader(data, _encoder(base, f"tiles{tiles}", max_num_tiles=tiles), base / "c")
+        _planned_equals_encoded(loader)
+        source, encoder = loader.datasets.entries[0].source, loader.encoder
+        found.append(locate(source, encoder, encoder_digest(encoder)).folder)
+    assert found[0] != found[1] and all(f.parent == found[0].parent for f in found), (
+        "one length index per encoder config, both stored with the data"
     )
 
 
@@ -156,11 +160,11 @@ def test_a_state_of_the_previous_planner_resumes_with_this_one(coco, caplog):
 
 
 def test_an_encoder_stating_more_facts_than_its_index_holds_gets_its_own_index(coco):
-    from energon_platform.loader.balance.lengths import index_folder
+    from energon_platform.loader.balance.length_store import index_digest
 
     base, data = coco
     loader = _loader(data, str(VLM), base / "width_cache")
     source, encoder = loader.datasets.entries[0].source, loader.encoder
-    before = index_folder(source, encoder, "digest")
+    before = index_digest(source, encoder, "digest")
     encoder.facts_width += 1  # this encoder instance now states one more fact per sample
-    assert index_folder(source, encoder, "digest") != before
+    assert index_digest(source, encoder, "digest") != before

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,6 @@ import psutil
 import pytest
 import yaml
 
-from energon_platform.loader.balance.lengths import CHUNK
 from energon_platform.training.resume_check import (
     RunSpec,
     launch,
@@ -30,15 +30,18 @@ from energon_platform.training.resume_check import (
     trainer_command,
 )
 from scripts.bench_data import coco_dataset, librispeech_dataset
+from storage.paths import DERIVED_FOLDER
 from tests.helpers import REPO
 
 STEPS = 4
+#: samples per shard of the blend's text part (three shards: its length index is built by a pool)
+SHARD = 2048
 
 
 @pytest.fixture(scope="module")
 def balanced_config(tmp_path_factory) -> Path:
-    """A packed, balanced three-modality blend whose text part spans three length-index chunks, so
-    that its index is built by a pool of worker processes."""
+    """A packed, balanced three-modality blend whose text part spans three shards, so that its
+    length index is built by a pool of worker processes (a shard each)."""
     from converters.convert import ConvertOptions, run_conversion
 
     base = tmp_path_factory.mktemp("startup-kills")
@@ -46,14 +49,14 @@ def balanced_config(tmp_path_factory) -> Path:
     manifest.write_text(
         "".join(
             json.dumps({"id": f"doc-{i:05d}", "text": f"document {i} says {i % 97} things."}) + "\n"
-            for i in range(2 * CHUNK + 100)
+            for i in range(2 * SHARD + 100)
         )
     )
     text = base / "text"
     run_conversion(
         "text",
         {"manifest": str(manifest), "text_column": "text", "id_column": "id", "fmt": None},
-        ConvertOptions(out=str(text), samples_per_shard=CHUNK, progress=False),
+        ConvertOptions(out=str(text), samples_per_shard=SHARD, progress=False),
     )
     blend = base / "blend.yaml"
     blend.write_text(
@@ -182,16 +185,16 @@ def test_run_killed_while_its_length_index_builds_resumes_at_once_and_exactly(
     balanced_config, reference, tmp_path
 ):
     rows, _ = reference
-    cache = tmp_path / "lengths"
-    spec = _spec(balanced_config, cache)
+    spec = _spec(balanced_config, tmp_path / "lengths")
+    # the reference run stored the text part's index with the data: this run must build it again
+    store = balanced_config.parent / "text" / DERIVED_FOLDER / "lengths"
+    shutil.rmtree(store)
 
-    def building(pid: int) -> bool:  # the index's parts are being written by the pool's workers
-        return any(cache.glob("*/parts")) and bool(_children(pid))
+    def building(pid: int) -> bool:  # the index's shard parts are being written by the pool
+        return any(store.glob("parts-*/*.npz")) and bool(_children(pid))
 
     _kill_trainer_when(spec, tmp_path, building, "while its length index was built")
-    assert [
-        d for d in cache.iterdir() if (d / "parts").is_dir() and not (d / "meta.json").exists()
-    ], "the kill must land while the index is built"
+    assert not any(store.glob("*/meta.json")), "the kill must land while the index is built"
     _resume_is_exact(spec, tmp_path, rows)
 
 
@@ -240,18 +243,20 @@ def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
     dead parent; they must be gone at once."""
     script = tmp_path / "slow_build.py"
     script.write_text(
-        "import os, sys, time, types\n"
-        "from energon_platform.loader import light_sample\nfrom energon_platform.loader.balance import lengths\n"
+        "import sys, time, types\n"
+        "from energon_platform.loader import light_sample\n"
+        "from energon_platform.loader.balance import length_parts as parts\n"
         "light_sample.light_sample = lambda source, i: types.SimpleNamespace(__key__=str(i))\n"
         "class Slow:\n"
         "    facts_width = 1\n"
         "    def sample_facts(self, sample):\n"
         "        time.sleep(120)\n"
         "        return [1]\n"
-        "class Source(list):\n"
-        "    path = 'slow'\n"
-        f"lengths.build(lengths.Path({str(tmp_path / 'index')!r}), Source(range(3 * lengths.CHUNK)), Slow(),\n"
-        "              workers=2, progress=False)\n"
+        "spec = parts.IndexSpec('slow', 'train', 'null', 'digest', None)\n"
+        "parts.opened(spec, object(), Slow())\n"
+        "jobs = [parts.ShardJob(k, f'shard-{k}.tar', 10 * k, 10, '1-1') for k in range(3)]\n"
+        f"parts.run_jobs(jobs, parts.Path({str(tmp_path)!r}), spec, lambda job, stats: None,\n"
+        "               workers=2)\n"
     )
     with subprocess.Popen([sys.executable, str(script)]) as holder:
         deadline = time.time() + 120

@@ -21,7 +21,6 @@ killed build leaves neither a process nor a held lock behind. Cost per sample: `
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -31,9 +30,7 @@ import numpy as np
 
 from task_encoders.sequences import padded_length
 
-#: Samples per build chunk (one unit of work, of resume and of the progress bar).
-CHUNK = 2048
-FORMAT = "energon-platform-lengths-v1"
+FORMAT = "energon-platform-lengths-v2"
 
 
 def default_cache_dir() -> Path:
@@ -86,152 +83,6 @@ class LengthIndex:
     def nbytes(self) -> int:
         """Bytes on disk (facts, keys, offsets)."""
         return sum((self.folder / n).stat().st_size for n in ("facts.i32", "keys.bin", "keys.off"))
-
-
-def index_folder(
-    source: Any, encoder: Any, encoder_digest: str, cache_dir: Path | None = None
-) -> Path:
-    """Where the index of ``source`` under ``encoder`` lives (a digest of both identities and of
-    the width of the encoder's facts: an encoder that states more facts than its index holds
-    builds a new index instead of reading an old one)."""
-    ident = {
-        "format": FORMAT,
-        "dataset": source.identity(),
-        "path": str(source.path),
-        "encoder": type(encoder).__name__,
-        "config": encoder_digest,
-        "width": int(getattr(encoder, "facts_width", 1)),
-    }
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[
-        :24
-    ]
-    return Path(cache_dir or default_cache_dir()) / digest
-
-
-def open_length_index(
-    source: Any,
-    encoder: Any,
-    encoder_digest: str,
-    cache_dir: Path | None = None,
-    workers: int = 1,
-    progress: bool = True,
-) -> LengthIndex:
-    """The length index of ``source`` under ``encoder``; built (or its build finished) if missing."""
-    import fcntl
-
-    folder = index_folder(source, encoder, encoder_digest, cache_dir)
-    if not (folder / "meta.json").is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / ".lock", "w") as lock:  # ranks of one job: one builds, the others wait
-            fcntl.lockf(
-                lock, fcntl.LOCK_EX
-            )  # a record lock: the build's forked workers do not hold it
-            if not (folder / "meta.json").is_file():
-                build(folder, source, encoder, workers, progress)
-    return LengthIndex(folder)
-
-
-# --- building ---------------------------------------------------------------------------------
-
-_WORK: dict = {}  # the build's (source, encoder) in a forked worker
-
-
-def _chunk(start: int) -> tuple[int, np.ndarray, list[str]]:
-    from energon_platform.loader.light_sample import light_sample
-    from storage import DatasetError
-
-    source, encoder, n = _WORK["source"], _WORK["encoder"], _WORK["n"]
-    width = encoder.facts_width
-    stop = min(start + CHUNK, n)
-    facts = np.zeros((stop - start, width), np.int32)
-    keys = []
-    for k, i in enumerate(range(start, stop)):
-        try:
-            sample = light_sample(source, i)
-            facts[k] = encoder.sample_facts(sample)
-            keys.append(sample.__key__)
-        except (OSError, DatasetError, NotImplementedError):  # not the sample's fault: never cached
-            raise
-        except (
-            Exception
-        ) as e:  # an unreadable sample: facts -1; the loader replaces it when it fails
-            facts[k] = -1
-            keys.append(getattr(e, "sample_key", None) or f"#{i}")
-    return start, facts, keys
-
-
-def build(folder: Path, source: Any, encoder: Any, workers: int = 1, progress: bool = True) -> None:
-    """Compute the facts of every sample into ``folder`` (chunked, resumable, ``workers``
-    processes). The bar is drawn with ``progress`` unless the process's bars are off
-    (``TQDM_DISABLE``, as ``train --quiet`` sets it)."""
-    import multiprocessing
-
-    from tqdm import tqdm
-
-    from energon_platform.loader.processes import die_with_parent
-
-    n = len(source)
-    parts = folder / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    todo = [s for s in range(0, n, CHUNK) if not (parts / f"{s:012d}.npz").is_file()]
-    _WORK.update(source=source, encoder=encoder, n=n)
-    bar = tqdm(
-        total=n,
-        initial=n - sum(min(CHUNK, n - s) for s in todo),
-        unit="sample",
-        desc=f"length index {Path(str(source.path)).name}",
-        # TQDM_DISABLE is read here: tqdm reads it only once, when it is first imported
-        disable=not progress or not todo or bool(os.environ.get("TQDM_DISABLE")),
-    )
-    try:
-
-        def save(result):
-            start, facts, keys = result
-            tmp = parts / f".{start:012d}.{os.getpid()}.tmp.npz"
-            np.savez(
-                tmp, facts=facts, keys=np.frombuffer("\n".join(keys).encode(), np.uint8)
-            )  # keys have no newline
-            os.replace(tmp, parts / f"{start:012d}.npz")
-            bar.update(len(keys))
-
-        if workers > 1 and len(todo) > 1:
-            with multiprocessing.get_context("fork").Pool(
-                workers, initializer=die_with_parent, initargs=(os.getpid(),)
-            ) as pool:
-                for result in pool.imap_unordered(_chunk, todo):
-                    save(result)
-        else:
-            for start in todo:
-                save(_chunk(start))
-    finally:
-        bar.close()
-        _WORK.clear()
-    _assemble(folder, parts, n, encoder.facts_width)
-
-
-def _assemble(folder: Path, parts: Path, n: int, width: int) -> None:
-    facts = np.zeros((n, width), np.int32)
-    blobs: list[bytes] = []
-    for start in range(0, n, CHUNK):
-        with np.load(parts / f"{start:012d}.npz") as z:
-            facts[start : start + len(z["facts"])] = z["facts"]
-            blobs += z["keys"].tobytes().split(b"\n")
-    offsets = np.zeros(n + 1, np.int64)
-    offsets[1:] = np.cumsum([len(b) for b in blobs])
-    for name, data in (
-        ("facts.i32", facts.tobytes()),
-        ("keys.bin", b"".join(blobs)),
-        ("keys.off", offsets.tobytes()),
-    ):
-        tmp = folder / f".{name}.{os.getpid()}.tmp"  # ranks building at once write the same bytes
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / name)
-    tmp = folder / f".meta.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, "samples": n, "width": width}))
-    os.replace(tmp, folder / "meta.json")  # last: a folder with meta.json is complete
-    import shutil
-
-    shutil.rmtree(parts, ignore_errors=True)
 
 
 #: The samples' lengths a `SampleLengths` remembers (about 200 bytes each).

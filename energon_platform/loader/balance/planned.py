@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from energon_platform.loader.balance.cost_history import CostEntry, CostHistory
@@ -394,17 +393,29 @@ def _check(cfg: Any, encoder: Any, packed: bool) -> None:
 
 
 def _length_indexes(cfg: Any, encoder: Any, datasets: Any, workers: int) -> list:
-    """Each dataset's `LengthIndex` (built if missing)."""
-    from energon_platform.loader.balance.lengths import open_length_index
+    """Each dataset's `LengthIndex`: found with the data or in a cache, else built now (after one
+    line naming ``energon-platform index``) or, with ``loader.length_index: require``, refused."""
+    from energon_platform.loader.balance.length_store import LengthIndexMissing, open_index
+    from task_encoders.config import ConfigError
 
     digest = encoder_digest(encoder)
-    cache = Path(cfg.loader.length_cache) if cfg.loader.length_cache else None
+    command = (
+        f"energon-platform index --config {cfg.source}" if cfg.source else "energon-platform index"
+    )
     try:
         return [
-            open_length_index(e.source, encoder, digest, cache, workers=max(1, workers))
+            open_index(
+                e.source,
+                encoder,
+                digest,
+                cfg.loader.length_cache,
+                workers=max(1, workers),
+                require=cfg.loader.length_index == "require",
+                command=command,
+            )
             for e in datasets.entries
         ]
     except NotImplementedError as e:  # the encoder cannot state this config's lengths
-        from task_encoders.config import ConfigError
-
         raise ConfigError(cfg.source, "loader.balance", str(e)) from None
+    except LengthIndexMissing as e:
+        raise ConfigError(cfg.source, "loader.length_index", str(e)) from None

@@ -1,0 +1,255 @@
+"""Where a length index lives, and when it is built.
+
+**Stored with the data.** A local dataset's index is written beside its shards, in
+``DATASET/.energon-platform/lengths/``: every node and every later run opens it instead of
+building, and a loader that finds it writes nothing into its own cache. A dataset on object
+storage, or one whose folder this user cannot write, keeps its index in the cache folder the run
+names (``loader.length_cache``: a shared folder every node sees) or else the local cache
+(``$ENERGON_PLATFORM_CACHE/lengths``). Inside a place:
+
+* ``{digest}/``: one complete index (`LengthIndex`'s files and ``meta.json``, which also lists
+  each shard's stamp); ``digest`` covers the dataset's identity (Energon's index uuid, the split,
+  its shards and counts), the encoder's class, config digest and facts width: an index of another
+  encoder configuration is never read;
+* ``parts-{encoder}/``: the per-shard parts (`length_parts`) the indexes of that encoder
+  configuration are assembled from, kept for reuse (a dataset that gains shards indexes only the
+  new ones).
+
+An index whose shard stamps no longer match the files (a shard rewritten since) is stale: it is
+built again, reusing the parts of every unchanged shard.
+
+**When.** ``energon-platform index --config CFG`` builds every dataset's index ahead of training.
+A loader that finds none builds it at start-up after one line naming that command and the time it
+will take (``loader.length_index: build``, the default), or stops with that line
+(``loader.length_index: require``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from energon_platform.loader.balance.length_parts import (
+    IndexSpec,
+    ShardJob,
+    assemble,
+    run_jobs,
+    shard_jobs,
+)
+from energon_platform.loader.balance.lengths import FORMAT, LengthIndex, default_cache_dir
+from storage.paths import DERIVED_FOLDER, dataset_root, is_remote
+
+#: the folder beside a local dataset's shards that holds its indexes
+WITH_DATA = Path(DERIVED_FOLDER) / "lengths"
+#: samples timed to estimate a build's duration
+PROBE_SAMPLES = 32
+
+
+class LengthIndexMissing(RuntimeError):
+    """No index of a dataset under ``loader.length_index: require``: one line, naming the command
+    that builds it and how long it will take."""
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def encoder_key(encoder: Any, encoder_digest: str) -> dict:
+    """What an index's facts depend on, on the encoder's side."""
+    return {
+        "format": FORMAT,
+        "encoder": type(encoder).__name__,
+        "config": encoder_digest,
+        "width": int(getattr(encoder, "facts_width", 1)),
+    }
+
+
+def index_digest(source: Any, encoder: Any, encoder_digest: str) -> str:
+    """The name of ``source``'s index under ``encoder`` in any place (module doc)."""
+    return _digest({**encoder_key(encoder, encoder_digest), "dataset": source.identity()})
+
+
+def places(source: Any, cache_dir: str | Path | None) -> list[Path]:
+    """Where an index of ``source`` is looked for, in order: with the data (a local dataset),
+    the run's cache folder when it names one, the local cache."""
+    found = []
+    if not is_remote(source.path):
+        found.append(Path(str(dataset_root(source.path))) / WITH_DATA)
+    if cache_dir:
+        found.append(Path(cache_dir))
+    found.append(default_cache_dir())
+    return list(dict.fromkeys(found))
+
+
+def writable_place(source: Any, cache_dir: str | Path | None) -> Path:
+    """The first place of `places` this process can write to (creating it if missing)."""
+    for place in places(source, cache_dir):
+        try:
+            place.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(place, os.W_OK):
+            return place
+    raise PermissionError(f"no writable place for the length index of {source.path}")
+
+
+@dataclass
+class Located:
+    """A complete index found in ``place`` (``fresh``: its shard stamps match the files)."""
+
+    folder: Path
+    fresh: bool
+
+
+def locate(source: Any, encoder: Any, encoder_digest: str, cache_dir=None, jobs=None):
+    """The first complete index of ``source`` under ``encoder`` among `places`, and whether it is
+    fresh (``jobs``: the shards' stamps, `shard_jobs` when not given); None when there is none."""
+    digest = index_digest(source, encoder, encoder_digest)
+    for place in places(source, cache_dir):
+        folder = place / digest
+        if (folder / "meta.json").is_file():
+            return Located(folder, _fresh(folder, shard_jobs(source) if jobs is None else jobs))
+    return None
+
+
+def _fresh(folder: Path, jobs: list[ShardJob]) -> bool:
+    """Whether ``folder`` holds a complete index whose shard stamps are ``jobs``'."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("stamps") == [j.stamp for j in jobs]
+
+
+def open_index(
+    source: Any,
+    encoder: Any,
+    encoder_digest: str,
+    cache_dir: str | Path | None = None,
+    workers: int = 1,
+    progress: bool = True,
+    require: bool = False,
+    command: str = "energon-platform index --config CONFIG",
+) -> LengthIndex:
+    """The fresh length index of ``source`` under ``encoder``: found in a place (module doc), or
+    built now into the first writable one after one line on stderr naming ``command`` and the
+    estimated time; with ``require``, `LengthIndexMissing` instead of building. Ranks of one job
+    that find none at once: one builds, the others wait for it (a record lock that forked workers
+    do not inherit)."""
+    jobs = shard_jobs(source)
+    found = locate(source, encoder, encoder_digest, cache_dir, jobs)
+    if found is not None and found.fresh:
+        return LengthIndex(found.folder)
+    why = "stale: shards changed since it was built" if found else "none found"
+    line = (
+        f"length index of {source.path} ({len(source):,} samples): {why}; "
+        f"`{command}` builds it ahead of training, about {estimate(source, encoder, workers)}"
+    )
+    if require:
+        raise LengthIndexMissing(line)
+    print(f"{line} (building it now)", file=sys.stderr, flush=True)
+    place = writable_place(source, cache_dir)
+    build(source, encoder, encoder_digest, place, workers=workers, progress=progress, jobs=jobs)
+    return LengthIndex(place / index_digest(source, encoder, encoder_digest))
+
+
+def estimate(source: Any, encoder: Any, workers: int = 1) -> str:
+    """How long building ``source``'s index takes on ``workers`` processes, from the time of
+    `PROBE_SAMPLES` samples spread over the dataset, as words (``"3 min on 8 processes"``)."""
+    from energon_platform.loader.light_sample import light_sample
+
+    n = len(source)
+    if n == 0:
+        return "no time (no samples)"
+    picks = sorted({round(i * (n - 1) / max(1, PROBE_SAMPLES - 1)) for i in range(PROBE_SAMPLES)})
+    began = time.perf_counter()
+    for i in picks:
+        try:
+            encoder.sample_facts(light_sample(source, i))
+        except Exception:
+            pass
+    seconds = (time.perf_counter() - began) / len(picks) * n / max(1, workers)
+    if seconds < 90:
+        when = f"{seconds:.0f} s"
+    elif seconds < 5400:
+        when = f"{seconds / 60:.0f} min"
+    else:
+        when = f"{seconds / 3600:.1f} h"
+    return f"{when} on {workers} process{'es' if workers > 1 else ''}"
+
+
+def build(
+    source: Any,
+    encoder: Any,
+    encoder_digest: str,
+    place: Path,
+    workers: int = 1,
+    progress: bool = True,
+    jobs: list[ShardJob] | None = None,
+    ray_address: str | None = None,
+    use_ray: bool = False,
+) -> dict:
+    """Build ``source``'s index under ``encoder`` into ``place``, reusing the parts there;
+    returns ``{"folder", "samples", "shards", "indexed", "reused", "unreadable", "seconds"}``
+    (``indexed``: shards computed now). Held under ``place/{digest}.lock``; a complete fresh index
+    found there once the lock is had is kept as it is."""
+    from tqdm import tqdm
+
+    jobs = shard_jobs(source) if jobs is None else jobs
+    digest = index_digest(source, encoder, encoder_digest)
+    folder = place / digest
+    parts = place / f"parts-{_digest(encoder_key(encoder, encoder_digest))}"
+    parts.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    stats = {"folder": str(folder), "samples": len(source), "shards": len(jobs), "unreadable": 0}
+    with open(place / f"{digest}.lock", "w") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        if _fresh(folder, jobs):  # built by another rank or node while this one waited
+            return {**stats, "indexed": 0, "reused": len(jobs), "seconds": 0.0}
+        todo = [j for j in jobs if not (parts / j.part).is_file()]
+        spec = IndexSpec(
+            str(source.path),
+            source.split,
+            json.dumps(source.subflavors, sort_keys=True),
+            encoder_digest,
+            getattr(encoder, "config", None),
+        )
+        from energon_platform.loader.balance.length_parts import opened
+
+        opened(spec, source, encoder)  # forked workers inherit them: nothing is built again
+        bar = tqdm(
+            total=len(source),
+            initial=len(source) - sum(j.count for j in todo),
+            unit="sample",
+            desc=f"length index {Path(str(source.path)).name}",
+            disable=not progress or not todo or bool(os.environ.get("TQDM_DISABLE")),
+        )
+
+        def done(job: ShardJob, result: dict) -> None:
+            stats["unreadable"] += result["unreadable"]
+            bar.update(result["samples"])
+
+        try:
+            run_jobs(todo, parts, spec, done, workers, ray_address, use_ray)
+        finally:
+            bar.close()
+        assemble(
+            folder,
+            parts,
+            jobs,
+            int(encoder.facts_width),
+            {"stamps": [j.stamp for j in jobs], "shards": [j.name for j in jobs]},
+        )
+    return {
+        **stats,
+        "indexed": len(todo),
+        "reused": len(jobs) - len(todo),
+        "seconds": time.perf_counter() - began,
+    }

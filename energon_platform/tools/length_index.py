@@ -1,0 +1,58 @@
+"""``energon-platform index``: every dataset's length index of a run config, built ahead of
+training, stored with the data (`energon_platform.loader.balance.length_store`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from energon_platform.loader.balance.length_store import build, writable_place
+from energon_platform.loader.datasets import open_datasets
+from energon_platform.loader.fingerprint import encoder_digest
+from energon_platform.loader.run_plan import build_encoder
+
+
+def index_run(
+    cfg: Any,
+    workers: int = 1,
+    use_ray: bool = False,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Build (or find fresh) the length index of every dataset of ``cfg``'s training split under
+    its encoder, in the first writable place of each (with the data first); per dataset, what
+    `build` returns plus ``dataset``. Shards indexed before (a killed run, another version of the
+    dataset) are reused."""
+    encoder = build_encoder(cfg)
+    if not callable(getattr(encoder, "sample_facts", None)):
+        raise NotImplementedError(
+            f"{type(encoder).__name__} states no sample_facts: it has no length index"
+        )
+    digest = encoder_digest(encoder)
+    done = []
+    for entry in open_datasets(str(cfg.data.path), cfg.data.train_split).entries:
+        source = entry.source
+        place = writable_place(source, cfg.loader.length_cache)
+        stats = build(
+            source,
+            encoder,
+            digest,
+            place,
+            workers=workers,
+            progress=progress,
+            ray_address=ray_address,
+            use_ray=use_ray,
+        )
+        done.append({"dataset": str(source.path), **stats})
+    return done
+
+
+def summary(stats: dict) -> str:
+    """One line of what `index_run` did for a dataset."""
+    rate = stats["samples"] / stats["seconds"] if stats["indexed"] and stats["seconds"] else None
+    done = (
+        f"{stats['indexed']} of {stats['shards']} shards indexed now, {stats['reused']} reused"
+        + (f", {rate:,.0f} samples/s" if rate else "")
+    )
+    unreadable = f", {stats['unreadable']} unreadable" if stats["unreadable"] else ""
+    return f"{stats['dataset']}: {stats['samples']:,} samples; {done}{unreadable}\n  index: {Path(stats['folder'])}"
