@@ -624,6 +624,38 @@ def lengths_rows(r: dict) -> list[Row]:
     return rows  # fmt: skip
 
 
+def index_rows(r: dict) -> list[Row | Figure]:
+    """Per size: our build against Energon's prepare (one process each), the start-up of a
+    balanced loader with its index prebuilt against an unbalanced one, and the figures with no
+    alternative (scaling, memory, opening, bytes); then what they mean at 10⁹ samples."""
+    rows: list[Row | Figure] = []
+    for x in r.get("results") or []:
+        n = f"N = {fmt(x.get('n'))}"
+        rows += [
+            Row(f"{n}: samples/s on one process, `energon-platform index` vs Energon's prepare",
+                get(x, "build", "local_1", "samples_per_s"), x.get("prepare_samples_per_s"),
+                "samples/s"),
+            Row(f"{n}: start-up to the first batch, seconds, balanced (index prebuilt) vs "
+                "unbalanced", get(x, "startup", "balanced_s"), get(x, "startup", "unbalanced_s"),
+                "seconds"),
+            Figure(f"{n}: peak resident memory of the build (one process), MiB",
+                   get(x, "build", "local_1", "peak_mib"), "MiB"),
+            Figure(f"{n}: opening the index, seconds", get(x, "open", "open_s"), "seconds"),
+            Figure(f"{n}: resident memory added by opening it and reading "
+                   "10,000 random samples, MiB", get(x, "open", "rss_added_mib"), "MiB"),
+            Figure(f"{n}: bytes stored per sample", x.get("bytes_per_sample"), "bytes"),
+        ]  # fmt: skip
+    e = r.get("at_1e9") or {}
+    rows += [
+        Figure("at 10⁹ samples: time to build on one process, hours",
+               e.get("hours_per_process"), "time"),
+        Figure("at 10⁹ samples: time of Energon's prepare on one process, hours",
+               e.get("energon_prepare_hours_one_process"), "time"),
+        Figure("at 10⁹ samples: bytes stored", e.get("bytes"), "bytes"),
+    ]  # fmt: skip
+    return rows
+
+
 def trace_rows(r: dict) -> list[Row | Figure]:
     epochs = get(r, "settings", "epochs")
     rows = [
@@ -864,6 +896,17 @@ KINDS = {
             "pays per sample in a run to look up its lengths and cost features from the index."
         ),
         lengths_rows,
+    ),
+    "index": Kind(
+        lambda r: (
+            "The length index at scale, on synthetic text datasets of "
+            f"{', '.join(fmt(n) for n in get(r, 'settings', 'sizes') or [])} samples: "
+            "`energon-platform index` on 1 and 2 local processes and Ray workers against Energon's "
+            "own prepare of the same shards, the memory of building and of opening the index as "
+            "the dataset grows, and a balanced loader's start-up with the index prebuilt against "
+            "an unbalanced one's; at 10⁹ samples, the figures extrapolated."
+        ),
+        index_rows,
     ),
     "trace": Kind(
         lambda r: (

@@ -187,3 +187,11 @@ def read_steps(path: str | Path, fmt: Any, start: int = 0) -> dict[int, dict]:
         if row is not None:
             rows[row["step"]] = row
     return rows
+
+
+def sample_line(reader: object) -> str | None:
+    """The sample line a reader's docstring shows: the first line of the indented block after its
+    line naming a "Sample"; None when it shows none."""
+    lines = (type(reader).__doc__ or "").splitlines()
+    after = next((i + 1 for i, line in enumerate(lines) if "Sample" in line), len(lines))
+    return next((line.strip() for line in lines[after:] if line.strip()), None)

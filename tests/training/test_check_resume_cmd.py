@@ -20,6 +20,7 @@ from energon_platform.training.step_log_readers import (
     RegexLog,
     TorchtitanLog,
     read_steps,
+    sample_line,
 )
 from energon_platform.training.step_log_writer import StepLog, batch_digest
 from scripts.bench_data import coco_dataset
@@ -30,10 +31,6 @@ from tests.helpers.trainer_examples import assert_sample_losses_fit
 
 PY = shlex.quote(sys.executable)
 EXAMPLES = REPO / "scripts" / "examples"
-
-
-def sample_line(reader) -> str:
-    return type(reader).__doc__.split("::", 1)[1].strip().splitlines()[0].strip()
 
 
 # ---------------------------------------------------------------- the log readers and StepLog

@@ -24,6 +24,7 @@ from energon_platform.training.step_log_readers import (
     complete_length,
     get_format,
     read_steps,
+    sample_line,
 )
 
 #: the seed's criterion: a loss jump above this after a resume means the resume scheme is worthless
@@ -265,6 +266,5 @@ def check_resume_cmd(
 
 
 def _sample(fmt: Any) -> str:
-    """The sample line of a reader's docstring (the indented line after ``::``)."""
-    doc = (type(fmt).__doc__ or "").split("::", 1)[-1].strip().splitlines()
-    return doc[0].strip() if doc else "?"
+    """The sample line of a reader's docstring (`sample_line`), "?" when it has none."""
+    return sample_line(fmt) or "?"
