@@ -109,14 +109,17 @@ class Located:
 
 
 def locate(source: Any, encoder: Any, encoder_digest: str, cache_dir=None, jobs=None):
-    """The first complete index of ``source`` under ``encoder`` among `places`, and whether it is
-    fresh (``jobs``: the shards' stamps, `shard_jobs` when not given); None when there is none."""
+    """The first fresh complete index of ``source`` under ``encoder`` among `places`, else the
+    first stale one (``jobs``: the shards' stamps, `shard_jobs` when not given); None when there
+    is none."""
     digest = index_digest(source, encoder, encoder_digest)
-    for place in places(source, cache_dir):
-        folder = place / digest
-        if (folder / "meta.json").is_file():
-            return Located(folder, _fresh(folder, shard_jobs(source) if jobs is None else jobs))
-    return None
+    found = [place / digest for place in places(source, cache_dir)]
+    found = [folder for folder in found if (folder / "meta.json").is_file()]
+    if not found:
+        return None
+    jobs = shard_jobs(source) if jobs is None else jobs
+    fresh = next((folder for folder in found if _fresh(folder, jobs)), None)
+    return Located(fresh, True) if fresh is not None else Located(found[0], False)
 
 
 def _fresh(folder: Path, jobs: list[ShardJob]) -> bool:
