@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from energon_platform.loader.balance.cost_history import CostEntry, CostHistory
@@ -399,9 +400,8 @@ def _length_indexes(cfg: Any, encoder: Any, datasets: Any, workers: int) -> list
     from task_encoders.config import ConfigError
 
     digest = encoder_digest(encoder)
-    command = (
-        f"energon-platform index --config {cfg.source}" if cfg.source else "energon-platform index"
-    )
+    written = bool(cfg.source) and Path(str(cfg.source)).is_file()  # not a config built in code
+    command = f"energon-platform index --config {cfg.source if written else 'RUN.yaml'}"
     try:
         return [
             open_index(
