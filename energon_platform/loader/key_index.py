@@ -80,14 +80,23 @@ class KeyIndex:
 
     def matching(self, pattern: str, prefix: str = "", limit: int | None = None) -> list[int]:
         """The dataset indices (sorted) of this split's samples whose ``prefix + key`` matches
-        ``pattern`` (``fnmatchcase``); at most ``limit`` of them when given. A scan of the index,
-        stopped at ``limit`` matches."""
-        rows = self._db.execute(
-            "SELECT tar_file_id, sample_index FROM samples WHERE fnmatchcase(? || sample_key, ?)",
-            (prefix, pattern),
-        )
+        ``pattern`` (``fnmatchcase``); at most ``limit`` of them when given. Only the keys that
+        start with the pattern's literal head (before its first ``*``, ``?`` or ``[``) are read: a
+        range of the index's sorted keys, so a pattern that matches nothing costs a lookup, not a
+        scan. A pattern that starts with a wildcard scans the keys (stopped at ``limit``)."""
+        cut = min([pattern.find(c) for c in "*?[" if c in pattern] or [len(pattern)])
+        head = pattern[:cut]
+        if not (head.startswith(prefix) or prefix.startswith(head)):
+            return []  # the pattern's literal part names another dataset
+        key_head = head[len(prefix) :] if head.startswith(prefix) else ""
+        query = "SELECT tar_file_id, sample_index FROM samples WHERE fnmatchcase(? || sample_key, ?)"
+        args: tuple = (prefix, pattern)
+        if key_head and ord(key_head[-1]) < 0x10FFFF:
+            after = key_head[:-1] + chr(ord(key_head[-1]) + 1)  # the first key past the range
+            query += " AND sample_key >= ? AND sample_key < ?"
+            args += (key_head, after)
         out = []
-        for tar, j in rows:
+        for tar, j in self._db.execute(query, args):
             if tar in self._split_shard:
                 out.append(self._starts[self._split_shard[tar]] + j)
                 if limit is not None and len(out) >= limit:

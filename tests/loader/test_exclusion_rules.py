@@ -133,3 +133,46 @@ def test_a_rule_that_leaves_no_stand_in_is_named_when_the_run_reaches_it(data):
     )
     assert "narrow it" in str(e.value)
     ld.close()
+
+
+def test_a_key_pattern_reads_only_the_keys_that_start_with_its_literal_head(data):
+    """Patterns are matched on the index's sorted keys from their literal head on: a pattern that
+    matches nothing costs a lookup (no key is compared), one that starts with a wildcard scans;
+    either way the indices are those a scan of every key finds."""
+    from fnmatch import fnmatchcase
+
+    from energon_platform.loader.key_index import KeyIndex
+    from energon_platform.loader.source import SampleSource
+
+    index = KeyIndex(SampleSource(str(data["coco"])))
+    compared = []
+
+    def counting(text, pattern):
+        compared.append(text)
+        return fnmatchcase(text, pattern)
+
+    index._db.create_function("fnmatchcase", 2, counting, deterministic=True)
+    everything = index.keys(range(index.shard_start(len(index.shard_names))))  # the split's
+    stored = [key for (key,) in index._db.execute("SELECT sample_key FROM samples")]  # all splits
+    for pattern, prefix in (
+        ("00000000014*", ""),
+        ("0000000001?7", ""),
+        ("coco:0000000002[12]*", "coco:"),
+        ("*7", ""),
+        ("zz*", ""),
+        ("other:0*", "coco:"),
+    ):
+        compared.clear()
+        found = index.matching(pattern, prefix)
+        expected = [i for i, key in enumerate(everything) if fnmatchcase(prefix + key, pattern)]
+        assert found == expected, pattern
+        scanned = len(compared)
+        if pattern.startswith("*"):
+            assert scanned == len(stored)
+        elif not pattern.startswith(prefix):
+            assert scanned == 0
+        else:
+            literal = pattern.split("*")[0].split("?")[0].split("[")[0].removeprefix(prefix)
+            assert scanned == sum(k.startswith(literal) for k in stored) < len(stored), pattern
+    compared.clear()
+    assert index.matching("zz*", limit=1) == [] and compared == []
