@@ -8,6 +8,7 @@ from pathlib import Path
 
 from energon_platform.cli.common import (
     HelpFormatter,
+    UsageError,
     folder_or_manifest,
     format_arg,
     fraction,
@@ -66,6 +67,12 @@ def add_convert(sub) -> None:
         help="replace an existing conversion in --out; removes only what a conversion wrote and "
         "refuses (removing nothing) if --out holds anything else (a folder or prefix without a "
         "conversion, or a file or object no conversion wrote) or is being written",
+    )
+    g.add_argument(
+        "--index-encoder",
+        metavar="ENCODER.yaml",
+        help="after the conversion, build the train split's length index under this encoder "
+        "config and store it with the data, as `energon-platform index` would (a local --out)",
     )
     g = common.add_argument_group("execution")
     g.add_argument(
@@ -279,6 +286,8 @@ def cmd_convert(args) -> int:
     from converters.convert import ConvertOptions, run_conversion, summarize
     from converters.media import AudioOptions, ImageOptions, VideoOptions
 
+    encoder = _index_encoder(args) if args.index_encoder else None  # refused before any work
+
     video = (
         args.kind == "video"
     )  # --max-side re-encodes videos there, and leaves the image options alone
@@ -312,7 +321,37 @@ def cmd_convert(args) -> int:
     print(summarize(outcome.report))
     where = outcome.uploaded_to or Path(args.out).resolve()
     print(f"shards: {where}\nreport: {where}/report.json")
+    if encoder is not None and outcome.ok:
+        from energon_platform.loader.source import SampleSource
+        from energon_platform.tools.length_index import index_dataset, summary
+
+        stats = index_dataset(
+            SampleSource(str(where)), encoder, workers=args.workers, progress=not args.no_progress
+        )
+        print(summary(stats))
     return 0 if outcome.ok else 1
+
+
+def _index_encoder(args) -> object:
+    """The encoder ``convert --index-encoder`` names, built before the conversion starts:
+    `UsageError` (one line) for an object-storage ``--out``, a config that cannot be read, or an
+    encoder that states no length facts."""
+    from storage.paths import is_remote
+    from task_encoders.config import ConfigError
+    from task_encoders.registry import get_encoder
+
+    if is_remote(args.out):
+        raise UsageError(
+            "--index-encoder with an msc:// --out: run `energon-platform index` on the dataset "
+            "instead (its index goes to loader.length_cache)"
+        )
+    try:
+        encoder = get_encoder(args.index_encoder)
+    except (ConfigError, OSError, ValueError) as e:
+        raise UsageError(f"--index-encoder {args.index_encoder}: {e}") from None
+    if not callable(getattr(encoder, "sample_facts", None)):
+        raise UsageError(f"--index-encoder: {type(encoder).__name__} states no length facts")
+    return encoder
 
 
 def add_index(sub) -> None:

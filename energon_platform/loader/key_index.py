@@ -89,7 +89,9 @@ class KeyIndex:
         if not (head.startswith(prefix) or prefix.startswith(head)):
             return []  # the pattern's literal part names another dataset
         key_head = head[len(prefix) :] if head.startswith(prefix) else ""
-        query = "SELECT tar_file_id, sample_index FROM samples WHERE fnmatchcase(? || sample_key, ?)"
+        query = (
+            "SELECT tar_file_id, sample_index FROM samples WHERE fnmatchcase(? || sample_key, ?)"
+        )
         args: tuple = (prefix, pattern)
         if key_head and ord(key_head[-1]) < 0x10FFFF:
             after = key_head[:-1] + chr(ord(key_head[-1]) + 1)  # the first key past the range

@@ -20,31 +20,44 @@ def index_run(
     progress: bool = True,
 ) -> list[dict]:
     """Build (or find fresh) the length index of every dataset of ``cfg``'s training split under
-    its encoder, in the first writable place of each (with the data first); per dataset, what
-    `build` returns plus ``dataset``. Shards indexed before (a killed run, another version of the
-    dataset) are reused."""
+    its encoder (`index_dataset`); per dataset, what `build` returns plus ``dataset``."""
     encoder = build_encoder(cfg)
+    return [
+        index_dataset(
+            entry.source, encoder, cfg.loader.length_cache, workers, use_ray, ray_address, progress
+        )
+        for entry in open_datasets(str(cfg.data.path), cfg.data.train_split).entries
+    ]
+
+
+def index_dataset(
+    source: Any,
+    encoder: Any,
+    cache: str | None = None,
+    workers: int = 1,
+    use_ray: bool = False,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Build (or find fresh) ``source``'s length index under ``encoder`` in its first writable
+    place (with the data first, else ``cache``, else the local cache), reusing the shards indexed
+    before (a killed run, another version of the dataset); what `build` returns plus ``dataset``.
+    `NotImplementedError` for an encoder that states no length facts."""
     if not callable(getattr(encoder, "sample_facts", None)):
         raise NotImplementedError(
             f"{type(encoder).__name__} states no sample_facts: it has no length index"
         )
-    digest = encoder_digest(encoder)
-    done = []
-    for entry in open_datasets(str(cfg.data.path), cfg.data.train_split).entries:
-        source = entry.source
-        place = writable_place(source, cfg.loader.length_cache)
-        stats = build(
-            source,
-            encoder,
-            digest,
-            place,
-            workers=workers,
-            progress=progress,
-            ray_address=ray_address,
-            use_ray=use_ray,
-        )
-        done.append({"dataset": str(source.path), **stats})
-    return done
+    stats = build(
+        source,
+        encoder,
+        encoder_digest(encoder),
+        writable_place(source, cache),
+        workers=workers,
+        progress=progress,
+        ray_address=ray_address,
+        use_ray=use_ray,
+    )
+    return {"dataset": str(source.path), **stats}
 
 
 def summary(stats: dict) -> str:

@@ -266,3 +266,21 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert status == 2 and err.count("\n") == 1 and "no-dataset" in err, err
     status, _, err = index_cli(capsys, "--config", config, "--ray-address", "nowhere")
     assert status == 2 and err.count("\n") == 1
+
+
+def test_convert_with_an_index_encoder_leaves_the_index_a_loader_opens(tmp_path, capsys):
+    from energon_platform.loader.train_loader import TrainLoader
+
+    out = tmp_path / "text"
+    argv = ["convert", "text", "--manifest", str(REPO / "data/text_mini/documents.jsonl")]
+    argv += ["--id-column", "id", "--out", str(out), "--no-progress", "--index-encoder", TEXT]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "1 of 1 shards indexed now" in printed and str(out / DERIVED_FOLDER) in printed
+    config = run_config(tmp_path, out, length_index="require")
+    next(TrainLoader(load_config(str(config)), num_workers=0))  # require: found, not built
+    assert "length index" not in capsys.readouterr().err
+    status = cli.main([*argv[:-2], "--overwrite", "--index-encoder", str(tmp_path / "none.yaml")])
+    err = capsys.readouterr().err
+    assert status == 2 and "--index-encoder" in err and err.count("\n") == 1
+    assert (out / DERIVED_FOLDER).is_dir(), "a refused --index-encoder changes nothing"
