@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from energon_platform.loader.balance.length_store import build, writable_place
+from energon_platform.loader.balance.length_store import build, publish, writable_place
 from energon_platform.loader.datasets import open_datasets
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.run_plan import build_encoder
@@ -57,7 +57,8 @@ def index_dataset(
         ray_address=ray_address,
         use_ray=use_ray,
     )
-    return {"dataset": str(source.path), **stats}
+    published = publish(source, Path(stats["folder"]))
+    return {"dataset": str(source.path), **stats, "published": published}
 
 
 def summary(stats: dict) -> str:
@@ -68,4 +69,5 @@ def summary(stats: dict) -> str:
         + (f", {rate:,.0f} samples/s" if rate else "")
     )
     unreadable = f", {stats['unreadable']} unreadable" if stats["unreadable"] else ""
-    return f"{stats['dataset']}: {stats['samples']:,} samples; {done}{unreadable}\n  index: {Path(stats['folder'])}"
+    where = stats.get("published") or Path(stats["folder"])
+    return f"{stats['dataset']}: {stats['samples']:,} samples; {done}{unreadable}\n  index: {where}"

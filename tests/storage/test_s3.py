@@ -21,6 +21,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from converters.remote import dataset_files, upload_dataset
 from energon_platform.cli import main as cli_main
@@ -156,6 +157,41 @@ def test_loader_on_s3_gives_the_micro_batches_of_local_disk(s3, remote, local, w
     assert [b.keys for b in there] == [b.keys for b in here]
     for a, b in zip(there, here):
         assert_same_batch(a, b)
+
+
+def test_an_index_built_once_is_published_beside_the_shards_and_copied_once_per_node(
+    s3, remote, tmp_path, monkeypatch, capsys
+):
+    """``index`` on an ``msc://`` dataset builds in a cache folder and publishes the index beside
+    the shards; a loader on another node (other cache folders) copies it once and builds nothing,
+    even with ``loader.length_index: require``."""
+    from megatron.energon.epathlib import EPath
+
+    config = tmp_path / "run.yaml"
+    run = {"data": {"path": remote, "val_split": None}, "encoder": IMAGE}
+    run["loader"] = {"global_batch_size": 8, "num_workers": 0, "balance": "attention"}
+    config.write_text(yaml.safe_dump(run))
+    monkeypatch.setenv("ENERGON_PLATFORM_CACHE", str(tmp_path / "builder"))
+    assert cli_main(["index", "--config", str(config), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    published = out.split("index: ")[1].split()[0]
+    assert published.startswith(f"{remote}/.energon-platform/lengths/"), out
+    assert EPath(f"{published}/meta.json").is_file()
+    monkeypatch.setenv("ENERGON_PLATFORM_CACHE", str(tmp_path / "other-node"))
+    shared = tmp_path / "other-node-shared"
+    loader = TrainLoader(
+        cfg(remote, balance="attention", length_index="require", length_cache=str(shared)),
+        num_workers=0,
+    )
+    next(loader)
+    loader.close()
+    assert "length index" not in capsys.readouterr().err
+    (copied,) = [p.parent for p in shared.glob("*/meta.json")]
+    assert copied.name == published.rsplit("/", 1)[1]
+    built = tmp_path / "builder" / "lengths" / copied.name
+    for name in ("facts.i32", "keys.bin", "keys.off"):
+        assert (copied / name).read_bytes() == (built / name).read_bytes(), name
+    assert not (tmp_path / "other-node").exists(), "the local cache was not written"
 
 
 # ---------------------------------------------------------------- bad cases

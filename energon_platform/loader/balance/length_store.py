@@ -2,10 +2,13 @@
 
 **Stored with the data.** A local dataset's index is written beside its shards, in
 ``DATASET/.energon-platform/lengths/``: every node and every later run opens it instead of
-building, and a loader that finds it writes nothing into its own cache. A dataset on object
-storage, or one whose folder this user cannot write, keeps its index in the cache folder the run
-names (``loader.length_cache``: a shared folder every node sees) or else the local cache
-(``$ENERGON_PLATFORM_CACHE/lengths``). Inside a place:
+building, and a loader that finds it writes nothing into its own cache. A dataset whose folder
+this user cannot write keeps its index in the cache folder the run names (``loader.length_cache``:
+a shared folder every node sees) or else the local cache (``$ENERGON_PLATFORM_CACHE/lengths``).
+A dataset on object storage (``msc://``) has its index built in such a cache folder and published
+beside its shards (``msc://.../DATASET/.energon-platform/lengths/{digest}/``, ``meta.json``
+last); a node that finds it there copies its files once into its cache (one process per node,
+under a lock) and maps them from there. Inside a place:
 
 * ``{digest}/``: one complete index (`LengthIndex`'s files and ``meta.json``, which also lists
   each shard's stamp); ``digest`` covers the dataset's identity (Energon's index uuid, the split,
@@ -50,6 +53,8 @@ from storage.paths import DERIVED_FOLDER, dataset_root, is_remote
 WITH_DATA = Path(DERIVED_FOLDER) / "lengths"
 #: samples timed to estimate a build's duration
 PROBE_SAMPLES = 32
+#: an index's files; ``meta.json`` last, written or copied once the others are whole
+INDEX_FILES = ("facts.i32", "keys.bin", "keys.off", "meta.json")
 
 
 class LengthIndexMissing(RuntimeError):
@@ -150,6 +155,11 @@ def open_index(
     found = locate(source, encoder, encoder_digest, cache_dir, jobs)
     if found is not None and found.fresh:
         return LengthIndex(found.folder)
+    fetched = fetch_published(
+        source, index_digest(source, encoder, encoder_digest), jobs, cache_dir
+    )
+    if fetched is not None:
+        return LengthIndex(fetched)
     why = "stale: shards changed since it was built" if found else "none found"
     line = (
         f"length index of {source.path} ({len(source):,} samples): {why}; "
@@ -159,8 +169,67 @@ def open_index(
         raise LengthIndexMissing(line)
     print(f"{line} (building it now)", file=sys.stderr, flush=True)
     place = writable_place(source, cache_dir)
-    build(source, encoder, encoder_digest, place, workers=workers, progress=progress, jobs=jobs)
-    return LengthIndex(place / index_digest(source, encoder, encoder_digest))
+    built = build(source, encoder, encoder_digest, place, workers, progress, jobs)
+    publish(source, Path(built["folder"]))
+    return LengthIndex(Path(built["folder"]))
+
+
+# --- object storage: published beside the shards, copied once per node ---------------------------
+
+
+def published_place(source: Any) -> str | None:
+    """The ``msc://`` prefix beside a dataset on object storage where its indexes are published;
+    None for a local dataset (its index is stored with it already)."""
+    if not is_remote(source.path):
+        return None
+    return f"{str(source.path).rstrip('/')}/{WITH_DATA.as_posix()}"
+
+
+def publish(source: Any, folder: Path) -> str | None:
+    """Upload the complete index ``folder`` beside ``source``'s shards on object storage
+    (``meta.json`` last; files already there with the same bytes are skipped); its URL, or None
+    for a local dataset."""
+    url = published_place(source)
+    if url is None:
+        return None
+    from converters.remote import upload_file
+
+    for name in INDEX_FILES:
+        upload_file(str(folder / name), f"{url}/{folder.name}/{name}")
+    return f"{url}/{folder.name}"
+
+
+def fetch_published(source: Any, digest: str, jobs: list[ShardJob], cache_dir=None) -> Path | None:
+    """The local copy of ``source``'s published index ``digest`` when it is there and fresh:
+    copied into the first writable cache place, once per node (the first process copies under a
+    lock, the others wait and find it); None when nothing fresh is published."""
+    url = published_place(source)
+    if url is None:
+        return None
+    import multistorageclient as msc
+
+    from storage import storage_errors
+
+    with storage_errors(url, "the published length index"):
+        client, key = msc.resolve_storage_client(f"{url}/{digest}/meta.json")
+        try:
+            meta = json.loads(client.read(key))
+        except FileNotFoundError:
+            return None
+        if meta.get("stamps") != [j.stamp for j in jobs]:
+            return None
+        place = writable_place(source, cache_dir)
+        folder = place / digest
+        with open(place / f"{digest}.lock", "w") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+            if not _fresh(folder, jobs):
+                folder.mkdir(parents=True, exist_ok=True)
+                base = key[: -len("meta.json")]
+                for name in INDEX_FILES:
+                    tmp = folder / f".{name}.{os.getpid()}.tmp"
+                    client.download_file(base + name, str(tmp))
+                    os.replace(tmp, folder / name)
+    return folder
 
 
 def estimate(source: Any, encoder: Any, workers: int = 1) -> str:
