@@ -4,19 +4,19 @@ Energon's index (``.nv-meta/index.sqlite``, table ``samples``) holds every sampl
 tar file (numbered in the order of ``.nv-meta/.info.json``'s ``shard_counts``) and its number in
 that tar file; a split's dataset index is its shard's start in the split's shard list plus that
 number (`ShardReader`'s order). Both directions are
-one indexed query. On object storage the index file is copied to a temporary file once.
+one indexed query. On object storage the index file is copied once per node (`node_copy`).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import tempfile
 from bisect import bisect_right
 from fnmatch import fnmatchcase
 from itertools import accumulate
 from typing import Any
 
+from energon_platform.loader.node_cache import node_copy
 from storage import DatasetError, dataset_root, storage_errors
 
 
@@ -30,13 +30,8 @@ class KeyIndex:
         with storage_errors(source.path, "the dataset's index"):
             order = list(json.loads((meta / ".info.json").read_text())["shard_counts"])
             db = meta / "index.sqlite"
-            if db.is_local():
-                path = str(db.local_path())
-            else:  # sqlite needs a file: one copy of the index
-                self._copy = tempfile.NamedTemporaryFile(suffix=".sqlite")
-                self._copy.write(db.fs.read(db._internal_str_path))
-                self._copy.flush()
-                path = self._copy.name
+            # sqlite needs a file: on object storage, one copy per node (not per process)
+            path = str(db.local_path() if db.is_local() else node_copy(db, "key-index"))
         tar_ids = {name: i for i, name in enumerate(order)}
         missing = [n for n in self.shard_names if n not in tar_ids]
         if missing:

@@ -194,6 +194,21 @@ def test_an_index_built_once_is_published_beside_the_shards_and_copied_once_per_
     assert not (tmp_path / "other-node").exists(), "the local cache was not written"
 
 
+def test_the_key_index_of_an_msc_dataset_is_copied_once_per_node(s3, remote, tmp_path, monkeypatch):
+    """Energon's ``index.sqlite`` (read for keys and exclusion rules) is copied into the node's
+    cache once: a second reader (another process of the node) reuses the copy."""
+    from energon_platform.loader.key_index import KeyIndex
+
+    monkeypatch.setenv("ENERGON_PLATFORM_CACHE", str(tmp_path / "node"))
+    first = KeyIndex(SampleSource(remote))
+    (copy,) = (tmp_path / "node" / "key-index").glob("*.sqlite")
+    made = copy.stat().st_mtime_ns
+    second = KeyIndex(SampleSource(remote))
+    assert list((tmp_path / "node" / "key-index").glob("*.sqlite")) == [copy]
+    assert copy.stat().st_mtime_ns == made, "the second reader copied it again"
+    assert first.keys([0, 47]) == second.keys([0, 47]) and second.index(first.keys([5])[0]) == 5
+
+
 # ---------------------------------------------------------------- bad cases
 
 

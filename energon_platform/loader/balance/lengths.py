@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from energon_platform.loader.node_cache import cache_root
 from task_encoders.sequences import padded_length
 
 FORMAT = "energon-platform-lengths-v2"
@@ -35,8 +35,7 @@ FORMAT = "energon-platform-lengths-v2"
 
 def default_cache_dir() -> Path:
     """``$ENERGON_PLATFORM_CACHE/lengths``, else ``~/.cache/energon-platform/lengths``."""
-    root = os.environ.get("ENERGON_PLATFORM_CACHE") or Path.home() / ".cache" / "energon-platform"
-    return Path(root) / "lengths"
+    return cache_root() / "lengths"
 
 
 class LengthIndex:
