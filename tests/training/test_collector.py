@@ -95,7 +95,8 @@ def test_a_train_command_refused_at_its_checkpoints_freezes_nothing_of_its_calle
     argv = ["train", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet"]
     assert cli.main(argv) == 2
     assert "pass --resume" in capsys.readouterr().err
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    # nothing newly frozen (objects frozen by earlier tests of this process may be freed meanwhile)
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen
 
 
 def test_off_runs_its_block_without_the_collector_and_restores_it_as_it_was():
