@@ -351,11 +351,6 @@ def _check_resume_from_run(args) -> int:
     """``check-resume --straight-from RUN``: a finished training run stands for the
     uninterrupted run; its recorded config is killed at ``--kill-at`` and resumed."""
     from energon_platform.config import load_config
-    from energon_platform.training.resume_check import RunFailed, check_resume, verdict
-    from energon_platform.training.resume_check.options import (
-        check_trainer_run,
-        default_tolerance,
-    )
     from energon_platform.training.resume_check.trainer import straight_run_spec
 
     given = {"--steps": args.steps, "--nproc": args.nproc, "--set": args.set}
@@ -372,9 +367,19 @@ def _check_resume_from_run(args) -> int:
         spec = straight_run_spec(run, args.num_workers)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_trainer_run(
-        load_config(spec.config), spec.nproc, args.resume_nproc, args.kill_at, spec.steps
+    return _check_trainer(args, spec, load_config(spec.config), straight_run=run)
+
+
+def _check_trainer(args, spec, cfg, straight_run: Path | None = None) -> int:
+    """``check-resume`` on the reference trainer for ``spec`` (``cfg``: its config, loaded):
+    the layout checked, the default tolerance set, the check run, its verdict printed."""
+    from energon_platform.training.resume_check import RunFailed, check_resume, verdict
+    from energon_platform.training.resume_check.options import (
+        check_trainer_run,
+        default_tolerance,
     )
+
+    check_trainer_run(cfg, spec.nproc, args.resume_nproc, args.kill_at, spec.steps)
     if args.tolerance is None:
         args.tolerance = default_tolerance(spec.nproc, args.resume_nproc)
     try:
@@ -386,7 +391,7 @@ def _check_resume_from_run(args) -> int:
             args.resume_workers,
             args.tolerance,
             timeout=args.timeout,
-            straight_run=run,
+            straight_run=straight_run,
         )
     except RunFailed as e:  # a trainer process failed: its output tail is in the message
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
@@ -405,11 +410,9 @@ def _print_verdict(text: str, out: str, passed: bool) -> int:
 
 def cmd_check_resume(args) -> int:
     from energon_platform.config import load_config
-    from energon_platform.training.resume_check import RunFailed, RunSpec, check_resume, verdict
+    from energon_platform.training.resume_check import RunSpec
     from energon_platform.training.resume_check.options import (
         check_trainer_form,
-        check_trainer_run,
-        default_tolerance,
         is_command_form,
     )
 
@@ -430,24 +433,8 @@ def cmd_check_resume(args) -> int:
     )
     args.nproc = args.nproc or 1
     cfg = load_config(args.config, overrides(args.set))  # fail here, in one line, not in a child
-    check_trainer_run(cfg, args.nproc, args.resume_nproc, args.kill_at, args.steps)
     spec = RunSpec(args.config, args.steps, args.nproc, args.num_workers, tuple(args.set or ()))
-    if args.tolerance is None:
-        args.tolerance = default_tolerance(args.nproc, args.resume_nproc)
-    try:
-        result = check_resume(
-            spec,
-            args.kill_at,
-            Path(args.out),
-            args.resume_nproc,
-            args.resume_workers,
-            args.tolerance,
-            timeout=args.timeout,
-        )
-    except RunFailed as e:  # a trainer process failed: its output tail is in the message
-        print(f"energon-platform check-resume: {e}", file=sys.stderr)
-        return 1
-    return _print_verdict(verdict(result), args.out, result["passed"])
+    return _check_trainer(args, spec, cfg)
 
 
 def add_replay(sub) -> None:
