@@ -352,6 +352,7 @@ def _check_resume_from_run(args) -> int:
     uninterrupted run; its recorded config is killed at ``--kill-at`` and resumed."""
     from energon_platform.config import load_config
     from energon_platform.training.resume_check.trainer import straight_run_spec
+    from storage.outputs import refuse_places
 
     given = {"--steps": args.steps, "--nproc": args.nproc, "--set": args.set}
     for flag, value in given.items():
@@ -361,8 +362,7 @@ def _check_resume_from_run(args) -> int:
                 f"run.json); use --resume-nproc or --resume-workers to resume on another layout"
             )
     run = Path(args.straight_from).resolve()
-    if args.out is not None and Path(args.out).resolve() == run:
-        raise UsageError(f"--straight-from {run}: that is --out itself; give another --out")
+    refuse_places(args.out, "--out", inputs=(run,), folder=True)  # the run is read, never written
     try:
         spec = straight_run_spec(run, args.num_workers)
     except ValueError as e:

@@ -354,3 +354,22 @@ def test_a_folder_an_earlier_trainer_check_made_is_reused_with_the_runs_records(
     (out / "report.json").write_text(json.dumps(report))
     straight, killed = claim_out(out, RUN_FILES)
     assert straight.is_dir() and killed.is_dir()
+
+
+def test_an_out_inside_a_runs_checkpoints_or_a_dataset_is_refused_by_the_output_rule(tmp_path):
+    from energon_platform.training.resume_check.out_folder import claim_out
+    from energon_platform.training.resume_check.trainer import RUN_FILES
+    from storage.outputs import OutputError
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "log.jsonl").write_text("{}\n")
+    dataset = tmp_path / "dataset"
+    (dataset / ".nv-meta").mkdir(parents=True)
+    for out, why in (
+        (run / "checkpoints" / "check", "inside the checkpoints of the run"),
+        (dataset / "check", "inside the dataset"),
+    ):
+        with pytest.raises(OutputError, match=why):
+            claim_out(out, RUN_FILES)
+        assert not out.exists()

@@ -196,18 +196,21 @@ def test_check_resume_straight_from_refuses_what_is_not_one_finished_run(
         (resumed / name).write_bytes((run / name).read_bytes())
     record = json.loads((run / "run.json").read_text())
     (resumed / "run.json").write_text(json.dumps({**record, "resumes": [{"world_size": 1}]}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
     short = tmp_path / "short"
     short.mkdir()
     for name in ("run.yaml", "run.json"):
         (short / name).write_bytes((run / name).read_bytes())
     (short / "log.jsonl").write_text("".join((run / "log.jsonl").read_text().splitlines(True)[:5]))
     cases = {
-        (str(tmp_path),): "no run.yaml and run.json of a training run there",
+        (str(empty),): "no run.yaml and run.json of a training run there",
         (str(resumed),): "that run was resumed (1 time(s))",
         (str(short),): "its log reaches step 5 of its 16",
         (str(run), "--set", "loader.seed=1"): "--set comes from the run",
         (str(run), "--steps", "16"): "--steps comes from the run",
-        (str(run), "--out", str(run)): "that is --out itself",
+        (str(run), "--out", str(run)): "which this command reads",
+        (str(run), "--out", str(run / "checkpoints" / "check")): "which this command reads",
     }
     for (folder, *more), expected in cases.items():
         argv = ["check-resume", "--straight-from", folder, "--kill-at", "12", *more]

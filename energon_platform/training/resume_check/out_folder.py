@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_platform.training import checkpoint
+from storage.outputs import refuse_places
 
 #: what the check writes in ``--out`` (besides its two run folders); a leftover write probe is harmless
 OUT_FILES = {"report.json", ".report.json.tmp", "loss.png"}
@@ -46,7 +47,10 @@ def claim_out(out: Path, run_files: set[str]) -> tuple[Path, Path]:
     line) an ``out`` that holds anything check-resume did not write: a name other than its run
     folders, ``report.json`` and ``loss.png``; a ``report.json`` that is not a check-resume
     report (a converted dataset's, say); a ``loss.png`` without one; a run folder holding more
-    than a run writes (``run_files``). A new or empty folder, or one an earlier check made, is fine."""
+    than a run writes (``run_files``). A new or empty folder, or one an earlier check made, is fine.
+    First the output rule's places (`storage.outputs.refuse_places`): not inside a dataset, a
+    conversion or a run's checkpoints, not the home folder, the root or a repository's root."""
+    refuse_places(out, "--out", folder=True)
     foreign = _foreign(out, OUT_FILES | set(RUN_DIRS))
     report = out / "report.json"
     if report.exists() and not _own_report(report):
