@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from megatron.energon import WorkerConfig
@@ -110,6 +111,20 @@ def split_parts(path: str) -> list[str]:
         raise _no_split_file(path, e) from None
 
 
+def _listed(shards: Sequence[Any]) -> list[Any]:
+    """The file metadata of each of ``shards`` (Energon ``ShardInfo``s, their ``path`` an ``EPath``)
+    from one listing of each folder that holds some of them; None for a shard not listed as a file."""
+    folders: dict[tuple[str, str], Any] = {}
+    for shard in shards:
+        folder = shard.path.parent
+        folders.setdefault((folder.profile, folder._internal_str_path.strip("/")), folder)
+    found = {}
+    for (profile, prefix), folder in folders.items():
+        for meta in folder.fs.list(f"/{prefix}/" if prefix else "/"):
+            found[profile, meta.key.lstrip("/")] = meta
+    return [found.get((s.path.profile, s.path._internal_str_path.lstrip("/"))) for s in shards]
+
+
 def _no_split_file(path: str, error: Exception) -> DatasetError:
     return DatasetError(
         f"{path}: .nv-meta/split.yaml is missing or unreadable ({type(error).__name__}: {error})"
@@ -134,6 +149,7 @@ class SampleSource:
         self._reader = None
         self._prefetched: dict = {}  #: index → the future of its background read (`prefetch`)
         self._lookahead = None
+        self._shard_files: list[Any] | None = None  #: `shard_files`, once read
         self._pid = os.getpid()
         self._corrupt: dict[
             str, str
@@ -142,20 +158,26 @@ class SampleSource:
     def check_shards(self) -> None:
         """`DatasetError` naming the first shard of the split that is not a file
         (deleted, moved, replaced by a folder): caught when the dataset is opened, not mid-run as a
-        flood of bad samples. One ``is_file`` per shard through Energon's ``EPath`` (on object
-        storage one HEAD request each); a store that refuses or fails: `StorageError`."""
-        with storage_errors(self.path, "the shard list"):
-            self._check_shards()
+        flood of bad samples. Read from `shard_files` (a listing, not a request per shard); a store
+        that refuses or fails: `StorageError`."""
+        files = self.shard_files()
+        if None in files:
+            shard = self._factory.shards[files.index(None)]
+            raise DatasetError(
+                f"{self.path}: shard {shard.name} of split {self.split!r} is missing "
+                f"({files.count(None)} of {len(files)} shards missing); the dataset is "
+                f"incomplete: restore the shard or convert the dataset again"
+            )
 
-    def _check_shards(self) -> None:
-        for shard in self._factory.shards:
-            if not shard.path.is_file():
-                missing = sum(not s.path.is_file() for s in self._factory.shards)
-                raise DatasetError(
-                    f"{self.path}: shard {shard.name} of split {self.split!r} is missing "
-                    f"({missing} of {len(self._factory.shards)} shards missing); the dataset is "
-                    f"incomplete: restore the shard or convert the dataset again"
-                )
+    def shard_files(self) -> list[Any]:
+        """Each shard's file metadata (``content_length``, ``last_modified``, ``etag``: an
+        ``ObjectMetadata`` of multi-storage-client), in dataset-index order; None for a shard that
+        is not a file. One listing per folder that holds shards (on object storage one LIST request
+        per 1,000 objects, not a HEAD request per shard), read once per process."""
+        if self._shard_files is None:
+            with storage_errors(self.path, "the shard list"):
+                self._shard_files = _listed(self._factory.shards)
+        return self._shard_files
 
     def __getstate__(self):
         return {"path": self.path, "split": self.split, "subflavors": self.subflavors}

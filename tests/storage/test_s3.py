@@ -505,3 +505,24 @@ def test_train_killed_and_resumed_on_object_storage_is_bit_exact(s3, tmp_path, m
         RunSpec(str(config), 8), kill_at=5, out=tmp_path / "check", log=lambda *_: None
     )
     assert result["passed"] and result["resume_step"] == 3, result
+
+
+def test_opening_an_msc_dataset_lists_its_shards_once_not_one_request_each(s3, remote):
+    """The shard check and the length index's stamps read one listing of the shards' folder (a
+    LIST request per 1,000 objects), not a request per shard (there were two a shard, 12 here):
+    a rank's start-up does not grow by a request a shard."""
+    from energon_platform.loader.balance.length_parts import shard_jobs
+    from energon_platform.loader.source import _listed
+
+    source = SampleSource(remote)
+    before = s3.counters()
+    stamps = [job.stamp for job in shard_jobs(source)]  # from the listing read at open
+    assert (s3.counters() - before).requests == 0
+    shards = len(source.shard_names)
+    assert shards == 6 and len(set(stamps)) == shards
+    before = s3.counters()
+    assert [m.content_length for m in _listed(source._factory.shards)] == [
+        int(stamp.split("-")[0]) for stamp in stamps
+    ]
+    cost = s3.counters() - before
+    assert cost.requests < shards and dict(cost.by_type).get("LIST", 0) >= 1, cost

@@ -59,10 +59,10 @@ class ShardJob:
         return f"{re.sub(r'[^A-Za-z0-9._-]', '_', self.name)}.{self.stamp}.npz"
 
 
-def shard_stamp(path: Any) -> str:
-    """``{size}-{version}`` of a shard file (an Energon ``EPath``): the modification time in
-    microseconds on a local disk, the ETag (else the modification time) on object storage."""
-    meta = path.stat()
+def shard_stamp(meta: Any) -> str:
+    """``{size}-{version}`` of a shard file from its metadata (`SampleSource.shard_files`): the
+    modification time in microseconds on a local disk, the ETag (else the modification time) on
+    object storage."""
     version = getattr(meta, "etag", None)
     if not version:
         modified = getattr(meta, "last_modified", None)
@@ -71,11 +71,11 @@ def shard_stamp(path: Any) -> str:
 
 
 def shard_jobs(source: Any) -> list[ShardJob]:
-    """Every shard of ``source``'s split as a `ShardJob`, in dataset-index order (one ``stat`` per
-    shard: the stamps say which parts are still valid)."""
+    """Every shard of ``source``'s split as a `ShardJob`, in dataset-index order; the stamps (which
+    parts are still valid) come from the listing the source read to check its shards."""
     jobs, start = [], 0
-    for k, shard in enumerate(source._factory.shards):
-        jobs.append(ShardJob(k, shard.name, start, shard.count, shard_stamp(shard.path)))
+    for k, (shard, meta) in enumerate(zip(source._factory.shards, source.shard_files())):
+        jobs.append(ShardJob(k, shard.name, start, shard.count, shard_stamp(meta)))
         start += shard.count
     return jobs
 
