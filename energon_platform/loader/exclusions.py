@@ -104,21 +104,31 @@ def planned(rules: Sequence[Any]) -> list[Exclusion]:
     ]
 
 
-def check_rules(rules: Sequence[Any], datasets: Any) -> list[str]:
+def check_rules(rules: Sequence[Any], datasets: Any, warn: bool = True) -> list[str]:
     """Refuse (``DatasetError``, one line naming the rule and the value) what ``loader.exclude``'s
     ``rules`` can be seen to get wrong without a scan: a pattern with an unclosed ``[``, a blend key
     or shard without its ``DATASET:`` prefix, an exact key no dataset has, a shard (or shard
     pattern) that matches no shard, and rules that together exclude every sample of a dataset by
-    exact keys and shards. Returns one warning per rule whose key patterns match no sample (a scan
-    of the key index that stops at the first match)."""
+    exact keys and shards: every rank refuses the same (a lookup per exact key, nothing that grows
+    with the samples). With ``warn`` (rank 0: once per job), also one warning per rule whose key
+    patterns match no sample: a range of the key index's sorted keys for a pattern with a literal
+    head, a scan that stops at the first match for one that starts with a wildcard."""
     from energon_platform.loader.key_index import KeyIndex
 
     indexes = [KeyIndex(e.source) for e in datasets.entries] if any(r.keys for r in rules) else []
     warnings, covered = [], []
     for rule in rules:
-        matched = _check_rule(rule, datasets, indexes)
-        covered.append(matched)
-        if matched is None:
+        covered.append(_check_rule(rule, datasets, indexes))
+        patterns = _patterns(rule.keys)
+        if (
+            warn
+            and patterns
+            and not any(
+                indexes[d].matching(p, prefix, limit=1)
+                for p in patterns
+                for d, prefix in enumerate(_prefixes(datasets))
+            )
+        ):
             warnings.append(
                 f"loader.exclude rule from step {rule.step}: key pattern(s) {_patterns(rule.keys)} "
                 f"match no sample; the rule skips nothing by key"
@@ -147,11 +157,16 @@ def _patterns(items: Sequence[str]) -> list[str]:
     return [x for x in items if _PATTERN & set(x)]
 
 
-def _check_rule(rule: Any, datasets: Any, indexes: Sequence[Any]) -> list[set] | None:
+def _prefixes(datasets: Any) -> list[str]:
+    """Per dataset, what its keys and shard names carry in front in a rule (``"NAME:"`` in a blend)."""
+    return [f"{n}:" if datasets.metadataset else "" for n in datasets.names]
+
+
+def _check_rule(rule: Any, datasets: Any, indexes: Sequence[Any]) -> list[set]:
     """Refuses what is wrong with one rule; per dataset, the indices its exact keys and shards
-    match; None when it has key patterns and none of them matches a sample."""
+    match."""
     where = f"loader.exclude rule from step {rule.step}"
-    prefixes = [f"{n}:" if datasets.metadataset else "" for n in datasets.names]
+    prefixes = _prefixes(datasets)
     for value in (*rule.keys, *rule.shards):
         if _unclosed_bracket(value):
             raise DatasetError(
@@ -193,21 +208,16 @@ def _check_rule(rule: Any, datasets: Any, indexes: Sequence[Any]) -> list[set] |
                 + (": DATASET:KEY)" if datasets.metadataset else ")")
             )
         matched[d].add(index)
-    patterns = _patterns(rule.keys)
-    if patterns and not any(
-        indexes[d].matching(p, prefixes[d], limit=1) for p in patterns for d in range(len(prefixes))
-    ):
-        return None
     return matched
 
 
 def _check_not_everything(
-    rules: Sequence[Any], datasets: Any, covered: Sequence[list[set] | None]
+    rules: Sequence[Any], datasets: Any, covered: Sequence[list[set]]
 ) -> None:
     """Refuses rules whose exact keys and shards, from the step where they are all in effect,
     match every sample of a dataset (every stand-in would be excluded too)."""
     for step in sorted({r.step for r in rules}):
-        active = [(r, c) for r, c in zip(rules, covered) if r.step <= step and c is not None]
+        active = [(r, c) for r, c in zip(rules, covered) if r.step <= step]
         for d, entry in enumerate(datasets.entries):
             if any(entry.name in r.datasets for r, _ in active):
                 continue

@@ -85,9 +85,8 @@ class RunPlan:
         self.orders = self._orders(self.batching.epoch_guard)
         #: ``loader.exclude``'s history (`exclusions`)
         self.exclusions = planned(lc.exclude)
-        for warning in check_rules(lc.exclude, self.datasets) if lc.exclude else ():
-            if rank == 0:
-                log.warning("%s", warning)
+        for warning in check_rules(lc.exclude, self.datasets, rank == 0) if lc.exclude else ():
+            log.warning("%s", warning)
         #: what `resume` changed in the blend and the exclusions, with steps
         self.blend_changes: list[str] = []
         self._identities: dict | None = None

@@ -122,6 +122,24 @@ def test_a_key_pattern_that_matches_no_sample_warns_once_per_rule(data, caplog):
     ]
 
 
+def test_only_rank_0_scans_the_key_index_for_patterns_that_match_nothing(data, monkeypatch):
+    """The warning is once per job: a rank other than 0 checks what it must refuse (exact keys,
+    shards) and never runs a pattern's scan, whatever the number of samples."""
+    from energon_platform.loader.key_index import KeyIndex
+    from energon_platform.loader.run_plan import RunPlan, build_encoder
+
+    scans = []
+    matching = KeyIndex.matching
+    monkeypatch.setattr(
+        KeyIndex, "matching", lambda self, *a, **k: scans.append(a) or matching(self, *a, **k)
+    )
+    cfg = config(data["coco"], {"keys": ["*zz", "0000000001*"]})
+    for rank in (1, 0):
+        scans.clear()
+        RunPlan(cfg, build_encoder(cfg), world_size=2, rank=rank)
+        assert bool(scans) == (rank == 0), rank
+
+
 def test_a_rule_that_leaves_no_stand_in_is_named_when_the_run_reaches_it(data):
     ld = loader(config(data["coco"], {"keys": ["*"]}))
     for _ in range(2 * ld.accumulation):
