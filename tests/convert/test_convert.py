@@ -55,6 +55,14 @@ def tree_digest(out: Path) -> dict[str, bytes]:
     }
 
 
+def stamps(out: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime_ns) of every shard: a rewritten shard gets another one."""
+    return {
+        str(p.relative_to(out)): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(out.glob("*/shard-*.tar"))
+    }
+
+
 # ---------------------------------------------------------------- keys
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from converters import remote
 from converters.remote import upload_dataset
 from energon_platform.cli import main as cli_main
 from tests.helpers import REPO
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import one_line_error, run_cli
 from tests.storage.test_s3 import _coco
 
 
@@ -134,14 +133,6 @@ def test_a_prefix_holding_foreign_objects_only_is_refused(s3, tmp_path, monkeypa
 
 
 # ---------------------------------------------------------------- 10: profile errors on the first run
-
-
-def one_line_error(r: subprocess.CompletedProcess) -> bool:
-    return (
-        r.returncode == 2
-        and "Traceback" not in r.stderr
-        and len(r.stderr.strip().splitlines()) == 1
-    )
 
 
 @pytest.mark.parametrize("case", ["no MSC_CONFIG", "unknown profile", "missing config file"])

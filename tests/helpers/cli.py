@@ -78,6 +78,21 @@ def start_python(code: str, *args: object, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(python_argv(code, *args), **kwargs)
 
 
+def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    """Assert that a finished command failed as a user's mistake should: exit status 2 and one
+    line on stderr (no traceback), starting ``energon-platform `` and containing every needle.
+    Returns the line."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (
+        r.returncode,
+        r.stderr[-2000:],
+    )
+    assert lines[0].startswith("energon-platform ") and all(n in lines[0] for n in needles), lines[
+        0
+    ]
+    return lines[0]
+
+
 class _WarmServer:
     """This test process's `tests.helpers.cli_server`, started at the first `run_cli`; one
     command at a time (a second, concurrent one runs in a fresh interpreter)."""

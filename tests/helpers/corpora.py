@@ -160,3 +160,42 @@ def make_image_files(root: Path, n: int, fmt: str = "PNG") -> list[str]:
         (root / rel).write_bytes(image_bytes(i, fmt=fmt))
         rels.append(rel)
     return rels
+
+
+def folder_corpus(root: Path, n: int = 6) -> Path:
+    """``n`` images with a ``.txt`` caption beside each, as the folder converter reads them."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (root / f"{i:03d}.png").write_bytes(image_bytes(i))
+        (root / f"{i:03d}.txt").write_text(caption(i))
+    return root
+
+
+def wav(subtype: str, seconds=0.2, rate=16000, fmt="WAV") -> bytes:
+    """A tone written by libsndfile (``fmt="FLAC"``: a FLAC that our encoder would not write byte for byte)."""
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    soundfile.write(
+        buf,
+        (0.4 * np.sin(2 * np.pi * 330 * t)).astype(np.float64),
+        rate,
+        format=fmt,
+        subtype=subtype,
+    )
+    return buf.getvalue()
+
+
+def audio_manifest(root: Path, files: dict[str, bytes]) -> str:
+    """``files`` (name → audio bytes) written under ``root`` with a JSONL manifest naming each; the
+    manifest's path."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+        lines.append(
+            json.dumps({"audio_filepath": name, "text": f"clip {name}", "id": name.split(".")[0]})
+        )
+    (root / "m.jsonl").write_text("\n".join(lines) + "\n")
+    return str(root / "m.jsonl")

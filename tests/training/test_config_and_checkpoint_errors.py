@@ -18,7 +18,7 @@ from energon_platform.training.preflight import preflight
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log, verdict
 from storage import DatasetError
 from task_encoders.config import ConfigError
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import one_line_error, run_cli
 from tests.helpers.run_configs import run_config
 
 AUDIO = {"encoder": "audio_text", "text": {"seq_len": 48}, "audio": {"n_mels": 32}}
@@ -35,19 +35,6 @@ def config_file(coco, tmp_path_factory) -> Path:
 
 def train_cli(config_file, out, *args):
     return run_cli("train", "--config", config_file, "--out", out, *args, timeout=300)
-
-
-def one_line_error(r, *needles):
-    """Exit status 2 and one line on stderr (no traceback) that contains every needle."""
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (
-        r.returncode,
-        r.stderr[-2000:],
-    )
-    assert lines[0].startswith("energon-platform ") and all(n in lines[0] for n in needles), lines[
-        0
-    ]
-    return lines[0]
 
 
 def main_error(capsys, *argv) -> str:
