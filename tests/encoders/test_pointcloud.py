@@ -19,6 +19,7 @@ from task_encoders.config import ConfigError
 from task_encoders.registry import get_encoder
 from tests.helpers import REPO, layouts
 from tests.helpers.cli import run_python
+from tests.helpers.run_configs import loader_config
 
 SMALL = {"num_points": 256, "colors": True, "dropout": 0.2}
 
@@ -256,15 +257,13 @@ def test_another_process_with_other_workers_gives_the_same_tensors(shards, token
 # ---------------------------------------------------------------- resume through TrainLoader
 
 
-def run_config(path: Path, **loader):
+def shards_config(path: Path, **loader):
+    """The loaded config of the shards at ``path`` (no validation split), seed 7, ``loader``."""
     from energon_platform.config import load_config
 
+    encoder = {"encoder": "pointcloud_text", "text": {"seq_len": 32}, "pointcloud": SMALL}
     return load_config(
-        {
-            "data": {"path": str(path), "val_split": None},
-            "encoder": {"encoder": "pointcloud_text", "text": {"seq_len": 32}, "pointcloud": SMALL},
-            "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 7, **loader},
-        }
+        loader_config({"path": str(path), "val_split": None}, encoder, seed=7, **loader)
     )
 
 
@@ -275,7 +274,7 @@ def layout_batches(config, ranks: int, workers: int, steps: int, states=None):
 
 @pytest.mark.slow
 def test_elastic_resume_changes_ranks_and_workers_tensors_identical(shards):
-    config = run_config(shards)
+    config = shards_config(shards)
     reference, _ = layout_batches(config, 1, 0, 10)  # 30 samples: epoch 0, then part of epoch 1
     before, states = layout_batches(config, 1, 2, 4)
     assert before == reference[:4]

@@ -20,6 +20,7 @@ from task_encoders.registry import get_encoder
 from task_encoders.video_text import VideoConfig, VideoTextBatch, clip_indices, decode_frames
 from tests.helpers import REPO, layouts
 from tests.helpers.cli import run_python
+from tests.helpers.run_configs import loader_config
 from tests.helpers.video_corpus import make_video, read_index, video_dataset
 
 SMALL_VIDEO = {
@@ -335,15 +336,13 @@ def test_another_process_with_other_workers_gives_the_same_tensors(shards, token
 # ---------------------------------------------------------------- resume through TrainLoader
 
 
-def run_config(path: Path, **loader):
+def shards_config(path: Path, **loader):
+    """The loaded config of the shards at ``path`` (no validation split), seed 7, ``loader``."""
     from energon_platform.config import load_config
 
+    encoder = {"encoder": "video_text", "text": {"seq_len": 32}, "video": SMALL_VIDEO}
     return load_config(
-        {
-            "data": {"path": str(path), "val_split": None},
-            "encoder": {"encoder": "video_text", "text": {"seq_len": 32}, "video": SMALL_VIDEO},
-            "loader": {"global_batch_size": 4, "num_workers": 0, "seed": 7, **loader},
-        }
+        loader_config({"path": str(path), "val_split": None}, encoder, seed=7, **loader)
     )
 
 
@@ -354,7 +353,7 @@ def layout_batches(config, ranks: int, workers: int, steps: int, states=None):
 
 @pytest.mark.slow
 def test_elastic_resume_changes_ranks_and_workers_tensors_identical(shards):
-    config = run_config(shards)
+    config = shards_config(shards)
     reference, _ = layout_batches(config, 1, 0, 8)  # 12 samples: epochs 0, 1 and part of 2
     before, states = layout_batches(config, 1, 2, 3)
     assert before == reference[:3]

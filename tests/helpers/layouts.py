@@ -80,8 +80,8 @@ def run_logging_script(
 KILL_SCRIPT = """
 import json, os, sys
 from energon_platform.loader.train_loader import TrainLoader
-from {module} import digests, run_config
-config = run_config(sys.argv[1], num_workers=int(sys.argv[3]))
+from {module} import digests, shards_config
+config = shards_config(sys.argv[1], num_workers=int(sys.argv[3]))
 out = sys.argv[2]
 loader = TrainLoader(config)
 state_file = os.path.join(out, "state.json")
@@ -103,14 +103,14 @@ with open(os.path.join(out, "log.jsonl"), "a") as log:
 
 
 def assert_sigkill_resume_identical(module: str, shards: Path, out: Path, steps: int) -> None:
-    """The per-modality resume check: a loader process (``run_config(shards, num_workers=2)`` and
+    """The per-modality resume check: a loader process (``shards_config(shards, num_workers=2)`` and
     ``digests`` of the test module ``module``, which saves its state after every step) SIGKILLed
     mid-run and resumed with 1 worker logs, for every step, the documents an uninterrupted loader
     in this process gives (a step logged twice, killed after its log line, must agree)."""
     from energon_platform.loader.train_loader import TrainLoader
 
     tests = importlib.import_module(module)
-    loader = TrainLoader(tests.run_config(shards, num_workers=2))
+    loader = TrainLoader(tests.shards_config(shards, num_workers=2))
     reference = [sorted(tests.digests(next(loader)).items()) for _ in range(steps)]
     loader.close()
     script = KILL_SCRIPT.format(module=module)

@@ -32,14 +32,14 @@ ACCELERATE = shlex.quote(
 
 
 @pytest.fixture(scope="module")
-def run_config(tmp_path_factory):
+def config_file(tmp_path_factory):
     return write_run_config(
         tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("accelerate") / "run.yaml"
     )
 
 
 def test_save_state_carries_the_loader_and_load_state_restores_far_positions_without_replay(
-    run_config, tmp_path
+    config_file, tmp_path
 ):
     import torch
     from accelerate import Accelerator
@@ -47,7 +47,7 @@ def test_save_state_carries_the_loader_and_load_state_restores_far_positions_wit
     from energon_platform import TrainLoader, load_config
     from energon_platform.integrations.accelerate import STATE_FILE, prepare_loader
 
-    cfg = load_config(run_config)
+    cfg = load_config(config_file)
     accelerator = Accelerator(cpu=True)
     loader = prepare_loader(accelerator, cfg)
     assert accelerator.prepare(loader) is loader  # prepare neither wraps nor re-shards it
@@ -73,7 +73,7 @@ def test_save_state_carries_the_loader_and_load_state_restores_far_positions_wit
     assert next(resumed).keys == next(direct).keys
 
 
-def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config):
+def test_gradient_accumulation_other_than_the_loaders_is_refused(config_file):
     from accelerate import Accelerator
 
     from energon_platform import load_config
@@ -81,11 +81,11 @@ def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config):
 
     with pytest.raises(ValueError, match="set gradient_accumulation_steps=1"):
         prepare_loader(
-            Accelerator(cpu=True, gradient_accumulation_steps=2), load_config(run_config)
+            Accelerator(cpu=True, gradient_accumulation_steps=2), load_config(config_file)
         )
 
 
-def test_load_state_without_the_loader_file_names_it(run_config, tmp_path):
+def test_load_state_without_the_loader_file_names_it(config_file, tmp_path):
     """A checkpoint saved by an accelerator without our loader: load_state refuses it, naming the
     missing file, instead of training on from position 0."""
     import torch
@@ -98,7 +98,7 @@ def test_load_state_without_the_loader_file_names_it(run_config, tmp_path):
     plain.prepare(torch.nn.Linear(2, 2))
     plain.save_state(str(tmp_path / "ckpt"))
     resumed = Accelerator(cpu=True)
-    loader = prepare_loader(resumed, load_config(run_config))
+    loader = prepare_loader(resumed, load_config(config_file))
     resumed.prepare(torch.nn.Linear(2, 2))
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "ckpt" / STATE_FILE))):
         resumed.load_state(str(tmp_path / "ckpt"))
@@ -123,21 +123,21 @@ def test_gradient_accumulation_steps_is_the_loaders_accumulation(
     assert steps == 4 // world_size // (micro_batch_size or 4 // world_size)
 
 
-def test_gradient_accumulation_steps_refuses_a_world_size_that_cannot_split_the_batch(run_config):
+def test_gradient_accumulation_steps_refuses_a_world_size_that_cannot_split_the_batch(config_file):
     from energon_platform import LayoutError, gradient_accumulation_steps, load_config
 
     with pytest.raises(
         LayoutError, match=r"world sizes that keep the same global batches: \[1, 2, 4\]"
     ):
-        gradient_accumulation_steps(load_config(run_config), 3)
+        gradient_accumulation_steps(load_config(config_file), 3)
 
 
 @pytest.mark.slow
-def test_accelerate_example_resumes_exactly_after_sigkill(run_config, tmp_path):
-    cmd = example("accelerate_example.py", run_config, "--out {out} --steps 6")
+def test_accelerate_example_resumes_exactly_after_sigkill(config_file, tmp_path):
+    cmd = example("accelerate_example.py", config_file, "--out {out} --steps 6")
     r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
     assert_exact_pass(r, report)
-    assert_sample_losses_fit(report["logs"]["straight"], run_config)
+    assert_sample_losses_fit(report["logs"]["straight"], config_file)
     assert_fails(
         *check_resume(
             tmp_path / "broken",
@@ -152,7 +152,7 @@ def test_accelerate_example_resumes_exactly_after_sigkill(run_config, tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_launch_two_processes_resumes_exactly_without_double_sharding(
-    run_config, tmp_path
+    config_file, tmp_path
 ):
     """``accelerate launch`` with 2 processes on CPU (``--multi_gpu`` picks its torchrun launcher;
     ``--cpu`` alone would start one process), killed and resumed: exact. Each process reads its own
@@ -167,15 +167,15 @@ def test_accelerate_launch_two_processes_resumes_exactly_without_double_sharding
         f"{PY} {ACCELERATE} launch --multi_gpu --num_processes 2 --num_machines 1 --main_process_port {port} "
         f"--mixed_precision no --dynamo_backend no"
     )
-    cmd = example("accelerate_example.py", run_config, "--out {out} --steps 6", launcher=launch)
+    cmd = example("accelerate_example.py", config_file, "--out {out} --steps 6", launcher=launch)
     r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
     assert_exact_pass(r, report)
     rows = [json.loads(line) for line in Path(report["logs"]["straight"]).read_text().splitlines()]
-    one_process = TrainLoader(load_config(run_config))
+    one_process = TrainLoader(load_config(config_file))
     for row in rows:
         first, second = row["rank_keys"]
         assert first and second and not set(first) & set(second), row
         assert first + second == row["keys"] == list(next(one_process).keys), row
     assert len(rows) == 6
     # the loss: the mean of each process's token mean over its half
-    assert_sample_losses_fit(report["logs"]["straight"], run_config, group=2)
+    assert_sample_losses_fit(report["logs"]["straight"], config_file, group=2)

@@ -19,7 +19,7 @@ from tests.helpers.trainer_examples import (
 
 
 @pytest.fixture(scope="module")
-def run_config(tmp_path_factory):
+def config_file(tmp_path_factory):
     return write_run_config(
         tmp_path_factory.getbasetemp(),
         tmp_path_factory.mktemp("deepspeed") / "run.yaml",
@@ -27,7 +27,7 @@ def run_config(tmp_path_factory):
     )
 
 
-def test_batch_config_and_client_state(run_config):
+def test_batch_config_and_client_state(config_file):
     from energon_platform import TrainLoader, load_config
     from energon_platform.integrations.deepspeed import (
         KEY,
@@ -37,7 +37,7 @@ def test_batch_config_and_client_state(run_config):
     )
 
     loader = TrainLoader(
-        load_config(run_config), rank=1, world_size=2
+        load_config(config_file), rank=1, world_size=2
     )  # 4 per global batch, 1 per micro-batch
     assert batch_config(loader) == {
         "train_batch_size": 4,
@@ -47,7 +47,7 @@ def test_batch_config_and_client_state(run_config):
     next(loader), next(loader)
     state = client_state(loader, step=1)
     assert state == {KEY: loader.state_dict(), "step": 1}
-    again = TrainLoader(load_config(run_config), rank=1, world_size=2)
+    again = TrainLoader(load_config(config_file), rank=1, world_size=2)
     assert restore_loader(again, state) and again.next_microbatch == 2
     assert not restore_loader(again, None)  # load_checkpoint found no checkpoint
     with pytest.raises(KeyError, match="not saved with client_state"):
@@ -65,13 +65,13 @@ def test_deepspeeds_cpu_communication_op_was_compiled_at_install():
 
 
 @pytest.mark.slow
-def test_deepspeed_example_resumes_exactly_after_sigkill(run_config, tmp_path):
+def test_deepspeed_example_resumes_exactly_after_sigkill(config_file, tmp_path):
     """One process, ZeRO-1, micro-batches of one sample (DeepSpeed's gradient accumulation); the
     loss is the mean of the micro-batches' token means, so of the sample losses."""
-    cmd = example("deepspeed_example.py", run_config, "--out {out} --steps 6")
+    cmd = example("deepspeed_example.py", config_file, "--out {out} --steps 6")
     r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
     assert_exact_pass(r, report)
-    assert_sample_losses_fit(report["logs"]["straight"], run_config, group=1)
+    assert_sample_losses_fit(report["logs"]["straight"], config_file, group=1)
     assert_fails(
         *check_resume(
             tmp_path / "broken",
@@ -85,10 +85,10 @@ def test_deepspeed_example_resumes_exactly_after_sigkill(run_config, tmp_path):
 
 
 @pytest.mark.slow
-def test_deepspeed_zero2_two_processes_resumes_exactly(run_config, tmp_path):
+def test_deepspeed_zero2_two_processes_resumes_exactly(config_file, tmp_path):
     cmd = example(
-        "deepspeed_example.py", run_config, "--out {out} --steps 6 --zero-stage 2", nproc=2
+        "deepspeed_example.py", config_file, "--out {out} --steps 6 --zero-stage 2", nproc=2
     )
     r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
     assert_exact_pass(r, report)
-    assert_sample_losses_fit(report["logs"]["straight"], run_config, group=1)
+    assert_sample_losses_fit(report["logs"]["straight"], config_file, group=1)

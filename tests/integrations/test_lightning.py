@@ -22,13 +22,13 @@ from tests.helpers.trainer_examples import (
 
 
 @pytest.fixture(scope="module")
-def run_config(tmp_path_factory):
+def config_file(tmp_path_factory):
     return write_run_config(
         tmp_path_factory.getbasetemp(), tmp_path_factory.mktemp("lightning") / "run.yaml"
     )
 
 
-def test_our_batch_types_move_with_lightnings_own_transfer(run_config):
+def test_our_batch_types_move_with_lightnings_own_transfer(config_file):
     """Lightning's ``move_data_to_device`` (a module without ``EnergonHooks``) calls the batch's
     ``.to``: a moved copy of the same frozen type; the mixin's transfer gives the same."""
     import torch
@@ -37,7 +37,7 @@ def test_our_batch_types_move_with_lightnings_own_transfer(run_config):
     from energon_platform import TrainLoader, load_config
     from energon_platform.integrations.lightning import EnergonHooks
 
-    batch = next(TrainLoader(load_config(run_config)))
+    batch = next(TrainLoader(load_config(config_file)))
     for moved in (
         move_data_to_device(batch, torch.device("meta")),
         EnergonHooks().transfer_batch_to_device(batch, torch.device("meta"), 0),
@@ -51,7 +51,7 @@ def test_our_batch_types_move_with_lightnings_own_transfer(run_config):
     assert batch.tokens.device.type == "cpu"  # the batch itself is left as it was
 
 
-def lightning_module(run_config, hooks: bool, dropout: float = 0.0):
+def lightning_module(config_file, hooks: bool, dropout: float = 0.0):
     """A small LightningModule on the run config's TrainLoader (with or without ``EnergonHooks``)
     that records each step's loss in ``losses``."""
     import lightning as L
@@ -67,7 +67,7 @@ def lightning_module(run_config, hooks: bool, dropout: float = 0.0):
             self.losses = []
 
         def train_dataloader(self):
-            return TrainLoader(load_config(run_config))
+            return TrainLoader(load_config(config_file))
 
         def training_step(self, batch, batch_idx):
             loss = self.net(batch.images.mean(dim=(2, 3))).square().mean()
@@ -102,43 +102,43 @@ def fit(model, root, steps: int, ckpt_path=None, every: int | None = None) -> No
 
 
 def test_a_module_without_the_mixin_trains_and_its_first_checkpoint_names_the_mixin(
-    run_config, tmp_path
+    config_file, tmp_path
 ):
     """Without ``EnergonHooks`` batches move and train; Lightning's checkpoint, which would hold the
     state one prefetched batch ahead, is refused at once, naming the mixin."""
-    model = lightning_module(run_config, hooks=False)
+    model = lightning_module(config_file, hooks=False)
     fit(model, tmp_path / "plain", steps=2)
     assert len(model.losses) == 2
     with pytest.raises(
         RuntimeError, match=r"one prefetched batch ahead.*EnergonHooks into the LightningModule"
     ):
-        fit(lightning_module(run_config, hooks=False), tmp_path / "saving", steps=3, every=1)
+        fit(lightning_module(config_file, hooks=False), tmp_path / "saving", steps=3, every=1)
     assert not list((tmp_path / "saving").glob("*.ckpt"))
 
 
 @pytest.mark.filterwarnings(
     "ignore:Checkpoint directory .* exists and is not empty"
 )  # resumed in place
-def test_dropout_resumes_exactly_the_mixin_carries_every_generator(run_config, tmp_path):
+def test_dropout_resumes_exactly_the_mixin_carries_every_generator(config_file, tmp_path):
     """Dropout draws from torch's generator: resumed from a checkpoint (another seed set before),
     the steps after it have the losses of the uninterrupted run."""
     import torch
 
     torch.manual_seed(0)
-    straight = lightning_module(run_config, hooks=True, dropout=0.5)
+    straight = lightning_module(config_file, hooks=True, dropout=0.5)
     fit(straight, tmp_path, steps=5, every=2)
     torch.manual_seed(1)
-    resumed = lightning_module(run_config, hooks=True, dropout=0.5)
+    resumed = lightning_module(config_file, hooks=True, dropout=0.5)
     fit(
         resumed, tmp_path, steps=5, ckpt_path=tmp_path / "step=2.ckpt", every=2
     )  # the same callback
     assert resumed.losses == straight.losses[2:] and len(resumed.losses) == 3
 
 
-def test_state_at_is_the_state_a_loader_had_at_that_position(run_config):
+def test_state_at_is_the_state_a_loader_had_at_that_position(config_file):
     from energon_platform import TrainLoader, load_config
 
-    loader, behind = TrainLoader(load_config(run_config)), TrainLoader(load_config(run_config))
+    loader, behind = TrainLoader(load_config(config_file)), TrainLoader(load_config(config_file))
     for _ in range(3):
         next(loader)
     next(behind)
@@ -146,7 +146,7 @@ def test_state_at_is_the_state_a_loader_had_at_that_position(run_config):
     assert loader.next_microbatch == 3  # not moved
 
 
-def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config, tmp_path):
+def test_gradient_accumulation_other_than_the_loaders_is_refused(config_file, tmp_path):
     import lightning as L
     import torch
 
@@ -159,7 +159,7 @@ def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config, tmp
             self.w = torch.nn.Parameter(torch.zeros(()))
 
         def train_dataloader(self):
-            return TrainLoader(load_config(run_config))
+            return TrainLoader(load_config(config_file))
 
         def training_step(self, batch, batch_idx):
             return self.w * batch.images.mean()
@@ -181,14 +181,14 @@ def test_gradient_accumulation_other_than_the_loaders_is_refused(run_config, tmp
 
 
 @pytest.mark.slow
-def test_lightning_example_resumes_exactly_after_sigkill(run_config, tmp_path):
+def test_lightning_example_resumes_exactly_after_sigkill(config_file, tmp_path):
     """Lightning's own checkpoint and ckpt_path carry the loader (corrected for its one-batch
     prefetch); the resume that drops the loader state from the checkpoint fails. Each step logs
     its sample losses, whose target-weighted mean is the step's loss."""
-    cmd = example("lightning_example.py", run_config, "--out {out} --steps 6")
+    cmd = example("lightning_example.py", config_file, "--out {out} --steps 6")
     r, report = check_resume(tmp_path / "ok", cmd, cmd + " --resume", 6, 4)
     assert_exact_pass(r, report)
-    assert_sample_losses_fit(report["logs"]["straight"], run_config)
+    assert_sample_losses_fit(report["logs"]["straight"], config_file)
     # the run folder records itself through the public record_run: the resume appended itself
     killed = json.loads((tmp_path / "ok" / "killed" / "out" / "run.json").read_text())
     assert killed["world_size"] == 1 and len(killed["resumes"]) == 1, killed
@@ -208,14 +208,14 @@ def test_lightning_example_resumes_exactly_after_sigkill(run_config, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("straight, resumed", [(2, 1), (1, 2)])
 def test_lightning_ddp_resumes_exactly_on_another_number_of_processes(
-    run_config, tmp_path, straight, resumed
+    config_file, tmp_path, straight, resumed
 ):
     """DDP on CPU (gloo), killed, resumed with another number of processes: the same global batches
     (keys and row digests in the loader's global order), the loss within the all-reduce order's 1e-5."""
     # 8 steps, killed during step 4: DDP steps of this tiny model take about 30 ms, and on a
     # loaded machine the kill can land a few steps late; it must still land before the end
     cmd, resume = (
-        example("lightning_example.py", run_config, "--out {out} --steps 8", nproc=n)
+        example("lightning_example.py", config_file, "--out {out} --steps 8", nproc=n)
         for n in (straight, resumed)
     )
     r, report = check_resume(tmp_path / "ok", cmd, resume + " --resume", 8, 4, tolerance=1e-5)
@@ -223,12 +223,12 @@ def test_lightning_ddp_resumes_exactly_on_another_number_of_processes(
     # killed during step 4: the resume is from checkpoint 2 or 3, or 4 when the kill let step 4's
     # checkpoint complete before its log line (check-resume accepts that)
     assert report["steps_compared"] >= 2
-    assert_sample_losses_fit(report["logs"]["straight"], run_config)  # gathered in rank order
+    assert_sample_losses_fit(report["logs"]["straight"], config_file)  # gathered in rank order
 
 
 @pytest.mark.slow
-def test_a_script_on_the_public_api_alone_resumes_exactly_after_sigkill(run_config, tmp_path):
+def test_a_script_on_the_public_api_alone_resumes_exactly_after_sigkill(config_file, tmp_path):
     """scripts/examples/public_api_lightning.py: the documented names only (tests/project/test_public_api.py
     checks its imports) and Lightning's own ``ckpt_path="last"``; the same command resumes."""
-    cmd = example("public_api_lightning.py", run_config, "--out {out} --steps 6")
+    cmd = example("public_api_lightning.py", config_file, "--out {out} --steps 6")
     assert_exact_pass(*check_resume(tmp_path / "ok", cmd, cmd, 6, 4))

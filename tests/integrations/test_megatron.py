@@ -37,19 +37,17 @@ from energon_platform.integrations.megatron import (
 )
 from energon_platform.training.model import document_losses
 from tests.helpers import REPO
+from tests.helpers.run_configs import loader_config
 
 SMALL = str(REPO / "configs" / "encoders" / "image_text_small.yaml")
 SMALL_PACKED = str(REPO / "configs" / "encoders" / "image_text_small_packed.yaml")
 GLOBAL, MICRO, DP = 8, 2, 2  # 2 micro-batches per iteration on each of 2 data-parallel ranks
 
 
-def run_config(coco: Path, encoder: str = SMALL, **loader):
+def megatron_config(coco: Path, encoder: str = SMALL, **loader):
+    """The loaded loader config the provider gets: ``GLOBAL`` per batch, seed 1234, ``loader``."""
     return load_config(
-        {
-            "data": {"path": str(coco)},
-            "encoder": encoder,
-            "loader": {"global_batch_size": GLOBAL, "num_workers": 0, "seed": 1234, **loader},
-        }
+        loader_config(coco, encoder, **{"global_batch_size": GLOBAL, "seed": 1234, **loader})
     )
 
 
@@ -141,7 +139,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(
 ):
     # Packed: 4 pack groups of 16 samples per iteration, one group per next().
     sizes = {"gbs": 4, "mbs": 1} if encoder == SMALL_PACKED else {"gbs": GLOBAL, "mbs": MICRO}
-    cfg = run_config(coco, encoder, global_batch_size=sizes["gbs"])
+    cfg = megatron_config(coco, encoder, global_batch_size=sizes["gbs"])
     straight = megatron_run(
         cfg,
         tmp_path / "straight",
@@ -189,7 +187,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(
 
 def test_state_file_is_megatrons_layout_and_loads_without_pickle_code(coco, tmp_path):
     provider = make_provider(
-        run_config(coco),
+        megatron_config(coco),
         dp_rank=1,
         dp_size=DP,
         micro_batch_size=MICRO,
@@ -220,7 +218,7 @@ def test_state_file_is_megatrons_layout_and_loads_without_pickle_code(coco, tmp_
 
 
 def test_restore_into_other_data_or_config_raises(coco, tmp_path):
-    megatron_run(run_config(coco), tmp_path, start=0, stop=2, save_interval=2)
+    megatron_run(megatron_config(coco), tmp_path, start=0, stop=2, save_interval=2)
 
     def restore(cfg, **kwargs):
         provider = make_provider(
@@ -246,7 +244,7 @@ def test_restore_into_other_data_or_config_raises(coco, tmp_path):
             )
         )
     with pytest.raises(StateMismatchError, match="seed"):
-        restore(run_config(coco, seed=7))
+        restore(megatron_config(coco, seed=7))
     with pytest.raises(StateMismatchError, match="encoder.config_sha"):
         restore(
             load_config(
@@ -258,16 +256,16 @@ def test_restore_into_other_data_or_config_raises(coco, tmp_path):
             )
         )
     with pytest.raises(StateMismatchError, match="global_batch_size"):
-        restore(run_config(coco), global_batch_size=16)
-    train, _, _ = restore(run_config(coco))  # the unchanged config restores
+        restore(megatron_config(coco), global_batch_size=16)
+    train, _, _ = restore(megatron_config(coco))  # the unchanged config restores
     assert train.loader.global_batch == 2
     train.close()
 
 
 def test_missing_state_raises_naming_the_path(coco, tmp_path):
-    megatron_run(run_config(coco), tmp_path, start=0, stop=2, save_interval=2)
+    megatron_run(megatron_config(coco), tmp_path, start=0, stop=2, save_interval=2)
     provider = make_provider(
-        run_config(coco),
+        megatron_config(coco),
         dp_rank=1,
         dp_size=DP,
         micro_batch_size=MICRO,
@@ -285,7 +283,7 @@ def test_missing_state_raises_naming_the_path(coco, tmp_path):
     ).unlink()  # a rank's file lost
     with pytest.raises(FileNotFoundError, match="dprank001.pt does not exist"):
         make_provider(
-            run_config(coco),
+            megatron_config(coco),
             dp_rank=1,
             dp_size=DP,
             micro_batch_size=MICRO,
@@ -296,7 +294,7 @@ def test_missing_state_raises_naming_the_path(coco, tmp_path):
         )(None)
     with pytest.raises(FileNotFoundError, match="no iter_NNNNNNN folder"):
         make_provider(
-            run_config(coco),
+            megatron_config(coco),
             dp_rank=0,
             dp_size=DP,
             dataloader_save=tmp_path / "empty",
@@ -304,13 +302,19 @@ def test_missing_state_raises_naming_the_path(coco, tmp_path):
             build_valid=False,
         )(None)
     with pytest.raises(ValueError, match="needs dataloader_save"):
-        make_provider(run_config(coco), dp_rank=0, dp_size=DP, restore_iteration=2)
+        make_provider(megatron_config(coco), dp_rank=0, dp_size=DP, restore_iteration=2)
 
 
 def test_restore_on_another_data_parallel_size_continues_the_same_global_batches(coco, tmp_path):
-    straight = megatron_run(run_config(coco), tmp_path / "a", start=0, stop=4, save_interval=100)
-    megatron_run(run_config(coco), tmp_path / "b", start=0, stop=3, save_interval=2, crash_after=0)
-    one = megatron_run(run_config(coco), tmp_path / "b", start=2, stop=4, save_interval=100, dp=1)
+    straight = megatron_run(
+        megatron_config(coco), tmp_path / "a", start=0, stop=4, save_interval=100
+    )
+    megatron_run(
+        megatron_config(coco), tmp_path / "b", start=0, stop=3, save_interval=2, crash_after=0
+    )
+    one = megatron_run(
+        megatron_config(coco), tmp_path / "b", start=2, stop=4, save_interval=100, dp=1
+    )
     for iteration in (3, 4):
         want = [
             k for (i, r, m), (_, keys) in sorted(straight.items()) if i == iteration for k in keys
@@ -321,7 +325,7 @@ def test_restore_on_another_data_parallel_size_continues_the_same_global_batches
     # and 3 from rank 0's position; every rank takes its quarter of iterations 3 and 4.
     for rank in range(4):
         four = make_provider(
-            run_config(coco),
+            megatron_config(coco),
             dp_rank=rank,
             dp_size=4,
             micro_batch_size=1,
@@ -343,7 +347,7 @@ def test_restore_on_another_data_parallel_size_continues_the_same_global_batches
         four.close()
     # A state saved in the middle of an iteration (Megatron never does) continues only on its own layout.
     mid = make_provider(
-        run_config(coco),
+        megatron_config(coco),
         dp_rank=0,
         dp_size=DP,
         micro_batch_size=MICRO,
@@ -355,7 +359,7 @@ def test_restore_on_another_data_parallel_size_continues_the_same_global_batches
     mid.close()
     with pytest.raises(LayoutError, match="middle of a global batch"):
         make_provider(
-            run_config(coco),
+            megatron_config(coco),
             dp_rank=0,
             dp_size=1,
             micro_batch_size=MICRO,
@@ -430,10 +434,12 @@ def test_megatron_args_helper(coco, tmp_path):
     # its provider would restart the data; ours refuses.
     with pytest.raises(ValueError, match="needs dataloader_save"):
         make_provider_from_args(
-            run_config(coco), SimpleNamespace(**{**vars(args), "dataloader_save": None}), dp_rank=0
+            megatron_config(coco),
+            SimpleNamespace(**{**vars(args), "dataloader_save": None}),
+            dp_rank=0,
         )
-    megatron_run(run_config(coco), tmp_path, start=0, stop=2, save_interval=2)
-    train, valid, test = make_provider_from_args(run_config(coco), args, dp_rank=1)(None)
+    megatron_run(megatron_config(coco), tmp_path, start=0, stop=2, save_interval=2)
+    train, valid, test = make_provider_from_args(megatron_config(coco), args, dp_rank=1)(None)
     assert train.loader.global_batch == 2 and train.loader.rank == 1 and test is None
     train.close()
     # Validation: Energon's val loader, this rank's share, the same batches at every evaluation.
@@ -473,7 +479,7 @@ def _merged_cu_seqlens(cu: torch.Tensor, seq_len: int) -> torch.Tensor:
 def test_batch_dicts_match_megatrons_get_batch(coco):
     pad = 0
     plain = make_provider(
-        run_config(coco),
+        megatron_config(coco),
         dp_rank=0,
         dp_size=1,
         micro_batch_size=MICRO,
@@ -535,7 +541,7 @@ def test_batch_dicts_match_megatrons_get_batch(coco):
 
     # Packed: one flattened sequence per micro-batch, cu_lengths (1, D+1), max_lengths (1,).
     packed_it = make_provider(
-        run_config(coco, SMALL_PACKED, global_batch_size=2),
+        megatron_config(coco, SMALL_PACKED, global_batch_size=2),
         dp_rank=0,
         dp_size=1,
         micro_batch_size=1,
@@ -599,7 +605,7 @@ def test_sample_losses_are_each_documents_mean_over_its_own_targets_in_every_lay
     batch is refused."""
     for encoder, loader, micro in ((SMALL, {}, MICRO), (SMALL_PACKED, {"global_batch_size": 2}, 1)):
         it = make_provider(
-            run_config(coco, encoder, **loader),
+            megatron_config(coco, encoder, **loader),
             dp_rank=0,
             dp_size=1,
             micro_batch_size=micro,
@@ -627,7 +633,7 @@ def test_sample_losses_are_each_documents_mean_over_its_own_targets_in_every_lay
 def test_layout_that_megatron_cannot_step_raises(coco):
     with pytest.raises(LayoutError):
         make_provider(
-            run_config(coco),
+            megatron_config(coco),
             dp_rank=0,
             dp_size=3,
             micro_batch_size=1,
@@ -635,7 +641,7 @@ def test_layout_that_megatron_cannot_step_raises(coco):
             build_valid=False,
         )(None)
     it = make_provider(
-        run_config(coco),
+        megatron_config(coco),
         dp_rank=0,
         dp_size=2,
         micro_batch_size=4,
@@ -650,7 +656,7 @@ def test_balanced_packed_batches_have_one_shape_on_every_rank_and_resume_exactly
     """``loader.balance``: the provider emits GPT dicts of exactly micro_batch_size rows of seq_len
     (``cu_seqlens`` per row) on every data-parallel rank, every iteration, so Megatron with TP > 1,
     pipeline parallelism or CUDA graphs gets the same shape everywhere; a restore continues exactly."""
-    cfg = run_config(
+    cfg = megatron_config(
         coco,
         SMALL_PACKED,
         global_batch_size=4,

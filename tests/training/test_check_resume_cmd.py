@@ -428,7 +428,7 @@ def test_a_log_without_steps_is_reported_with_the_expected_line(fake, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def run_config(tmp_path_factory) -> Path:
+def config_file(tmp_path_factory) -> Path:
     data = coco_dataset(tmp_path_factory.getbasetemp())
     path = tmp_path_factory.mktemp("cmd-cfg") / "run.yaml"
     return configs.write_config(path, configs.run_config(data, train={"steps": 8}))
@@ -453,8 +453,8 @@ def loop(script: str, config: Path, *args: str, nproc: int = 1) -> str:
 
 
 @pytest.mark.slow
-def test_example_our_trainer_config_form(run_config, tmp_path):
-    r, report = check(tmp_path, "--config", run_config, "--steps", 6, "--kill-at", 5)
+def test_example_our_trainer_config_form(config_file, tmp_path):
+    r, report = check(tmp_path, "--config", config_file, "--steps", 6, "--kill-at", 5)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr[-3000:]
     assert (
         report["keys_identical"]
@@ -465,11 +465,11 @@ def test_example_our_trainer_config_form(run_config, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "torchtitan"])
-def test_example_torchtitan_style_loop(run_config, tmp_path, fmt):
+def test_example_torchtitan_style_loop(config_file, tmp_path, fmt):
     """DCP checkpoints of model, optimizer and loader; exact through StepLog (two ranks), by the loss
     through torchtitan's own lines; the loop that skips restoring the loader fails either way."""
     nproc = 2 if fmt == "jsonl" else 1
-    cmd = loop("torchtitan_style_loop.py", run_config, "--out {out} --steps 8", nproc=nproc)
+    cmd = loop("torchtitan_style_loop.py", config_file, "--out {out} --steps 8", nproc=nproc)
     r, report = check(
         tmp_path,
         "--cmd",
@@ -496,7 +496,7 @@ def test_example_torchtitan_style_loop(run_config, tmp_path, fmt):
         )
         assert report["resumed_from_logged"] == report["resume_step"]
         # the loss: the mean over the 2 ranks of each one's token mean over its half
-        assert_sample_losses_fit(report["logs"]["straight"], run_config, group=2)
+        assert_sample_losses_fit(report["logs"]["straight"], config_file, group=2)
     r, report = check(
         tmp_path,
         "--cmd",
@@ -524,10 +524,10 @@ def test_example_torchtitan_style_loop(run_config, tmp_path, fmt):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["megatron", "regex"])
-def test_example_megatron_style_loop(run_config, tmp_path, fmt):
+def test_example_megatron_style_loop(config_file, tmp_path, fmt):
     """Our Megatron provider driven as Megatron-LM does; its iteration lines read as Megatron's
     (or with a user regex); the loop that skips restoring the data loader fails."""
-    cmd = loop("megatron_style_loop.py", run_config, "--save {out} --train-iters 12")
+    cmd = loop("megatron_style_loop.py", config_file, "--save {out} --train-iters 12")
     form = (
         ["--log-format", "megatron"]
         if fmt == "megatron"
@@ -564,7 +564,7 @@ def test_example_megatron_style_loop(run_config, tmp_path, fmt):
     assert sorted(
         (tmp_path / "check" / "killed" / "out").glob("iter_*")
     )  # Megatron's layout, in the run's {out}
-    assert_sample_losses_fit(tmp_path / "check" / "straight" / "out" / "steps.jsonl", run_config)
+    assert_sample_losses_fit(tmp_path / "check" / "straight" / "out" / "steps.jsonl", config_file)
     r, report = check(
         tmp_path,
         "--cmd",

@@ -31,7 +31,8 @@ def data(tmp_path_factory):
     return base
 
 
-def run_config(data, batches: str, **model):
+def two_tower_config(data, batches: str, **model):
+    """The loaded config of batch kind ``batches`` with a two-tower model updated by ``model``."""
     path, encoder, _ = KINDS[batches]
     return load_config(
         {
@@ -44,7 +45,7 @@ def run_config(data, batches: str, **model):
 
 
 def first_batch(data, kind: str):
-    cfg = run_config(data, kind)
+    cfg = two_tower_config(data, kind)
     loader = TrainLoader(cfg, num_workers=0)
     return cfg, loader.encoder, next(iter(loader))
 
@@ -71,7 +72,7 @@ def test_forward_backward_reaches_every_tower(data, kind):
 
 
 def test_a_multimodal_micro_batch_without_audio_runs_every_tower(data):
-    cfg = run_config(data, "multimodal")
+    cfg = two_tower_config(data, "multimodal")
     cfg = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, micro_batch_size=1))
     loader = TrainLoader(cfg, num_workers=0)
     batch = next(b for b in loader if int(b.num_audio.sum()) == 0)
@@ -122,7 +123,7 @@ def test_splice_puts_every_tile_at_its_placeholder(data):
 
 
 def test_the_default_kind_is_the_tiny_model(data):
-    cfg = run_config(data, "image_text", kind="tiny")
+    cfg = two_tower_config(data, "image_text", kind="tiny")
     assert load_config({"data": {"path": "x"}, "encoder": {}}).model.kind == "tiny"
     assert type(build_model(cfg.model, TrainLoader(cfg, num_workers=0).encoder)) is CaptionModel
 
