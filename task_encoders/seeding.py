@@ -12,10 +12,11 @@ Two ways to draw:
 * `make_generator`: a private ``torch.Generator`` (for code that accepts ``generator=``).
 * `seeded_global_torch`: runs code that draws from torch's global CPU RNG (torchvision v2
   transforms do) with the global generator seeded for the sample, then puts the previous global
-  state back. Measured on this machine (2 CPU cores): ~5 µs per sample, against ~120 µs for
+  state back. It saves, seeds and restores the CPU generator only: less work per sample than
   ``torch.random.fork_rng`` + ``torch.manual_seed`` (``manual_seed`` reseeds every device backend)
-  and ~210 µs for Energon's ``@stateless(restore_seeds=True)`` save/seed/restore of the torch,
-  numpy and ``random`` states.
+  or Energon's ``@stateless(restore_seeds=True)`` (saves, seeds and restores the torch, numpy and
+  ``random`` states). Its cost per sample is part of the encode time ``scripts/bench_video.py``
+  measures (its hand-written baseline runs the same transforms under it).
 
 Neither touches numpy's or Python's global RNGs, and the global torch state after encoding is the
 state before it. `single_intra_op_thread` removes the last source of difference between
@@ -101,7 +102,7 @@ def single_intra_op_thread() -> Iterator[None]:
     Float reductions (a ColorJitter contrast mean, a mel filterbank matmul) may split work, and so
     round differently, by thread count; encoding with one thread everywhere keeps a sample's tensors
     bit-identical between ``num_workers=0`` (encoding in the main process) and worker processes.
-    Costs well under a microsecond.
+    Costs one ``torch.get_num_threads`` call where the count is already one.
     """
     threads = torch.get_num_threads()
     if threads != 1:

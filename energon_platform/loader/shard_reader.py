@@ -3,9 +3,11 @@
 Energon's ``ShardInfosITarReader`` gives the same raw samples, but was built for its own loader's
 mostly-sequential order: per random sample it re-reads the shard's ``.tar.idx`` (its offset cache
 helps consecutive samples only) and keeps a FIFO of 5 open tars. On object storage, where MSC
-fetches an object under 512 MiB whole on ``open``, a random order therefore fetches ~28 bytes per
-byte delivered and ~4.5 requests per sample (measured against SeaweedFS, ``scripts/s3_read_cost.py``);
-on local disk the index reads and tar header parsing cost ~0.7 ms per sample.
+fetches an object under 512 MiB whole on ``open``, a random order therefore fetches many bytes
+per byte delivered and several requests per sample; on local disk it re-reads an index and
+re-parses tar headers for every sample. ``scripts/bench_scale.py --s3`` measures requests per
+sample and bytes fetched per byte delivered for our loader and Energon's against a SeaweedFS
+(the measurements page, section scale).
 
 `ShardReader` reads exactly one byte range per sample:
 
@@ -45,8 +47,9 @@ def _members(data: bytes):
     """``(name, read)`` of each regular file in a tar byte range, in order (``read()`` gives its bytes).
 
     Fast path for what tar writers produce for samples (ustar/v7 headers, regular files: a header
-    parsed by slicing costs microseconds where `tarfile` costs ~0.2 ms per sample); a range
-    with any other header (GNU long names, pax) is handed to `tarfile` whole."""
+    is parsed by slicing its fixed fields, without building `tarfile`'s objects for each member);
+    a range with any other header (GNU long names, pax) is handed to `tarfile` whole. The
+    loader's samples/s in ``scripts/bench_loader.py`` include this parsing."""
     out, pos, end = [], 0, len(data)
     while pos + 512 <= end:
         header = data[pos : pos + 512]

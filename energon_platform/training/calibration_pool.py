@@ -2,8 +2,8 @@
 
 A run's own micro-batches may all look alike. An exact blend puts the same number of samples of each
 dataset into every micro-batch, so across them the tiles, frames and sample counts hardly vary, and
-a fit cannot tell what each feature costs (on the demo blend every micro-batch holds 8 samples, 4
-of them images). `composed` therefore reads the encoded documents of the stream's
+a fit cannot tell what each feature costs (on the demo blend every micro-batch holds the same
+number of samples, and of images). `composed` therefore reads the encoded documents of the stream's
 first positions (as the loader encodes them: stand-ins for failed samples, ``loader.exclude``
 applied) and groups them in several orders:
 
@@ -21,7 +21,8 @@ Each micro-batch comes with its features as it runs (`micro_batch_features`): ev
 
 A run that packs is timed on its own micro-batches: its rows are full whatever documents they hold,
 while documents regrouped by an order pack into rows of another padding, which the features do not
-count (on the packed demo blend, regrouping raised the held-back error past what calibrate accepts).
+count, so a fit on them would misprice the run's own micro-batches (calibrate's held-back error,
+in its report and in ``scripts/bench_balance.py``'s measured sections, is where that would show).
 """
 
 from __future__ import annotations
