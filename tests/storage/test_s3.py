@@ -159,13 +159,19 @@ def test_loader_on_s3_gives_the_micro_batches_of_local_disk(s3, remote, local, w
         assert_same_batch(a, b)
 
 
-def test_an_index_built_once_is_published_beside_the_shards_and_copied_once_per_node(
+def test_an_index_built_once_is_published_beside_the_shards_and_read_by_ranges_per_node(
     s3, remote, tmp_path, monkeypatch, capsys
 ):
     """``index`` on an ``msc://`` dataset builds in a cache folder and publishes the index beside
-    the shards; a loader on another node (other cache folders) copies it once and builds nothing,
-    even with ``loader.length_index: require``."""
+    the shards; a loader on another node (other cache folders) builds nothing, even with
+    ``loader.length_index: require``: it makes a ranged copy (opening fetches ``meta.json`` and
+    the files' sizes, not the index) whose blocks, fetched as the planner reads them, hold the
+    published bytes."""
     from megatron.energon.epathlib import EPath
+
+    from energon_platform.loader.balance import length_store
+    from energon_platform.loader.balance.lengths import LengthIndex
+    from energon_platform.loader.balance.ranged_copy import copies
 
     config = tmp_path / "run.yaml"
     run = {"data": {"path": remote, "val_split": None}, "encoder": IMAGE}
@@ -177,8 +183,20 @@ def test_an_index_built_once_is_published_beside_the_shards_and_copied_once_per_
     published = out.split("index: ")[1].split()[0]
     assert published.startswith(f"{remote}/.energon-platform/lengths/"), out
     assert EPath(f"{published}/meta.json").is_file()
+    built = tmp_path / "builder" / "lengths" / published.rsplit("/", 1)[1]
     monkeypatch.setenv("ENERGON_PLATFORM_CACHE", str(tmp_path / "other-node"))
     shared = tmp_path / "other-node-shared"
+
+    source = SampleSource(remote)
+    before = s3.counters()
+    copy = length_store.fetch_published(source, built.name, length_store.shard_jobs(source), shared)
+    opened = LengthIndex(copy)
+    cost = s3.counters() - before
+    assert copy == shared / built.name
+    assert cost.bytes_out < 2 * (built / "meta.json").stat().st_size + 16, cost  # meta, last offset
+    assert opened.facts(3) == LengthIndex(built).facts(3)
+    assert opened.key(5) == LengthIndex(built).key(5)
+
     loader = TrainLoader(
         cfg(remote, balance="attention", length_index="require", length_cache=str(shared)),
         num_workers=0,
@@ -186,11 +204,15 @@ def test_an_index_built_once_is_published_beside_the_shards_and_copied_once_per_
     next(loader)
     loader.close()
     assert "length index" not in capsys.readouterr().err
-    (copied,) = [p.parent for p in shared.glob("*/meta.json")]
-    assert copied.name == published.rsplit("/", 1)[1]
-    built = tmp_path / "builder" / "lengths" / copied.name
+    ranged = copies(copy)
     for name in ("facts.i32", "keys.bin", "keys.off"):
-        assert (copied / name).read_bytes() == (built / name).read_bytes(), name
+        local, whole = (copy / name).read_bytes(), (built / name).read_bytes()
+        filled = ranged[name]._filled
+        assert len(local) == len(whole) and filled[0], name
+        block = ranged[name].block
+        for b in range(len(filled)):
+            if filled[b]:
+                assert local[b * block : (b + 1) * block] == whole[b * block : (b + 1) * block]
     assert not (tmp_path / "other-node").exists(), "the local cache was not written"
 
 

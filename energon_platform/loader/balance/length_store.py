@@ -7,8 +7,9 @@ this user cannot write keeps its index in the cache folder the run names (``load
 a shared folder every node sees) or else the local cache (``$ENERGON_PLATFORM_CACHE/lengths``).
 A dataset on object storage (``msc://``) has its index built in such a cache folder and published
 beside its shards (``msc://.../DATASET/.energon-platform/lengths/{digest}/``, ``meta.json``
-last); a node that finds it there copies its files once into its cache (one process per node,
-under a lock) and maps them from there. Inside a place:
+last); a node that finds it there makes a ranged copy of it in its cache (one process per node,
+under a lock; `ranged_copy`): a block of a file is fetched the first time a process of the node
+reads from it, so opening costs ``meta.json`` and three sizes, not the index. Inside a place:
 
 * ``{digest}/``: one complete index (`LengthIndex`'s files and ``meta.json``, which also lists
   each shard's stamp); ``digest`` covers the dataset's identity (Energon's index uuid, the split,
@@ -33,6 +34,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ from energon_platform.loader.balance.length_parts import (
     shard_jobs,
 )
 from energon_platform.loader.balance.lengths import FORMAT, LengthIndex, default_cache_dir
+from energon_platform.loader.balance.ranged_copy import write_source
 from storage.paths import DERIVED_FOLDER, dataset_root, is_remote
 
 #: the folder beside a local dataset's shards that holds its indexes
@@ -174,7 +177,7 @@ def open_index(
     return LengthIndex(Path(built["folder"]))
 
 
-# --- object storage: published beside the shards, copied once per node ---------------------------
+# --- object storage: published beside the shards, read by ranges on each node ------------------
 
 
 def published_place(source: Any) -> str | None:
@@ -200,9 +203,11 @@ def publish(source: Any, folder: Path) -> str | None:
 
 
 def fetch_published(source: Any, digest: str, jobs: list[ShardJob], cache_dir=None) -> Path | None:
-    """The local copy of ``source``'s published index ``digest`` when it is there and fresh:
-    copied into the first writable cache place, once per node (the first process copies under a
-    lock, the others wait and find it); None when nothing fresh is published."""
+    """The node's copy of ``source``'s published index ``digest`` when it is there and fresh: a
+    folder in the first writable cache place whose files are ranged copies (`ranged_copy`: filled
+    by ranged reads where they are read, nothing fetched up front but ``meta.json`` and the
+    files' sizes), made once per node (the first process under a lock, the others find it);
+    None when nothing fresh is published."""
     url = published_place(source)
     if url is None:
         return None
@@ -213,22 +218,25 @@ def fetch_published(source: Any, digest: str, jobs: list[ShardJob], cache_dir=No
     with storage_errors(url, "the published length index"):
         client, key = msc.resolve_storage_client(f"{url}/{digest}/meta.json")
         try:
-            meta = json.loads(client.read(key))
+            raw = client.read(key)
         except FileNotFoundError:
             return None
-        if meta.get("stamps") != [j.stamp for j in jobs]:
+        if json.loads(raw).get("stamps") != [j.stamp for j in jobs]:
             return None
         place = writable_place(source, cache_dir)
         folder = place / digest
         with open(place / f"{digest}.lock", "w") as lock:
             fcntl.lockf(lock, fcntl.LOCK_EX)
             if not _fresh(folder, jobs):
-                folder.mkdir(parents=True, exist_ok=True)
+                if folder.is_dir():  # a copy of an earlier publication: none of its blocks is kept
+                    shutil.rmtree(folder)
+                folder.mkdir(parents=True)
                 base = key[: -len("meta.json")]
-                for name in INDEX_FILES:
-                    tmp = folder / f".{name}.{os.getpid()}.tmp"
-                    client.download_file(base + name, str(tmp))
-                    os.replace(tmp, folder / name)
+                sizes = {n: client.info(base + n).content_length for n in INDEX_FILES[:-1]}
+                write_source(folder, f"{url}/{digest}", sizes)
+                tmp = folder / f".meta.json.{os.getpid()}.tmp"
+                tmp.write_bytes(raw)
+                os.replace(tmp, folder / "meta.json")  # last: the copy is complete
     return folder
 
 

@@ -1,21 +1,17 @@
-"""The length index: every sample's length facts, without decoding its media, cached on disk.
+"""The length index: every sample's length facts, read without decoding its media.
 
 The global packer and balancer (`planner`) need each sample's
 length before its media are decoded. An encoder states which integers determine a sample's
 lengths (``sample_facts``: caption tokens, image size → tiles, audio duration → frames, ...;
 read from the index, ``text.json`` and media headers) and turns them into exact lengths at a
-given epoch (``sample_length``). This module computes the facts once per (dataset identity,
-encoder config) and keeps them in a cache folder:
+given epoch (``sample_length``). An index is one folder:
 
-``{cache}/{digest}/``: ``meta.json`` (samples, width, identity, encoder digest), ``facts.i32``
-(``(N, K)`` int32, memory-mapped), ``keys.bin`` + ``keys.off`` (the sample keys, int64 offsets).
-
-Building is split into chunks of `CHUNK` samples written atomically as they finish (a
-killed build resumes with the chunks it has), runs in ``workers`` processes, and shows a
-progress bar. The build's worker processes die with the process that started them
-(`die_with_parent`), and the lock that lets one rank of a
-job build while the others wait is a POSIX record lock, which forked processes do not inherit: a
-killed build leaves neither a process nor a held lock behind. Cost per sample: ``4·K`` bytes of facts plus the key and 8 bytes of offset.
+``{digest}/``: ``meta.json`` (samples, width, shards and their stamps), ``facts.i32``
+(``(N, K)`` int32), ``keys.bin`` + ``keys.off`` (the sample keys, int64 offsets): ``4·K`` bytes
+of facts plus the key and 8 bytes of offset per sample. `LengthIndex` memory-maps the files, so a
+reader's memory is the pages it touches; a copy of an index on object storage is filled by ranged
+reads where it is read (`ranged_copy`). Building them shard by shard is `length_parts`'s job, and
+where they live and when they are built `length_store`'s.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from energon_platform.loader.balance.ranged_copy import copies
 from energon_platform.loader.node_cache import cache_root
 from task_encoders.sequences import padded_length
 
@@ -49,6 +46,9 @@ class LengthIndex:
         self.folder = Path(folder)
         meta = json.loads((self.folder / "meta.json").read_text())
         self.num_samples, self.width = int(meta["samples"]), int(meta["width"])
+        #: the files' ranged copies (an index on object storage), else None (local files)
+        self.ranged = copies(self.folder)
+        self._row = 4 * self.width
         self._facts = (
             np.memmap(
                 self.folder / "facts.i32",
@@ -62,20 +62,28 @@ class LengthIndex:
         self._offsets = np.memmap(
             self.folder / "keys.off", dtype=np.int64, mode="r", shape=(self.num_samples + 1,)
         ).view(np.ndarray)
+        self._ensure("keys.off", 8 * self.num_samples, 8 * self.num_samples + 8)
         self._keys = (
             np.memmap(self.folder / "keys.bin", dtype=np.uint8, mode="r")
             if self._offsets[-1]
             else np.zeros(0, np.uint8)
         ).view(np.ndarray)
 
+    def _ensure(self, name: str, lo: int, hi: int) -> None:
+        if self.ranged is not None:
+            self.ranged[name].ensure(lo, hi)
+
     def __len__(self) -> int:
         return self.num_samples
 
     def facts(self, index: int) -> tuple[int, ...]:
+        self._ensure("facts.i32", index * self._row, (index + 1) * self._row)
         return tuple(self._facts[index].tolist())
 
     def key(self, index: int) -> str:
+        self._ensure("keys.off", 8 * index, 8 * index + 16)
         a, b = int(self._offsets[index]), int(self._offsets[index + 1])
+        self._ensure("keys.bin", a, b)
         return self._keys[a:b].tobytes().decode()
 
     @property
