@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
+from energon_platform.training.resume_check.processes import torchrun_argv  # noqa: E402
 from scripts import demo, report_screenshot  # noqa: E402
 from scripts.bench_data import (  # noqa: E402
     coco_dataset,
@@ -216,8 +217,7 @@ def check_resume_fail(work: Path, out: Path) -> dict:
     check writes to its default ``--out``, ``out/check-resume`` there."""
     folder = work / "check-fail"
     small_run_config(folder / "run.yaml", work)
-    loop = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    loop += [str(REPO / "scripts/examples/torchtitan_style_loop.py")]
+    loop = torchrun_argv(2, REPO / "scripts/examples/torchtitan_style_loop.py")
     loop += ["--config", "run.yaml", "--out", "{out}", "--steps", "12"]
     resume = "--resume --skip-loader-restore"
     cmd = " ".join(loop)
@@ -286,9 +286,8 @@ def balanced_run(work: Path) -> tuple[list[str], Path]:
     path.write_text(yaml.safe_dump(config))
     out = work / "balanced-run"
     shutil.rmtree(out, ignore_errors=True)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     train = ["-m", "energon_platform", "train", "--config", str(path), "--out", str(out), "--quiet"]
-    cmd = [*torchrun, "--nproc-per-node", "2", *train]
+    cmd = torchrun_argv(2, *train)
     run(*cmd)
     return cmd, out
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from energon_platform.training.resume_check.processes import torchrun_argv
 from scripts.bench_data import coco_dataset
 from tests.helpers import REPO
 from tests.helpers.cli import run_cli
@@ -33,11 +34,7 @@ def example(
     """The command line of ``scripts/examples/<script>``: under ``launcher`` if given (a command
     that takes the script's path next), else torchrun with ``nproc`` processes, else python."""
     if launcher is None:
-        launcher = (
-            f"{PY} -m torch.distributed.run --standalone --nproc-per-node {nproc}"
-            if nproc > 1
-            else PY
-        )
+        launcher = shlex.join(torchrun_argv(nproc)) if nproc > 1 else PY
     return " ".join(
         [launcher, shlex.quote(str(EXAMPLES / script)), "--config", shlex.quote(str(config)), *args]
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,6 +15,7 @@ from energon_platform.config import load_config
 from energon_platform.integrations.dcp import KEY, DCPLoader, decode_state, encode_state
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
+from energon_platform.training.resume_check.processes import torchrun_argv
 from tests.conftest import _convert, _image_item
 from tests.helpers import REPO
 
@@ -110,15 +110,7 @@ LOOP = textwrap.dedent("""
 
 def torchrun(script, nproc, *args):
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            str(script),
-            *map(str, args),
-        ],
+        torchrun_argv(nproc, script, *args),
         check=True,
         capture_output=True,
         timeout=300,

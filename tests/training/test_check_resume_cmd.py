@@ -27,10 +27,9 @@ from scripts.bench_data import coco_dataset
 from tests.helpers import REPO
 from tests.helpers import run_configs as configs
 from tests.helpers.cli import run_cli, run_python
-from tests.helpers.trainer_examples import assert_sample_losses_fit
+from tests.helpers.trainer_examples import assert_sample_losses_fit, example
 
 PY = shlex.quote(sys.executable)
-EXAMPLES = REPO / "scripts" / "examples"
 
 
 # ---------------------------------------------------------------- the log readers and StepLog
@@ -443,15 +442,6 @@ def check(tmp_path, *args, name: str = "check"):
     return r, json.loads(path.read_text())
 
 
-def loop(script: str, config: Path, *args: str, nproc: int = 1) -> str:
-    launcher = (
-        f"{PY} -m torch.distributed.run --standalone --nproc-per-node {nproc}" if nproc > 1 else PY
-    )
-    return " ".join(
-        [launcher, shlex.quote(str(EXAMPLES / script)), "--config", shlex.quote(str(config)), *args]
-    )
-
-
 @pytest.mark.slow
 def test_example_our_trainer_config_form(config_file, tmp_path):
     r, report = check(tmp_path, "--config", config_file, "--steps", 6, "--kill-at", 5)
@@ -469,7 +459,7 @@ def test_example_torchtitan_style_loop(config_file, tmp_path, fmt):
     """DCP checkpoints of model, optimizer and loader; exact through StepLog (two ranks), by the loss
     through torchtitan's own lines; the loop that skips restoring the loader fails either way."""
     nproc = 2 if fmt == "jsonl" else 1
-    cmd = loop("torchtitan_style_loop.py", config_file, "--out {out} --steps 8", nproc=nproc)
+    cmd = example("torchtitan_style_loop.py", config_file, "--out {out} --steps 8", nproc=nproc)
     r, report = check(
         tmp_path,
         "--cmd",
@@ -527,7 +517,7 @@ def test_example_torchtitan_style_loop(config_file, tmp_path, fmt):
 def test_example_megatron_style_loop(config_file, tmp_path, fmt):
     """Our Megatron provider driven as Megatron-LM does; its iteration lines read as Megatron's
     (or with a user regex); the loop that skips restoring the data loader fails."""
-    cmd = loop("megatron_style_loop.py", config_file, "--save {out} --train-iters 12")
+    cmd = example("megatron_style_loop.py", config_file, "--save {out} --train-iters 12")
     form = (
         ["--log-format", "megatron"]
         if fmt == "megatron"

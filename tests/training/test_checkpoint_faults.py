@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from energon_platform.training import checkpoint
 from energon_platform.training.checkpoint import CheckpointError, RunLock
+from energon_platform.training.resume_check.processes import torchrun_argv
 from tests.helpers.cli import run_python, start_python
 
 
@@ -93,16 +93,7 @@ def test_disk_full_on_one_rank_stops_every_rank_at_once(tmp_path):
     root = tmp_path / "ckpt"
     t0 = time.time()
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(script),
-            str(root),
-        ],
+        torchrun_argv(2, script, root),
         capture_output=True,
         text=True,
         timeout=90,

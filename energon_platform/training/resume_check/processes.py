@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,22 @@ from energon_platform.training.step_log_readers import (
     JsonLines,
     complete_length,
 )
+
+
+def torchrun_argv(nproc: int, *target: object) -> list[str]:
+    """The argv of ``torchrun --standalone --nproc-per-node NPROC TARGET...`` run by this
+    interpreter (``python -m torch.distributed.run``, which the ``torchrun`` command runs);
+    ``target`` is a script and its arguments, or ``-m`` and a module and its arguments, each made a
+    string. The one place the project's trainers, scripts and tests build a torchrun command."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        *map(str, target),
+    ]
 
 
 class RunFailed(RuntimeError):

@@ -13,7 +13,11 @@ from energon_platform.training import checkpoint
 from energon_platform.training.resume_check.comparison import balance_summary, compare
 from energon_platform.training.resume_check.out_folder import claim_out, write_report
 from energon_platform.training.resume_check.plot import plot
-from energon_platform.training.resume_check.processes import run_command, run_command_killed
+from energon_platform.training.resume_check.processes import (
+    run_command,
+    run_command_killed,
+    torchrun_argv,
+)
 from energon_platform.training.resume_check.trainer_log import complete_lines, count_lines, read_log
 from energon_platform.training.run_record import RUN_JSON, RUN_YAML
 from energon_platform.training.step_log_readers import (
@@ -31,9 +35,7 @@ class RunSpec:
 
 
 def trainer_command(spec: RunSpec, out: Path, resume: bool = False) -> list[str]:
-    base = [sys.executable, "-m"]
-    if spec.nproc > 1:
-        base += ["torch.distributed.run", "--standalone", f"--nproc-per-node={spec.nproc}", "-m"]
+    base = torchrun_argv(spec.nproc, "-m") if spec.nproc > 1 else [sys.executable, "-m"]
     cmd = base + [
         "energon_platform",
         "train",
