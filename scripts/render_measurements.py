@@ -711,7 +711,7 @@ def balance_rows(r: dict) -> list[Row | Figure]:
                 get(r, "train-measured", "variants", "measured", "steps_per_s"), beside,
                 "steps/s", ratio=get(r, "train-measured", "attention_ratio"))
         )  # fmt: skip
-    # paired timing (`bench_balance.timed`) is not what the targets are stated on: no target
+    # paired timing (`bench_balance.measured.timed`) is not what the targets are stated on: no target
     paired = get(r, "measured", "timing") == "paired"
     timing = " (paired timing)" if paired else ""
     for x in get(r, "measured", "results") or []:

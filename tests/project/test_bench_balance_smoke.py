@@ -185,16 +185,12 @@ def test_the_calibration_pool_varies_the_documents_per_micro_batch_in_full_rows(
     """``measured``'s calibration pool: one-sample micro-batches alternate with packed rows of
     several documents, filled as the planner fills its rows. With one-sample micro-batches only,
     ``samples`` is 1 in every one and the fit puts the micro-batch's own cost on each document."""
-    from scripts.bench_balance import (
-        CALIBRATION_ROW_FILL,
-        Blend,
-        Synthetic,
-        build_parser,
-        calibration_pool,
-    )
+    from scripts.bench_balance.common import SyntheticLengths
+    from scripts.bench_balance.measured import CALIBRATION_ROW_FILL, Synthetic, calibration_pool
+    from scripts.bench_balance.runner import build_parser
 
     args = build_parser().parse_args(["--seed", "3", "--scale", "8"])
-    synth = Synthetic(Blend(args), args)
+    synth = Synthetic(SyntheticLengths(args), args)
     batches = list(calibration_pool(synth, 40))
     samples = [b.cost_features["samples"] for b in batches]
     assert samples[0::2] == [1] * 20
@@ -210,7 +206,7 @@ def test_the_calibration_pool_varies_the_documents_per_micro_batch_in_full_rows(
 def test_the_skewed_captions_are_cut_into_the_grids_they_were_drawn_for(tmp_path):
     """``train-measured``'s data: each image an exact grid of 1-12 tiles that the tiling encoder
     (``skewed_encoder``) cuts as drawn, every count present; captions of lognormal length."""
-    from scripts.bench_balance import SKEW_TILE, skewed_encoder
+    from scripts.bench_balance.train_measured import SKEW_TILE, skewed_encoder
     from scripts.bench_data import SKEW_WORDS_MAX, skewed_captions_dataset
     from task_encoders.tiling import TilingConfig, choose_grid
 
@@ -243,7 +239,7 @@ def test_paired_timing_divides_out_a_slow_drift_that_the_least_of_three_keeps(mo
     import torch
 
     import energon_platform.training.calibrate as calibrate
-    from scripts.bench_balance import timed
+    from scripts.bench_balance.measured import timed
 
     class Drifting(torch.nn.Module):
         """Each forward moves the clock on by its batch's cost times a factor that drifts over

@@ -1,4 +1,4 @@
-"""The ``sizes`` section of ``bench_balance.py``: the planner on every dataset size.
+"""The ``sizes`` section: the planner on every dataset size.
 
 For a global batch of g = R x K samples or rows (R ranks x K, ``--ranks``, ``--rows-per-rank``)
 and dataset sizes N = g, 2g, 5g, 10g, 40g, window/2, window and 10 x window (``--window``): one
