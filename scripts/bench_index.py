@@ -13,17 +13,22 @@ each in a fresh process:
 * **open**: a prebuilt index mapped and 10,000 random samples' facts and keys read (seconds, and
   the resident memory it added);
 * **start-up**: a loader (``TrainLoader``, no workers) to its first global batch on the dataset,
-  with ``balance: tokens`` (prebuilt index, ``loader.length_index: require``) and without balance.
+  with ``balance: tokens`` (prebuilt index, ``loader.length_index: require``) and without balance;
+* **object storage** (``--msc``): the dataset uploaded to a SeaweedFS server on loopback
+  (``scripts/s3_server.py``) and the index published beside it; a fresh "node" (an empty cache
+  folder) opens it (seconds, index bytes fetched at open and after the 10,000 reads, against the
+  index's size), and the same two start-ups from ``msc://``.
 
 It ends with what the figures mean at 10^9 samples: hours per process, nodes of ``--node-cores``
 processes for a build of one hour, and bytes stored.
 
-    .venv/bin/python scripts/bench_index.py [--sizes 100000 1000000] [--json bench-index.json]
+    .venv/bin/python scripts/bench_index.py [--sizes 100000 1000000] [--msc] [--json bench-index.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -72,13 +77,14 @@ def synthetic_text(folder: Path, n: int, per_shard: int, seed: int = 0) -> dict:
     return {"prepare_s": time.perf_counter() - began}
 
 
-def run_config(folder: Path, data: Path, balance: str, require: bool) -> Path:
+def run_config(folder: Path, data, balance: str, require: bool, name: str = "") -> Path:
     import yaml
 
     loader = {"global_batch_size": 64, "num_workers": 0, "balance": balance}
     if require:
         loader["length_index"] = "require"
-    path = folder / f"run-{balance}.yaml"
+        loader["length_cache"] = str(folder / f"cache-{name or balance}")
+    path = folder / f"run-{name}{balance}.yaml"
     path.write_text(
         yaml.safe_dump(
             {
@@ -169,6 +175,36 @@ def do_open(folder: str) -> dict:
     }
 
 
+def do_open_msc(data: str, digest: str, cache: str) -> dict:
+    """A node with an empty cache opens the index published beside ``data`` on object storage."""
+    import numpy as np
+
+    from energon_platform.loader.balance import length_store
+    from energon_platform.loader.balance.lengths import LengthIndex
+    from energon_platform.loader.source import SampleSource
+
+    source = SampleSource(data)
+    jobs = length_store.shard_jobs(source)
+    began = time.perf_counter()
+    folder = length_store.fetch_published(source, digest, jobs, cache)
+    index = LengthIndex(folder)
+    opened_s = time.perf_counter() - began
+    meta = (folder / "meta.json").stat().st_size
+    at_open = meta + sum(c.fetched for c in index.ranged.values())
+    rng = np.random.default_rng(0)
+    began = time.perf_counter()
+    for i in rng.integers(0, len(index), OPEN_READS):
+        index.facts(int(i))
+        index.key(int(i))
+    return {
+        "open_s": opened_s,
+        "read_us": (time.perf_counter() - began) / OPEN_READS * 1e6,
+        "fetched_at_open": at_open,
+        "fetched_after_reads": meta + sum(c.fetched for c in index.ranged.values()),
+        "bytes": index.nbytes,
+    }
+
+
 def do_startup(config: str) -> dict:
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
@@ -179,13 +215,61 @@ def do_startup(config: str) -> dict:
     return {"seconds": time.perf_counter() - began, "peak_mib": peak_mib(resource.RUSAGE_SELF)}
 
 
-CHILDREN = {"build": do_build, "open": do_open, "startup": do_startup}
+CHILDREN = {
+    "build": do_build,
+    "open": do_open,
+    "open_msc": do_open_msc,
+    "startup": do_startup,
+}
 
 
 # --- one size ---------------------------------------------------------------------------------
 
 
-def measure(base: Path, n: int, per_shard: int) -> dict:
+def measure_msc(base: Path, data: Path, folder: Path, n: int, server) -> dict:
+    """The dataset and its index (``folder``, built locally) on object storage: opened by a fresh
+    node, and the two start-ups from ``msc://``."""
+    from converters.remote import upload_dataset
+    from energon_platform.loader.balance.length_store import WITH_DATA
+    from energon_platform.loader.source import SampleSource
+
+    url = server.url(f"text-{n}")
+    began = time.perf_counter()
+    upload_dataset(data, url)
+    uploaded_s = time.perf_counter() - began
+    published = f"{url}/{WITH_DATA.as_posix()}/{folder.name}"
+    from converters.remote import upload_file
+
+    # the local build's files, its stamps those of the uploaded shards (ETags): the same index
+    from energon_platform.loader.balance.length_parts import shard_jobs
+
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["stamps"] = [job.stamp for job in shard_jobs(SampleSource(url))]
+    (base / f"meta-{n}.json").write_text(json.dumps(meta))
+    for name in ("facts.i32", "keys.bin", "keys.off"):
+        upload_file(str(folder / name), f"{published}/{name}")
+    upload_file(str(base / f"meta-{n}.json"), f"{published}/meta.json")
+    before = server.counters()
+    opened = child("open_msc", data=url, digest=folder.name, cache=str(base / f"node-{n}"))
+    opened["requests"] = (server.counters() - before).requests
+    opened["shards"] = len(SampleSource(url).shard_names)
+    balanced = child(
+        "startup", config=str(run_config(base, url, "tokens", require=True, name=f"msc-{n}"))
+    )
+    plain = child("startup", config=str(run_config(base, url, "none", False, name=f"msc-{n}")))
+    return {
+        "upload_s": uploaded_s,
+        "open": opened,
+        "fetched_at_open_over_index": opened["fetched_at_open"] / opened["bytes"],
+        "startup": {
+            "balanced_s": balanced["seconds"],
+            "unbalanced_s": plain["seconds"],
+            "balanced_over_unbalanced": balanced["seconds"] / plain["seconds"],
+        },
+    }
+
+
+def measure(base: Path, n: int, per_shard: int, server=None) -> dict:
     data = base / f"text-{n}"
     print(f"== N = {n:,}: writing and preparing the dataset", flush=True)
     prepared = synthetic_text(data, n, per_shard)
@@ -206,6 +290,15 @@ def measure(base: Path, n: int, per_shard: int) -> dict:
     )
     row["ray_scaling_1_to_2"] = builds["ray_2"]["samples_per_s"] / builds["ray_1"]["samples_per_s"]
     row["open"] = child("open", folder=builds["local_1"]["folder"])
+    if server is not None:
+        row["msc"] = measure_msc(base, data, Path(builds["local_1"]["folder"]), n, server)
+        print(
+            f"   msc://: open {row['msc']['open']['open_s']:.3f} s, "
+            f"{row['msc']['open']['fetched_at_open']:,} of {row['msc']['open']['bytes']:,} "
+            f"index bytes fetched; start-up balanced / unbalanced "
+            f"{row['msc']['startup']['balanced_over_unbalanced']:.2f}",
+            flush=True,
+        )
     # the loaders find the index with the data: put one there (the local build's)
     store = data / ".energon-platform" / "lengths"
     store.mkdir(parents=True, exist_ok=True)
@@ -249,6 +342,9 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--per-shard", type=int, default=10_000, help="documents per shard")
     p.add_argument("--node-cores", type=int, default=64, help="processes per node at 10^9")
+    p.add_argument(
+        "--msc", action="store_true", help="also measure from object storage (a SeaweedFS server)"
+    )
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--args", help=argparse.SUPPRESS)
@@ -258,8 +354,15 @@ def main(argv=None) -> int:
         return 0
     load = os.getloadavg()
     began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp:
-        rows = [measure(Path(tmp), n, args.per_shard) for n in sorted(args.sizes)]
+    with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp, contextlib.ExitStack() as stack:
+        server = None
+        if args.msc:
+            from scripts.s3_server import S3Server
+
+            server = S3Server.launch(Path(tmp) / "s3")
+            stack.callback(server.stop)
+            os.environ["MSC_CONFIG"] = str(server.msc_config)
+        rows = [measure(Path(tmp), n, args.per_shard, server) for n in sorted(args.sizes)]
     first, last = rows[0], rows[-1]
     flat = {
         "build_peak": last["build"]["local_1"]["peak_mib"] / first["build"]["local_1"]["peak_mib"],
@@ -286,6 +389,18 @@ def main(argv=None) -> int:
             higher=False,
         ),
     ]
+    if "msc" in last:
+        targets += [
+            target(
+                f"{biggest}, msc://: opening, seconds <= 1", last["msc"]["open"]["open_s"], 1, False
+            ),
+            target(
+                f"{biggest}, msc://: start-up, balanced / unbalanced <= 1.2",
+                last["msc"]["startup"]["balanced_over_unbalanced"],
+                1.2,
+                higher=False,
+            ),
+        ]
     result = {
         "benchmark": "index",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -296,7 +411,12 @@ def main(argv=None) -> int:
         },
         "load_before": list(load),
         "load_after": list(os.getloadavg()),
-        "settings": {"sizes": sorted(args.sizes), "per_shard": args.per_shard, "encoder": ENCODER},
+        "settings": {
+            "sizes": sorted(args.sizes),
+            "per_shard": args.per_shard,
+            "encoder": ENCODER,
+            "msc": args.msc,
+        },
         "results": rows,
         "growth_first_to_last": flat,
         "targets": targets,

@@ -62,10 +62,10 @@ class LengthIndex:
         self._offsets = np.memmap(
             self.folder / "keys.off", dtype=np.int64, mode="r", shape=(self.num_samples + 1,)
         ).view(np.ndarray)
-        self._ensure("keys.off", 8 * self.num_samples, 8 * self.num_samples + 8)
+        key_bytes = self.ranged["keys.bin"].size if self.ranged else self._offsets[-1]
         self._keys = (
             np.memmap(self.folder / "keys.bin", dtype=np.uint8, mode="r")
-            if self._offsets[-1]
+            if key_bytes
             else np.zeros(0, np.uint8)
         ).view(np.ndarray)
 
