@@ -97,6 +97,41 @@ class BlendStep:
 
 
 @dataclass(frozen=True)
+class BlendAdaptConfig:
+    """``loader.blend_adapt``: blend weights that follow the model's per-dataset loss (online data
+    mixing, `energon_platform.loader.mixing`). Every ``every`` global steps the method reads each
+    dataset's mean loss since its last update (reported by the trainer through
+    ``TrainLoader.report_losses``) and sets the weights used from ``lag`` steps later on. The
+    metadataset's weights are where it starts; each change is kept in the loader state, so a
+    resume on any world size draws the same samples."""
+
+    method: Literal["odm", "loss_ratio"] = "odm"
+    """``odm`` (a bandit: weight to high loss) or ``loss_ratio`` (weight to falling loss)."""
+    every: int = 4
+    """Global steps between two updates of the weights."""
+    lag: int = 2
+    """Global steps between an update and the batch its weights apply from; at least the loader's
+    prefetch depth in global batches, or its workers wait for the weights."""
+    floor: float = 0.02
+    """The least weight of every dataset (below 1 / the number of datasets)."""
+    resolution: float = 0.01
+    """Losses are rounded to this before the method reads them (so ranks of any world size
+    decide alike)."""
+    options: dict[str, float] = field(default_factory=dict)
+    """The method's own options (``odm``: ``smoothing``; ``loss_ratio``: ``step``, ``base``)."""
+
+    def check(self, at: At) -> None:
+        _at_least(self, at, every=1, lag=0)
+        require(0 <= self.floor < 1, at.child("floor"), f"got {self.floor}", "a share in [0, 1)")
+        require(
+            0 < self.resolution <= 1,
+            at.child("resolution"),
+            f"got {self.resolution}",
+            "a loss step in (0, 1]",
+        )
+
+
+@dataclass(frozen=True)
 class ExcludeRule:
     """One entry of ``loader.exclude``: from global step ``step`` on (as ``blend_schedule``: the
     steps after the first ``step``), skip ``keys`` (sample keys as logged, ``fnmatch`` patterns
@@ -321,6 +356,9 @@ class LoaderConfig:
     ``energon-platform index`` and the time it takes), or ``require`` it (stop with that line)."""
     exclude: tuple[ExcludeRule, ...] = ()
     """Samples skipped from given steps on: a list of ``{step, keys, shards, datasets}``."""
+    blend_adapt: BlendAdaptConfig | None = None
+    """Blends: weights that follow the per-dataset loss (`BlendAdaptConfig`); null: fixed
+    weights (the metadataset's, ``blend_schedule``)."""
     sample_timeout: float | None = None
     """Seconds a loader worker may spend reading and encoding one sample; null: no limit."""
     context_parallel: int = 1
@@ -381,6 +419,25 @@ class LoaderConfig:
                 at.child("blend_unit"),
                 f"{self.blend_unit!r} with balance {mode!r}",
                 "sample (the planner interleaves samples)",
+            )
+        if self.blend_adapt is not None:
+            require(
+                mode == "none",
+                at.child("blend_adapt"),
+                f"set with balance {mode!r}",
+                "no blend_adapt with balance (the planner's pool spans many global batches)",
+            )
+            require(
+                not self.blend_schedule,
+                at.child("blend_adapt"),
+                "set with blend_schedule",
+                "one of blend_adapt and blend_schedule",
+            )
+            require(
+                not any(r.datasets for r in self.exclude),
+                at.child("exclude"),
+                "datasets listed with blend_adapt",
+                "keys or shards (the mixer sets every dataset's weight)",
             )
         require(
             mode == "none" or not any(r.datasets for r in self.exclude),

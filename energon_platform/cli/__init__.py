@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from converters.output import ConvertError
     from converters.readers import InputError
+    from energon_platform.loader.mixing import AdaptError
     from energon_platform.loader.schedule import LayoutError
     from energon_platform.loader.state import StateMismatchError
     from energon_platform.training.checkpoint import CheckpointError
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         DatasetError,
         StateMismatchError,
         LayoutError,
+        AdaptError,
         CheckpointError,
         OptionError,
         OutputError,

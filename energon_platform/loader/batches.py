@@ -107,6 +107,9 @@ class MicroBatchMaker:
         #: ``(dataset, index)`` → ``(key, limit)`` of samples that took longer than the limit, for
         #: which a worker was replaced: failed samples (their stand-ins are used), without a wait
         self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
+        #: ``loader.blend_adapt`` in a worker process: ``follow(batch, wait)`` makes the weights of
+        #: global ``batch`` known before the schedule is read (`mixing.FeedReader`); None: fixed
+        self.follow = None
 
     def _skip(self, exc: Exception, what: Any) -> None:
         if self._handler is not None:
@@ -282,7 +285,10 @@ class MicroBatchMaker:
         return packs
 
     def prefetch(self, c: int) -> None:
-        """Start the storage reads of micro-batch ``c`` (object storage; a no-op on local disk)."""
+        """Start the storage reads of micro-batch ``c`` (object storage; a no-op on local disk, and
+        for a batch whose weights are not decided yet)."""
+        if self.follow is not None and not self.follow(c // self.accumulation, False):
+            return
         self._prefetch(self.schedule.items(*self.item_ids(c)))
 
     def _prefetch(self, items: list) -> None:
@@ -299,6 +305,8 @@ class MicroBatchMaker:
         """Encoding runs with one intra-op thread, as in DataLoader workers (PyTorch sets 1 there):
         float kernels split work by thread count, so this keeps tensors bit-identical with 0 or N
         workers."""
+        if self.follow is not None:
+            self.follow(c // self.accumulation)
         with single_intra_op_thread():
             return self._make(c)
 

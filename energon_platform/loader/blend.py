@@ -26,6 +26,7 @@ remainder, and the realised ratios are exact for the rounded weights.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -146,7 +147,7 @@ class Blend:
         if any(len(s.weights) != num_datasets for s in segments):
             raise ValueError(f"every blend segment needs {num_datasets} weights")
         self.segments = tuple(segments)
-        self.num_datasets = num_datasets
+        self.num_datasets, self._max_period = num_datasets, max_period
         self._interleaves = [Interleave(integer_counts(s.weights, max_period)) for s in segments]
         self._starts = np.array([s.start for s in segments], dtype=np.int64)
         bases = [np.zeros(num_datasets, dtype=np.int64)]
@@ -156,6 +157,30 @@ class Blend:
                 + self._interleaves[i - 1].consumed(segments[i].start - segments[i - 1].start)
             )
         self._bases = bases
+
+    def extended(self, segments: Sequence[Segment]) -> Blend:
+        """This blend followed by ``segments`` (starting after its last, in increasing order):
+        the same as a `Blend` of all of them, without laying out again the segments it has."""
+        if not segments:
+            return self
+        last = self.segments[-1]
+        if segments[0].start <= last.start or any(
+            b.start <= a.start for a, b in zip(segments, segments[1:])
+        ):
+            raise ValueError("blend segments must start at increasing units")
+        if any(len(s.weights) != self.num_datasets for s in segments):
+            raise ValueError(f"every blend segment needs {self.num_datasets} weights")
+        out = copy.copy(self)
+        out.segments = self.segments + tuple(segments)
+        added = [Interleave(integer_counts(s.weights, self._max_period)) for s in segments]
+        out._interleaves = self._interleaves + added
+        out._starts = np.array([s.start for s in out.segments], dtype=np.int64)
+        out._bases = list(self._bases)
+        before, inter = last, self._interleaves[-1]
+        for seg, nxt in zip(segments, added):
+            out._bases.append(out._bases[-1] + inter.consumed(seg.start - before.start))
+            before, inter = seg, nxt
+        return out
 
     @classmethod
     def single(cls) -> Blend:

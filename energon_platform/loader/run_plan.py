@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from fractions import Fraction
 from typing import Any
 
 from energon_platform.loader.batching import Batching, batching_for
-from energon_platform.loader.blend import Blend
+from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.blend_history import plan_segments, resume_segments
 from energon_platform.loader.context_parallel import apply_context_parallel
 from energon_platform.loader.datasets import open_datasets
@@ -180,6 +181,27 @@ class RunPlan:
         self.batching.start(self.schedule, plan_state)
         self.excluder = Excluder(self.exclusions, self.datasets) if self.exclusions else None
 
+    def extend_blend(self, segments: list) -> None:
+        """Append ``segments`` (starting after the blend's last) to the blend of an unplanned run
+        (`mixing`: weights decided during training) and rebuild the schedule over it: every
+        global batch before the first new segment stays as it was."""
+        self.blend = self.blend.extended(segments)
+        self.schedule = Schedule(
+            self.orders,
+            self.config.global_batch_size,
+            self.batching.schedule_group,
+            self.blend,
+            self.unit,
+        )
+        self.batching.start(self.schedule)
+
+    def blend_weights(self, batch: int) -> dict[str, float]:
+        """The blend's weights in force at global batch ``batch``: dataset name → share."""
+        unit = batch * self.units_per_batch
+        weights = [s for s in self.blend.segments if s.start <= unit][-1].weights
+        total = sum(Fraction(w) for w in weights)
+        return {n: float(Fraction(w) / total) for n, w in zip(self.datasets.names, weights)}
+
     def dataset_identities(self) -> dict:
         """Per dataset name: what makes it *this* data (may not change at resume); read once."""
         if self._identities is None:
@@ -215,14 +237,17 @@ class RunPlan:
             self.config.exclude,
             state.next_global_batch,
         )
-        segments, changes = resume_segments(
-            state,
-            self.datasets,
-            blend_steps(self.datasets, self.config.blend_schedule, self.exclusions),
-            state.next_global_batch,
-            self.units_per_batch,
-            resume_unit=self.batching.resume_unit(plan_state),
-        )
+        if self.config.blend_adapt is not None and state.blend_adapt is not None:
+            segments, changes = self._adapted_segments(state), []
+        else:
+            segments, changes = resume_segments(
+                state,
+                self.datasets,
+                blend_steps(self.datasets, self.config.blend_schedule, self.exclusions),
+                state.next_global_batch,
+                self.units_per_batch,
+                resume_unit=self.batching.resume_unit(plan_state),
+            )
         for change in changes if self.rank == 0 else ():  # once per job, not once per rank
             log.warning("blend changed at resume: %s", change)
         for change in excluded if self.rank == 0 else ():
@@ -231,6 +256,17 @@ class RunPlan:
             log.warning("cost model changed at resume: %s", change)
         self.blend_changes = changes + excluded + list(self.batching.changes)
         self._set_blend(segments, plan_state)
+
+    def _adapted_segments(self, state: LoaderState) -> list[Segment]:
+        """The saved blend of a run whose weights the mixer sets (``loader.blend_adapt``) and
+        goes on setting: every saved segment, those decided for batches after the resume too."""
+        if state.datasets != self.datasets.names:
+            raise StateMismatchError(
+                f"loader.blend_adapt: the saved run blends {state.datasets}, this config "
+                f"{self.datasets.names}; a mixer continues over the same datasets only (set "
+                f"loader.blend_adapt to null to change the blend at resume)"
+            )
+        return [Segment(s["start"], tuple(s["weights"])) for s in state.blend]
 
     def _check_datasets(self, state: LoaderState) -> None:
         """Datasets may be added at resume, not removed."""

@@ -45,6 +45,10 @@ class LoaderState:
     #: ``loader.exclude``'s history: ``[{"start", "end", "keys", "shards", "datasets"}, ...]``
     #: (`Exclusion`); None: nothing ever excluded
     exclude: list | None = None
+    #: ``loader.blend_adapt``'s mixer (`BlendAdapter.state_dict`: its settings, datasets, the
+    #: losses summed since its last update, the method's state); None: fixed weights. The weights
+    #: it decided are segments of ``blend``, those not yet in force included
+    blend_adapt: dict | None = None
 
     @property
     def next_global_batch(self) -> int:
@@ -56,7 +60,12 @@ class LoaderState:
         return self.next_microbatch % self.accumulation != 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The state as plain data; ``blend_adapt`` only when set (a run with fixed weights saves
+        the bytes it saved before online mixing existed)."""
+        data = asdict(self)
+        if data["blend_adapt"] is None:
+            del data["blend_adapt"]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -130,6 +139,7 @@ class LoaderState:
             consumed=consumed if isinstance(consumed, list) else [],
             plan=_plan(data.get("plan")),
             exclude=_exclude(data.get("exclude")),
+            blend_adapt=_blend_adapt(data.get("blend_adapt")),
         )
 
     @classmethod
@@ -146,7 +156,7 @@ _REQUIRED = {
     "datasets",
     "blend",
 }
-_FIELDS = _REQUIRED | {"consumed", "plan", "exclude"}
+_FIELDS = _REQUIRED | {"consumed", "plan", "exclude", "blend_adapt"}
 #: No real run reaches this many micro-batches; a larger position is a corrupted or edited state.
 MAX_POSITION = 2**53
 
@@ -166,6 +176,15 @@ def _position(data: dict, key: str, low: int, where: str = "") -> None:
             f"loader state is malformed: {where}{key} must be an integer in "
             f"[{low}, 2**53], got {value!r}"
         )
+
+
+def _blend_adapt(saved: Any) -> dict | None:
+    """A saved mixer: None, or a mapping (its fields are checked by the run's `BlendAdapter`)."""
+    if saved is not None and not isinstance(saved, dict):
+        raise StateMismatchError(
+            f"loader state is malformed: blend_adapt must be a mapping or null, got {saved!r}"
+        )
+    return saved
 
 
 def _plan(plan: Any) -> dict | None:

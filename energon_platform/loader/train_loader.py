@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 
 from energon_platform.config import RunConfig
 from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
+from energon_platform.loader.mixing import AdaptError, BlendAdapter, WeightsFeed
 from energon_platform.loader.processes import die_with_parent
 from energon_platform.loader.run_plan import RunPlan, build_encoder
 from energon_platform.loader.sample_watch import SampleWatch, Stuck
@@ -71,6 +73,10 @@ class TrainLoader:
         self._reading = hold_readers(e.source.path for e in self.plan.datasets.entries)
         self.maker = self._maker()
         self.next_microbatch = 0
+        #: ``loader.blend_adapt``: the run's mixer (None: fixed weights), and the file its new
+        #: weights reach the workers through (made when workers start)
+        self.adapter: BlendAdapter | None = self._adapter(start=0)
+        self._feed: WeightsFeed | None = None
         self._tracer = None  #: for `exclusion_stats`, built at its first use
         self._iter = None
         self._watch: SampleWatch | None = (
@@ -95,6 +101,65 @@ class TrainLoader:
             planner=plan.planner,
             exclusions=plan.excluder,
         )
+
+    # --- online mixing (loader.blend_adapt) ----------------------------------------------------
+
+    def _adapter(self, start: int) -> BlendAdapter | None:
+        """The mixer of a run with ``loader.blend_adapt``, starting at global batch ``start``."""
+        adapt = self.config.blend_adapt
+        if adapt is None:
+            return None
+        names = self.plan.datasets.names
+        if not self.plan.datasets.metadataset or len(names) < 2:
+            raise AdaptError(
+                f"loader.blend_adapt needs a blend: data.path {self.plan.source} is one dataset "
+                f"(name a metadataset of two or more datasets)"
+            )
+        unit = start * self.plan.units_per_batch
+        weights = [s for s in self.plan.blend.segments if s.start <= unit][-1].weights
+        return BlendAdapter(adapt, names, weights, start, self.plan.units_per_batch)
+
+    def report_losses(
+        self, step: int, keys: Sequence[str], losses: Sequence[float], group: Any = None
+    ) -> None:
+        """Report global step ``step``'s per-sample losses of this rank: ``keys`` as the batches
+        carry them (``__key__``, ``"{dataset}:{key}"`` in a blend), ``losses`` aligned with them.
+        Call it on every data-parallel rank after every step, before that step's checkpoint;
+        ``group``: the data-parallel process group (None: the default group, when
+        ``torch.distributed`` is initialised). Without ``loader.blend_adapt`` it does nothing.
+        With it the losses are summed per dataset over the ranks (one small all-reduce), and every
+        ``every`` steps the mixer sets the weights used from ``lag`` steps later on."""
+        if self.adapter is None:
+            return
+        before = self.adapter.decided_before()
+        segment = self.adapter.report(
+            step, [self._dataset_of(k) for k in keys], losses, _summed_over_ranks(group)
+        )
+        if self.adapter.decided_before() == before:
+            return
+        if segment is not None and segment.weights == self.plan.blend.segments[-1].weights:
+            segment = None
+        if segment is not None:
+            self.plan.extend_blend([segment])
+            self.maker.schedule = self.plan.schedule
+        if self._feed is not None:
+            self._feed.publish(self.adapter.decided_before(), segment)
+
+    def _dataset_of(self, key: str) -> int:
+        """The dataset number of a sample key as batches carry it."""
+        datasets = self.plan.datasets
+        for d in range(len(datasets.entries)):
+            if key.startswith(datasets.key_prefix(d)):
+                return d
+        raise AdaptError(
+            f"report_losses: key {key!r} is of no dataset of the blend (keys are "
+            f"'DATASET:KEY' with DATASET one of {datasets.names})"
+        )
+
+    def blend_weights(self, batch: int | None = None) -> dict[str, float]:
+        """The blend's weights in force at global batch ``batch`` (default: the next one):
+        dataset name → share (for the log row)."""
+        return self.plan.blend_weights(self.global_batch if batch is None else batch)
 
     # --- the plan's parts, as the loader's ----------------------------------------------------
 
@@ -217,6 +282,12 @@ class TrainLoader:
         self.maker.watch = self._watch = (
             SampleWatch(workers) if self.config.sample_timeout else None
         )
+        if self.adapter is not None and workers > 0:  # new weights reach the workers by file
+            if self._feed is None:
+                self._feed = WeightsFeed()
+            self.maker.follow = self._feed.reader(
+                self.maker, self.plan, self.adapter.decided_before()
+            )
         stream = MicroBatchStream(self.maker, self.next_microbatch)
         kwargs = {}
         if workers > 0:
@@ -305,6 +376,8 @@ class TrainLoader:
         return self
 
     def __next__(self) -> Any:
+        if self.adapter is not None and self.next_microbatch % self.accumulation == 0:
+            self.adapter.check_batch(self.global_batch)
         if self._iter is None:
             self._iter = self._start()
         try:
@@ -366,6 +439,8 @@ class TrainLoader:
         """Stop the worker processes now (a new ``next()`` restarts them at the current position)."""
         shutdown = getattr(self._iter, "_shutdown_workers", None)
         if shutdown is not None:
+            if self._feed is not None:
+                self._feed.stop_workers()  # a worker waiting for weights stops now
             shutdown()
         self._iter = self._watch = None
 
@@ -392,6 +467,7 @@ class TrainLoader:
             consumed=list(self.consumed().values()),
             plan=self.plan.batching.state_at(self.global_batch),
             exclude=[ex.to_json() for ex in self.exclusions] or None,
+            blend_adapt=None if self.adapter is None else self.adapter.state_dict(),
         ).to_dict()
 
     def state_at(self, next_microbatch: int) -> dict:
@@ -414,10 +490,37 @@ class TrainLoader:
         state = LoaderState.from_dict(state_dict)
         self.close()  # workers already started would produce the old position
         self.plan.resume(state)
+        self.adapter = self._adapter(start=state.next_global_batch)
+        if self.adapter is not None and state.blend_adapt is not None:
+            self.adapter.load_state_dict(state.blend_adapt, state.next_global_batch)
+        if self._feed is not None:  # its lines belong to the blend before the resume
+            self._feed.close()
+            self._feed = None
         self.maker = self._maker()
         self.next_microbatch = state.next_global_batch * self.accumulation + (
             state.next_microbatch % state.accumulation if state.mid_step else 0
         )
+
+
+def _summed_over_ranks(group: Any):
+    """A function that sums a list of floats over the ranks of ``group`` (``all_reduce`` in
+    float64, on the GPU for NCCL), or None outside ``torch.distributed`` or on one rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return None
+
+    def summed(values: list[float]) -> list[float]:
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(group) == "nccl"
+            else torch.device("cpu")
+        )
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, group=group)
+        return t.tolist()
+
+    return summed
 
 
 @contextlib.contextmanager

@@ -418,6 +418,7 @@ def _train(
             local_loss += loss_sum.detach().double()
             sample_losses += doc_losses.tolist()
         loss_value = float(_all_reduce(local_loss, world) / targets.clamp(min=1.0))
+        loader.report_losses(global_batch, keys, sample_losses)  # loader.blend_adapt's input
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
@@ -454,6 +455,8 @@ def _train(
                 **loader.exclusion_stats(global_batch),
                 **filled,
             }
+            if loader.datasets.metadataset:  # the weights this step was drawn with
+                row["blend_weights"] = loader.blend_weights(global_batch)
             if val_loss is not None:
                 row["val_loss"] = val_loss
             row.update(start_note)  # the first row only: where this process started

@@ -1,0 +1,47 @@
+"""``loss_ratio``: weight to the datasets whose loss still falls (a loss-trend rule).
+
+At every update each dataset's mean loss is set against the one of its previous update: its
+*progress* is ``max(0, 1 - loss / previous)``, the fraction by which its loss fell. The weights move
+toward the progress shares: ``w ← (1-β)·w + β·(p + δ) / Σ(p + δ)`` (``β``: ``step``, ``δ``: ``base``,
+a small share every dataset keeps). A dataset whose loss stays flat, because the model has fit it
+or because it is noise, loses weight; one that is still being learned (early, or slowly) gains it.
+A dataset without samples in a stretch keeps its previous loss.
+
+Options: ``step`` (``β``, default 0.5), ``base`` (``δ``, default 0.01).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from energon_platform.loader.mixing.method import MixingMethod, register
+
+
+@register
+class LossRatio(MixingMethod):
+    name = "loss_ratio"
+    defaults = {"step": 0.5, "base": 0.01}
+
+    def __init__(self, datasets, weights, options):
+        super().__init__(datasets, weights, options)
+        self.previous: list[float | None] = [None] * len(self.datasets)
+
+    def update(self, losses: Sequence[float | None]) -> list[float]:
+        step, base = self.options["step"], self.options["base"]
+        progress = []
+        for d, loss in enumerate(losses):
+            before = self.previous[d]
+            fell = 0.0 if loss is None or not before else max(0.0, 1 - loss / before)
+            progress.append(fell + base)
+            if loss is not None:
+                self.previous[d] = loss
+        total = sum(progress)
+        self.weights = [(1 - step) * w + step * p / total for w, p in zip(self.weights, progress)]
+        return list(self.weights)
+
+    def state_dict(self):
+        return {"weights": self.weights, "previous": self.previous}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.previous = [None if p is None else float(p) for p in state["previous"]]
