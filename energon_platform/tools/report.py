@@ -25,6 +25,7 @@ import html
 import inspect
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,10 @@ class RunLog:
     rank_cost_bound: np.ndarray = field(default_factory=lambda: np.array([]))
     samples: dict[str, np.ndarray] = field(default_factory=dict)
     excluded: dict[str, np.ndarray] = field(default_factory=dict)
+    #: per dataset, its blend weight at each step (``blend_weights``; a blend's runs)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    #: per dataset, the mean loss of its samples at each step (from ``keys``/``sample_losses``)
+    dataset_loss: dict[str, np.ndarray] = field(default_factory=dict)
     corrupt: int = 0  #: lines that are not a step row (skipped)
 
 
@@ -103,6 +108,19 @@ def _per_dataset(rows: list[dict], field_name: str, value: Any) -> dict[str, np.
                 column[i] = value(entry[name])
         out[name] = column
     return out
+
+
+def _dataset_losses(row: dict) -> dict[str, float]:
+    """Per dataset (the ``DATASET:`` of a blend's keys), the mean of the row's sample losses."""
+    keys, losses = row.get("keys"), row.get("sample_losses")
+    if not isinstance(keys, list) or not isinstance(losses, list) or len(keys) != len(losses):
+        return {}
+    sums: dict[str, list[float]] = {}
+    for key, loss in zip(keys, losses):
+        if isinstance(key, str) and ":" in key and isinstance(loss, (int, float)):
+            if math.isfinite(loss):
+                sums.setdefault(key.split(":", 1)[0], []).append(float(loss))
+    return {name: sum(v) / len(v) for name, v in sums.items()}
 
 
 def _samples_of(entry: Any) -> float:
@@ -146,6 +164,8 @@ def read_run_log(run_dir: str | Path) -> RunLog:
         rank_cost_bound=np.array([_number(r, "rank_cost_bound") for r in rows]),
         samples=_per_dataset(rows, "datasets", _samples_of),
         excluded=_per_dataset(rows, "excluded", _count),
+        weights=_per_dataset(rows, "blend_weights", _count),
+        dataset_loss=_per_dataset([{"by": _dataset_losses(r)} for r in rows], "by", _count),
         corrupt=corrupt,
     )
 
@@ -280,6 +300,33 @@ def datasets_chart(log: RunLog) -> str:
     return _svg(fig)
 
 
+def mixing_chart(log: RunLog) -> str:
+    """The blend's weights over steps (``loader.blend_adapt`` moves them) beside each dataset's
+    mean sample loss, one colour per dataset."""
+    fig, ax = _figure("Mixing: blend weights (solid) and per-dataset loss (dashed)", "weight")
+    right = ax.twinx()
+    right.set_ylabel("mean sample loss")
+    for i, (name, column) in enumerate(log.weights.items()):
+        colour = f"C{i % 10}"
+        _plot(ax, log.steps, column, f"{name} weight", color=colour)
+        if name in log.dataset_loss:
+            _plot(
+                right,
+                log.steps,
+                log.dataset_loss[name],
+                f"{name} loss",
+                color=colour,
+                linestyle="--",
+                alpha=0.6,
+            )
+    _legend(ax, right, loc="upper left")
+    return _svg(fig)
+
+
+def _weights_move(log: RunLog) -> bool:
+    return any(len(set(c[~np.isnan(c)].tolist())) > 1 for c in log.weights.values())
+
+
 def charts(log: RunLog, spikes: list[dict], compare: RunLog | None) -> list[tuple[str, str]]:
     """``(id, svg)`` of each chart the log has data for, loss first."""
     out = [("chart-loss", loss_chart(log, spikes, compare))]
@@ -289,6 +336,8 @@ def charts(log: RunLog, spikes: list[dict], compare: RunLog | None) -> list[tupl
         out.append(("chart-balance", balance_chart(log)))
     if len(log.samples) > 1 or log.excluded:
         out.append(("chart-datasets", datasets_chart(log)))
+    if _weights_move(log):
+        out.append(("chart-mixing", mixing_chart(log)))
     return out
 
 
