@@ -11,7 +11,10 @@
 4. a loss spike: a short run with junk planted into two documents of one step, its spike and
    samples found (``spikes``), the samples excluded from that step on (``spikes --exclude-from``),
    the run replayed from the checkpoint before without them (``replay``), and the run report of
-   both (``report.html``: the spike, its samples as the model sees them, the replayed loss).
+   both (``report.html``: the spike, its samples as the model sees them, the replayed loss);
+5. online data mixing: a short run of the blend whose weights follow each dataset's loss
+   (``loader.blend_adapt``), its weights at the first and last step, and its report (weights over
+   time beside the per-dataset losses).
 """
 
 from __future__ import annotations
@@ -214,6 +217,28 @@ def spike_loop(out: Path, coco: Path) -> None:
     ep("report", "--run", run, "--compare", replayed, "--config", config, "--out", report)
 
 
+def mixing_run(out: Path, blend: Path, steps: int = 16) -> Path:
+    """``steps`` steps of ``configs/train_blend.yaml`` on ``blend`` with ``loader.blend_adapt`` as
+    a run config writes it (``loss_ratio``: weight to the datasets whose loss still falls); prints
+    the weights of its first and last step and draws ``out/mixing/report.html``. Returns the run."""
+    import json
+
+    run = out / "mixing"
+    shutil.rmtree(run, ignore_errors=True)
+    ep(
+        "train",
+        *("--config", "configs/train_blend.yaml", "--set", f"data.path={blend}"),
+        *("--set", "loader.blend_adapt={method: loss_ratio, every: 2, lag: 2}"),
+        *("--set", f"train.steps={steps}", "--out", str(run), "--quiet"),
+    )
+    rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    for row in (rows[0], rows[-1]):
+        shares = "  ".join(f"{name} {w:.3f}" for name, w in row["blend_weights"].items())
+        print(f"  step {row['step']:3d}  weights  {shares}")
+    ep("report", "--run", str(run), "--out", str(run / "report.html"))
+    return run
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -379,6 +404,9 @@ def main() -> int:
 
     print("\n== 4. a loss spike: find it, skip its samples, replay, report ==", flush=True)
     spike_loop(out, coco)
+
+    print("\n== 5. online data mixing: weights that follow the per-dataset loss ==", flush=True)
+    mixing_run(out, blend)
     return 0
 
 
