@@ -317,6 +317,225 @@ def _what_changed(ck: dict, tok) -> str:
     return "model config (model.*)"
 
 
+@dataclasses.dataclass
+class Run:
+    """What the training loop works with, made once by `set_up`."""
+
+    cfg: RunConfig
+    rank: int
+    world: int
+    device: torch.device
+    out_dir: Path
+    total_steps: int  #: the learning-rate schedule's length
+    last_step: int  #: the step the loop stops after
+    loader: TrainLoader
+    model: torch.nn.Module
+    ddp: torch.nn.Module  #: the model, wrapped in DistributedDataParallel on more than one rank
+    opt: torch.optim.Optimizer
+    sched: Any
+    val: Any  #: the validation loader (re-iterable), or None
+    quiet: bool
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+@dataclasses.dataclass
+class StepResult:
+    """One step's outcome on this rank: the loss over the global batch (every rank's), and this
+    rank's keys, batch digests and per-sample losses."""
+
+    loss: float
+    keys: list[str]
+    digests: list[str]
+    sample_losses: list[float]
+    targets: int  #: loss targets of the global batch (all ranks)
+    filled: dict  #: `_filled`'s padding figure, or {}
+
+
+def set_up(cfg: RunConfig, num_workers, out, steps, until, quiet) -> Run:
+    """The process group, the loader (checked by `preflight` before any global state changes),
+    the seeded model, optimizer, schedule and validation loader."""
+    rank, world, device = _init_distributed()
+    out_dir = Path(out or cfg.train.out)
+    if rank == 0:
+        check_record(out_dir)  # its run.yaml and run.json: new, or this run's own record
+    total_steps = steps or cfg.train.steps
+    loader = TrainLoader(cfg, rank=rank, world_size=world, num_workers=num_workers)
+    preflight(cfg, loader)  # before any global state is touched: a refused run changes nothing
+    _seed_everything(cfg.loader.seed)
+    model = build_model(cfg.model, loader.encoder).to(device)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+    )
+    return Run(
+        cfg=cfg,
+        rank=rank,
+        world=world,
+        device=device,
+        out_dir=out_dir,
+        total_steps=total_steps,
+        last_step=until or total_steps,
+        loader=loader,
+        model=model,
+        ddp=torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model,
+        opt=opt,
+        sched=torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps)),
+        val=build_val_loader(cfg, max(1, cfg.loader.global_batch_size // world), rank, world),
+        quiet=quiet,
+    )
+
+
+def restore(run: Run, resume: bool) -> tuple[int, dict, bool]:
+    """``(step, note, resumed)``: the step to continue after (0 fresh), what the first log row
+    records about the start, and whether a checkpoint was restored (model, optimizer, schedule,
+    loader state and RNG). A fresh run refuses a folder that holds checkpoints."""
+    ckpt_dir = run.ckpt_dir
+    if not resume and checkpoint.exists(ckpt_dir):
+        raise checkpoint.CheckpointError(
+            f"{ckpt_dir} already holds checkpoints of a run; pass --resume to continue "
+            f"it, or choose another --out"
+        )
+    ck, note = _resume(ckpt_dir, run.rank, run.quiet) if resume else (None, {"resumed_from": 0})
+    if ck is None:
+        return 0, note, False
+    try:
+        run.model.load_state_dict(ck["model_state"]["model"])
+        run.opt.load_state_dict(ck["model_state"]["optimizer"])
+        run.sched.load_state_dict(ck["model_state"]["scheduler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another model config
+        raise checkpoint.CheckpointError(
+            f"{ckpt_dir / note['checkpoint']}: does not fit this model and "
+            f"optimizer ({type(e).__name__}: {str(e).splitlines()[0]}); resume "
+            f"with the {_what_changed(ck, run.loader.encoder.tokenizer)} it was saved with"
+        ) from None
+    run.loader.load_state_dict(ck["loader_state"])
+    if run.loader.blend_changes:  # new blend weights or datasets from this step on
+        note["blend_changes"] = run.loader.blend_changes  # printed by the loader's log, once
+    checkpoint.set_rng_state(ck["rng"])
+    if run.rank == 0 and not run.quiet:
+        print(
+            f"resumed from {ckpt_dir / note['checkpoint']} (step {ck['step']}, saved on "
+            f"{ck['world_size']} rank(s)) on {run.world} rank(s) x {run.loader.num_workers} "
+            f"worker(s)",
+            flush=True,
+        )
+    return ck["step"], note, True
+
+
+def open_log(run: Run, resumed: bool):
+    """Rank 0: the step log, opened for appending, and the run's record (``run.yaml``,
+    ``run.json``: how the run was made, which the commands over it read); None on other ranks.
+    Every rank checks it can write the checkpoint folder."""
+    checkpoint.writable_dir(run.ckpt_dir, "checkpoints")  # every rank writes its files there
+    if run.rank != 0:
+        return None
+    checkpoint.writable_dir(run.out_dir, "the training log")
+    log = open_for_append(run.out_dir / "log.jsonl")
+    cfg = run.cfg
+    recorded = dataclasses.replace(
+        cfg,
+        train=dataclasses.replace(cfg.train, steps=run.total_steps, out=run.out_dir.resolve()),
+    )
+    record_run(run.out_dir, recorded, run.world, run.loader, resumed=resumed)
+    return log
+
+
+def train_step(run: Run, global_batch: int) -> StepResult:
+    """One optimizer step on global batch ``global_batch``: this rank's micro-batches with
+    gradient accumulation (DDP synchronises on the last), the loss token-weighted over the whole
+    global batch whatever its split over ranks, the per-sample losses reported to the loader
+    (``loader.blend_adapt``'s input), gradient clipping, AdamW and the schedule."""
+    loader, world, device = run.loader, run.world, run.device
+    micro_batches = [_to(next(loader), device) for _ in range(loader.accumulation)]
+    keys = [k for b in micro_batches for k in b.keys]
+    digests = [d for b in micro_batches for d in batch_digest(b)]
+    targets = _all_reduce(sum(b.loss_mask.sum() for b in micro_batches).detach().double(), world)
+    filled = _filled(micro_batches, loader, world, device)
+    local_loss = torch.zeros((), dtype=torch.float64, device=device)
+    sample_losses = []
+    for micro, batch in enumerate(micro_batches):
+        last = micro == len(micro_batches) - 1
+        with run.ddp.no_sync() if world > 1 and not last else nullcontext():
+            loss_sum, doc_losses = run.ddp(batch, per_document=True)
+            (loss_sum * (world / targets.clamp(min=1.0)).float()).backward()
+        local_loss += loss_sum.detach().double()
+        sample_losses += doc_losses.tolist()
+    loss = float(_all_reduce(local_loss, world) / targets.clamp(min=1.0))
+    loader.report_losses(global_batch, keys, sample_losses)
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+    run.opt.step()
+    run.sched.step()
+    run.opt.zero_grad(set_to_none=True)
+    return StepResult(loss, keys, digests, sample_losses, int(targets), filled)
+
+
+def log_row(
+    run: Run, step: int, global_batch: int, result: StepResult, elapsed: float
+) -> dict | None:
+    """The step's log row (module doc) on rank 0, from every rank's keys, digests and losses
+    (gathered: every rank calls it); None on the other ranks."""
+    gathered = _gather((result.keys, result.digests, result.sample_losses), run.world)
+    if run.rank != 0:
+        return None
+    keys = [k for g in gathered for k in g[0]]
+    digests = [d for g in gathered for d in g[1]]
+    losses = [v for g in gathered for v in g[2]]
+    loader = run.loader
+    if loader.batching.sorts_logged_keys:  # rank order depends on the world size
+        keys, losses = _sorted_by_key(keys, losses)
+        digests = sorted(digests)
+    consumed = loader.consumed()  # before the next global batch: this step included
+    row = {
+        "step": step,
+        "loss": result.loss,
+        "keys": keys,
+        "sample_losses": losses,
+        "batch_sha256": hashlib.sha256("".join(digests).encode()).hexdigest(),
+        "global_batch": global_batch,
+        "epoch": round(next(iter(consumed.values()))["epochs"], 4),
+        "world_size": run.world,
+        "num_workers": loader.num_workers,
+        "lr": run.sched.get_last_lr()[0],
+        "elapsed_s": round(elapsed, 3),
+        "datasets": consumed,
+        "targets": result.targets,
+        **loader.balance_stats(global_batch),
+        **loader.exclusion_stats(global_batch),
+        **result.filled,
+    }
+    if loader.datasets.metadataset:  # the weights this step was drawn with
+        row["blend_weights"] = loader.blend_weights(global_batch)
+    return row
+
+
+def save(run: Run, step: int) -> None:
+    """Checkpoint step ``step`` (every rank: its loader state; rank 0: model, optimizer,
+    schedule), atomically, then prune the older checkpoints."""
+    state = {
+        "model": run.model.state_dict(),
+        "optimizer": run.opt.state_dict(),
+        "scheduler": run.sched.state_dict(),
+    }
+    checkpoint.save(
+        run.ckpt_dir,
+        step,
+        run.rank,
+        run.world,
+        model_state=state if run.rank == 0 else None,
+        loader_state=run.loader.state_dict(),
+        barrier=run.barrier,
+        all_ok=lambda ok: all_ranks_ok(ok, run.world, run.device),
+    )
+    if run.rank == 0:
+        checkpoint.prune(run.ckpt_dir, run.cfg.train.keep_checkpoints)
+
+
 def _train(
     cfg: RunConfig,
     *,
@@ -327,136 +546,27 @@ def _train(
     quiet: bool,
     until: int | None = None,
 ) -> dict:
-    rank, world, device = _init_distributed()
-    out_dir = Path(out or cfg.train.out)
-    ckpt_dir = out_dir / "checkpoints"
-    if rank == 0:
-        check_record(out_dir)  # its run.yaml and run.json: new, or this run's own record
-    total_steps = steps or cfg.train.steps
-    last_step = until or total_steps
-    loader = TrainLoader(cfg, rank=rank, world_size=world, num_workers=num_workers)
-    preflight(cfg, loader)  # before any global state is touched: a refused run changes nothing
-    _seed_everything(cfg.loader.seed)
-    tok = loader.encoder.tokenizer
-    model = build_model(cfg.model, loader.encoder).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, total_steps))
-    barrier = (lambda: dist.barrier()) if world > 1 else (lambda: None)
-    val = build_val_loader(
-        cfg, max(1, cfg.loader.global_batch_size // world), rank, world
-    )  # re-iterable
-
-    step = 0
-    if not resume and checkpoint.exists(ckpt_dir):
-        raise checkpoint.CheckpointError(
-            f"{ckpt_dir} already holds checkpoints of a run; pass --resume to continue "
-            f"it, or choose another --out"
-        )
-    ck, start_note = _resume(ckpt_dir, rank, quiet) if resume else (None, {"resumed_from": 0})
-    if ck is not None:
-        try:
-            model.load_state_dict(ck["model_state"]["model"])
-            opt.load_state_dict(ck["model_state"]["optimizer"])
-            sched.load_state_dict(ck["model_state"]["scheduler"])
-        except (
-            KeyError,
-            TypeError,
-            ValueError,
-            RuntimeError,
-        ) as e:  # another model config (model.dim, ...)
-            raise checkpoint.CheckpointError(
-                f"{ckpt_dir / start_note['checkpoint']}: does not fit this model and "
-                f"optimizer ({type(e).__name__}: {str(e).splitlines()[0]}); resume "
-                f"with the {_what_changed(ck, tok)} it was saved with"
-            ) from None
-        loader.load_state_dict(ck["loader_state"])
-        if (
-            loader.blend_changes
-        ):  # new blend weights or datasets from this step on: logged with the step
-            start_note["blend_changes"] = loader.blend_changes  # printed by the loader's log, once
-        checkpoint.set_rng_state(ck["rng"])
-        step = ck["step"]
-        if rank == 0 and not quiet:
-            print(
-                f"resumed from {ckpt_dir / start_note['checkpoint']} (step {step}, saved on {ck['world_size']} "
-                f"rank(s)) on {world} rank(s) x {loader.num_workers} worker(s)",
-                flush=True,
-            )
-    checkpoint.writable_dir(ckpt_dir, "checkpoints")  # every rank writes its files there
-    if rank == 0:
-        checkpoint.writable_dir(out_dir, "the training log")
-    log = open_for_append(out_dir / "log.jsonl") if rank == 0 else None
-    if rank == 0:  # run.yaml and run.json: how this run was made (the commands over it read them)
-        recorded = dataclasses.replace(
-            cfg, train=dataclasses.replace(cfg.train, steps=total_steps, out=out_dir.resolve())
-        )
-        record_run(out_dir, recorded, world, loader, resumed=ck is not None)
+    """The loop: set up, restore, then one step, one log row and (every ``checkpoint_every``
+    steps and at the last) one checkpoint at a time."""
+    run = set_up(cfg, num_workers, out, steps, until, quiet)
+    step, start_note, resumed = restore(run, resume)
+    log = open_log(run, resumed)
     # set up and past its last refusal: freeze it, before the loader's workers fork (first batch)
     collector.settle()
-    loss_value = float("nan")
+    loss = float("nan")
     t0 = time.perf_counter()
-    while step < last_step:
-        global_batch = loader.global_batch
-        micro_batches = [_to(next(loader), device) for _ in range(loader.accumulation)]
-        keys = [k for b in micro_batches for k in b.keys]
-        digests = [d for b in micro_batches for d in batch_digest(b)]
-        # token-weighted mean over the whole global batch, whatever its split over ranks
-        targets = _all_reduce(
-            sum(b.loss_mask.sum() for b in micro_batches).detach().double(), world
+    while step < run.last_step:
+        global_batch = run.loader.global_batch
+        result = train_step(run, global_batch)
+        loss, step = result.loss, step + 1
+        saving = step % cfg.train.checkpoint_every == 0 or step == run.last_step
+        val_loss = (
+            evaluate(run.model, run.val, run.world, run.device)
+            if saving and run.val is not None
+            else None
         )
-        filled = _filled(micro_batches, loader, world, device)
-        local_loss = torch.zeros((), dtype=torch.float64, device=device)
-        sample_losses = []
-        for micro, batch in enumerate(micro_batches):
-            sync = ddp.no_sync() if world > 1 and micro < len(micro_batches) - 1 else nullcontext()
-            with sync:
-                loss_sum, doc_losses = ddp(batch, per_document=True)
-                (loss_sum * (world / targets.clamp(min=1.0)).float()).backward()
-            local_loss += loss_sum.detach().double()
-            sample_losses += doc_losses.tolist()
-        loss_value = float(_all_reduce(local_loss, world) / targets.clamp(min=1.0))
-        loader.report_losses(global_batch, keys, sample_losses)  # loader.blend_adapt's input
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        save = step % cfg.train.checkpoint_every == 0 or step == last_step
-        val_loss = evaluate(model, val, world, device) if save and val is not None else None
-        gathered = _gather((keys, digests, sample_losses), world)
-        if rank == 0:
-            all_keys, all_digests, all_losses = (
-                [k for g in gathered for k in g[0]],
-                [d for g in gathered for d in g[1]],
-                [v for g in gathered for v in g[2]],
-            )
-            if loader.batching.sorts_logged_keys:  # rank order depends on the world size
-                all_keys, all_losses = _sorted_by_key(all_keys, all_losses)
-                all_digests = sorted(all_digests)
-            consumed = loader.consumed()  # before the next global batch: this step included
-            row = {
-                "step": step,
-                "loss": loss_value,
-                "keys": all_keys,
-                "sample_losses": all_losses,
-                "batch_sha256": hashlib.sha256("".join(all_digests).encode()).hexdigest(),
-                "global_batch": global_batch,
-                "epoch": round(next(iter(consumed.values()))["epochs"], 4),
-                "world_size": world,
-                "num_workers": loader.num_workers,
-                "lr": sched.get_last_lr()[0],
-                "elapsed_s": round(time.perf_counter() - t0, 3),
-                "datasets": consumed,
-                "targets": int(targets),
-                **loader.balance_stats(global_batch),
-                **loader.exclusion_stats(global_batch),
-                **filled,
-            }
-            if loader.datasets.metadataset:  # the weights this step was drawn with
-                row["blend_weights"] = loader.blend_weights(global_batch)
+        row = log_row(run, step, global_batch, result, time.perf_counter() - t0)
+        if row is not None:
             if val_loss is not None:
                 row["val_loss"] = val_loss
             row.update(start_note)  # the first row only: where this process started
@@ -466,30 +576,13 @@ def _train(
             if not quiet:
                 shown = f"  val loss {val_loss:.4f}" if val_loss is not None else ""
                 print(
-                    f"step {step:5d}  loss {loss_value:.4f}  epoch {row['epoch']:.2f}{shown}",
-                    flush=True,
+                    f"step {step:5d}  loss {loss:.4f}  epoch {row['epoch']:.2f}{shown}", flush=True
                 )
-        if save:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(),
-            }
-            checkpoint.save(
-                ckpt_dir,
-                step,
-                rank,
-                world,
-                model_state=state if rank == 0 else None,
-                loader_state=loader.state_dict(),
-                barrier=barrier,
-                all_ok=lambda ok: all_ranks_ok(ok, world, device),
-            )
-            if rank == 0:
-                checkpoint.prune(ckpt_dir, cfg.train.keep_checkpoints)
-    if log:
+        if saving:
+            save(run, step)
+    if log is not None:
         log.close()
-    loader.close()
-    if world > 1:
+    run.loader.close()
+    if run.world > 1:
         dist.destroy_process_group()
-    return {"step": step, "loss": loss_value, "out": str(out_dir)}
+    return {"step": step, "loss": loss, "out": str(run.out_dir)}
