@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from task_encoders.config import At, ConfigError, parse, read_yaml, require
 
 __all__ = ["ConfigError", "RunConfig", "load_config"]
 
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -276,7 +274,8 @@ class BalanceConfig:
 #: longer than a fraction of a second on a loaded machine.
 MIN_SAMPLE_TIMEOUT = 1.0
 
-#: The flat ``loader`` keys of earlier configs → their key in the ``loader.balance`` group.
+#: The flat ``loader`` keys of earlier configs → their key in the ``loader.balance`` group (refused,
+#: naming it).
 FLAT_BALANCE_KEYS = {
     "balance_window": "window",
     "balance_lookahead": "lookahead",
@@ -653,7 +652,7 @@ def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) 
     _group_balance(data, at)
     shell = set()
     for dotted, value in (overrides or {}).items():
-        dotted = _balance_override(data, dotted, value)
+        dotted = _balance_override(data, dotted, value, at)
         if dotted is not None:
             _set_dotted(data, dotted, value, at)
             shell.add(dotted)
@@ -664,16 +663,19 @@ def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) 
 
 def _group_balance(data: dict, at: At) -> None:
     """Bring ``loader.balance`` to its group form in place: a mode alone (``balance: tokens``)
-    becomes ``{"mode": "tokens"}``, and the flat keys of earlier configs (`FLAT_BALANCE_KEYS`)
-    move into the group with a one-line deprecation note. A key set both ways is refused."""
+    becomes ``{"mode": "tokens"}``, and ``loader.cost_model`` (`LOADER_BALANCE_KEYS`) moves into
+    the group. A key set both ways, and a flat key of earlier configs (`FLAT_BALANCE_KEYS`), are
+    refused in one line naming the key to write."""
     loader = data.get("loader")
     if not isinstance(loader, dict):
         return
+    for old, new in FLAT_BALANCE_KEYS.items():
+        if old in loader:
+            raise _flat_key(at, old, new)
     group = loader.get("balance")
     if isinstance(group, str):
         group = loader["balance"] = {"mode": group}
-    moved = {**FLAT_BALANCE_KEYS, **LOADER_BALANCE_KEYS}
-    flat = [k for k in moved if k in loader]
+    flat = [k for k in LOADER_BALANCE_KEYS if k in loader]
     if not flat:
         return
     if group is None:
@@ -681,7 +683,7 @@ def _group_balance(data: dict, at: At) -> None:
     if not isinstance(group, dict):
         return  # parsing names what is wrong with it
     for old in flat:
-        new = moved[old]
+        new = LOADER_BALANCE_KEYS[old]
         if new in group:
             raise ConfigError(
                 at.source,
@@ -689,20 +691,18 @@ def _group_balance(data: dict, at: At) -> None:
                 f"set twice: as loader.{old} and as loader.balance.{new} (keep the second)",
             )
         group[new] = loader.pop(old)
-        if old in FLAT_BALANCE_KEYS:
-            log.warning(
-                "%s: loader.%s is deprecated; write it as loader.balance.%s (read as that now)",
-                at.source,
-                old,
-                new,
-            )
 
 
-def _balance_override(data: dict, dotted: str, value: Any) -> str | None:
+def _flat_key(at: At, old: str, new: str) -> ConfigError:
+    return ConfigError(
+        at.source, f"loader.{old}", f"not a key any more; write loader.balance.{new}"
+    )
+
+
+def _balance_override(data: dict, dotted: str, value: Any, at: At) -> str | None:
     """Where an override of the balance settings goes: ``loader.balance=MODE`` on a group changes
-    its mode (the group's other keys stay; None: done here), a flat key of earlier configs goes to
-    its group key (with the deprecation note), ``loader.cost_model`` to the group's; others as
-    written."""
+    its mode (the group's other keys stay; None: done here), ``loader.cost_model`` goes to the
+    group's; a flat key of earlier configs is refused; others as written."""
     if dotted == "loader.balance" and isinstance(value, str):
         if data.get("loader") is None:
             data["loader"] = {}
@@ -718,12 +718,7 @@ def _balance_override(data: dict, dotted: str, value: Any) -> str | None:
     if old != dotted and old in LOADER_BALANCE_KEYS:
         return f"loader.balance.{LOADER_BALANCE_KEYS[old]}"
     if old != dotted and old in FLAT_BALANCE_KEYS:
-        log.warning(
-            "loader.%s is deprecated; write it as loader.balance.%s (read as that now)",
-            old,
-            FLAT_BALANCE_KEYS[old],
-        )
-        return f"loader.balance.{FLAT_BALANCE_KEYS[old]}"
+        raise _flat_key(at, old, FLAT_BALANCE_KEYS[old])
     return dotted
 
 

@@ -287,12 +287,12 @@ class RunPlan:
 
     def _check_fingerprint(self, state: LoaderState) -> None:
         """Every saved dataset must be the same data (datasets added since are not compared), and
-        the rest of the fingerprint the same (as the batching mode continues it)."""
+        the rest of the fingerprint the same."""
         current = self.dataset_identities()
-        saved = self.batching.saved_fingerprint(state.fingerprint, warn=self.rank == 0)
         try:
             check_fingerprint(
-                saved, {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}}
+                state.fingerprint,
+                {**self.fingerprint, "datasets": {n: current[n] for n in state.datasets}},
             )
         except StateMismatchError as e:  # a dataset added with an existing entry's folder name
             raise StateMismatchError(f"{e}{self.datasets.clash_note(state.datasets)}") from None

@@ -1,6 +1,6 @@
 """``loader.balance`` is a config group (``mode``, ``window``, ``lookahead``, ``linear``,
 ``global_batch_tokens``); a mode alone is its short spelling, and the flat keys of earlier configs
-are still read, each with a one-line deprecation note."""
+are refused in one line naming the key to write."""
 
 from __future__ import annotations
 
@@ -30,35 +30,28 @@ def test_the_group_reads_its_keys():
     assert got.planned
 
 
-def test_flat_keys_of_earlier_configs_are_read_into_the_group_with_one_note_each(caplog):
-    loader = {
-        "balance": "tokens",
-        "balance_window": 1024,
-        "balance_lookahead": 2,
-        "balance_linear": 3,
-    }
-    with caplog.at_level(logging.WARNING, logger="energon_platform.config"):
-        got = _balance({**loader, "global_batch_tokens": 5000})
-    assert got == BalanceConfig("tokens", 1024, 2.0, 3.0, 5000)
-    notes = [r.getMessage() for r in caplog.records]
-    assert len(notes) == 4 and all("deprecated" in n for n in notes), notes
-    assert any(
-        "loader.balance_window is deprecated; write it as loader.balance.window" in n for n in notes
-    )
+@pytest.mark.parametrize(
+    "flat,group",
+    [
+        ("balance_window", "window"),
+        ("balance_lookahead", "lookahead"),
+        ("balance_linear", "linear"),
+        ("global_batch_tokens", "global_batch_tokens"),
+    ],
+)
+def test_flat_keys_of_earlier_configs_are_refused_naming_the_key_to_write(flat, group):
+    expected = f"loader.{flat}: not a key any more; write loader.balance.{group}"
+    with pytest.raises(ConfigError, match=expected) as e:
+        _balance({"balance": "tokens", flat: 2})
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=expected):  # the same from --set
+        _balance({"balance": "tokens"}, {f"loader.{flat}": 2})
 
 
-def test_a_key_set_flat_and_in_the_group_is_refused():
-    with pytest.raises(ConfigError, match="loader.balance_window: set twice"):
-        _balance({"balance": {"mode": "tokens", "window": 1024}, "balance_window": 2048})
-
-
-def test_overrides_change_the_mode_or_one_key_and_keep_the_rest(caplog):
+def test_overrides_change_the_mode_or_one_key_and_keep_the_rest():
     group = {"balance": {"mode": "tokens", "window": 1024}}
     assert _balance(group, {"loader.balance": "attention"}) == BalanceConfig("attention", 1024)
     assert _balance(group, {"loader.balance.window": 2048}) == BalanceConfig("tokens", 2048)
-    with caplog.at_level(logging.WARNING, logger="energon_platform.config"):
-        assert _balance(group, {"loader.balance_lookahead": 2}).lookahead == 2.0
-    assert "write it as loader.balance.lookahead" in caplog.text
 
 
 def test_bad_group_keys_and_values_are_named():

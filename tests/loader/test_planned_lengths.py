@@ -137,26 +137,20 @@ def test_a_plan_state_carrying_the_next_position_or_one_twice_is_refused(carried
         LoaderState.from_dict({**good, "plan": {"batch": 2, "position": 10, "carried": carried}})
 
 
-def test_a_state_of_the_previous_planner_resumes_with_this_one(coco, caplog):
-    """A balanced checkpoint planned by ``pool-led-v1`` (which could repeat samples) continues
-    from its saved position and carried samples; the next global batches never repeat one."""
+def test_a_state_of_an_earlier_planner_is_refused_naming_its_version(coco):
+    """Before a first release a checkpoint of an older format is refused, not migrated: a plan
+    of ``pool-led-v2`` (which could place a sample's next epoch before its epoch ended) names the
+    planner in one line."""
+    from energon_platform.loader.state import StateMismatchError
+
     base, data = coco
     loader = _loader(data, str(VLM), base / "lengths_old_planner")
     _planned_equals_encoded(loader, batches=1)
     state = loader.state_dict()
-    state["fingerprint"]["balance"]["planner"] = "pool-led-v1"
-    resumed = _loader(data, str(VLM), base / "lengths_old_planner")
-    with caplog.at_level("WARNING"):
-        resumed.load_state_dict(state)
-    assert "a previous planner (pool-led-v1)" in caplog.text
-    for b in range(1, 4):
-        ids = resumed.planner.identities([p for row in resumed.planner.plan(b).items for p in row])
-        assert len(ids) == len(set(ids))
-    state["fingerprint"]["balance"]["planner"] = "pool-led-v0"
-    from energon_platform.loader.state import StateMismatchError
-
-    with pytest.raises(StateMismatchError, match="balance"):
+    state["fingerprint"]["balance"]["planner"] = "pool-led-v2"
+    with pytest.raises(StateMismatchError, match="pool-led-v2") as e:
         _loader(data, str(VLM), base / "lengths_old_planner").load_state_dict(state)
+    assert "epoch-fenced-v3" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_an_encoder_stating_more_facts_than_its_index_holds_gets_its_own_index(coco):

@@ -27,7 +27,6 @@ from energon_platform.loader.balance.dealing import (
 )
 from energon_platform.loader.balance.planner import (
     PLANNER_VERSION,
-    PREVIOUS_PLANNER_VERSIONS,
     Planner,
 )
 from energon_platform.loader.balance.plans import PlanState
@@ -40,12 +39,6 @@ log = logging.getLogger(__name__)
 #: length (`PlannedBatching.like_lengths`) and, with a cost model of the micro-batch as it runs,
 #: of the oldest one's towers (`Planner._same_towers`); absent where they take samples of like cost
 LIKE_LENGTHS = "like-length-same-towers"
-#: ``balance.samples`` of checkpoints whose plans this one continues (absent: like costs), and
-#: what their global batches took
-EARLIER_SAMPLES = {
-    None: "of like predicted cost",
-    "like-length": "of like length whatever towers they run",
-}
 
 
 def plans_like_lengths(mode: str, fixed_samples: bool) -> bool:
@@ -163,44 +156,6 @@ class PlannedBatching:
             balance["samples"] = LIKE_LENGTHS
         return {"balance": balance}
 
-    def saved_fingerprint(self, saved: dict, warn: bool) -> dict:
-        """``saved`` as this planner continues it: a checkpoint of the previous planner (which could
-        place a small dataset's sample twice in a global batch) means the same saved position and
-        carried samples to this one, which continues from them (logged once when ``warn``); so does
-        an unpacked ``measured`` checkpoint saved when its samples were of like cost (`like_lengths`,
-        logged the same way). A
-        measured checkpoint that fingerprinted its cost model's digest (saved before the cost
-        history) is continued by `resume_from`, which compares that digest."""
-        balance = saved.get("balance")
-        if isinstance(balance, dict) and "digest" in (balance.get("cost_model") or {}):
-            balance = {**balance, "cost_model": _cost_features()}
-            saved = {**saved, "balance": balance}
-        if (
-            self.like_lengths
-            and isinstance(balance, dict)
-            and balance.get("samples") in EARLIER_SAMPLES
-        ):
-            if warn:
-                log.warning(
-                    "the checkpoint's global batches took samples %s; from here on they take "
-                    "samples of like length (a micro-batch is padded to its longest sample) "
-                    "that run the same towers as the oldest",
-                    EARLIER_SAMPLES[balance.get("samples")],
-                )
-            balance = {**balance, "samples": LIKE_LENGTHS}
-            saved = {**saved, "balance": balance}
-        if not (isinstance(balance, dict) and balance.get("planner") in PREVIOUS_PLANNER_VERSIONS):
-            return saved
-        if warn:
-            log.warning(
-                "the checkpoint was planned by a previous planner (%s); global batches "
-                "from here on are planned by %s, which never repeats a sample in one and "
-                "places each dataset's epochs in order",
-                balance["planner"],
-                PLANNER_VERSION,
-            )
-        return {**saved, "balance": {**balance, "planner": PLANNER_VERSION}}
-
     def state_at(self, batch: int) -> dict:
         """The planner's state at global batch ``batch`` (``LoaderState.plan``); ``measured``
         adds the cost history (``costs``)."""
@@ -224,20 +179,13 @@ class PlannedBatching:
         return PlanState.from_json(state.plan)
 
     def _saved_costs(self, state: Any) -> list[dict]:
-        """The cost history of ``state``; a state saved before there was one names its cost
-        model's digest only, so it continues with that model alone (else
-        `StateMismatchError`: its global batches could not be replayed)."""
-        if "costs" in state.plan:
-            return state.plan["costs"]
-        saved = ((state.fingerprint.get("balance") or {}).get("cost_model") or {}).get("digest")
-        first = self.history.entries[0]
-        if saved != first.model.digest:
+        """The cost history of ``state`` (`StateMismatchError` for a state without one)."""
+        if "costs" not in state.plan:
             raise StateMismatchError(
-                f"the checkpoint was planned with cost model {saved} and saved without a cost "
-                f"history, so its global batches cannot be replayed with another one: resume with "
-                f"the cost file of digest {saved}, save a checkpoint, then change it"
+                "the checkpoint's plan has no cost history (saved by an earlier build of "
+                "loader.balance: measured); a checkpoint of that format is not read"
             )
-        return [first.to_json()]
+        return state.plan["costs"]
 
     def _cost_with(self, model: Any) -> SampleCost:
         """The planner's cost with cost model ``model`` (an earlier one, from a saved history)."""

@@ -57,10 +57,6 @@ from task_encoders.features import towers
 
 #: The planner's version in the fingerprint (``balance.planner``): what its plans are a function of.
 PLANNER_VERSION = "epoch-fenced-v3"
-#: Earlier planners, whose checkpoints this one continues (their saved state means the same: the
-#: next stream position and the carried positions): ``pool-led-v1`` could repeat a sample in a
-#: global batch, ``pool-led-v2`` could place a sample's next epoch before its epoch ended.
-PREVIOUS_PLANNER_VERSIONS = ("pool-led-v1", "pool-led-v2")
 #: Pool fill (positions or cost, relative to the batch's) the packer looks ahead.
 DEFAULT_FILL = 3.0
 #: Unpacked without a budget: the pool holds this many global batches of samples (at most ``window``).

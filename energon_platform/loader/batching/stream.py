@@ -55,10 +55,6 @@ class StreamBatching:
         """No fingerprint entry of its own: the schedule's describes the batches."""
         return {}
 
-    def saved_fingerprint(self, saved: dict, warn: bool) -> dict:
-        """``saved``, unchanged: every fingerprint this mode continues is its own."""
-        return saved
-
     def state_at(self, batch: int) -> None:
         """No plan state (``LoaderState.plan`` is None)."""
         return None
