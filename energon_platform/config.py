@@ -21,7 +21,6 @@ from task_encoders.config import At, ConfigError, parse, read_yaml, require
 __all__ = ["ConfigError", "RunConfig", "load_config"]
 
 
-
 @dataclass(frozen=True)
 class DataConfig:
     """``data:``: the dataset a run reads."""
