@@ -2,7 +2,7 @@
 
 Sections: ``data`` (an Energon dataset), ``encoder`` (a task-encoder config file or inline
 mapping, see ``configs/encoders/``), ``loader``, ``model``, ``train``. Errors name the file, the
-key and what was expected (the parsing rules are ``task_encoders.config``'s). Relative paths
+key and what was expected (the parsing rules are ``task_encoders.config_parser``'s). Relative paths
 resolve against the YAML file's folder.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from task_encoders.config import At, ConfigError, parse, read_yaml, require
+from task_encoders.config_parser import At, ConfigError, parse, read_yaml, require
 
 __all__ = ["ConfigError", "RunConfig", "load_config"]
 

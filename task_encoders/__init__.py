@@ -3,7 +3,8 @@
 Modules (each with one job; contracts in their docstrings):
 
 * ``seeding``: per-sample seeds from (run seed, sample key, epoch); ``sample_key``, ``sample_epoch``.
-* ``config``: YAML → validated dataclasses, ``ConfigError`` naming file, key and expectation.
+* ``config_parser``: YAML → validated dataclasses, ``ConfigError`` naming file, key and
+  expectation; ``config``: the sections every encoder config shares (``EncoderConfig``).
 * ``tokenization``: text → ``[BOS, ..., EOS]`` through any local Hugging Face tokenizer.
 * ``sequences``: packing choice (first-fit decreasing), row layout, ``cu_seqlens``, collation.
 * ``skipping``: ``SkipPolicy``, Energon's error handler with limits for bad samples.
@@ -25,7 +26,7 @@ _NAMES = {
     "get_encoder": "task_encoders.registry",
     "available": "task_encoders.registry",
     "register": "task_encoders.registry",
-    "ConfigError": "task_encoders.config",
+    "ConfigError": "task_encoders.config_parser",
     "EncoderConfig": "task_encoders.config",
     "SkipPolicy": "task_encoders.skipping",
     "sample_key": "task_encoders.seeding",

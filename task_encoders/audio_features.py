@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torchaudio
 
-from task_encoders.config import At, require
+from task_encoders.config_parser import At, require
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 import torch
 from megatron.energon import DefaultTaskEncoder, WorkerConfig, stateless
 
-from task_encoders.config import At, EncoderConfig, parse, read_yaml
+from task_encoders.config import EncoderConfig
+from task_encoders.config_parser import At, parse, read_yaml
 from task_encoders.seeding import (
     derive_seed,
     make_generator,
@@ -42,7 +43,7 @@ class SeededTaskEncoder(DefaultTaskEncoder):
 
     Args:
         config: the encoder's config (see module doc). Invalid values raise
-            `task_encoders.config.ConfigError` here, before any worker starts.
+            `task_encoders.config_parser.ConfigError` here, before any worker starts.
         seed: overrides ``config.seed``, the run seed.
         training: True for training-time augmentation; False for deterministic evaluation
             transforms (each encoder says what changes).

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from megatron.energon import VQASample
 
-from task_encoders.config import At, require
+from task_encoders.config_parser import At, require
 from task_encoders.image_text import ImageTextConfig, PromptConfig
 from task_encoders.registry import register
 from task_encoders.seeding import sample_key

@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 import torch
 from megatron.energon import edataclass
 
-from task_encoders.config import At, EncoderConfig, require
+from task_encoders.config import EncoderConfig
+from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
 from task_encoders.image_transforms import (
@@ -238,7 +239,7 @@ class ImageTextBatch(TextBatch):
 class ImageTextTaskEncoder(DocumentTaskEncoder):
     """``ImageTextTaskEncoder(config=None, *, seed=None, training=True)``; batches are
     `ImageTextBatch`. ``training=False`` uses ``image.eval_transforms``. A config with
-    ``prompt.enabled: true`` raises `task_encoders.config.ConfigError` (module doc)."""
+    ``prompt.enabled: true`` raises `task_encoders.config_parser.ConfigError` (module doc)."""
 
     config_class = ImageTextConfig
     batch_type = ImageTextBatch

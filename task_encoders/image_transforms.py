@@ -20,7 +20,7 @@ from typing import Any
 
 from torchvision.transforms import v2
 
-from task_encoders.config import At, require
+from task_encoders.config_parser import At, require
 
 #: Largest output side accepted anywhere in a pipeline.
 MAX_SIDE = 4096

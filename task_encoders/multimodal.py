@@ -54,7 +54,8 @@ from megatron.energon import CaptioningSample, TextSample, edataclass
 from megatron.energon.errors import FatalSampleError
 
 from task_encoders.audio_text import AudioTextBatch
-from task_encoders.config import At, EncoderConfig, TextConfig, parse, read_yaml, to_plain
+from task_encoders.config import EncoderConfig, TextConfig
+from task_encoders.config_parser import At, parse, read_yaml, to_plain
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import summed, with_lengths
 from task_encoders.image_text import ImageTextBatch

@@ -31,7 +31,8 @@ import torch
 from megatron.energon import edataclass
 
 from converters.mesh3d import Geometry, load, sample_surface, sniff
-from task_encoders.config import At, EncoderConfig, require
+from task_encoders.config import EncoderConfig
+from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
 from task_encoders.registry import register

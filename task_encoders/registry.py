@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from task_encoders.config import At, ConfigError, EncoderConfig, parse, read_yaml
+from task_encoders.config import EncoderConfig
+from task_encoders.config_parser import At, ConfigError, parse, read_yaml
 
 _BUILTIN_MODULES = (
     "task_encoders.text",

@@ -33,7 +33,7 @@ import torch
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from task_encoders.config import At, require
+from task_encoders.config_parser import At, require
 
 #: Largest ``max_num_tiles`` accepted (Megatron's tile tags stop at 12; NVLM uses up to 12).
 MAX_TILES = 40

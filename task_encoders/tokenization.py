@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from task_encoders.config import At, TextConfig
+from task_encoders.config import TextConfig
+from task_encoders.config_parser import At
 
 # Tokenizing single texts gains nothing from Rust threads, and a tokenizer used before the
 # DataLoader forks its workers would otherwise warn in every worker.
@@ -60,7 +61,7 @@ class TextTokenizer:
     """Wraps a Hugging Face tokenizer (`load_hf_tokenizer`) for one `TextConfig`.
 
     Construction loads the tokenizer and resolves BOS/EOS/PAD; any problem is a
-    `task_encoders.config.ConfigError` naming ``text.tokenizer`` or the token key.
+    `task_encoders.config_parser.ConfigError` naming ``text.tokenizer`` or the token key.
     """
 
     def __init__(self, config: TextConfig, at: At | None = None):

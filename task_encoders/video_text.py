@@ -37,7 +37,8 @@ from megatron.energon import edataclass
 from torchvision import tv_tensors
 
 from task_encoders.audio_features import AudioConfig, LogMel, spec_augment, to_float_mono
-from task_encoders.config import At, EncoderConfig, require
+from task_encoders.config import EncoderConfig
+from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
 from task_encoders.image_text import ImageConfig

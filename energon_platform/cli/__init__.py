@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from energon_platform.training.resume_check.options import OptionError
     from storage import DatasetError
     from storage.outputs import OutputError
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     args = build_parser().parse_args(argv)
     _quiet_third_party_logs()

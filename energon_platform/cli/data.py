@@ -337,7 +337,7 @@ def _index_encoder(args) -> object:
     `UsageError` (one line) for an object-storage ``--out``, a config that cannot be read, or an
     encoder that states no length facts."""
     from storage.paths import is_remote
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
     from task_encoders.registry import get_encoder
 
     if is_remote(args.out):
@@ -393,7 +393,7 @@ def add_index(sub) -> None:
 def cmd_index(args) -> int:
     from energon_platform.config import load_config
     from energon_platform.tools.length_index import index_run, summary
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     cfg = load_config(args.config, overrides(args.set))
     try:

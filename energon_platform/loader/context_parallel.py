@@ -63,7 +63,7 @@ def apply_context_parallel(cfg: Any, encoder: Any) -> None:
         return
     problem = _refusal(encoder, n)
     if problem:
-        from task_encoders.config import ConfigError
+        from task_encoders.config_parser import ConfigError
 
         raise ConfigError(cfg.source, "loader.context_parallel", f"{n}: {problem}")
     encoder.segment_multiple = segment_multiple(n)

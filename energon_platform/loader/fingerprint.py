@@ -22,7 +22,7 @@ def digest(obj: Any) -> str:
 def encoder_config(encoder: Any) -> Any:
     """The encoder's config as plain data, less what does not change the data: the seed (the
     loader's seed is fingerprinted on its own) and the skip limits."""
-    from task_encoders.config import to_plain
+    from task_encoders.config_parser import to_plain
 
     config = to_plain(getattr(encoder, "config", {}))
     if isinstance(config, dict):

@@ -106,7 +106,7 @@ class RunPlan:
         if cfg.loader.blend_unit != "batch":
             return 1
         if cfg.loader.micro_batch_size is None:
-            from task_encoders.config import ConfigError
+            from task_encoders.config_parser import ConfigError
 
             raise ConfigError(
                 cfg.source,
@@ -306,7 +306,7 @@ def _stream_id(name: str) -> tuple[int, int]:
 
 def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
     """Samples per pack group; checks that loader and encoder agree on whether to pack."""
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     packs = getattr(encoder, "packing_buffer_size", None)
     if configured is None:

@@ -400,7 +400,7 @@ def _dataset_config(data: str, encoder: Any, n: int, folder: Any) -> Any:
     ``encoder``, or the default of the sample class read from ``folder`` (a ``Path`` or
     ``EPath``; None for a metadataset); one batch of ``n`` samples, no workers."""
     from energon_platform.config import load_config
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     if encoder is None:
         sample_class = _dataset_sample_class(folder) if folder is not None else None
@@ -441,7 +441,7 @@ SHEET_FORMATS = {
 def sheet_format(out: str | Path) -> str:
     """The Pillow format ``out``'s suffix names (`SHEET_FORMATS`, any case);
     `ConfigError` naming ``--out`` for another suffix or none."""
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     suffix = Path(out).suffix.lower()
     if suffix not in SHEET_FORMATS:
@@ -500,7 +500,7 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     the sheet has no drawer for (:func:`undrawn_fields`; the CLI says them on stderr)."""
     from energon_platform.loader.balance.plans import PlanError
     from energon_platform.loader.train_loader import TrainLoader
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     if not is_remote(target) and not Path(target).exists():
         raise FileNotFoundError(f"{target}: no such run config, dataset or metadataset")

@@ -31,7 +31,7 @@ from energon_platform.loader.metadataset_weights import read_metadataset
 from energon_platform.loader.source import SampleSource, split_parts
 from energon_platform.training import checkpoint
 from storage import DatasetError, StorageError, dataset_root
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 
 
 @contextmanager

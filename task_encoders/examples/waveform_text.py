@@ -17,7 +17,8 @@ import torchaudio
 from megatron.energon import edataclass
 
 from task_encoders.audio_features import audio_header, decode_audio, resampled_length, to_float_mono
-from task_encoders.config import At, EncoderConfig, require
+from task_encoders.config import EncoderConfig
+from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
 from task_encoders.registry import register

@@ -5,7 +5,7 @@ import shutil
 import pytest
 import yaml
 
-from task_encoders.config import ConfigError, to_plain
+from task_encoders.config_parser import ConfigError, to_plain
 from task_encoders.registry import available, get_encoder
 from tests.helpers import REPO
 

@@ -20,7 +20,7 @@ from megatron.energon import (
 from megatron.energon.errors import FatalSampleError
 
 from energon_platform.tools.preview import preview_batch
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from task_encoders.multimodal import MultimodalBatch, MultimodalTaskEncoder, UnknownModality
 from task_encoders.registry import get_encoder
 from tests.conftest import SMALL_AUDIO, SMALL_IMAGE, caption_for

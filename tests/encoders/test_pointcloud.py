@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from task_encoders.registry import get_encoder
 from tests.helpers import REPO, layouts
 from tests.helpers.cli import run_python

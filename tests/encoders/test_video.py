@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from task_encoders.registry import get_encoder
 from task_encoders.video_text import VideoConfig, VideoTextBatch, clip_indices, decode_frames
 from tests.helpers import REPO, layouts

@@ -334,14 +334,14 @@ def test_placeholder_is_added_to_a_users_tokenizer_like_megatron(tmp_path):
     # The shipped tokenizer has <image> already: nothing is added, ids stay.
     shipped = encoder("conversation_small.yaml")
     assert shipped.tokenizer.vocab_size == 2048 and shipped.image_token_index == IMAGE
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     with pytest.raises(ConfigError, match="ordinary token"):
         encoder("conversation_small.yaml", prompt={"image_token": "red", "special_tokens": ["red"]})
 
 
 def test_config_errors_name_the_key():
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     with pytest.raises(
         ConfigError,
@@ -382,7 +382,7 @@ def test_image_text_with_prompt_enabled_builds_the_vision_language_class_under_t
 
 
 def test_each_image_text_class_refuses_the_other_prompt_mode():
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
     from task_encoders.image_text import ImageTextTaskEncoder
     from task_encoders.vision_language import VisionLanguageTaskEncoder
 

@@ -439,7 +439,7 @@ def test_a_user_defined_cost_is_one_method_on_the_encoder(three_packed, tmp_path
     """``balance: encoder`` calls the encoder's ``balance_cost``; without one it is refused in one line."""
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
     from task_encoders.registry import register
     from task_encoders.text import TextTaskEncoder
     from tests.helpers import REPO

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from energon_platform.config import BalanceConfig, load_config
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 
 ENCODER = {"name": "image_text", "seq_len": 64}
 

@@ -19,7 +19,7 @@ from energon_platform.loader.balance.planner import Planner
 from energon_platform.loader.balance.plans import PlanError
 from scripts.bench_data import coco_dataset
 from storage import DatasetError
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from tests.helpers import REPO
 
 SMALL = str(REPO / "configs/encoders/image_text_small.yaml")

@@ -184,7 +184,7 @@ def test_a_context_parallel_run_resumes_exactly_and_only_with_the_same_setting(t
 )
 def test_context_parallel_refusals_name_the_key(tmp_path, value, encoder, message):
     from energon_platform.loader.run_plan import build_encoder
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
     from tests.helpers import REPO
 
     if isinstance(encoder, str):

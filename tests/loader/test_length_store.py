@@ -217,7 +217,7 @@ def test_an_index_of_another_encoder_configuration_is_never_read(indexed, tmp_pa
     assert other_digest != digest
     assert length_store.locate(other_source, other, other_digest) is None
     from energon_platform.loader.train_loader import TrainLoader
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         TrainLoader(load_config(str(other_config)), num_workers=0)

@@ -12,7 +12,7 @@ from energon_platform.loader.schedule import LayoutError, Schedule
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from tests.helpers import REPO
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from task_encoders.registry import available, encoder_class, get_encoder
 from tests.helpers import REPO
 

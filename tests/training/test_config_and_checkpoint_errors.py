@@ -17,7 +17,7 @@ from energon_platform.training import checkpoint
 from energon_platform.training.preflight import preflight
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log, verdict
 from storage import DatasetError
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from tests.helpers.cli import one_line_error, run_cli
 from tests.helpers.run_configs import run_config
 

@@ -15,7 +15,7 @@ import yaml
 from energon_platform.config import load_config
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from tests.helpers import REPO, hang_encoder
 from tests.helpers import run_configs as configs
 from tests.helpers.cli import run_cli

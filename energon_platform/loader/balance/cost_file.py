@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_platform.loader.fingerprint import encoder_digest
-from task_encoders.config import ConfigError
+from task_encoders.config_parser import ConfigError
 from task_encoders.features import FEATURES, LONGEST, MICRO_BATCH_FEATURES, MODULES, Shape
 
 #: Version of the cost file's layout that ``calibrate`` writes.

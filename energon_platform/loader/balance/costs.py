@@ -107,7 +107,7 @@ class SampleCost:
             or not math.isfinite(cost)
             or cost < 0
         ):
-            from task_encoders.config import ConfigError
+            from task_encoders.config_parser import ConfigError
 
             raise ConfigError(
                 self.source,

@@ -307,7 +307,7 @@ def _seq_len(encoder: Any) -> int:
 def _check(cfg: Any, encoder: Any, packed: bool) -> None:
     """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost);
     ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     balance = cfg.loader.balance
     if packed and balance.global_batch_tokens is not None:
@@ -345,7 +345,7 @@ def _length_indexes(cfg: Any, encoder: Any, datasets: Any, workers: int) -> list
     """Each dataset's `LengthIndex`: found with the data or in a cache, else built now (after one
     line naming ``energon-platform index``) or, with ``loader.length_index: require``, refused."""
     from energon_platform.loader.balance.length_store import LengthIndexMissing, open_index
-    from task_encoders.config import ConfigError
+    from task_encoders.config_parser import ConfigError
 
     digest = encoder_digest(encoder)
     written = bool(cfg.source) and Path(str(cfg.source)).is_file()  # not a config built in code
