@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,13 +28,18 @@ from energon_platform.loader.source import StorageError
 from energon_platform.loader.stand_in import MAX_REPLACEMENTS, row_fits, stand_in
 from task_encoders.seeding import single_intra_op_thread
 
+if TYPE_CHECKING:
+    from energon_platform.loader.datasets import DatasetSet
+    from task_encoders.base import SeededTaskEncoder
+
+
 log = logging.getLogger(__name__)
 
 #: Micro-batches a worker reads ahead on object storage (their bytes only; encoding stays in order).
 LOOKAHEAD = 2
 
 
-def _overridden(encoder: Any, name: str) -> bool:
+def _overridden(encoder: SeededTaskEncoder, name: str) -> bool:
     from megatron.energon import DefaultTaskEncoder
 
     return getattr(type(encoder), name) is not getattr(DefaultTaskEncoder, name)
@@ -58,8 +63,8 @@ class MicroBatchMaker:
 
     def __init__(
         self,
-        datasets: Any,
-        encoder: Any,
+        datasets: DatasetSet,
+        encoder: SeededTaskEncoder,
         schedule: Schedule,
         rank: int,
         world_size: int,

@@ -16,7 +16,11 @@ its packing pads every document's segment, and the planner plans the padded leng
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from energon_platform.config import RunConfig
+    from task_encoders.base import SeededTaskEncoder
 
 
 def segment_multiple(context_parallel: int) -> int:
@@ -52,7 +56,7 @@ def rank_attention_work(segments: Sequence[int], context_parallel: int) -> list[
     ]
 
 
-def apply_context_parallel(cfg: Any, encoder: Any) -> None:
+def apply_context_parallel(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
     """Give ``encoder`` the segment multiple of ``cfg.loader.context_parallel`` (nothing for 1).
 
     With ``N > 1`` the encoder must pack, pad its segments exactly (``pads_segments``) and have a
@@ -69,7 +73,7 @@ def apply_context_parallel(cfg: Any, encoder: Any) -> None:
     encoder.segment_multiple = segment_multiple(n)
 
 
-def _refusal(encoder: Any, n: int) -> str | None:
+def _refusal(encoder: SeededTaskEncoder, n: int) -> str | None:
     """Why ``encoder`` cannot lay out rows for ``n`` context-parallel ranks, or None."""
     name = type(encoder).__name__
     if not getattr(encoder, "packing_buffer_size", None):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from task_encoders.base import SeededTaskEncoder
 
 
 def digest(obj: Any) -> str:
@@ -19,7 +22,7 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def encoder_config(encoder: Any) -> Any:
+def encoder_config(encoder: SeededTaskEncoder) -> Any:
     """The encoder's config as plain data, less what does not change the data: the seed (the
     loader's seed is fingerprinted on its own) and the skip limits."""
     from task_encoders.config_parser import to_plain
@@ -31,12 +34,12 @@ def encoder_config(encoder: Any) -> Any:
     return config
 
 
-def encoder_digest(encoder: Any) -> str:
+def encoder_digest(encoder: SeededTaskEncoder) -> str:
     """The digest of `encoder_config` (the length index and the fingerprint use it)."""
     return digest(encoder_config(encoder))
 
 
-def encoder_part(encoder: Any) -> dict:
+def encoder_part(encoder: SeededTaskEncoder) -> dict:
     """``{"name", "config_sha"}``: the fingerprint's ``encoder`` entry. The name is the class's
     ``fingerprint_name`` where it has one: a mode split into a subclass records its old name, so
     checkpoints saved before the split still resume."""

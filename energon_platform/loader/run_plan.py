@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.batching import Batching, batching_for
 from energon_platform.loader.blend import Blend, Segment
@@ -41,10 +41,15 @@ from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import SCHEDULE_VERSION, LayoutError, Schedule
 from energon_platform.loader.state import LoaderState, StateMismatchError, check_fingerprint
 
+if TYPE_CHECKING:
+    from energon_platform.config import RunConfig
+    from task_encoders.base import SeededTaskEncoder
+
+
 log = logging.getLogger(__name__)
 
 
-def build_encoder(cfg: Any, training: bool = True) -> Any:
+def build_encoder(cfg: RunConfig, training: bool = True) -> Any:
     """The task encoder named by the config, seeded with the loader's seed, its segments padded
     for ``loader.context_parallel`` (`apply_context_parallel`)."""
     from task_encoders.registry import get_encoder
@@ -66,7 +71,12 @@ class RunPlan:
     """
 
     def __init__(
-        self, cfg: Any, encoder: Any, world_size: int = 1, workers: int = 0, rank: int = 0
+        self,
+        cfg: RunConfig,
+        encoder: SeededTaskEncoder,
+        world_size: int = 1,
+        workers: int = 0,
+        rank: int = 0,
     ):
         lc = self.config = cfg.loader
         self.source, self.encoder = cfg.source, encoder
@@ -100,7 +110,7 @@ class RunPlan:
         )
         self.fingerprint = self._fingerprint()
 
-    def _blend_unit_samples(self, cfg: Any) -> int:
+    def _blend_unit_samples(self, cfg: RunConfig) -> int:
         """Samples per blend unit: 1, or a micro-batch's with ``blend_unit: batch`` (which needs a
         fixed ``micro_batch_size``: one-line `ConfigError` otherwise)."""
         if cfg.loader.blend_unit != "batch":
@@ -304,7 +314,7 @@ def _stream_id(name: str) -> tuple[int, int]:
     return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little")
 
 
-def _pack_group(configured: int | None, encoder: Any, source: str) -> int:
+def _pack_group(configured: int | None, encoder: SeededTaskEncoder, source: str) -> int:
     """Samples per pack group; checks that loader and encoder agree on whether to pack."""
     from task_encoders.config_parser import ConfigError
 

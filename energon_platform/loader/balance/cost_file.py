@@ -27,11 +27,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.fingerprint import encoder_digest
 from task_encoders.config_parser import ConfigError
 from task_encoders.features import FEATURES, LONGEST, MICRO_BATCH_FEATURES, MODULES, Shape
+
+if TYPE_CHECKING:
+    from task_encoders.base import SeededTaskEncoder
+
 
 #: Version of the cost file's layout that ``calibrate`` writes.
 FORMAT_VERSION = 2
@@ -105,7 +109,7 @@ class CostModel:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_cost_model(path: str | Path, encoder: Any) -> CostModel:
+def load_cost_model(path: str | Path, encoder: SeededTaskEncoder) -> CostModel:
     """The cost model in ``path`` for ``encoder``. `CostFileError` naming the file and the
     field: a missing or unreadable file, not JSON, another format version, features other than
     `FEATURES`, a coefficient missing or not a finite number >= 0, another encoder's digest."""

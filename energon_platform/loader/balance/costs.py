@@ -14,10 +14,13 @@ import functools
 import math
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.balance.packer import sample_cost
 from task_encoders.features import EMPTY, FEATURES, with_lengths
+
+if TYPE_CHECKING:
+    from task_encoders.base import SeededTaskEncoder
 
 
 def _formula(mode: str) -> Callable[[Any, SampleCost], tuple[Any, str]]:
@@ -62,7 +65,9 @@ MEMO_SIZE = 1 << 16
 WORK: dict[str, str] = {"measured": "features"}
 
 
-def feature_work(encoder: Any) -> tuple[Callable[[tuple, str, int, tuple], tuple], tuple]:
+def feature_work(
+    encoder: SeededTaskEncoder,
+) -> tuple[Callable[[tuple, str, int, tuple], tuple], tuple]:
     """``(work(facts, key, epoch, lengths), no work)`` of a cost model that reads cost features:
     the encoder's ``sample_features`` as a tuple in FEATURES order, and the all-zero tuple (a
     sample whose facts could not be read). ``lengths`` (the sample's `sample_length`, which the
@@ -86,7 +91,14 @@ class SampleCost:
     (`CostModel.grouped`), ``(empty shape, shape_cost)`` for costing a micro-batch as a whole
     (`planner.MicroBatchCost`); None otherwise."""
 
-    def __init__(self, mode: str, encoder: Any, linear: float, source: str, cost_model: Any = None):
+    def __init__(
+        self,
+        mode: str,
+        encoder: SeededTaskEncoder,
+        linear: float,
+        source: str,
+        cost_model: Any = None,
+    ):
         self.mode, self.encoder, self.linear, self.source = mode, encoder, linear, source
         self.cost_model = cost_model
         self.grouped = None

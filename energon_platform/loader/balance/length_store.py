@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.balance.length_parts import (
     IndexSpec,
@@ -51,6 +51,10 @@ from energon_platform.loader.balance.length_parts import (
 from energon_platform.loader.balance.lengths import FORMAT, LengthIndex, default_cache_dir
 from energon_platform.loader.balance.ranged_copy import write_source
 from storage.paths import DERIVED_FOLDER, dataset_root, is_remote
+
+if TYPE_CHECKING:
+    from task_encoders.base import SeededTaskEncoder
+
 
 #: the folder beside a local dataset's shards that holds its indexes
 WITH_DATA = Path(DERIVED_FOLDER) / "lengths"
@@ -69,7 +73,7 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def encoder_key(encoder: Any, encoder_digest: str) -> dict:
+def encoder_key(encoder: SeededTaskEncoder, encoder_digest: str) -> dict:
     """What an index's facts depend on, on the encoder's side."""
     return {
         "format": FORMAT,
@@ -79,7 +83,7 @@ def encoder_key(encoder: Any, encoder_digest: str) -> dict:
     }
 
 
-def index_digest(source: Any, encoder: Any, encoder_digest: str) -> str:
+def index_digest(source: Any, encoder: SeededTaskEncoder, encoder_digest: str) -> str:
     """The name of ``source``'s index under ``encoder`` in any place (module doc)."""
     return _digest({**encoder_key(encoder, encoder_digest), "dataset": source.identity()})
 
@@ -116,7 +120,7 @@ class Located:
     fresh: bool
 
 
-def locate(source: Any, encoder: Any, encoder_digest: str, cache_dir=None, jobs=None):
+def locate(source: Any, encoder: SeededTaskEncoder, encoder_digest: str, cache_dir=None, jobs=None):
     """The first fresh complete index of ``source`` under ``encoder`` among `places`, else the
     first stale one (``jobs``: the shards' stamps, `shard_jobs` when not given); None when there
     is none."""
@@ -141,7 +145,7 @@ def _fresh(folder: Path, jobs: list[ShardJob]) -> bool:
 
 def open_index(
     source: Any,
-    encoder: Any,
+    encoder: SeededTaskEncoder,
     encoder_digest: str,
     cache_dir: str | Path | None = None,
     workers: int = 1,
@@ -240,7 +244,7 @@ def fetch_published(source: Any, digest: str, jobs: list[ShardJob], cache_dir=No
     return folder
 
 
-def estimate(source: Any, encoder: Any, workers: int = 1) -> str:
+def estimate(source: Any, encoder: SeededTaskEncoder, workers: int = 1) -> str:
     """How long building ``source``'s index takes on ``workers`` processes, from the time of
     `PROBE_SAMPLES` samples spread over the dataset, as words (``"3 min on 8 processes"``)."""
     from energon_platform.loader.light_sample import light_sample
@@ -267,7 +271,7 @@ def estimate(source: Any, encoder: Any, workers: int = 1) -> str:
 
 def build(
     source: Any,
-    encoder: Any,
+    encoder: SeededTaskEncoder,
     encoder_digest: str,
     place: Path,
     workers: int = 1,

@@ -19,13 +19,18 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from energon_platform.loader.balance.ranged_copy import copies
 from energon_platform.loader.node_cache import cache_root
 from task_encoders.sequences import padded_length
+
+if TYPE_CHECKING:
+    from energon_platform.loader.schedule import Schedule
+    from task_encoders.base import SeededTaskEncoder
+
 
 FORMAT = "energon-platform-lengths-v2"
 
@@ -108,9 +113,9 @@ class SampleLengths:
 
     def __init__(
         self,
-        schedule: Any,
+        schedule: Schedule,
         indexes: list[LengthIndex],
-        encoder: Any,
+        encoder: SeededTaskEncoder,
         prefixes: list[str],
         work: Any = None,
         no_work: Any = 0,

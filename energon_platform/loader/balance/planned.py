@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.balance.cost_history import CostEntry, CostHistory
 from energon_platform.loader.balance.costs import WORK, SampleCost, feature_work
@@ -32,6 +32,13 @@ from energon_platform.loader.balance.planner import (
 from energon_platform.loader.balance.plans import PlanState
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.state import StateMismatchError
+
+if TYPE_CHECKING:
+    from energon_platform.config import RunConfig
+    from energon_platform.loader.datasets import DatasetSet
+    from energon_platform.loader.schedule import Schedule
+    from task_encoders.base import SeededTaskEncoder
+
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +68,7 @@ class PlannedBatching:
     linear: float  #: the attention cost's linear weight
     global_batch_size: int  #: rows (packed) or samples per global batch
     packed_rows: bool  #: fixed rows of ``seq_len``, packed across the global batch
-    encoder: Any
+    encoder: SeededTaskEncoder
     cost: SampleCost
     length_indexes: list  #: per dataset, its length index
     prefixes: list[str]  #: per dataset, the prefix of its keys
@@ -78,7 +85,14 @@ class PlannedBatching:
     schedule_group = 1  #: the schedule is read sample by sample
 
     @classmethod
-    def from_config(cls, cfg: Any, encoder: Any, pack_group: int, datasets: Any, workers: int):
+    def from_config(
+        cls,
+        cfg: RunConfig,
+        encoder: SeededTaskEncoder,
+        pack_group: int,
+        datasets: DatasetSet,
+        workers: int,
+    ):
         """The mode for run config ``cfg``: checks the encoder and config can plan (one-line
         `ConfigError` otherwise), then opens (or builds, with ``workers`` processes) each
         dataset's length index. The one place the ``loader.balance`` group is read."""
@@ -118,7 +132,7 @@ class PlannedBatching:
         """`plans_like_lengths` for this mode and layout."""
         return plans_like_lengths(self.mode, self.fixed_samples)
 
-    def start(self, schedule: Any, plan_state: PlanState | None = None) -> None:
+    def start(self, schedule: Schedule, plan_state: PlanState | None = None) -> None:
         """(Re)build the planner over ``schedule``, continuing from ``plan_state`` (None: where the
         current planner starts, or the start of the run)."""
         from energon_platform.loader.balance.lengths import SampleLengths
@@ -195,7 +209,7 @@ class PlannedBatching:
         """The blend unit the next planned batch starts reading at."""
         return plan_state.position
 
-    def consumed(self, batch: int, schedule: Any, names: list[str]) -> dict:
+    def consumed(self, batch: int, schedule: Schedule, names: list[str]) -> dict:
         """Per dataset name: ``{"samples", "epochs"}`` before global batch ``batch``: positions
         read before it, less those still waiting (carried)."""
         state = self.planner.state_at(batch)
@@ -289,7 +303,7 @@ def _summed(parts: Any) -> dict[str, float]:
     return total
 
 
-def _cost_model(cfg: Any, encoder: Any) -> Any:
+def _cost_model(cfg: RunConfig, encoder: SeededTaskEncoder) -> Any:
     """The cost model of ``loader.balance.cost_model`` (``measured``), else None; a bad file is a
     one-line `CostFileError`."""
     path = cfg.loader.balance.cost_model
@@ -300,11 +314,11 @@ def _cost_model(cfg: Any, encoder: Any) -> Any:
     return load_cost_model(path, encoder)
 
 
-def _seq_len(encoder: Any) -> int:
+def _seq_len(encoder: SeededTaskEncoder) -> int:
     return getattr(encoder, "seq_len", 0)
 
 
-def _check(cfg: Any, encoder: Any, packed: bool) -> None:
+def _check(cfg: RunConfig, encoder: SeededTaskEncoder, packed: bool) -> None:
     """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost);
     ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
     from task_encoders.config_parser import ConfigError
@@ -341,7 +355,9 @@ def _check(cfg: Any, encoder: Any, packed: bool) -> None:
         )
 
 
-def _length_indexes(cfg: Any, encoder: Any, datasets: Any, workers: int) -> list:
+def _length_indexes(
+    cfg: RunConfig, encoder: SeededTaskEncoder, datasets: DatasetSet, workers: int
+) -> list:
     """Each dataset's `LengthIndex`: found with the data or in a cache, else built now (after one
     line naming ``energon-platform index``) or, with ``loader.length_index: require``, refused."""
     from energon_platform.loader.balance.length_store import LengthIndexMissing, open_index

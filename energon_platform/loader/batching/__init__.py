@@ -15,11 +15,17 @@ and its log statistics, so the plan, the loader and the trace ask it instead of 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from energon_platform.loader.balance.costs import COST_MODELS
 from energon_platform.loader.balance.planned import PlannedBatching
 from energon_platform.loader.batching.stream import StreamBatching
+
+if TYPE_CHECKING:
+    from energon_platform.config import RunConfig
+    from energon_platform.loader.datasets import DatasetSet
+    from energon_platform.loader.schedule import Schedule
+    from task_encoders.base import SeededTaskEncoder
 
 
 class Batching(Protocol):
@@ -36,12 +42,12 @@ class Batching(Protocol):
     planner: Any  #: the `Planner`, or None
     changes: Any  #: what `resume_from` changed (strings naming the global batch)
 
-    def start(self, schedule: Any, plan_state: Any = None) -> None: ...
+    def start(self, schedule: Schedule, plan_state: Any = None) -> None: ...
     def fingerprint(self) -> dict: ...
     def state_at(self, batch: int) -> dict | None: ...
     def resume_from(self, state: Any) -> Any: ...
     def resume_unit(self, plan_state: Any) -> int | None: ...
-    def consumed(self, batch: int, schedule: Any, names: list[str]) -> dict: ...
+    def consumed(self, batch: int, schedule: Schedule, names: list[str]) -> dict: ...
     def stats(self, batch: int, world_size: int, accumulation: int) -> dict: ...
     def step_done(self, batch: int) -> None: ...
 
@@ -53,7 +59,9 @@ BATCHING: dict[str, type] = {
 }
 
 
-def batching_for(cfg: Any, encoder: Any, pack_group: int, datasets: Any, workers: int) -> Batching:
+def batching_for(
+    cfg: RunConfig, encoder: SeededTaskEncoder, pack_group: int, datasets: DatasetSet, workers: int
+) -> Batching:
     """The batching mode ``cfg.loader.balance`` names, built for this run (its checks run here)."""
     return BATCHING[cfg.loader.balance.mode].from_config(
         cfg, encoder, pack_group, datasets, workers

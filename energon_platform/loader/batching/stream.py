@@ -10,7 +10,13 @@ position alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from energon_platform.config import RunConfig
+    from energon_platform.loader.datasets import DatasetSet
+    from energon_platform.loader.schedule import Schedule
+    from task_encoders.base import SeededTaskEncoder
 
 
 @dataclass
@@ -29,7 +35,14 @@ class StreamBatching:
     changes: tuple = ()  #: nothing of its own changes at resume
 
     @classmethod
-    def from_config(cls, cfg: Any, encoder: Any, pack_group: int, datasets: Any, workers: int):
+    def from_config(
+        cls,
+        cfg: RunConfig,
+        encoder: SeededTaskEncoder,
+        pack_group: int,
+        datasets: DatasetSet,
+        workers: int,
+    ):
         """The mode for run config ``cfg`` (its encoder packs ``pack_group`` samples per item)."""
         return cls(pack_group, cfg.loader.global_batch_size * pack_group)
 
@@ -48,7 +61,7 @@ class StreamBatching:
         """Samples per schedule item: a pack group."""
         return self.pack_group
 
-    def start(self, schedule: Any, plan_state: Any = None) -> None:
+    def start(self, schedule: Schedule, plan_state: Any = None) -> None:
         """Nothing to (re)build for ``schedule``: its positions are the batches."""
 
     def fingerprint(self) -> dict:
@@ -67,7 +80,7 @@ class StreamBatching:
         """The next batch starts at its own position (None: the caller computes it)."""
         return None
 
-    def consumed(self, batch: int, schedule: Any, names: list[str]) -> dict:
+    def consumed(self, batch: int, schedule: Schedule, names: list[str]) -> dict:
         """Per dataset name: ``{"samples", "epochs"}`` taken before global batch ``batch``."""
         return dict(zip(names, schedule.consumed(batch)))
 
