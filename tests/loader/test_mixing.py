@@ -211,3 +211,22 @@ def test_a_saved_mixer_of_another_method_or_blend_is_refused_in_one_line(blend, 
     fixed = make(four, fixed=True)
     fixed.load_state_dict(state)  # loader.blend_adapt null: the blend may change at resume
     assert fixed.adapter is None and fixed.blend_weights(3)["text_two"] > 0
+
+
+def test_the_spelling_of_the_issue_works_as_written(blend, tmp_path):
+    """``loader.blend_adapt: {method: odm, every: 4, lag: 2}`` in a run config file."""
+    from energon_platform.config import load_config
+    from energon_platform.loader.train_loader import TrainLoader
+
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"data: {{path: {blend}, val_split: null}}\n"
+        "encoder: configs/encoders/multimodal.yaml\n"
+        "loader:\n  global_batch_size: 8\n  num_workers: 0\n"
+        "  blend_adapt: {method: odm, every: 4, lag: 2}\n"
+    )
+    loader = TrainLoader(load_config(path), num_workers=0)
+    steps(loader, 0, 12)
+    weights = [loader.blend_weights(b) for b in range(12)]
+    assert weights[:6] == [weights[0]] * 6 and weights[6] != weights[0]  # after step 3, lag 2
+    assert loader.state_dict()["blend_adapt"]["method"] == "odm"
