@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import shutil
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -221,7 +222,7 @@ def test_the_spelling_of_the_issue_works_as_written(blend, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(
         f"data: {{path: {blend}, val_split: null}}\n"
-        "encoder: configs/encoders/multimodal.yaml\n"
+        f"encoder: {Path('configs/encoders/multimodal.yaml').resolve()}\n"
         "loader:\n  global_batch_size: 8\n  num_workers: 0\n"
         "  blend_adapt: {method: odm, every: 4, lag: 2}\n"
     )
