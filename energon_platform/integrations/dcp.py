@@ -13,6 +13,10 @@ torchtitan checkpoints ``{"model", "optimizer", "lr_scheduler", "dataloader", ..
   of fixed capacity (`CAPACITY` bytes: UTF-8 JSON, zero-padded), which DCP loads in place as
   tensor data; the JSON is parsed and checked by [`LoaderState`][energon_platform.loader.state.LoaderState].
 * **Mid-step saves** keep the same-layout rule of `TrainLoader.load_state_dict`.
+* **Online mixing** (``loader.blend_adapt``): ``global_batch`` and ``report_losses`` pass through
+  to the loader, so a loop reports each step's per-sample losses as with a bare `TrainLoader`
+  (``step = loader.global_batch`` read before the step's ``next()`` calls;
+  ``loader.report_losses(step, keys, losses)`` after the step, before its ``dcp.save``).
 """
 
 from __future__ import annotations
@@ -65,6 +69,15 @@ class DCPLoader:
 
     def __next__(self) -> Any:
         return next(self.loader)
+
+    @property
+    def global_batch(self) -> int:
+        """`TrainLoader.global_batch`: the global batch the next micro-batch belongs to."""
+        return self.loader.global_batch
+
+    def report_losses(self, step: int, keys: Any, losses: Any, group: Any = None) -> None:
+        """`TrainLoader.report_losses`: global step ``step``'s per-sample losses of this rank."""
+        self.loader.report_losses(step, keys, losses, group)
 
     def state_dict(self) -> dict:
         return {KEY: encode_state(self.loader.state_dict())}

@@ -28,6 +28,17 @@ What Lightning needs from us, and what the mixin does:
   a rank without a saved state keeps its own (the draws then differ).
 * **Step boundaries.** ``on_train_start`` refuses ``accumulate_grad_batches`` other than the loader's
   ``accumulation``, so that an optimizer step is one global batch and checkpoints fall between them.
+* **Online mixing** (``loader.blend_adapt``): the loader wants every global step's per-sample
+  losses of every rank, numbered by global batch, before that step's checkpoint. Call
+  ``self.report_losses(batch.keys, sample_losses)`` in ``training_step``, once per micro-batch, on
+  every rank: the mixin numbers the micro-batch by the loader's position less the batch Lightning
+  fetched ahead (as for the checkpoint) and, at the global batch's last micro-batch, passes this
+  rank's keys and losses of the whole global batch to `TrainLoader.report_losses` (``group``: the
+  data-parallel process group; None, the default group, is DDP's). Not in ``on_train_batch_end``:
+  Lightning runs the callbacks' ``on_train_batch_end`` (``ModelCheckpoint`` saves there) before the
+  module's, so a report there would come after the step's checkpoint. Lightning's one batch ahead
+  needs ``blend_adapt.lag`` of at least 1 (with 0 it fetches a batch whose weights wait for the
+  losses of the step in training: `AdaptError`). Without ``blend_adapt`` the call does nothing.
 
 Another number of devices at resume works where it divides the global batch (the state is the
 global position; Lightning writes rank 0's). A user's own ``on_save_checkpoint``/
@@ -116,6 +127,25 @@ class EnergonHooks:
         if saved is not None and self.global_rank < len(saved):
             _set_rng_state(saved[self.global_rank])
         self._energon_rng = None
+
+    def report_losses(self, keys: Any, losses: Any, group: Any = None) -> None:
+        """The per-sample ``losses`` of the micro-batch in ``training_step`` (``keys``: its
+        ``batch.keys``, aligned): reported to the loader with the global batch's last micro-batch
+        (see the module doc). Call it once per training micro-batch on every rank."""
+        loader = self._energon_loader()
+        if loader is None or loader.adapter is None:
+            return
+        # the micro-batch in training: the loader's position less what Lightning fetched ahead
+        ahead = len(getattr(self.trainer.fit_loop._data_fetcher, "batches", ()))
+        micro = loader.next_microbatch - ahead - 1
+        if micro % loader.accumulation == 0 or not hasattr(self, "_energon_reports"):
+            self._energon_reports = ([], [])
+        pending_keys, pending_losses = self._energon_reports
+        pending_keys.extend(keys)
+        pending_losses.extend(float(v) for v in losses)
+        if (micro + 1) % loader.accumulation == 0:
+            step = micro // loader.accumulation
+            loader.report_losses(step, pending_keys, pending_losses, group)
 
     def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
         return to_device(batch, device)

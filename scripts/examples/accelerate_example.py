@@ -9,13 +9,19 @@ process's ``TrainLoader`` and puts its state into ``accelerator.save_state``/``l
 (On CPU too: ``Accelerator(cpu=True)`` then runs DDP over gloo. ``--multi_gpu`` selects Accelerate's
 torchrun launcher; ``--cpu --num_processes 2`` without an MPI hostfile starts one process.)
 
-``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each step
-is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and digests:
-check-resume's exact check), each sample's own loss (``sample_losses``, aligned with the keys),
-and each process's keys apart (``rank_keys``: disjoint, together the global batch: no double
-sharding). The logged loss is the mean over processes of each one's token-mean loss: over each
-process's keys, the sample losses' mean weighted by their target counts, then averaged. ``--skip-loader-restore`` breaks the resume on purpose (model,
-optimizer and RNG restored, the data starts over): check-resume must fail it.
+``run.yaml`` is an energon-platform run config (an image-text encoder, or the ``multimodal`` one
+over a blend, without packing). Each step is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the
+global batch's keys and digests: check-resume's exact check), each sample's own loss
+(``sample_losses``, aligned with the keys), and each process's keys apart (``rank_keys``: disjoint,
+together the global batch: no double sharding). The logged loss is the mean over processes of each
+one's token-mean loss: over each process's keys, the sample losses' mean weighted by their target
+counts, then averaged (with gradient accumulation, ``micro_batch_size`` set: each process's
+micro-batches under ``accelerator.accumulate``, their token-mean losses averaged). After each
+global step and before its checkpoint, every process reports the step's keys and sample losses of
+its micro-batches to the loader (``loader.report_losses(global_batch, keys, sample_losses)``,
+``global_batch`` read before the step's first ``next()``): online mixing's input
+(``loader.blend_adapt``), a no-op without it. ``--skip-loader-restore`` breaks the resume on
+purpose (model, optimizer and RNG restored, the data starts over): check-resume must fail it.
 """
 
 import argparse
@@ -25,7 +31,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from tiny_model import TinyModel, batch_losses
+from tiny_model import TinyModel, batch_losses, batch_tensors, row_images
 
 from energon_platform import (
     StepLog,
@@ -81,29 +87,36 @@ log = StepLog(Path(args.out) / "steps.jsonl", rank=accelerator.process_index)
 if accelerator.is_main_process:  # OUT/run.yaml and run.json: how this run was made
     record_run(args.out, cfg, accelerator.num_processes, loader, resumed=args.resume and step > 0)
 while step < args.steps:
-    batch = to_device(next(loader), accelerator.device)
-    loss_sum, targets, sample_losses = batch_losses(model(batch.tokens, batch.images), batch)
-    loss = loss_sum / targets
-    accelerator.backward(loss)
-    accelerator.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad()
+    global_batch = loader.global_batch  # the step's index for report_losses
+    keys, digests, losses, sample_losses = [], [], [], []
+    for _ in range(loader.accumulation):  # the optimizer steps at the global batch's last one
+        batch = to_device(next(loader), accelerator.device)
+        with accelerator.accumulate(model):
+            loss_sum, targets, batch_sample_losses = batch_losses(
+                model(batch.tokens, row_images(batch)), batch
+            )
+            loss = loss_sum / targets
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+        keys += batch.keys
+        digests.append(batch_digest(batch_tensors(batch)))
+        losses.append(loss.detach())
+        sample_losses += batch_sample_losses
     step += 1
+    loader.report_losses(global_batch, keys, sample_losses)  # every process, before the checkpoint
 
-    # the global batch: every process's keys, tensor digest and sample losses in rank order; the
+    # the global batch: every process's keys, tensor digests and sample losses in rank order; the
     # loss averaged
-    part = (
-        list(batch.keys),
-        batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]),
-        sample_losses,
-    )
-    parts = accelerator.gather_for_metrics([part], use_gather_object=True)
-    global_loss = accelerator.reduce(loss.detach(), reduction="mean")
+    parts = accelerator.gather_for_metrics([(keys, digests, sample_losses)], use_gather_object=True)
+    global_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean")
     log.write(
         step,
         global_loss.item(),
         keys=[k for keys, _, _ in parts for k in keys],
-        batch=[d for _, d, _ in parts],
+        batch=[d for _, ds, _ in parts for d in ds],
         sample_losses=[v for _, _, losses in parts for v in losses],
         rank_keys=[keys for keys, _, _ in parts],
         **resumed_from,

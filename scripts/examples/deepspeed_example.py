@@ -6,12 +6,17 @@ batch sizes come from the loader (``batch_config``).
     python scripts/examples/deepspeed_example.py --config run.yaml --out OUT --steps 12 [--resume]
     torchrun --standalone --nproc-per-node 2 scripts/examples/deepspeed_example.py ... --zero-stage 2
 
-``run.yaml`` is an energon-platform run config (an image-text encoder without packing). Each step
-is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the global batch's keys and digests:
-check-resume's exact check; each sample's own loss, ``sample_losses``, aligned with the keys). The
-logged loss is the mean of the micro-batches' token-mean losses over all ranks: over each
-micro-batch's keys, the sample losses' mean weighted by their target counts, then averaged. ``--skip-loader-restore`` breaks the resume on purpose (model and
-optimizer restored, the data starts over): check-resume must fail it.
+``run.yaml`` is an energon-platform run config (an image-text encoder, or the ``multimodal`` one
+over a blend, without packing). Each step is logged to ``OUT/steps.jsonl`` with ``StepLog`` (the
+global batch's keys and digests: check-resume's exact check; each sample's own loss,
+``sample_losses``, aligned with the keys). The logged loss is the mean of the micro-batches'
+token-mean losses over all ranks: over each micro-batch's keys, the sample losses' mean weighted by
+their target counts, then averaged. After each global step (all its micro-batches, DeepSpeed's
+optimizer step at the last) and before its checkpoint, every rank reports the step's keys and
+sample losses of its micro-batches to the loader (``loader.report_losses(global_batch, keys,
+sample_losses)``, ``global_batch`` read before the step's first ``next()``): online mixing's input
+(``loader.blend_adapt``), a no-op without it. ``--skip-loader-restore`` breaks the resume on
+purpose (model and optimizer restored, the data starts over): check-resume must fail it.
 """
 
 import argparse
@@ -21,7 +26,7 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
-from tiny_model import TinyModel, batch_losses
+from tiny_model import TinyModel, batch_losses, batch_tensors, row_images
 
 from energon_platform import StepLog, TrainLoader, batch_digest, load_config, record_run
 from energon_platform.integrations.deepspeed import (
@@ -73,22 +78,24 @@ log = StepLog(Path(args.out) / "steps.jsonl")
 if rank == 0:  # OUT/run.yaml and run.json: how this run was made
     record_run(args.out, load_config(args.config), world, loader, resumed=args.resume and step > 0)
 while step < args.steps:
+    global_batch = loader.global_batch  # the step's index for report_losses
     keys, digests, losses, sample_losses = [], [], [], []
     for _ in range(
         loader.accumulation
     ):  # DeepSpeed steps the optimizer at the global batch's last micro-batch
         batch = next(loader)
         loss_sum, targets, batch_sample_losses = batch_losses(
-            engine(batch.tokens, batch.images), batch
+            engine(batch.tokens, row_images(batch)), batch
         )
         loss = loss_sum / targets
         engine.backward(loss)  # scaled by 1/gradient_accumulation_steps inside
         engine.step()
         keys += batch.keys
-        digests.append(batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]))
+        digests.append(batch_digest(batch_tensors(batch)))
         losses.append(loss.detach())
         sample_losses += batch_sample_losses
     step += 1
+    loader.report_losses(global_batch, keys, sample_losses)  # every rank, before the checkpoint
 
     # the global batch: every rank's keys, tensor digests and sample losses in rank order; the loss
     # averaged over all

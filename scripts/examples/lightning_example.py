@@ -6,14 +6,17 @@ state (no replay).
     python scripts/examples/lightning_example.py --config run.yaml --out OUT --steps 12 [--resume]
     torchrun --standalone --nproc-per-node 2 scripts/examples/lightning_example.py ...   # DDP, gloo
 
-``run.yaml`` is an energon-platform run config (an image-text encoder without packing, one
-micro-batch per rank and step: ``micro_batch_size`` unset). Rank 0 logs each optimizer step to
+``run.yaml`` is an energon-platform run config (an image-text encoder, or the ``multimodal`` one
+over a blend, without packing; one micro-batch per rank and step: ``micro_batch_size`` unset). Rank 0 logs each optimizer step to
 ``OUT/steps.jsonl`` with ``StepLog``, for the global batch: every rank's sample keys and row
 digests in rank order (the loader's global order, whatever the number of processes), each
 sample's own loss (``sample_losses``, aligned with the keys) and the token-mean loss over all
 ranks (the sample losses' mean weighted by their target counts); the gradient is that of the same mean. So a checkpoint of a run on
 2 processes resumes on 1 (or the reverse) with the same keys and digests, the loss equal up to the
 order of the all-reduce: check-resume's exact check with ``--tolerance 1e-5``.
+``training_step`` reports each micro-batch's sample losses with ``self.report_losses``
+(``EnergonHooks``): the loader gets every global step's, before its checkpoint, for online mixing
+(``loader.blend_adapt``); a no-op without it.
 ``--skip-loader-restore`` breaks the resume on purpose (model, optimizer and step restored, the
 data starts over): check-resume must fail it.
 """
@@ -26,7 +29,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
-from tiny_model import TinyModel, batch_losses
+from tiny_model import TinyModel, batch_losses, row_images, row_tensors
 
 from energon_platform import (
     StepLog,
@@ -71,8 +74,9 @@ class Captioner(EnergonHooks, L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss_sum, targets, self.sample_losses = batch_losses(
-            self.model(batch.tokens, batch.images), batch
+            self.model(batch.tokens, row_images(batch)), batch
         )
+        self.report_losses(batch.keys, self.sample_losses)  # online mixing's input (EnergonHooks)
         self.step_sums = loss_sum.detach(), self.sum_over_ranks(targets)
         # DDP averages the gradients over ranks: scaled so, they are those of the global batch's token mean
         return loss_sum * self.trainer.world_size / self.step_sums[1]
@@ -83,12 +87,7 @@ class Captioner(EnergonHooks, L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx):
         # the global batch: every rank's keys, row digests and sample losses in rank order, the
         # token-mean loss of all ranks
-        rows = [
-            batch_digest(
-                [t[i] for t in (batch.tokens, batch.labels, batch.loss_mask, batch.images)]
-            )
-            for i in range(len(batch.keys))
-        ]
+        rows = [batch_digest(row_tensors(batch, i)) for i in range(len(batch.keys))]
         parts = [(list(batch.keys), rows, self.sample_losses)] * self.trainer.world_size
         if dist.is_initialized():
             dist.all_gather_object(parts, parts[0])

@@ -11,7 +11,11 @@
    ``StepLog`` row in ``SAVE/steps.jsonl``: the iteration's keys (every data-parallel rank's
    micro-batches, in rank order), each key's own loss (``sample_losses``, from the provider's
    :func:`sample_losses` on the per-token loss) and the lm loss, the global token mean (the
-   sample losses' mean weighted by their target counts).
+   sample losses' mean weighted by their target counts). Each micro-batch's sample losses also go
+   to ``train_iter.report_losses`` (what Megatron's ``loss_func`` would call, with
+   ``group=parallel_state.get_data_parallel_group()``; here the default group is the
+   data-parallel one): the iteration's reach the loader with its last micro-batch, before the
+   checkpoint: online mixing's input (``loader.blend_adapt``), a no-op without it.
 4. every ``--save-interval`` iterations, ``save_checkpoint``: the model file, the data loader
    state (``save_dataloader_state``), then the tracker file.
 
@@ -129,8 +133,10 @@ while iteration < args.train_iters:
         loss_sum = output_tensor.sum()
         (loss_sum * dp_size / targets).backward()  # DDP averages over ranks: the global token mean
         total += loss_sum.detach()
+        mb_losses = sample_losses(mb, output_tensor).tolist()
+        train_iter.report_losses(mb["__key__"], mb_losses)  # as in Megatron's loss_func
         keys += mb["__key__"]
-        losses += sample_losses(mb, output_tensor).tolist()
+        losses += mb_losses
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad()

@@ -1,7 +1,9 @@
 """The tiny captioning model the example loops train: token embedding plus a pooled image feature,
 then next-token logits. Small enough to train a step in milliseconds on a CPU. With it, the loss
 helpers the loops share: :func:`token_losses` and :func:`batch_losses` (the summed loss, the
-target count and each sample's own loss, for ``StepLog``'s ``sample_losses``)."""
+target count and each sample's own loss, for ``StepLog``'s ``sample_losses``), and
+:func:`row_images`, :func:`batch_tensors` and :func:`row_tensors` for mixed-modality batches (the ``multimodal``
+encoder's ``MultimodalBatch``: images only for its image documents, audio features apart)."""
 
 import torch
 import torch.nn as nn
@@ -35,3 +37,40 @@ def batch_losses(logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tenso
     targets = batch.loss_mask.double().sum(dim=1)
     per_sample = losses.detach().double().sum(dim=1) / targets  # 0/0 is NaN: no targets
     return losses.sum(), targets.sum().float(), per_sample.tolist()
+
+
+def row_images(batch) -> torch.Tensor:
+    """``(N, 3, H, W)``, one image per row as :class:`TinyModel` takes them: ``batch.images``
+    itself for an image-text batch; for a ``MultimodalBatch`` (unpacked: one document per row)
+    each image document's image in its row and zeros in the rows of the other modalities (the
+    tiny model reads their text alone)."""
+    images = batch.images
+    if not hasattr(batch, "num_images"):
+        return images
+    rows = batch.tokens.shape[0]
+    if images.shape[-1] == 0 or images.shape[-2] == 0:  # no image modality configured
+        return images.new_zeros((rows, 3, 4, 4))
+    out = images.new_zeros((rows, *images.shape[1:]))
+    out[batch.image_docs] = images
+    return out
+
+
+def batch_tensors(batch) -> list[torch.Tensor]:
+    """The tensors of a batch that its digest covers (``batch_digest``): text fields and images,
+    and a ``MultimodalBatch``'s audio features with their lengths."""
+    tensors = [batch.tokens, batch.labels, batch.loss_mask, batch.images]
+    if hasattr(batch, "features"):
+        tensors += [batch.features, batch.feature_lengths]
+    return tensors
+
+
+def row_tensors(batch, row: int) -> list[torch.Tensor]:
+    """The tensors of one row (document) of an unpacked batch, for a row digest that does not
+    depend on how the global batch was split over ranks: its text fields and image (zeros for a
+    ``MultimodalBatch`` row without one) and, for a ``MultimodalBatch``, its audio features cut to
+    their valid frames (the batch pads them to its longest)."""
+    tensors = [t[row] for t in (batch.tokens, batch.labels, batch.loss_mask, row_images(batch))]
+    if hasattr(batch, "features"):
+        for j in (batch.audio_docs == row).nonzero().flatten().tolist():
+            tensors.append(batch.features[j, :, : int(batch.feature_lengths[j])])
+    return tensors

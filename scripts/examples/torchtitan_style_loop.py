@@ -9,7 +9,11 @@ rank-independent entry, so a checkpoint resumes on another world size too).
         --config run.yaml --out OUT --steps 12 [--resume]
 
 ``run.yaml`` is an energon-platform run config (``data``, ``encoder``, ``loader``; an image-text
-encoder without packing, ``micro_batch_size: null``). Each step is logged twice: to
+encoder, or the ``multimodal`` one over a blend, without packing, ``micro_batch_size: null``).
+After each step's optimizer step and before its checkpoint, every rank reports its samples' losses
+to the loader (``loader.report_losses(global_batch, keys, sample_losses)``, ``global_batch`` read
+before the step's ``next()``): the input of online mixing (``loader.blend_adapt``), a no-op
+without it. Each step is logged twice: to
 ``OUT/steps.jsonl`` with ``StepLog`` (sample keys and batch digest: check-resume's exact check;
 each sample's own loss, ``sample_losses``, aligned with the keys; the loss is the mean over ranks
 of each rank's token-mean loss, i.e. of its sample losses' mean weighted by their target counts)
@@ -30,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from tiny_model import TinyModel, batch_losses
+from tiny_model import TinyModel, batch_losses, batch_tensors, row_images
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -107,8 +111,9 @@ if rank == 0:  # OUT/run.yaml and run.json: how this run was made
     record_run(args.out, cfg, world, loader, resumed=args.resume and step > 0)
 while step < args.steps:
     t0 = time.perf_counter()
+    global_batch = loader.global_batch  # the step's index for report_losses, before its next()
     batch = next(loader)
-    logits = ddp(batch.tokens, batch.images)
+    logits = ddp(batch.tokens, row_images(batch))
     loss_sum, targets, sample_losses = batch_losses(logits, batch)
     loss = loss_sum / targets
     loss.backward()
@@ -116,12 +121,14 @@ while step < args.steps:
     optimizer.step()
     optimizer.zero_grad()
     step += 1
+    # every rank, every step, before the step's checkpoint: loader.blend_adapt's input
+    loader.report_losses(global_batch, batch.keys, sample_losses)
 
     # the global batch: every rank's keys, tensor digest and sample losses, in rank order; the loss
     # averaged over ranks
     part = (
         list(batch.keys),
-        batch_digest([batch.tokens, batch.labels, batch.loss_mask, batch.images]),
+        batch_digest(batch_tensors(batch)),
         sample_losses,
     )
     parts = [part] * world

@@ -50,7 +50,8 @@ The package, one module per job (import the names below from the package itself)
 
 * `batches`: the batch dicts ([`to_megatron_batch`][energon_platform.integrations.megatron.to_megatron_batch]).
 * `losses`: each sample's loss in a micro-batch
-  ([`sample_losses`][energon_platform.integrations.megatron.sample_losses]), for ``StepLog``'s ``sample_losses``.
+  ([`sample_losses`][energon_platform.integrations.megatron.sample_losses]), for ``StepLog``'s ``sample_losses`` and, through
+  ``MegatronTrainIterator.report_losses``, for online mixing (``loader.blend_adapt``).
 * `state_files`: where the state files live, writing and reading them.
 * `iterators`: the train and validation iterators.
 * `args`: the checks of Megatron's arguments.

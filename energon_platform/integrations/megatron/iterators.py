@@ -4,6 +4,7 @@ rank's `TrainLoader`, and the cycling validation iterator.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from energon_platform.config import RunConfig
@@ -23,6 +24,10 @@ class MegatronTrainIterator:
     loader's plain state dict. Infinite: epochs follow each other. ``loader`` is the
     `TrainLoader`; ``last_keys`` the sample keys of the last micro-batch (for logs),
     ``last_batch`` the encoder's batch it was made from.
+
+    Online mixing (``loader.blend_adapt``): `report_losses` takes each training micro-batch's
+    per-sample losses (from `sample_losses`, e.g. in Megatron's ``loss_func``) and reports the
+    iteration's to the loader once its last micro-batch is in.
     """
 
     def __init__(
@@ -39,6 +44,40 @@ class MegatronTrainIterator:
         self.max_sequence_length = max_sequence_length
         self.last_keys: list[str] = []
         self.last_batch: Any = None
+        self._reset_reports()
+
+    def _reset_reports(self) -> None:
+        """The next micro-batch to report is the loader's next one (at build or restore)."""
+        self._reported = self.loader.next_microbatch
+        self._pending: tuple[list, list] = ([], [])
+
+    def report_losses(self, keys: Sequence[str], losses: Any, group: Any = None) -> None:
+        """One training micro-batch's per-sample losses: ``keys`` its ``batch["__key__"]`` (or
+        ``last_keys`` for the ``gpt`` format), ``losses`` aligned with them (`sample_losses`).
+        Call it for every training micro-batch, in the order they were drawn, on every
+        data-parallel rank that has the iterator, before the iteration's checkpoint (in
+        ``loss_func``, not for validation batches). When the iteration's last micro-batch
+        (`accumulation`) is in, this rank's keys and losses of the whole global batch go to
+        `TrainLoader.report_losses` with ``group``, the data-parallel process group::
+
+            def loss_func(batch, output_tensor):
+                train_iter.report_losses(
+                    batch["__key__"], sample_losses(batch, output_tensor),
+                    group=parallel_state.get_data_parallel_group(),
+                )
+                ...
+
+        Without ``loader.blend_adapt`` it does nothing. With pipeline parallelism the losses
+        exist on the last stage only, but the first stage's loaders draw with the mixed weights
+        too: they must get the same reports (not provided here)."""
+        if self.loader.adapter is None:
+            return
+        self._pending[0].extend(keys)
+        self._pending[1].extend(float(v) for v in losses)
+        self._reported += 1
+        if self._reported % self.accumulation == 0:
+            (keys, losses), self._pending = self._pending, ([], [])
+            self.loader.report_losses(self._reported // self.accumulation - 1, keys, losses, group)
 
     @property
     def image_token_index(self) -> int | None:
@@ -74,6 +113,7 @@ class MegatronTrainIterator:
 
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state)
+        self._reset_reports()
 
     def close(self) -> None:
         """Stop the loader's worker processes (``next()`` restarts them at the same position)."""
