@@ -1,11 +1,13 @@
 """``loss_ratio``: weight to the datasets whose loss still falls (a loss-trend rule).
 
 At every update each dataset's mean loss is set against the one of its previous update: its
-*progress* is ``max(0, 1 - loss / previous)``, the fraction by which its loss fell. The weights move
-toward the progress shares: ``w ← (1-β)·w + β·(p + δ) / Σ(p + δ)`` (``β``: ``step``, ``δ``: ``base``,
-a small share every dataset keeps). A dataset whose loss stays flat, because the model has fit it
-or because it is noise, loses weight; one that is still being learned (early, or slowly) gains it.
-A dataset without samples in a stretch keeps its previous loss.
+*progress* is how much the loss fell, ``max(0, previous - loss)`` (in the loss's own units: a
+loss near zero that halves has hardly moved, so a fitted dataset does not look like progress).
+The weights move toward each dataset's share of the progress: ``w ← (1-β)·w + β·(p + δ) / Σ(p + δ)``
+(``β``: ``step``, ``δ``: ``base``, a little progress every dataset is credited with). A dataset whose
+loss stays flat, because the model has fit it or because it is noise, loses weight; one that is
+still being learned (early, or slowly) gains it. A dataset without samples in a stretch keeps its
+previous loss.
 
 Options: ``step`` (``β``, default 0.5), ``base`` (``δ``, default 0.01).
 """
@@ -31,7 +33,7 @@ class LossRatio(MixingMethod):
         progress = []
         for d, loss in enumerate(losses):
             before = self.previous[d]
-            fell = 0.0 if loss is None or not before else max(0.0, 1 - loss / before)
+            fell = 0.0 if loss is None or before is None else max(0.0, before - loss)
             progress.append(fell + base)
             if loss is not None:
                 self.previous[d] = loss
