@@ -231,3 +231,17 @@ def test_the_spelling_of_the_issue_works_as_written(blend, tmp_path):
     weights = [loader.blend_weights(b) for b in range(12)]
     assert weights[:6] == [weights[0]] * 6 and weights[6] != weights[0]  # after step 3, lag 2
     assert loader.state_dict()["blend_adapt"]["method"] == "odm"
+
+
+def test_a_sample_without_targets_nan_is_left_out_of_the_means():
+    from types import SimpleNamespace
+
+    from energon_platform.loader.mixing import BlendAdapter
+
+    config = SimpleNamespace(
+        method="loss_ratio", every=1, lag=1, floor=0.0, resolution=0.01, options={}
+    )
+    adapter = BlendAdapter(config, ["a", "b"], ["1/2", "1/2"], 0, 8)
+    adapter.report(0, [0, 1, 1], [2.0, 4.0, float("nan")])
+    segment = adapter.report(1, [0, 1, 1], [1.0, float("nan"), 3.0])
+    assert adapter.method.previous == [1.0, 3.0] and segment is not None

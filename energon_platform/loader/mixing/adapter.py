@@ -115,7 +115,7 @@ class BlendAdapter:
         self, step: int, datasets: Sequence[int], losses: Sequence[float], reduce=None
     ) -> Segment | None:
         """Take step ``step``'s per-sample ``losses`` of this rank (``datasets``: each sample's
-        dataset number). ``reduce(values)`` sums a list of floats over the data-parallel ranks
+        dataset number; a loss that is not finite, NaN for a sample without targets, is left out). ``reduce(values)`` sums a list of floats over the data-parallel ranks
         (None: one rank). Returns the new segment when this step makes an update that changes
         the weights, else None."""
         if step != self.next_step:
@@ -126,8 +126,9 @@ class BlendAdapter:
         k = len(self.datasets)
         local = [0.0] * (2 * k)
         for d, loss in zip(datasets, losses):
-            local[d] += float(loss)
-            local[k + d] += 1.0
+            if math.isfinite(loss):  # NaN: a sample without targets (it says nothing)
+                local[d] += float(loss)
+                local[k + d] += 1.0
         total = reduce(local) if reduce is not None else local
         for d in range(k):
             self.sums[d] += total[d]
