@@ -14,8 +14,9 @@ Shard contract (what ``task_encoders`` and ``energon_platform`` rely on):
 * Tar members: ``KEY.image.<ext>`` (``png`` by default) or ``KEY.audio.<ext>`` (``flac`` by
   default, at the source's 16 or 24 bits; ``wav`` for 32-bit integer and float PCM, which FLAC
   cannot hold), plus ``KEY.text.json``. ``<ext>`` always names the detected format, never the
-  source file's name; a text-only sample (``convert text``) has ``KEY.text.json`` alone. Keys match ``[A-Za-z0-9_-]+`` (no dots: Energon splits member names at the
-  first dot), are at most 100 characters, unique per dataset and stable across reconversions.
+  source file's name; a text-only sample (``convert text``) has ``KEY.text.json`` alone. Keys match
+  ``[A-Za-z0-9_-]+`` (no dots: Energon splits member names at the first dot), are at most 100
+  characters, unique per dataset and stable across reconversions.
 * ``text.json`` of an image sample: ``{"caption": str, "captions": [str, ...], "source": {...}}``;
   of an audio sample or a text document: ``{"text": str, "source": {...}}``. ``source`` carries
   provenance: the reader kind, source id, original file name and ``width``/``height`` or

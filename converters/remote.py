@@ -189,8 +189,9 @@ def put_checked(
         tries = e.tries if isinstance(e, RetriesExhausted) else 1
         message = " ".join(str(e).split())
         raise UploadError(
-            f"cannot upload {name} to {url} after {tries} {'try' if tries == 1 else 'tries'} ({message}); the shards already "
-            f"uploaded stay on the prefix: run the same command again to continue",
+            f"cannot upload {name} to {url} after {tries} {'try' if tries == 1 else 'tries'} "
+            f"({message}); the shards already uploaded stay on the prefix: run the same command "
+            "again to continue",
             tries - 1,
         ) from e
 

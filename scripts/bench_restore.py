@@ -43,11 +43,11 @@ the pair's order flipping every repeat); ``restore_s``, ``fresh_s`` and ``ratio 
 use the **minimum** of the repeats by default (``--statistic median`` for the median). Other processes
 on a shared machine only ever add time, so the minimum is the least disturbed estimate of what the
 loader itself costs; ``*_median`` and ``*_min`` fields, the raw runs, and ``ratio_pooled`` (against
-the fresh runs of that loader at all positions, a steadier baseline) are in the JSON too. ``restored_batch_matches`` is true when the
-first restored batch has exactly the keys of batch ``P + 1`` of the saving run in every repeat;
-``restored_tensors_match`` compares the digest of all its tensors too. For Energon the JSON also
-has ``replay_batches_per_worker``: the ``offset`` of each worker's restored internal checkpoint,
-i.e. the batches it recomputes and discards.
+the fresh runs of that loader at all positions, a steadier baseline) are in the JSON too.
+``restored_batch_matches`` is true when the first restored batch has exactly the keys of batch
+``P + 1`` of the saving run in every repeat; ``restored_tensors_match`` compares the digest of all
+its tensors too. For Energon the JSON also has ``replay_batches_per_worker``: the ``offset`` of each
+worker's restored internal checkpoint, i.e. the batches it recomputes and discards.
 
 Throughput. A fresh process per loader setting reads ``--throughput-batches`` (default 200) batches
 after the first one and reports samples/s over those (median of ``--throughput-repeats``); the
@@ -503,7 +503,11 @@ def summarize_cell(
 def fmt_table(report: dict) -> str:
     settings = report["settings_run"]
     lines = []
-    hdr = f"{'position':>8}  {'loader':<17} {'restore_s':>9} {'fresh_s':>8} {'ratio':>6} {'r.median':>8} {'r.min':>6} {'pooled':>6} {'state B':>8}  {'match':<5} {'tensors':<7} replay/worker"
+    hdr = (
+        f"{'position':>8}  {'loader':<17} {'restore_s':>9} {'fresh_s':>8} {'ratio':>6} "
+        f"{'r.median':>8} {'r.min':>6} {'pooled':>6} {'state B':>8}  {'match':<5} {'tensors':<7} "
+        "replay/worker"
+    )
     lines.append(hdr)
     lines.append("-" * len(hdr))
     for p, row in report["positions"].items():
@@ -518,7 +522,9 @@ def fmt_table(report: dict) -> str:
             replay = c.get("replay_batches_per_worker")
             lines.append(
                 f"{p:>8}  {s:<17} {f(c['restore_s'], '9.3f')} {f(c['fresh_s'], '8.3f')} {f(c['ratio'], '6.2f')} "
-                f"{f(c['ratio_median'], '8.2f')} {f(c['ratio_min'], '6.2f')} {f(c['ratio_pooled'], '6.2f')} {f(c['state_bytes'], '8d')}  {str(c['restored_batch_matches']):<5} "
+                f"{f(c['ratio_median'], '8.2f')} {f(c['ratio_min'], '6.2f')} "
+                f"{f(c['ratio_pooled'], '6.2f')} {f(c['state_bytes'], '8d')}  "
+                f"{str(c['restored_batch_matches']):<5} "
                 f"{str(c['restored_tensors_match']):<7} {replay if replay is not None else '-'}"
             )
     tp = report.get("throughput") or {}
@@ -526,7 +532,8 @@ def fmt_table(report: dict) -> str:
         lines.append("")
         lines.append(
             f"throughput ({report['config']['throughput_batches']} batches of {report['config']['batch_size']} "
-            f"after the first, {report['config']['workers']} workers; median of {report['config']['throughput_repeats']})"
+            f"after the first, {report['config']['workers']} workers; "
+            f"median of {report['config']['throughput_repeats']})"
         )
         for s in settings:
             t = tp.get(s)

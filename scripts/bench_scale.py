@@ -318,7 +318,8 @@ def main() -> int:
         else:
             print(
                 f"{r['samples']:>12.0e} {r['variant']:<20} {r['seconds']:>10.4f} {r['fresh_seconds']:>9.4f} "
-                f"{r['seconds'] / r['fresh_seconds']:>13.2f} {r['peak_rss_mib']:>13.1f} {r['rss_above_baseline_mib']:>15.1f}"
+                f"{r['seconds'] / r['fresh_seconds']:>13.2f} {r['peak_rss_mib']:>13.1f} "
+                f"{r['rss_above_baseline_mib']:>15.1f}"
             )
     ratios = []
     for n in sorted({r["samples"] for r in rows}):
@@ -362,7 +363,8 @@ def main() -> int:
         for r in s3:
             if r["loader"].startswith("ours"):
                 print(
-                    f"  {r['loader']} / energon loader: {r['samples_per_s'] / energon['samples_per_s']:.2f}x samples/s, "
+                    f"  {r['loader']} / energon loader: "
+                    f"{r['samples_per_s'] / energon['samples_per_s']:.2f}x samples/s, "
                     f"{energon['fetched_per_delivered'] / r['fetched_per_delivered']:.1f}x fewer bytes fetched"
                 )
     if args.json:

@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\nms per clip decode (median of {args.repeats}); clip at start / middle / end of the video"
     )
     print(
-        f"  {'video':12s} {'frames':>6s}  {'ours (seek)':>24s}  {'from the first frame':>24s}  {'Energon get_video_clips':>24s}"
+        f"  {'video':12s} {'frames':>6s}  {'ours (seek)':>24s}  {'from the first frame':>24s}  "
+        f"{'Energon get_video_clips':>24s}"
     )
     for name, row in seek.items():
         cells = []

@@ -110,8 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] + "\n\nWrites coco_mini/ (scikit-image photos + "
         "300 generated shape images, COCO captions json) and librispeech_mini/ (48 synthesised "
-        "note sequences, FLAC + trans.txt) and text_mini/ (short documents, JSONL) and video_mini/ (36 generated videos of "
-        "moving shapes with captions) and mesh_mini/ (30 generated 3D shapes with captions) under --out. "
+        "note sequences, FLAC + trans.txt) and text_mini/ (short documents, JSONL) and "
+        "video_mini/ (36 generated videos of moving shapes with captions) and mesh_mini/ "
+        "(30 generated 3D shapes with captions) under --out. "
         "Deterministic: two runs give "
         "byte-identical files. See the module docstring for details.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -376,14 +376,16 @@ def summary(r: dict) -> str:
     return "\n".join(
         [
             f"{'PASS' if r['passed'] else 'FAIL'}: kills survived {r['kills_survived']}/{r['kills_made']} "
-            f"(landed: {r['kills_landed']['step']} inside steps, {r['kills_landed']['checkpoint']} during checkpoint writes, "
+            f"(landed: {r['kills_landed']['step']} inside steps, "
+            f"{r['kills_landed']['checkpoint']} during checkpoint writes, "
             f"{r['kills_landed']['startup']} during start-up), {r['processes']} processes",
             f"layouts used (ranks x workers): {', '.join(r['layouts_used'])}",
             f"batches checked: {r['batches_checked']} of {r['steps']}: every global batch once, in order: "
             f"{r['every_batch_once_in_order']}; {r['rows_logged']} rows logged, "
             f"{len(r['rows_mismatched'])} with other keys or tensors than the reference",
             f"time lost per kill: mean {t['mean']} s, median {t['median']} s, max {t['max']} s "
-            f"(process wall time minus the steps it kept); soak {r['soak_wall_s']} s, reference {r['reference_wall_s']} s",
+            f"(process wall time minus the steps it kept); soak {r['soak_wall_s']} s, "
+            f"reference {r['reference_wall_s']} s",
         ]
     )
 

@@ -1,8 +1,9 @@
 """The output rule: a command writes only what is its own, and refuses before any long work.
 
 Every command that writes (``convert``, ``check-resume``, ``replay``, ``calibrate``, ``report``,
-``preview``, ``train --out``, ``scripts/render_measurements.py``) asks this module first, with what it reads (``inputs``) and how
-it recognises its own earlier output (``own``, by a marker or the file's own format):
+``preview``, ``train --out``, ``scripts/render_measurements.py``) asks this module first, with what
+it reads (``inputs``) and how it recognises its own earlier output (``own``, by a marker or the
+file's own format):
 
 * `check_file`: a file written whole (a cost file, an HTML report, a picture).
 * `check_folder`: a folder a command fills (a replayed run, a check's runs).

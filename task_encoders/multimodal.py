@@ -25,11 +25,11 @@ Contracts:
   replaced by the top level's: packing and the skip policy belong to the multimodal encoder.
 * **Dispatch** (`MultimodalTaskEncoder.modality_of`). ``sample_type``: the class (or a base
   class) named in ``sample_types``; else ``CaptioningSample`` → ``image_text``, a sample with an
-  ``video`` field → ``video_text``, a sample with a ``geometry`` field → ``pointcloud_text``, a sample with an ``audio`` field → ``audio_text``,
-  ``TextSample`` → ``text``. ``subflavor``: the modality named by
-  ``__subflavors__[subflavor_key]`` (set per blend entry in an Energon metadataset,
-  ``subflavors: {modality: image_text}``). A sample whose modality is not configured raises
-  `UnknownModality` (fatal, not skipped: it is a configuration error, not bad data).
+  ``video`` field → ``video_text``, a sample with a ``geometry`` field → ``pointcloud_text``, a
+  sample with an ``audio`` field → ``audio_text``, ``TextSample`` → ``text``. ``subflavor``: the
+  modality named by ``__subflavors__[subflavor_key]`` (set per blend entry in an Energon
+  metadataset, ``subflavors: {modality: image_text}``). A sample whose modality is not configured
+  raises `UnknownModality` (fatal, not skipped: it is a configuration error, not bad data).
 * **Same tensors as the modality's own encoder.** Encoding is the modality encoder's own
   ``encode`` (same seed, key, epoch and config), so a document's tokens and media are bit-identical
   to what that encoder gives the same sample.
@@ -80,7 +80,8 @@ class UnknownModality(FatalSampleError):
 
 
 def media_kind(cls: type, at: At) -> str:
-    """``"text"``, ``"image"``, ``"audio"``, ``"video"`` or ``"pointcloud"`` for a modality encoder class; ``ConfigError`` otherwise."""
+    """``"text"``, ``"image"``, ``"audio"``, ``"video"`` or ``"pointcloud"`` for a modality
+    encoder class; ``ConfigError`` otherwise."""
     if (
         not isinstance(cls, type)
         or not issubclass(cls, DocumentTaskEncoder)

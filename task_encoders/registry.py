@@ -7,8 +7,9 @@
     encoder = get_encoder("image_text", seed=3)                 # name: the class with default config
     encoder = get_encoder({"encoder": "text", "text": {...}})   # dict, like a YAML file
 
-The built-in encoders (``text``, ``image_text``, ``audio_text``, ``video_text``, ``pointcloud_text``, ``multimodal``) register on first lookup; others
-register when their module is imported, which a config can ask for with ``module: package.module``.
+The built-in encoders (``text``, ``image_text``, ``audio_text``, ``video_text``,
+``pointcloud_text``, ``multimodal``) register on first lookup; others register when their module is
+imported, which a config can ask for with ``module: package.module``.
 
 A registered name may have *variants*: a subclass that `get_encoder` builds instead when
 the parsed config asks for it (``@register_variant("image_text", when=...)``: an ``image_text``

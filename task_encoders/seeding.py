@@ -52,9 +52,9 @@ def sample_epoch(sample: Any) -> int:
     """The epoch a sample is seen in: ``sample.__subflavors__["epoch"]``, 0 when absent.
 
     This is the one place that decides where the epoch comes from. energon_platform's loader
-    (whose state is one position, restored without replay) hands out samples whose ``__subflavors__`` is a fresh dict holding ``"epoch"``;
-    Energon's own loader gives ``{}`` (or a dataset's subflavors), hence epoch 0, unless a
-    metadataset sets an ``epoch`` subflavor.
+    (whose state is one position, restored without replay) hands out samples whose
+    ``__subflavors__`` is a fresh dict holding ``"epoch"``; Energon's own loader gives ``{}`` (or a
+    dataset's subflavors), hence epoch 0, unless a metadataset sets an ``epoch`` subflavor.
     """
     subflavors = getattr(sample, "__subflavors__", None) or {}
     epoch = subflavors.get("epoch", 0)

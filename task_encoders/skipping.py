@@ -104,7 +104,10 @@ class SkipPolicy:
         cfg = self.config
         attempted = self.failures + self.successes
         if self.consecutive >= cfg.max_consecutive_failures:
-            why = f"{self.consecutive} samples failed in a row (errors.max_consecutive_failures={cfg.max_consecutive_failures})"
+            why = (
+                f"{self.consecutive} samples failed in a row "
+                f"(errors.max_consecutive_failures={cfg.max_consecutive_failures})"
+            )
         elif (
             attempted >= cfg.fraction_after and self.failures > cfg.max_skipped_fraction * attempted
         ):

@@ -1,8 +1,8 @@
 """NeMo-style audio manifests: JSONL lines ``{"audio_filepath", "text", "duration"}``.
 
 Paths resolve relative to the manifest's folder. Key = the ``id`` field if present (``0`` is an
-id; a missing, ``null`` or empty one is not), else the audio path without extension. ``duration`` is kept as declared provenance; the writer measures the
-real duration when it decodes.
+id; a missing, ``null`` or empty one is not), else the audio path without extension. ``duration`` is
+kept as declared provenance; the writer measures the real duration when it decodes.
 """
 
 from __future__ import annotations

@@ -124,8 +124,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def run_config(args, run: str | None, required: bool = True):
     """The config of a command over a run folder: ``--config`` (with ``--set``) when given, else
     the one ``RUN/run.yaml`` records (with ``--set``). Given both, one line on stderr names the
-    keys where ``--config`` differs from the record (``train.out`` aside: the run's own folder). None when neither is there and ``required``
-    is false; else a `UsageError` saying what to pass."""
+    keys where ``--config`` differs from the record (``train.out`` aside: the run's own folder).
+    None when neither is there and ``required`` is false; else a `UsageError` saying what to
+    pass."""
     from energon_platform.config import config_dict, load_config
     from energon_platform.training.run_record import RUN_YAML, config_changes, recorded_config
 

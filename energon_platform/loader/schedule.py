@@ -143,8 +143,9 @@ class Schedule:
         return range(rank * per_rank, (rank + 1) * per_rank)
 
     def check_world_size(self, world_size: int, micro_items: int | None = None) -> int:
-        """Items per rank; [`LayoutError`][energon_platform.loader.schedule.LayoutError] naming the world sizes that work otherwise.
-        ``micro_items``: the micro-batch size, which must divide each rank's share."""
+        """Items per rank; [`LayoutError`][energon_platform.loader.schedule.LayoutError] naming the
+        world sizes that work otherwise. ``micro_items``: the micro-batch size, which must divide
+        each rank's share."""
         return self.check_split(self.items_per_batch, self.group_size, world_size, micro_items)
 
     @staticmethod

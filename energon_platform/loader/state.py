@@ -73,8 +73,9 @@ class LoaderState:
     @classmethod
     def from_dict(cls, data: Any) -> LoaderState:
         """Validate a state read from a checkpoint: exact keys, exact types (no ``"5"`` for 5, no
-        floats, no bools), positions in range. Anything else is a [`StateMismatchError`][energon_platform.loader.state.StateMismatchError]
-        naming the field: a tampered or hand-edited state never restarts the data silently."""
+        floats, no bools), positions in range. Anything else is a
+        [`StateMismatchError`][energon_platform.loader.state.StateMismatchError] naming the field: a
+        tampered or hand-edited state never restarts the data silently."""
         if not isinstance(data, dict):
             raise StateMismatchError(f"loader state must be a mapping, got {type(data).__name__}")
         version = data.get("version")

@@ -75,9 +75,10 @@ def _tiles_per_image(images: Any, num_tiles: Any, num_images: Any) -> list[torch
 def doc_media(batch: Any) -> list[list[tuple[str, torch.Tensor]]]:
     """Per document, its media as ``(kind, tensor)``: ``("image", (C, h, w))``, ``("tiles",
     (n, C, h, w))``, ``("video", (T, C, h, w))`` (real frames only), ``("points", (P, 3|6))`` (xyz
-    only for a cloud whose ``has_colors`` is False) or ``("mel", (n_mels, T))`` (valid frames only). Reads any batch of this package: one medium per document (``image_text``,
-    ``audio_text``, ``video_text``), media with per-document counts (``multimodal``), tiles
-    (``tiles`` + ``num_tiles``), images of shape ``(D, n, C, h, w)``."""
+    only for a cloud whose ``has_colors`` is False) or ``("mel", (n_mels, T))`` (valid frames only).
+    Reads any batch of this package: one medium per document (``image_text``, ``audio_text``,
+    ``video_text``), media with per-document counts (``multimodal``), tiles (``tiles`` +
+    ``num_tiles``), images of shape ``(D, n, C, h, w)``."""
     n_docs = len(batch.keys)
     out: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(n_docs)]
 
@@ -531,7 +532,10 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
             docs += len(batch.keys)
             if len(batches) > 4 * n:
                 break
-        title = f"{Path(target).name}: {type(loader.encoder).__name__} ({type(loader.encoder).name}), training samples, epoch 0"
+        title = (
+            f"{Path(target).name}: {type(loader.encoder).__name__} "
+            f"({type(loader.encoder).name}), training samples, epoch 0"
+        )
         sheet = contact_sheet(loader.encoder, batches, n, title)
         undrawn = undrawn_fields(batches)
     finally:

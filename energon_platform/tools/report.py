@@ -441,7 +441,10 @@ def _sample_figure(sample: dict, reader: SampleReader | None) -> str:
         missing = (
             "" if reader is None else '<br><span class="note">not found in the datasets</span>'
         )
-        return f'<figure class="sample"><figcaption>{_sample_caption(sample, None, None)}{missing}</figcaption></figure>'
+        return (
+            f'<figure class="sample"><figcaption>{_sample_caption(sample, None, None)}'
+            f"{missing}</figcaption></figure>"
+        )
     png, text, tokens = drawn
     src = "data:image/png;base64," + base64.b64encode(png).decode()
     return (
@@ -531,11 +534,11 @@ def build_report(
     """Write the report of ``run_dir`` to ``out_path`` (one self-contained HTML file; module doc).
 
     ``spikes``: ``[{"step", "loss", "z", "samples": [{"dataset", "key", "shard", "epoch", "rank",
-    "loss"?}]}]``, worst first (``z`` None for a NaN/inf step); ``compare_run``: another run folder whose loss is drawn against this one;
-    ``config``: the run config (path, dict or RunConfig) whose datasets and encoder draw the
-    spikes' samples (without it, samples are listed by key only). `ReportError` for a
-    missing run folder or log, or one with no step. Returns ``{"path", "bytes", "steps",
-    "spikes", "corrupt"}``."""
+    "loss"?}]}]``, worst first (``z`` None for a NaN/inf step); ``compare_run``: another run folder
+    whose loss is drawn against this one; ``config``: the run config (path, dict or RunConfig) whose
+    datasets and encoder draw the spikes' samples (without it, samples are listed by key only).
+    `ReportError` for a missing run folder or log, or one with no step. Returns ``{"path", "bytes",
+    "steps", "spikes", "corrupt"}``."""
     log = read_run_log(run_dir)
     compare = read_run_log(compare_run) if compare_run is not None else None
     spikes = list(spikes or [])

@@ -7,8 +7,9 @@ of its rows as laid out, tiles, frames, one call per tower that runs):
 `calibrate` picks micro-batches that spread the features (farthest-point in feature space
 normalised per feature), times forward + backward of each on one thread (a warm-up round excluded,
 the minimum of ``repeats`` rounds kept; a round times every micro-batch once, so a burst of load
-from other processes inflates one run of several micro-batches, not every run of one), fits the coefficients with non-negative least squares on
-three of every four and measures the relative error of the prediction on the fourth (held back).
+from other processes inflates one run of several micro-batches, not every run of one), fits the
+coefficients with non-negative least squares on three of every four and measures the relative error
+of the prediction on the fourth (held back).
 
 The fit also has an ``overhead``: seconds every micro-batch costs whatever it holds. Every rank
 pays it once per micro-batch, so the planner balances only the features' part (`CostModel`

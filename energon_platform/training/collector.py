@@ -4,8 +4,9 @@ then everything the set-up made frozen.
 Importing torch, transformers and the encoder and building the model make a very large number of
 objects that live as long as the process. While they are made, every full collection scans all of
 them again (a share of the trainer's start-up CPU that grows with what the set-up imports and
-builds); after, every full collection still scans them, in the trainer and in each DataLoader worker forked from it, where
-the scan also touches (and so copies) pages the worker would otherwise share with its parent.
+builds); after, every full collection still scans them, in the trainer and in each DataLoader worker
+forked from it, where the scan also touches (and so copies) pages the worker would otherwise share
+with its parent.
 
 `off` is a block run with the collector off, as it was after (``timeit``'s rule: a full
 collection of a large process inside one timed step adds its own time to that step).

@@ -3,10 +3,10 @@
 Each document's media becomes one conditioning vector added to its token embeddings: images
 through a patch embedding (``Conv2d`` with stride = patch) mean-pooled over patches, audio log-mel
 frames through a linear layer mean-pooled over valid frames, point clouds through a linear layer on
-each point (xyz + rgb; xyz-only clouds get zero colour channels) mean-pooled over points. Then a few pre-norm transformer
-layers with causal attention *within* each document (packed rows hold several documents:
-``position_ids`` restart at 0 where a document starts) and a next-token LM loss averaged over
-``loss_mask``. Works on every batch type of ``task_encoders`` (text, image-text, audio-text,
+each point (xyz + rgb; xyz-only clouds get zero colour channels) mean-pooled over points. Then a few
+pre-norm transformer layers with causal attention *within* each document (packed rows hold several
+documents: ``position_ids`` restart at 0 where a document starts) and a next-token LM loss averaged
+over ``loss_mask``. Works on every batch type of ``task_encoders`` (text, image-text, audio-text,
 packed or not), and on the ``multimodal`` encoder's mixed batches, whose ``image_docs`` /
 ``audio_docs`` say which document each image or utterance belongs to (text-only documents get no
 media vector).

@@ -75,7 +75,7 @@ class MegatronLog:
     Sample (one line):
 
          [2026-08-22 15:22:22.123456] iteration       17/      30 | consumed samples:          136 | elapsed time per iteration (ms): 812.3 | learning rate: 2.999900E-04 | global batch size:     8 | lm loss: 7.633512E+00 | loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |
-    """
+    """  # noqa: E501 (a log line, quoted whole)
 
     name = "megatron"
 
@@ -102,7 +102,7 @@ class TorchtitanLog:
     steps). The loss is printed with 5 decimals. Sample:
 
         [titan] 2026-08-22 15:22:22,123 - root - INFO - step: 17  loss:  7.63351  grad_norm:  1.2345  memory:  0.00GiB(0.00%)  tps: 1,234  tflops: 0.00  mfu: 0.00%
-    """
+    """  # noqa: E501 (a log line, quoted whole)
 
     name = "torchtitan"
     pattern = re.compile(

@@ -14,18 +14,19 @@ being written:
     {"step": 7, "loss": 5.91, "keys": ["000000000189", ...], "batch_sha256": "8fb7d776..."}
 
 ``keys`` (the sample keys of the step's global batch) and ``batch`` (its tensors: a tensor, or a
-dict, list or tuple of them, nested; or digests already computed, see [`batch_digest`][energon_platform.training.step_log_writer.batch_digest]) are
-optional. With both, ``check-resume`` judges exactly (same keys, same digests, loss identical);
-without them, by the loss only (|Δloss| <= 0.01). Opening a log that a kill left with an
-unterminated last line cuts that line first, so the next row starts on a line of its own; the
-readers skip such a torn line as well.
+dict, list or tuple of them, nested; or digests already computed, see
+[`batch_digest`][energon_platform.training.step_log_writer.batch_digest]) are optional. With both,
+``check-resume`` judges exactly (same keys, same digests, loss identical); without them, by the loss
+only (|Δloss| <= 0.01). Opening a log that a kill left with an unterminated last line cuts that line
+first, so the next row starts on a line of its own; the readers skip such a torn line as well.
 
 ``sample_losses`` (each key's own loss, aligned with ``keys``) is optional too: ``energon-platform
 spikes`` ranks a loss spike's samples by it; check-resume does not compare it.
 
 Under ``torch.distributed`` only rank 0 writes (``rank=`` overrides; without an initialised
 process group, the ``RANK`` environment variable torchrun sets). Rank 0 sees its own part of the
-batch only: to log the global batch, gather each rank's keys and [`batch_digest`][energon_platform.training.step_log_writer.batch_digest] first (see
+batch only: to log the global batch, gather each rank's keys and
+[`batch_digest`][energon_platform.training.step_log_writer.batch_digest] first (see
 ``scripts/examples/torchtitan_style_loop.py``).
 
 Only the standard library is imported (and ``torch``'s tensors used when the loop has imported
@@ -155,12 +156,13 @@ class StepLog:
     ) -> None:
         """Log ``step`` (an int, the count of optimizer steps done, 1 for the first) and its
         ``loss`` (a float or a one-element tensor); ``keys``: sample keys of the step's batch;
-        ``batch``: tensors to digest ([`batch_digest`][energon_platform.training.step_log_writer.batch_digest]); ``sample_losses``: each key's loss
-        (aligned with ``keys``: a list of floats or a 1-D tensor; finite, or NaN for a sample
-        without targets; ``energon-platform spikes`` ranks a step's samples by them);
-        ``extra``: more JSON fields (e.g. ``resumed_from=step`` on the first row after a
-        restore, which check-resume then verifies). ``ValueError`` for a ``sample_losses`` that
-        does not fit ``keys``."""
+        ``batch``: tensors to digest
+        ([`batch_digest`][energon_platform.training.step_log_writer.batch_digest]);
+        ``sample_losses``: each key's loss (aligned with ``keys``: a list of floats or a 1-D tensor;
+        finite, or NaN for a sample without targets; ``energon-platform spikes`` ranks a step's
+        samples by them); ``extra``: more JSON fields (e.g. ``resumed_from=step`` on the first row
+        after a restore, which check-resume then verifies). ``ValueError`` for a ``sample_losses``
+        that does not fit ``keys``."""
         if not self.enabled:
             return
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:

@@ -311,7 +311,10 @@ def _what_changed(ck: dict, tok) -> str:
     saved = ck.get("model_state", {}).get("model", {})
     positions, tokens = saved.get("positions.weight"), saved.get("tokens.weight")
     if positions is not None and positions.shape[0] != tok.seq_len:
-        return f"encoder's seq_len (the checkpoint's model takes {positions.shape[0]} tokens, this encoder {tok.seq_len})"
+        return (
+            f"encoder's seq_len (the checkpoint's model takes {positions.shape[0]} tokens, "
+            f"this encoder {tok.seq_len})"
+        )
     if tokens is not None and tokens.shape[0] != tok.vocab_size:
         return f"encoder's tokenizer (vocabulary of {tokens.shape[0]} in the checkpoint, {tok.vocab_size} now)"
     return "model config (model.*)"

@@ -31,11 +31,12 @@ summed cost (reported as p50/p90/max over steps) for:
   of ``--seq-len`` per global batch, dealt with ``fixed=True``. Unpacked: ``ours`` plans R·K samples of
   like cost around the oldest of a pool of 32 global batches (no budget) and deals them K per rank;
   ``ours-budget`` plans with a cost budget (``budget=`` R·K x the blend's mean cost, measured on a
-  calibration draw) and deals with free counts. Also reported: padding (mean ``BatchPlan.padding``), the most carried samples, the
-  state size in bytes (``json.dumps(PlanState.to_json())`` after the last step), the planner's
-  time per global batch and ``bound``: per step, a lower bound of max/mean that any dealing of that
-  batch's rows (samples) must reach (the costliest item plus the K-1 cheapest on one rank), which
-  tells a planning limit (which samples and rows form the batch) from a dealing one.
+  calibration draw) and deals with free counts. Also reported: padding (mean ``BatchPlan.padding``),
+  the most carried samples, the state size in bytes (``json.dumps(PlanState.to_json())`` after the
+  last step), the planner's time per global batch and ``bound``: per step, a lower bound of max/mean
+  that any dealing of that batch's rows (samples) must reach (the costliest item plus the K-1
+  cheapest on one rank), which tells a planning limit (which samples and rows form the batch) from a
+  dealing one.
 
 A rank's cost is the sum of its samples' costs (padding is not counted: the cost models measure
 useful work). Then ratios ours/none and ours/energon of the p90 max/mean, and whether the balance

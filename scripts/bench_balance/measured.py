@@ -114,7 +114,8 @@ class Synthetic:
 
     def batch(self, rows: list[list[int]], packed: bool):
         """The micro-batch of ``rows`` (stream positions per row): rows of ``seq_len`` (packed;
-        longer where rounding the scaled lengths overfills one) or of the longest row (unpacked); carries its cost features as ``.cost_features``."""
+        longer where rounding the scaled lengths overfills one) or of the longest row (unpacked);
+        carries its cost features as ``.cost_features``."""
         from types import SimpleNamespace
 
         import torch

@@ -46,7 +46,8 @@ def test_bench_restore_toy(tmp_path):
     assert report["dataset"]["num_samples"] == 600 and not report["errors"]
     cell = report["positions"]["3"]["ours"]
     # timings are only reported here (a ratio > 0 proves nothing): that a restore builds only the
-    # requested micro-batches is tests/loader/test_state_mismatches_and_compare.py::test_restore_builds_only_the_requested_micro_batches
+    # requested micro-batches is
+    # tests/loader/test_state_mismatches_and_compare.py::test_restore_builds_only_the_requested_micro_batches
     for key in ("restore_s", "fresh_s", "ratio"):
         assert isinstance(cell[key], float), (key, cell)
     assert cell["state_bytes"] > 0

@@ -276,7 +276,8 @@ FAKE = textwrap.dedent("""
         if step % 2 == 0:  # the checkpoint of a step is complete before the step is logged
             (out / "ckpt.tmp").write_text(str(step))
             (out / "ckpt.tmp").replace(out / "ckpt")
-        log.write(step, 1.0 / step, keys=[f"k{step}"], batch=f"b{step}", **({"resumed_from": start} if step == start + 1 and resume else {}))
+        extra = {"resumed_from": start} if step == start + 1 and resume else {}
+        log.write(step, 1.0 / step, keys=[f"k{step}"], batch=f"b{step}", **extra)
         print(f"iter {step}: loss {1.0 / step:.6f}", flush=True)
 """)
 

@@ -15,7 +15,10 @@ from scripts.bench_data import three_modality_blend
 from tests.helpers import REPO
 
 #: as a user writes it in a run config
-ADAPT = "loader:\n  global_batch_size: 8\n  num_workers: 1\n  seed: 5\n  blend_adapt: {method: loss_ratio, every: 2, lag: 2}\n"
+ADAPT = (
+    "loader:\n  global_batch_size: 8\n  num_workers: 1\n  seed: 5\n"
+    "  blend_adapt: {method: loss_ratio, every: 2, lag: 2}\n"
+)
 
 
 @pytest.fixture(scope="module")

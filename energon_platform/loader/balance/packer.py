@@ -173,8 +173,8 @@ def pack_led_rows(
     documents are thus all of one size and one per row, so every row costs about the same and
     any dealing to any number of ranks is balanced. ``leads``: the first ``leads`` items (at most
     ``num_rows``) lead rows whatever their length (the end of an epoch), the other leads nearest in
-    length to their median; of more than ``num_rows``, the longest lead, the rest fill first. Returns ``(rows, carried)`` as
-    `pack_rows` does; needs at least ``num_rows`` items."""
+    length to their median; of more than ``num_rows``, the longest lead, the rest fill first.
+    Returns ``(rows, carried)`` as `pack_rows` does; needs at least ``num_rows`` items."""
     n = len(lengths)
     if n < num_rows:
         raise ValueError(f"{n} items cannot lead {num_rows} rows")

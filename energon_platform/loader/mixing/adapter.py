@@ -115,9 +115,10 @@ class BlendAdapter:
         self, step: int, datasets: Sequence[int], losses: Sequence[float], reduce=None
     ) -> Segment | None:
         """Take step ``step``'s per-sample ``losses`` of this rank (``datasets``: each sample's
-        dataset number; a loss that is not finite, NaN for a sample without targets, is left out). ``reduce(values)`` sums a list of floats over the data-parallel ranks
-        (None: one rank). Returns the new segment when this step makes an update that changes
-        the weights, else None."""
+        dataset number; a loss that is not finite, NaN for a sample without targets, is left out).
+        ``reduce(values)`` sums a list of floats over the data-parallel ranks (None: one rank).
+        Returns the new segment when this step makes an update that changes the weights, else
+        None."""
         if step != self.next_step:
             raise AdaptError(
                 f"loader.blend_adapt: losses reported for step {step}, but step {self.next_step} "
