@@ -32,7 +32,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import random
 import resource
 import subprocess
@@ -45,6 +44,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from scripts.bench_run import finish_record, run_record  # noqa: E402
 
 ENCODER = "configs/encoders/text_small.yaml"
 WORDS = ("the", "model", "reads", "a", "long", "document", "about", "cats", "and", "data")
@@ -352,7 +353,7 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(CHILDREN[args.child](**json.loads(args.args))))
         return 0
-    load = os.getloadavg()
+    record = run_record()
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp, contextlib.ExitStack() as stack:
         server = None
@@ -403,14 +404,7 @@ def main(argv=None) -> int:
         ]
     result = {
         "benchmark": "index",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "load_before": list(load),
-        "load_after": list(os.getloadavg()),
+        **finish_record(record),
         "settings": {
             "sizes": sorted(args.sizes),
             "per_shard": args.per_shard,

@@ -672,6 +672,23 @@ def trace_rows(r: dict) -> list[Row | Figure]:
     return rows
 
 
+def mixing_rows(r: dict) -> list[Row | Figure]:
+    rows = []
+    for method, c in (r.get("compared") or {}).items():
+        text = f"{method}: steps to the uniform mixture's final held-out loss, ÷ uniform's"
+        rows.append(
+            Row(
+                f"{method}: steps to the uniform mixture's final held-out loss, {method} "
+                "vs uniform weights",
+                c.get("steps_to_uniform_final"),
+                c.get("uniform_steps"),
+                "steps",
+                (f"{text} <= 0.85", "<=", 0.85),
+            )
+        )
+    return rows
+
+
 COSTS_OF_TODAY = {"none": "today", "naive": "naive sort-and-deal", "energon": "Energon packing"}
 
 
@@ -915,6 +932,16 @@ KINDS = {
             "replay a balanced run's trace costs."
         ),
         trace_rows,
+    ),
+    "mixing": Kind(
+        lambda r: (
+            "Online data mixing (blend_adapt in the loader config) on a synthetic four-domain text task "
+            f"({', '.join(get(r, 'settings', 'domains') or [])}: a pattern, one that saturates, "
+            "noise and a slow-to-learn pattern): the reference trainer with uniform weights against "
+            "the adaptive methods, same seed and steps; held-out loss per domain from checkpoints, "
+            "the mixer's cost per step and where the weights went."
+        ),
+        mixing_rows,
     ),
     "balance": Kind(balance_sentence, balance_rows, balance_chart, balance_alt),
 }
@@ -1247,6 +1274,7 @@ its figures as JSON with `--json`. To fill this page:
 .venv/bin/python scripts/bench_trace.py --json bench-trace.json
 .venv/bin/python scripts/bench_3d.py --json bench-3d.json
 .venv/bin/python scripts/bench_lengths.py --json bench-lengths.json
+.venv/bin/python scripts/bench_mixing.py --json bench-mixing.json
 .venv/bin/python scripts/render_measurements.py
 ```
 """
