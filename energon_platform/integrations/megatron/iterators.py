@@ -58,7 +58,7 @@ class MegatronTrainIterator:
         data-parallel rank that has the iterator, before the iteration's checkpoint (in
         ``loss_func``, not for validation batches). When the iteration's last micro-batch
         (`accumulation`) is in, this rank's keys and losses of the whole global batch go to
-        `TrainLoader.report_losses` with ``group``, the data-parallel process group::
+        `TrainLoader.report_losses` with ``group``, the data-parallel process group:
 
             def loss_func(batch, output_tensor):
                 train_iter.report_losses(
