@@ -10,7 +10,8 @@ restored in O(1), and the loader kept out of ``accelerator.prepare``:
     ...
     accelerator.save_state(ckpt)     # at a step boundary
 
-What Accelerate would otherwise do, and what [`prepare_loader`][energon_platform.integrations.accelerate.prepare_loader] does instead:
+What Accelerate would otherwise do, and what
+[`prepare_loader`][energon_platform.integrations.accelerate.prepare_loader] does instead:
 
 * **No double sharding.** ``prepare`` wraps a ``DataLoader`` to shard it across processes (or to
   dispatch from rank 0). Our loader is already per data-parallel rank (``rank=process_index``,
@@ -54,10 +55,11 @@ STATE_FILE = "energon_loader_state.json"
 
 
 def prepare_loader(accelerator: Any, cfg: Any, num_workers: int | None = None) -> TrainLoader:
-    """This process's [`TrainLoader`][energon_platform.integrations.accelerate.TrainLoader] (data-parallel rank ``process_index`` of
-    ``num_processes``), its state saved and restored by ``accelerator.save_state``/``load_state``.
-    Call it once per loader, before ``load_state``. ``cfg``: a run config. ``ValueError`` when the
-    accelerator's ``gradient_accumulation_steps`` is not the loader's accumulation."""
+    """This process's [`TrainLoader`][energon_platform.integrations.accelerate.TrainLoader]
+    (data-parallel rank ``process_index`` of ``num_processes``), its state saved and restored by
+    ``accelerator.save_state``/``load_state``. Call it once per loader, before ``load_state``.
+    ``cfg``: a run config. ``ValueError`` when the accelerator's ``gradient_accumulation_steps`` is
+    not the loader's accumulation."""
     loader = TrainLoader(
         cfg,
         rank=accelerator.process_index,

@@ -2,7 +2,8 @@
 
 torchtitan checkpoints ``{"model", "optimizer", "lr_scheduler", "dataloader", ...}`` with
 ``dcp.save``/``dcp.load``; every value is a ``Stateful`` (``state_dict``/``load_state_dict``).
-[`DCPLoader`][energon_platform.integrations.dcp.DCPLoader] wraps a [`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] for that:
+[`DCPLoader`][energon_platform.integrations.dcp.DCPLoader] wraps a
+[`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] for that:
 
 * **One rank-independent entry.** At a step boundary the loader state means the same global
   position on every rank, so every rank writes the same key; DCP keeps one copy and every rank of
@@ -48,7 +49,9 @@ def encode_state(state: dict) -> torch.Tensor:
 
 
 def decode_state(tensor: torch.Tensor) -> dict:
-    """The JSON state in ``tensor`` ([`StateMismatchError`][energon_platform.integrations.dcp.StateMismatchError] if it is not one)."""
+    """The JSON state in ``tensor``
+    ([`StateMismatchError`][energon_platform.integrations.dcp.StateMismatchError] if it is not
+    one)."""
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
         raise StateMismatchError(f"the checkpoint's {KEY} is not a uint8 byte tensor")
     raw = bytes(tensor.numpy().tobytes()).split(b"\0", 1)[0]

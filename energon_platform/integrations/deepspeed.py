@@ -14,11 +14,14 @@
   rank 0 and gives it back to every rank in ``load_checkpoint``. The loader state saved at a step
   boundary is the global position, the same on every rank, so rank 0's copy serves them all.
 * **Batch arithmetic.** DeepSpeed checks that ``train_batch_size`` is the micro batch times the
-  gradient accumulation times the world size, and steps the optimizer every ``gradient_accumulation_steps`` micro-batches;
-  [`batch_config`][energon_platform.integrations.deepspeed.batch_config] takes those numbers from the loader, so a DeepSpeed step is one global batch.
+  gradient accumulation times the world size, and steps the optimizer every
+  ``gradient_accumulation_steps`` micro-batches;
+  [`batch_config`][energon_platform.integrations.deepspeed.batch_config] takes those numbers from
+  the loader, so a DeepSpeed step is one global batch.
 * **One process without a launcher.** ``deepspeed.init_distributed`` outside ``torchrun`` or the
-  ``deepspeed`` launcher looks for MPI (``mpi4py``); [`init_distributed`][energon_platform.integrations.deepspeed.init_distributed] gives a lone process
-  the environment of a world of one instead.
+  ``deepspeed`` launcher looks for MPI (``mpi4py``);
+  [`init_distributed`][energon_platform.integrations.deepspeed.init_distributed] gives a lone
+  process the environment of a world of one instead.
 * **Restore** is ``load_state_dict``: as fast as a fresh start at any position (no replay).
 """
 

@@ -1,10 +1,11 @@
 """Moving a batch to a device, whatever the trainer.
 
-Our batches are Energon ``@edataclass`` types: frozen dataclasses, which generic movers that
-assign fields refuse (Lightning's ``apply_to_collection``: "A frozen dataclass was passed ...").
-Each batch type has ``.to(device)``, which such movers call instead (Lightning's default
-``transfer_batch_to_device`` does); [`to_device`][energon_platform.integrations.device.to_device] moves a batch, or anything holding batches
-and tensors, by building moved copies with ``dataclasses.replace``.
+Our batches are Energon ``@edataclass`` types: frozen dataclasses, which generic movers that assign
+fields refuse (Lightning's ``apply_to_collection``: "A frozen dataclass was passed ..."). Each batch
+type has ``.to(device)``, which such movers call instead (Lightning's default
+``transfer_batch_to_device`` does); [`to_device`][energon_platform.integrations.device.to_device]
+moves a batch, or anything holding batches and tensors, by building moved copies with
+``dataclasses.replace``.
 """
 
 from __future__ import annotations

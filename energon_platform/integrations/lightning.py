@@ -1,5 +1,6 @@
-"""PyTorch Lightning: return a [`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] from
-``train_dataloader()`` and mix [`EnergonHooks`][energon_platform.integrations.lightning.EnergonHooks] into the ``LightningModule``:
+"""PyTorch Lightning: return a [`TrainLoader`][energon_platform.loader.train_loader.TrainLoader]
+from ``train_dataloader()`` and mix
+[`EnergonHooks`][energon_platform.integrations.lightning.EnergonHooks] into the ``LightningModule``:
 
     class Model(EnergonHooks, L.LightningModule):
         def train_dataloader(self):

@@ -1,10 +1,11 @@
 """Train and validation loaders built from a run config.
 
-[`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] is an iterator of micro-batches with the ``Stateful`` protocol of
-``torch.distributed.checkpoint`` (``state_dict``/``load_state_dict``). Its state is a
-[`LoaderState`][energon_platform.loader.state.LoaderState] as a plain dict. Restoring costs the same as starting
-(no replay), works with another number of workers, and with another data-parallel world size when
-that world size divides the global batch.
+[`TrainLoader`][energon_platform.loader.train_loader.TrainLoader] is an iterator of micro-batches
+with the ``Stateful`` protocol of ``torch.distributed.checkpoint``
+(``state_dict``/``load_state_dict``). Its state is a
+[`LoaderState`][energon_platform.loader.state.LoaderState] as a plain dict. Restoring costs the same
+as starting (no replay), works with another number of workers, and with another data-parallel world
+size when that world size divides the global batch.
 
 ``data.path`` is one Energon dataset or a metadataset (`datasets`).
 The state records the blend's history (`blend_history`); its
@@ -13,10 +14,11 @@ mode, blend unit, schedule version) and the identity of each saved dataset by na
 the same data now; datasets may be added at resume, not removed.
 
 Worker supervision: a worker that dies (killed for memory) stops the run with
-[`LoaderWorkerError`][energon_platform.loader.train_loader.LoaderWorkerError]; with ``loader.sample_timeout`` a worker on one sample for longer than the
-limit is killed, the sample becomes a failed sample (its stand-in is used, as for a corrupt one) and
-the workers restart at the loader's position. Micro-batches are
-pure functions of their position, so the restart changes no other batch and the state no field.
+[`LoaderWorkerError`][energon_platform.loader.train_loader.LoaderWorkerError]; with
+``loader.sample_timeout`` a worker on one sample for longer than the limit is killed, the sample
+becomes a failed sample (its stand-in is used, as for a corrupt one) and the workers restart at the
+loader's position. Micro-batches are pure functions of their position, so the restart changes no
+other batch and the state no field.
 """
 
 from __future__ import annotations
@@ -399,7 +401,8 @@ class TrainLoader:
             self.close()
             raise LoaderWorkerError(
                 f"loader worker {worker} (pid {pid}) of rank {self.rank} died while making micro-batch "
-                f"{self.next_microbatch} (global batch {self.global_batch}): {(str(e).splitlines() or [type(e).__name__])[0]}. "
+                f"{self.next_microbatch} (global batch {self.global_batch}): "
+                f"{(str(e).splitlines() or [type(e).__name__])[0]}. "
                 f"Out of memory? Lower loader.num_workers or prefetch_factor; resume from the latest "
                 f"checkpoint and the data continues exactly"
             ) from None
@@ -485,8 +488,10 @@ class TrainLoader:
             self.next_microbatch = now
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Continue from a saved position. Raises [`StateMismatchError`][energon_platform.loader.train_loader.StateMismatchError] for other data or
-        config, [`LayoutError`][energon_platform.loader.train_loader.LayoutError] for a layout that cannot continue the same global batches."""
+        """Continue from a saved position. Raises
+        [`StateMismatchError`][energon_platform.loader.train_loader.StateMismatchError] for other
+        data or config, [`LayoutError`][energon_platform.loader.train_loader.LayoutError] for a
+        layout that cannot continue the same global batches."""
         state = LoaderState.from_dict(state_dict)
         self.close()  # workers already started would produce the old position
         self.plan.resume(state)
@@ -588,7 +593,8 @@ def gradient_accumulation_steps(cfg: RunConfig, world_size: int = 1) -> int:
     """Micro-batches per global batch on each of ``world_size`` data-parallel ranks: the
     ``TrainLoader.accumulation`` that ``TrainLoader(cfg, world_size=world_size)`` will have, known
     before any loader (or trainer) exists, e.g. for ``Accelerator(gradient_accumulation_steps=...)``
-    or ``Trainer(accumulate_grad_batches=...)``. [`LayoutError`][energon_platform.loader.train_loader.LayoutError] for a world size that cannot
+    or ``Trainer(accumulate_grad_batches=...)``.
+    [`LayoutError`][energon_platform.loader.train_loader.LayoutError] for a world size that cannot
     split the global batch."""
     per_rank = Schedule.check_split(
         cfg.loader.global_batch_size, 1, world_size, cfg.loader.micro_batch_size

@@ -7,13 +7,14 @@ state (no replay).
     torchrun --standalone --nproc-per-node 2 scripts/examples/lightning_example.py ...   # DDP, gloo
 
 ``run.yaml`` is an energon-platform run config (an image-text encoder, or the ``multimodal`` one
-over a blend, without packing; one micro-batch per rank and step: ``micro_batch_size`` unset). Rank 0 logs each optimizer step to
-``OUT/steps.jsonl`` with ``StepLog``, for the global batch: every rank's sample keys and row
-digests in rank order (the loader's global order, whatever the number of processes), each
-sample's own loss (``sample_losses``, aligned with the keys) and the token-mean loss over all
-ranks (the sample losses' mean weighted by their target counts); the gradient is that of the same mean. So a checkpoint of a run on
-2 processes resumes on 1 (or the reverse) with the same keys and digests, the loss equal up to the
-order of the all-reduce: check-resume's exact check with ``--tolerance 1e-5``.
+over a blend, without packing; one micro-batch per rank and step: ``micro_batch_size`` unset). Rank
+0 logs each optimizer step to ``OUT/steps.jsonl`` with ``StepLog``, for the global batch: every
+rank's sample keys and row digests in rank order (the loader's global order, whatever the number of
+processes), each sample's own loss (``sample_losses``, aligned with the keys) and the token-mean
+loss over all ranks (the sample losses' mean weighted by their target counts); the gradient is that
+of the same mean. So a checkpoint of a run on 2 processes resumes on 1 (or the reverse) with the
+same keys and digests, the loss equal up to the order of the all-reduce: check-resume's exact check
+with ``--tolerance 1e-5``.
 ``training_step`` reports each micro-batch's sample losses with ``self.report_losses``
 (``EnergonHooks``): the loader gets every global step's, before its checkpoint, for online mixing
 (``loader.blend_adapt``); a no-op without it.

@@ -1,5 +1,7 @@
-"""Megatron-LM's arguments against the batches: what they must be ([`megatron_requirements`][energon_platform.integrations.megatron.args.megatron_requirements]) and
-the refusal of a run whose arguments disagree ([`check_megatron_args`][energon_platform.integrations.megatron.args.check_megatron_args]).
+"""Megatron-LM's arguments against the batches: what they must be
+([`megatron_requirements`][energon_platform.integrations.megatron.args.megatron_requirements]) and
+the refusal of a run whose arguments disagree
+([`check_megatron_args`][energon_platform.integrations.megatron.args.check_megatron_args]).
 """
 
 from __future__ import annotations
@@ -100,11 +102,13 @@ def check_megatron_args(
     tokenizer: Any = None,
     batch_format: BatchFormat = "multimodal",
 ) -> dict:
-    """Refuse ([`MegatronArgsError`][energon_platform.integrations.megatron.args.MegatronArgsError], one line per disagreement, naming Megatron's argument, its
-    value and the value the batches need) a Megatron run whose ``args`` do not fit the encoder's
-    batches ([`megatron_requirements`][energon_platform.integrations.megatron.args.megatron_requirements]); returns the requirements. Arguments ``args`` lacks are
-    not checked. ``tokenizer``: Megatron's ``get_tokenizer()``, to compare the placeholder's id
-    exactly; without it ``args.tokenizer_model`` is loaded when it is a local folder."""
+    """Refuse ([`MegatronArgsError`][energon_platform.integrations.megatron.args.MegatronArgsError],
+    one line per disagreement, naming Megatron's argument, its value and the value the batches need)
+    a Megatron run whose ``args`` do not fit the encoder's batches
+    ([`megatron_requirements`][energon_platform.integrations.megatron.args.megatron_requirements]);
+    returns the requirements. Arguments ``args`` lacks are not checked. ``tokenizer``: Megatron's
+    ``get_tokenizer()``, to compare the placeholder's id exactly; without it
+    ``args.tokenizer_model`` is loaded when it is a local folder."""
     req = megatron_requirements(config)
     problems = []
 

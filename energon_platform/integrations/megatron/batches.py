@@ -1,4 +1,5 @@
-"""One ``task_encoders`` micro-batch → the dict Megatron-LM's ``get_batch`` reads ([`to_megatron_batch`][energon_platform.integrations.megatron.batches.to_megatron_batch]), in the
+"""One ``task_encoders`` micro-batch → the dict Megatron-LM's ``get_batch`` reads
+([`to_megatron_batch`][energon_platform.integrations.megatron.batches.to_megatron_batch]), in the
 ``multimodal`` or the ``gpt`` format.
 """
 
@@ -172,7 +173,8 @@ def _multimodal_batch(batch: Any, packed: bool) -> dict:
 
 
 def _vision_language_batch(batch: Any, packed: bool) -> dict:
-    """[`to_megatron_batch`][energon_platform.integrations.megatron.batches.to_megatron_batch] of a `task_encoders.vision_language.VisionLanguageBatch`."""
+    """[`to_megatron_batch`][energon_platform.integrations.megatron.batches.to_megatron_batch] of a
+    `task_encoders.vision_language.VisionLanguageBatch`."""
     tokens = batch.tokens.to(torch.int64)
     rows, seq_len = tokens.shape
     targets = torch.where(

@@ -1,7 +1,9 @@
-"""Per-sample losses of a Megatron micro-batch ([`sample_losses`][energon_platform.integrations.megatron.losses.sample_losses]): what a Megatron loop logs
-with ``StepLog.write(..., keys=..., sample_losses=...)`` so that ``energon-platform spikes`` can
-rank a spike's samples, and what online mixing (``loader.blend_adapt``) takes: pass them to
-`MegatronTrainIterator.report_losses` for every training micro-batch, on every data-parallel rank
+"""Per-sample losses of a Megatron micro-batch
+([`sample_losses`][energon_platform.integrations.megatron.losses.sample_losses]): what a Megatron
+loop logs with ``StepLog.write(..., keys=..., sample_losses=...)`` so that
+``energon-platform spikes`` can rank a spike's samples, and what online mixing
+(``loader.blend_adapt``) takes: pass them to `MegatronTrainIterator.report_losses` for every
+training micro-batch, on every data-parallel rank
 (``group=parallel_state.get_data_parallel_group()``).
 """
 

@@ -1,5 +1,7 @@
 """Megatron-LM's ``train_valid_test_dataloaders_provider`` for ``--dataloader-type external``: from
-plain values ([`make_provider`][energon_platform.integrations.megatron.provider.make_provider]) or from Megatron's ``args`` ([`make_provider_from_args`][energon_platform.integrations.megatron.provider.make_provider_from_args]).
+plain values ([`make_provider`][energon_platform.integrations.megatron.provider.make_provider]) or
+from Megatron's ``args``
+([`make_provider_from_args`][energon_platform.integrations.megatron.provider.make_provider_from_args]).
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def make_provider(
         config: run config (YAML path, mapping for `load_config`, or `RunConfig`).
         dp_rank: this rank's data-parallel index (``parallel_state``'s).
         dp_size: the number of data-parallel ranks (``parallel_state``'s).
-        is_data_rank: False where Megatron builds no data ([`is_dataloader_rank`][energon_platform.integrations.megatron.provider.is_dataloader_rank]); the
-            provider then returns ``(None, None, None)`` and reads nothing.
+        is_data_rank: False where Megatron builds no data
+            ([`is_dataloader_rank`][energon_platform.integrations.megatron.provider.is_dataloader_rank]);
+            the provider then returns ``(None, None, None)`` and reads nothing.
         micro_batch_size: Megatron's ``--micro-batch-size`` in loader items (samples; pack
             groups with packing, which the multimodal format turns into one packed sequence per
             micro-batch); None keeps the config's ``loader`` value.
@@ -140,10 +143,11 @@ def make_provider(
 
 
 def provider_kwargs_from_args(args: Any) -> dict:
-    """[`make_provider`][energon_platform.integrations.megatron.provider.make_provider] keyword arguments from Megatron's ``args`` (``get_args()``):
-    ``micro_batch_size``, ``global_batch_size``, ``num_workers``, ``dataloader_save``,
-    ``eval_iters``, ``dp_size`` (``data_parallel_size``) and ``restore_iteration``
-    (``args.iteration`` when ``args.load`` is set and a checkpoint was loaded, else None)."""
+    """[`make_provider`][energon_platform.integrations.megatron.provider.make_provider] keyword
+    arguments from Megatron's ``args`` (``get_args()``): ``micro_batch_size``,
+    ``global_batch_size``, ``num_workers``, ``dataloader_save``, ``eval_iters``, ``dp_size``
+    (``data_parallel_size``) and ``restore_iteration`` (``args.iteration`` when ``args.load`` is set
+    and a checkpoint was loaded, else None)."""
     kwargs: dict[str, Any] = {
         "micro_batch_size": args.micro_batch_size,
         "global_batch_size": args.global_batch_size,
@@ -176,9 +180,11 @@ def make_provider_from_args(
     tokenizer: Any = None,
     **overrides: Any,
 ):
-    """[`make_provider`][energon_platform.integrations.megatron.provider.make_provider] with Megatron's ``args`` ([`provider_kwargs_from_args`][energon_platform.integrations.megatron.provider.provider_kwargs_from_args]) and this
-    rank's ``parallel_state`` ranks (tensor, pipeline, data parallel); ``overrides`` win. On a data
-    rank the provider first runs `check_megatron_args` (``tokenizer``: Megatron's
+    """[`make_provider`][energon_platform.integrations.megatron.provider.make_provider] with
+    Megatron's ``args``
+    ([`provider_kwargs_from_args`][energon_platform.integrations.megatron.provider.provider_kwargs_from_args])
+    and this rank's ``parallel_state`` ranks (tensor, pipeline, data parallel); ``overrides`` win.
+    On a data rank the provider first runs `check_megatron_args` (``tokenizer``: Megatron's
     ``get_tokenizer()``, optional) and refuses disagreeing arguments before reading any data; its
     train iterator's ``image_token_index`` is the placeholder id, and packed micro-batches longer
     than ``args.decoder_seq_length`` after splicing raise instead of being cut."""

@@ -88,9 +88,10 @@ def save_dataloader_state(
 
 
 def load_dataloader_state(path: str | os.PathLike) -> dict:
-    """The loader state in a state file ([`save_dataloader_state`][energon_platform.integrations.megatron.state_files.save_dataloader_state]'s, Megatron's torch.save of
-    our ``save_state()``, or the same content as JSON). Reads torch files with
-    ``weights_only=True`` only. ``FileNotFoundError`` naming the path when it does not exist;
+    """The loader state in a state file
+    ([`save_dataloader_state`][energon_platform.integrations.megatron.state_files.save_dataloader_state]'s,
+    Megatron's torch.save of our ``save_state()``, or the same content as JSON). Reads torch files
+    with ``weights_only=True`` only. ``FileNotFoundError`` naming the path when it does not exist;
     `StateMismatchError` naming it when it holds no state of ours."""
     path = Path(path)
     if not path.is_file():
