@@ -163,74 +163,6 @@ class TrainLoader:
         dataset name → share (for the log row)."""
         return self.plan.blend_weights(self.global_batch if batch is None else batch)
 
-    # --- the plan's parts, as the loader's ----------------------------------------------------
-
-    @property
-    def datasets(self) -> Any:
-        """The run's `DatasetSet`."""
-        return self.plan.datasets
-
-    @property
-    def source(self) -> Any:
-        """The first (for one-dataset runs: the) dataset's sample source."""
-        return self.plan.datasets.entries[0].source
-
-    @property
-    def batching(self) -> Any:
-        """The batching mode (`batching`)."""
-        return self.plan.batching
-
-    @property
-    def planned(self) -> bool:
-        """``loader.balance`` set: global batches are planned (`planner`)."""
-        return self.plan.batching.planned
-
-    @property
-    def packed_rows(self) -> bool:
-        """Planned fixed rows of ``seq_len``, packed across the global batch."""
-        return self.plan.batching.packed_rows
-
-    @property
-    def pack_group(self) -> int:
-        return self.plan.pack_group
-
-    @property
-    def micro_items(self) -> int:
-        return self.plan.micro_items
-
-    @property
-    def unit(self) -> int:
-        return self.plan.unit
-
-    @property
-    def planner(self) -> Any:
-        return self.plan.planner
-
-    @property
-    def schedule(self) -> Schedule:
-        return self.plan.schedule
-
-    @property
-    def orders(self) -> tuple:
-        return self.plan.orders
-
-    @property
-    def blend(self) -> Any:
-        return self.plan.blend
-
-    @property
-    def exclusions(self) -> list:
-        return self.plan.exclusions
-
-    @property
-    def fingerprint(self) -> dict:
-        return self.plan.fingerprint
-
-    @property
-    def blend_changes(self) -> list[str]:
-        """What `load_state_dict` changed in the blend and the exclusions, with steps."""
-        return self.plan.blend_changes
-
     # --- statistics -------------------------------------------------------------------------
 
     def balance_stats(self, batch: int) -> dict:
@@ -242,7 +174,7 @@ class TrainLoader:
         """``{"excluded": {dataset: n}}``: samples of global batch ``batch`` (all ranks) that
         ``loader.exclude`` replaced, computed as ``trace`` computes them (keys from Energon's
         index, no data read); ``{}`` when none (for the trainer's log row)."""
-        if not self.exclusions or not any(ex.active(batch) for ex in self.exclusions):
+        if not self.plan.exclusions or not any(ex.active(batch) for ex in self.plan.exclusions):
             return {}
         if self._tracer is None:
             from energon_platform.loader.trace import Tracer
@@ -354,7 +286,7 @@ class TrainLoader:
                 s.seconds,
                 key,
                 s.index,
-                self.datasets.entries[s.dataset].name,
+                self.plan.datasets.entries[s.dataset].name,
                 s.micro_batch,
                 limit,
                 self.next_microbatch,
@@ -368,9 +300,9 @@ class TrainLoader:
 
         from energon_platform.loader.key_index import KeyIndex
 
-        prefix = self.datasets.key_prefix(dataset)
+        prefix = self.plan.datasets.key_prefix(dataset)
         try:
-            return prefix + KeyIndex(self.datasets.entries[dataset].source).keys([index])[0]
+            return prefix + KeyIndex(self.plan.datasets.entries[dataset].source).keys([index])[0]
         except (DatasetError, sqlite3.Error, OSError):  # no usable index: the position names it
             return f"{prefix}#{index}"
 
@@ -456,7 +388,7 @@ class TrainLoader:
         _refuse_lightning_without_hooks(self)
         return LoaderState(
             version=STATE_VERSION,
-            fingerprint={**self.fingerprint, "datasets": self.dataset_identities()},
+            fingerprint={**self.plan.fingerprint, "datasets": self.dataset_identities()},
             next_microbatch=self.next_microbatch,
             accumulation=self.accumulation,
             layout={
@@ -465,11 +397,11 @@ class TrainLoader:
                 "num_workers": self.num_workers,
                 "micro_items": self.maker.micro_items,
             },
-            datasets=self.datasets.names,
-            blend=self.blend.to_json(),
+            datasets=self.plan.datasets.names,
+            blend=self.plan.blend.to_json(),
             consumed=list(self.consumed().values()),
             plan=self.plan.batching.state_at(self.global_batch),
-            exclude=[ex.to_json() for ex in self.exclusions] or None,
+            exclude=[ex.to_json() for ex in self.plan.exclusions] or None,
             blend_adapt=None if self.adapter is None else self.adapter.state_dict(),
         ).to_dict()
 

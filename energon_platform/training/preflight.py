@@ -123,7 +123,7 @@ def preflight(cfg: RunConfig, loader: Any = None) -> None:
         from energon_platform.loader.train_loader import TrainLoader
 
         loader = TrainLoader(cfg, num_workers=0)
-    for source in [e.source for e in loader.datasets.entries]:
+    for source in [e.source for e in loader.plan.datasets.entries]:
         check_model_fits(
             cfg.model,
             check_encoder_fits(source, loader.encoder, cfg.loader.sample_timeout),

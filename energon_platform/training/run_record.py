@@ -60,7 +60,9 @@ def record_run(
             **now,
             "versions": versions(),
             "datasets": _datasets(loader),
-            "fingerprint": getattr(getattr(loader, "loader", loader), "fingerprint", None),
+            "fingerprint": getattr(
+                getattr(getattr(loader, "loader", loader), "plan", None), "fingerprint", None
+            ),
             "resumes": [],
         }
     else:

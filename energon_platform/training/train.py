@@ -160,7 +160,7 @@ def _filled(micro_batches: list, loader: Any, world: int, device: Any) -> dict:
     """Packed planned rows: ``{"padding": fraction of the step's row positions (all ranks) that
     hold no document}``, from the batches trained, so positions left empty where no stand-in fit
     an excluded or failed sample count too (the plan cannot know them); ``{}`` otherwise."""
-    if not loader.packed_rows:
+    if not loader.plan.batching.packed_rows:
         return {}
     counts = torch.tensor(
         [
@@ -418,8 +418,8 @@ def restore(run: Run, resume: bool) -> tuple[int, dict, bool]:
             f"with the {_what_changed(ck, run.loader.encoder.tokenizer)} it was saved with"
         ) from None
     run.loader.load_state_dict(ck["loader_state"])
-    if run.loader.blend_changes:  # new blend weights or datasets from this step on
-        note["blend_changes"] = run.loader.blend_changes  # printed by the loader's log, once
+    if run.loader.plan.blend_changes:  # new blend weights or datasets from this step on
+        note["blend_changes"] = run.loader.plan.blend_changes  # printed by the loader's log, once
     checkpoint.set_rng_state(ck["rng"])
     if run.rank == 0 and not run.quiet:
         print(
@@ -490,7 +490,7 @@ def log_row(
     digests = [d for g in gathered for d in g[1]]
     losses = [v for g in gathered for v in g[2]]
     loader = run.loader
-    if loader.batching.sorts_logged_keys:  # rank order depends on the world size
+    if loader.plan.batching.sorts_logged_keys:  # rank order depends on the world size
         keys, losses = _sorted_by_key(keys, losses)
         digests = sorted(digests)
     consumed = loader.consumed()  # before the next global batch: this step included
@@ -512,7 +512,7 @@ def log_row(
         **loader.exclusion_stats(global_batch),
         **result.filled,
     }
-    if loader.datasets.metadataset:  # the weights this step was drawn with
+    if loader.plan.datasets.metadataset:  # the weights this step was drawn with
         row["blend_weights"] = loader.blend_weights(global_batch)
     return row
 

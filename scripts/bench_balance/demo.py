@@ -43,13 +43,13 @@ def demo_section(args) -> dict:
             loader = TrainLoader(cfg, rank=0, world_size=8, num_workers=0)
             ratios, pads, carried, repeats = {2: [], 8: []}, [], [], 0
             for b in range(args.demo_steps):
-                plan = loader.planner.plan(b)
+                plan = loader.plan.planner.plan(b)
                 for world, share in ratios.items():
                     costs = rank_costs(plan, deal_plan(plan, world, 1, fixed=True))
                     share.append(max(costs) / (sum(costs) / len(costs)))
                 pads.append(plan.padding)
                 carried.append(len(plan.next_state.carried))
-                ids = loader.planner.identities([p for row in plan.items for p in row])
+                ids = loader.plan.planner.identities([p for row in plan.items for p in row])
                 repeats += len(ids) - len(set(ids))
             out.append(
                 {

@@ -466,7 +466,7 @@ def test_train_loader_with_the_text_encoder(text_shards):
         }
     )
     loader = TrainLoader(config)
-    assert loader.pack_group == 8  # text_small.yaml: packing.buffer_size
+    assert loader.plan.pack_group == 8  # text_small.yaml: packing.buffer_size
     tokenizer = loader.encoder.tokenizer.hf
     keys, texts = [], {f"d{i:04d}": doc(i) for i in range(120)}
     for _ in range(15):  # one epoch: 120 documents, one pack group of 8 per global batch

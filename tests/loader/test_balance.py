@@ -275,16 +275,16 @@ def test_every_sample_of_a_dataset_once_per_epoch_including_carried(three_packed
     loader = TrainLoader(_config(mds, cache), num_workers=0)
     placed, padding = [], []
     for b in range(40):
-        placed += [p for row in loader.planner.plan(b).items for p in row]
-        padding.append(loader.planner.plan(b).padding)
+        placed += [p for row in loader.plan.planner.plan(b).items for p in row]
+        padding.append(loader.plan.planner.plan(b).padding)
     # long documents wait for rows led by their like; the pool must still hold short ones to fill
     # them. Near a small dataset's epoch boundary its next epoch waits (epochs are permutations),
     # so a few rows there are emptier: the mean and the 90th percentile stay small.
     assert np.mean(padding) <= 0.05 and np.quantile(padding, 0.9) <= 0.06, padding
-    d, e, i = loader.schedule.samples(placed)
+    d, e, i = loader.plan.schedule.samples(placed)
     triples = list(zip(d.tolist(), e.tolist(), i.tolist()))
     assert len(triples) == len(set(triples))
-    for dataset, entry in enumerate(loader.datasets.entries):
+    for dataset, entry in enumerate(loader.plan.datasets.entries):
         epochs = {ee for dd, ee, _ in triples if dd == dataset}
         assert len(epochs) >= 2, entry.name
         first = {ii for dd, ee, ii in triples if dd == dataset and ee == 0}
@@ -301,9 +301,9 @@ def test_stats_state_the_bound_beside_the_rank_cost(three_packed):
     mds, cache = three_packed
     loader = TrainLoader(_config(mds, cache), world_size=2, num_workers=0)
     for b in range(12):
-        stats = loader.batching.stats(b, 2, 2)
+        stats = loader.plan.batching.stats(b, 2, 2)
         assert 1.0 <= stats["rank_cost_bound"] <= stats["rank_cost"] + 1e-4, stats
-        anchored = outlier_anchored(loader.planner.plan(b), 2)
+        anchored = outlier_anchored(loader.plan.planner.plan(b), 2)
         assert stats.get("outlier_anchored", False) == anchored
     loader.close()
 
@@ -316,7 +316,7 @@ def test_lengths_used_equal_encoded_lengths_through_the_loader(three_packed):
 
     loader = TrainLoader(_config(mds, cache), num_workers=0)
     for step in range(3):
-        plan = loader.planner.plan(step)
+        plan = loader.plan.planner.plan(step)
         dealt = deal_plan(plan, 1, loader.accumulation, fixed=True)
         for part in range(loader.accumulation):
             b = next(loader)
@@ -348,13 +348,13 @@ def test_weights_changed_at_resume_continue_from_the_saved_position(three_packed
     loaders = [TrainLoader(_config(changed, cache), num_workers=0) for _ in range(2)]
     for ld in loaders:
         ld.load_state_dict(state)
-    assert loaders[0].blend_changes and "text_mini" in loaders[0].blend_changes[0]
-    plans = [[ld.planner.plan(b).items for b in range(3, 30)] for ld in loaders]
+    assert loaders[0].plan.blend_changes and "text_mini" in loaders[0].plan.blend_changes[0]
+    plans = [[ld.plan.planner.plan(b).items for b in range(3, 30)] for ld in loaders]
     assert plans[0] == plans[1]
     placed = {p for items in plans[0] for row in items for p in row}
     assert set(state["plan"]["carried"]) <= placed, "samples carried over the resume were lost"
-    read = range(state["plan"]["position"], loaders[0].planner.state_at(8).position)
-    d, _, _ = loaders[0].schedule.samples(list(read))
+    read = range(state["plan"]["position"], loaders[0].plan.planner.state_at(8).position)
+    d, _, _ = loaders[0].plan.schedule.samples(list(read))
     share = float(np.mean(d == 2))
     assert abs(share - 2 / 3) < 0.02, f"text_mini's share of the stream after the change: {share}"
 
@@ -367,10 +367,14 @@ def test_restore_far_into_a_run_costs_what_a_start_does(three_packed):
 
     loader = TrainLoader(_config(mds, cache), num_workers=0)
     calls = []
-    lengths = loader.planner.lengths
-    loader.planner.lengths = lambda positions: calls.append(len(positions)) or lengths(positions)
-    loader.planner.restart(PlanState(batch=10**7, position=10**9, carried=(10**9 - 3, 10**9 - 1)))
-    plan = loader.planner.plan(10**7)
+    lengths = loader.plan.planner.lengths
+    loader.plan.planner.lengths = lambda positions: (
+        calls.append(len(positions)) or lengths(positions)
+    )
+    loader.plan.planner.restart(
+        PlanState(batch=10**7, position=10**9, carried=(10**9 - 3, 10**9 - 1))
+    )
+    plan = loader.plan.planner.plan(10**7)
     assert len(plan.items) == 8 and sum(calls) <= loader.config.balance.window + 64
     loader.close()
 
@@ -472,9 +476,12 @@ def test_a_user_defined_cost_is_one_method_on_the_encoder(three_packed, tmp_path
         )
 
     loader = TrainLoader(config("text_cost_example"), num_workers=0)
-    plan = loader.planner.plan(0)
+    plan = loader.plan.planner.plan(0)
     lengths = [
-        [loader.planner.length_of(*map(int, t))[1] for t in zip(*loader.schedule.samples(row))]
+        [
+            loader.plan.planner.length_of(*map(int, t))[1]
+            for t in zip(*loader.plan.schedule.samples(row))
+        ]
         for row in plan.items
     ]
     assert plan.costs == pytest.approx([sum(n**1.5 for n in row) for row in lengths])

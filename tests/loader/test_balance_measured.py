@@ -222,7 +222,7 @@ def test_a_measured_loader_fingerprints_its_cost_features_and_logs_each_modules_
     mds, cache = three_packed
     cost = _cost_file(tmp_path / "a.json", **TILES)
     loader = TrainLoader(_measured_config(mds, cache, cost), num_workers=0)
-    balance = loader.fingerprint["balance"]
+    balance = loader.plan.fingerprint["balance"]
     assert balance["mode"] == "measured" and balance["cost_model"] == {"features": list(FEATURES)}
     stats = loader.balance_stats(0)
     assert stats["rank_cost"] >= 1.0 and set(stats["rank_cost_by_module"]) == set(MODULES)
@@ -253,10 +253,10 @@ def test_the_loader_plans_unpacked_measured_batches_of_like_length(coco, tmp_pat
 
     measured = loader(balance="measured", cost_model=str(cost))
     assert measured.plan.batching.planner.like_lengths
-    assert measured.fingerprint["balance"]["samples"] == "like-length-same-towers"
+    assert measured.plan.fingerprint["balance"]["samples"] == "like-length-same-towers"
     attention = loader(balance="attention")
     assert not attention.plan.batching.planner.like_lengths
-    assert "samples" not in attention.fingerprint["balance"]
+    assert "samples" not in attention.plan.fingerprint["balance"]
     next(measured)
     state = measured.state_dict()
     from energon_platform.loader.state import StateMismatchError
@@ -309,19 +309,22 @@ def test_another_cost_file_at_resume_continues_and_is_recorded_with_its_step(
         resumed = _measured_loader(three_packed, attention, first.state_at(3 * first.accumulation))
     new = _digest(resumed)
     change = f"from global batch 3: loader.balance.cost_model digest {old} -> {new}"
-    assert resumed.blend_changes == [change]
+    assert resumed.plan.blend_changes == [change]
     logged = [r.getMessage() for r in caplog.records if "cost model changed" in r.getMessage()]
     assert logged == [f"cost model changed at resume: {change}"]
     later = resumed.state_at(5 * resumed.accumulation)
     assert [(e["batch"], e["digest"]) for e in later["plan"]["costs"]] == [(0, old), (3, new)]
     # from the resume on, the new coefficients: the plans of the attention file from there
-    alone = _measured_loader(three_packed, attention).planner
-    alone.restart(first.planner.state_at(3))
-    assert _items(resumed.planner, range(3, 5)) == _items(alone, range(3, 5))
-    assert resumed.planner.plan(3).costs != first.planner.plan(3).costs
+    alone = _measured_loader(three_packed, attention).plan.planner
+    alone.restart(first.plan.planner.state_at(3))
+    assert _items(resumed.plan.planner, range(3, 5)) == _items(alone, range(3, 5))
+    assert resumed.plan.planner.plan(3).costs != first.plan.planner.plan(3).costs
     # a resume from the later state with the same file changes nothing
     again = _measured_loader(three_packed, attention, later)
-    assert not again.blend_changes and again.state_dict()["plan"]["costs"] == later["plan"]["costs"]
+    assert (
+        not again.plan.blend_changes
+        and again.state_dict()["plan"]["costs"] == later["plan"]["costs"]
+    )
     for loader in (first, resumed, alone, again):
         getattr(loader, "close", lambda: None)()
 
@@ -336,9 +339,9 @@ def test_a_trace_from_a_checkpoint_after_a_cost_change_replays_the_steps_before_
     first = _measured_loader(three_packed, tiles)
     resumed = _measured_loader(three_packed, attention, first.state_at(3 * first.accumulation))
     latest = resumed.state_at(5 * resumed.accumulation)
-    planned = _items(first.planner, range(3)) + _items(resumed.planner, range(3, 5))
-    assert _items(_measured_loader(three_packed, tiles).planner, range(3)) == planned[:3]
-    attention_only = _items(_measured_loader(three_packed, attention).planner, range(3))
+    planned = _items(first.plan.planner, range(3)) + _items(resumed.plan.planner, range(3, 5))
+    assert _items(_measured_loader(three_packed, tiles).plan.planner, range(3)) == planned[:3]
+    attention_only = _items(_measured_loader(three_packed, attention).plan.planner, range(3))
     assert attention_only != planned[:3], "the two cost files plan the first steps alike"
     tracer = Tracer(_measured_loader(three_packed, attention, latest).plan)
     assert [tracer.batch_plan(b).items for b in range(5)] == planned
@@ -378,7 +381,7 @@ def test_other_modes_keep_their_fingerprint_and_stats(three_packed):
 
     mds, cache = three_packed
     loader = TrainLoader(_config(mds, cache), num_workers=0)
-    assert "cost_model" not in loader.fingerprint["balance"]
+    assert "cost_model" not in loader.plan.fingerprint["balance"]
     assert "rank_cost_by_module" not in loader.balance_stats(0)
     loader.close()
 

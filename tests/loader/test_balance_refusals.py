@@ -70,7 +70,7 @@ def test_a_token_budget_distinct_samples_cannot_fill_stops_naming_it(coco):
     with pytest.raises(
         PlanError, match="global_batch_tokens=1e\\+06 cannot be reached without repeating a sample"
     ):
-        loader.planner.plan(0)
+        loader.plan.planner.plan(0)
 
 
 @pytest.mark.parametrize("key,value", [("window", 100_000), ("lookahead", 17.0)])
@@ -84,13 +84,13 @@ def test_a_cost_that_is_not_a_finite_number_is_refused_naming_the_encoder(coco, 
     from energon_platform.loader.balance.costs import SampleCost
 
     loader = _loader(coco, balance="tokens")
-    encoder_cost = SampleCost("encoder", loader.encoder, loader.batching.linear, "run.yaml")
+    encoder_cost = SampleCost("encoder", loader.encoder, loader.plan.batching.linear, "run.yaml")
     loader.encoder.balance_cost = lambda length: cost
     with pytest.raises(ConfigError, match=r"ImageTextTaskEncoder.balance_cost\(7\) returned"):
         encoder_cost(7)
     loader.encoder.balance_cost = lambda length: 2 * length
     assert encoder_cost(7) == 14.0
-    assert loader.batching.cost(7) == 7.0  # the run's own model: tokens
+    assert loader.plan.batching.cost(7) == 7.0  # the run's own model: tokens
 
 
 def test_documents_as_long_as_a_row_keep_the_carried_pool_small():
@@ -106,13 +106,14 @@ def test_logged_padding_counts_positions_the_rows_left_empty():
 
     from energon_platform.training.train import _filled
 
-    loader = SimpleNamespace(packed_rows=True)
+    loader = SimpleNamespace(plan=SimpleNamespace(batching=SimpleNamespace(packed_rows=True)))
     full = SimpleNamespace(doc_lengths=torch.tensor([60, 68]), tokens=torch.zeros(1, 128))
     emptied = SimpleNamespace(
         doc_lengths=torch.tensor([32]), tokens=torch.zeros(1, 128)
     )  # an excluded document
     assert _filled([full, emptied], loader, 1, "cpu") == {"padding": round(1 - 160 / 256, 4)}
-    assert _filled([full], SimpleNamespace(packed_rows=False), 1, "cpu") == {}
+    unpacked = SimpleNamespace(plan=SimpleNamespace(batching=SimpleNamespace(packed_rows=False)))
+    assert _filled([full], unpacked, 1, "cpu") == {}
 
 
 def test_a_budget_the_window_limits_fills_what_the_window_holds():

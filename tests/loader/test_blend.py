@@ -262,7 +262,7 @@ def test_weights_changed_at_resume_keep_the_past_and_are_recorded(corpora):
     skewed = cfg(blend_of(corpora, "even", big=3, small=1))  # same file, new weights
     resumed = TrainLoader(skewed)
     resumed.load_state_dict(state)
-    assert resumed.blend_changes and "from global batch 4" in resumed.blend_changes[0]
+    assert resumed.plan.blend_changes and "from global batch 4" in resumed.plan.blend_changes[0]
     after = [list(next(resumed).keys) for _ in range(4)]
     assert Counter(dataset_of(k) for b in after for k in b) == {"big": 24, "small": 8}
     # nothing repeated: the small dataset continues where the even blend left it
@@ -274,7 +274,7 @@ def test_weights_changed_at_resume_keep_the_past_and_are_recorded(corpora):
     # a second resume from the later state, same new config: the same history and batches
     again = TrainLoader(skewed)
     again.load_state_dict(later)
-    assert not again.blend_changes
+    assert not again.plan.blend_changes
     assert [list(next(again).keys) for _ in range(2)] == [
         list(next(resumed).keys) for _ in range(2)
     ]

@@ -295,8 +295,8 @@ def test_entry_names_do_not_depend_on_list_order_and_a_clash_is_explained(root):
         "    - {weight: 1, path: ./ds/text}\n",
     )
     resumed = TrainLoader(cfg(grown))
-    assert resumed.datasets.names == ["big", "text", "text#2"]
-    assert str(resumed.datasets.entries[1].source.path).endswith("/ds/text")
+    assert resumed.plan.datasets.names == ["big", "text", "text#2"]
+    assert str(resumed.plan.datasets.entries[1].source.path).endswith("/ds/text")
     resumed.load_state_dict(state)
     resumed.close()
     # an added folder whose path sorts first takes the name: refused, and the message says why
@@ -368,7 +368,7 @@ def test_weights_changed_at_resume_with_accumulation_start_at_the_resume_global_
     )
     resumed = TrainLoader(cfg(even, micro_batch_size=2))
     resumed.load_state_dict(state)
-    assert resumed.blend_changes and "from global batch 3" in resumed.blend_changes[0]
+    assert resumed.plan.blend_changes and "from global batch 3" in resumed.plan.blend_changes[0]
     assert [s["start"] for s in resumed.state_dict()["blend"]] == [0, 3 * 8]
     batch = [k.split(":")[0] for _ in range(4) for k in next(resumed).keys]
     resumed.close()

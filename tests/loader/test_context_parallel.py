@@ -139,8 +139,8 @@ def test_a_context_parallel_2_loader_pads_every_segment_to_4_and_plans_what_it_e
             batch = next(loader)
             used += _check_padded_rows(batch, 4, pad)
             padded_docs += sum(n % 4 != 0 for n in batch.doc_lengths.tolist())
-        if loader.planned:
-            assert sorted(used) == sorted(loader.planner.plan(b).used)
+        if loader.plan.batching.planned:
+            assert sorted(used) == sorted(loader.plan.planner.plan(b).used)
     loader.close()
     assert padded_docs, "no document needed padding: the check above proved nothing"
 

@@ -88,10 +88,10 @@ def test_a_state_saved_without_the_guard_resumes_with_its_own_order(coco):
         }
     )
     loader = TrainLoader(cfg, num_workers=0)
-    assert loader.orders[0].guard == 8 and loader.fingerprint["shuffle"]["guard"] == 8
+    assert loader.plan.orders[0].guard == 8 and loader.plan.fingerprint["shuffle"]["guard"] == 8
     state = loader.state_dict()
     del state["fingerprint"]["shuffle"]["guard"]  # as saved before epoch boundaries were guarded
     resumed = TrainLoader(cfg, num_workers=0)
     resumed.load_state_dict(state)
-    assert resumed.orders[0].guard == 0 and "guard" not in resumed.fingerprint["shuffle"]
-    assert resumed.schedule.orders[0].guard == 0
+    assert resumed.plan.orders[0].guard == 0 and "guard" not in resumed.plan.fingerprint["shuffle"]
+    assert resumed.plan.schedule.orders[0].guard == 0

@@ -183,8 +183,8 @@ def test_layout_change_keeps_global_batches_and_exactly_once(
     else:
         data, encoder, gb = speech, AUDIO_PACKED if packed else AUDIO, 2 if packed else 4
     config = cfg(data, encoder, global_batch_size=gb, micro_batch_size=micro)
-    n = TrainLoader(config).source.__len__()
-    group = TrainLoader(config).schedule.group_size
+    n = TrainLoader(config).plan.datasets.entries[0].source.__len__()
+    group = TrainLoader(config).plan.schedule.group_size
     steps_per_epoch = -(-n // (gb * group))
     stop = steps_per_epoch // 2
     reference = global_batches(config, 1, 0, steps_per_epoch)

@@ -63,7 +63,7 @@ def _planned_equals_encoded(loader, batches: int = 2) -> None:
 
     multiple = loader.encoder.segment_multiple
     for b in range(batches):
-        planned = sorted(loader.planner.plan(b).used)
+        planned = sorted(loader.plan.planner.plan(b).used)
         encoded = []
         for _ in range(loader.accumulation):
             mb = next(loader)
@@ -85,7 +85,7 @@ def test_one_dataset_two_tilings_each_plans_what_it_encodes(coco):
     for tiles in (4, 1):
         loader = _loader(data, _encoder(base, f"tiles{tiles}", max_num_tiles=tiles), base / "c")
         _planned_equals_encoded(loader)
-        source, encoder = loader.datasets.entries[0].source, loader.encoder
+        source, encoder = loader.plan.datasets.entries[0].source, loader.encoder
         found.append(locate(source, encoder, encoder_digest(encoder)).folder)
     assert found[0] != found[1] and all(f.parent == found[0].parent for f in found), (
         "one length index per encoder config, both stored with the data"
@@ -113,7 +113,7 @@ def test_in_a_blend_the_instruction_drawn_per_prefixed_key_is_planned(coco):
         )
     )
     loader = _loader(mds, str(VLM), base / "lengths_blend")
-    assert loader.planner.lengths.prefixes == ["coco_mini:"]
+    assert loader.plan.planner.lengths.prefixes == ["coco_mini:"]
     _planned_equals_encoded(loader, batches=3)
 
 
@@ -158,7 +158,7 @@ def test_an_encoder_stating_more_facts_than_its_index_holds_gets_its_own_index(c
 
     base, data = coco
     loader = _loader(data, str(VLM), base / "width_cache")
-    source, encoder = loader.datasets.entries[0].source, loader.encoder
+    source, encoder = loader.plan.datasets.entries[0].source, loader.encoder
     before = index_digest(source, encoder, "digest")
     encoder.facts_width += 1  # this encoder instance now states one more fact per sample
     assert index_digest(source, encoder, "digest") != before

@@ -208,7 +208,7 @@ def test_exclusions_added_and_removed_at_resume(data):
 
     ld = TrainLoader(drop, num_workers=0)
     ld.load_state_dict(state)
-    assert any("exclusion of datasets ['text_mini'] added" in c for c in ld.blend_changes)
+    assert any("exclusion of datasets ['text_mini'] added" in c for c in ld.plan.blend_changes)
     after, state2 = run(drop, 3, state=state)
     assert not any(k.startswith("text_mini:") for keys, _, _ in after for k in keys)
     assert all(len(keys) == 8 for keys, _, _ in after)

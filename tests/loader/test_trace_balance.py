@@ -53,7 +53,7 @@ def run(cfg, steps, ranks=1, state=None):
     for _ in range(steps):
         parts = [[list(next(ld).keys) for _ in range(ld.accumulation)] for ld in loaders]
         logged = [k for rank in parts for m in rank for k in m]
-        out.append((sorted(logged) if loaders[0].planned else logged, parts))
+        out.append((sorted(logged) if loaders[0].plan.batching.planned else logged, parts))
     return out, loaders[0].state_dict(), loaders[0]
 
 
@@ -141,7 +141,7 @@ def test_exclusion_counts_per_step_equal_trace_and_start_at_the_rule(data):
     t = tracer(cfg)
     stats = [loader.exclusion_stats(b) for b in range(5)]
     assert stats[:2] == [{}, {}] and all(stats[2:]), stats
-    name = loader.datasets.names[0]
+    name = loader.plan.datasets.names[0]
     for b in range(2, 5):
         assert stats[b] == {"excluded": {name: len(t.step(b + 1)["excluded"])}}
     assert loader.maker.excluded == {name: sum(s["excluded"][name] for s in stats[2:])}

@@ -40,7 +40,7 @@ class MegatronTrainIterator:
         if batch_format not in BATCH_FORMATS:
             raise ValueError(f"batch_format {batch_format!r}: expected one of {BATCH_FORMATS}")
         self.loader, self.batch_format = loader, batch_format
-        self.packed = loader.batching.packed if packed is None else packed
+        self.packed = loader.plan.batching.packed if packed is None else packed
         self.max_sequence_length = max_sequence_length
         self.last_keys: list[str] = []
         self.last_batch: Any = None
