@@ -153,8 +153,19 @@ def do_build(data: str, place: str, workers: int, ray: bool) -> dict:
     }
 
 
-def do_open(folder: str) -> dict:
+def random_reads(index) -> float:
+    """Microseconds per read of `OPEN_READS` random samples' facts and keys of ``index``."""
     import numpy as np
+
+    rng = np.random.default_rng(0)
+    began = time.perf_counter()
+    for i in rng.integers(0, len(index), OPEN_READS):
+        index.facts(int(i))
+        index.key(int(i))
+    return (time.perf_counter() - began) / OPEN_READS * 1e6
+
+
+def do_open(folder: str) -> dict:
 
     from energon_platform.loader.balance.lengths import LengthIndex
 
@@ -162,15 +173,11 @@ def do_open(folder: str) -> dict:
     began = time.perf_counter()
     index = LengthIndex(Path(folder))
     opened_s = time.perf_counter() - began
-    rng = np.random.default_rng(0)
-    began = time.perf_counter()
-    for i in rng.integers(0, len(index), OPEN_READS):
-        index.facts(int(i))
-        index.key(int(i))
+    read_us = random_reads(index)
     return {
         "samples": len(index),
         "open_s": opened_s,
-        "read_us": (time.perf_counter() - began) / OPEN_READS * 1e6,
+        "read_us": read_us,
         "rss_added_mib": rss_mib() - before,
         "bytes": index.nbytes,
     }
@@ -178,7 +185,6 @@ def do_open(folder: str) -> dict:
 
 def do_open_msc(data: str, digest: str, cache: str) -> dict:
     """A node with an empty cache opens the index published beside ``data`` on object storage."""
-    import numpy as np
 
     from energon_platform.loader.balance import length_store
     from energon_platform.loader.balance.lengths import LengthIndex
@@ -192,14 +198,10 @@ def do_open_msc(data: str, digest: str, cache: str) -> dict:
     opened_s = time.perf_counter() - began
     meta = (folder / "meta.json").stat().st_size
     at_open = meta + sum(c.fetched for c in index.ranged.values())
-    rng = np.random.default_rng(0)
-    began = time.perf_counter()
-    for i in rng.integers(0, len(index), OPEN_READS):
-        index.facts(int(i))
-        index.key(int(i))
+    read_us = random_reads(index)
     return {
         "open_s": opened_s,
-        "read_us": (time.perf_counter() - began) / OPEN_READS * 1e6,
+        "read_us": read_us,
         "fetched_at_open": at_open,
         "fetched_after_reads": meta + sum(c.fetched for c in index.ranged.values()),
         "bytes": index.nbytes,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from fractions import Fraction
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.batching import Batching, batching_for
@@ -170,17 +171,30 @@ class RunPlan:
         """(Re)build the blend, the schedule and the batching mode's planner for the blend
         ``segments``; a planned run continues from ``plan_state`` (None: where its planner is
         now, or the start)."""
-        self.blend = Blend(segments, len(self.datasets.entries))
-        if self.batching.fixed_samples:  # a fixed number of samples per batch
+        self._schedule_over(Blend(segments, len(self.datasets.entries)), plan_state)
+        self.excluder = Excluder(self.exclusions, self.datasets) if self.exclusions else None
+
+    def extend_blend(self, segments: list) -> None:
+        """Append ``segments`` (starting after the blend's last) to the blend of an unplanned run
+        (`mixing`: weights decided during training) and rebuild the schedule over it: every
+        global batch before the first new segment stays as it was."""
+        self._schedule_over(self.blend.extended(segments), new=segments)
+
+    def _schedule_over(self, blend: Blend, plan_state: Any = None, new: list | None = None) -> None:
+        """``blend`` becomes the run's, with its schedule; with a fixed number of samples per
+        batch, a blend whose segments (``new``: only those, the others were checked) would place
+        a sample twice in one global batch is refused first (`check_distinct`)."""
+        if self.batching.fixed_samples:
             from energon_platform.loader.balance.planner import check_distinct
 
             check_distinct(
-                self.blend,
+                blend if new is None else SimpleNamespace(segments=new),
                 [o.num_samples for o in self.orders],
                 self.datasets.names,
                 self.units_per_batch,
                 self.unit,
             )
+        self.blend = blend
         self.schedule = Schedule(
             self.orders,
             self.config.global_batch_size,
@@ -189,21 +203,6 @@ class RunPlan:
             self.unit,
         )
         self.batching.start(self.schedule, plan_state)
-        self.excluder = Excluder(self.exclusions, self.datasets) if self.exclusions else None
-
-    def extend_blend(self, segments: list) -> None:
-        """Append ``segments`` (starting after the blend's last) to the blend of an unplanned run
-        (`mixing`: weights decided during training) and rebuild the schedule over it: every
-        global batch before the first new segment stays as it was."""
-        self.blend = self.blend.extended(segments)
-        self.schedule = Schedule(
-            self.orders,
-            self.config.global_batch_size,
-            self.batching.schedule_group,
-            self.blend,
-            self.unit,
-        )
-        self.batching.start(self.schedule)
 
     def blend_weights(self, batch: int) -> dict[str, float]:
         """The blend's weights in force at global batch ``batch``: dataset name → share."""
