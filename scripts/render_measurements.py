@@ -645,6 +645,17 @@ def index_rows(r: dict) -> list[Row | Figure]:
                    "10,000 random samples, MiB", get(x, "open", "rss_added_mib"), "MiB"),
             Figure(f"{n}: bytes stored per sample", x.get("bytes_per_sample"), "bytes"),
         ]  # fmt: skip
+        if x.get("msc"):  # the dataset and its index on object storage, a fresh node
+            rows += [
+                Row(f"{n}, msc://: index bytes a fresh node fetches to open it vs the index",
+                    get(x, "msc", "open", "fetched_at_open"), get(x, "msc", "open", "bytes"),
+                    "bytes"),
+                Row(f"{n}, msc://: start-up to the first batch, seconds, balanced (index "
+                    "published) vs unbalanced", get(x, "msc", "startup", "balanced_s"),
+                    get(x, "msc", "startup", "unbalanced_s"), "seconds"),
+                Figure(f"{n}, msc://: opening the published index, seconds",
+                       get(x, "msc", "open", "open_s"), "seconds"),
+            ]  # fmt: skip
     e = r.get("at_1e9") or {}
     rows += [
         Figure("at 10⁹ samples: time to build on one process, hours",
