@@ -120,9 +120,8 @@ class Outcome:
     report: dict
     already_done: bool
     ok: bool  #: False when the skipped fraction exceeds ``max_error_fraction``
-    repaired: list[str] = field(
-        default_factory=list
-    )  #: shards of a finished output found missing/changed
+    #: shards of a finished output found missing/changed
+    repaired: list[str] = field(default_factory=list)
     uploaded_to: str | None = None  #: the object-storage prefix the conversion was copied to
 
 
@@ -380,9 +379,8 @@ def _convert_to_object_storage(kind: str, reader_args: dict, opts: ConvertOption
             lock.announce()
             cached = _load_state(local / STATE_FILE) if (local / STATE_FILE).is_file() else {}
             remove(
-                [
-                    p for p in sorted(local.iterdir()) if p.name != ".convert"
-                ]  # another conversion's cache
+                # another conversion's cache
+                [p for p in sorted(local.iterdir()) if p.name != ".convert"]
                 + [p for p in sorted((local / ".convert").iterdir()) if p.name != "lock"]
                 if state_diff(cached, state)
                 else [p for p in (local / ".convert" / "work", local / META)]

@@ -346,9 +346,8 @@ def _probe_video(data: bytes) -> _VideoProbe:
         if fmt not in KEEP_VIDEO_FORMATS and fmt not in OTHER_VIDEO_FORMATS:
             if streams and not container.streams.audio:  # png_pipe, gif, image2, ...: a picture
                 raise MediaError("not_a_video", f"{fmt}: an image format, not a video")
-        if (
-            not streams and not container.streams and _has_video_magic(data)
-        ):  # e.g. MP4 without its moov index
+        # e.g. MP4 without its moov index
+        if not streams and not container.streams and _has_video_magic(data):
             raise MediaError(
                 "truncated_video", f"{fmt}: a video container with no readable stream (truncated)"
             )

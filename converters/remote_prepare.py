@@ -110,9 +110,8 @@ def _shard_record(prefix: Prefix, rel: str, size: int, readahead: int) -> tuple[
             record = tar_record(f)
         except tarfile.TarError as e:
             raise refuse(f"not a tar, or cut short ({e}; {size} bytes)") from None
-        f.seek(
-            record["end"]
-        )  # the first end block was read to find the end; the second is only sized
+        # the first end block was read to find the end; the second is only sized
+        f.seek(record["end"])
         if f.read(_BLOCK) != bytes(_BLOCK) or size < record["end"] + 2 * _BLOCK:
             raise refuse(
                 f"cut short or not a whole tar: no end-of-archive blocks after its last member "

@@ -215,9 +215,8 @@ def claim(prefix: Prefix, state: dict, overwrite: bool) -> Claim:
         return Claim()
     if old is not None:
         diff = state_diff(old, state)
-    elif (
-        report is not None
-    ):  # uploaded before the state existed: its report names source and options
+    # uploaded before the state existed: its report names source and options
+    elif report is not None:
         diff = state_diff(report, state, keys=("source", "options"))
     else:
         diff = []

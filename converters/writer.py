@@ -186,9 +186,8 @@ def write_unit(unit: WorkUnit, out_dir: str, opts: WriteOptions) -> dict:
 def shard_problem(out_dir, shard: str, size: int) -> str | None:
     """Why a written shard is no longer what was written (missing, other size), or None.
     Cheap: existence and size only, never the content. ``out_dir``: a path or an Energon ``EPath``."""
-    path = (
-        Path(out_dir) / shard if isinstance(out_dir, (str, Path)) else out_dir / shard
-    )  # or an EPath
+    # or an EPath
+    path = Path(out_dir) / shard if isinstance(out_dir, (str, Path)) else out_dir / shard
     try:
         actual = path.stat().st_size if isinstance(path, Path) else path.size()
     except OSError:

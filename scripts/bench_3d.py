@@ -62,9 +62,8 @@ def make_corpus(root: Path, n: int, faces: int) -> list[Path]:
         else:
             path = root / f"s{i:04d}.{formats[i % 4]}"
             data = makers[i % len(makers)]().export(file_type=formats[i % 4])
-            path.write_bytes(
-                data.encode() if isinstance(data, str) else data
-            )  # OBJ comes back as text
+            # OBJ comes back as text
+            path.write_bytes(data.encode() if isinstance(data, str) else data)
         path.with_suffix(".txt").write_text(f"shape number {i}\n")
         paths.append(path)
     return paths

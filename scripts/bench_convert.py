@@ -173,12 +173,10 @@ def main() -> int:
             variants["ours, 2 workers -> S3"] = to_s3(2)
         best = {}
         for rep in range(args.repeats):
-            for v, (name, fn) in enumerate(
-                variants.items()
-            ):  # interleaved, so drift affects all alike
-                out = (
-                    tmp / f"out-{rep}-{v}"
-                )  # a new folder or prefix each run: never "nothing to do"
+            # interleaved, so drift affects all alike
+            for v, (name, fn) in enumerate(variants.items()):
+                # a new folder or prefix each run: never "nothing to do"
+                out = tmp / f"out-{rep}-{v}"
                 seconds, n = timed(fn, out)
                 assert n == args.images, (name, n)
                 best[name] = min(best.get(name, float("inf")), seconds)

@@ -61,9 +61,8 @@ def measure(batch: int, epochs: int, scan: int) -> list[dict]:
     rows = []
     for name, s in schedules.items():
         spb = s.samples_per_batch
-        horizon = (
-            epochs * N // spb + 1
-        )  # batches that hold `epochs` epochs of a dataset of N samples
+        # batches that hold `epochs` epochs of a dataset of N samples
+        horizon = epochs * N // spb + 1
         deep = horizon - 2
         step_s = _best(lambda: step_layout(s, deep, 8, 1))
         lay = step_layout(s, deep, 8, 1)

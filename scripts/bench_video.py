@@ -242,9 +242,8 @@ def loader_vs_pyav(data_dir: Path, frames: int, epochs: int, batch: int) -> dict
         for key, indices, fps, seed in clips:
             same.append(same_work_clip(members[key], indices, fps, encoder.pipeline, seed, parts))
         t_same = time.perf_counter() - t0
-        for (key, e), clip in zip(
-            seen, same
-        ):  # the same tensors, or the comparison is not of the same work
+        # the same tensors, or the comparison is not of the same work
+        for (key, e), clip in zip(seen, same):
             max_diff = max(max_diff, float((made[(key, e)] - clip).abs().max()))
         rounds.append(
             {"clips": len(clips), "loader_s": t_loader, "pyav_s": t_pyav, "same_work_s": t_same}

@@ -177,9 +177,8 @@ def main(argv=None) -> int:
     assert sorted(reference) == list(range(1, steps + 1)), (
         "the reference run did not log every step"
     )
-    step_s = (
-        reference[steps]["elapsed_s"] / steps
-    )  # mean step time, checkpoints and evaluations included
+    # mean step time, checkpoints and evaluations included
+    step_s = reference[steps]["elapsed_s"] / steps
     first_step_s = ref_wall - reference[steps]["elapsed_s"]  # start-up until the first step
     print(
         f"reference: {steps} steps in {ref_wall:.1f} s ({step_s * 1000:.0f} ms/step, {first_step_s:.1f} s start-up)",
@@ -247,9 +246,8 @@ def main(argv=None) -> int:
                 try:
                     kill_when(proc, ready, 600, f"the {kind} moment")
                     record.update(killed=True, exit=None)
-                except (
-                    Exception
-                ) as e:  # the process ended before the moment came (run finished, or crashed)
+                # the process ended before the moment came (run finished, or crashed)
+                except Exception as e:
                     record.update(exit=proc.returncode, note=str(e).splitlines()[0])
             else:
                 record["exit"] = proc.wait(timeout=3600)
@@ -312,9 +310,8 @@ def judge(
     kills = [i for i, a in enumerate(attempts) if a["killed"]]
     training = [i for i, a in enumerate(attempts) if a["rows"]]
     survived = 0
-    for (
-        i
-    ) in kills:  # the next process that trains must continue from the newest complete checkpoint
+    # the next process that trains must continue from the newest complete checkpoint
+    for i in kills:
         nxt = next((j for j in training if j > i), None)
         ok = (
             nxt is not None

@@ -163,9 +163,8 @@ class MultimodalConfig(_MultimodalSections):
                     .child(class_name)
                     .error(f"unknown modality {name!r}", "one of " + ", ".join(self.modalities))
                 )
-        first: dict[
-            str, tuple[str, Any]
-        ] = {}  # kind -> (modality, media shape) of its first modality
+        # kind -> (modality, media shape) of its first modality
+        first: dict[str, tuple[str, Any]] = {}
         for name, sub in self.modalities.items():
             kind = media_kind(
                 encoder_class(sub.encoder), at.child("modalities").child(name).child("encoder")
@@ -433,9 +432,8 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
             out[count] = torch.tensor([k == kind for k in kinds], dtype=torch.int32)
             group = [d for d, k in zip(docs, kinds) if k == kind]
             media = self._collator(kind).collate_media(group) if group else self._empty(kind)
-            if (
-                kind == "video"
-            ):  # the clips' (empty) audio fields: video.audio is refused by the config check
+            # the clips' (empty) audio fields: video.audio is refused by the config check
+            if kind == "video":
                 media = {name: media[name] for name in ("videos", "num_frames")}
             out.update(media)
         return out

@@ -203,9 +203,8 @@ def decode_frames(decoder: Any, indices: list[int], fps: float) -> torch.Tensor:
     kind = "pts" if head[:4] == _EBML_MAGIC else "frames" if head[4:8] == b"ftyp" else None
     if kind is None:
         ranges = [((i + 0.5) / fps, (i + 0.5) / fps) for i in indices]
-        with (
-            warnings.catch_warnings()
-        ):  # Energon converts the seconds to its index's unit and says so
+        # Energon converts the seconds to its index's unit and says so
+        with warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message="Video container unit", category=RuntimeWarning
             )

@@ -97,9 +97,8 @@ def _iter_delimited(path: Path, delimiter: str):
 def _iter_parquet(path: Path, keep_binary: tuple[str, ...] = ()):
     import pyarrow.parquet as pq
 
-    skip = binary_columns(path) - set(
-        keep_binary
-    )  # raises InputError for a file that is not Parquet
+    # raises InputError for a file that is not Parquet
+    skip = binary_columns(path) - set(keep_binary)
     pf = pq.ParquetFile(path)
     columns = [n for n in pf.schema_arrow.names if n not in skip]
 

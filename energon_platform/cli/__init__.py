@@ -50,10 +50,11 @@ def _stdout_closed() -> bool:
 
     try:
         fd = sys.stdout.fileno()
+    # not a file (replaced, or closed): the pipe that broke was another
     except (
         OSError,
         ValueError,
-    ):  # not a file (replaced, or closed): the pipe that broke was another
+    ):
         return False
     if not hasattr(select, "poll"):
         return True  # no way to ask: the error came from writing, and stdout is what the CLI writes

@@ -288,14 +288,14 @@ def cmd_convert(args) -> int:
 
     encoder = _index_encoder(args) if args.index_encoder else None  # refused before any work
 
-    video = (
-        args.kind == "video"
-    )  # --max-side re-encodes videos there, and leaves the image options alone
+    # --max-side re-encodes videos there, and leaves the image options alone
+    video = args.kind == "video"
+    # kinds without them: defaults
     image = ImageOptions(
         getattr(args, "image_format", "png"),
         None if video else getattr(args, "max_side", None),
         getattr(args, "max_pixels", ImageOptions().max_pixels),
-    )  # kinds without them: defaults
+    )
     opts = ConvertOptions(
         out=args.out,
         samples_per_shard=args.samples_per_shard,

@@ -337,9 +337,8 @@ def _check_resume_cmd(args) -> int:
     try:
         straight_from = Path(args.straight_from) if args.straight_from else None
         result = check_resume_cmd(spec, args.kill_at, Path(args.out), straight_from=straight_from)
-    except (
-        RunFailed
-    ) as e:  # a run failed, or logged nothing we can read: its output tail is in the message
+    # a run failed, or logged nothing we can read: its output tail is in the message
+    except RunFailed as e:
         print(f"energon-platform check-resume: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # a --kill-at past the last step of a log counted from 0

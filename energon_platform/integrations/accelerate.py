@@ -75,9 +75,8 @@ def prepare_loader(accelerator: Any, cfg: Any, num_workers: int | None = None) -
         )
 
     def save(models: list, weights: list, output_dir: str) -> None:
-        state = (
-            loader.state_dict()
-        )  # every process: the state is the same global position at a step boundary
+        # every process: the state is the same global position at a step boundary
+        state = loader.state_dict()
         if accelerator.is_main_process:
             path = Path(output_dir) / STATE_FILE
             tmp = path.with_suffix(".tmp")

@@ -153,15 +153,13 @@ class EnergonHooks:
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        self._energon_rng = checkpoint.get(
-            RNG_KEY
-        )  # applied at on_train_start, before the first step
+        # applied at on_train_start, before the first step
+        self._energon_rng = checkpoint.get(RNG_KEY)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint[RNG_KEY] = _every_rank(
-            _rng_state()
-        )  # every rank runs this hook; rank 0 writes the file
+        # every rank runs this hook; rank 0 writes the file
+        checkpoint[RNG_KEY] = _every_rank(_rng_state())
         loader = self._energon_loader()
         fit = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         if loader is None or "combined_loader" not in fit:

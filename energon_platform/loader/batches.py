@@ -77,10 +77,11 @@ class MicroBatchMaker:
         self.exclusions = exclusions or None
         #: per dataset name: scheduled samples that loader.exclude replaced, in this process
         self.excluded: dict[str, int] = {}
+        #: (global batch, (note, dataset) logged in it)
         self._excluded_logged: tuple[int, set] = (
             -1,
             set(),
-        )  #: (global batch, (note, dataset) logged in it)
+        )
         #: the rule that excluded the sample `_load_encoded` last returned None for
         self._rule: Any = None
         #: the rules whose samples this micro-batch leaves as padding (no stand-in fits): to name them
@@ -145,9 +146,8 @@ class MicroBatchMaker:
         prefix = self.datasets.key_prefix(dataset)
         try:
             sample = self.sources[dataset][index]
-        except (
-            StorageError
-        ):  # the store failed, not the sample: skipping would change this run's batches
+        # the store failed, not the sample: skipping would change this run's batches
+        except StorageError:
             raise
         except Exception as e:  # undecodable media, missing member: skip and count
             self._skip(e, {"__key__": prefix + (getattr(e, "sample_key", None) or f"#{index}")})
@@ -418,9 +418,8 @@ class MicroBatchStream(torch.utils.data.IterableDataset):
         self.maker.watch_row = w  # this process's copy of the maker
         c = self.start + w
         remote = any(s.remote for s in self.maker.sources)
-        for k in range(
-            LOOKAHEAD if remote else 0
-        ):  # reads of the next micro-batches overlap this one's work
+        # reads of the next micro-batches overlap this one's work
+        for k in range(LOOKAHEAD if remote else 0):
             self.maker.prefetch(c + k * n)
         while True:
             if remote:

@@ -202,9 +202,8 @@ class Blend:
         (``int64``; -1 for numbers it never reaches: its weight is 0 from then on)."""
         j = np.asarray(numbers, dtype=np.int64)
         bases = np.array([b[dataset] for b in self._bases], dtype=np.int64)
-        seg = (
-            np.searchsorted(bases, j, side="right") - 1
-        )  # the last segment that starts at or before j
+        # the last segment that starts at or before j
+        seg = np.searchsorted(bases, j, side="right") - 1
         out = np.full_like(j, -1)
         for s in np.unique(seg):
             inter = self._interleaves[s]

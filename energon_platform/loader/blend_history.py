@@ -83,14 +83,12 @@ def resume_segments(
     names = datasets.names
     index = {n: i for i, n in enumerate(state.datasets)}
 
-    def remap(
-        weights: Sequence[str],
-    ) -> tuple[str, ...]:  # saved order → current order, new datasets 0
+    # saved order → current order, new datasets 0
+    def remap(weights: Sequence[str]) -> tuple[str, ...]:
         return tuple(weights[index[n]] if n in index else "0" for n in names)
 
-    if (
-        resume_unit is None
-    ):  # a planned run (loader.balance) says where its next batch starts reading
+    # a planned run (loader.balance) says where its next batch starts reading
+    if resume_unit is None:
         resume_unit = resume_batch * units_per_batch
     kept = [
         Segment(s["start"], remap(s["weights"])) for s in state.blend if s["start"] <= resume_unit

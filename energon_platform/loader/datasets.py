@@ -49,9 +49,8 @@ class BlendEntry:
     source: SampleSource
     share: Fraction  #: weight (``blend``) or units per blend epoch (``blend_epochized``)
     subflavors: dict = field(default_factory=dict)
-    clash: list = field(
-        default_factory=list
-    )  #: the paths of every folder sharing this entry's folder name
+    #: the paths of every folder sharing this entry's folder name
+    clash: list = field(default_factory=list)
 
 
 @dataclass
@@ -122,9 +121,8 @@ def _base_name(path: Any, split: str, subflavors: dict | None) -> str:
     name = base if split == "train" else f"{base}@{split}"
     if subflavors:
         name += "[" + ",".join(f"{k}={v}" for k, v in sorted(subflavors.items())) + "]"
-    return name.replace("/", "_").replace(
-        ":", "_"
-    )  # a key is "{name}:{sample key}"; keys never hold "/"
+    # a key is "{name}:{sample key}"; keys never hold "/"
+    return name.replace("/", "_").replace(":", "_")
 
 
 def _number_clashes(entries: list[BlendEntry]) -> None:
@@ -195,9 +193,8 @@ def open_datasets(path: str, split: str) -> DatasetSet:
 
     mds_path = Path(path)
     _refuse_unsupported(mds_path, read_metadataset(mds_path))
-    mode, written = written_shares(
-        mds_path, split
-    )  # checked before Energon parses them, exact as written
+    # checked before Energon parses them, exact as written
+    mode, written = written_shares(mds_path, split)
     with _energon_errors(path):
         mds = load_dataset(path)
         leaves = mds.traverse(split_part=split)  # paths, split parts and subflavors, in blend order

@@ -101,9 +101,8 @@ def _reference(path: Path, ref: dict, at: str, split: str) -> tuple[str, list[Wr
     """A ``path:`` reference: a dataset (one leaf, share 1) or a nested metadataset."""
     target = ref.get("path")
     if not isinstance(target, str):
-        return "single", [
-            WrittenLeaf(f"{path}: {at}", Fraction(1), "1")
-        ]  # Energon names what is wrong
+        # Energon names what is wrong
+        return "single", [WrittenLeaf(f"{path}: {at}", Fraction(1), "1")]
     nested = path.parent / target
     if not (nested.is_file() and nested.suffix in (".yaml", ".yml")):
         return "single", [WrittenLeaf(f"{path}: {at}", Fraction(1), "1")]

@@ -243,9 +243,8 @@ def _boundary_swaps(order: DatasetOrder, epoch: int) -> _Swaps:
     tail = set(order._shuffled(epoch - 1, np.arange(n - g, n)).tolist())  # tails are never swapped
     bad = [i for i, x in enumerate(order._shuffled(epoch, np.arange(g)).tolist()) if x in tail]
     pairs, j = [], g
-    while len(pairs) < len(
-        bad
-    ):  # [g, n - g) holds >= n - 3g >= g >= len(bad) samples outside the tail
+    # [g, n - g) holds >= n - 3g >= g >= len(bad) samples outside the tail
+    while len(pairs) < len(bad):
         chunk = np.arange(j, min(n - g, j + max(64, 2 * len(bad))))
         for p, x in zip(chunk.tolist(), order._shuffled(epoch, chunk).tolist()):
             if x not in tail and len(pairs) < len(bad):

@@ -43,9 +43,8 @@ class SampleWatch:
 
     def __init__(self, workers: int):
         self.workers = workers
-        self._rows = multiprocessing.get_context("fork").RawArray(
-            "q", workers * _ROW
-        )  # zeros: idle
+        # zeros: idle
+        self._rows = multiprocessing.get_context("fork").RawArray("q", workers * _ROW)
 
     @contextmanager
     def on(
@@ -53,12 +52,13 @@ class SampleWatch:
     ) -> Iterator[None]:
         """Mark ``worker`` busy with one sample for the duration of the ``with`` block."""
         base = worker * _ROW
+        # where first, then since:
         self._rows[base + 1 : base + _ROW] = [
             micro_batch,
             dataset,
             epoch,
             index,
-        ]  # where first, then since:
+        ]
         self._rows[base] = time.monotonic_ns()  # a reader that sees the start sees where it is
         try:
             yield

@@ -100,9 +100,8 @@ class Schedule:
         sizes = np.array([o.num_samples for o in self.orders], dtype=np.int64)
         epoch, i = np.divmod(j, sizes[d])
         index = np.empty_like(i)
-        order = np.lexsort(
-            (epoch, d)
-        )  # one group per (dataset, epoch): a tiny dataset spans many epochs
+        # one group per (dataset, epoch): a tiny dataset spans many epochs
+        order = np.lexsort((epoch, d))
         ds, es = d[order], epoch[order]
         cuts = np.flatnonzero((ds[1:] != ds[:-1]) | (es[1:] != es[:-1])) + 1
         for group in np.split(order, cuts) if order.size else ():

@@ -202,9 +202,8 @@ class ShardReader:
         shards = sorted({bisect_right(self._starts, i) - 1 for i in wanted if 0 <= i < len(self)})
         out: dict[int, Any] = {}
         for shard, result in zip(shards, pool.map(self._try, [(self._offsets, s) for s in shards])):
-            if isinstance(
-                result, Exception
-            ):  # the shard's index is unreadable: every sample of it fails
+            # the shard's index is unreadable: every sample of it fails
+            if isinstance(result, Exception):
                 out.update(
                     {i: result for i in wanted if bisect_right(self._starts, i) - 1 == shard}
                 )

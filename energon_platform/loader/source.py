@@ -151,9 +151,8 @@ class SampleSource:
         self._lookahead = None
         self._shard_files: list[Any] | None = None  #: `shard_files`, once read
         self._pid = os.getpid()
-        self._corrupt: dict[
-            str, str
-        ] = {}  #: shard name → what is wrong, found by reads of this process
+        #: shard name → what is wrong, found by reads of this process
+        self._corrupt: dict[str, str] = {}
 
     def check_shards(self) -> None:
         """`DatasetError` naming the first shard of the split that is not a file
@@ -183,9 +182,8 @@ class SampleSource:
         return {"path": self.path, "split": self.split, "subflavors": self.subflavors}
 
     def __setstate__(self, state):
-        self._open(
-            state["path"], state["split"], state.get("subflavors")
-        )  # the shards were checked where it was built
+        # the shards were checked where it was built
+        self._open(state["path"], state["split"], state.get("subflavors"))
 
     def __len__(self) -> int:
         return sum(self.shard_counts)
@@ -202,9 +200,8 @@ class SampleSource:
 
     def _ensure_reader(self) -> None:
         if self._pid != os.getpid() and self.remote:  # a forked DataLoader worker must not share
-            self._open(
-                self.path, self.split, self.subflavors
-            )  # the parent's S3 client and its connections
+            # the parent's S3 client and its connections
+            self._open(self.path, self.split, self.subflavors)
         if self._reader is None:
             from energon_platform.loader.shard_reader import ShardReader
 
@@ -239,18 +236,16 @@ class SampleSource:
                 raw = future.result()[index] if future is not None else self._reader[index]
                 if isinstance(raw, Exception):
                     raise raw
-        except (
-            CorruptShardError
-        ) as e:  # bad data, skipped by the caller; remembered for samples_failed
+        # bad data, skipped by the caller; remembered for samples_failed
+        except CorruptShardError as e:
             self._corrupt.setdefault(e.shard, e.detail)
             raise
         if raw is None:
             raise KeyError(f"sample {index} is excluded from the dataset")
         try:
             return self._factory.load_sample(raw)
-        except (
-            Exception
-        ) as e:  # a bad sample (undecodable media): the caller skips it, logged by its key
+        # a bad sample (undecodable media): the caller skips it, logged by its key
+        except Exception as e:
             e.sample_key = raw.get("__key__")
             raise
 

@@ -180,9 +180,8 @@ class Tracer:
 
                 self._replay = replace(planner, start=PlanState(), _cache=OrderedDict())
             planner = self._replay
-        if batch <= planner.newest and not planner.kept(
-            batch
-        ):  # behind the plans it keeps: from its start
+        # behind the plans it keeps: from its start
+        if batch <= planner.newest and not planner.kept(batch):
             planner.restart(planner.start)
         first = planner.newest + 1
         total = batch - first + 1
@@ -405,9 +404,8 @@ class Tracer:
             (pos, epoch, i) for i, stream in streams.items() for epoch, pos in islice(stream, 1)
         ]
         heapify(ahead)
-        pending: dict[
-            int, tuple[int, int]
-        ] = {}  # stream position read, not yet placed -> (epoch, index)
+        # stream position read, not yet placed -> (epoch, index)
+        pending: dict[int, tuple[int, int]] = {}
         out: dict[int, list[dict]] = {i: [] for i in indices}
         for batch in range(steps):
             plan = self.batch_plan(batch)

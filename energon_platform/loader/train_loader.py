@@ -230,9 +230,8 @@ class TrainLoader:
                 "multiprocessing_context": "fork",
                 "worker_init_fn": _worker_init(),
             }
-        if (
-            self._watch is not None
-        ):  # wake up to look at the workers while waiting for a micro-batch
+        # wake up to look at the workers while waiting for a micro-batch
+        if self._watch is not None:
             kwargs["timeout"] = min(1.0, self.config.sample_timeout / 4)
         # a private generator: creating the iterator would otherwise draw from the global torch RNG
         # (its base seed), which the trainer's dropout uses and a resume restores
@@ -253,9 +252,8 @@ class TrainLoader:
         while True:
             try:
                 return next(self._iter)
-            except (
-                RuntimeError
-            ) as e:  # torch's words for its `timeout` (no worker died: that is checked first)
+            # torch's words for its `timeout` (no worker died: that is checked first)
+            except RuntimeError as e:
                 if self._watch is None or not str(e).startswith("DataLoader timed out"):
                     raise
             stuck = self._watch.stuck(self.config.sample_timeout)
@@ -319,9 +317,8 @@ class TrainLoader:
         except (RuntimeError, ConnectionError, EOFError) as e:
             dead = self._dead_workers(wait=0 if isinstance(e, RuntimeError) else 1.0)
             workers = self.worker_processes
-            if not (
-                workers and (dead or "DataLoader worker (pid" in str(e))
-            ):  # not "Caught X in ..."
+            # not "Caught X in ..."
+            if not (workers and (dead or "DataLoader worker (pid" in str(e))):
                 raise
             # killed (the kernel's OOM killer), or exited: PyTorch says so in a RuntimeError, or the
             # kill cut a tensor's transfer (ConnectionResetError)
@@ -338,9 +335,8 @@ class TrainLoader:
                 f"Out of memory? Lower loader.num_workers or prefetch_factor; resume from the latest "
                 f"checkpoint and the data continues exactly"
             ) from None
-        except (
-            DatasetError
-        ):  # bad data or a failed store: stop the other workers, so this error is the last line
+        # bad data or a failed store: stop the other workers, so this error is the last line
+        except DatasetError:
             self.close()
             raise
         assert c == self.next_microbatch, (
@@ -604,9 +600,8 @@ def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size:
         packing_buffer_size=encoder.packing_buffer_size,
     )
     loader = BasicDataLoader(ds, gc_collect_every_n_steps=0)
-    loader.pin_memory = (
-        torch.cuda.is_available()
-    )  # Energon always asks for it; without CUDA torch warns at each pass
+    # Energon always asks for it; without CUDA torch warns at each pass
+    loader.pin_memory = torch.cuda.is_available()
     return loader
 
 

@@ -46,10 +46,11 @@ DEFAULT_ENCODERS = {
     "CaptioningSample": {"encoder": "image_text"},
     "AudioTextSample": {"encoder": "audio_text"},
     "VideoTextSample": {"encoder": "video_text"},
+    # drawn in their colours
     "PointCloudTextSample": {
         "encoder": "pointcloud_text",
         "pointcloud": {"colors": True},
-    },  # drawn in their colours
+    },
     "TextSample": {"encoder": "text"},
 }
 TILE = 96  #: pixel height of an image, a video frame or a spectrogram on the sheet

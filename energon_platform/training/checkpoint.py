@@ -239,9 +239,8 @@ def save(
             _fsync_write(tmp / "model.pt", _torch_bytes(model_state))
     except Exception as e:  # a full disk, or any other failed write: every rank must hear of it
         error = e
-    if not all_ok(
-        error is None
-    ):  # disk full somewhere: nothing half-written stays behind (nor is ever loaded)
+    # disk full somewhere: nothing half-written stays behind (nor is ever loaded)
+    if not all_ok(error is None):
         shutil.rmtree(tmp, ignore_errors=True)
         raise error or CheckpointError(
             f"{tmp}: another rank could not write its part of checkpoint {name} (its "

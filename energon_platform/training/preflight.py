@@ -90,10 +90,11 @@ def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None
                     sample = source[index]
                     kind = f"{type(sample).__name__} samples"
                     return encoder.encode(sample)
+            # the store or the installation failed, not the sample
             except (
                 StorageError,
                 ImportError,
-            ):  # the store or the installation failed, not the sample
+            ):
                 raise
             except Exception as e:  # noqa: BLE001 - the sample's failure; reported below
                 error = e
@@ -132,14 +133,12 @@ def preflight(cfg: RunConfig, loader: Any = None) -> None:
     path = str(cfg.data.path)
     if not cfg.data.val_split:
         return
-    if is_metadataset(
-        path
-    ):  # a metadataset's val split, when it has one: every entry's split is opened
+    # a metadataset's val split, when it has one: every entry's split is opened
+    if is_metadataset(path):
         if cfg.data.val_split in read_metadataset(Path(path))["splits"]:
             open_datasets(path, cfg.data.val_split)
     elif (
         dataset_root(path) / ".nv-meta" / "split.yaml"
-    ).is_file() and cfg.data.val_split in split_parts(
-        path
-    ):  # no val split: the run logs no val_loss
+        # no val split: the run logs no val_loss
+    ).is_file() and cfg.data.val_split in split_parts(path):
         SampleSource(path, cfg.data.val_split)  # its shards are checked when opened

@@ -128,9 +128,8 @@ def open_for_append(path: str | os.PathLike):
 def _this_rank(rank: int | None) -> int:
     if rank is not None:
         return rank
-    dist = sys.modules.get(
-        "torch.distributed"
-    )  # a process group exists only if the loop imported it
+    # a process group exists only if the loop imported it
+    dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
@@ -168,10 +167,11 @@ class StepLog:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"StepLog.write: step must be an integer >= 0, got {step!r}")
         loss = float(loss.item() if hasattr(loss, "item") else loss)
+        # NaN/Infinity as Python's json writes them
         row: dict[str, Any] = {
             "step": step,
             "loss": loss,
-        }  # NaN/Infinity as Python's json writes them
+        }
         if keys is not None:
             row["keys"] = [str(k) for k in keys]
         if sample_losses is not None:

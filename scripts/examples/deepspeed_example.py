@@ -80,9 +80,8 @@ if rank == 0:  # OUT/run.yaml and run.json: how this run was made
 while step < args.steps:
     global_batch = loader.global_batch  # the step's index for report_losses
     keys, digests, losses, sample_losses = [], [], [], []
-    for _ in range(
-        loader.accumulation
-    ):  # DeepSpeed steps the optimizer at the global batch's last micro-batch
+    # DeepSpeed steps the optimizer at the global batch's last micro-batch
+    for _ in range(loader.accumulation):
         batch = next(loader)
         loss_sum, targets, batch_sample_losses = batch_losses(
             engine(batch.tokens, row_images(batch)), batch

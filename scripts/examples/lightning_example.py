@@ -106,9 +106,8 @@ class Captioner(EnergonHooks, L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint):
         self.resumed_from = checkpoint["global_step"]
-        if (
-            args.skip_loader_restore
-        ):  # Lightning then restores no loader state: the data starts over
+        # Lightning then restores no loader state: the data starts over
+        if args.skip_loader_restore:
             checkpoint["loops"]["fit_loop"]["state_dict"].pop("combined_loader", None)
 
 

@@ -70,9 +70,8 @@ def ckpt_file(root, iteration):
 
 # 1. model and optimizer, loaded from the latest checkpoint with --load (setup_model_and_optimizer)
 torch.manual_seed(0)
-vocab_size = build_encoder(
-    load_config(args.config)
-).tokenizer.vocab_size  # Megatron's get_tokenizer()
+# Megatron's get_tokenizer()
+vocab_size = build_encoder(load_config(args.config)).tokenizer.vocab_size
 model = TinyModel(vocab_size)
 ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -120,14 +119,12 @@ if dp_rank == 0:  # SAVE/run.yaml and run.json: how this run was made
 iteration = args.iteration
 while iteration < args.train_iters:
     t0 = time.perf_counter()
-    micro_batches = [
-        next(train_iter) for _ in range(train_iter.accumulation)
-    ]  # get_num_microbatches()
+    # get_num_microbatches()
+    micro_batches = [next(train_iter) for _ in range(train_iter.accumulation)]
     targets = all_reduce(sum((b["labels"][:, 1:] != -100).sum() for b in micro_batches).float())
     total, keys, losses = torch.zeros(()), [], []
-    for mb in (
-        micro_batches
-    ):  # Megatron's get_batch: labels shifted by one, -100 (IGNORE_INDEX) is no target
+    # Megatron's get_batch: labels shifted by one, -100 (IGNORE_INDEX) is no target
+    for mb in micro_batches:
         labels = mb["labels"][:, 1:]
         output_tensor = token_losses(ddp(mb["tokens"], mb["imgs"]), labels, labels != -100)
         loss_sum = output_tensor.sum()

@@ -45,9 +45,8 @@ class ColourCaptioner(EnergonHooks, L.LightningModule):
         return TrainLoader(self.cfg)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(
-            self.parameters(), lr=0.5, momentum=0.9
-        )  # momentum: optimizer state to restore
+        # momentum: optimizer state to restore
+        return torch.optim.SGD(self.parameters(), lr=0.5, momentum=0.9)
 
     def training_step(self, batch, batch_idx):
         hidden = self.embed(batch.tokens) + self.colour(batch.images.mean(dim=(2, 3)))[:, None]

@@ -70,9 +70,8 @@ def test_make_key_is_safe_stable_and_injective():
     assert make_key("84-121123-0000") == "84-121123-0000"
     a, b = make_key("a.b"), make_key("a_b")
     assert a != b and KEY_PATTERN.match(a) and "." not in a
-    assert (
-        make_key("dir/sub dir/img.v2") == "dir_sub_dir_img_v2-dc8db90a"
-    )  # pinned: keys are stable across versions
+    # pinned: keys are stable across versions
+    assert make_key("dir/sub dir/img.v2") == "dir_sub_dir_img_v2-dc8db90a"
     assert KEY_PATTERN.match(make_key("ünïcödé/…"))
 
 

@@ -97,9 +97,8 @@ def test_audio_parts_are_named_by_detected_format(tmp_path):
         "train/noext.audio.flac",
         "train/real.audio.flac",
     ]
-    assert (
-        flac["train/liar.audio.flac"][:4] == b"fLaC"
-    )  # re-encoded, not WAV bytes under a FLAC name
+    # re-encoded, not WAV bytes under a FLAC name
+    assert flac["train/liar.audio.flac"][:4] == b"fLaC"
     assert (
         flac["train/real.audio.flac"]
         == keep["train/real.audio.flac"]

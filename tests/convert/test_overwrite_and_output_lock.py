@@ -69,11 +69,12 @@ def test_out_equal_to_the_input_root_is_refused_and_the_input_kept(tmp_path):
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     from converters.output import check_target
 
+    # never an input inside what --overwrite may remove
     for inside in (
         root,
         root / "train",
         root / "x.png",
-    ):  # never an input inside what --overwrite may remove
+    ):
         with pytest.raises(ConvertError, match="is or holds the input"):
             check_target(root, [inside])
 

@@ -334,9 +334,8 @@ def test_max_seconds_cuts_are_counted_and_the_original_duration_recorded(tmp_pat
     from tests.convert.test_video import members
     from tests.helpers.video_corpus import write_folder
 
-    root = write_folder(
-        tmp_path / "raw", 4, lengths=(12, 48), formats=("mp4",)
-    )  # 1 s and 4 s at 12 fps
+    # 1 s and 4 s at 12 fps
+    root = write_folder(tmp_path / "raw", 4, lengths=(12, 48), formats=("mp4",))
     out = tmp_path / "out"
     r = run_cli(
         "convert",

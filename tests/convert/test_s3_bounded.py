@@ -339,9 +339,8 @@ def test_upload_retries_are_counted_over_every_run_of_a_conversion(
     assert "train/shard-000002.tar" in err and "2 tries" in err, err
     assert calls["train/shard-000000.tar"] == 2 and "train/shard-000001.tar" in calls
     monkeypatch.setattr(remote, "upload_file", real)
-    assert (
-        convert(corpus, s3.url("carry"), tmp_path / "b", monkeypatch) == 0
-    )  # another, empty staging folder
+    # another, empty staging folder
+    assert convert(corpus, s3.url("carry"), tmp_path / "b", monkeypatch) == 0
     report = json.loads(objects(s3, "carry")["report.json"])
     assert report["uploads"] == {"retries": 2} and report["status"] == "ok", report["uploads"]
     assert json.loads(objects(s3, "carry")[".convert/state.json"])["upload_retries"] == 2

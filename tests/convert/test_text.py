@@ -105,9 +105,8 @@ def test_documents_convert_to_text_samples_energon_reads(tmp_path, fmt):
     assert [s["samples"] for s in rep["shards"]] == [6, 6, 6, 2]
 
     m = members(out)
-    assert sorted(m) == sorted(
-        f"train/doc-{i:03d}.text.json" for i in range(20)
-    )  # one part per sample
+    # one part per sample
+    assert sorted(m) == sorted(f"train/doc-{i:03d}.text.json" for i in range(20))
     first = json.loads(m["train/doc-003.text.json"])
     row = 3 if fmt == "parquet" else (4 if fmt == "jsonl" else 5)  # row index / line number
     assert first == {
@@ -134,9 +133,8 @@ def test_default_columns_and_row_keys(tmp_path):
     path = write_docs(tmp_path / "raw" / "plain.jsonl", [{"text": doc(i)} for i in range(5)])
     out = tmp_path / "out"
     outcome = convert("text", out, reader={"manifest": str(path)})
-    assert outcome.ok and sorted(read_back(out)) == [
-        f"row-{n:09d}" for n in range(1, 6)
-    ]  # by line number
+    # by line number
+    assert outcome.ok and sorted(read_back(out)) == [f"row-{n:09d}" for n in range(1, 6)]
     info = run_cli("info", out)
     assert (
         info.returncode == 0
@@ -224,9 +222,8 @@ def test_every_bad_input_reason_is_counted_and_listed(tmp_path):
     assert (
         by_id["good-1"]["reason"] == "duplicate_id" and "bad.jsonl[12]" in by_id["good-1"]["detail"]
     )
-    assert {by_id[f"row {n}"]["reason"] for n in (13, 14, 15)} == {
-        "malformed_line"
-    }  # null, empty, missing id
+    # null, empty, missing id
+    assert {by_id[f"row {n}"]["reason"] for n in (13, 14, 15)} == {"malformed_line"}
     assert "null" in by_id["row 13"]["detail"]
     assert len(skipped) == 15
 
@@ -283,9 +280,8 @@ def test_user_errors_are_one_line_exit_2(tmp_path, capsys):
     latin.write_bytes(b"text\ncaf\xe9\n")
     with pytest.raises(InputError, match="not UTF-8"):
         convert("text", tmp_path / "o2", reader={"manifest": str(latin)})
-    assert (
-        not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
-    )  # refused before writing
+    # refused before writing
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
     r = run_cli(*base, "--manifest", path, "--text-column", "body", "--id-column", "uid")
     assert r.returncode == 0 and "3 samples written, 0 skipped" in r.stdout, r.stderr
 
@@ -368,16 +364,14 @@ def test_rerun_does_nothing_and_changed_documents_are_refused(tmp_path, docs120)
     ]
     r = run_cli(*args)
     assert r.returncode == 0 and "nothing to do" in r.stdout
-    r = run_cli(
-        *args, "--image-format", "keep", "--audio-format", "keep"
-    )  # no media: no media options
+    # no media: no media options
+    r = run_cli(*args, "--image-format", "keep", "--audio-format", "keep")
     assert (
         r.returncode == 2
         and "unrecognized arguments: --image-format keep --audio-format keep" in r.stderr
     ), r.stderr
-    state_path = next(
-        out.rglob("state.json")
-    )  # an output of the release that counted media options for text
+    # an output of the release that counted media options for text
+    state_path = next(out.rglob("state.json"))
     old_state = json.loads(state_path.read_text())
     old_state["options"].update(image={"image_format": "png"}, audio={"audio_format": "flac"})
     state_path.write_text(json.dumps(old_state))
@@ -472,9 +466,8 @@ def test_train_loader_with_the_text_encoder(text_shards):
     for _ in range(15):  # one epoch: 120 documents, one pack group of 8 per global batch
         batch = next(loader)
         assert isinstance(batch, TextBatch) and batch.tokens.shape[1] == 48
-        assert (
-            int(batch.num_docs.sum()) == len(batch.keys) == 8 and batch.tokens.shape[0] < 8
-        )  # packed
+        # packed
+        assert int(batch.num_docs.sum()) == len(batch.keys) == 8 and batch.tokens.shape[0] < 8
         flat = batch.tokens.flatten()
         for j, key in enumerate(batch.keys):
             start, length = int(batch.cu_seqlens[j]), int(batch.doc_lengths[j])

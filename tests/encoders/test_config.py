@@ -184,9 +184,8 @@ def test_section_keys_left_out_keep_the_encoders_defaults(tokenizer_dir):
             "packing": {"buffer_size": 64},
         }
     )
-    assert (
-        encoder.config.packing.enabled and encoder.packing_buffer_size == 64
-    )  # text packs by default
+    # text packs by default
+    assert encoder.config.packing.enabled and encoder.packing_buffer_size == 64
     assert encoder.config.text.seq_len == 128
 
 

@@ -38,9 +38,8 @@ def test_batch_fields_shapes_dtypes_and_masks(
         assert torch.equal(batch.labels[i, : length - 1], row[1:length])
         assert batch.loss_mask[i].sum() == length - 1 and batch.loss_mask[i, : length - 1].all()
         assert torch.equal(batch.position_ids[i], torch.arange(s))
-        assert image_text_encoder.tokenizer.decode(row[:length]) == caption_of(
-            key
-        )  # token round trip
+        # token round trip
+        assert image_text_encoder.tokenizer.decode(row[:length]) == caption_of(key)
 
 
 def test_all_samples_seen_once_and_every_map_function_is_stateless(

@@ -136,9 +136,8 @@ def docs_of(batch: MultimodalBatch) -> dict:
             for i, j in enumerate(batch.audio_docs)
         }
     )
-    assert len(media) == len(batch.image_docs) + len(
-        batch.audio_docs
-    )  # at most one medium per document
+    # at most one medium per document
+    assert len(media) == len(batch.image_docs) + len(batch.audio_docs)
     out = {}
     for j, key in enumerate(batch.keys):
         start = int(batch.cu_seqlens[j])

@@ -149,9 +149,8 @@ def test_stored_clouds_give_their_own_points_and_colours(samples):
         else:
             assert not bool(batch.has_colors[0]) and not rgb.any()
         assert len(stored) == len(geom.vertices)
-    few = pc_encoder(training=False, num_points=600).cloud(samples["shape_018"])[
-        0
-    ]  # 512 stored: all, then repeats
+    # 512 stored: all, then repeats
+    few = pc_encoder(training=False, num_points=600).cloud(samples["shape_018"])[0]
     assert len({tuple(p) for p in few.tolist()}) == 512
 
 
@@ -161,9 +160,8 @@ def test_augmentation_is_seeded_up_axis_turn_scale_jitter_dropout(samples, token
     turn = pc_encoder(tokenizer_dir, scale=[1, 1], jitter=0.0, dropout=0.0)
     base, _ = plain.cloud(sample)
     turned, _ = turn.cloud(sample)
-    np.testing.assert_allclose(
-        turned[:, 1], base[:, 1], atol=1e-12
-    )  # a turn about y keeps every height
+    # a turn about y keeps every height
+    np.testing.assert_allclose(turned[:, 1], base[:, 1], atol=1e-12)
     assert not np.allclose(turned[:, 0], base[:, 0])
     np.testing.assert_allclose(
         np.linalg.norm(turned, axis=1), np.linalg.norm(base, axis=1), atol=1e-12

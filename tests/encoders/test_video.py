@@ -108,12 +108,13 @@ def one_pass(encoder, path, num_workers=0, batch_size=3):
 
 def test_clip_indices_stride_fps_centre_random_and_short_videos():
     cfg = VideoConfig(num_frames=4, stride=3)
+    # centred: starts 0..30, the middle one
     assert clip_indices(40, 12.0, cfg, False, None) == [
         15,
         18,
         21,
         24,
-    ]  # centred: starts 0..30, the middle one
+    ]
     assert clip_indices(10, 12.0, cfg, False, None) == [0, 3, 6, 9]
     assert clip_indices(7, 12.0, cfg, True, torch.Generator()) == [0, 3, 6]  # shorter than the clip
     fps_cfg = VideoConfig(num_frames=3, fps=4.0)  # 30 fps source: every 7.5 frames
@@ -256,9 +257,8 @@ def test_batch_fields_padding_and_audio_features(shards, tokenizer_dir):
         for j, key in enumerate(b.keys):
             i = int(key.split("_")[1])
             total = (24, 36, 48)[i % 3]
-            assert int(b.num_frames[j]) == min(
-                12, -(-total // 3)
-            )  # a 24-frame video gives 8 of 12 frames
+            # a 24-frame video gives 8 of 12 frames
+            assert int(b.num_frames[j]) == min(12, -(-total // 3))
             assert torch.count_nonzero(b.videos[j, int(b.num_frames[j]) :]) == 0
             has_audio = i % 4 == 1
             assert (int(b.audio_lengths[j]) > 0) == has_audio, key
@@ -305,9 +305,8 @@ def test_same_tensors_per_key_for_0_1_2_workers_and_they_depend_on_key_and_epoch
         a, video_encoder(tokenizer_dir, seed=99).encode_sample(with_epoch(sample, 0)).media["video"]
     )
     evaluation = video_encoder(tokenizer_dir, training=False)
-    assert {tuple(evaluation.clip_of(with_epoch(sample, e))) for e in range(6)} == {
-        (7, 10, 13, 16)
-    }  # centred in 24 frames
+    # centred in 24 frames
+    assert {tuple(evaluation.clip_of(with_epoch(sample, e))) for e in range(6)} == {(7, 10, 13, 16)}
 
 
 PROCESS_SCRIPT = """

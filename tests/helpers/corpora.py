@@ -138,9 +138,8 @@ def make_librispeech(
         (d / f"{speakers[0]}-{chapters[0]}-0100.flac").write_bytes(b"fLaC" + b"\x00" * 50)
         extra.append(f"{speakers[0]}-{chapters[0]}-0100 BROKEN AUDIO")
         extra.append(f"{speakers[0]}-{chapters[0]}-0101 NO AUDIO FILE")
-        (d / f"{speakers[0]}-{chapters[0]}-0102.flac").write_bytes(
-            tone_bytes(1)
-        )  # no transcript line
+        # no transcript line
+        (d / f"{speakers[0]}-{chapters[0]}-0102.flac").write_bytes(tone_bytes(1))
         (d / f"{speakers[0]}-{chapters[0]}-0103.flac").write_bytes(tone_bytes(2))
         extra.append(f"{speakers[0]}-{chapters[0]}-0103 ")
         (d / f"{speakers[0]}-{chapters[0]}-0104.flac").write_bytes(b"")

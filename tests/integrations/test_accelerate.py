@@ -26,9 +26,8 @@ from tests.helpers.trainer_examples import (
     write_run_config,
 )
 
-ACCELERATE = shlex.quote(
-    str(Path(sys.executable).parent / "accelerate")
-)  # the CLI of this environment
+# the CLI of this environment
+ACCELERATE = shlex.quote(str(Path(sys.executable).parent / "accelerate"))
 
 
 @pytest.fixture(scope="module")

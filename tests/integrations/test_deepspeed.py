@@ -36,9 +36,8 @@ def test_batch_config_and_client_state(config_file):
         restore_loader,
     )
 
-    loader = TrainLoader(
-        load_config(config_file), rank=1, world_size=2
-    )  # 4 per global batch, 1 per micro-batch
+    # 4 per global batch, 1 per micro-batch
+    loader = TrainLoader(load_config(config_file), rank=1, world_size=2)
     assert batch_config(loader) == {
         "train_batch_size": 4,
         "train_micro_batch_size_per_gpu": 1,

@@ -116,9 +116,8 @@ def test_a_module_without_the_mixin_trains_and_its_first_checkpoint_names_the_mi
     assert not list((tmp_path / "saving").glob("*.ckpt"))
 
 
-@pytest.mark.filterwarnings(
-    "ignore:Checkpoint directory .* exists and is not empty"
-)  # resumed in place
+# resumed in place
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
 def test_dropout_resumes_exactly_the_mixin_carries_every_generator(config_file, tmp_path):
     """Dropout draws from torch's generator: resumed from a checkpoint (another seed set before),
     the steps after it have the losses of the uninterrupted run."""
@@ -129,9 +128,8 @@ def test_dropout_resumes_exactly_the_mixin_carries_every_generator(config_file, 
     fit(straight, tmp_path, steps=5, every=2)
     torch.manual_seed(1)
     resumed = lightning_module(config_file, hooks=True, dropout=0.5)
-    fit(
-        resumed, tmp_path, steps=5, ckpt_path=tmp_path / "step=2.ckpt", every=2
-    )  # the same callback
+    # the same callback
+    fit(resumed, tmp_path, steps=5, ckpt_path=tmp_path / "step=2.ckpt", every=2)
     assert resumed.losses == straight.losses[2:] and len(resumed.losses) == 3
 
 

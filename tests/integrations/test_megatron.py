@@ -100,9 +100,8 @@ def megatron_run(
     assert all(r.iterable.accumulation == num_microbatches for r in ranks)
     seen = {}
     for iteration in range(start + 1, stop + 1):
-        for rank, it in enumerate(
-            ranks
-        ):  # the ranks run concurrently in Megatron; order does not matter
+        # the ranks run concurrently in Megatron; order does not matter
+        for rank, it in enumerate(ranks):
             for micro in range(num_microbatches):
                 if crash_after is not None and iteration == stop and micro == crash_after:
                     break
@@ -278,9 +277,8 @@ def test_missing_state_raises_naming_the_path(coco, tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         provider(None)
     assert expected in str(e.value)
-    (
-        tmp_path / "iter_0000002" / "mp_rank_00" / "train_dataloader_dprank001.pt"
-    ).unlink()  # a rank's file lost
+    # a rank's file lost
+    (tmp_path / "iter_0000002" / "mp_rank_00" / "train_dataloader_dprank001.pt").unlink()
     with pytest.raises(FileNotFoundError, match="dprank001.pt does not exist"):
         make_provider(
             megatron_config(coco),

@@ -328,9 +328,8 @@ def test_provider_checks_megatrons_arguments(cpu_megatron, shards, tmp_path):
         "padded_vocab_size": 2176,
     }
     req = check_megatron_args(cfg_own, SimpleNamespace(**two))  # loads the folder as Megatron would
-    assert (
-        req["image_token_index"] == 2047 and req["vocab_size"] == 2049
-    )  # <extra> appended after <image>
+    # <extra> appended after <image>
+    assert req["image_token_index"] == 2047 and req["vocab_size"] == 2049
     megatron_tok = AutoTokenizer.from_pretrained(str(own))
     megatron_tok.add_tokens(["<image>", "<extra>"], special_tokens=True)
     check_megatron_args(cfg_own, SimpleNamespace(**two), tokenizer=megatron_tok)

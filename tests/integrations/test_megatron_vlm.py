@@ -119,9 +119,8 @@ def test_caption_prompt_placeholder_tiles_and_answer_only_loss():
             "Give a short description of the image.",
             "What does this picture show?",
         )
-        assert (
-            answer_text(enc, doc) == s.caption + "<eos>"
-        )  # the loss covers the caption and EOS only
+        # the loss covers the caption and EOS only
+        assert answer_text(enc, doc) == s.caption + "<eos>"
         assert (
             enc.spliced_length(doc)
             == doc.tokens.numel() + int(doc.media["num_tiles"].sum()) * 16 - 1
@@ -234,10 +233,11 @@ def test_conversation_template_multi_image_text_only_and_vqa():
         "User: Sure?\nAssistant: Yes.\n<eos>"
     )
     assert answer_text(enc, doc) == "The first is smaller.\nYes.\n<eos>"
+    # 32x32: one tile; 32 wide x 64 high: 1x2 + thumbnail
     assert doc.media["num_tiles"].tolist() == [
         1,
         3,
-    ]  # 32x32: one tile; 32 wide x 64 high: 1x2 + thumbnail
+    ]
     text_only = enc.encode(
         sample(
             "conversation",
@@ -326,9 +326,8 @@ def test_placeholder_is_added_to_a_users_tokenizer_like_megatron(tmp_path):
         prompt={"image_token": "<img>", "special_tokens": ["<img>", "<image>"]},
     )
     megatron = AutoTokenizer.from_pretrained(str(own))
-    assert (
-        megatron.add_tokens(["<img>", "<image>"], special_tokens=True) == 2
-    )  # what --special-tokens does
+    # what --special-tokens does
+    assert megatron.add_tokens(["<img>", "<image>"], special_tokens=True) == 2
     assert enc.image_token_index == megatron.convert_tokens_to_ids("<img>") == 2047
     assert enc.special_token_ids == {"<img>": 2047, "<image>": 2048}
     # The shipped tokenizer has <image> already: nothing is added, ids stay.
@@ -696,9 +695,8 @@ def test_sigkill_and_resume_on_the_megatron_path(
         read_log(tmp_path / "r.jsonl"),
     )
     assert before and all(before[k]["dict"] == want[k]["dict"] for k in before)
-    assert (
-        max(k[0] for k in before) == 5
-    )  # killed in the middle of iteration 5 (rank 0 had not started)
+    # killed in the middle of iteration 5 (rank 0 had not started)
+    assert max(k[0] for k in before) == 5
     for iteration in (5, 6):
         w = [r for k, r in sorted(want.items()) if k[0] == iteration]
         g = [r for k, r in sorted(after.items()) if k[0] == iteration]

@@ -239,9 +239,8 @@ def _global_batches(config, steps, ranks, workers, state=None):
                 b = next(ld)
                 shapes.add(tuple(b.tokens.shape))
                 start = 0
-                for (
-                    n
-                ) in b.num_docs.tolist():  # the documents of each row, as a sorted tuple of keys
+                # the documents of each row, as a sorted tuple of keys
+                for n in b.num_docs.tolist():
                     rows.append(tuple(b.keys[start : start + n]))
                     start += n
         out.append(sorted(rows))
@@ -257,9 +256,8 @@ def test_packed_blend_fixed_shapes_every_sample_once_and_elastic_resume(three_pa
     reference, shapes, _ = _global_batches(config, 10, 1, 0)
     assert shapes == {(2, 128)}, "every micro-batch: micro_batch_size rows of seq_len"
     keys = [k for batch in reference for row in batch for k in row]
-    assert len(keys) > 100 and len(set(keys)) > 0.8 * len(
-        keys
-    )  # once per epoch: see the test below
+    # once per epoch: see the test below
+    assert len(keys) > 100 and len(set(keys)) > 0.8 * len(keys)
     before, shapes2, state = _global_batches(config, 4, 2, 2)
     assert shapes2 == {(2, 128)} and before == reference[:4]
     after, _, _ = _global_batches(config, 6, 4, 0, state=state)

@@ -96,9 +96,8 @@ def test_a_cost_that_is_not_a_finite_number_is_refused_naming_the_encoder(coco, 
 def test_documents_as_long_as_a_row_keep_the_carried_pool_small():
     planner = Planner(lambda ps: [(128, 128)] * len(ps), float, 8, capacity=128)
     carried = [len(planner.plan(b).next_state.carried) for b in range(60)]
-    assert max(carried) <= 4 * 3 * 8, max(
-        carried
-    )  # a few batches of leads, not the 4096-sample window
+    # a few batches of leads, not the 4096-sample window
+    assert max(carried) <= 4 * 3 * 8, max(carried)
 
 
 def test_logged_padding_counts_positions_the_rows_left_empty():
@@ -108,9 +107,8 @@ def test_logged_padding_counts_positions_the_rows_left_empty():
 
     loader = SimpleNamespace(plan=SimpleNamespace(batching=SimpleNamespace(packed_rows=True)))
     full = SimpleNamespace(doc_lengths=torch.tensor([60, 68]), tokens=torch.zeros(1, 128))
-    emptied = SimpleNamespace(
-        doc_lengths=torch.tensor([32]), tokens=torch.zeros(1, 128)
-    )  # an excluded document
+    # an excluded document
+    emptied = SimpleNamespace(doc_lengths=torch.tensor([32]), tokens=torch.zeros(1, 128))
     assert _filled([full, emptied], loader, 1, "cpu") == {"padding": round(1 - 160 / 256, 4)}
     unpacked = SimpleNamespace(plan=SimpleNamespace(batching=SimpleNamespace(packed_rows=False)))
     assert _filled([full], unpacked, 1, "cpu") == {}

@@ -110,9 +110,8 @@ def test_realised_counts_within_one_in_every_prefix_and_two_in_every_window(corp
 
 def test_each_dataset_walks_its_own_epochs_once_per_epoch(corpora):
     config = cfg(blend_of(corpora, "b11", big=1, small=1))
-    keys = [
-        k for batch in keys_of(config, 10) for k in batch
-    ]  # 40 of each: 1.67 epochs of big, 4 of small
+    # 40 of each: 1.67 epochs of big, 4 of small
+    keys = [k for batch in keys_of(config, 10) for k in batch]
     small = [k for k in keys if dataset_of(k) == "small"]
     epochs = [small[i : i + 10] for i in range(0, 40, 10)]
     assert all(len(set(e)) == 10 for e in epochs), (
@@ -189,9 +188,8 @@ def test_blend_epochized_repetitions_are_exact(corpora):
             ]
         },
     )
-    stream = [
-        dataset_of(k) for batch in keys_of(cfg(path), 23) for k in batch
-    ]  # 23 x 8 = 184 = 8 blend epochs of 23
+    # 23 x 8 = 184 = 8 blend epochs of 23
+    stream = [dataset_of(k) for batch in keys_of(cfg(path), 23) for k in batch]
     epoch = 2 * 10 + 3
     for e in range(8):
         part = Counter(stream[e * epoch : (e + 1) * epoch])

@@ -125,9 +125,8 @@ def test_a_shard_truncated_after_conversion_is_replaced_the_same_on_every_layout
     data = tmp_path / "data"
     shutil.copytree(make_dataset("image_text", n=24), data)
     shard = sorted((data / "train").glob("*.tar"))[1]
-    shard.write_bytes(
-        shard.read_bytes()[: shard.stat().st_size // 2]
-    )  # the second half of its samples is gone
+    # the second half of its samples is gone
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     config = cfg(data)
     one, replaced = steps(config, 3)
     assert all(len(keys) == 8 for keys, _ in one) and replaced

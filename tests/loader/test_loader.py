@@ -156,13 +156,14 @@ LAYOUTS = [
     ("image", False, (4, 1), (2, 0), None),
     # gradient accumulation: 2 micro-batches per step on each of 2 ranks, then 4 on one rank
     ("image", False, (2, 1), (1, 2), 2),
+    # packed: 4 pack groups per step, 4 then 2 micro-batches per rank
     (
         "image",
         True,
         (1, 1),
         (2, 0),
         1,
-    ),  # packed: 4 pack groups per step, 4 then 2 micro-batches per rank
+    ),
 ]
 
 

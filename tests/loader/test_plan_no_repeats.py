@@ -217,9 +217,8 @@ def test_planner_invariants_straight_and_resumed(seed, mode):
     straight = case.planner()
     try:
         plans = _plans(case, straight, range(case.batches))
-    except (
-        PlanError
-    ) as e:  # too few distinct samples in reach for the rows: refused, never repeated
+    # too few distinct samples in reach for the rows: refused, never repeated
+    except PlanError as e:
         assert (
             mode not in ("unpacked", "like")
             and "\n" not in str(e)

@@ -199,10 +199,11 @@ def test_point_clouds_without_an_encoder_are_drawn_in_their_own_colours(tmp_path
         tiles = pixels[top + j * (TILE + PAD) :][
             :TILE, PAD : PAD + len(POINT_VIEWS) * (TILE + 2)
         ].reshape(-1, 3)
+        # tile, sheet
         drawn = {tuple(c) for c in np.unique(tiles, axis=0)} - {
             (255, 255, 255),
             (250, 250, 248),
-        }  # tile, sheet
+        }
         own = {
             tuple(c)
             for c in (np.clip(batch.points[j, :, 3:6].numpy(), 0, 1) * 255).astype(np.uint8)

@@ -111,9 +111,8 @@ def test_blend_weights_that_change_continue_every_stream_without_repeats():
     blend = Blend([Segment(0, ("1", "3")), Segment(40, ("1", "1")), Segment(100, ("0", "1"))], 2)
     d, j = blend.locate(np.arange(200))
     for dd in (0, 1):
-        assert sorted(j[d == dd].tolist()) == list(
-            range((d == dd).sum())
-        )  # each stream once, in order
+        # each stream once, in order
+        assert sorted(j[d == dd].tolist()) == list(range((d == dd).sum()))
     assert (d[:40] == 0).sum() == 10 and (d[40:100] == 0).sum() == 30 and (d[100:] == 0).sum() == 0
     assert blend.consumed(200).tolist() == [40, 160]
 

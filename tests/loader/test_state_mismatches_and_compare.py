@@ -52,9 +52,8 @@ def test_only_shuffle_buffer_changed_is_refused(image_text_shards, saved, restor
 
 def test_only_pack_group_changed_is_refused(image_text_shards):
     """Mutation: ``pack_group`` left out of the fingerprint (the encoder config is the same)."""
-    state = saved_state(
-        cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1)
-    )  # the encoder's buffer size
+    # the encoder's buffer size
+    state = saved_state(cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1))
     with pytest.raises(StateMismatchError, match="pack_group"):
         TrainLoader(
             cfg(image_text_shards, IMAGE_PACKED, global_batch_size=1, pack_group=4)
@@ -82,9 +81,8 @@ def test_train_loader_counts_bad_samples_by_key(make_dataset):
     loader (``TrainLoader`` → ``MicroBatchMaker``), the one train, check-resume and Megatron use."""
     broken = {3, 10, 17}
     loader = TrainLoader(cfg(make_dataset("image_text", n=24, broken=broken)))
-    keys = [
-        k for _ in range(3) for k in next(loader).keys
-    ]  # one epoch: 24 samples in 3 batches of 8
+    # one epoch: 24 samples in 3 batches of 8
+    keys = [k for _ in range(3) for k in next(loader).keys]
     policy = loader.encoder.skip_policy
     # every broken sample is counted and logged by key, and replaced by a stand-in (batches stay full)
     assert len(keys) == 24 and not {f"{i:012d}" for i in broken} & set(keys)
@@ -180,12 +178,13 @@ def _rows(steps, **change):
             pytest.approx(1e-3),
         ),
         ({s: r for s, r in _rows(range(6, 11)).items() if s != 9}, 0.0, "missing_steps", [9]),
+        # restarted from 0
         (
             _rows(range(1, 11)),
             0.0,
             "resumed_steps_before_resume_point",
             [1, 2, 3, 4, 5],
-        ),  # restarted from 0
+        ),
     ],
     ids=["keys", "tensors", "loss", "missing-step", "restarted-from-zero"],
 )
@@ -212,9 +211,8 @@ def test_compare_loss_within_tolerance_passes():
 def test_restore_builds_only_the_requested_micro_batches(coco, monkeypatch):
     """Mutation: a restore that replays (builds the micro-batches before the saved position and
     throws them away). Counts the micro-batches built, with 0 workers (built in this process)."""
-    config = cfg(
-        coco, micro_batch_size=4
-    )  # 2 micro-batches per step: the position is micro-batch-exact
+    # 2 micro-batches per step: the position is micro-batch-exact
+    config = cfg(coco, micro_batch_size=4)
     saver = TrainLoader(config)
     saver.next_microbatch = 1000  # the position a saving loader holds after 500 steps
     state = saver.state_dict()

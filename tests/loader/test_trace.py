@@ -273,9 +273,8 @@ def test_a_rule_starting_at_the_resume_batch_is_decided_again_by_the_config(data
 
     rule = {"step": 3, "shards": ["train/shard-000001.tar"]}
     _, state = run(config(data["coco"], "image_text_small.yaml", exclude=[rule]), 3)
-    assert (
-        state["exclude"][0]["start"] == 3 and state["next_microbatch"] == 3 * 4
-    )  # 8 samples, micro-batches of 2
+    # 8 samples, micro-batches of 2
+    assert state["exclude"][0]["start"] == 3 and state["next_microbatch"] == 3 * 4
     _, removed = run(config(data["coco"], "image_text_small.yaml"), 1, state=state)
     assert not removed["exclude"], "a rule not yet in effect and no longer configured is dropped"
     TrainLoader(config(data["coco"], "image_text_small.yaml"), num_workers=0).load_state_dict(
@@ -349,6 +348,7 @@ def test_trace_equals_the_log_of_a_killed_two_rank_blend_run_with_an_exclusion(d
             }
         )
     )
+    # 2 -> 1 ranks: losses reduce in another order
     result = check_resume(
         RunSpec(str(path), 8, nproc=2),
         kill_at=5,
@@ -356,7 +356,7 @@ def test_trace_equals_the_log_of_a_killed_two_rank_blend_run_with_an_exclusion(d
         resume_nproc=1,
         tolerance=1e-5,
         log=lambda *_: None,
-    )  # 2 -> 1 ranks: losses reduce in another order
+    )
     assert result["passed"] and result["keys_identical"] and result["tensors_identical"], result
     for run_dir in ("straight", "killed"):
         rows = read_log(tmp_path / "check" / run_dir / "log.jsonl")
@@ -380,9 +380,8 @@ def test_trace_equals_the_log_of_a_killed_two_rank_blend_run_with_an_exclusion(d
         assert not any("excluded" in rows[s] for s in (1, 2, 3)) and any(
             "excluded" in rows[s] for s in range(4, 9)
         )
-        first = next(
-            iter(rows[1]["datasets"])
-        )  # `epoch`: the first dataset's epochs at the end of the step
+        # `epoch`: the first dataset's epochs at the end of the step
+        first = next(iter(rows[1]["datasets"]))
         assert [rows[s]["epoch"] for s in range(1, 9)] == [
             round(rows[s]["datasets"][first]["epochs"], 4) for s in range(1, 9)
         ], run_dir

@@ -92,9 +92,8 @@ def test_trace_of_a_balanced_run_after_an_elastic_resume_with_an_exclusion(data)
     after, state2, loader = run(cfg, 3, 2, state=state)
     assert not set(rule["keys"]) & {k for keys, _ in after for k in keys}
     t = tracer(cfg, 2, state=state2)
-    assert [t.step(s)["keys"] for s in (1, 2, 3)] == [
-        keys for keys, _ in before
-    ]  # trained on 1 rank
+    # trained on 1 rank
+    assert [t.step(s)["keys"] for s in (1, 2, 3)] == [keys for keys, _ in before]
     assert_traced(t, after, first=4)
     assert sum(len(t.step(s)["excluded"]) for s in range(4, 7)) >= 3, (
         "the rule must bite in this run"
@@ -161,9 +160,8 @@ def test_an_exclusion_is_no_failure_and_logged_once_per_dataset_and_step(data, c
     assert loader.maker.replaced == [] and sum(loader.maker.excluded.values()) >= 4
     said = [r for r in caplog.records if "loader.exclude" in r.getMessage()]
     assert said and all(r.levelno == logging.INFO for r in said)
-    firsts = [
-        r.getMessage().split(", first")[0] for r in said
-    ]  # "global batch B: ... samples of DATASET"
+    # "global batch B: ... samples of DATASET"
+    firsts = [r.getMessage().split(", first")[0] for r in said]
     assert len(firsts) == len(set(firsts)), "one line per dataset and global batch"
 
 

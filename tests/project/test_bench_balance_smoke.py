@@ -114,16 +114,14 @@ def test_train_section_trains_both_variants_on_two_ranks_and_reports_tokens_per_
     assert "balance" not in json.loads(out.read_text())
     today, ours = train["variants"]["none"], train["variants"]["attention"]
     for v in (today, ours):
-        assert (
-            v["tokens_per_s"] > 0 and len(v["runs"]) == 1 and v["runs"][0]["steps"] == 2
-        )  # 4 less 2 warm-up
+        # 4 less 2 warm-up
+        assert v["tokens_per_s"] > 0 and len(v["runs"]) == 1 and v["runs"][0]["steps"] == 2
     assert (
         ours["rows_per_rank_min"] == ours["rows_per_rank_max"] == 8
         and ours["padding"] < today["padding"]
     )
-    assert (
-        0.8 < ours["tokens_per_step"] / today["tokens_per_step"] < 1.25
-    )  # about the same tokens per step
+    # about the same tokens per step
+    assert 0.8 < ours["tokens_per_step"] / today["tokens_per_step"] < 1.25
     assert train["ratio"] == ours["tokens_per_s"] / today["tokens_per_s"]
     assert train["targets"][0]["met"] == (train["ratio"] >= 1.15)
 

@@ -80,9 +80,8 @@ def test_a_storage_error_is_our_one_line_without_the_storage_library_log(s3, coc
 
     url = s3.url(f"cut-shards-{tmp_path.name}")
     upload_dataset(coco, url)
-    for shard in sorted(
-        (coco / "train").glob("*.tar")
-    ):  # every shard cut short: the first read fails
+    # every shard cut short: the first read fails
+    for shard in sorted((coco / "train").glob("*.tar")):
         s3.client().put_object(
             Bucket=s3.bucket,
             Key=f"{url.split('/', 3)[3]}/train/{shard.name}",

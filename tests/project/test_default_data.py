@@ -208,9 +208,8 @@ def test_text_mini_facts_match_the_other_corpora():
         if key.startswith("chord-")
     }
     chords = {t for t in _transcripts().values() if t.endswith("CHORD")}
-    assert (
-        len(quoted) == 14 and chords and chords <= quoted
-    )  # every chord the corpus plays, as its transcript says it
+    # every chord the corpus plays, as its transcript says it
+    assert len(quoted) == 14 and chords and chords <= quoted
 
 
 def test_text_mini_is_what_the_script_writes(tmp_path):
@@ -227,9 +226,8 @@ def test_text_mini_is_what_the_script_writes(tmp_path):
         cwd=tmp_path,
         capture_output=True,
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "text_mini"
-    ]  # the other corpora untouched
+    # the other corpora untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text_mini"]
     assert (tmp_path / "text_mini" / "documents.jsonl").read_bytes() == TEXT.read_bytes()
     assert _tree(tmp_path / "text_mini") == _tree(TEXT.parent)
 

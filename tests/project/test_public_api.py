@@ -47,12 +47,10 @@ def non_public_imports(path) -> list[str]:
     public |= {
         (module, name) for module, names in documented_integrations().items() for name in names
     }
-    public |= {
-        (module, None) for module in ("energon_platform", *documented_integrations())
-    }  # import module
-    ours = {
-        p.name for p in REPO.iterdir() if (p / "__init__.py").exists()
-    }  # packages, and the scripts' helpers
+    # import module
+    public |= {(module, None) for module in ("energon_platform", *documented_integrations())}
+    # packages, and the scripts' helpers
+    ours = {p.name for p in REPO.iterdir() if (p / "__init__.py").exists()}
     ours |= {
         p.stem
         for folder in ("scripts", "scripts/examples", "tests")
@@ -108,9 +106,8 @@ def test_the_trainer_integrations_documented_names_import_from_their_modules():
     for module_name, names in documented.items():
         module = importlib.import_module(module_name)
         assert names and all(getattr(module, name, None) is not None for name in names), module_name
-        assert set(names) <= set(getattr(module, "__all__", names)), (
-            module_name
-        )  # exported where it says
+        # exported where it says
+        assert set(names) <= set(getattr(module, "__all__", names)), module_name
 
 
 def test_the_public_api_script_imports_only_documented_names(tmp_path):

@@ -45,14 +45,12 @@ def test_the_quickstart_kills_its_run_mid_run_and_resumes_it(coco, tmp_path):
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "out/qs/log.jsonl").read_text().splitlines()]
-    resumed = next(
-        (i for i, row in enumerate(rows) if row.get("resumed_from")), None
-    )  # a fresh run logs 0
+    # a fresh run logs 0
+    resumed = next((i for i, row in enumerate(rows) if row.get("resumed_from")), None)
     assert resumed is not None, (
         f"no resumed run in the log: the kill found the run ended ({r.stderr[-500:]})"
     )
     killed_run = [row["step"] for row in rows[:resumed]]
-    assert 20 in killed_run and max(killed_run) < STEPS, (
-        killed_run
-    )  # killed while it trained, not after
+    # killed while it trained, not after
+    assert 20 in killed_run and max(killed_run) < STEPS, killed_run
     assert rows[resumed]["resumed_from"] in (10, 20) and rows[-1]["step"] == STEPS

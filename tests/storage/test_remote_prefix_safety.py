@@ -240,9 +240,8 @@ def test_a_shard_of_another_size_on_the_prefix_is_converted_again(
     assert convert_text(url, manifest, tmp_path, monkeypatch, capsys)[0] == 0
     shard = f"{key}/train/shard-000001.tar"
     put(s3, shard, read(s3, shard)[:-512] + b"x" * 100)  # other bytes, another size
-    assert (
-        convert_text(url, manifest, tmp_path, monkeypatch, capsys)[0] == 0
-    )  # an empty staging folder
+    # an empty staging folder
+    assert convert_text(url, manifest, tmp_path, monkeypatch, capsys)[0] == 0
     whole = {k: read(s3, f"safety-whole/{k}") for k in etags(s3, "safety-whole")}
     assert {k: read(s3, f"{key}/{k}") for k in etags(s3, key)} == whole
 

@@ -103,10 +103,11 @@ def test_upload_copies_the_conversion_once_and_skips_what_is_there(s3, local, tm
     assert [f.url for f in first.files] == [f"{url}/{n}" for n in names] and first.uploaded == len(
         names
     )
+    # what makes it a dataset: last
     assert names[-2:] == [
         ".nv-meta/.info.json",
         ".nv-meta/dataset.yaml",
-    ]  # what makes it a dataset: last
+    ]
     assert not any(n.startswith(".convert/") for n in names) and any(
         n.endswith(".tar.idx") for n in names
     )

@@ -97,9 +97,8 @@ def test_step_log_rank_zero_only_fsynced_rows_and_torn_line_cut(tmp_path):
             batch={"tokens": torch.arange(4), "images": torch.ones(1, 2)},
         )
         log.write(2, 2.25, resumed_from=0)
-    path.write_bytes(
-        path.read_bytes() + b'{"step": 3, "loss": 2.'
-    )  # a kill in the middle of a line
+    # a kill in the middle of a line
+    path.write_bytes(path.read_bytes() + b'{"step": 3, "loss": 2.')
     assert sorted(read_steps(path, JsonLines())) == [1, 2]  # the torn line is no step
     with StepLog(path) as log:
         log.write(3, 2.0)
@@ -552,9 +551,8 @@ def test_example_megatron_style_loop(config_file, tmp_path, fmt):
         report["restored"] and report["resume_step"] % 2 == 0 and 4 <= report["resume_step"] <= 10
     )
     assert report["steps_compared"] == 12 - report["resume_step"]
-    assert sorted(
-        (tmp_path / "check" / "killed" / "out").glob("iter_*")
-    )  # Megatron's layout, in the run's {out}
+    # Megatron's layout, in the run's {out}
+    assert sorted((tmp_path / "check" / "killed" / "out").glob("iter_*"))
     assert_sample_losses_fit(tmp_path / "check" / "straight" / "out" / "steps.jsonl", config_file)
     r, report = check(
         tmp_path,

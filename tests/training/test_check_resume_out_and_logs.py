@@ -128,9 +128,8 @@ def test_an_out_holding_files_check_resume_did_not_write_is_refused_before_runni
     assert str(out) in err[0] and "choose another --out" in err[0]
     after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before  # nothing written, nothing deleted, nothing ran
-    with pytest.raises(
-        CheckpointError, match="which check-resume did not write"
-    ):  # the --config form too
+    # the --config form too
+    with pytest.raises(CheckpointError, match="which check-resume did not write"):
         check_resume(RunSpec("never-read.yaml", 6), 4, out, **QUIET)
     assert {
         str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()
@@ -150,21 +149,18 @@ def test_a_folder_an_earlier_check_made_is_reused(fake, tmp_path):
         "report.json",
         "straight",
     ]
-    (out / "killed" / "out" / "mine.txt").write_text(
-        "x"
-    )  # a run folder's own out/ is the command's: still ours
+    # a run folder's own out/ is the command's: still ours
+    (out / "killed" / "out" / "mine.txt").write_text("x")
     assert check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, out, **QUIET)["passed"]
     (out / "straight" / "mine.txt").write_text("x")  # beside the run's files: not ours
     with pytest.raises(CheckpointError, match="straight: holds mine.txt"):
         check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, out, **QUIET)
-    assert (
-        out / "killed" / "out" / "steps.jsonl"
-    ).exists()  # refused before either run folder was emptied
+    # refused before either run folder was emptied
+    assert (out / "killed" / "out" / "steps.jsonl").exists()
     (out / "straight" / "mine.txt").unlink()
     shutil.rmtree(out / "killed")
-    (out / "killed").symlink_to(
-        tmp_path / "scratch"
-    )  # a run folder is deleted whole: never through a link
+    # a run folder is deleted whole: never through a link
+    (out / "killed").symlink_to(tmp_path / "scratch")
     with pytest.raises(CheckpointError, match="killed: a link check-resume did not make"):
         check_resume_cmd(CommandSpec(fake, fake + " --resume", 10), 7, out, **QUIET)
     assert (out / "straight" / "out" / "steps.jsonl").exists()
@@ -180,6 +176,7 @@ def test_out_is_absolute_and_quoted_once_wherever_the_placeholder_stands(tmp_pat
     fake = tmp_path / "fake trainer.py"
     fake.write_text(FAKE)
     cmd = f"cd / && {PY} {shlex.quote(str(fake))} {placeholder} 10"  # a command that runs elsewhere
+    # relative, with a space and quotes
     r = cli(
         "--cmd",
         cmd,
@@ -192,14 +189,13 @@ def test_out_is_absolute_and_quoted_once_wherever_the_placeholder_stands(tmp_pat
         "--out",
         "dir with 'space'",
         cwd=tmp_path,
-    )  # relative, with a space and quotes
+    )
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr[-3000:]
     out = tmp_path / "dir with 'space'"
     assert (out / "straight" / "out" / "ran").exists() and (out / "killed" / "out" / "ran").exists()
     report = json.loads((out / "report.json").read_text())
-    assert str(out / "straight" / "out") in shlex.split(
-        report["commands"]["straight"]
-    )  # one word, absolute
+    # one word, absolute
+    assert str(out / "straight" / "out") in shlex.split(report["commands"]["straight"])
 
 
 # ---------------------------------------------------------------- 3. a log counted from 0

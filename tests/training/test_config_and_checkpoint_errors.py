@@ -27,9 +27,10 @@ AUDIO = {"encoder": "audio_text", "text": {"seq_len": 48}, "audio": {"n_mels": 3
 @pytest.fixture(scope="module")
 def config_file(coco, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cfg") / "run.yaml"
+    # never in the repo
     path.write_text(
         yaml.safe_dump(run_config(coco, train={"out": str(path.parent / "default-out")}))
-    )  # never in the repo
+    )
     return path
 
 
@@ -70,9 +71,8 @@ def test_checkpoint_every_step_without_quiet_logs_the_right_val_loss(config_file
     )
     assert sorted(rows) == [1, 2, 3] and all(r["val_loss"] > 1.0 for r in rows.values())
     assert [r["val_loss"] for r in rows.values()] == [r["val_loss"] for r in reference.values()]
-    assert (
-        len({r["val_loss"] for r in rows.values()}) == 3
-    )  # evaluated after each step, not a stale value
+    # evaluated after each step, not a stale value
+    assert len({r["val_loss"] for r in rows.values()}) == 3
     assert "val loss" in loud.stdout and "val loss" not in quiet.stdout
 
 
@@ -225,9 +225,8 @@ def test_deleted_shard_stops_train_at_start(coco, tmp_path):
     one_line_error(train_cli(config, tmp_path / "out"), "shard train/shard-000002.tar", "missing")
     assert not read_log(tmp_path / "out" / "log.jsonl")  # no step trained
     shutil.copy(coco / "train" / "shard-000002.tar", data / "train")
-    next(
-        (data / "val").glob("*.tar")
-    ).unlink()  # a val shard: caught at start too, not at the first checkpoint
+    # a val shard: caught at start too, not at the first checkpoint
+    next((data / "val").glob("*.tar")).unlink()
     with pytest.raises(DatasetError, match=r"shard val/.* of split 'val' is missing"):
         preflight(load_config(run_config(data)))
 
@@ -261,9 +260,8 @@ def test_latest_marker_deleted_resumes_from_newest_complete_checkpoint(
 ):
     out = copy_run(trained, tmp_path)
     (out / "checkpoints" / "latest").unlink()
-    one_line_error(
-        train_cli(config_file, out, "--steps", 6, "--quiet"), "--resume"
-    )  # a fresh run is refused
+    # a fresh run is refused
+    one_line_error(train_cli(config_file, out, "--steps", 6, "--quiet"), "--resume")
     r = train_cli(config_file, out, "--steps", 6, "--quiet", "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     assert logged_steps(out) == [1, 2, 3, 4, 5, 6]
@@ -419,10 +417,11 @@ def test_check_resume_refuses_negative_tolerance_and_kill_before_first_checkpoin
             ]
         )
     assert e.value.code == 2 and "expected a number >= 0" in capsys.readouterr().err
+    # once step 2 is logged, checkpoint 2 is being written: no complete one yet
     for kill_at in (
         2,
         3,
-    ):  # once step 2 is logged, checkpoint 2 is being written: no complete one yet
+    ):
         line = main_error(
             capsys,
             "check-resume",

@@ -83,6 +83,7 @@ def test_sigkill_at_five_steps_in_a_row_resumes_bit_exact_each_time(
 @pytest.mark.slow
 def test_torchrun_two_ranks_across_epoch_boundary(config_file, tmp_path):
     # 286 training samples, 8 per step: epoch 1 starts during step 36; resume from step 35
+    # RNG restored too
     r = check_resume_cli(
         config_file,
         tmp_path,
@@ -98,20 +99,18 @@ def test_torchrun_two_ranks_across_epoch_boundary(config_file, tmp_path):
         "train.checkpoint_every=35",
         "--set",
         "model.dropout=0.1",
-    )  # RNG restored too
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["passed"] and report["resume_step"] == 35 and report["steps_compared"] == 5
     assert report["kill_landed_mid_step"] and report["max_abs_loss_diff"] == 0.0
     assert (tmp_path / "loss.png").stat().st_size > 10_000
     rows = read_log(tmp_path / "straight" / "log.jsonl")
-    assert (
-        rows[35]["epoch"] < 1.0 < rows[36]["epoch"] and rows[40]["world_size"] == 2
-    )  # epoch: at the end of a step
+    # epoch: at the end of a step
+    assert rows[35]["epoch"] < 1.0 < rows[36]["epoch"] and rows[40]["world_size"] == 2
     resumed = read_log(tmp_path / "killed" / "log.jsonl")
-    assert (
-        "val_loss" in rows[35] and resumed[40]["val_loss"] == rows[40]["val_loss"]
-    )  # evaluation resumes exactly
+    # evaluation resumes exactly
+    assert "val_loss" in rows[35] and resumed[40]["val_loss"] == rows[40]["val_loss"]
     assert "PASS" in r.stdout
 
 
@@ -181,9 +180,8 @@ def test_checkpoint_killed_mid_write_is_ignored(tmp_path):
         "checkpoint.save(sys.argv[1], 10, 0, 1, model_state={'w': 2}, loader_state={'pos': 10}, barrier=hang)\n"
     )
     with start_python(script, root) as proc:
-        assert (
-            proc.stdout.readline().strip() == "written"
-        )  # files of step 10 written, not yet renamed
+        # files of step 10 written, not yet renamed
+        assert proc.stdout.readline().strip() == "written"
         proc.kill()
     assert (root / ".tmp-step_000010" / "model.pt").exists()
     latest = checkpoint.latest(root)

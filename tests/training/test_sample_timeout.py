@@ -88,9 +88,8 @@ def test_a_hung_sample_is_replaced_as_if_corrupt_and_the_run_resumes_exactly(
     assert hung == corrupt, "the hung sample's stand-in, every other row unchanged"
     hangs = [r.getMessage() for r in caplog.records if "loader.sample_timeout" in r.getMessage()]
     assert len(hangs) == 1, "timed out once: its second epoch takes the stand-in without waiting"
-    assert (
-        f"on sample {key} (index " in hangs[0] and "in micro-batch 2," in hangs[0]
-    )  # global batch 1, part 0
+    # global batch 1, part 0
+    assert f"on sample {key} (index " in hangs[0] and "in micro-batch 2," in hangs[0]
     resumed, _ = run(config, 4, workers, state=state, skip=2)
     assert resumed == corrupt[2:], (
         "after a resume the sample hangs again and gets the same stand-in"
@@ -171,9 +170,8 @@ def test_check_resume_passes_through_a_hung_sample(coco, tmp_path):
         )
     )
     loader = TrainLoader(load_config(config), num_workers=0)
-    key = [list(next(loader).keys) for _ in range(6)][5][
-        0
-    ]  # step 6: after the resume point, in every run
+    # step 6: after the resume point, in every run
+    key = [list(next(loader).keys) for _ in range(6)][5][0]
     env = {
         **os.environ,
         "HANG_KEY": key,

@@ -211,9 +211,8 @@ def _vision_language_batch(batch: Any, packed: bool) -> dict:
         segments, doc = [], 0
         for n in batch.num_docs.tolist():
             lengths = batch.spliced_lengths[doc : doc + n].tolist()
-            segments += lengths[:-1] + [
-                seq_len - sum(lengths[:-1])
-            ]  # the row's padding: its last document's
+            # the row's padding: its last document's
+            segments += lengths[:-1] + [seq_len - sum(lengths[:-1])]
             doc += n
         cu_lengths = torch.zeros((1, len(segments) + 1), dtype=torch.int32)
         cu_lengths[0, 1:] = torch.cumsum(torch.tensor(segments, dtype=torch.int64), 0).to(

@@ -138,9 +138,8 @@ def _cpu_patches() -> Iterator[None]:
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     mutils.GlobalMemoryBuffer.get_tensor = _cpu_buffer
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
-    init.__defaults__ = tuple(
-        WrappedTorchNorm if d is torch.nn.LayerNorm else d for d in saved[4]
-    )  # patch 5 (a no-op where TE's norm is the default)
+    # patch 5 (a no-op where TE's norm is the default)
+    init.__defaults__ = tuple(WrappedTorchNorm if d is torch.nn.LayerNorm else d for d in saved[4])
     try:
         yield
     finally:

@@ -69,9 +69,8 @@ def save_dataloader_state(
     boundary on the first pipeline stage's tensor-parallel rank 0 of every data-parallel rank.
     Returns the path."""
     source = getattr(train_iter, "iterable", train_iter)
-    state = json.loads(
-        json.dumps(source.save_state())
-    )  # plain data, or TypeError here rather than in torch.load
+    # plain data, or TypeError here rather than in torch.load
+    state = json.loads(json.dumps(source.save_state()))
     path = state_file(dataloader_save, iteration, dp_rank, pipeline_parallel=pipeline_parallel)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -148,9 +148,8 @@ class SampleLengths:
             if self.work is not None:
                 return padded, self.work(facts, key, epoch, (row, work))
             return padded, work + padded - row
-        except (
-            ValueError
-        ):  # the encoder rejects this sample at this epoch: it fails when loaded too
+        # the encoder rejects this sample at this epoch: it fails when loaded too
+        except ValueError:
             return 0, self.no_work
 
     def copies(self, positions: list[int]) -> list[tuple[int, int, int]]:

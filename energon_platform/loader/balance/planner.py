@@ -346,9 +346,8 @@ class Planner:
         pool.require(self.items_per_batch, state.batch, "samples")
         live = pool.prioritised(state)
         costs = {i: cost_of(i) for i in live}
-        if (
-            pool.blocked and pool.waiting and sum(costs.values()) < self.budget
-        ):  # repeats, not the window, limit it
+        # repeats, not the window, limit it
+        if pool.blocked and pool.waiting and sum(costs.values()) < self.budget:
             raise PlanError(
                 f"global batch {state.batch}: loader.balance.global_batch_tokens={self.budget:g} cannot be "
                 f"reached without repeating a sample (every distinct sample in reach costs "

@@ -29,10 +29,11 @@ from energon_platform.training.step_log_readers import (
 
 #: the seed's criterion: a loss jump above this after a resume means the resume scheme is worthless
 SEED_TOLERANCE = 0.01
+#: what a command's run writes in its folder (its own files go to out/)
 CMD_RUN_FILES = {
     "stdout.txt",
     "out",
-}  #: what a command's run writes in its folder (its own files go to out/)
+}
 
 
 @dataclass
@@ -170,9 +171,8 @@ def check_resume_cmd(
             f"the uninterrupted run logged no step that --log-format {fmt.name} recognises in "
             f"{straight_log}; a {fmt.name} line looks like: {_sample(fmt)}"
         )
-    base = (
-        0 if min(straight) == 0 else 1
-    )  # the log's first step: 0 or 1 (then --steps steps are base..last)
+    # the log's first step: 0 or 1 (then --steps steps are base..last)
+    base = 0 if min(straight) == 0 else 1
     last = base + spec.steps - 1
     if kill_at > last:
         raise ValueError(
@@ -219,18 +219,16 @@ def check_resume_cmd(
     start = len(data) if len(data) > kept and after[kept : len(data)] == data[kept:] else kept
     resumed = read_steps(killed_log, fmt, start)
     first = min(resumed) if resumed else base  # the resumed run's first step
-    resume_step = (
-        first - base
-    )  # steps done before it: what its resumed_from must say, if it logs one
+    # steps done before it: what its resumed_from must say, if it logs one
+    resume_step = first - base
     compared = [s for s in range(first, last + 1) if s in straight]
     exact = bool(compared) and all(
         "keys" in straight[s] and "batch_sha256" in straight[s] for s in compared
     )
     tolerance = spec.tolerance if spec.tolerance is not None else (0.0 if exact else SEED_TOLERANCE)
     result = compare(straight, resumed, first, last, tolerance)
-    claimed = (
-        resumed[first].get("resumed_from") if resumed else None
-    )  # the loop's own word, if it logs one
+    # the loop's own word, if it logs one
+    claimed = resumed[first].get("resumed_from") if resumed else None
     result.update(
         {
             "form": "cmd",

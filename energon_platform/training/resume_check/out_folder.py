@@ -63,9 +63,8 @@ def claim_out(out: Path, run_files: set[str]) -> tuple[Path, Path]:
             f"write; it writes only into a new or empty folder or one it made: choose another --out"
         )
     dirs = tuple(out / name for name in RUN_DIRS)
-    for (
-        d
-    ) in dirs:  # a run folder is deleted whole: it must be a real folder holding only a run's files
+    # a run folder is deleted whole: it must be a real folder holding only a run's files
+    for d in dirs:
         if d.is_symlink() or (d.exists() and not d.is_dir()):
             raise checkpoint.CheckpointError(
                 f"{d}: a {'link' if d.is_symlink() else 'file'} check-resume did not "
@@ -88,9 +87,8 @@ def claim_out(out: Path, run_files: set[str]) -> tuple[Path, Path]:
 def write_report(out: Path, result: dict) -> None:
     """``OUT/report.json``, replaced whole (a kill never leaves half a report, which a rerun would refuse)."""
     tmp = out / ".report.json.tmp"
-    tmp.write_text(
-        json.dumps(_finite(result), indent=1, allow_nan=False)
-    )  # strict JSON: NaN/inf become null
+    # strict JSON: NaN/inf become null
+    tmp.write_text(json.dumps(_finite(result), indent=1, allow_nan=False))
     tmp.replace(out / "report.json")
 
 

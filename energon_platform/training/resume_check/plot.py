@@ -12,9 +12,8 @@ def plot(straight: dict[int, dict], resumed: dict[int, dict], resume_step: int, 
     import matplotlib.pyplot as plt
 
     steps = sorted(straight)
-    balanced = [
-        s for s in steps if "rank_cost" in straight[s]
-    ]  # loader.balance: a panel of per-rank cost
+    # loader.balance: a panel of per-rank cost
+    balanced = [s for s in steps if "rank_cost" in straight[s]]
     fig, axes = plt.subplots(
         3 if balanced else 2,
         1,

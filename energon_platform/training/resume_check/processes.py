@@ -129,9 +129,8 @@ class LogTail:
         self.logged: set[int] = set()
 
     def steps(self) -> set[int]:
-        if (
-            _size(self.path) < self.offset
-        ):  # cut back (a writer dropping a torn line): read on from its end
+        # cut back (a writer dropping a torn line): read on from its end
+        if _size(self.path) < self.offset:
             self.offset = _size(self.path)
         try:
             with open(self.path, "rb") as f:

@@ -164,9 +164,8 @@ def check_resume(
     )
     result = compare(straight, resumed, resume_step + 1, spec.steps, tolerance)
     first_row = complete_lines(killed_dir / "log.jsonl")[lines_before:][:1]
-    claimed = (
-        json.loads(first_row[0]).get("resumed_from") if first_row else None
-    )  # the trainer's own word
+    # the trainer's own word
+    claimed = json.loads(first_row[0]).get("resumed_from") if first_row else None
     result["restored"] = resume_step > 0 and claimed == resume_step
     result["passed"] = result["passed"] and result["restored"]
     result.update(balance_summary(straight))
