@@ -700,6 +700,20 @@ def mixing_rows(r: dict) -> list[Row | Figure]:
     return rows
 
 
+def cli_rows(r: dict) -> list[Row]:
+    return [
+        Row(
+            "energon-platform --help: seconds, rooms imported when a command runs vs all up front",
+            r.get("help_s"),
+            r.get("eager_import_s"),
+            "seconds",
+            ("energon-platform --help <=", "<=", None),
+            "ours",
+        ),
+        Figure("energon-platform train without --config (a usage error)", r.get("usage_error_s"), "seconds"),
+    ]
+
+
 COSTS_OF_TODAY = {"none": "today", "naive": "naive sort-and-deal", "energon": "Energon packing"}
 
 
@@ -955,6 +969,14 @@ KINDS = {
         mixing_rows,
     ),
     "balance": Kind(balance_sentence, balance_rows, balance_chart, balance_alt),
+    "cli": Kind(
+        lambda r: (
+            "What the energon-platform command costs before it does anything, in fresh processes: "
+            "its rooms imported by the command that runs (as shipped) against "
+            f"{len(r.get('rooms') or [])} modules of every command imported up front."
+        ),
+        cli_rows,
+    ),
 }
 
 

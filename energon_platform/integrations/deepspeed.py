@@ -27,6 +27,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from energon_platform.loader.train_loader import TrainLoader
@@ -37,10 +39,7 @@ __all__ = ["init_distributed", "batch_config", "client_state", "restore_loader",
 def init_distributed(dist_backend: str = "gloo") -> None:
     """``deepspeed.init_distributed(dist_backend)``; a process started without a launcher (no
     ``RANK`` in the environment) becomes rank 0 of a world of one on a free local port."""
-    import os
-    import socket
-
-    import deepspeed
+    import deepspeed  # only here: DeepSpeed is an install of its own (a test dependency)
 
     if "RANK" not in os.environ:
         with socket.socket() as s:

@@ -21,7 +21,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from megatron.energon import DefaultTaskEncoder
+from megatron.energon.errors import FatalSampleError
 
+from energon_platform.loader.balance.dealing import deal_plan
 from energon_platform.loader.sample_watch import SampleTimeoutError
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.source import StorageError
@@ -40,7 +43,6 @@ LOOKAHEAD = 2
 
 
 def _overridden(encoder: SeededTaskEncoder, name: str) -> bool:
-    from megatron.energon import DefaultTaskEncoder
 
     return getattr(type(encoder), name) is not getattr(DefaultTaskEncoder, name)
 
@@ -159,11 +161,9 @@ class MicroBatchMaker:
         sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": name}
         try:
             return _as_list(self._encode(sample))
+        except FatalSampleError:
+            raise
         except Exception as e:
-            from megatron.energon.errors import FatalSampleError
-
-            if isinstance(e, FatalSampleError):
-                raise
             self._skip(e, sample)
             return []
 
@@ -317,8 +317,6 @@ class MicroBatchMaker:
 
     def planned_items(self, c: int) -> list[list[int]]:
         """With a planner: the stream positions of each row (packed) or sample of micro-batch ``c``."""
-        from energon_platform.loader.balance.dealing import deal_plan
-
         batch, part = divmod(c, self.accumulation)
         plan = self.planner.plan(batch)
         dealt = deal_plan(plan, self.world_size, self.accumulation, fixed=self.planner.fixed_counts)

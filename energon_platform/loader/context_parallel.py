@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from task_encoders.config_parser import ConfigError
+
 if TYPE_CHECKING:
     from energon_platform.config import RunConfig
     from task_encoders.base import SeededTaskEncoder
@@ -67,8 +69,6 @@ def apply_context_parallel(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
         return
     problem = _refusal(encoder, n)
     if problem:
-        from task_encoders.config_parser import ConfigError
-
         raise ConfigError(cfg.source, "loader.context_parallel", f"{n}: {problem}")
     encoder.segment_multiple = segment_multiple(n)
 

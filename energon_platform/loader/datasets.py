@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from megatron.energon import WorkerConfig
+from megatron.energon.metadataset import load_dataset
+from megatron.energon.metadataset.loader_interface import DatasetBlendMode
 
 from energon_platform.loader.metadataset_weights import (
     WrittenLeaf,
@@ -187,9 +190,6 @@ def open_datasets(path: str, split: str) -> DatasetSet:
     if not is_metadataset(path):
         source = SampleSource(path, split)
         return DatasetSet([BlendEntry("dataset", source, Fraction(1))], False, "single")
-    from megatron.energon import WorkerConfig
-    from megatron.energon.metadataset import load_dataset
-    from megatron.energon.metadataset.loader_interface import DatasetBlendMode
 
     mds_path = Path(path)
     _refuse_unsupported(mds_path, read_metadataset(mds_path))

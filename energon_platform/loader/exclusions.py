@@ -30,6 +30,8 @@ from fractions import Fraction
 from itertools import accumulate
 from typing import Any
 
+from energon_platform.config import BlendStep
+from energon_platform.loader.key_index import KeyIndex
 from storage import DatasetError
 
 _PATTERN = set("*?[")
@@ -113,8 +115,6 @@ def check_rules(rules: Sequence[Any], datasets: Any, warn: bool = True) -> list[
     with the samples). With ``warn`` (rank 0: once per job), also one warning per rule whose key
     patterns match no sample: a range of the key index's sorted keys for a pattern with a literal
     head, a scan that stops at the first match for one that starts with a wildcard."""
-    from energon_platform.loader.key_index import KeyIndex
-
     indexes = [KeyIndex(e.source) for e in datasets.entries] if any(r.keys for r in rules) else []
     warnings, covered = [], []
     for rule in rules:
@@ -270,8 +270,6 @@ def blend_steps(
     """``blend_schedule`` with the dataset exclusions of ``history`` folded in: at every step where
     the planned weights or an exclusion change, the planned weights with excluded datasets at 0
     (``BlendStep``-like entries for `plan_segments`)."""
-    from energon_platform.config import BlendStep
-
     dropping = [ex for ex in history if ex.datasets]
     if not dropping:
         return tuple(blend_schedule)

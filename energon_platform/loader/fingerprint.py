@@ -13,6 +13,8 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from task_encoders.config_parser import to_plain
+
 if TYPE_CHECKING:
     from task_encoders.base import SeededTaskEncoder
 
@@ -25,8 +27,6 @@ def digest(obj: Any) -> str:
 def encoder_config(encoder: SeededTaskEncoder) -> Any:
     """The encoder's config as plain data, less what does not change the data: the seed (the
     loader's seed is fingerprinted on its own) and the skip limits."""
-    from task_encoders.config_parser import to_plain
-
     config = to_plain(getattr(encoder, "config", {}))
     if isinstance(config, dict):
         config.pop("seed", None)

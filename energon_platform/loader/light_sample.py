@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from megatron.energon.flavors.webdataset.default_generic_webdataset import (
+    DefaultGenericWebdatasetFactory,
+)
+
 
 def decode_light_parts(raw: dict) -> dict:
     """``raw`` (part name → bytes, plus ``__key__`` etc.) with ``.json`` parts parsed and ``.txt``
@@ -32,10 +36,6 @@ def light_sample(source: Any, index: int) -> Any:
     """The light sample of dataset index ``index`` of ``source`` (module doc). ``KeyError`` when the
     index is excluded from the dataset; a bad record raises with ``sample_key`` set, as
     ``SampleSource[index]`` does."""
-    from megatron.energon.flavors.webdataset.default_generic_webdataset import (
-        DefaultGenericWebdatasetFactory,
-    )
-
     source._ensure_reader()
     raw = source._reader[index]
     if isinstance(raw, Exception):

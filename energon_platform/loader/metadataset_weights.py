@@ -24,6 +24,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import yaml
+from megatron.energon.eyaml import load_yaml
+
 from energon_platform.config import weight_problem
 from storage import DatasetError
 
@@ -47,9 +50,6 @@ def exact_number(value: Any, where: str, key: str = "weight") -> Fraction:
 def read_metadataset(path: Path) -> dict:
     """The YAML mapping of a metadataset file, read as Energon reads it (its ``load_yaml``: ``1e30``
     is a number, ``'3'`` a string); `DatasetError` for an empty or non-mapping file."""
-    import yaml
-    from megatron.energon.eyaml import load_yaml
-
     try:
         text = path.read_bytes()
         doc = yaml.safe_load(text)  # checked first: a clean message for malformed YAML

@@ -23,6 +23,7 @@ from fractions import Fraction
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from energon_platform.loader.balance.planner import check_distinct
 from energon_platform.loader.batching import Batching, batching_for
 from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.blend_history import plan_segments, resume_segments
@@ -41,6 +42,8 @@ from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import SCHEDULE_VERSION, LayoutError, Schedule
 from energon_platform.loader.state import LoaderState, StateMismatchError, check_fingerprint
+from task_encoders.config_parser import ConfigError
+from task_encoders.registry import get_encoder
 
 if TYPE_CHECKING:
     from energon_platform.config import RunConfig
@@ -53,8 +56,6 @@ log = logging.getLogger(__name__)
 def build_encoder(cfg: RunConfig, training: bool = True) -> Any:
     """The task encoder named by the config, seeded with the loader's seed, its segments padded
     for ``loader.context_parallel`` (`apply_context_parallel`)."""
-    from task_encoders.registry import get_encoder
-
     encoder = get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
     apply_context_parallel(cfg, encoder)
     return encoder
@@ -117,8 +118,6 @@ class RunPlan:
         if cfg.loader.blend_unit != "batch":
             return 1
         if cfg.loader.micro_batch_size is None:
-            from task_encoders.config_parser import ConfigError
-
             raise ConfigError(
                 cfg.source,
                 "loader.micro_batch_size",
@@ -185,8 +184,6 @@ class RunPlan:
         batch, a blend whose segments (``new``: only those, the others were checked) would place
         a sample twice in one global batch is refused first (`check_distinct`)."""
         if self.batching.fixed_samples:
-            from energon_platform.loader.balance.planner import check_distinct
-
             check_distinct(
                 blend if new is None else SimpleNamespace(segments=new),
                 [o.num_samples for o in self.orders],
@@ -315,8 +312,6 @@ def _stream_id(name: str) -> tuple[int, int]:
 
 def _pack_group(configured: int | None, encoder: SeededTaskEncoder, source: str) -> int:
     """Samples per pack group; checks that loader and encoder agree on whether to pack."""
-    from task_encoders.config_parser import ConfigError
-
     packs = getattr(encoder, "packing_buffer_size", None)
     if configured is None:
         return packs or 1

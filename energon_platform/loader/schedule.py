@@ -33,6 +33,7 @@ import numpy as np
 
 from energon_platform.loader.blend import Blend
 from energon_platform.loader.orders import DatasetOrder
+from energon_platform.loader.permutation import derive_key
 
 #: The schedule's version in the fingerprint (``schedule``): the blend interleave and the orders'
 #: bijection that positions are a function of.
@@ -80,8 +81,6 @@ class Schedule:
         shuffle_buffer: int | None = None,
     ) -> Schedule:
         """The schedule of one dataset (stream id 0)."""
-        from energon_platform.loader.permutation import derive_key
-
         return cls(
             (DatasetOrder(num_samples, derive_key(seed, 0), shuffle_buffer),),
             items_per_batch,

@@ -30,10 +30,15 @@ import tarfile
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 from typing import Any
 
 import numpy as np
+from megatron.energon.flavors.webdataset.config import skip_meta_re, split_name_re
+from megatron.energon.flavors.webdataset.structs import FilteredSample
+from megatron.energon.source_info import SourceInfo
+from multistorageclient.types import Range
 
 #: Shards whose ``.tar.idx`` one reader keeps in memory (8 bytes per sample each).
 INDEX_CACHE = 256
@@ -156,8 +161,6 @@ class ShardReader:
     def _read_range_unchecked(self, shard: int, offset: int, size: int) -> bytes:
         path = self.shards[shard].path
         if not path.is_local():
-            from multistorageclient.types import Range
-
             return path.fs.read(path._internal_str_path, byte_range=Range(offset=offset, size=size))
         with self._lock:
             fd = self._fds.get(shard)
@@ -193,8 +196,6 @@ class ShardReader:
         """Raw samples of ``indices`` read concurrently (object storage: latency-bound requests
         overlap, `FETCH_THREADS` at a time); samples contiguous in one shard are one range.
         A failed read is returned as its exception under its index, raised when that sample is used."""
-        from concurrent.futures import ThreadPoolExecutor
-
         if self._pool is None:
             self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shard-read")
         pool = self._pool
@@ -241,9 +242,6 @@ class ShardReader:
             return e
 
     def _parse(self, shard: int, index: int, data: bytes) -> Any:
-        from megatron.energon.flavors.webdataset.config import skip_meta_re, split_name_re
-        from megatron.energon.flavors.webdataset.structs import FilteredSample
-        from megatron.energon.source_info import SourceInfo
 
         name = self.shards[shard].name
         base, parts, files = None, {}, []

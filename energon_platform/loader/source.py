@@ -24,10 +24,15 @@ import json
 import os
 import shlex
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import yaml
 from megatron.energon import WorkerConfig
+from megatron.energon.dataset_config import get_dataset_from_config
+from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 
+from energon_platform.loader.shard_reader import CorruptShardError, ShardReader
 from storage import (
     DatasetError,
     StorageError,
@@ -54,8 +59,6 @@ def _factory(path: str, split: str, subflavors: dict | None = None):
 
 
 def _factory_unchecked(path: str, split: str, subflavors: dict | None):
-    from megatron.energon.dataset_config import get_dataset_from_config
-    from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
 
     if not (dataset_root(path) / ".nv-meta" / "dataset.yaml").is_file():
         check_there(path)
@@ -95,8 +98,6 @@ def split_parts(path: str) -> list[str]:
     fails the read of a file that is there (the server gone between the client's HEAD and its GET
     reads as MSC's ``OSError("Failed to download file ...")``): the store, not the dataset.
     """
-    import yaml
-
     try:
         with storage_errors(path, ".nv-meta/split.yaml"):
             try:
@@ -203,8 +204,6 @@ class SampleSource:
             # the parent's S3 client and its connections
             self._open(self.path, self.split, self.subflavors)
         if self._reader is None:
-            from energon_platform.loader.shard_reader import ShardReader
-
             f = self._factory
             self._reader = ShardReader(
                 f.path, f.shards, part_filter=f.part_filter, sample_filter=f.sample_filter
@@ -220,14 +219,11 @@ class SampleSource:
         todo = sorted({int(i) for i in indices} - set(self._prefetched))
         if todo:
             if self._lookahead is None:
-                from concurrent.futures import ThreadPoolExecutor
-
                 self._lookahead = ThreadPoolExecutor(2, thread_name_prefix="prefetch")
             future = self._lookahead.submit(self._reader.fetch_many, todo)
             self._prefetched.update({i: future for i in todo})
 
     def __getitem__(self, index: int) -> Any:
-        from energon_platform.loader.shard_reader import CorruptShardError
 
         self._ensure_reader()
         try:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
+
+from energon_platform.loader.exclusions import Exclusion
 
 #: Version 2: a rank's next micro-batch, micro-batches per global batch, fingerprint, layout, the
 #: blend history (segments of weights over the named datasets) and per-dataset accounting.
@@ -222,8 +225,6 @@ def _plan(plan: Any) -> dict | None:
 
 def _exclude(rules: Any) -> list | None:
     """A saved exclusion history, checked rule by rule."""
-    from energon_platform.loader.exclusions import Exclusion
-
     if rules is None:
         return None
     if not isinstance(rules, list):
@@ -235,7 +236,6 @@ def _exclude(rules: Any) -> list | None:
 
 
 def _is_weight(text: str) -> bool:
-    from fractions import Fraction
 
     try:
         return Fraction(text) >= 0

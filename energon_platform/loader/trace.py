@@ -43,9 +43,13 @@ from typing import Any
 
 import numpy as np
 
+from energon_platform.loader.balance.dealing import deal_plan
+from energon_platform.loader.balance.plans import PlanState
 from energon_platform.loader.key_index import KeyIndex
+from energon_platform.loader.run_plan import RunPlan, build_encoder
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.stand_in import MAX_REPLACEMENTS, candidates, row_fits, stand_in
+from energon_platform.loader.state import LoaderState
 
 #: Plans between two progress reports of a planner replay.
 PROGRESS_EVERY = 500
@@ -176,8 +180,6 @@ class Tracer:
         planner = self.plan.planner
         if batch < planner.start.batch:
             if self._replay is None or self._replay.lengths is not planner.lengths:
-                from energon_platform.loader.balance.plans import PlanState
-
                 self._replay = replace(planner, start=PlanState(), _cache=OrderedDict())
             planner = self._replay
         # behind the plans it keeps: from its start
@@ -199,8 +201,6 @@ class Tracer:
         """``(dataset, epoch, index, rank, micro_batch, row, room)`` of every sample of a planned
         global batch, in rank, micro-batch, row order (``room``: a packed row's stand-ins must be
         at most this long, as the loader requires; None unpacked)."""
-        from energon_platform.loader.balance.dealing import deal_plan
-
         run, planner = self.plan, self.plan.planner
         plan = self.batch_plan(batch)
         out = []
@@ -396,8 +396,6 @@ class Tracer:
         the plans from the one that read it (a position read by batch ``b`` is placed in ``b`` or a
         later plan: the planner's wait is bounded) until it is placed: one replay of the planner
         through ``steps``, each plan checked with a set lookup."""
-        from energon_platform.loader.balance.dealing import deal_plan
-
         run, planner = self.plan, self.plan.planner
         streams = {i: stream_uses(self.schedule, dataset, i) for i in indices}
         ahead = [
@@ -465,9 +463,6 @@ def open_tracer(
     `energon_platform.training.checkpoint.loader_state`) that gives the blend and exclusion
     history (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's
     state there). Builds the run's plan and its encoder, no loader."""
-    from energon_platform.loader.run_plan import RunPlan, build_encoder
-    from energon_platform.loader.state import LoaderState
-
     if world_size is None:
         world_size = (state or {}).get("layout", {}).get("world_size", 1)
     plan = RunPlan(cfg, build_encoder(cfg), world_size=world_size)

@@ -25,21 +25,34 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import sqlite3
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import yaml
+from megatron.energon import get_val_dataset
+from megatron.energon.savable_loader import BasicDataLoader
 
 from energon_platform.config import RunConfig
 from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
+from energon_platform.loader.datasets import is_metadataset
+from energon_platform.loader.key_index import KeyIndex
 from energon_platform.loader.mixing import AdaptError, BlendAdapter, WeightsFeed
 from energon_platform.loader.processes import die_with_parent
 from energon_platform.loader.run_plan import RunPlan, build_encoder
 from energon_platform.loader.sample_watch import SampleWatch, Stuck
 from energon_platform.loader.schedule import LayoutError, Schedule
+from energon_platform.loader.source import split_parts
 from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMismatchError
+from energon_platform.loader.trace import Tracer
 from storage import DatasetError
 from storage.outputs import hold_readers
 
@@ -177,8 +190,6 @@ class TrainLoader:
         if not self.plan.exclusions or not any(ex.active(batch) for ex in self.plan.exclusions):
             return {}
         if self._tracer is None:
-            from energon_platform.loader.trace import Tracer
-
             self._tracer = Tracer(self.plan)
         counts = self._tracer.excluded_counts(batch + 1)
         return {"excluded": counts} if counts else {}
@@ -264,9 +275,6 @@ class TrainLoader:
         """Kill the workers in ``stuck``, make their samples failed samples (stand-ins from now on,
         in every epoch of this process) and restart the workers at the loader's position: every
         micro-batch not yet returned is made again, the same but for those samples' stand-ins."""
-        import os
-        import signal
-
         limit = self.config.sample_timeout
         with _sigchld_ignored():  # a handler PyTorch installed earlier would raise for this kill
             for s in stuck:
@@ -294,10 +302,6 @@ class TrainLoader:
     def _key_of(self, dataset: int, index: int) -> str:
         """The key of sample ``index`` of ``dataset`` from Energon's index, without reading the sample
         (its read may be what hangs); as in batches, a metadataset's keys carry the dataset name."""
-        import sqlite3
-
-        from energon_platform.loader.key_index import KeyIndex
-
         prefix = self.plan.datasets.key_prefix(dataset)
         try:
             return prefix + KeyIndex(self.plan.datasets.entries[dataset].source).keys([index])[0]
@@ -353,8 +357,6 @@ class TrainLoader:
         before the exit is visible). A worker that exited with 0 did not die: PyTorch retired it
         (its iterator ended, e.g. after its own micro-batch raised, which reaches us as "Caught X
         in DataLoader worker process N")."""
-        import time
-
         deadline = time.monotonic() + wait
         while True:
             dead = [
@@ -438,8 +440,6 @@ class TrainLoader:
 def _summed_over_ranks(group: Any):
     """A function that sums a list of floats over the ranks of ``group`` (``all_reduce`` in
     float64, on the GPU for NCCL), or None outside ``torch.distributed`` or on one rank."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return None
 
@@ -463,9 +463,6 @@ def _sigchld_ignored():
     `_without_sigchld_handler` (Energon's validation loader, a user's own loader); that
     handler raises "DataLoader worker ... is killed by signal" for every registered worker that
     dies, including one the loader kills on purpose (a stuck worker)."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -482,9 +479,6 @@ def _without_sigchld_handler(start):
     (inside the model, the optimizer, a checkpoint write); without it a dead worker is found by
     the iterator itself within seconds, inside `TrainLoader.__next__`, which names the worker
     and the micro-batch ([`LoaderWorkerError`][energon_platform.loader.train_loader.LoaderWorkerError])."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return start()
     previous = signal.getsignal(signal.SIGCHLD)
@@ -499,9 +493,6 @@ def _worker_init():
     (`die_with_parent`), so a SIGKILLed trainer leaves none
     behind. Workers started from another thread keep PyTorch's own check of their parent (within
     seconds): the kernel's rule follows the forking thread, which may end before the workers."""
-    import os
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return None
     parent = os.getpid()
@@ -547,11 +538,6 @@ def _refuse_lightning_without_hooks(loader: TrainLoader) -> None:
 def _val_splits(path: str) -> list[str]:
     """The splits ``data.val_split`` may name for ``path``: a metadataset's ``splits`` keys, or
     the split parts of a dataset's ``.nv-meta/split.yaml`` that list at least one shard."""
-    import yaml
-
-    from energon_platform.loader.datasets import is_metadataset
-    from energon_platform.loader.source import split_parts
-
     if is_metadataset(path):
         return list((yaml.safe_load(Path(path).read_text()) or {}).get("splits", {}))
     return split_parts(path)  # a folder or msc:// URL
@@ -579,9 +565,6 @@ def build_val_loader(cfg: RunConfig, batch_size: int, rank: int = 0, world_size:
     ``get_loader`` would wrap the dataset in Energon's ``GcDataset``, whose full ``gc.collect()``
     at the start of every pass scans the whole trainer's heap (about 0.2 s per evaluation on
     CPU, most of a small run's evaluation time)."""
-    from megatron.energon import get_val_dataset
-    from megatron.energon.savable_loader import BasicDataLoader
-
     if not cfg.data.val_split:
         return None
     splits = _val_splits(str(cfg.data.path))

@@ -11,10 +11,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import yaml
+from matplotlib import colormaps
+from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
+from torchvision.transforms import v2
 
+from energon_platform.config import load_config
+from energon_platform.loader.balance.plans import PlanError
+from energon_platform.loader.train_loader import TrainLoader
+from storage import DatasetError
 from storage.outputs import check_file, write_atomic
 from storage.paths import check_there, dataset_root, is_remote
+from task_encoders.config_parser import ConfigError
 
 
 def preview_batch(encoder: Any, batch: Any, max_docs: int = 2, max_chars: int = 80) -> str:
@@ -195,8 +205,6 @@ def doc_texts(encoder: Any, batch: Any) -> list[str]:
 
 def _normalize_of(encoder: Any, modality: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The (mean, std) of the last ``Normalize`` of the encoder's image/frame pipeline, if any."""
-    from torchvision.transforms import v2
-
     if modality is not None and hasattr(encoder, "encoders"):
         encoder = encoder.encoders.get(modality, encoder)
     pipeline = getattr(encoder, "pipeline", None)
@@ -209,8 +217,6 @@ def _normalize_of(encoder: Any, modality: str | None) -> tuple[torch.Tensor, tor
 def _to_pil(image: torch.Tensor, norm) -> Any:
     """float ``(C, h, w)`` → an RGB picture ``TILE`` pixels high: the pipeline's Normalize undone
     when known, else stretched from its own min..max."""
-    from PIL import Image
-
     x = image.detach().float().cpu()
     if norm is not None and x.shape[0] == norm[0].shape[0]:
         x = x * norm[1] + norm[0]
@@ -228,10 +234,6 @@ def _to_pil(image: torch.Tensor, norm) -> Any:
 
 def _mel_to_pil(mel: torch.Tensor, width: int) -> Any:
     """log-mel ``(n_mels, T)`` → a viridis picture, low frequencies at the bottom, ``TILE`` high."""
-    import numpy as np
-    from matplotlib import colormaps
-    from PIL import Image
-
     x = mel.detach().float().cpu().numpy()[::-1]
     lo, hi = float(np.percentile(x, 2)), float(np.percentile(x, 98))
     x = np.clip((x - lo) / (hi - lo), 0, 1) if hi > lo else np.zeros_like(x)
@@ -248,10 +250,6 @@ POINT_VIEWS = (("front", 0, 1, 2), ("side", 2, 1, 0), ("top", 0, 2, 1))
 def _points_to_pil(points: torch.Tensor, view: tuple[str, int, int, int]) -> Any:
     """A cloud ``(P, 3|6)`` drawn orthographically, ``TILE`` square: points far away first, near
     ones over them; coloured by their rgb channels (``(P, 6)``), else by depth."""
-    import numpy as np
-    from matplotlib import colormaps
-    from PIL import Image
-
     _, h_axis, v_axis, d_axis = view
     p = points.detach().float().cpu().numpy()
     xyz = p[:, :3]
@@ -296,8 +294,6 @@ def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = ""
     """A PIL picture of the first ``n`` documents of ``batches``, one row each: its media (images,
     tiles, up to `MAX_TILES` frames of a clip in a row, a mel spectrogram) on the left, its
     key, modality and decoded text on the right."""
-    from PIL import Image, ImageDraw, ImageFont
-
     font = ImageFont.load_default(size=13)
     small = ImageFont.load_default(size=11)
     rows = []
@@ -352,7 +348,6 @@ def contact_sheet(encoder: Any, batches: list[Any], n: int = 16, title: str = ""
 
 
 def _dataset_sample_class(path: Path) -> str | None:
-    import yaml
 
     try:
         doc = yaml.safe_load((path / ".nv-meta" / "dataset.yaml").read_text())
@@ -366,10 +361,6 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
     blends included) or a dataset folder / metadataset YAML, then encoded with ``encoder`` (a
     config path, dict or name; default: `DEFAULT_ENCODERS` of the dataset's sample class).
     Loader: the run config's, with no workers; a dataset gets one batch of ``n`` samples."""
-    import yaml
-
-    from energon_platform.config import load_config
-
     if is_remote(target):  # a dataset on object storage (a config is a local file)
         check_there(str(target))
         return _dataset_config(str(target), encoder, n, dataset_root(str(target)))
@@ -382,7 +373,6 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
         if encoder is not None:
             overrides["encoder"] = encoder
         return load_config(path, overrides)
-    from storage import DatasetError
 
     if path.is_file() and path.suffix not in (".yaml", ".yml"):
         raise DatasetError(
@@ -401,9 +391,6 @@ def _dataset_config(data: str, encoder: Any, n: int, folder: Any) -> Any:
     """The run config of a dataset or metadataset ``data`` (a local path or an ``msc://`` URL):
     ``encoder``, or the default of the sample class read from ``folder`` (a ``Path`` or
     ``EPath``; None for a metadataset); one batch of ``n`` samples, no workers."""
-    from energon_platform.config import load_config
-    from task_encoders.config_parser import ConfigError
-
     if encoder is None:
         sample_class = _dataset_sample_class(folder) if folder is not None else None
         if sample_class not in DEFAULT_ENCODERS:
@@ -443,8 +430,6 @@ SHEET_FORMATS = {
 def sheet_format(out: str | Path) -> str:
     """The Pillow format ``out``'s suffix names (`SHEET_FORMATS`, any case);
     `ConfigError` naming ``--out`` for another suffix or none."""
-    from task_encoders.config_parser import ConfigError
-
     suffix = Path(out).suffix.lower()
     if suffix not in SHEET_FORMATS:
         raise ConfigError(
@@ -464,8 +449,6 @@ MARK = "energon-platform preview contact sheet"
 
 def _marked(fmt: str) -> dict:
     """Pillow ``save`` arguments that write `MARK` into a picture of format ``fmt``."""
-    from PIL import PngImagePlugin
-
     if fmt == "PNG":
         info = PngImagePlugin.PngInfo()
         info.add_text("Software", MARK)
@@ -481,8 +464,6 @@ def _marked(fmt: str) -> dict:
 
 def is_sheet(path: Path) -> bool:
     """Whether the picture ``path`` carries `MARK` (a contact sheet ``preview`` wrote)."""
-    from PIL import Image
-
     try:
         with Image.open(path) as image:
             found = [image.info.get(k) for k in ("Software", "comment", "xmp")]
@@ -500,10 +481,6 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     ``FileNotFoundError`` naming ``target`` when it does not exist, checked first, then the format.
     Returns ``{"path", "width", "height", "documents", "undrawn"}``; ``undrawn``: the batch fields
     the sheet has no drawer for (:func:`undrawn_fields`; the CLI says them on stderr)."""
-    from energon_platform.loader.balance.plans import PlanError
-    from energon_platform.loader.train_loader import TrainLoader
-    from task_encoders.config_parser import ConfigError
-
     if not is_remote(target) and not Path(target).exists():
         raise FileNotFoundError(f"{target}: no such run config, dataset or metadataset")
     fmt = sheet_format(out)

@@ -32,6 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from energon_platform.config import RunConfig, load_config
+from energon_platform.loader.datasets import open_datasets
+from energon_platform.loader.key_index import KeyIndex
+from energon_platform.loader.run_plan import build_encoder
+from energon_platform.tools.preview import contact_sheet, doc_texts
 from storage.outputs import write_atomic
 
 __all__ = ["BUCKETS", "ReportError", "RunLog", "build_report", "read_run_log", "reduce_curve"]
@@ -211,6 +216,7 @@ def _svg(fig: Any) -> str:
 def _figure(title: str, ylabel: str) -> tuple[Any, Any]:
     import matplotlib
 
+    # pyplot only once a chart is drawn: the backend must be set before its import
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -349,9 +355,6 @@ class SampleReader:
     augmentation) and drawn as `contact_sheet` draws them."""
 
     def __init__(self, config: Any):
-        from energon_platform.config import RunConfig, load_config
-        from energon_platform.loader.datasets import open_datasets
-        from energon_platform.loader.run_plan import build_encoder
 
         cfg = config if isinstance(config, RunConfig) else load_config(config)
         self.datasets = open_datasets(str(cfg.data.path), cfg.data.train_split)
@@ -373,8 +376,6 @@ class SampleReader:
 
     def encoded(self, sample: dict) -> Any | None:
         """The sample encoded as a batch of one, or None when its dataset has no such key."""
-        from energon_platform.loader.key_index import KeyIndex
-
         dataset, key = self._entry(sample)
         if dataset < 0:
             return None
@@ -389,8 +390,6 @@ class SampleReader:
 
     def draw(self, sample: dict) -> tuple[bytes, str, int] | None:
         """``(PNG bytes, decoded text, token count)`` of the sample, None when not found."""
-        from energon_platform.tools.preview import contact_sheet, doc_texts
-
         batch = self.encoded(sample)
         if batch is None:
             return None

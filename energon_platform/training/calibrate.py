@@ -30,6 +30,7 @@ plans with them).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,7 +39,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
+from tqdm import tqdm
 
+from energon_platform import TrainLoader
 from energon_platform.loader.balance.cost_file import (
     FORMAT_VERSION,
     CostFileError,
@@ -47,6 +51,8 @@ from energon_platform.loader.balance.cost_file import (
 )
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.training import collector
+from energon_platform.training.calibration_pool import composed, row_width
+from energon_platform.training.two_tower import build_model
 from energon_platform.training.user_model import build_user_model, check_loss
 from storage.outputs import write_atomic
 from task_encoders.features import MICRO_BATCH_FEATURES as FITTED
@@ -135,8 +141,6 @@ def time_rounds(
     (`time_step`), the least kept. The caller sets the threads. Python's garbage collector is off
     while timing (as ``timeit`` does): a full collection of a large process inside one timed step
     would add its own time to that batch."""
-    from tqdm import tqdm
-
     best = np.full(len(batches), np.inf)
     bar = tqdm(
         total=(repeats + 1) * len(batches),
@@ -164,8 +168,6 @@ def fit(matrix: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
     (``vision_calls`` where every micro-batch holds an image, ``samples`` of one-sample
     micro-batches) cannot be told apart from the overhead: it gets 0 and the overhead takes its
     time, so no share of the report is a guess."""
-    from scipy.optimize import nnls
-
     scale = matrix.max(axis=0)
     scale = np.where(scale > 0, scale, 1.0)
     varies = (matrix != matrix[:1]).any(axis=0)  # all False for no rows
@@ -349,12 +351,6 @@ def calibrate_run(
     batch's summed cost features (default: the encoder's ``batch_features``). A user's
     ``factory`` that cannot build a model, or whose model returns no usable loss, is a one-line
     `user_model.UserModelError`."""
-    import dataclasses
-
-    from energon_platform import TrainLoader
-    from energon_platform.training.calibration_pool import composed, row_width
-    from energon_platform.training.two_tower import build_model
-
     loader = TrainLoader(cfg, num_workers=0)
     encoder = loader.encoder
     features = features or batch_features_of(encoder)

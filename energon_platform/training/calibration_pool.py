@@ -31,6 +31,8 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from tqdm import tqdm
+
 from task_encoders.features import features as full
 from task_encoders.features import micro_batch_features
 
@@ -121,8 +123,6 @@ def composed(
 def encoded(loader: Any, n: int, progress: bool) -> list:
     """The encoded documents of ``loader``'s first ``n`` stream positions (`encoded_at`), in
     chunks of `ENCODE_CHUNK` under a progress bar."""
-    from tqdm import tqdm
-
     docs = []
     with tqdm(
         total=n, desc="encoding documents to compose", unit="doc", disable=not progress

@@ -29,9 +29,11 @@ from energon_platform.config import ModelConfig, RunConfig
 from energon_platform.loader.datasets import is_metadataset, open_datasets
 from energon_platform.loader.metadataset_weights import read_metadataset
 from energon_platform.loader.source import SampleSource, split_parts
+from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training import checkpoint
 from storage import DatasetError, StorageError, dataset_root
 from task_encoders.config_parser import ConfigError
+from task_encoders.skipping import _reason
 
 
 @contextmanager
@@ -78,8 +80,6 @@ def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None
     sample type and the encoder's error when every one fails. Counts nothing in the encoder's
     skip policy. ``timeout`` (``loader.sample_timeout``): a sample that takes longer counts as
     failed here, as the loader counts it (a hung first sample hung the start-up before)."""
-    from task_encoders.skipping import _reason
-
     limit = getattr(getattr(encoder, "config", None), "errors", None)
     tries = min(len(source), getattr(limit, "max_consecutive_failures", 8))
     kind, error = "samples", None
@@ -121,8 +121,6 @@ def preflight(cfg: RunConfig, loader: Any = None) -> None:
     """Every check of the module doc, for every dataset of the run (each entry of a metadataset).
     ``loader``: the run's ``TrainLoader`` (built here, on one rank without workers, if not given)."""
     if loader is None:
-        from energon_platform.loader.train_loader import TrainLoader
-
         loader = TrainLoader(cfg, num_workers=0)
     for source in [e.source for e in loader.plan.datasets.entries]:
         check_model_fits(

@@ -22,6 +22,7 @@ from energon_platform.training.resume_check.comparison import compare
 from energon_platform.training.run_record import RUN_JSON, RUN_YAML
 from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.step_log_readers import JsonLines
+from energon_platform.training.train import train
 from storage.outputs import OutputError, check_folder
 
 #: the file that marks a folder as a replay's (what it replays); ``--overwrite`` needs it
@@ -162,8 +163,6 @@ def replay(
     learning-rate schedule spanning ``train.steps`` as in the original run. Returns
     `compare_replay`'s result; `ReplayError` for bad inputs, before anything is
     written."""
-    from energon_platform.training.train import train
-
     run, out = Path(run), Path(out)
     plan = plan_replay(run, first, steps)
     try:  # refused before the lock is taken (which creates out/checkpoints)

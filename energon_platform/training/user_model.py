@@ -8,6 +8,9 @@ user's own ``file:line`` (`user_frame`), never this project's traceback.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 import sys
 import sysconfig
 import traceback
@@ -56,9 +59,6 @@ def _user_error(spec: str, doing: str, error: BaseException) -> UserModelError:
 def load_factory(spec: str) -> Callable[[Any], torch.nn.Module]:
     """``FILE_OR_MODULE:FACTORY`` → the factory: a ``.py`` file's or an importable module's
     attribute. `UserModelError` naming what is missing."""
-    import importlib
-    import importlib.util
-
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise UserModelError(f"--model {spec!r}: expected FILE_OR_MODULE:FACTORY")
@@ -87,8 +87,6 @@ def load_factory(spec: str) -> Callable[[Any], torch.nn.Module]:
 def build_user_model(factory: Callable[[Any], Any], encoder: Any, spec: str) -> torch.nn.Module:
     """``factory(encoder)``, checked: a factory that cannot take the encoder, raises or returns no
     ``torch.nn.Module`` is a one-line `UserModelError` naming ``spec`` (and the user's frame)."""
-    import inspect
-
     try:
         inspect.signature(factory).bind(encoder)
     except TypeError:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from megatron.energon import LimitDataset, RepeatDataset, get_loader, get_val_dataset
+
 from energon_platform.config import RunConfig
 from energon_platform.integrations.megatron.batches import (
     BATCH_FORMATS,
@@ -141,7 +143,6 @@ class MegatronValidIterator:
         packed: bool = False,
         restart_every: int | None = None,
     ):
-        from megatron.energon import LimitDataset, RepeatDataset, get_loader, get_val_dataset
 
         encoder = build_encoder(cfg, training=False)
         worker_config = encoder.worker_config(

@@ -43,9 +43,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from energon_platform.integrations.megatron.args import megatron_requirements
 from energon_platform.integrations.megatron.batches import IGNORE_INDEX, to_megatron_batch
+from energon_platform.training.calibrate import CalibrationError
 
 #: The pad id `megatron_batch` masks by default (the shipped tokenizer's).
 PAD_ID = 0
@@ -78,7 +80,6 @@ def cpu_megatron() -> Iterator[None]:
 @contextlib.contextmanager
 def _one_rank_world() -> Iterator[None]:
     """gloo with world size 1 and model parallel 1 x 1, each only when not already there."""
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
     started = not dist.is_initialized()
@@ -313,8 +314,6 @@ def calibration_model(encoder: Any, **vision: int) -> LLaVACalibrationModel:
     ``vision_hidden``), inside `cpu_megatron` kept entered while the model lives; on a CUDA
     device the model runs there and no patch is applied. ``CalibrationError`` (one line) when
     megatron-core is missing or the encoder has no image placeholder."""
-    from energon_platform.training.calibrate import CalibrationError
-
     try:
         require_megatron_core()
     except ImportError as e:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.balance.packer import sample_cost
+from task_encoders.config_parser import ConfigError
 from task_encoders.features import EMPTY, FEATURES, with_lengths
 
 if TYPE_CHECKING:
@@ -119,8 +120,6 @@ class SampleCost:
             or not math.isfinite(cost)
             or cost < 0
         ):
-            from task_encoders.config_parser import ConfigError
-
             raise ConfigError(
                 self.source,
                 "loader.balance",

@@ -16,6 +16,7 @@ memory is one part's, whatever the number of samples.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -25,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from converters.executor import check_ray_address, run_ray
 from energon_platform.loader.balance.lengths import FORMAT
+from energon_platform.loader.light_sample import light_sample
+from energon_platform.loader.processes import die_with_parent
+from energon_platform.loader.source import SampleSource
+from storage import DatasetError
+from task_encoders.registry import get_encoder
 
 
 @dataclass(frozen=True)
@@ -92,9 +99,6 @@ def opened(spec: IndexSpec, source: Any = None, encoder: Any = None) -> tuple[An
     if source is not None:
         _OPENED[spec.key] = (source, encoder)
     if spec.key not in _OPENED:
-        from energon_platform.loader.source import SampleSource
-        from task_encoders.registry import get_encoder
-
         subflavors = json.loads(spec.subflavors_json)
         _OPENED[spec.key] = (
             SampleSource(spec.dataset, spec.split, subflavors),
@@ -108,9 +112,6 @@ def index_shard(job: ShardJob, parts: str, spec: IndexSpec) -> dict:
     renamed into place); returns ``{"samples", "unreadable"}``. A sample that cannot be read or
     stated gets facts ``-1`` (the loader replaces it when it fails); a storage or dataset error
     (not the sample's fault) is raised and nothing is written."""
-    from energon_platform.loader.light_sample import light_sample
-    from storage import DatasetError
-
     source, encoder = opened(spec)
     facts = np.zeros((job.count, encoder.facts_width), np.int32)
     keys, unreadable = [], 0
@@ -147,17 +148,12 @@ def run_jobs(
     or as Ray tasks (a local Ray of ``workers`` CPUs, or the cluster at ``ray_address``, whose
     nodes must see ``parts``); ``on_done(job, stats)`` as each finishes."""
     if use_ray or ray_address:
-        from converters.executor import check_ray_address, run_ray
-
         check_ray_address(ray_address)
         return run_ray(jobs, str(parts), spec, on_done, workers, ray_address, writer=index_shard)
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
             on_done(job, index_shard(job, str(parts), spec))
         return
-    import multiprocessing
-
-    from energon_platform.loader.processes import die_with_parent
 
     context = multiprocessing.get_context("fork")
     with context.Pool(workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:

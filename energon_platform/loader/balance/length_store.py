@@ -41,15 +41,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import multistorageclient as msc
+from tqdm import tqdm
+
+from converters.remote import upload_file
 from energon_platform.loader.balance.length_parts import (
     IndexSpec,
     ShardJob,
     assemble,
+    opened,
     run_jobs,
     shard_jobs,
 )
 from energon_platform.loader.balance.lengths import FORMAT, LengthIndex, default_cache_dir
 from energon_platform.loader.balance.ranged_copy import write_source
+from energon_platform.loader.light_sample import light_sample
+from storage import storage_errors
 from storage.paths import DERIVED_FOLDER, dataset_root, is_remote
 
 if TYPE_CHECKING:
@@ -199,7 +206,6 @@ def publish(source: Any, folder: Path) -> str | None:
     url = published_place(source)
     if url is None:
         return None
-    from converters.remote import upload_file
 
     for name in INDEX_FILES:
         upload_file(str(folder / name), f"{url}/{folder.name}/{name}")
@@ -215,9 +221,6 @@ def fetch_published(source: Any, digest: str, jobs: list[ShardJob], cache_dir=No
     url = published_place(source)
     if url is None:
         return None
-    import multistorageclient as msc
-
-    from storage import storage_errors
 
     with storage_errors(url, "the published length index"):
         client, key = msc.resolve_storage_client(f"{url}/{digest}/meta.json")
@@ -247,8 +250,6 @@ def fetch_published(source: Any, digest: str, jobs: list[ShardJob], cache_dir=No
 def estimate(source: Any, encoder: SeededTaskEncoder, workers: int = 1) -> str:
     """How long building ``source``'s index takes on ``workers`` processes, from the time of
     `PROBE_SAMPLES` samples spread over the dataset, as words (``"3 min on 8 processes"``)."""
-    from energon_platform.loader.light_sample import light_sample
-
     n = len(source)
     if n == 0:
         return "no time (no samples)"
@@ -284,8 +285,6 @@ def build(
     returns ``{"folder", "samples", "shards", "indexed", "reused", "unreadable", "seconds"}``
     (``indexed``: shards computed now). Held under ``place/{digest}.lock``; a complete fresh index
     found there once the lock is had is kept as it is."""
-    from tqdm import tqdm
-
     jobs = shard_jobs(source) if jobs is None else jobs
     digest = index_digest(source, encoder, encoder_digest)
     folder = place / digest
@@ -305,7 +304,6 @@ def build(
             encoder_digest,
             getattr(encoder, "config", None),
         )
-        from energon_platform.loader.balance.length_parts import opened
 
         opened(spec, source, encoder)  # forked workers inherit them: nothing is built again
         bar = tqdm(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from energon_platform.loader.balance.cost_file import load_cost_model
 from energon_platform.loader.balance.cost_history import CostEntry, CostHistory
 from energon_platform.loader.balance.costs import WORK, SampleCost, feature_work
 from energon_platform.loader.balance.dealing import (
@@ -25,6 +26,8 @@ from energon_platform.loader.balance.dealing import (
     plan_bound,
     rank_costs,
 )
+from energon_platform.loader.balance.length_store import LengthIndexMissing, open_index
+from energon_platform.loader.balance.lengths import SampleLengths
 from energon_platform.loader.balance.planner import (
     PLANNER_VERSION,
     Planner,
@@ -32,6 +35,8 @@ from energon_platform.loader.balance.planner import (
 from energon_platform.loader.balance.plans import PlanState
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.state import StateMismatchError
+from task_encoders.config_parser import ConfigError
+from task_encoders.features import FEATURES
 
 if TYPE_CHECKING:
     from energon_platform.config import RunConfig
@@ -135,8 +140,6 @@ class PlannedBatching:
     def start(self, schedule: Schedule, plan_state: PlanState | None = None) -> None:
         """(Re)build the planner over ``schedule``, continuing from ``plan_state`` (None: where the
         current planner starts, or the start of the run)."""
-        from energon_platform.loader.balance.lengths import SampleLengths
-
         if plan_state is None:
             plan_state = self.planner.start if self.planner is not None else PlanState()
         work = feature_work(self.encoder) if WORK.get(self.mode) == "features" else (None, 0)
@@ -276,8 +279,6 @@ class PlannedBatching:
 def _cost_features() -> dict:
     """The fingerprint's ``cost_model`` entry: the cost features a cost model is a function of
     (the model itself may change at resume)."""
-    from task_encoders.features import FEATURES
-
     return {"features": list(FEATURES)}
 
 
@@ -289,8 +290,6 @@ def _spread(costs: list[float]) -> float:
 
 def _named(work: tuple[float, ...]) -> dict[str, float]:
     """A feature tuple (FEATURES order) as a mapping."""
-    from task_encoders.features import FEATURES
-
     return dict(zip(FEATURES, work))
 
 
@@ -309,7 +308,6 @@ def _cost_model(cfg: RunConfig, encoder: SeededTaskEncoder) -> Any:
     path = cfg.loader.balance.cost_model
     if cfg.loader.balance.mode != "measured" or path is None:
         return None
-    from energon_platform.loader.balance.cost_file import load_cost_model
 
     return load_cost_model(path, encoder)
 
@@ -321,8 +319,6 @@ def _seq_len(encoder: SeededTaskEncoder) -> int:
 def _check(cfg: RunConfig, encoder: SeededTaskEncoder, packed: bool) -> None:
     """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost);
     ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
-    from task_encoders.config_parser import ConfigError
-
     balance = cfg.loader.balance
     if packed and balance.global_batch_tokens is not None:
         raise ConfigError(
@@ -360,9 +356,6 @@ def _length_indexes(
 ) -> list:
     """Each dataset's `LengthIndex`: found with the data or in a cache, else built now (after one
     line naming ``energon-platform index``) or, with ``loader.length_index: require``, refused."""
-    from energon_platform.loader.balance.length_store import LengthIndexMissing, open_index
-    from task_encoders.config_parser import ConfigError
-
     digest = encoder_digest(encoder)
     written = bool(cfg.source) and Path(str(cfg.source)).is_file()  # not a config built in code
     command = f"energon-platform index --config {cfg.source if written else 'RUN.yaml'}"

@@ -19,6 +19,9 @@ import mmap
 import os
 from pathlib import Path
 
+import multistorageclient as msc
+from multistorageclient.types import Range
+
 #: bytes fetched by one ranged read
 BLOCK = 1 << 20
 #: the file in a ranged copy's folder that names where its bytes come from
@@ -49,7 +52,6 @@ class RangedCopy:
                 self._fetch(b)
 
     def _fetch(self, b: int) -> None:
-        from multistorageclient.types import Range
 
         offset = b * self.block
         data = self._storage().read(
@@ -63,8 +65,6 @@ class RangedCopy:
     def _storage(self):
         """This process's client (a forked worker makes its own: connections are not shared)."""
         if self._pid != os.getpid():
-            import multistorageclient as msc
-
             self._client, self._key = msc.resolve_storage_client(self.url)
             self._pid = os.getpid()
         return self._client

@@ -8,6 +8,7 @@ from pathlib import Path
 def plot(straight: dict[int, dict], resumed: dict[int, dict], resume_step: int, path: Path) -> None:
     import matplotlib
 
+    # pyplot only once a chart is drawn: the backend must be set before its import
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from energon_platform.training.step_log_readers import (
     JsonLines,
     complete_length,
@@ -45,8 +47,6 @@ def kill_tree(pid: int) -> None:
     is frozen first (SIGSTOP, top down, until no new process appears): a process killed before
     its children would leave them to init, and a process still running could start another one
     (a loader worker) between the listing and the kill."""
-    import psutil
-
     try:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
@@ -183,8 +183,6 @@ def run_command_killed(
 ) -> None:
     """Start ``cmd`` and SIGKILL its whole process tree once its log (``log_path``, read with
     ``fmt``) gains step ``kill_at - 1``: while step ``kill_at`` is in flight."""
-    import psutil  # noqa: F401  (`kill_tree`'s: imported now, so the kill does not wait for it)
-
     tail = LogTail(log_path, fmt)
     with open(stdout_path, "ab") as f:
         proc = launch(cmd, f, cwd)

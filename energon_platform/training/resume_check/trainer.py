@@ -19,7 +19,7 @@ from energon_platform.training.resume_check.processes import (
     torchrun_argv,
 )
 from energon_platform.training.resume_check.trainer_log import complete_lines, count_lines, read_log
-from energon_platform.training.run_record import RUN_JSON, RUN_YAML
+from energon_platform.training.run_record import RUN_JSON, RUN_YAML, recorded_config
 from energon_platform.training.step_log_readers import (
     JsonLines,
 )
@@ -63,8 +63,6 @@ def straight_run_spec(run: Path, num_workers: int | None = None) -> RunSpec:
     records: its config (``RUN/run.yaml``: every ``--set`` applied), its world size and its steps
     (``RUN/run.json``). ValueError (one line naming the folder) unless it records a run that was
     never resumed (its log then holds one uninterrupted run) and logged every step."""
-    from energon_platform.training.run_record import recorded_config
-
     name = f"--straight-from {run}"
     try:
         record = json.loads((run / RUN_JSON).read_text())
