@@ -710,7 +710,11 @@ def cli_rows(r: dict) -> list[Row]:
             ("energon-platform --help <=", "<=", None),
             "ours",
         ),
-        Figure("energon-platform train without --config (a usage error)", r.get("usage_error_s"), "seconds"),
+        Figure(
+            "energon-platform train without --config (a usage error)",
+            r.get("usage_error_s"),
+            "seconds",
+        ),
     ]
 
 
