@@ -4,6 +4,9 @@ Sections: ``data`` (an Energon dataset), ``encoder`` (a task-encoder config file
 mapping, see ``configs/encoders/``), ``loader``, ``model``, ``train``. Errors name the file, the
 key and what was expected (the parsing rules are ``task_encoders.config_parser``'s). Relative paths
 resolve against the YAML file's folder.
+
+Each section is checked here by itself; what needs the encoder the config builds (packing, context
+parallelism, the balance mode, the model's patch) is checked in `energon_platform.config_checks`.
 """
 
 from __future__ import annotations
@@ -188,7 +191,7 @@ class BalanceConfig:
     The keys other than ``mode`` only matter when ``mode`` is not ``none``. ``loader.cost_model`` is read as
     ``cost_model`` (so ``balance: measured`` stays a mode alone). The flat keys of earlier configs
     (``loader.balance_window``, ``balance_lookahead``, ``balance_linear``,
-    ``global_batch_tokens``) are still read, as these keys, with a one-line deprecation note.
+    ``global_batch_tokens``) are refused in one line naming the key to write instead.
     """
 
     mode: Literal[BALANCE_MODES] = "none"

@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from task_encoders.config_parser import ConfigError
-
 if TYPE_CHECKING:
     from energon_platform.config import RunConfig
     from task_encoders.base import SeededTaskEncoder
@@ -59,37 +57,9 @@ def rank_attention_work(segments: Sequence[int], context_parallel: int) -> list[
 
 
 def apply_context_parallel(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
-    """Give ``encoder`` the segment multiple of ``cfg.loader.context_parallel`` (nothing for 1).
-
-    With ``N > 1`` the encoder must pack, pad its segments exactly (``pads_segments``) and have a
-    ``seq_len`` that is a multiple of ``2N``; a one-line `ConfigError` naming
-    ``loader.context_parallel`` otherwise."""
+    """Give ``encoder`` the segment multiple of ``cfg.loader.context_parallel`` (nothing for 1);
+    `energon_platform.config_checks.check_with_encoder` has refused an encoder that cannot pad
+    for it."""
     n = cfg.loader.context_parallel
-    if n == 1:
-        return
-    problem = _refusal(encoder, n)
-    if problem:
-        raise ConfigError(cfg.source, "loader.context_parallel", f"{n}: {problem}")
-    encoder.segment_multiple = segment_multiple(n)
-
-
-def _refusal(encoder: SeededTaskEncoder, n: int) -> str | None:
-    """Why ``encoder`` cannot lay out rows for ``n`` context-parallel ranks, or None."""
-    name = type(encoder).__name__
-    if not getattr(encoder, "packing_buffer_size", None):
-        return (
-            f"{name} does not pack; context parallelism splits packed rows "
-            "(set packing.enabled: true in the encoder config, or context_parallel: 1)"
-        )
-    if not getattr(encoder, "pads_segments", False):
-        return (
-            f"{name} cannot pad its documents' segments for context parallelism "
-            "(its row lengths are not token positions); use context_parallel: 1"
-        )
-    multiple = segment_multiple(n)
-    if encoder.seq_len % multiple:
-        return (
-            f"text.seq_len {encoder.seq_len} is not a multiple of {multiple} (2 x context_parallel); "
-            "change one of them"
-        )
-    return None
+    if n > 1:
+        encoder.segment_multiple = segment_multiple(n)

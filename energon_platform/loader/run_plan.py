@@ -23,6 +23,7 @@ from fractions import Fraction
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from energon_platform.config_checks import check_with_encoder, pack_group
 from energon_platform.loader.balance.planner import check_distinct
 from energon_platform.loader.batching import Batching, batching_for
 from energon_platform.loader.blend import Blend, Segment
@@ -42,7 +43,6 @@ from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.permutation import derive_key
 from energon_platform.loader.schedule import SCHEDULE_VERSION, LayoutError, Schedule
 from energon_platform.loader.state import LoaderState, StateMismatchError, check_fingerprint
-from task_encoders.config_parser import ConfigError
 from task_encoders.registry import get_encoder
 
 if TYPE_CHECKING:
@@ -54,9 +54,11 @@ log = logging.getLogger(__name__)
 
 
 def build_encoder(cfg: RunConfig, training: bool = True) -> Any:
-    """The task encoder named by the config, seeded with the loader's seed, its segments padded
-    for ``loader.context_parallel`` (`apply_context_parallel`)."""
+    """The task encoder named by the config, seeded with the loader's seed, checked against the
+    loader config (`check_with_encoder`: one-line `ConfigError`), its segments padded for
+    ``loader.context_parallel`` (`apply_context_parallel`)."""
     encoder = get_encoder(cfg.encoder, seed=cfg.loader.seed, training=training)
+    check_with_encoder(cfg, encoder)
     apply_context_parallel(cfg, encoder)
     return encoder
 
@@ -84,7 +86,7 @@ class RunPlan:
         self.source, self.encoder = cfg.source, encoder
         self.world_size, self.rank = world_size, rank
         self.datasets = open_datasets(str(cfg.data.path), cfg.data.train_split)
-        self.pack_group = _pack_group(lc.pack_group, encoder, cfg.source)
+        self.pack_group = pack_group(lc.pack_group, encoder)
         per_rank = Schedule.check_split(
             lc.global_batch_size, self.pack_group, world_size, lc.micro_batch_size
         )
@@ -113,17 +115,10 @@ class RunPlan:
         self.fingerprint = self._fingerprint()
 
     def _blend_unit_samples(self, cfg: RunConfig) -> int:
-        """Samples per blend unit: 1, or a micro-batch's with ``blend_unit: batch`` (which needs a
-        fixed ``micro_batch_size``: one-line `ConfigError` otherwise)."""
+        """Samples per blend unit: 1, or a micro-batch's with ``blend_unit: batch`` (whose fixed
+        ``micro_batch_size`` `check_with_encoder` has checked)."""
         if cfg.loader.blend_unit != "batch":
             return 1
-        if cfg.loader.micro_batch_size is None:
-            raise ConfigError(
-                cfg.source,
-                "loader.micro_batch_size",
-                "blend_unit: batch takes whole micro-batches "
-                "from one dataset, so the micro-batch size must be fixed (set micro_batch_size)",
-            )
         return self.micro_items * self.pack_group
 
     def _orders(self, guard: int) -> tuple[DatasetOrder, ...]:
@@ -308,25 +303,3 @@ def _stream_id(name: str) -> tuple[int, int]:
     """Two 64-bit integers from a dataset name: the key of its sample order (independent per entry)."""
     h = hashlib.blake2b(name.encode(), digest_size=16).digest()
     return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:], "little")
-
-
-def _pack_group(configured: int | None, encoder: SeededTaskEncoder, source: str) -> int:
-    """Samples per pack group; checks that loader and encoder agree on whether to pack."""
-    packs = getattr(encoder, "packing_buffer_size", None)
-    if configured is None:
-        return packs or 1
-    if configured > 1 and not packs:
-        raise ConfigError(
-            source,
-            "loader.pack_group",
-            f"{configured} asks for packing, but the encoder's "
-            "packing.enabled is false (set it, or pack_group: 1)",
-        )
-    if configured == 1 and packs:
-        raise ConfigError(
-            source,
-            "loader.pack_group",
-            "1 disables packing, but the encoder's packing.enabled is "
-            "true (use pack_group >= 2 or null)",
-        )
-    return configured

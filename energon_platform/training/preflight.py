@@ -25,14 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from energon_platform.config import ModelConfig, RunConfig
+from energon_platform.config import RunConfig
+from energon_platform.config_checks import check_model_fits
 from energon_platform.loader.datasets import is_metadataset, open_datasets
 from energon_platform.loader.metadataset_weights import read_metadataset
 from energon_platform.loader.source import SampleSource, split_parts
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training import checkpoint
 from storage import DatasetError, StorageError, dataset_root
-from task_encoders.config_parser import ConfigError
 from task_encoders.skipping import _reason
 
 
@@ -103,18 +103,6 @@ def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None
         f"encode the {kind} of split {source.split!r} ({tries} of {tries} tried failed; first: "
         f"{_reason(error).splitlines()[0]}); use an encoder for this dataset's modality"
     )
-
-
-def check_model_fits(model: ModelConfig, encoded: Any, source: str) -> None:
-    """`ConfigError` naming ``model.patch`` when it is larger than the encoded images."""
-    image = getattr(encoded, "media", {}).get("image")
-    if image is not None and model.patch > min(image.shape[-2:]):
-        raise ConfigError(
-            source,
-            "model.patch",
-            f"{model.patch} is larger than the encoder's images "
-            f"({image.shape[-2]}x{image.shape[-1]}) (expected <= {min(image.shape[-2:])})",
-        )
 
 
 def preflight(cfg: RunConfig, loader: Any = None) -> None:

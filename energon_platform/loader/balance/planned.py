@@ -98,12 +98,11 @@ class PlannedBatching:
         datasets: DatasetSet,
         workers: int,
     ):
-        """The mode for run config ``cfg``: checks the encoder and config can plan (one-line
-        `ConfigError` otherwise), then opens (or builds, with ``workers`` processes) each
-        dataset's length index. The one place the ``loader.balance`` group is read."""
+        """The mode for run config ``cfg``, whose encoder
+        `energon_platform.config_checks.check_with_encoder` has found able to plan: opens (or
+        builds, with ``workers`` processes) each dataset's length index. The one place the
+        ``loader.balance`` group is read."""
         lc, balance = cfg.loader, cfg.loader.balance
-        packed = pack_group > 1
-        _check(cfg, encoder, packed)
         linear = float(balance.linear if balance.linear is not None else _seq_len(encoder))
         cost_model = _cost_model(cfg, encoder)
         cost = SampleCost(balance.mode, encoder, linear, cfg.source, cost_model)
@@ -114,7 +113,7 @@ class PlannedBatching:
             budget=balance.global_batch_tokens,
             linear=linear,
             global_batch_size=lc.global_batch_size,
-            packed_rows=packed,
+            packed_rows=pack_group > 1,
             encoder=encoder,
             cost=cost,
             length_indexes=_length_indexes(cfg, encoder, datasets, workers),
@@ -314,41 +313,6 @@ def _cost_model(cfg: RunConfig, encoder: SeededTaskEncoder) -> Any:
 
 def _seq_len(encoder: SeededTaskEncoder) -> int:
     return getattr(encoder, "seq_len", 0)
-
-
-def _check(cfg: RunConfig, encoder: SeededTaskEncoder, packed: bool) -> None:
-    """``loader.balance`` needs an encoder that states its lengths (and, for ``encoder``, its cost);
-    ``global_batch_tokens`` is a budget of unpacked samples (packed rows are a fixed size already)."""
-    balance = cfg.loader.balance
-    if packed and balance.global_batch_tokens is not None:
-        raise ConfigError(
-            cfg.source,
-            "loader.balance.global_batch_tokens",
-            f"{balance.global_batch_tokens} with a packing "
-            f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
-            "already (null, or an encoder without packing)",
-        )
-    if not callable(getattr(encoder, "sample_facts", None)):
-        raise ConfigError(
-            cfg.source,
-            "loader.balance",
-            f"{balance.mode!r} needs lengths before decoding, but "
-            f"{type(encoder).__name__} has no sample_facts/sample_length (see docs: balance)",
-        )
-    if balance.mode == "measured" and not callable(getattr(encoder, "sample_features", None)):
-        raise ConfigError(
-            cfg.source,
-            "loader.balance",
-            f"'measured' reads each sample's cost features, but {type(encoder).__name__} "
-            "has no sample_features(facts, key, epoch)",
-        )
-    if balance.mode == "encoder" and not callable(getattr(encoder, "balance_cost", None)):
-        raise ConfigError(
-            cfg.source,
-            "loader.balance",
-            f"'encoder' calls the encoder's balance_cost(length), "
-            f"which {type(encoder).__name__} does not define",
-        )
 
 
 def _length_indexes(

@@ -1,0 +1,123 @@
+"""The checks a run config needs its encoder for (`energon_platform.config_checks`): every refusal is
+one line naming the key to change, every shipped encoder passes with the default loader, and the
+loader makes them before it opens any data."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from energon_platform.config import ModelConfig, load_config
+from energon_platform.config_checks import check_model_fits, check_with_encoder, pack_group
+from energon_platform.loader.run_plan import build_encoder
+from task_encoders.config_parser import ConfigError
+from tests.helpers import REPO
+from tests.helpers.run_configs import SMALL_IMAGE_TEXT, loader_config
+
+
+def encoder(packs: int | None = None, pads: bool = True, seq_len: int = 64, **methods):
+    """A stand-in encoder: what the checks read of one (packing buffer, segment padding, seq_len,
+    the balance methods it defines)."""
+    defined = {name: (lambda *a: 1) for name in ("sample_facts", "sample_features")}
+    defined.update({name: (lambda *a: 1) for name, on in methods.items() if on})
+    for name, on in methods.items():
+        if not on:
+            defined.pop(name, None)
+    return SimpleNamespace(
+        packing_buffer_size=packs, pads_segments=pads, seq_len=seq_len, **defined
+    )
+
+
+def config(tmp_path, **loader):
+    return load_config(loader_config(tmp_path / "data", SMALL_IMAGE_TEXT, **loader))
+
+
+@pytest.mark.parametrize(
+    "loader, stand_in, key, says",
+    [
+        ({"pack_group": 4}, encoder(), "loader.pack_group", "4 asks for packing"),
+        ({"pack_group": 1}, encoder(packs=8), "loader.pack_group", "1 disables packing"),
+        ({"blend_unit": "batch"}, encoder(), "loader.micro_batch_size", "blend_unit: batch takes"),
+        (
+            {"balance": {"mode": "tokens", "global_batch_tokens": 512}},
+            encoder(packs=8),
+            "loader.balance.global_batch_tokens",
+            "with a packing encoder",
+        ),
+        ({"balance": "tokens"}, encoder(sample_facts=False), "loader.balance", "no sample_facts"),
+        (
+            {"balance": "measured", "cost_model": "cost.json"},
+            encoder(sample_features=False),
+            "loader.balance",
+            "has no sample_features",
+        ),
+        ({"balance": "encoder"}, encoder(), "loader.balance", "balance_cost(length)"),
+        ({"context_parallel": 2}, encoder(), "loader.context_parallel", "does not pack"),
+        (
+            {"context_parallel": 2},
+            encoder(packs=8, pads=False),
+            "loader.context_parallel",
+            "cannot pad",
+        ),
+        (
+            {"context_parallel": 3},
+            encoder(packs=8),
+            "loader.context_parallel",
+            "not a multiple of 6",
+        ),
+    ],
+)
+def test_each_refusal_is_one_line_naming_the_key(tmp_path, loader, stand_in, key, says):
+    cfg = config(tmp_path, **loader)
+    with pytest.raises(ConfigError) as refused:
+        check_with_encoder(cfg, stand_in)
+    line = str(refused.value)
+    assert f"{key}:" in line and says in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize(
+    "loader, stand_in",
+    [
+        ({}, encoder()),
+        ({"pack_group": 4}, encoder(packs=8)),
+        ({"blend_unit": "batch", "micro_batch_size": 2}, encoder()),
+        ({"balance": "tokens"}, encoder(packs=8)),
+        ({"balance": "encoder"}, encoder(balance_cost=True)),
+        ({"context_parallel": 2}, encoder(packs=8)),
+    ],
+)
+def test_what_the_encoder_can_serve_passes(tmp_path, loader, stand_in):
+    check_with_encoder(config(tmp_path, **loader), stand_in)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs/encoders").glob("*.yaml")))
+def test_every_shipped_encoder_passes_with_the_default_loader_and_with_balance(tmp_path, name):
+    path = str(REPO / "configs/encoders" / name)
+    for loader in ({}, {"balance": "attention"}):
+        build_encoder(load_config(loader_config(tmp_path / "data", path, **loader)))
+
+
+def test_the_pack_group_follows_the_encoder_when_null():
+    assert pack_group(None, encoder()) == 1
+    assert pack_group(None, encoder(packs=8)) == 8
+    assert pack_group(3, encoder(packs=8)) == 3
+
+
+def test_the_loader_refuses_the_config_before_it_opens_any_data(tmp_path):
+    cfg = config(tmp_path, balance="encoder")  # tmp_path/data does not exist
+    with pytest.raises(
+        ConfigError, match="loader.balance: 'encoder' calls the encoder's balance_cost"
+    ):
+        build_encoder(cfg)
+
+
+def test_a_patch_larger_than_the_encoded_images_is_refused():
+    encoded = SimpleNamespace(media={"image": torch.zeros(3, 8, 12)})
+    check_model_fits(ModelConfig(patch=8), encoded, "run.yaml")
+    with pytest.raises(
+        ConfigError, match=r"model.patch: 16 is larger than the encoder's images \(8x12\)"
+    ):
+        check_model_fits(ModelConfig(patch=16), encoded, "run.yaml")
+    check_model_fits(ModelConfig(patch=64), SimpleNamespace(media={}), "run.yaml")  # no image
