@@ -82,11 +82,21 @@ def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
     """Assert that a finished command failed as a user's mistake should: exit status 2 and one
     line on stderr (no traceback), starting ``energon-platform `` and containing every needle.
     Returns the line."""
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (
-        r.returncode,
-        r.stderr[-2000:],
-    )
+    return _one_line_refusal(r.returncode, r.stderr, needles)
+
+
+def one_line_error_in_process(capsys, argv: list[str], *needles: str) -> str:
+    """`one_line_error` for the command ``argv`` run in this process (``energon_platform.cli.main``,
+    its stderr read from pytest's ``capsys``). Returns the line."""
+    from energon_platform.cli import main
+
+    status = main([str(a) for a in argv])
+    return _one_line_refusal(status, capsys.readouterr().err, needles)
+
+
+def _one_line_refusal(status: int, stderr: str, needles: tuple[str, ...]) -> str:
+    lines = stderr.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and "Traceback" not in stderr, (status, stderr[-2000:])
     assert lines[0].startswith("energon-platform ") and all(n in lines[0] for n in needles), lines[
         0
     ]

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import yaml
 
-from energon_platform.cli import main
 from energon_platform.config import load_config
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from tests.conftest import _convert, _image_item
 from tests.helpers import REPO
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import one_line_error_in_process, run_cli
+from tests.helpers.run_configs import run_config, write_config
 
 IMAGE = str(REPO / "configs/encoders/image_text_small.yaml")
 HEAD = "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n"
@@ -51,27 +51,17 @@ def write_mds(root: Path, name: str, body: str, head: str = HEAD) -> Path:
     return path
 
 
-def run_config(root: Path, data: str, name: str = "run", **extra) -> Path:
-    path = root / f"run-{name}.yaml"
-    doc = {
-        "data": {"path": data, "val_split": None},
-        "encoder": IMAGE,
-        "loader": {"global_batch_size": 8, "num_workers": 0},
-        "model": {"dim": 16, "layers": 1, "heads": 2},
-        "train": {"steps": 2, "out": str(root / f"out-{name}")},
-    }
-    for dotted, value in extra.items():
-        section, key = dotted.split("__")
-        doc[section][key] = value
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def one_line_exit_2(capsys, argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+def blend_run(
+    root: Path, data: str, name: str = "run", loader: dict | None = None, train: dict | None = None
+) -> Path:
+    """`run_config` of ``data`` (no validation split, global batches of 8, 2 steps into
+    ``root/out-NAME``) with ``loader`` and ``train`` keys set, written to ``root/run-NAME.yaml``."""
+    config = run_config(
+        {"path": data, "val_split": None},
+        loader={"global_batch_size": 8, **(loader or {})},
+        train={"steps": 2, "out": str(root / f"out-{name}"), **(train or {})},
+    )
+    return write_config(root / f"run-{name}.yaml", config)
 
 
 def cfg(path: Path, **loader):
@@ -108,7 +98,7 @@ def test_bad_metadataset_weights_are_one_line_naming_file_and_entry(
         "bad",
         f"    blend:\n    - {{{first}, path: ./big}}\n    - {{{second}, path: ./small}}\n",
     )
-    err = one_line_exit_2(capsys, ["train", "--config", str(run_config(root, str(mds)))])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(blend_run(root, str(mds)))])
     assert f"bad.yaml: splits.train.{key}" in err and problem in err, err
 
 
@@ -119,7 +109,7 @@ def test_negative_repetitions_is_one_line(root, capsys):
         "    blend_epochized:\n    - {repetitions: -1, path: ./big}\n"
         "    - {repetitions: 1, path: ./small}\n",
     )
-    err = one_line_exit_2(capsys, ["train", "--config", str(run_config(root, str(mds)))])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(blend_run(root, str(mds)))])
     assert "splits.train.blend_epochized[0]: repetitions -1 is out of range" in err
 
 
@@ -129,7 +119,7 @@ def test_a_bad_weight_from_the_command_line_is_one_line_and_exit_2(root):
         "cli",
         "    blend:\n    - {weight: 1, path: ./big}\n    - {weight: -1, path: ./small}\n",
     )
-    done = run_cli("train", "--config", str(run_config(root, str(mds), "cli")), cwd=REPO)
+    done = run_cli("train", "--config", str(blend_run(root, str(mds), "cli")), cwd=REPO)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "cli.yaml: splits.train.blend[1]: weight -1" in done.stderr
 
@@ -152,8 +142,8 @@ def test_bad_blend_schedule_entries_are_one_line(root, capsys, entry, key):
         "sched",
         "    blend:\n    - {weight: 1, path: ./big}\n    - {weight: 1, path: ./small}\n",
     )
-    config = run_config(root, str(mds), "sched", loader__blend_schedule=[entry])
-    err = one_line_exit_2(capsys, ["train", "--config", str(config)])
+    config = blend_run(root, str(mds), "sched", loader={"blend_schedule": [entry]})
+    err = one_line_error_in_process(capsys, ["train", "--config", str(config)])
     assert key in err, err
 
 
@@ -167,7 +157,7 @@ def test_repetitions_rounding_to_no_sample_is_refused_naming_entry_and_rounding(
         "    blend_epochized:\n    - {repetitions: 1, path: ./big}\n"
         "    - {repetitions: 0.001, path: ./small}\n",
     )
-    err = one_line_exit_2(capsys, ["train", "--config", str(run_config(root, str(mds)))])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(blend_run(root, str(mds)))])
     assert (
         "splits.train.blend_epochized[1]: repetitions 0.001 x 10 samples" in err
         and "rounds to 0" in err
@@ -180,7 +170,7 @@ def test_weights_rationalised_to_zero_units_are_refused_naming_the_dataset(root,
         "farapart",
         "    blend:\n    - {weight: 1.0e8, path: ./big}\n    - {weight: 1, path: ./small}\n",
     )
-    err = one_line_exit_2(capsys, ["train", "--config", str(run_config(root, str(mds)))])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(blend_run(root, str(mds)))])
     assert "dataset 'small'" in err and "rounds to 0" in err and "blend period" in err, err
 
 
@@ -189,8 +179,8 @@ def test_weights_rationalised_to_zero_units_are_refused_naming_the_dataset(root,
 
 def test_empty_yaml_and_folder_without_nv_meta_are_one_line(root, capsys):
     (root / "empty.yaml").write_text("")
-    err = one_line_exit_2(
-        capsys, ["train", "--config", str(run_config(root, str(root / "empty.yaml")))]
+    err = one_line_error_in_process(
+        capsys, ["train", "--config", str(blend_run(root, str(root / "empty.yaml")))]
     )
     assert "empty.yaml: not an Energon metadataset (the file is empty" in err
     (root / "plain").mkdir(exist_ok=True)
@@ -199,7 +189,7 @@ def test_empty_yaml_and_folder_without_nv_meta_are_one_line(root, capsys):
         "nometa",
         "    blend:\n    - {weight: 1, path: ./big}\n    - {weight: 1, path: ./plain}\n",
     )
-    err = one_line_exit_2(capsys, ["train", "--config", str(run_config(root, str(mds)))])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(blend_run(root, str(mds)))])
     assert "nometa.yaml" in err and "plain: not an Energon dataset (no .nv-meta)" in err, err
 
 
@@ -210,7 +200,7 @@ def test_missing_or_empty_split_of_an_entry_is_one_line_naming_it(root, capsys):
         "    blend:\n    - {weight: 1, path: ./big}\n"
         "    - {weight: 1, path: ./small, split_part: val}\n",
     )
-    err = one_line_exit_2(capsys, ["train", "--config", str(run_config(root, str(mds)))])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(blend_run(root, str(mds)))])
     assert "noval.yaml: splits.train.blend[1]:" in err and "no split 'val'" in err, err
     empty = root / "emptytrain"
     if not empty.exists():
@@ -224,7 +214,7 @@ def test_missing_or_empty_split_of_an_entry_is_one_line_naming_it(root, capsys):
         "emptymember",
         "    blend:\n    - {weight: 1, path: ./big}\n    - {weight: 1, path: ./emptytrain}\n",
     )
-    err = one_line_exit_2(capsys, ["train", "--config", str(run_config(root, str(mds)))])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(blend_run(root, str(mds)))])
     assert "emptymember.yaml: splits.train.blend[1]:" in err and "no split 'train'" in err, err
 
 
@@ -235,11 +225,11 @@ def test_val_split_of_a_metadataset_whose_entries_lack_it_is_one_line(root, caps
         "    blend:\n    - {weight: 1, path: ./big}\n"
         "  val:\n    blend:\n    - {weight: 1, path: ./small}\n",
     )
-    config = run_config(root, str(mds), "valrun")
+    config = blend_run(root, str(mds), "valrun")
     doc = yaml.safe_load(config.read_text())
     doc["data"]["val_split"] = "val"
     config.write_text(yaml.safe_dump(doc))
-    err = one_line_exit_2(capsys, ["train", "--config", str(config)])
+    err = one_line_error_in_process(capsys, ["train", "--config", str(config)])
     assert "valmissing.yaml: splits.val.blend[0]:" in err and "no split 'val'" in err, err
 
 
@@ -248,10 +238,12 @@ def test_val_split_of_a_metadataset_whose_entries_lack_it_is_one_line(root, caps
 
 def test_preview_of_a_plain_folder_or_a_metadataset_without_encoder_is_one_line(root, capsys):
     (root / "plain").mkdir(exist_ok=True)
-    err = one_line_exit_2(capsys, ["preview", str(root / "plain"), "--out", str(root / "p.png")])
+    err = one_line_error_in_process(
+        capsys, ["preview", str(root / "plain"), "--out", str(root / "p.png")]
+    )
     assert "plain: not an Energon dataset" in err
     mds = write_mds(root, "prev", "    blend:\n    - {weight: 1, path: ./big}\n")
-    err = one_line_exit_2(capsys, ["preview", str(mds), "--out", str(root / "p.png")])
+    err = one_line_error_in_process(capsys, ["preview", str(mds), "--out", str(root / "p.png")])
     assert "prev.yaml: --encoder: cannot choose an encoder" in err and "pass --encoder" in err
 
 
@@ -328,7 +320,7 @@ def test_blend_change_at_resume_is_printed_once_and_seq_len_change_names_the_enc
         "resumed",
         "    blend:\n    - {weight: 1, path: ./big}\n    - {weight: 1, path: ./small}\n",
     )
-    config = run_config(root, str(mds), "resumerun", train__checkpoint_every=1)
+    config = blend_run(root, str(mds), "resumerun", train={"checkpoint_every": 1})
     shutil.rmtree(root / "out-resumerun", ignore_errors=True)
     assert _train(config).returncode == 0
     write_mds(

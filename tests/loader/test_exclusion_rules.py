@@ -11,6 +11,7 @@ import yaml
 
 from scripts.bench_data import coco_dataset, three_modality_blend
 from tests.helpers import REPO
+from tests.helpers.cli import one_line_error_in_process
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,6 @@ def test_a_rule_that_matches_nothing_or_everything_is_refused_in_one_line(
 def test_rules_that_together_exclude_a_whole_dataset_are_refused_from_their_common_step(
     data, tmp_path, capsys
 ):
-    from energon_platform.cli import main
 
     path = tmp_path / "run.yaml"
     path.write_text(
@@ -106,10 +106,11 @@ def test_rules_that_together_exclude_a_whole_dataset_are_refused_from_their_comm
             }
         )
     )
-    assert main(["trace", "--config", str(path), "--step", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "rule(s) from step(s) [2, 5] exclude every sample of the dataset from step 5" in err, err
-    assert len(err.strip().splitlines()) == 1
+    one_line_error_in_process(
+        capsys,
+        ["trace", "--config", str(path), "--step", "1"],
+        "rule(s) from step(s) [2, 5] exclude every sample of the dataset from step 5",
+    )
 
 
 def test_a_key_pattern_that_matches_no_sample_warns_once_per_rule(data, caplog):

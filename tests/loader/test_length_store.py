@@ -34,6 +34,7 @@ from energon_platform.loader.run_plan import build_encoder
 from energon_platform.loader.source import SampleSource
 from storage.paths import DERIVED_FOLDER
 from tests.helpers import REPO
+from tests.helpers.run_configs import loader_config, write_config
 
 SHARDS, PER_SHARD = 8, 40
 TEXT = str(REPO / "configs/encoders/text_small.yaml")
@@ -61,15 +62,17 @@ def text_dataset(folder: Path, shards: int = SHARDS) -> Path:
     return out
 
 
-def run_config(folder: Path, data: Path, **loader) -> Path:
-    path = folder / "run.yaml"
-    config = {
-        "data": {"path": str(data), "val_split": None},
-        "encoder": TEXT,
-        "loader": {"global_batch_size": 8, "num_workers": 0, "balance": "tokens", **loader},
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
+def balanced_text(folder: Path, data: Path, **loader) -> Path:
+    """``folder/run.yaml``: `loader_config` of ``data`` (no validation split) with the small text
+    encoder, global batches of 8 balanced by tokens, and ``loader`` keys set."""
+    config = loader_config(
+        {"path": str(data), "val_split": None},
+        TEXT,
+        global_batch_size=8,
+        balance="tokens",
+        **loader,
+    )
+    return write_config(folder / "run.yaml", config)
 
 
 def finished_parts(store: Path) -> list[Path]:
@@ -94,7 +97,7 @@ def indexed(tmp_path_factory) -> tuple[Path, Path]:
     """A text dataset indexed by the command once: (its run config, the dataset)."""
     base = tmp_path_factory.mktemp("length-store")
     data = text_dataset(base)
-    config = run_config(base, data)
+    config = balanced_text(base, data)
     assert cli.main(["index", "--config", str(config), "--no-progress"]) == 0
     return config, data
 
@@ -123,7 +126,7 @@ def test_index_stores_it_with_the_data_and_a_loader_elsewhere_builds_nothing(
 
 def test_a_killed_index_resumes_with_the_shards_it_finished(tmp_path, capsys):
     data = text_dataset(tmp_path, shards=24)
-    config = run_config(tmp_path, data)
+    config = balanced_text(tmp_path, data)
     parts = data / DERIVED_FOLDER / "lengths"
     slow = tmp_path / "slow.py"  # each shard takes a moment: the kill lands mid-build
     slow.write_text(
@@ -161,7 +164,7 @@ def test_a_killed_index_resumes_with_the_shards_it_finished(tmp_path, capsys):
 
 def test_a_shard_rewritten_since_is_indexed_again_alone(tmp_path, capsys):
     data = text_dataset(tmp_path)
-    config = run_config(tmp_path, data)
+    config = balanced_text(tmp_path, data)
     assert index_cli(capsys, "--config", config, "--no-progress")[0] == 0
     shard = data / "train" / "shard-000003.tar"
     later = shard.stat().st_mtime + 60
@@ -183,7 +186,7 @@ def test_a_dataset_that_gained_shards_indexes_only_those(tmp_path, capsys):
     parts = yaml.safe_load(full)
     parts["split_parts"]["train"] = [f"train/shard-{k:06d}.tar" for k in range(5)]
     split.write_text(yaml.safe_dump(parts))  # the dataset as it was before its last 3 shards
-    config = run_config(tmp_path, data)
+    config = balanced_text(tmp_path, data)
     status, out, _ = index_cli(capsys, "--config", config, "--no-progress")
     assert status == 0 and "0 reused" in out and f"{5 * PER_SHARD} samples" in out
     split.write_text(full)
@@ -261,7 +264,7 @@ def test_assembling_streams_one_part_at_a_time(tmp_path):
 def test_bad_input_is_one_line(tmp_path, capsys):
     status, _, err = index_cli(capsys, "--config", tmp_path / "missing.yaml")
     assert status == 2 and err.count("\n") == 1 and "missing.yaml" in err
-    config = run_config(tmp_path, tmp_path / "no-dataset")
+    config = balanced_text(tmp_path, tmp_path / "no-dataset")
     status, _, err = index_cli(capsys, "--config", config)
     assert status == 2 and err.count("\n") == 1 and "no-dataset" in err, err
     status, _, err = index_cli(capsys, "--config", config, "--ray-address", "nowhere")
@@ -277,7 +280,7 @@ def test_convert_with_an_index_encoder_leaves_the_index_a_loader_opens(tmp_path,
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "1 of 1 shards indexed now" in printed and str(out / DERIVED_FOLDER) in printed
-    config = run_config(tmp_path, out, length_index="require")
+    config = balanced_text(tmp_path, out, length_index="require")
     next(TrainLoader(load_config(str(config)), num_workers=0))  # require: found, not built
     assert "length index" not in capsys.readouterr().err
     status = cli.main([*argv[:-2], "--overwrite", "--index-encoder", str(tmp_path / "none.yaml")])

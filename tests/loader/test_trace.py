@@ -13,7 +13,7 @@ import yaml
 
 from scripts.bench_data import coco_dataset, three_modality_blend
 from tests.helpers import REPO, layouts
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import one_line_error_in_process, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +297,6 @@ def test_trace_cli_one_line_errors(data, tmp_path, capsys):
             }
         )
     )
-    from energon_platform.cli import main
 
     base = ["trace", "--config", str(path)]
     p = run_cli(*base, "--key", "nope")
@@ -316,9 +315,7 @@ def test_trace_cli_one_line_errors(data, tmp_path, capsys):
         (["--steps", "3"], "--steps 3:3"),
         (["--key", "x", "--steps", "2:4"], "takes a count M"),
     ):
-        assert main(base + extra) == 2
-        err = capsys.readouterr().err
-        assert says in err and len(err.strip().splitlines()) == 1, err
+        one_line_error_in_process(capsys, base + extra, says)
 
 
 # --- a real training run's log -------------------------------------------------------------------

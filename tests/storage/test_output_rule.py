@@ -12,6 +12,7 @@ import pytest
 from energon_platform.cli import main
 from storage.outputs import OutputError, check_file, check_folder, write_atomic
 from tests.helpers import REPO
+from tests.helpers.cli import one_line_error_in_process
 
 
 def digest(path: Path) -> str:
@@ -123,11 +124,6 @@ def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_pat
 # --- the commands -------------------------------------------------------------------------------
 
 
-def one_line_refusal(capsys, said: str) -> None:
-    err = capsys.readouterr().err
-    assert said in err and len(err.strip().splitlines()) == 1, err
-
-
 @pytest.mark.parametrize(
     "out, said",
     [
@@ -147,8 +143,7 @@ def test_calibrate_refuses_an_out_that_is_not_a_cost_file_before_any_work(
     target = {"config": config, "log": spike_run["out"] / "log.jsonl"}.get(out, tmp_path / out)
     before = digest(tmp_path), digest(spike_run["out"])
     argv = ["calibrate", "--config", str(config), "--out", str(target), "--no-progress"]
-    assert main(argv) == 2
-    one_line_refusal(capsys, said)
+    one_line_error_in_process(capsys, argv, said)
     assert (digest(tmp_path), digest(spike_run["out"])) == before
 
 
@@ -156,8 +151,11 @@ def test_calibrate_refuses_an_out_that_is_not_a_cost_file_before_any_work(
 def test_calibrate_bounds_micro_batches_in_one_line(tmp_path, capsys, value):
     """T5: a huge count was a MemoryError after minutes; too few is refused before any work."""
     argv = ["calibrate", "--config", str(REPO / "configs/train_image_text.yaml")]
-    assert main([*argv, "--out", str(tmp_path / "c.json"), "--micro-batches", value]) == 2
-    one_line_refusal(capsys, f"--micro-batches {value}: expected 4 to ")
+    one_line_error_in_process(
+        capsys,
+        [*argv, "--out", str(tmp_path / "c.json"), "--micro-batches", value],
+        f"--micro-batches {value}: expected 4 to ",
+    )
     assert not (tmp_path / "c.json").exists()
 
 
@@ -172,16 +170,18 @@ def test_report_refuses_a_runs_files_and_replaces_only_its_own_page(spike_run, t
         (run / "run.yaml", "a file of the training run"),
         (next(step.iterdir()), "inside the checkpoints of the run"),
     ]:
-        assert main(["report", "--run", str(run), "--out", str(out)]) == 2
-        one_line_refusal(capsys, said)
+        one_line_error_in_process(capsys, ["report", "--run", str(run), "--out", str(out)], said)
     assert digest(run) == before
     page = tmp_path / "report.html"
     for _ in range(2):  # the second replaces the first
         assert main(["report", "--run", str(run), "--out", str(page)]) == 0
     assert '<meta name="generator" content="energon-platform report">' in page.read_text()
     page.write_text("<!DOCTYPE html><p>my notes</p>")
-    assert main(["report", "--run", str(run), "--out", str(page)]) == 2
-    one_line_refusal(capsys, "not a run report this command wrote")
+    one_line_error_in_process(
+        capsys,
+        ["report", "--run", str(run), "--out", str(page)],
+        "not a run report this command wrote",
+    )
     assert page.read_text() == "<!DOCTYPE html><p>my notes</p>"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temporary left
 
@@ -192,8 +192,11 @@ def test_preview_never_draws_over_a_users_picture(coco, tmp_path, capsys):
     photo = next((REPO / "data/coco_mini/images").iterdir())
     mine = tmp_path / f"photo{photo.suffix}"
     mine.write_bytes(photo.read_bytes())
-    assert main(["preview", str(coco), "--out", str(mine), "--n", "2"]) == 2
-    one_line_refusal(capsys, "not a contact sheet this command wrote")
+    one_line_error_in_process(
+        capsys,
+        ["preview", str(coco), "--out", str(mine), "--n", "2"],
+        "not a contact sheet this command wrote",
+    )
     assert mine.read_bytes() == photo.read_bytes()
     for suffix in (".png", ".jpg", ".webp", ".tif"):
         sheet = tmp_path / f"sheet{suffix}"
@@ -202,7 +205,13 @@ def test_preview_never_draws_over_a_users_picture(coco, tmp_path, capsys):
     capsys.readouterr()
     bmp = tmp_path / "sheet.bmp"  # no metadata to carry the mark: written once, never replaced
     assert main(["preview", str(coco), "--out", str(bmp), "--n", "2"]) == 0
-    assert main(["preview", str(coco), "--out", str(bmp), "--n", "2"]) == 2
-    one_line_refusal(capsys, "not a contact sheet this command wrote")
-    assert main(["preview", str(coco), "--out", str(coco / "sheet.png"), "--n", "2"]) == 2
-    one_line_refusal(capsys, "inside the dataset")
+    one_line_error_in_process(
+        capsys,
+        ["preview", str(coco), "--out", str(bmp), "--n", "2"],
+        "not a contact sheet this command wrote",
+    )
+    one_line_error_in_process(
+        capsys,
+        ["preview", str(coco), "--out", str(coco / "sheet.png"), "--n", "2"],
+        "inside the dataset",
+    )

@@ -29,6 +29,7 @@ from energon_platform.training.calibrate import (
 from scripts.bench_data import coco_dataset
 from task_encoders.features import FEATURES, features
 from tests.helpers import REPO
+from tests.helpers.cli import one_line_error_in_process
 
 #: seconds per unit of each feature of the synthetic model
 TRUE = {"samples": 2e-3, "llm_tokens": 4e-5, "vision_tiles": 1.5e-3}
@@ -320,9 +321,11 @@ def test_calibrate_command_on_the_default_data(tmp_path, capsys):
 
 def test_calibrate_command_refuses_a_bad_model_spec_in_one_line(tmp_path, capsys):
     argv = ["calibrate", "--config", str(REPO / "configs/train_image_text.yaml"), "--out"]
-    assert main(argv + [str(tmp_path / "c.json"), "--model", "no_such_module_xyz:build"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no_such_module_xyz" in err
+    one_line_error_in_process(
+        capsys,
+        argv + [str(tmp_path / "c.json"), "--model", "no_such_module_xyz:build"],
+        "no_such_module_xyz",
+    )
     assert not (tmp_path / "c.json").exists()
 
 
@@ -410,9 +413,7 @@ def test_a_users_model_that_is_not_usable_is_one_line_naming_its_own_frame(
     out = tmp_path / "cost.json"
     argv = ["calibrate", "--config", str(spike_run["config"]), "--out", str(out)]
     argv += ["--model", f"{model}:build", "--micro-batches", "4", "--repeats", "1", "--no-progress"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert said.format(file=model) in err and len(err.strip().splitlines()) == 1, err
+    one_line_error_in_process(capsys, argv, said.format(file=model))
     assert not out.exists()
 
 
