@@ -738,3 +738,39 @@ def test_other_options_give_another_dataset_identity(tmp_path, coco60):
     assert (
         SampleSource(str(tmp_path / "a")).identity() == SampleSource(str(tmp_path / "c")).identity()
     )
+
+
+# ---------------------------------------------------------------- --help lists the options that apply to the kind
+
+
+@pytest.mark.parametrize(
+    "kind,listed,absent",
+    [
+        (
+            "video",
+            {"--max-side", "--max-seconds"},
+            {"--image-format", "--max-pixels", "--audio-format"},
+        ),
+        (
+            "text",
+            set(),
+            {"--image-format", "--max-pixels", "--audio-format", "--max-side", "--max-seconds"},
+        ),
+        (
+            "coco",
+            {"--image-format", "--max-side", "--max-pixels"},
+            {"--audio-format", "--max-seconds"},
+        ),
+        (
+            "librispeech",
+            {"--audio-format"},
+            {"--image-format", "--max-pixels", "--max-side", "--max-seconds"},
+        ),
+    ],
+)
+def test_convert_help_lists_only_the_options_that_apply(kind, listed, absent):
+    r = run_cli("convert", kind, "--help", timeout=60)
+    assert r.returncode == 0
+    words = set(r.stdout.replace("[", " ").replace("]", " ").replace(",", " ").split())
+    assert listed <= words and not (absent & words), (listed - words, absent & words)
+    assert "--out" in words and "--overwrite" in words

@@ -336,3 +336,45 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path):
         "--no-progress",
     ]
     assert_kill_and_rerun_is_byte_identical(args, tmp_path, kill_after_units=8, total_units=60)
+
+
+# ---------------------------------------------------------------- --max-seconds cuts are counted
+
+
+def test_max_seconds_cuts_are_counted_and_the_original_duration_recorded(tmp_path):
+    from tests.helpers.video_corpus import write_folder
+
+    # 1 s and 4 s at 12 fps
+    root = write_folder(tmp_path / "raw", 4, lengths=(12, 48), formats=("mp4",))
+    out = tmp_path / "out"
+    r = run_cli(
+        "convert",
+        "video",
+        "--root",
+        root,
+        "--out",
+        out,
+        "--max-seconds",
+        "1.5",
+        "--no-progress",
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["cut_to_max_seconds"] == {
+        "count": 2,
+        "max_seconds": 1.5,
+        "examples": ["clip_001", "clip_003"],
+    }
+    assert "cut to --max-seconds 1.5: 2" in r.stdout
+    parts = members(out)
+    for i in range(4):
+        source = json.loads(parts[f"clip_{i:03d}.text.json"])["source"]
+        if i % 2:
+            assert (source["original_duration"], source["cut_to_seconds"], source["duration"]) == (
+                4.0,
+                1.5,
+                1.5,
+            )
+        else:
+            assert "original_duration" not in source and source["duration"] == 1.0

@@ -198,3 +198,11 @@ def audio_manifest(root: Path, files: dict[str, bytes]) -> str:
         )
     (root / "m.jsonl").write_text("\n".join(lines) + "\n")
     return str(root / "m.jsonl")
+
+
+def numbered_docs(path: Path, n: int = 5) -> Path:
+    """``n`` JSON lines ``{"id": i, "text": "document number i"}`` written to ``path``; returns it."""
+    path.write_text(
+        "".join(json.dumps({"id": i, "text": f"document number {i}"}) + "\n" for i in range(n))
+    )
+    return path

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from energon_platform.cli import main as cli_main
-from tests.convert.test_prefix_verify_info_and_manifest_errors import docs
+from tests.helpers.corpora import numbered_docs as docs
 
 #: A hand-made WebDataset: shards named as a conversion names them (the case a careless
 #: ``--overwrite`` would delete).
