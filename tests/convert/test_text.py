@@ -533,35 +533,30 @@ def test_embedded_text_corpus_converts_with_nothing_skipped(tmp_path):
 # ---------------------------------------------------------------- manifests without the text column, or empty
 
 
-def test_jsonl_without_the_text_column_says_the_column_is_missing_like_csv(tmp_path):
-    manifest = tmp_path / "docs.jsonl"
-    manifest.write_text("".join(json.dumps({"id": i, "body": f"doc {i}"}) + "\n" for i in range(4)))
-    r = run_cli(
+def text_cli(manifest: Path, out: Path, *extra: str):
+    """``energon-platform convert text --manifest MANIFEST --out OUT EXTRA...``, run to its end."""
+    return run_cli(
         "convert",
         "text",
         "--manifest",
         manifest,
         "--out",
-        tmp_path / "out",
+        out,
         "--no-progress",
+        *extra,
         timeout=120,
     )
+
+
+def test_jsonl_without_the_text_column_says_the_column_is_missing_like_csv(tmp_path):
+    manifest = tmp_path / "docs.jsonl"
+    manifest.write_text("".join(json.dumps({"id": i, "body": f"doc {i}"}) + "\n" for i in range(4)))
+    r = text_cli(manifest, tmp_path / "out")
     assert one_line_error(r) and "no column 'text' (columns: body, id)" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
     # a field missing from some lines only stays a per-row problem
     manifest.write_text(json.dumps({"id": 0, "text": "doc"}) + "\n" + json.dumps({"id": 1}) + "\n")
-    r = run_cli(
-        "convert",
-        "text",
-        "--manifest",
-        manifest,
-        "--out",
-        tmp_path / "out",
-        "--no-progress",
-        "--max-error-fraction",
-        "0.5",
-        timeout=120,
-    )
+    r = text_cli(manifest, tmp_path / "out", "--max-error-fraction", "0.5")
     assert r.returncode == 0 and "skipped empty_text: 1" in r.stdout, r.stdout + r.stderr
 
 
@@ -569,15 +564,6 @@ def test_jsonl_without_the_text_column_says_the_column_is_missing_like_csv(tmp_p
 def test_an_empty_manifest_is_named_empty(tmp_path, name):
     manifest = tmp_path / name
     manifest.write_text("" if name.endswith("jsonl") else "id,text\n")
-    r = run_cli(
-        "convert",
-        "text",
-        "--manifest",
-        manifest,
-        "--out",
-        tmp_path / "out",
-        "--no-progress",
-        timeout=120,
-    )
+    r = text_cli(manifest, tmp_path / "out")
     assert one_line_error(r) and f"{manifest}: empty" in r.stderr, r.stderr
     assert "100.0%" not in r.stdout

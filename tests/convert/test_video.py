@@ -342,23 +342,11 @@ def test_sigkill_then_rerun_is_byte_identical(tmp_path):
 
 
 def test_max_seconds_cuts_are_counted_and_the_original_duration_recorded(tmp_path):
-    from tests.helpers.video_corpus import write_folder
-
     # 1 s and 4 s at 12 fps
     root = write_folder(tmp_path / "raw", 4, lengths=(12, 48), formats=("mp4",))
     out = tmp_path / "out"
-    r = run_cli(
-        "convert",
-        "video",
-        "--root",
-        root,
-        "--out",
-        out,
-        "--max-seconds",
-        "1.5",
-        "--no-progress",
-        timeout=300,
-    )
+    argv = ["--root", root, "--out", out, "--max-seconds", "1.5", "--no-progress"]
+    r = run_cli("convert", "video", *argv, timeout=300)
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["cut_to_max_seconds"] == {
