@@ -194,10 +194,6 @@ class TrainLoader:
         counts = self._tracer.excluded_counts(batch + 1)
         return {"excluded": counts} if counts else {}
 
-    def dataset_identities(self) -> dict:
-        """Per dataset name: what makes it *this* data (may not change at resume); read once."""
-        return self.plan.dataset_identities()
-
     def consumed(self) -> dict:
         """Per dataset name: ``{"samples", "epochs"}`` taken before the next global batch."""
         return self.plan.consumed(self.global_batch)
@@ -386,7 +382,7 @@ class TrainLoader:
         _refuse_lightning_without_hooks(self)
         return LoaderState(
             version=STATE_VERSION,
-            fingerprint={**self.plan.fingerprint, "datasets": self.dataset_identities()},
+            fingerprint={**self.plan.fingerprint, "datasets": self.plan.dataset_identities()},
             next_microbatch=self.next_microbatch,
             accumulation=self.accumulation,
             layout={
