@@ -65,25 +65,47 @@ class RunLock:
     length index's build pool, loader workers) do not hold it, and the kernel releases it when the
     holder dies, so a SIGKILLed run never leaves it held, however long its children take to end.
     Within one process a second ``RunLock`` on a held folder is refused the same way, without
-    opening the file (closing any descriptor of it would release the process's lock)."""
+    opening the file (closing any descriptor of it would release the process's lock).
+
+    A run that wrote nothing there (it failed before its first checkpoint) leaves nothing: on exit
+    the lock file goes when it is the folder's only file, and so do the folders the lock created,
+    when empty. A process that locked the file just as it went finds it unlinked and locks afresh.
+    """
 
     def __init__(self, root: str | Path):
         self.path = Path(root) / ".run.lock"
         self._fd: int | None = None
         self._key: tuple[int, int] | None = None
+        #: the folders ``__enter__`` created, deepest first (removed on exit when left empty)
+        self._made: list[Path] = []
 
     def __enter__(self) -> RunLock:
         with _HELD_GUARD:
+            missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._made = [p for p in missing if p.is_dir()]
                 held = _held_by_this_process(self.path)
                 if held is not None:
                     raise self._busy(held)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = self._locked()
             except OSError as e:
                 raise CheckpointError(
                     f"{self.path.parent}: cannot write checkpoints there ({e.strerror or e})"
                 ) from None
+            holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode(), 0)
+            st = os.fstat(fd)
+            self._fd, self._key = fd, (st.st_dev, st.st_ino)
+            _HELD[self._key] = holder
+        return self
+
+    def _locked(self) -> int:
+        """A descriptor of the lock file, locked; the file is opened again when the one locked was
+        unlinked meanwhile (a run that wrote nothing leaving the folder as it found it)."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -95,20 +117,33 @@ class RunLock:
                 holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
                 os.close(fd)
                 raise self._busy(holder) from None
-            holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, holder.encode(), 0)
-            st = os.fstat(fd)
-            self._fd, self._key = fd, (st.st_dev, st.st_ino)
-            _HELD[self._key] = holder
-        return self
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
 
     def __exit__(self, *exc) -> None:
         with _HELD_GUARD:
             if self._fd is not None:
                 _HELD.pop(self._key, None)
+                self._tidy()  # while the lock is held: no other run can be starting here
                 os.close(self._fd)  # closing releases the lock
                 self._fd = self._key = None
+
+    def _tidy(self) -> None:
+        """Remove the lock file when it is the folder's only file, then the folders `__enter__`
+        made that are left empty (a run that failed before writing anything)."""
+        try:
+            if [p.name for p in self.path.parent.iterdir()] != [self.path.name]:
+                return
+            self.path.unlink()
+            for folder in self._made:
+                folder.rmdir()
+        except OSError:  # something else appeared there, or a folder holds another file: kept
+            return
 
     def _busy(self, holder: str) -> CheckpointError:
         return CheckpointError(

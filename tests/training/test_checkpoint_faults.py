@@ -134,6 +134,44 @@ def test_a_sigkilled_holder_does_not_leave_the_lock_stuck(tmp_path):
         pass
 
 
+def test_a_run_that_wrote_nothing_leaves_no_lock_file_nor_folder_it_made(tmp_path):
+    with RunLock(tmp_path / "out" / "checkpoints"):
+        pass
+    assert list(tmp_path.iterdir()) == []  # both folders were the lock's
+    (tmp_path / "mine").mkdir()
+    with RunLock(tmp_path / "mine" / "checkpoints"):
+        pass
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"] and not any(
+        (tmp_path / "mine").iterdir()
+    )
+    with RunLock(tmp_path / "out" / "checkpoints"):  # a checkpoint written: all of it stays
+        (tmp_path / "out" / "checkpoints" / "step_000001").mkdir()
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == [
+        ".run.lock",
+        "step_000001",
+    ]
+
+
+def test_a_lock_file_unlinked_while_it_is_being_locked_is_opened_again(tmp_path, monkeypatch):
+    """A run that tidies up (unlinks its lock file) just after another opened the file: the other
+    locks the unlinked file, sees it, and locks the new one, so two runs never both hold."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    real, locked = checkpoint.fcntl.lockf, []
+
+    def lockf(fd, op):
+        if not locked:
+            (root / ".run.lock").unlink()  # the earlier run tidied up between open and lock
+        locked.append(os.fstat(fd).st_ino)
+        return real(fd, op)
+
+    monkeypatch.setattr(checkpoint.fcntl, "lockf", lockf)
+    with RunLock(root) as lock:
+        assert len(locked) == 2 and os.path.samestat(os.fstat(lock._fd), os.stat(lock.path))
+        monkeypatch.setattr(checkpoint.fcntl, "lockf", real)
+        assert _lock_state_elsewhere(root) == "held"
+
+
 def _lock_state_elsewhere(root) -> str:
     """``free`` or ``held``: what another process finds when it tries :class:`RunLock` on ``root``."""
     code = (

@@ -18,7 +18,7 @@ from energon_platform.training.preflight import preflight
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log, verdict
 from storage import DatasetError
 from task_encoders.config_parser import ConfigError
-from tests.helpers.cli import one_line_error, run_cli
+from tests.helpers.cli import one_line_error, one_line_error_in_process, run_cli
 from tests.helpers.run_configs import run_config
 
 AUDIO = {"encoder": "audio_text", "text": {"seq_len": 48}, "audio": {"n_mels": 32}}
@@ -36,14 +36,6 @@ def config_file(coco, tmp_path_factory) -> Path:
 
 def train_cli(config_file, out, *args):
     return run_cli("train", "--config", config_file, "--out", out, *args, timeout=300)
-
-
-def main_error(capsys, *argv) -> str:
-    """``cli.main(argv)`` in this process: exit status 2 and the one line it printed."""
-    assert cli.main(list(map(str, argv))) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
 
 
 # ---------------------------------------------------------------- 1: val loss at every checkpoint
@@ -100,7 +92,7 @@ def test_checkpoint_every_step_without_quiet_logs_the_right_val_loss(config_file
     ],
 )
 def test_set_values_that_break_the_run_are_one_line(config_file, capsys, override, key):
-    line = main_error(capsys, "train", "--config", config_file, "--set", override)
+    line = one_line_error_in_process(capsys, ["train", "--config", config_file, "--set", override])
     assert line.startswith("energon-platform train: error: ") and key in line
 
 
@@ -145,7 +137,9 @@ def test_absurd_and_non_finite_numbers_are_one_line_at_config_load(
     config_file, capsys, override, needle
 ):
     # trace: a command that loads the config and starts no worker process, whatever the value
-    line = main_error(capsys, "trace", "--config", config_file, "--step", 1, "--set", override)
+    line = one_line_error_in_process(
+        capsys, ["trace", "--config", config_file, "--step", 1, "--set", override]
+    )
     assert line.startswith("energon-platform trace: error: ") and needle in line, line
 
 
@@ -199,16 +193,19 @@ def test_encoder_of_another_modality_is_refused_before_training(coco, speech, tm
     path = tmp_path / "audio-on-images.yaml"
     path.write_text(yaml.safe_dump(run_config(speech)))
     one_line_error(train_cli(path, tmp_path / "out"), "AudioTextSample", "image_text")
-    assert not (tmp_path / "out" / "log.jsonl").exists() or not read_log(
-        tmp_path / "out" / "log.jsonl"
-    )
+    assert not (tmp_path / "out").exists()  # a refused run leaves no folder behind
+    mine = tmp_path / "mine"  # nor anything in a folder of the user's
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    one_line_error(train_cli(path, mine), "AudioTextSample", "image_text")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
 def test_dataset_without_the_split_is_one_line(config_file, capsys):
     for command in ("train", "check-resume"):
         extra = ["--steps", 6, "--kill-at", 4] if command == "check-resume" else []
-        line = main_error(
-            capsys, command, "--config", config_file, "--set", "data.train_split=nope", *extra
+        line = one_line_error_in_process(
+            capsys, [command, "--config", config_file, "--set", "data.train_split=nope", *extra]
         )
         assert "no split 'nope'" in line and "train, val" in line
 
@@ -374,7 +371,9 @@ def test_out_that_is_or_lies_in_the_dataset_it_reads_is_one_line(config_file, co
     """``train --out`` the dataset it reads was accepted (the run's files went into the dataset)."""
     before = sorted(p.name for p in coco.iterdir())
     for out, said in [(coco, "which this command reads"), (coco / "run", "inside the dataset")]:
-        err = main_error(capsys, "train", "--config", str(config_file), "--out", str(out))
+        err = one_line_error_in_process(
+            capsys, ["train", "--config", str(config_file), "--out", str(out)]
+        )
         assert said in err, err
     assert sorted(p.name for p in coco.iterdir()) == before
 
@@ -422,17 +421,19 @@ def test_check_resume_refuses_negative_tolerance_and_kill_before_first_checkpoin
         2,
         3,
     ):
-        line = main_error(
+        line = one_line_error_in_process(
             capsys,
-            "check-resume",
-            "--config",
-            config_file,
-            "--steps",
-            6,
-            "--kill-at",
-            kill_at,
-            "--out",
-            tmp_path / "check",
+            [
+                "check-resume",
+                "--config",
+                config_file,
+                "--steps",
+                6,
+                "--kill-at",
+                kill_at,
+                "--out",
+                tmp_path / "check",
+            ],
         )
         assert (
             "first checkpoint (step 2" in line
@@ -440,17 +441,19 @@ def test_check_resume_refuses_negative_tolerance_and_kill_before_first_checkpoin
             and not (tmp_path / "check").exists()
         )
     (tmp_path / "file").write_text("mine")
-    line = main_error(
+    line = one_line_error_in_process(
         capsys,
-        "check-resume",
-        "--config",
-        config_file,
-        "--steps",
-        6,
-        "--kill-at",
-        4,
-        "--out",
-        tmp_path / "file",
+        [
+            "check-resume",
+            "--config",
+            config_file,
+            "--steps",
+            6,
+            "--kill-at",
+            4,
+            "--out",
+            tmp_path / "file",
+        ],
     )
     assert "cannot write" in line and (tmp_path / "file").read_text() == "mine"
 
