@@ -21,7 +21,6 @@ figure is typed in: every number is measured here.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from scripts.bench_run import finish_record, run_record  # noqa: E402
+from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
 
 
 def make_corpus(root: Path, n: int, faces: int) -> list[Path]:
@@ -104,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     record = run_record()
 
     from converters.convert import ConvertOptions, run_conversion
@@ -157,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'plain trimesh loop':28s}{result['plain_trimesh_clouds_per_s']:10.1f}")
     print(f"{'ratio (ours / plain)':28s}{result['ratio']:10.3f}   (target >= 0.9)")
     finish_record(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"\nwrote {args.json}")
+    write_json(args.json, result)
     return 0
 
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
-from scripts.bench_run import finish_record, run_record  # noqa: E402
+from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = REPO / "energon_platform" / "cli"
@@ -79,6 +78,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="fresh processes per figure (default 5)")
     ap.add_argument("--json", type=Path, metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     result = {**run_record(), "settings": {"repeat": args.repeat}}
     result.update(measure(args.repeat))
     finish_record(result)
@@ -87,9 +87,7 @@ def main() -> None:
     print(f"{'energon-platform train (usage error)':40} {result['usage_error_s']:>8}")
     print(f"{'every room imported up front':40} {result['eager_import_s']:>8}")
     print(f"up front ÷ --help: {result['eager_over_help']}x ({len(result['rooms'])} modules)")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
-from scripts.bench_run import load_average, run_record  # noqa: E402
+from scripts.bench_run import check_json_out, load_average, run_record, write_json  # noqa: E402
 from scripts.folder_sampler import FolderSampler  # noqa: E402
 
 
@@ -137,6 +137,7 @@ def main() -> int:
     )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-convert-"))
     server = None
@@ -262,8 +263,7 @@ def main() -> int:
             "targets": targets,
             "object_storage": object_storage,
         }
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
         return 0
     finally:
         if server is not None:

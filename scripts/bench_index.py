@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.bench_run import finish_record, run_record  # noqa: E402
+from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
 
 ENCODER = "configs/encoders/text_small.yaml"
 WORDS = ("the", "model", "reads", "a", "long", "document", "about", "cats", "and", "data")
@@ -352,6 +352,7 @@ def main(argv=None) -> int:
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--args", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     if args.child:
         print(json.dumps(CHILDREN[args.child](**json.loads(args.args))))
         return 0
@@ -440,9 +441,7 @@ def main(argv=None) -> int:
         f"{e['node_cores']} for one hour, {e['bytes'] / 1e9:.1f} GB stored; Energon's prepare "
         f"{e['energon_prepare_hours_one_process']:.1f} h on one process"
     )
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, result, indent=2)
     return 0
 
 

@@ -19,7 +19,6 @@ and cost features at an epoch from its facts in the index (`SampleLengths.length
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from scripts.bench_run import check_json_out, write_json  # noqa: E402
 
 CORPORA = (  # (dataset folder, convert kind, convert args, encoder config)
     (
@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         rows = [
@@ -160,21 +161,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['at_1e8']['core_hours']:11.1f} {r['lookup_us_per_sample']:9.1f} "
             f"{r['decode_us_per_sample']:9.1f} {r['lookup_speedup_vs_decoding']:5.1f}x"
         )
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "benchmark": "lengths",
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-                    "load_average": {"before": list(load), "after": list(os.getloadavg())},
-                    "settings": {"lookup_epochs": LOOKUP_EPOCHS, "lookup_repeats": LOOKUP_REPEATS},
-                    "results": rows,
-                },
-                indent=2,
-            )
-        )
-        print(f"wrote {args.json}")
+    write_json(
+        args.json,
+        {
+            "benchmark": "lengths",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "load_average": {"before": list(load), "after": list(os.getloadavg())},
+            "settings": {"lookup_epochs": LOOKUP_EPOCHS, "lookup_repeats": LOOKUP_REPEATS},
+            "results": rows,
+        },
+        indent=2,
+    )
     return 0
 
 

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 import webdataset as wds  # noqa: E402
 from megatron.energon import get_savable_loader, get_train_dataset, stateless  # noqa: E402
 
-from scripts.bench_run import finish_record, run_record  # noqa: E402
+from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
 from task_encoders.image_text import ImageTextTaskEncoder  # noqa: E402
 from task_encoders.registry import get_encoder  # noqa: E402
 from task_encoders.sequences import collate_rows, layout_row  # noqa: E402
@@ -372,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--padding-rows", type=int, default=240)
     args = parser.parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -395,8 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         result["padding"] = padding(captions, args.padding_rows, args.workers)
         finish_record(result)
     print(report(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.json, result)
     return 0
 
 

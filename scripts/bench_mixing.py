@@ -60,7 +60,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.bench_run import finish_record, run_record  # noqa: E402
+from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
 
 ENCODER = "configs/encoders/text_small.yaml"
 DOMAINS = ("pattern", "saturating", "noise", "slow")
@@ -382,6 +382,7 @@ def main(argv=None) -> int:
         "--table", type=Path, metavar="JSON", help="only print the table of a saved run's JSON"
     )
     args = p.parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     if args.table:
         print_table(json.loads(args.table.read_text()))
         return 0
@@ -516,9 +517,7 @@ def main(argv=None) -> int:
         "seconds": time.perf_counter() - began,
     }
     print_table(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    write_json(args.json, result, indent=2)
     return 0
 
 

@@ -81,6 +81,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository: scripts.* below
+from scripts.bench_run import check_json_out, write_json  # noqa: E402
+
 DEFAULT_ENCODER = ROOT / "configs" / "encoders" / "image_text_small.yaml"
 SETTINGS = ("ours", "energon_default", "energon_frequent")
 DESCRIPTIONS = {
@@ -666,6 +669,7 @@ def _versions() -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     if args.child:
         spec = json.loads(args.child)
         result = child_main(spec)
@@ -903,10 +907,7 @@ def _run(args, work: Path, t_start: float) -> int:
     }
     print()
     print(fmt_table(report))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-        print(f"\nJSON: {args.json}")
+    write_json(args.json, report)
     if errors:
         print(
             f"\n{len(errors)} child process(es) failed; see the errors in the output above",

@@ -1,13 +1,22 @@
 """What every benchmark records about its run: date, machine and load average, before and after.
 
 The measurements page (``scripts/render_measurements.py``) shows these next to each benchmark's
-figures: on a shared machine the load average tells a quiet run from a disturbed one."""
+figures: on a shared machine the load average tells a quiet run from a disturbed one.
+
+``--json PATH`` follows the output rule of every command that writes (`check_json_out` before the
+run, `write_json` at its end): a new file, or a benchmark's JSON it replaces whole; any other
+file is refused before any work, nothing changed."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import sys
 from datetime import datetime, timezone
+from pathlib import Path
+
+from storage.outputs import OutputError, check_file, write_atomic
 
 
 def load_average() -> list[float]:
@@ -34,3 +43,37 @@ def finish_record(result: dict) -> dict:
     """``result`` with ``load_after`` set to the load average now; returns it."""
     result["load_after"] = load_average()
     return result
+
+
+def _is_bench_json(path: Path) -> bool:
+    """Whether ``path`` holds a benchmark's JSON: an object with the date of its run (every
+    benchmark records one, `run_record`)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and "date" in data
+
+
+def check_json_out(path: str | Path | None) -> Path | None:
+    """``--json PATH`` checked before the benchmark runs: new, or a benchmark's JSON; otherwise one
+    line on stderr and exit status 2 (`storage.outputs.check_file`). None when not given."""
+    if path is None:
+        return None
+    try:
+        return check_file(
+            path, _is_bench_json, "benchmark JSON", flag="--json", example="bench.json"
+        )
+    except OutputError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def write_json(path: str | Path | None, result: dict, indent: int = 1) -> None:
+    """``result`` written to ``path`` whole (a temporary file renamed over it), then its name
+    printed; nothing when ``path`` is None."""
+    if path is None:
+        return
+    with write_atomic(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=indent) + "\n")
+    print(f"wrote {path}")

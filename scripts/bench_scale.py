@@ -286,7 +286,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2, help="(3): DataLoader workers of every loader")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
-    from scripts.bench_run import finish_record, run_record
+    from scripts.bench_run import check_json_out, finish_record, run_record, write_json
+
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
 
     record = run_record()
     rows = []
@@ -367,16 +369,10 @@ def main() -> int:
                     f"{r['samples_per_s'] / energon['samples_per_s']:.2f}x samples/s, "
                     f"{energon['fetched_per_delivered'] / r['fetched_per_delivered']:.1f}x fewer bytes fetched"
                 )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                finish_record(
-                    {**record, "schedule": rows, "ratios": ratios, "quality": q, "storage": s3}
-                ),
-                indent=1,
-            )
-        )
-        print(f"wrote {args.json}")
+    write_json(
+        args.json,
+        finish_record({**record, "schedule": rows, "ratios": ratios, "quality": q, "storage": s3}),
+    )
     return 0
 
 

@@ -18,7 +18,6 @@ batches before it give: tracing step N replays N plans. ``balanced`` times that 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.trace import step_layout, uses
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
-from scripts.bench_run import run_record  # noqa: E402
+from scripts.bench_run import check_json_out, run_record, write_json  # noqa: E402
 
 N = 10**9
 
@@ -130,6 +129,7 @@ def main() -> None:
     ap.add_argument("--plans", type=int, default=200, help="balanced: plans timed (default 200)")
     ap.add_argument("--json", type=Path, metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     result = {
         **run_record(),
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
@@ -151,9 +151,7 @@ def main() -> None:
         f"balanced ({b['rows']} rows of {b['seq_len']}, window {b['window']}): {b['plan_ms']} ms per plan, "
         f"{b['replay_s_per_10k_steps']} s to replay 10,000 steps"
     )
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

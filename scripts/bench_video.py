@@ -38,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from scripts.bench_run import finish_record, run_record  # noqa: E402
+from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
 
 FPS = 30
 
@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the generated videos and shards here (default: a temp dir)",
     )
     args = ap.parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     record = run_record()
 
     from converters.convert import ConvertOptions, run_conversion
@@ -450,10 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v:.2f}x" for k, v in result["seek_long_over_short"].items())
     )
     finish_record(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"\nwrote {args.json}")
+    write_json(args.json, result)
     if tmp:
         tmp.cleanup()
     return 0

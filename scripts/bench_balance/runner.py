@@ -5,7 +5,6 @@ printed and the whole result written as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ from scripts.bench_balance.measured import TIMINGS, measured_section, report_mea
 from scripts.bench_balance.sizes import report_sizes, sizes_section
 from scripts.bench_balance.train import TRAIN_WARMUP, TrainFailed, report_train, train_section
 from scripts.bench_balance.train_measured import report_train_measured, train_measured_section
-from scripts.bench_run import run_record
+from scripts.bench_run import check_json_out, run_record, write_json
 
 #: name → (run(args) → dict, report(section, args) → lines), run in this order when selected
 #: (``--sections``; ``train`` takes minutes, so only when asked: ``--train``).
@@ -243,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_json_out(args.json)  # before any work: new, or a benchmark JSON
     args.steps = args.steps or (40 if args.quick else 500)
     args.ranks = args.ranks or ([8] if args.quick else [8, 64])
     args.linear = float(args.seq_len if args.linear is None else args.linear)
@@ -321,9 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['load_before']} / {result['load_after']}, {result['seconds']:.1f} s\n"
     )
     print("\n".join(lines).rstrip())
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
     missed = [
         t
         for s in result.values()
