@@ -145,9 +145,8 @@ def git_commit(folder: Path) -> str | None:
 
 def _datasets(loader: Any) -> dict:
     """Each dataset's identity, of a `TrainLoader` (or of a wrapper that names one ``loader``)."""
-    loader = getattr(loader, "loader", loader)
-    of = getattr(loader, "dataset_identities", None)
-    return of() if of is not None else {}
+    plan = getattr(getattr(loader, "loader", loader), "plan", None)
+    return plan.dataset_identities() if plan is not None else {}
 
 
 def _read_json(path: Path) -> dict | None:
