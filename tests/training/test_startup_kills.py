@@ -244,12 +244,12 @@ def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
     script = tmp_path / "slow_build.py"
     script.write_text(
         "import sys, time, types\n"
-        "from energon_platform.loader import light_sample\n"
         "from energon_platform.loader.balance import length_parts as parts\n"
-        "light_sample.light_sample = lambda source, i: types.SimpleNamespace(__key__=str(i))\n"
+        "parts.light_sample = lambda source, i: types.SimpleNamespace(__key__=str(i))\n"
         "class Slow:\n"
         "    facts_width = 1\n"
         "    def sample_facts(self, sample):\n"
+        f"        open({str(tmp_path / 'inside')!r}, 'a').close()\n"
         "        time.sleep(120)\n"
         "        return [1]\n"
         "spec = parts.IndexSpec('slow', 'train', 'null', 'digest', None)\n"
@@ -261,13 +261,14 @@ def test_length_index_build_workers_die_with_a_killed_parent(tmp_path):
     with subprocess.Popen([sys.executable, str(script)]) as holder:
         deadline = time.time() + 120
         while (
-            len(workers := _children(holder.pid)) < 2
+            (len(workers := _children(holder.pid)) < 2 or not (tmp_path / "inside").exists())
             and holder.poll() is None
             and time.time() < deadline
         ):
             time.sleep(0.01)
         assert len(workers) == 2, "the build's pool did not start"
-        time.sleep(0.2)  # the workers are inside their first chunk
+        assert (tmp_path / "inside").exists(), "no worker reached the slow encoder"
+        time.sleep(0.2)  # both workers are inside their first chunk
         holder.kill()
         holder.wait()
     _assert_gone_at_once(workers, "length index workers")
