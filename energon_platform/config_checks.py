@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from energon_platform.loader.context_parallel import segment_multiple
 from task_encoders.config_parser import ConfigError
 
 if TYPE_CHECKING:
@@ -59,10 +60,10 @@ def _check_context_parallel(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
             f"{name} cannot pad its documents' segments for context parallelism "
             "(its row lengths are not token positions); use context_parallel: 1"
         )
-    elif encoder.seq_len % (2 * n):
+    elif encoder.seq_len % segment_multiple(n):
         problem = (
-            f"text.seq_len {encoder.seq_len} is not a multiple of {2 * n} (2 x context_parallel); "
-            "change one of them"
+            f"text.seq_len {encoder.seq_len} is not a multiple of {segment_multiple(n)} "
+            "(2 x context_parallel); change one of them"
         )
     else:
         return

@@ -20,13 +20,10 @@ from tests.helpers.run_configs import SMALL_IMAGE_TEXT, loader_config
 def encoder(packs: int | None = None, pads: bool = True, seq_len: int = 64, **methods):
     """A stand-in encoder: what the checks read of one (packing buffer, segment padding, seq_len,
     the balance methods it defines)."""
-    defined = {name: (lambda *a: 1) for name in ("sample_facts", "sample_features")}
-    defined.update({name: (lambda *a: 1) for name, on in methods.items() if on})
-    for name, on in methods.items():
-        if not on:
-            defined.pop(name, None)
+    defined = {"sample_facts": True, "sample_features": True, **methods}
+    methods = {name: (lambda *a: 1) for name, on in defined.items() if on}
     return SimpleNamespace(
-        packing_buffer_size=packs, pads_segments=pads, seq_len=seq_len, **defined
+        packing_buffer_size=packs, pads_segments=pads, seq_len=seq_len, **methods
     )
 
 

@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from energon_platform.config import RunConfig
 from energon_platform.integrations.megatron.batches import BatchFormat
 from energon_platform.integrations.megatron.run_config import resolve_run_config
@@ -86,6 +84,9 @@ def _megatron_image_token_id(args: Any, tokenizer: Any, token: str) -> tuple[int
         return int(convert(token)), "Megatron's tokenizer"
     folder = getattr(args, "tokenizer_model", None)
     if folder and Path(str(folder)).is_dir():
+        # only this fallback needs transformers: at the top it would add its import to every job's start-up
+        from transformers import AutoTokenizer
+
         hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         hf.add_tokens(list(getattr(args, "special_tokens", None) or []), special_tokens=True)
         token_id = hf.convert_tokens_to_ids(token)
