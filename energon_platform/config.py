@@ -113,15 +113,26 @@ class BlendAdaptConfig:
     """Global steps between an update and the batch its weights apply from; at least the loader's
     prefetch depth in global batches, or its workers wait for the weights."""
     floor: float = 0.02
-    """The least weight of every dataset (below 1 / the number of datasets)."""
+    """The least weight of every dataset: at most 1 / the number of datasets (a rounded 1/K,
+    ``0.3333`` for three, is taken for it); checked when the loader opens the blend."""
     resolution: float = 0.01
     """Losses are rounded to this before the method reads them (so ranks of any world size
     decide alike)."""
     options: dict[str, float] = field(default_factory=dict)
-    """The method's own options (``odm``: ``smoothing``; ``loss_ratio``: ``step``, ``base``)."""
+    """The method's own options (``odm``: ``smoothing``; ``loss_ratio``: ``step``, ``base``), each
+    in the range its method declares (`energon_platform.loader.mixing.method.Option`)."""
 
     def check(self, at: At) -> None:
+        # here, not at the top: the mixing package imports the loader state, which imports this
+        from energon_platform.loader.mixing.method import options_problem
+
         _at_least(self, at, every=1, lag=0)
+        problem = options_problem(self.method, self.options)
+        if problem is not None:
+            key, what, expected = problem
+            raise (at.child("options").child(key) if key else at.child("options")).error(
+                what, expected or None
+            )
         require(0 <= self.floor < 1, at.child("floor"), f"got {self.floor}", "a share in [0, 1)")
         require(
             0 < self.resolution <= 1,

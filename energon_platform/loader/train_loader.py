@@ -46,6 +46,7 @@ from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
 from energon_platform.loader.datasets import is_metadataset
 from energon_platform.loader.key_index import KeyIndex
 from energon_platform.loader.mixing import AdaptError, BlendAdapter, WeightsFeed
+from energon_platform.loader.mixing.adapter import floor_problem
 from energon_platform.loader.processes import die_with_parent
 from energon_platform.loader.run_plan import RunPlan, build_encoder
 from energon_platform.loader.sample_watch import SampleWatch, Stuck
@@ -55,6 +56,7 @@ from energon_platform.loader.state import STATE_VERSION, LoaderState, StateMisma
 from energon_platform.loader.trace import Tracer
 from storage import DatasetError
 from storage.outputs import hold_readers
+from task_encoders.config_parser import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class TrainLoader:
         self._reading = hold_readers(e.source.path for e in self.plan.datasets.entries)
         self.maker = self._maker()
         self.next_microbatch = 0
+        self._data_path = cfg.data.path  #: named when ``loader.blend_adapt`` finds no blend
         #: ``loader.blend_adapt``: the run's mixer (None: fixed weights), and the file its new
         #: weights reach the workers through (made when workers start)
         self.adapter: BlendAdapter | None = self._adapter(start=0)
@@ -124,12 +127,22 @@ class TrainLoader:
         adapt = self.config.blend_adapt
         if adapt is None:
             return None
-        names = self.plan.datasets.names
+        names, source = self.plan.datasets.names, self.plan.source
         if not self.plan.datasets.metadataset or len(names) < 2:
-            raise AdaptError(
-                f"loader.blend_adapt needs a blend: data.path {self.plan.source} is one dataset "
-                f"(name a metadataset of two or more datasets)"
+            what = (
+                "is a metadataset of one dataset"
+                if names and self.plan.datasets.metadataset
+                else "is one dataset"
             )
+            raise ConfigError(
+                source,
+                "loader.blend_adapt",
+                f"needs a blend, but data.path {self._data_path} {what} (set data.path to a "
+                f"metadataset of two or more datasets, or loader.blend_adapt to null)",
+            )
+        problem = floor_problem(adapt.floor, len(names))
+        if problem is not None:
+            raise ConfigError(source, "loader.blend_adapt.floor", problem)
         unit = start * self.plan.units_per_batch
         weights = [s for s in self.plan.blend.segments if s.start <= unit][-1].weights
         return BlendAdapter(adapt, names, weights, start, self.plan.units_per_batch)

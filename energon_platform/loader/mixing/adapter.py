@@ -37,11 +37,33 @@ class AdaptError(RuntimeError):
     """A report out of order or missing, or a saved mixer this run cannot continue; one line."""
 
 
+def floor_problem(floor: float, datasets: int) -> str | None:
+    """Why ``floor`` cannot be the least weight of each of ``datasets`` datasets, or None.
+
+    The rule: the floors together are at most the whole blend, ``floor <= 1/datasets``, to within
+    half a grid step (so ``0.3333`` serves three datasets as a third; `grid_floor` then keeps each
+    floor on the grid inside the blend, ``0.333``)."""
+    if floor * GRID <= GRID / datasets + 0.5:
+        return None
+    return (
+        f"{floor} for {datasets} datasets: the floors alone exceed the whole blend "
+        f"({datasets} x {floor} = {datasets * floor:.6g}; at most 1/{datasets} = {1 / datasets:.6g})"
+    )
+
+
+def grid_floor(floor: float, datasets: int) -> int:
+    """The least weight of each dataset in units of 1/`GRID`: ``floor`` rounded up to the grid,
+    but no more than an equal share of the grid (a floor at 1/``datasets`` that the grid cannot
+    hold for every dataset)."""
+    return min(math.ceil(floor * GRID - 1e-9), GRID // datasets)
+
+
 def on_grid(weights: Sequence[float], floor: float) -> tuple[str, ...]:
     """``weights`` normalised to multiples of 1/`GRID`, each at least ``floor`` (rounded up to the
-    grid), by largest remainder (ties to the first dataset): fractions as strings."""
+    grid, at most an equal share: `grid_floor`), by largest remainder (ties to the first
+    dataset): fractions as strings."""
     k = len(weights)
-    least = math.ceil(floor * GRID - 1e-9)
+    least = grid_floor(floor, k)
     rest = GRID - k * least
     clipped = [max(0.0, float(w)) for w in weights]
     total = sum(clipped) or 1.0
@@ -73,11 +95,9 @@ class BlendAdapter:
         units_per_batch: int,
     ):
         self.config, self.datasets = config, list(datasets)
-        if len(self.datasets) * math.ceil(config.floor * GRID - 1e-9) > GRID:
-            raise AdaptError(
-                f"loader.blend_adapt.floor {config.floor} for {len(self.datasets)} datasets: "
-                f"the floors alone exceed the whole blend (at most {1 / len(self.datasets):.4g})"
-            )
+        problem = floor_problem(config.floor, len(self.datasets))
+        if problem is not None:
+            raise AdaptError(f"loader.blend_adapt.floor: {problem}")
         start_weights = [float(Fraction(w)) for w in weights]
         try:
             self.method = make_method(config.method, self.datasets, start_weights, config.options)

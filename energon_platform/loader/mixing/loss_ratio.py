@@ -9,20 +9,28 @@ loss stays flat, because the model has fit it or because it is noise, loses weig
 still being learned (early, or slowly) gains it. A dataset without samples in a stretch keeps its
 previous loss.
 
-Options: ``step`` (``β``, default 0.5), ``base`` (``δ``, default 0.01).
+Options (`declared`): ``step`` (``β``, default 0.5, in (0, 1]: beyond 1 the weights overshoot the
+shares and swing between updates), ``base`` (``δ``, default 0.01, above 0: with none, a stretch in
+which no loss fell would divide by zero).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from energon_platform.loader.mixing.method import MixingMethod, register
+from energon_platform.loader.mixing.method import MixingMethod, Option, register
 
 
 @register
 class LossRatio(MixingMethod):
     name = "loss_ratio"
-    defaults = {"step": 0.5, "base": 0.01}
+    declared = {
+        "step": Option(
+            0.5, 0, 1, "(]", "the part of the way to the shares of progress the weights go"
+        ),
+        "base": Option(0.01, 0, math.inf, "()", "the progress every dataset is credited with"),
+    }
 
     def __init__(self, datasets, weights, options):
         super().__init__(datasets, weights, options)

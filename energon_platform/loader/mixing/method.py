@@ -6,15 +6,51 @@ that stretch), and answers new weights (non-negative, any scale). Its state is p
 (`state_dict`), saved in the loader state and given back at resume. It must be deterministic: the
 same inputs give the same weights on every rank and after every resume. Add a method by writing
 a module with a class decorated `register` and importing it in ``mixing/__init__.py``.
+
+Each method declares its options (``loader.blend_adapt.options``) beside its code, in
+``declared``: a default and the range the value must lie in (`Option`). `options_problem` reads
+that declaration: the config refuses an option out of range when it is loaded (naming the file and
+the key), and a method made in code (`make_method`) refuses it as a ValueError.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 #: method name → class
 METHODS: dict[str, type[MixingMethod]] = {}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a mixing method: its default, and the finite range its value must lie in,
+    ``low`` to ``high`` with the ends ``ends`` says are included (``"[]"``, ``"(]"``, ``"[)"`` or
+    ``"()"``; ``high`` infinite: no upper bound). ``means``: what it does, for the error."""
+
+    default: float
+    low: float
+    high: float
+    ends: str = "[]"
+    means: str = ""
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is a finite number in the range."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.ends[0] == "(" else value >= self.low
+        below = value < self.high if self.ends[1] == ")" else value <= self.high
+        return above and below
+
+    def expected(self) -> str:
+        """The range in words, e.g. ``a number in (0, 1]: how far ...``."""
+        high = "inf" if math.isinf(self.high) else f"{self.high:g}"
+        span = f"{self.ends[0]}{self.low:g}, {high}{self.ends[1]}"
+        return f"a finite number in {span}" + (f": {self.means}" if self.means else "")
 
 
 class MixingMethod:
@@ -22,18 +58,18 @@ class MixingMethod:
 
     #: the name ``loader.blend_adapt.method`` gives
     name: ClassVar[str] = ""
-    #: its options (``loader.blend_adapt.options``) with their defaults
-    defaults: ClassVar[dict[str, float]] = {}
+    #: its options (``loader.blend_adapt.options``): name → default and range
+    declared: ClassVar[dict[str, Option]] = {}
 
     def __init__(self, datasets: Sequence[str], weights: Sequence[float], options: dict):
-        unknown = sorted(set(options) - set(self.defaults))
-        if unknown:
-            raise ValueError(
-                f"method {self.name!r} has no option(s) {unknown} (its options: "
-                f"{sorted(self.defaults) or 'none'})"
-            )
+        problem = options_problem(self.name, options)
+        if problem is not None:
+            key, what, expected = problem
+            raise ValueError(f"{key}: {what} (expected {expected})" if key else what)
         self.datasets = list(datasets)
-        self.options = {**self.defaults, **{k: float(v) for k, v in options.items()}}
+        self.options = {
+            name: float(options.get(name, option.default)) for name, option in self.declared.items()
+        }
         total = sum(weights)
         self.weights = [w / total for w in weights]
 
@@ -50,16 +86,45 @@ class MixingMethod:
 
 
 def register(cls: type[MixingMethod]) -> type[MixingMethod]:
-    """Class decorator: make ``cls`` a method ``loader.blend_adapt.method`` can name."""
+    """Class decorator: make ``cls`` a method ``loader.blend_adapt.method`` can name (its
+    declared defaults must lie in their own ranges)."""
+    for name, option in cls.declared.items():
+        if not option.holds(option.default):
+            raise TypeError(
+                f"{cls.__name__}: option {name!r}: default {option.default} out of range"
+            )
     METHODS[cls.name] = cls
     return cls
+
+
+def options_problem(method: str, options: dict) -> tuple[str, str, str] | None:
+    """What is wrong with ``options`` for the method ``method``, as ``(option, problem,
+    expected)``: an option it does not have (``option`` empty: the problem names them), or a value
+    out of its declared range; None when they are fine (or the method is unknown: `make_method`
+    says so)."""
+    if method not in METHODS:
+        return None
+    declared = METHODS[method].declared
+    unknown = sorted(set(options) - set(declared))
+    if unknown:
+        return (
+            "",
+            f"method {method!r} has no option(s) {unknown} (its options: "
+            f"{sorted(declared) or 'none'})",
+            "",
+        )
+    for name, value in options.items():
+        if not declared[name].holds(value):
+            return name, f"got {value!r}", declared[name].expected()
+    return None
 
 
 def make_method(
     name: str, datasets: Sequence[str], weights: Sequence[float], options: dict
 ) -> MixingMethod:
     """The method ``name`` over ``datasets`` starting from ``weights``; ValueError naming the
-    methods there are for an unknown name, and the options there are for an unknown option."""
+    methods there are for an unknown name, the options there are for an unknown option, and the
+    range for an option out of it."""
     if name not in METHODS:
         raise ValueError(f"no mixing method {name!r} (methods: {sorted(METHODS)})")
     return METHODS[name](datasets, weights, options)

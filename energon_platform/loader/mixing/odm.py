@@ -7,7 +7,8 @@ EXP3's importance weighting). Weights are ``π_d = (1 - K·ε_t)·softmax(ε_t·
 exploration rate ``ε_t = min(1/K, sqrt(ln K / (K·t)))`` at update ``t``. High loss draws weight: the
 method favours what the model has not fit yet, noise included (the paper's caveat).
 
-Options: ``smoothing`` (``α``, default 0.9).
+Options (`declared`): ``smoothing`` (``α``, default 0.9, in [0, 1): below 0 the estimate flips
+sign at every update, at 1 it never moves).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from energon_platform.loader.mixing.method import MixingMethod, register
+from energon_platform.loader.mixing.method import MixingMethod, Option, register
 
 
 @register
 class OnlineBandit(MixingMethod):
     name = "odm"
-    defaults = {"smoothing": 0.9}
+    declared = {
+        "smoothing": Option(0.9, 0, 1, "[)", "the part of its reward estimate a dataset keeps"),
+    }
 
     def __init__(self, datasets, weights, options):
         super().__init__(datasets, weights, options)
