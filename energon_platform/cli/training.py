@@ -446,8 +446,8 @@ def add_replay(sub) -> None:
         "spikes --exclude-from), then check that every replayed step before --from has the "
         "original's keys and batch digests (exit 1 when one has not) and print where the "
         "replayed loss departs from the original. It trains on one process, its learning-rate "
-        "schedule spanning train.steps as the original's did (--set train.steps=N for a run "
-        "started with --steps N). See docs/spikes.md.",
+        "schedule spanning train.steps as the original's did (--run R alone reads it from the "
+        "run's run.yaml, which records a train --steps N too). See docs/spikes.md.",
     )
     p.add_argument(
         "--run",
