@@ -26,6 +26,7 @@ import inspect
 import io
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,13 +234,22 @@ def _plot(ax: Any, steps: np.ndarray, y: np.ndarray, label: str, keep=None, **st
     ax.plot(steps[idx], y[idx], label=label, linewidth=0.9, **style)
 
 
-def _legend(ax: Any, *twins: Any, loc: str = "best") -> None:
-    """One legend inside ``ax`` for the curves of ``ax`` and of its twin axes."""
+def _legend(ax: Any, *twins: Any) -> None:
+    """One legend for the curves of ``ax`` and of its twin axes, below the chart and outside its
+    axes (inside, wherever it went, it hid some curve: a spike, a dataset's weight)."""
     handles, labels = ax.get_legend_handles_labels()
     for twin in twins:
         more = twin.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
-    ax.legend(handles, labels, loc=loc, fontsize=8)
+    ax.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=min(len(labels), 4),
+        fontsize=8,
+        frameon=False,
+    )
 
 
 def _spike_index(log: RunLog, spikes: list[dict]) -> np.ndarray:
@@ -267,7 +277,7 @@ def loss_chart(log: RunLog, spikes: list[dict], compare: RunLog | None = None) -
         )
     if len(marked):
         ax.scatter(log.steps[marked], log.loss[marked], color="red", s=18, zorder=3, label="spikes")
-    ax.legend(loc="upper right", fontsize=8)
+    _legend(ax)
     return _svg(fig)
 
 
@@ -302,7 +312,7 @@ def datasets_chart(log: RunLog) -> str:
         right.set_ylabel("excluded per step")
         for name, column in log.excluded.items():
             _plot(right, log.steps, column, f"{name} excluded", linestyle="--")
-    _legend(ax, *twins, loc="upper left")
+    _legend(ax, *twins)
     return _svg(fig)
 
 
@@ -325,7 +335,7 @@ def mixing_chart(log: RunLog) -> str:
                 linestyle="--",
                 alpha=0.6,
             )
-    _legend(ax, right, loc="upper left")
+    _legend(ax, right)
     return _svg(fig)
 
 
@@ -468,15 +478,23 @@ def spike_panel(spike: dict, reader: SampleReader | None) -> str:
     return f'<section class="spike" id="spike-{_e(spike["step"])}"><h3>{head}</h3>{body}{tail}</section>'
 
 
-def _summary(log: RunLog, spikes: list[dict], compare: RunLog | None) -> str:
+def _shown(folder: Path, base: Path | None) -> str:
+    """``folder`` as the page names it: relative to ``base`` (the report's own folder), so that a
+    report names no machine's absolute paths; as given when there is no ``base``."""
+    return str(folder) if base is None else os.path.relpath(folder.resolve(), base)
+
+
+def _summary(
+    log: RunLog, spikes: list[dict], compare: RunLog | None, base: Path | None = None
+) -> str:
     rows = [
-        ("run", log.path.parent),
+        ("run", _shown(log.path.parent, base)),
         ("steps", f"{int(log.steps[0])} … {int(log.steps[-1])} ({len(log.steps)} logged)"),
         ("last loss", _fmt(float(log.loss[-1]))),
         ("spikes", len(spikes)),
     ]
     if compare is not None:
-        rows.append(("compared with", compare.path.parent))
+        rows.append(("compared with", _shown(compare.path.parent, base)))
     if log.corrupt:
         rows.append(("corrupt lines skipped", log.corrupt))
     return (
@@ -487,9 +505,14 @@ def _summary(log: RunLog, spikes: list[dict], compare: RunLog | None) -> str:
 
 
 def render_page(
-    log: RunLog, spikes: list[dict], compare: RunLog | None, reader: SampleReader | None
+    log: RunLog,
+    spikes: list[dict],
+    compare: RunLog | None,
+    reader: SampleReader | None,
+    base: Path | None = None,
 ) -> str:
-    """The report's HTML (see the module doc)."""
+    """The report's HTML (see the module doc); ``base``: the folder the page is written to, the
+    run folders it names are relative to it."""
     figures = "".join(
         f'<figure class="chart" id="{cid}">{svg}</figure>'
         for cid, svg in charts(log, spikes, compare)
@@ -504,7 +527,7 @@ def render_page(
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>{GENERATOR}"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         f"<title>Run report: {_e(log.path.parent.name)}</title><style>{STYLE}</style></head><body>"
-        f"<h1>Run report: {_e(log.path.parent.name)}</h1>{_summary(log, spikes, compare)}"
+        f"<h1>Run report: {_e(log.path.parent.name)}</h1>{_summary(log, spikes, compare, base)}"
         f"<h2>Curves</h2>{figures}{spikes_html}</body></html>\n"
     )
 
@@ -542,8 +565,8 @@ def build_report(
     compare = read_run_log(compare_run) if compare_run is not None else None
     spikes = list(spikes or [])
     reader = SampleReader(config) if config is not None and spikes else None
-    page = render_page(log, spikes, compare, reader)
     out = Path(out_path)
+    page = render_page(log, spikes, compare, reader, base=out.parent.resolve())
     with write_atomic(out) as tmp:
         tmp.write_text(page, encoding="utf-8")
     return {

@@ -127,6 +127,53 @@ def test_compare_run_is_drawn_against_the_run(tmp_path):
     assert "replay (compared)" in chart and "<th>compared with</th>" in page
 
 
+def test_the_page_names_run_folders_relative_to_itself_not_by_absolute_path(tmp_path):
+    run = _write_log(tmp_path / "runs" / "first", [{"step": s, "loss": 1.0 / s} for s in (1, 2)])
+    replay = _write_log(tmp_path / "replays" / "r", [{"step": s, "loss": 0.9 / s} for s in (1, 2)])
+    build_report(run, tmp_path / "runs" / "report.html", compare_run=replay)
+    page = (tmp_path / "runs" / "report.html").read_text()
+    assert "<td>first</td>" in page and "<td>../replays/r</td>" in page, page[:2000]
+    assert str(tmp_path) not in page
+
+
+@pytest.mark.parametrize("chart", ["loss_chart", "balance_chart", "datasets_chart", "mixing_chart"])
+def test_no_legend_lies_over_a_chart_s_curves(chart, tmp_path, monkeypatch):
+    """Each chart's legend lies outside its axes: inside, it hid a curve (the mixing chart's
+    weights, a spike near the loss chart's corner)."""
+    from energon_platform.tools import report
+
+    drawn = []
+    monkeypatch.setattr(report, "_svg", lambda fig: drawn.append(fig) or "")
+    rows = [
+        {
+            "step": s,
+            "loss": 3.0 - s / 10 + (5.0 if s == 18 else 0.0),
+            "keys": ["a:1", "b:2"],
+            "sample_losses": [2.0 + s / 50, 3.0 - s / 50],
+            "rank_cost": 1.1,
+            "rank_cost_bound": 1.0,
+            "padding": 0.1,
+            "blend_weights": {"a": 0.5 + s / 100, "b": 0.5 - s / 100},
+            "datasets": {n: {"samples": s * 4} for n in ("a", "b")},
+            "excluded": {"a": 1},
+        }
+        for s in range(1, 21)
+    ]
+    log = report.read_run_log(_write_log(tmp_path / "run", rows))
+    args = (
+        (log, [{"step": 18, "loss": rows[17]["loss"], "z": 9.0}])
+        if chart == "loss_chart"
+        else (log,)
+    )
+    getattr(report, chart)(*args)
+    (fig,) = drawn
+    fig.canvas.draw()
+    axes = fig.axes[0]
+    legend = axes.get_legend()
+    assert legend is not None and len(legend.get_texts()) >= 2
+    assert not legend.get_window_extent().overlaps(axes.get_window_extent()), chart
+
+
 def _report(*args: str) -> subprocess.CompletedProcess:
     return run_cli("report", *args, timeout=120)
 
