@@ -25,6 +25,7 @@ from task_encoders.audio_features import (
 from task_encoders.config import EncoderConfig
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
+from task_encoders.image_path import ImageBytesDecoder
 from task_encoders.registry import register
 from task_encoders.sequences import pad_stack
 
@@ -55,6 +56,8 @@ class AudioTextTaskEncoder(DocumentTaskEncoder):
     SpecAugment."""
 
     config_class = AudioTextConfig
+    #: images, which this encoder never reads, stay undecoded bytes
+    decoder = ImageBytesDecoder()
     batch_type = AudioTextBatch
 
     def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):

@@ -220,10 +220,20 @@ def require(condition: bool, at: At, problem: str, expected: str) -> None:
         raise at.error(problem, expected)
 
 
+#: a field's ``metadata`` key: the field is left out of `to_plain` while it holds its default, so a
+#: key added later does not change the fingerprints of the configs written before it
+OMITTED_WHEN_DEFAULT = "omitted_when_default"
+
+
 def to_plain(obj: Any) -> Any:
-    """A config as plain YAML/JSON data (paths as strings); stable for fingerprints."""
+    """A config as plain YAML/JSON data (paths as strings); stable for fingerprints (fields marked
+    `OMITTED_WHEN_DEFAULT` appear only when set)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {
+            f.name: to_plain(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not (f.metadata.get(OMITTED_WHEN_DEFAULT) and getattr(obj, f.name) == f.default)
+        }
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, dict):

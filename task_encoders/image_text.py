@@ -1,9 +1,12 @@
 """Image-caption pairs → augmented images + caption tokens (``encoder: image_text``).
 
-Input: Energon ``CaptioningSample`` (``image`` float (C, H, W) in [0, 1], ``caption`` str).
-Per sample: the ``image.transforms`` pipeline (``image.eval_transforms`` with ``training=False``)
-seeded by (seed, key, epoch); the caption as ``[BOS, ..., EOS]``. With ``packing.enabled`` several
-image-caption documents share a row; the images stay one per document, in document order.
+Input: Energon ``CaptioningSample`` (``image``: the file's bytes, from the encoder's
+`task_encoders.image_path.ImageBytesDecoder`, or a decoded ``(C, H, W)`` tensor; ``caption`` str).
+Per sample: the ``image.transforms`` pipeline (``image.eval_transforms`` with ``training=False``),
+run by `task_encoders.image_path.ImagePath` (uint8 until the crop, float at the output size, bit
+for bit the float pipeline's output) seeded by (seed, key, epoch); the caption as
+``[BOS, ..., EOS]``. With ``packing.enabled`` several image-caption documents share a row; the
+images stay one per document, in document order.
 
 With ``prompt.enabled: true`` (vision-language mode: a prompt template, ``<image>`` placeholders,
 tiles, spliced lengths) `task_encoders.registry.get_encoder` builds
@@ -22,15 +25,11 @@ import torch
 from megatron.energon import edataclass
 
 from task_encoders.config import EncoderConfig
-from task_encoders.config_parser import At, require
+from task_encoders.config_parser import OMITTED_WHEN_DEFAULT, At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
-from task_encoders.image_transforms import (
-    TransformSpec,
-    build_pipeline,
-    default_eval_specs,
-    output_size,
-)
+from task_encoders.image_path import ImageBytesDecoder, build_image_path
+from task_encoders.image_transforms import TransformSpec, default_eval_specs, output_size
 from task_encoders.registry import register
 from task_encoders.seeding import seeded_global_torch
 from task_encoders.tiling import TilingConfig, VisionConfig
@@ -79,8 +78,24 @@ class ImageConfig:
     training Normalize steps."""
     tiling: TilingConfig = field(default_factory=TilingConfig)
     """Dynamic-resolution tiles (`task_encoders.tiling.TilingConfig`), vision-language mode only."""
+    draft_decode: bool = field(default=False, metadata={OMITTED_WHEN_DEFAULT: True})
+    """Decode JPEGs at the smallest DCT scale (1/2, 1/4, 1/8) that still covers the random crop at
+    the output size (`task_encoders.image_path.draft_scale`): about 2x cheaper on photos cut to
+    small crops, not bit-identical to a full decode (the mean pixel error is on the measurements
+    page). Only with a leading ``RandomResizedCrop``; other pipelines decode in full."""
+    uint8_resize: bool = field(default=False, metadata={OMITTED_WHEN_DEFAULT: True})
+    """Resize on uint8 before the float step (torchvision's advice for v2): cheaper where a
+    ``Resize`` comes before the crop and for large crops; not bit-identical to the default path,
+    which resizes float."""
 
     def check(self, at: At) -> None:
+        require(
+            not self.draft_decode
+            or (self.transforms[:1] and self.transforms[0].name == "RandomResizedCrop"),
+            at.child("draft_decode"),
+            "true, but image.transforms do not start with RandomResizedCrop",
+            "false, or a pipeline whose first step is RandomResizedCrop (the crop decides the scale)",
+        )
         if self.tiling.enabled:
             for key, specs in (
                 ("transforms", self.transforms),
@@ -248,10 +263,14 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
     #: The image placeholder's id (None: plain captions have none).
     image_token_index: int | None = None
 
+    #: images reach `encode_media` as file bytes: `task_encoders.image_path` decodes them to uint8
+    decoder = ImageBytesDecoder()
+
     def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
         super().__init__(config, seed=seed, training=training)
         self._check_prompt_mode()
-        self.pipeline = build_pipeline(self.config.image.pipeline_specs(training))
+        image = self.config.image
+        self.pipeline = build_image_path(image.pipeline_specs(training), image)
 
     def _check_prompt_mode(self) -> None:
         """``ConfigError`` unless ``prompt.enabled`` is the mode this class encodes."""
@@ -267,16 +286,9 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
     # --- per sample ----------------------------------------------------------------------------
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
-        image = self._float_image(sample.image)
         with seeded_global_torch(self.sample_seed(sample, "image")):
-            image = self.pipeline(image)
-        return {"image": image.to(torch.float32).contiguous()}
-
-    @staticmethod
-    def _float_image(image: Any) -> torch.Tensor:
-        if not isinstance(image, torch.Tensor) or image.ndim != 3:
-            raise TypeError(f"expected a (C, H, W) image tensor, got {type(image).__name__}")
-        return image if image.is_floating_point() else image.float() / 255.0
+            image = self.pipeline(sample.image)
+        return {"image": image.contiguous()}
 
     # --- cost features: one whole image per document through the vision tower -------------------
 

@@ -58,6 +58,7 @@ from task_encoders.config import EncoderConfig, TextConfig
 from task_encoders.config_parser import At, parse, read_yaml, to_plain
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import summed, with_lengths
+from task_encoders.image_path import ImageBytesDecoder, images_as_bytes
 from task_encoders.image_text import ImageTextBatch
 from task_encoders.pointcloud_text import PointCloudTextBatch
 from task_encoders.registry import _import_module, encoder_class, register
@@ -317,8 +318,10 @@ class MultimodalDoc(EncodedDoc):
 class MultimodalTaskEncoder(DocumentTaskEncoder):
     """``MultimodalTaskEncoder(config=None, *, seed=None, training=True)``: one encoder per modality
     (built with this seed and ``training``), dispatch per sample, `MultimodalBatch` batches.
-    Tokenization of rows, packing and batching are `DocumentTaskEncoder`'s; the Energon
-    decoder is the default one (images and audio decoded), as for ``image_text``/``audio_text``."""
+    Tokenization of rows, packing and batching are `DocumentTaskEncoder`'s. The Energon decoder
+    leaves images as file bytes (`task_encoders.image_path.ImageBytesDecoder`) when every
+    modality's encoder takes them so (text and audio ones ignore images); else Energon's default,
+    which decodes them to float."""
 
     config_class = MultimodalConfig
     batch_type = MultimodalBatch
@@ -330,6 +333,9 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
             for name, sub in self.config.modalities.items()
         }
         self.kinds = {name: _KINDS[type(enc).batch_type] for name, enc in self.encoders.items()}
+        if all(images_as_bytes(enc.decoder) for enc in self.encoders.values()):
+            #: images stay bytes for the modalities' `task_encoders.image_path` (else Energon's float)
+            self.decoder = ImageBytesDecoder()
         self._by_type: dict[type, str | None] = {}
         self.facts_width = 1 + max(enc.facts_width for enc in self.encoders.values())
 

@@ -35,6 +35,7 @@ from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
+from task_encoders.image_path import ImageBytesDecoder
 from task_encoders.registry import register
 
 _AXES = {"x": 0, "y": 1, "z": 2}
@@ -179,6 +180,8 @@ class PointCloudTextTaskEncoder(DocumentTaskEncoder):
     `PointCloudTextBatch`. ``training=False``: the same seeded points, no augmentation."""
 
     config_class = PointCloudTextConfig
+    #: images, which this encoder never reads, stay undecoded bytes
+    decoder = ImageBytesDecoder()
     batch_type = PointCloudTextBatch
 
     def cloud(self, sample: Any) -> tuple[np.ndarray, np.ndarray | None]:

@@ -35,6 +35,9 @@ class TextOnlyDecoder(SampleDecoder):
     """Energon's ``SampleDecoder`` without media handlers: JSON and text parts are decoded,
     images, audio and video are left as bytes."""
 
+    #: images reach the encoder as bytes (`task_encoders.image_path.images_as_bytes`)
+    images_as_bytes = True
+
     def __init__(self):
         super().__init__()
         self._decoder = webdataset.autodecode.Decoder([])

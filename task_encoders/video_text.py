@@ -41,6 +41,7 @@ from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
+from task_encoders.image_path import ImageBytesDecoder
 from task_encoders.image_text import ImageConfig
 from task_encoders.image_transforms import TransformSpec
 from task_encoders.registry import register
@@ -297,6 +298,8 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
     Resize + CenterCrop + the training Normalize) and no SpecAugment."""
 
     config_class = VideoTextConfig
+    #: images, which this encoder never reads, stay undecoded bytes
+    decoder = ImageBytesDecoder()
     batch_type = VideoTextBatch
 
     def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):

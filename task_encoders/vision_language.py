@@ -124,9 +124,8 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
         tiles, counts = [], []
         tiling = self.config.image.tiling
         for i, raw in enumerate(images):
-            image = self._float_image(raw)
             with seeded_global_torch(self.sample_seed(sample, "image" if i == 0 else f"image{i}")):
-                image = self.pipeline(image)
+                image = self.pipeline(raw)
             image = (
                 tile_image(image, self.tile_size, tiling)
                 if tiling.enabled

@@ -108,6 +108,8 @@ class MicroBatchMaker:
             encoder.postencode_sample if _overridden(encoder, "postencode_sample") else None
         )
         self._handler = getattr(encoder, "skip_policy", None)
+        #: the encoder's Energon decoder (images as bytes for the image encoders), as Energon uses it
+        self.decoder = encoder.decoder
         self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
         #: ``loader.sample_timeout``: the watch this process marks its samples in (None: unwatched),
         #: and its row there (the DataLoader worker id, set by `MicroBatchStream`)
@@ -147,7 +149,7 @@ class MicroBatchMaker:
         batch = c // self.accumulation
         prefix = self.datasets.key_prefix(dataset)
         try:
-            sample = self.sources[dataset][index]
+            sample = self.sources[dataset].load(index, self.decoder)
         # the store failed, not the sample: skipping would change this run's batches
         except StorageError:
             raise

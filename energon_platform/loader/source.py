@@ -31,6 +31,9 @@ import yaml
 from megatron.energon import WorkerConfig
 from megatron.energon.dataset_config import get_dataset_from_config
 from megatron.energon.flavors.webdataset.base_webdataset import BaseWebdatasetFactory
+from megatron.energon.flavors.webdataset.default_generic_webdataset import (
+    DefaultGenericWebdatasetFactory,
+)
 
 from energon_platform.loader.shard_reader import CorruptShardError, ShardReader
 from storage import (
@@ -224,7 +227,12 @@ class SampleSource:
             self._prefetched.update({i: future for i in todo})
 
     def __getitem__(self, index: int) -> Any:
+        return self.load(index)
 
+    def load(self, index: int, decoder: Any = None) -> Any:
+        """The sample with dataset index ``index``, its parts decoded by ``decoder`` (an Energon
+        ``SampleDecoder``: the encoder's own, as Energon's loader does; None: the dataset's
+        default, which decodes images to float). Errors as `__getitem__`."""
         self._ensure_reader()
         try:
             with storage_errors(self.path, f"sample {index}"):
@@ -239,7 +247,9 @@ class SampleSource:
         if raw is None:
             raise KeyError(f"sample {index} is excluded from the dataset")
         try:
-            return self._factory.load_sample(raw)
+            if decoder is None or not isinstance(self._factory, DefaultGenericWebdatasetFactory):
+                return self._factory.load_sample(raw)
+            return DefaultGenericWebdatasetFactory.load_sample(self._factory, decoder(raw))
         # a bad sample (undecodable media): the caller skips it, logged by its key
         except Exception as e:
             e.sample_key = raw.get("__key__")

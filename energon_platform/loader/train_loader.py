@@ -42,6 +42,7 @@ from megatron.energon import get_val_dataset
 from megatron.energon.savable_loader import BasicDataLoader
 
 from energon_platform.config import RunConfig
+from energon_platform.loader.allocator import keep_freed_memory
 from energon_platform.loader.batches import MicroBatchMaker, MicroBatchStream
 from energon_platform.loader.datasets import is_metadataset
 from energon_platform.loader.key_index import KeyIndex
@@ -244,6 +245,8 @@ class TrainLoader:
             )
         stream = MicroBatchStream(self.maker, self.next_microbatch)
         kwargs = {}
+        if workers == 0:  # this process makes the batches
+            keep_freed_memory()
         if workers > 0:
             kwargs = {
                 "prefetch_factor": self.prefetch_factor,
@@ -498,14 +501,19 @@ def _without_sigchld_handler(start):
 
 
 def _worker_init():
-    """The DataLoader's ``worker_init_fn``: workers forked by the main thread die with this process
-    (`die_with_parent`), so a SIGKILLed trainer leaves none
-    behind. Workers started from another thread keep PyTorch's own check of their parent (within
-    seconds): the kernel's rule follows the forking thread, which may end before the workers."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    parent = os.getpid()
-    return lambda worker_id: die_with_parent(parent)
+    """The DataLoader's ``worker_init_fn``: each worker keeps its freed memory for the next samples
+    (`keep_freed_memory`), and workers forked by the main thread die with this process
+    (`die_with_parent`), so a SIGKILLed trainer leaves none behind. Workers started from another
+    thread keep PyTorch's own check of their parent (within seconds): the kernel's rule follows the
+    forking thread, which may end before the workers."""
+    parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
+
+    def init(worker_id: int) -> None:
+        if parent is not None:
+            die_with_parent(parent)
+        keep_freed_memory()
+
+    return init
 
 
 class LoaderWorkerError(RuntimeError):

@@ -87,7 +87,7 @@ def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None
         for index in range(tries):
             try:
                 with _time_limit(timeout):
-                    sample = source[index]
+                    sample = source.load(index, encoder.decoder)
                     kind = f"{type(sample).__name__} samples"
                     return encoder.encode(sample)
             # the store or the installation failed, not the sample
