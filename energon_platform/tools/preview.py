@@ -20,9 +20,10 @@ from torchvision.transforms import v2
 
 from energon_platform.config import load_config
 from energon_platform.loader.balance.plans import PlanError
+from energon_platform.loader.run_plan import build_encoder
 from energon_platform.loader.train_loader import TrainLoader
 from storage import DatasetError
-from storage.outputs import check_file, write_atomic
+from storage.outputs import OutputError, check_file, write_atomic
 from storage.paths import check_there, dataset_root, is_remote
 from task_encoders.config_parser import ConfigError
 
@@ -390,7 +391,9 @@ def preview_config(target: str | Path, encoder: Any = None, n: int = 16) -> Any:
 def _dataset_config(data: str, encoder: Any, n: int, folder: Any) -> Any:
     """The run config of a dataset or metadataset ``data`` (a local path or an ``msc://`` URL):
     ``encoder``, or the default of the sample class read from ``folder`` (a ``Path`` or
-    ``EPath``; None for a metadataset); one batch of ``n`` samples, no workers."""
+    ``EPath``; None for a metadataset); one global batch of ``n`` samples, no workers. An
+    encoder that packs gets them as one pack group (a global batch of one group of ``n``
+    samples, at least 2), not ``n`` groups of its whole packing buffer each."""
     if encoder is None:
         sample_class = _dataset_sample_class(folder) if folder is not None else None
         if sample_class not in DEFAULT_ENCODERS:
@@ -406,12 +409,28 @@ def _dataset_config(data: str, encoder: Any, n: int, folder: Any) -> Any:
                 f"--encoder CONFIG (e.g. configs/encoders/multimodal.yaml)",
             )
         encoder = DEFAULT_ENCODERS[sample_class]
-    return load_config(
-        {
-            "data": {"path": data, "val_split": None},
-            "encoder": encoder,
-            "loader": {"global_batch_size": n, "num_workers": 0},
-        }
+    config = {
+        "data": {"path": data, "val_split": None},
+        "encoder": encoder,
+        "loader": {"global_batch_size": n, "num_workers": 0},
+    }
+    cfg = load_config(config)
+    if getattr(build_encoder(cfg), "packing_buffer_size", None):
+        config["loader"] = {"global_batch_size": 1, "pack_group": max(2, n), "num_workers": 0}
+        cfg = load_config(config)
+    return cfg
+
+
+def _too_few_for_n(cfg: Any, n: int, error: PlanError) -> bool:
+    """Whether ``error`` says that a dataset has fewer samples than ``--n`` asks of one global
+    batch: the sheet's own config (a dataset's, not a run config's) whose global batch is the
+    ``n`` samples, and a dataset smaller than ``n`` named. Anything else keeps its own words."""
+    per_batch = cfg.loader.global_batch_size * (cfg.loader.pack_group or 1)
+    return (
+        cfg.source == "<dict>"
+        and per_batch == n
+        and error.smallest is not None
+        and error.smallest < n
     )
 
 
@@ -494,8 +513,8 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     try:
         loader = TrainLoader(cfg)
     except PlanError as e:  # one global batch of n documents holds each sample once at most
-        if e.smallest is None or cfg.source != "<dict>":
-            raise  # a run config: its own blend and batch size are the user's to change
+        if not _too_few_for_n(cfg, n, e):
+            raise  # another cause (a run config's own blend and batch size): its own words
         raise ConfigError(
             str(target),
             "--n",
@@ -519,8 +538,14 @@ def preview(target: str | Path, out: str | Path, n: int = 16, encoder: Any = Non
     finally:
         loader.close()
     out = Path(out)
-    with write_atomic(out) as tmp:
-        sheet.save(tmp, format=fmt, **_marked(fmt))
+    try:
+        with write_atomic(out) as tmp:
+            sheet.save(tmp, format=fmt, **_marked(fmt))
+    except OSError as e:  # a full disk, a quota: write_atomic left ``out`` as it was
+        raise OutputError(
+            f"--out {out}: cannot write the contact sheet ({e.strerror or e}); nothing was "
+            f"written there; free space, or choose another --out"
+        ) from None
     return {
         "path": str(out),
         "width": sheet.width,
