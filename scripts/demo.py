@@ -15,12 +15,18 @@
 5. online data mixing: a short run of the blend whose weights follow each dataset's loss
    (``loader.blend_adapt``), its weights at the first and last step, and its report (weights over
    time beside the per-dataset losses).
+
+``--out DIR`` follows the output rule (`storage.outputs`) before stage 1: the demo writes into a
+new or empty folder, writing its mark (``demo.json``) there first, or into a folder its mark says
+an earlier demo made (a rerun); any other folder, and the file system's root, the home folder or
+a repository's root, is refused in one line, exit status 2, with nothing written.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import subprocess
 import sys
@@ -28,6 +34,34 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # scripts.planted_spike plants the demo's spike
+
+#: the demo's mark, written first into the folder it fills: a rerun there goes ahead
+MARK = "demo.json"
+MARK_CONTENT = {"written_by": "scripts/demo.py"}
+
+
+def is_demo(folder: Path) -> bool:
+    """Whether ``folder`` holds the demo's `MARK` (an earlier demo made it)."""
+    try:
+        mark = json.loads((folder / MARK).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(mark, dict) and mark.get("written_by") == MARK_CONTENT["written_by"]
+
+
+def claim_out(out: Path) -> Path:
+    """Make ``out`` the demo's folder before any stage: `storage.outputs.check_folder` refuses
+    (`storage.outputs.OutputError`, one line, nothing written) a folder that is not new, empty
+    or marked by an earlier demo, the file system's root, the home folder, a repository's root,
+    and a folder in the embedded corpora or configs it reads; then the mark is written first
+    (a rerun keeps it). Returns ``out``."""
+    from storage.outputs import check_folder, write_atomic
+
+    check_folder(out, is_demo, "demo", overwrite=True, inputs=(REPO / "data", REPO / "configs"))
+    if not is_demo(out):
+        with write_atomic(out / MARK) as tmp:
+            tmp.write_text(json.dumps(MARK_CONTENT) + "\n")
+    return out
 
 
 def ep(*args: str, stdout: Path | None = None) -> None:
@@ -248,7 +282,13 @@ def main() -> int:
         "--steps", type=int, default=30, help="training steps of the resume check (default 30)"
     )
     args = ap.parse_args()
-    out = (REPO / args.out).resolve()
+    from storage.outputs import OutputError
+
+    try:
+        out = claim_out((REPO / args.out).resolve())
+    except OutputError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        return 2
     coco, speech, video, text = out / "coco", out / "librispeech", out / "video", out / "text"
 
     print("== 1. convert the embedded corpora ==", flush=True)

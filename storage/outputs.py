@@ -12,10 +12,15 @@ file's own format):
 Refused, in one line naming the path and what to do (`OutputError`), before anything is written:
 an input of the command (or, for a folder, a folder that is, holds or lies inside one); a path
 inside a dataset (a folder with ``.nv-meta/``) or a conversion (``.convert/``); a run's own files
-(``log.jsonl``, ``run.yaml``, ``run.json`` beside ``checkpoints/``) and anything inside a run's
+(``log.jsonl``, ``run.yaml``, ``run.json`` of a training run's folder) and anything inside a run's
 ``checkpoints/``; a folder output that is the home folder, the file system's root or a
 repository's root; and an existing path the command did not write. A file the command wrote
-before is replaced; a folder it filled before only with ``--overwrite``.
+before is replaced; a folder it filled before only with ``--overwrite``; in the refusal of a
+folder, only the names the command did not write are listed.
+
+A training run's folder is one that holds the `RUN_RECORD` a training run wrote (`run_record`:
+a JSON object with the run's command, versions and start); a ``log.jsonl`` or a ``checkpoints/``
+alone does not make one (a user's folder may hold either).
 
 `write_atomic` writes through a temporary sibling renamed into place, so a kill never leaves half
 a file where the user's was.
@@ -33,28 +38,66 @@ from storage.paths import is_remote
 
 #: What a training run writes beside its ``checkpoints/`` folder (never another command's output).
 RUN_FILES = ("log.jsonl", "run.yaml", "run.json")
+#: The record that makes a folder a training run's (``energon_platform.training.run_record``).
+RUN_RECORD = "run.json"
+#: What every record a training run writes holds, with the type of each.
+RUN_RECORD_KEYS = {"command": list, "versions": dict, "started": str}
 
 
 class OutputError(ValueError):
     """An output path a command may not write; one line naming it and what to do."""
 
 
-def _is_run(folder: Path) -> bool:
-    """Whether ``folder`` is a training run's folder (it holds a log or a checkpoints folder)."""
-    return (folder / "log.jsonl").is_file() or (folder / "checkpoints").is_dir()
+def run_record(folder: Path) -> dict:
+    """The `RUN_RECORD` a training run wrote in ``folder``; `OutputError` naming the file when
+    there is none, when it cannot be read or parsed (said so: never reported as missing), or
+    when it is not a run's record (not an object with the `RUN_RECORD_KEYS`)."""
+    import json
+
+    path = Path(folder) / RUN_RECORD
+    if not path.exists() and not path.is_symlink():
+        raise OutputError(f"{path}: missing; a training run writes it when it starts")
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise OutputError(f"{path}: unreadable ({e.strerror or e})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise OutputError(
+            f"{path}: unparsable ({str(e).splitlines()[0]}), so not a training run's record"
+        ) from None
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), t) for k, t in RUN_RECORD_KEYS.items()
+    ):
+        raise OutputError(
+            f"{path}: not a training run's record (a run records its "
+            f"{', '.join(RUN_RECORD_KEYS)} there)"
+        )
+    return data
+
+
+def is_run(folder: str | Path) -> bool:
+    """Whether ``folder`` is a training run's folder: it holds the record a run wrote
+    (`run_record`); a ``log.jsonl`` or a ``checkpoints/`` alone does not make one."""
+    try:
+        run_record(Path(folder))
+    except OutputError:
+        return False
+    return True
 
 
 def protected_place(path: Path) -> str | None:
     """Why nothing may be written at ``path`` (resolved), or None: a place inside a dataset, a
     conversion or a run's checkpoints, or one of a run's own files."""
-    if path.name in RUN_FILES and _is_run(path.parent):
+    if path.name in RUN_FILES and is_run(path.parent):
         return f"a file of the training run {path.parent}"
     for folder in [path, *path.parents]:
         if (folder / ".nv-meta").is_dir() and folder != path:
             return f"inside the dataset {folder}"
         if (folder / ".convert" / "state.json").is_file() and folder != path:
             return f"inside the conversion {folder}"
-        if folder.name == "checkpoints" and _is_run(folder.parent):
+        if folder.name == "checkpoints" and is_run(folder.parent):
             return f"inside the checkpoints of the run {folder.parent}"
     return None
 
@@ -139,18 +182,26 @@ def check_folder(
     overwrite: bool,
     flag: str = "--out",
     inputs: Iterable = (),
+    foreign: Callable[[Path], list[str]] | None = None,
+    probe: bool = True,
 ) -> Path:
     """Refuse (`OutputError`) to fill the folder ``path`` unless it is new or empty, or
     ``own(path)`` says it holds this command's earlier output (``what``, e.g. "replay") and
-    ``overwrite`` is set; also `refuse_places` for a folder. Call before any long work."""
+    ``overwrite`` is set; also `refuse_places` for a folder. ``foreign(path)``: the names in a
+    folder ``own`` refuses that the command did not write, the ones the refusal lists (default:
+    every name). ``probe``: create the folder and prove it writable (`probe_writable`); a caller
+    that does so itself, later, passes False and nothing is created here. Call before any long
+    work."""
     p = Path(path)
     refuse_places(p, flag, inputs, folder=True)
     if p.exists() and not p.is_dir():
         raise OutputError(f"{flag} {path}: a file, not a folder; choose another {flag}")
     names = sorted(q.name for q in p.iterdir()) if p.is_dir() else []
     if names and not own(p):
+        listed = sorted(foreign(p)) if foreign is not None else names
+        listed = listed or names  # a folder refused for what it lacks: all it holds
         raise OutputError(
-            f"{flag} {path}: holds {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}, "
+            f"{flag} {path}: holds {', '.join(listed[:3])}{', ...' if len(listed) > 3 else ''}, "
             f"which no {what} wrote; nothing was changed; choose a new or empty {flag}"
         )
     if names and not overwrite:
@@ -158,7 +209,8 @@ def check_folder(
             f"{flag} {path}: holds an earlier {what}; pass --overwrite to replace it, or choose "
             f"another {flag}"
         )
-    probe_writable(p, flag, path)
+    if probe:
+        probe_writable(p, flag, path)
     return p
 
 

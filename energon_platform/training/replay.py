@@ -6,6 +6,11 @@ folder is only read) and the reference trainer continues from it for ``--steps``
 apply from their own step on, so every replayed step before ``--from`` must be the original's:
 its keys and batch digests are checked against the original log, as ``check-resume`` checks a
 resumed run; the losses show where the replay departs from the original.
+
+A replay that fails once it has started writing (a full disk while its checkpoint is copied or
+its steps trained, any error of the trainer) leaves nothing half-written: what it wrote in
+``--out`` is removed, and so is the folder when the replay made it. A full disk or any other
+failed write is a `ReplayError` (one line naming ``--out`` and the cause).
 """
 
 from __future__ import annotations
@@ -81,22 +86,39 @@ def plan_replay(run: Path, first: int, steps: int) -> ReplayPlan:
     return ReplayPlan(found, start, first, start + steps)
 
 
+#: what a replay's `MARK` records (`replay` writes it first)
+MARK_KEYS = {"run": str, "from": int, "steps": int}
+
+
+def _marked(folder: Path) -> bool:
+    """Whether ``folder`` holds a replay's `MARK`: a JSON object with the `MARK_KEYS`."""
+    try:
+        mark = json.loads((folder / MARK).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(mark, dict) and all(isinstance(mark.get(k), t) for k, t in MARK_KEYS.items())
+
+
 def is_replay(folder: Path) -> bool:
     """Whether ``folder`` holds a replay's run and nothing else: its `MARK` and only `RUN_NAMES`
-    (a training run's folder, which has no mark, is never a replay's), or only the run lock of a
-    replay stopped before it wrote its mark."""
+    (a training run's folder, which has no mark, is never a replay's; a replay's folder with a
+    file of the user's in it is not either), or only the run lock of a replay stopped before it
+    wrote its mark."""
     names = {p.name for p in folder.iterdir()}
     if names == {"checkpoints"} and (folder / "checkpoints").is_dir():
         return [p.name for p in (folder / "checkpoints").iterdir()] in ([], [".run.lock"])
-    return (folder / MARK).is_file() and names <= RUN_NAMES
+    return names <= RUN_NAMES and _marked(folder)
 
 
-def claim_out(out: Path) -> None:
-    """Empty ``out`` of what a replay wrote (never the run lock, which the caller holds: the
-    `checkpoint.RunLock` of ``out / "checkpoints"``), once `storage.outputs.check_folder` has
-    accepted it; `ReplayError` if it is no longer a replay's (changed since the check)."""
-    if out.is_dir() and any(out.iterdir()) and not is_replay(out):
-        raise ReplayError(f"--out {out}: changed since it was checked; choose another --out")
+def foreign(folder: Path) -> list[str]:
+    """The names in ``folder`` no replay wrote, for `is_replay`'s refusal: with a replay's mark,
+    those outside `RUN_NAMES`; without one, every name (a replay writes its mark first)."""
+    names = [p.name for p in folder.iterdir()]
+    return [n for n in names if n not in RUN_NAMES] if _marked(folder) else names
+
+
+def _empty(out: Path) -> None:
+    """Remove from ``out`` every name a replay writes (`RUN_NAMES`), but the run lock."""
     for name in sorted(RUN_NAMES):
         target = out / name
         if target.is_dir() and not target.is_symlink():
@@ -105,6 +127,34 @@ def claim_out(out: Path) -> None:
                     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         else:
             target.unlink(missing_ok=True)
+
+
+def claim_out(out: Path) -> None:
+    """Empty ``out`` of what a replay wrote (never the run lock, which the caller holds: the
+    `checkpoint.RunLock` of ``out / "checkpoints"``), once `storage.outputs.check_folder` has
+    accepted it; `ReplayError` if it is no longer a replay's (changed since the check)."""
+    if out.is_dir() and any(out.iterdir()) and not is_replay(out):
+        raise ReplayError(f"--out {out}: changed since it was checked; choose another --out")
+    _empty(out)
+
+
+def _failed_write(error: BaseException, out: Path) -> ReplayError | None:
+    """The one line of a replay stopped by a failed write (a full disk: an ``OSError``, the
+    copy's ``shutil.Error`` or the checkpoint's `checkpoint.CheckpointError`), else None."""
+    if isinstance(error, shutil.Error):  # the copy's list of (source, destination, why)
+        failures = error.args[0] if error.args and isinstance(error.args[0], list) else []
+        why = failures[0][2] if failures and len(failures[0]) == 3 else str(error)
+    elif isinstance(error, OSError):
+        why = error.strerror or str(error)
+    elif isinstance(error, checkpoint.CheckpointError):  # the failed write under it, if one
+        under = error.__context__
+        why = under.strerror if isinstance(under, OSError) and under.strerror else str(error)
+    else:
+        return None
+    return ReplayError(
+        f"--out {out}: the replay could not write there ({why}); what it had written was "
+        f"removed; free space, or choose another --out"
+    )
 
 
 def _rows(log: Path, start: int, last: int) -> dict[int, dict]:
@@ -165,26 +215,47 @@ def replay(
     written."""
     run, out = Path(run), Path(out)
     plan = plan_replay(run, first, steps)
+    made = not out.exists()
     try:  # refused before the lock is taken (which creates out/checkpoints)
         check_folder(
-            out, is_replay, "replay", overwrite=overwrite, inputs=(run, cfg.source, cfg.data.path)
+            out,
+            is_replay,
+            "replay",
+            overwrite=overwrite,
+            inputs=(run, cfg.source, cfg.data.path),
+            foreign=foreign,
         )
     except OutputError as e:
         raise ReplayError(str(e)) from None
-    with checkpoint.RunLock(out / "checkpoints") as lock:
-        claim_out(out)
-        mark = {"run": str(run.resolve()), "from": first, "steps": steps}
-        (out / MARK).write_text(json.dumps(mark) + "\n")
-        checkpoint.copy_as_latest(plan.checkpoint, out / "checkpoints")
-        train(
-            cfg,
-            resume=True,
-            num_workers=num_workers,
-            out=str(out),
-            quiet=True,
-            until=plan.last,
-            lock=lock,
-        )
+    failed = True
+    try:
+        with checkpoint.RunLock(out / "checkpoints") as lock:
+            claim_out(out)
+            try:
+                mark = {"run": str(run.resolve()), "from": first, "steps": steps}
+                (out / MARK).write_text(json.dumps(mark) + "\n")
+                checkpoint.copy_as_latest(plan.checkpoint, out / "checkpoints")
+                train(
+                    cfg,
+                    resume=True,
+                    num_workers=num_workers,
+                    out=str(out),
+                    quiet=True,
+                    until=plan.last,
+                    lock=lock,
+                )
+                failed = False
+            except Exception as e:  # nothing half-written stays (the lock goes on its exit)
+                _empty(out)
+                failed = _failed_write(e, out)
+                if failed is None:
+                    raise
+                raise failed from None
+    finally:  # a failed replay's empty folders: its checkpoints/, and --out if it made it
+        for folder in (out / "checkpoints", out) if failed else ():
+            if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+                if folder != out or made:
+                    folder.rmdir()
     original = _rows(run / "log.jsonl", plan.start, plan.last)
     return compare_replay(original, _rows(out / "log.jsonl", plan.start, plan.last), plan)
 

@@ -8,17 +8,24 @@
   the loader's fingerprint, the start time and the world size. Each resume appends an entry to
   ``resumes`` with its own command, time, world size and the config keys it changed.
 
-`record_run` writes both (rank 0, each file written whole and renamed into place); the commands
-that read a run (``spikes``, ``report``, ``replay``, ``trace``) take ``--run R`` alone through
-`recorded_config`, and `config_changes` names what another config changes.
+`record_run` writes both (rank 0, each file written whole and renamed into place, ``run.json``
+first: a folder holding it is a run's, `storage.outputs.is_run`); the commands that read a run
+(``spikes``, ``report``, ``replay``, ``trace``) take ``--run R`` alone through `recorded_config`,
+and `config_changes` names what another config changes.
+
+`check_out` is ``train --out``'s output rule: a new or empty folder, or a training run's own
+(which it resumes); `run_folder` is where a run's own ``run.yaml`` trains: the folder holding it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,9 +33,16 @@ from typing import Any
 import yaml
 
 from energon_platform.config import RunConfig, config_dict, load_config
-from storage.outputs import OutputError, write_atomic
+from storage.outputs import (
+    RUN_RECORD,
+    OutputError,
+    is_run,
+    refuse_places,
+    run_record,
+    write_atomic,
+)
 
-RUN_YAML, RUN_JSON = "run.yaml", "run.json"
+RUN_YAML, RUN_JSON = "run.yaml", RUN_RECORD
 #: the packages whose versions a run records
 PACKAGES = ("energon-platform", "torch", "megatron-energon")
 
@@ -69,10 +83,11 @@ def record_run(
         before = _read_yaml(out / RUN_YAML)
         changed = config_changes(before, data) if isinstance(before, dict) else {}
         record = {**earlier, "resumes": [*earlier.get("resumes", []), {**now, "changed": changed}]}
-    with write_atomic(out / RUN_YAML) as tmp:
-        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    # run.json first: a run killed between the two leaves a folder that is still a run's
     with write_atomic(out / RUN_JSON) as tmp:
         tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    with write_atomic(out / RUN_YAML) as tmp:
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     return record
 
 
@@ -81,8 +96,7 @@ def check_record(out: str | Path) -> None:
     (`record_run` wrote them): a config of the user's own named ``run.yaml`` in the run's folder
     is never replaced. Call before any long work."""
     out = Path(out)
-    ours = _read_json(out / RUN_JSON)
-    ours = isinstance(ours, dict) and {"command", "versions", "started"} <= set(ours)
+    ours = is_run(out)
     for name in (RUN_YAML, RUN_JSON):
         path = out / name
         if (path.exists() or path.is_symlink()) and not (ours and path.is_file()):
@@ -91,6 +105,81 @@ def check_record(out: str | Path) -> None:
                 f"{RUN_YAML} and {RUN_JSON}); nothing was changed; move it away or choose "
                 f"another --out"
             )
+
+
+#: what ``train`` writes in its folder (besides the files its own output is captured in)
+TRAIN_NAMES = ("log.jsonl", "checkpoints", RUN_YAML, RUN_JSON)
+
+
+def check_out(out: str | Path, inputs: Iterable = ()) -> Path:
+    """Refuse (`OutputError`, one line naming what is foreign; nothing written) a ``train
+    --out`` that is not a new or empty folder or a training run's own (it holds the run.json a
+    run wrote, `storage.outputs.run_record`: the run resumed, or started afresh over it). First
+    `storage.outputs.refuse_places` for a folder: the file system's root, the home folder, a
+    repository's root, a place in a dataset or a run's checkpoints, or a folder that is, holds
+    or lies in one of ``inputs``. A folder without a run's record may hold only what a run
+    leaves before it records itself: a ``checkpoints/`` with nothing but its run lock, and the
+    files this process's own output goes to (a launcher such as check-resume captures the run's
+    output in its folder). Returns ``out`` (a path that is a file is left to the writability
+    check that follows). Call on rank 0 before the run lock is taken."""
+    out = Path(out)
+    refuse_places(out, "--out", inputs, folder=True)
+    if not out.is_dir():
+        return out
+    record = out / RUN_JSON
+    if record.exists() or record.is_symlink():
+        try:
+            run_record(out)
+        except OutputError as e:
+            raise OutputError(
+                f"--out {out}: {e}; nothing was changed; move it away or choose a new or empty "
+                f"--out"
+            ) from None
+        return out
+    captured = _captured_output()
+    foreign = sorted(p.name for p in out.iterdir() if not _left_by_a_run(p, captured))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise OutputError(
+            f"--out {out}: holds {shown}, which no training run wrote (a run's folder holds the "
+            f"{RUN_JSON} it wrote); nothing was changed; choose a new or empty --out"
+        )
+    return out
+
+
+def _captured_output() -> list[os.stat_result]:
+    """The regular files this process's standard output and error are written to."""
+    found = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found.append(st)
+    return found
+
+
+def _left_by_a_run(path: Path, captured: list[os.stat_result]) -> bool:
+    """Whether ``path`` is what a run leaves before it records itself: its ``checkpoints/``
+    holding at most the run lock, or a file this process's output goes to."""
+    if path.is_symlink():
+        return False
+    if path.name == "checkpoints" and path.is_dir():
+        return {p.name for p in path.iterdir()} <= {".run.lock"}
+    if path.is_file():
+        st = path.stat()
+        return any(os.path.samestat(st, c) for c in captured)
+    return False
+
+
+def run_folder(cfg: RunConfig) -> Path | None:
+    """The training run's folder whose own ``run.yaml`` ``cfg`` was read from (a run moved
+    elsewhere included: its record trains where it is, not in the folder it names), or None."""
+    source = Path(cfg.source) if cfg.source else None
+    if source is None or source.name != RUN_YAML or not source.is_file():
+        return None
+    return source.parent if is_run(source.parent) else None
 
 
 def recorded_config(run: str | Path, overrides: dict | None = None) -> RunConfig | None:

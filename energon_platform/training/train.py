@@ -23,9 +23,14 @@ workers. At every checkpoint it also logs ``val_loss`` over the dataset's valida
 started: ``"resumed_from": <step>`` (0 for a fresh start), plus ``"skipped_checkpoints"`` when it
 fell back.
 
-Before the first step it refuses, as one-line errors: an unusable dataset or encoder/model
-mismatch (`energon_platform.training.preflight`), an output or checkpoint folder it cannot
-write, checkpoints of another run in a fresh run's folder, and checkpoints none of which is usable.
+Before the first step it refuses, as one-line errors: an output folder that is not new, empty or
+its own run's (`energon_platform.training.run_record.check_out`: never the file system's root,
+the home folder or a repository's root, never a user's folder), an unusable dataset or
+encoder/model mismatch (`energon_platform.training.preflight`), an output or checkpoint folder it
+cannot write, checkpoints of another run in a fresh run's folder, and checkpoints none of which is
+usable. A run's own ``run.yaml`` given as the config trains in the folder that holds it (wherever
+the run was moved), unless ``--out`` says otherwise; ``--resume`` that finds no checkpoint says
+so, ``--quiet`` or not.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from energon_platform.config import RunConfig
 from energon_platform.loader.train_loader import TrainLoader, build_val_loader
 from energon_platform.training import checkpoint, collector
 from energon_platform.training.preflight import preflight
-from energon_platform.training.run_record import check_record, record_run
+from energon_platform.training.run_record import check_out, check_record, record_run, run_folder
 from energon_platform.training.step_log_writer import open_for_append
 from energon_platform.training.two_tower import build_model
 from storage.outputs import refuse_places
@@ -233,8 +238,12 @@ def _resume(ckpt_dir: Path, rank: int, quiet: bool) -> tuple[dict | None, dict]:
     """The checkpoint to continue from (None: none there) and what the first log row records."""
     found = checkpoint.load_newest(ckpt_dir, rank)
     if found is None:
-        if rank == 0 and not quiet:
-            print(f"no checkpoint in {ckpt_dir}; starting from step 0", flush=True)
+        if rank == 0:  # loud whatever --quiet says: --resume asked to continue a run
+            print(
+                f"warning: --resume: no checkpoint in {ckpt_dir}; starting from step 0",
+                file=sys.stderr,
+                flush=True,
+            )
         return None, {"resumed_from": 0}
     note = {"resumed_from": found.content["step"], "checkpoint": found.path.name}
     if found.skipped:
@@ -265,12 +274,18 @@ def train(
     whole run: a second run pointed at the same folder is refused. ``until``: stop after that
     step (checkpointing it) instead of after ``steps``, the learning-rate schedule still spanning
     ``steps`` (default ``train.steps``), as a replay of part of a longer run needs. ``lock``: the
-    folder's `RunLock`, already held by the caller (a replay, which claims the folder under it)."""
-    ckpt_dir = Path(out or cfg.train.out) / "checkpoints"
+    folder's `RunLock`, already held by the caller (a replay, which claims the folder under it
+    by its own rule). ``out``: the run's folder (default: the folder of the run's own
+    ``run.yaml`` given as ``cfg``, `run_folder`, else ``train.out``), under `check_out`'s rule."""
+    out = str(_out_folder(cfg, out))
+    ckpt_dir = Path(out) / "checkpoints"
     if lock is not None and lock.path.parent.resolve() != ckpt_dir.resolve():
         raise ValueError(f"the lock given is {lock.path}'s, not {ckpt_dir}'s")
-    refuse_places(Path(out or cfg.train.out), "--out", (cfg.data.path,))  # not in a dataset
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0 and lock is None:  # before the lock, which writes in the folder
+        check_out(out, (cfg.data.path,))
+    else:  # the caller's folder, claimed under its own rule; or another rank's view of rank 0's
+        refuse_places(Path(out), "--out", (cfg.data.path,))  # not in a dataset
     with (
         checkpoint.RunLock(ckpt_dir) if rank0 and lock is None else nullcontext(),
         progress_bars(not quiet),
@@ -284,6 +299,25 @@ def train(
             quiet=quiet,
             until=until,
         )
+
+
+def _out_folder(cfg: RunConfig, out: str | None) -> Path:
+    """``out`` when given; else the folder of the run whose own ``run.yaml`` ``cfg`` is (a run
+    moved elsewhere resumes where it is: said on stderr when its record names another folder);
+    else ``train.out``."""
+    if out:
+        return Path(out)
+    folder = run_folder(cfg)
+    if folder is None:
+        return Path(cfg.train.out)
+    if Path(cfg.train.out).resolve() != folder.resolve() and int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"note: {folder / 'run.yaml'} records train.out {cfg.train.out}; the run is in "
+            f"{folder}, where it trains",
+            file=sys.stderr,
+            flush=True,
+        )
+    return folder
 
 
 @contextmanager
@@ -439,14 +473,14 @@ def open_log(run: Run, resumed: bool):
     if run.rank != 0:
         return None
     checkpoint.writable_dir(run.out_dir, "the training log")
-    log = open_for_append(run.out_dir / "log.jsonl")
     cfg = run.cfg
     recorded = dataclasses.replace(
         cfg,
         train=dataclasses.replace(cfg.train, steps=run.total_steps, out=run.out_dir.resolve()),
     )
+    # the record before the log: a run killed in between leaves a folder that is a run's
     record_run(run.out_dir, recorded, run.world, run.loader, resumed=resumed)
-    return log
+    return open_for_append(run.out_dir / "log.jsonl")
 
 
 def train_step(run: Run, global_batch: int) -> StepResult:
@@ -558,33 +592,36 @@ def _train(
     collector.settle()
     loss = float("nan")
     t0 = time.perf_counter()
-    while step < run.last_step:
-        global_batch = run.loader.global_batch
-        result = train_step(run, global_batch)
-        loss, step = result.loss, step + 1
-        saving = step % cfg.train.checkpoint_every == 0 or step == run.last_step
-        val_loss = (
-            evaluate(run.model, run.val, run.world, run.device)
-            if saving and run.val is not None
-            else None
-        )
-        row = log_row(run, step, global_batch, result, time.perf_counter() - t0)
-        if row is not None:
-            if val_loss is not None:
-                row["val_loss"] = val_loss
-            row.update(start_note)  # the first row only: where this process started
-            start_note = {}
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            if not quiet:
-                shown = f"  val loss {val_loss:.4f}" if val_loss is not None else ""
-                print(
-                    f"step {step:5d}  loss {loss:.4f}  epoch {row['epoch']:.2f}{shown}", flush=True
-                )
-        if saving:
-            save(run, step)
-    if log is not None:
-        log.close()
+    try:  # the log closed whatever stops the loop (a full disk in a replay, in process)
+        while step < run.last_step:
+            global_batch = run.loader.global_batch
+            result = train_step(run, global_batch)
+            loss, step = result.loss, step + 1
+            saving = step % cfg.train.checkpoint_every == 0 or step == run.last_step
+            val_loss = (
+                evaluate(run.model, run.val, run.world, run.device)
+                if saving and run.val is not None
+                else None
+            )
+            row = log_row(run, step, global_batch, result, time.perf_counter() - t0)
+            if row is not None:
+                if val_loss is not None:
+                    row["val_loss"] = val_loss
+                row.update(start_note)  # the first row only: where this process started
+                start_note = {}
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                if not quiet:
+                    shown = f"  val loss {val_loss:.4f}" if val_loss is not None else ""
+                    print(
+                        f"step {step:5d}  loss {loss:.4f}  epoch {row['epoch']:.2f}{shown}",
+                        flush=True,
+                    )
+            if saving:
+                save(run, step)
+    finally:
+        if log is not None:
+            log.close()
     run.loader.close()
     if run.world > 1:
         dist.destroy_process_group()

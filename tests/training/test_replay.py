@@ -1,10 +1,15 @@
 """``energon-platform replay``: from a planted spike to its samples, their exclusion rules, a
-replay from the checkpoint before it without the spike, and the report of both runs."""
+replay from the checkpoint before it without the spike, and the report of both runs; what it
+may overwrite (only a replay's folder, whose refusal names only what no replay wrote), and a
+full disk (ENOSPC injected into the copy and into the trainer's checkpoint) leaving nothing
+half-written."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +17,8 @@ import sys
 import pytest
 
 from energon_platform import cli
-from energon_platform.training.replay import MARK, claim_out
+from energon_platform.training import checkpoint
+from energon_platform.training.replay import MARK, claim_out, foreign, is_replay
 from energon_platform.training.spike_samples import LogRows
 from energon_platform.training.spikes import find_spikes
 from energon_platform.training.step_log_readers import JsonLines
@@ -32,6 +38,11 @@ def folder_digest(path) -> str:
         if p.is_file():
             h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def mark(out, run="/runs/original") -> None:
+    """The mark a replay writes first in its folder (what it replays)."""
+    (out / MARK).write_text(json.dumps({"run": str(run), "from": 13, "steps": 5}) + "\n")
 
 
 def planted_replay(run: dict, out, *args: str) -> subprocess.CompletedProcess:
@@ -104,6 +115,8 @@ def test_replay_fails_in_one_line_when_a_step_before_from_is_not_the_originals(
         ("too few steps", "--steps 2: the replay would stop at step 10"),
         ("out not empty", "holds an earlier replay; pass --overwrite"),
         ("overwrite a foreign folder", "holds notes.txt, which no replay wrote"),
+        ("overwrite a replay with a user's file", "--out {out}: holds notes.txt, which no replay"),
+        ("overwrite a folder with a user's replay.json", "holds replay.json, which no replay"),
         (
             "overwrite a training run",
             "holds checkpoints, log.jsonl, run.json, ..., which no replay wrote",
@@ -124,7 +137,17 @@ def test_replay_refuses_bad_inputs_in_one_line(spike_run, capsys, tmp_path, case
     elif case == "out not empty":
         out.mkdir()
         (out / "log.jsonl").write_text("")
-        (out / MARK).write_text("{}")
+        mark(out)
+    elif case == "overwrite a replay with a user's file":  # M7: only the user's file is named
+        (out / "checkpoints").mkdir(parents=True)
+        (out / "log.jsonl").write_text("")
+        mark(out)
+        (out / "notes.txt").write_text("mine")
+        argv["--overwrite"] = None
+    elif case == "overwrite a folder with a user's replay.json":  # not a replay's mark
+        out.mkdir()
+        (out / MARK).write_text('{"mine": true}\n')
+        argv["--overwrite"] = None
     elif case == "overwrite a training run":  # a run's folder has no replay mark
         shutil.copytree(run, out)
         argv["--overwrite"] = None
@@ -136,15 +159,18 @@ def test_replay_refuses_bad_inputs_in_one_line(spike_run, capsys, tmp_path, case
         out = run / "replay"
     else:
         argv["--run"] = tmp_path
-    before = folder_digest(run)
+    before, out_before = folder_digest(run), folder_digest(out) if out.is_dir() else None
     args = [str(a) for k, v in argv.items() for a in (k, v) if a is not None]
     assert cli.main(["replay", *args, "--out", str(out)]) == 2
     err = capsys.readouterr().err
+    said = said.format(out=out)
     assert said in err and len(err.strip().splitlines()) == 1, err
     assert folder_digest(run) == before and not (run / "replay").exists()
+    if out_before is not None:  # nothing in a refused folder was touched
+        assert folder_digest(out) == out_before
     if case == "overwrite a training run":
         assert folder_digest(out) == before  # nothing of the run there was touched
-    elif case != "overwrite a foreign folder":
+    elif out_before is None:
         assert not (out / "checkpoints").exists()
 
 
@@ -153,7 +179,7 @@ def test_replay_onto_a_live_replay_is_refused_by_its_run_lock(spike_run, capsys,
     is refused in one line, and the live run's files stay."""
     out = tmp_path / "replay"
     (out / "checkpoints").mkdir(parents=True)
-    (out / MARK).write_text("{}")
+    mark(out)
     (out / "log.jsonl").write_text('{"step": 1}\n')
     holder = subprocess.Popen(
         [
@@ -179,7 +205,7 @@ def test_replay_onto_a_live_replay_is_refused_by_its_run_lock(spike_run, capsys,
     err = capsys.readouterr().err
     assert "another training run is using this checkpoint folder" in err, err
     assert len(err.strip().splitlines()) == 1
-    assert (out / "log.jsonl").read_text() == '{"step": 1}\n' and (out / MARK).is_file()
+    assert (out / "log.jsonl").read_text() == '{"step": 1}\n' and is_replay(out)
 
 
 def test_overwrite_empties_a_folder_an_earlier_replay_left_but_keeps_its_lock(tmp_path):
@@ -187,7 +213,7 @@ def test_overwrite_empties_a_folder_an_earlier_replay_left_but_keeps_its_lock(tm
     (out / "checkpoints" / "step_000008").mkdir(parents=True)
     (out / "checkpoints" / ".run.lock").write_text("")
     (out / "log.jsonl").write_text("{}\n")
-    (out / MARK).write_text("{}\n")
+    mark(out)
     for record in ("run.yaml", "run.json"):  # what the replay's trainer records of itself
         (out / record).write_text("{}\n")
     claim_out(out)
@@ -195,3 +221,98 @@ def test_overwrite_empties_a_folder_an_earlier_replay_left_but_keeps_its_lock(tm
         "checkpoints",
         "checkpoints/.run.lock",
     ]
+
+
+def test_a_replays_folder_is_its_mark_and_a_replays_names_only(tmp_path):
+    """`is_replay` takes a folder for a replay's only with the mark a replay writes and nothing
+    but what a replay writes: a user's file beside a real mark, or a user's own replay.json,
+    make it a user's folder, and the refusal names only what no replay wrote."""
+    out = tmp_path / "replay"
+    (out / "checkpoints" / "step_000008").mkdir(parents=True)
+    (out / "log.jsonl").write_text("{}\n")
+    mark(out)
+    assert is_replay(out) and foreign(out) == []
+    (out / "notes.txt").write_text("mine")
+    assert not is_replay(out) and foreign(out) == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    (out / "report.html").mkdir()  # a folder of the user's too
+    assert not is_replay(out) and foreign(out) == ["report.html"]
+    (out / "report.html").rmdir()
+    (out / MARK).write_text('{"mine": true}\n')  # a replay.json a replay did not write
+    assert not is_replay(out) and sorted(foreign(out)) == ["checkpoints", "log.jsonl", MARK]
+    only_lock = tmp_path / "stopped"  # a replay stopped before its mark: only its run lock
+    (only_lock / "checkpoints").mkdir(parents=True)
+    (only_lock / "checkpoints" / ".run.lock").write_text("")
+    assert is_replay(only_lock)
+
+
+# --- a full disk: nothing half-written stays ------------------------------------------------
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _full_disk_replay(spike_run, capsys, out, monkeypatch, where: str) -> str:
+    """``replay`` into ``out`` with ENOSPC injected ``where``: "copy" (the checkpoint's second
+    file copied into --out fails, the first already there) or "checkpoint" (the replay's first
+    checkpoint, after steps were trained and logged). Returns its one line."""
+    if where == "copy":
+        copied, real = [], shutil.copyfile
+
+        def copyfile(src, dst, *args, **kwargs):
+            if copied:
+                with open(dst, "wb") as f:  # half a file, as a full disk leaves it
+                    f.write(b"half")
+                _no_space()
+            copied.append(dst)
+            return real(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(shutil, "copyfile", copyfile)
+    else:
+        real_save = checkpoint.save
+
+        def save(*args, **kwargs):
+            monkeypatch.setattr(os, "fsync", _no_space)
+            return real_save(*args, **kwargs)
+
+        monkeypatch.setattr(checkpoint, "save", save)
+    argv = ["--run", spike_run["out"], "--config", spike_run["config"], "--from", 13]
+    argv += ["--steps", 5, "--out", out, "--overwrite"]
+    status = cli.main(["replay", *map(str, argv)])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("where", ["copy", "checkpoint"])
+def test_a_full_disk_leaves_no_half_written_replay_behind(
+    spike_run, capsys, tmp_path, monkeypatch, where
+):
+    """T5: ENOSPC while the checkpoint is copied into a new --out, or while the replay's own
+    checkpoint is written: one line naming --out and the cause, and the folder the replay made
+    is gone; the original run is only read."""
+    before = folder_digest(spike_run["out"])
+    out = tmp_path / "replay"
+    line = _full_disk_replay(spike_run, capsys, out, monkeypatch, where)
+    assert f"--out {out}: the replay could not write there" in line, line
+    assert "no space left" in line.lower(), line
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
+    assert folder_digest(spike_run["out"]) == before
+
+
+def test_a_full_disk_empties_the_replays_folder_it_did_not_make(
+    spike_run, capsys, tmp_path, monkeypatch
+):
+    """T5 on a folder that was there (empty, or an earlier replay under --overwrite): what the
+    replay wrote is removed, the folder itself stays, empty."""
+    out = tmp_path / "replay"
+    out.mkdir()
+    _full_disk_replay(spike_run, capsys, out, monkeypatch, "copy")
+    assert out.is_dir() and list(out.iterdir()) == []
+    (out / "checkpoints").mkdir()
+    (out / "log.jsonl").write_text("{}\n")
+    mark(out)
+    _full_disk_replay(spike_run, capsys, out, monkeypatch, "checkpoint")
+    assert out.is_dir() and list(out.iterdir()) == []

@@ -5,13 +5,18 @@ with exclusions, a weight schedule and a grouped balance); a start records the c
 datasets and world size; a resume keeps the first start and appends what it changed; a fresh
 start over an old record replaces it. Through the CLI, on the session's run with a planted spike
 (trained by ``train``): ``spikes``, ``trace`` and ``report`` take ``--run R`` alone and say the
-same as with ``--config``; a ``--config`` that differs from the record is named in one line.
+same as with ``--config``, ``--set`` applied to the recorded config; a ``--config`` that differs
+from the record is named in one line; an unparsable ``run.json`` is said to be so. A run's own
+``run.yaml`` trains in the folder that holds it, wherever the run was moved, and ``--resume``
+that finds nothing to resume says so, ``--quiet`` or not.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,18 +77,22 @@ def test_a_start_records_itself_and_a_resume_appends_what_it_changed(tmp_path):
 
 def test_a_users_own_run_yaml_in_the_runs_folder_is_never_replaced(tmp_path, capsys):
     """A config named run.yaml in the --out folder is the user's input, not a record: train
-    refuses in one line before any work, and the file is unchanged."""
+    refuses in one line before any work (the folder holds no run's run.json), and the file is
+    unchanged; the record itself refuses to replace it too."""
     from tests.helpers.run_configs import run_config, write_config
 
-    own = tmp_path / "run.yaml"
+    (tmp_path / "run").mkdir()
+    own = tmp_path / "run" / "run.yaml"
     write_config(own, run_config(str(tmp_path / "data")))  # refused before the data is read
     before = own.read_bytes()
-    status = cli.main(["train", "--config", str(own), "--out", str(tmp_path), "--steps", "1"])
+    argv = ["train", "--config", str(own), "--out", str(own.parent), "--steps", "1"]
+    status = cli.main(argv)
     err = capsys.readouterr().err
     assert status != 0 and own.read_bytes() == before
-    assert "is not this run's record" in err and len(err.strip().splitlines()) == 1
+    assert "holds run.yaml, which no training run wrote" in err, err
+    assert len(err.strip().splitlines()) == 1
     with pytest.raises(OutputError, match="is not this run's record"):
-        record_run(tmp_path, load_config(own), 1)
+        record_run(own.parent, load_config(own), 1)
 
 
 def test_config_changes_name_every_dotted_key_that_differs():
@@ -132,6 +141,23 @@ def test_a_run_without_checkpoints_is_traced_from_its_record(spike_run, capsys, 
     alone = _cli(capsys, "trace", "--run", tmp_path, "--step", "2", "--json")
     given = _cli(capsys, "trace", "--config", spike_run["config"], "--step", "2", "--json")
     assert alone[0] == given[0] == 0 and alone[1] == given[1]
+
+
+def test_set_values_apply_to_the_recorded_config_of_run_alone(spike_run, capsys):
+    """``--run R --set K=V`` without ``--config``: the recorded config with the values set (not
+    the record as it is), as ``--config R/run.yaml --set K=V`` gives it; ``trace`` reads it."""
+    from energon_platform.cli.common import run_config
+
+    run = spike_run["out"]
+    sets = ["train.lr=0.125", "loader.seed=11"]
+    cfg = run_config(argparse.Namespace(config=None, set=sets), run)
+    assert cfg.train.lr == 0.125 and cfg.loader.seed == 11
+    assert cfg == run_config(argparse.Namespace(config=str(run / "run.yaml"), set=sets), run)
+    # through a command: the run's checkpoint was saved with the recorded seed (3), so trace
+    # --run R refuses a seed set on the command line, naming the value set
+    status, _, err = _cli(capsys, "trace", "--run", run, "--set", "loader.seed=11", "--step", "2")
+    assert status == 2 and "seed: saved 3, now 11" in err, err
+    assert _cli(capsys, "trace", "--run", run, "--step", "2")[0] == 0
 
 
 def test_a_config_that_differs_from_the_record_is_named_in_one_line(spike_run, capsys, tmp_path):
@@ -203,8 +229,12 @@ def test_check_resume_straight_from_refuses_what_is_not_one_finished_run(
     for name in ("run.yaml", "run.json"):
         (short / name).write_bytes((run / name).read_bytes())
     (short / "log.jsonl").write_text("".join((run / "log.jsonl").read_text().splitlines(True)[:5]))
+    broken = tmp_path / "broken"  # M5: an unparsable record is not a missing one
+    shutil.copytree(run, broken)
+    (broken / "run.json").write_text('{"command": ["energon-platform", "train"')
     cases = {
         (str(empty),): "no run.yaml and run.json of a training run there",
+        (str(broken),): f"{broken / 'run.json'}: unparsable (",
         (str(resumed),): "that run was resumed (1 time(s))",
         (str(short),): "its log reaches step 5 of its 16",
         (str(run), "--set", "loader.seed=1"): "--set comes from the run",
@@ -221,3 +251,48 @@ def test_check_resume_straight_from_refuses_what_is_not_one_finished_run(
     assert not (tmp_path / "never").exists()
     status, _, err = _cli(capsys, "check-resume", "--config", spike_run["config"], "--kill-at", "9")
     assert status == 2 and "--steps is required" in err
+
+
+# --- where a run record trains, and what --resume says -------------------------------------------
+
+
+def test_a_moved_run_resumes_in_the_folder_that_holds_its_record(coco, tmp_path):
+    """U5: ``train --config MOVED/run.yaml --resume`` resumes the run where it now is (not from
+    scratch in the folder its record names, which stays absent), and says where it trains; a
+    run whose folder is gone from where the record says is found by its record."""
+    from tests.helpers.cli import run_cli
+    from tests.helpers.run_configs import run_config, write_config
+
+    config = write_config(tmp_path / "cfg.yaml", run_config(coco))
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    done = run_cli("train", "--config", config, "--out", first, "--steps", 2, "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    first.rename(moved)
+    argv = ["train", "--config", moved / "run.yaml", "--resume", "--steps", 4, "--quiet"]
+    done = run_cli(*argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not first.exists(), "trained in the folder the record names, not the run's"
+    assert f"the run is in {moved}, where it trains" in done.stderr, done.stderr
+    assert "no checkpoint" not in done.stderr, done.stderr
+    rows = [json.loads(line) for line in (moved / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[2]["resumed_from"] == 2
+    (resume,) = json.loads((moved / "run.json").read_text())["resumes"]
+    assert recorded_config(moved).train.out == moved.resolve()
+
+
+def test_resume_that_finds_nothing_to_resume_says_so_even_quiet(coco, tmp_path):
+    """U5: ``--resume`` into a folder with no checkpoint trains from step 0 and says so on
+    stderr, ``--quiet`` or not."""
+    from tests.helpers.cli import run_cli
+    from tests.helpers.run_configs import run_config, write_config
+
+    config = write_config(tmp_path / "cfg.yaml", run_config(coco))
+    out = tmp_path / "new"
+    argv = ["train", "--config", config, "--out", out, "--steps", 1, "--resume", "--quiet"]
+    done = run_cli(*argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "--resume" in line]
+    assert said == [
+        f"warning: --resume: no checkpoint in {out / 'checkpoints'}; starting from step 0"
+    ], done.stderr
+    assert json.loads((out / "log.jsonl").read_text())["resumed_from"] == 0

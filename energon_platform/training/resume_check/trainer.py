@@ -23,6 +23,7 @@ from energon_platform.training.run_record import RUN_JSON, RUN_YAML, recorded_co
 from energon_platform.training.step_log_readers import (
     JsonLines,
 )
+from storage.outputs import OutputError, run_record
 
 
 @dataclass
@@ -64,15 +65,17 @@ def straight_run_spec(run: Path, num_workers: int | None = None) -> RunSpec:
     (``RUN/run.json``). ValueError (one line naming the folder) unless it records a run that was
     never resumed (its log then holds one uninterrupted run) and logged every step."""
     name = f"--straight-from {run}"
-    try:
-        record = json.loads((run / RUN_JSON).read_text())
-        cfg = recorded_config(run)
-    except (OSError, ValueError):
-        record, cfg = None, None
-    if not isinstance(record, dict) or cfg is None:
+    if not (run / RUN_JSON).exists() and not (run / RUN_YAML).exists():
         raise ValueError(
             f"{name}: no {RUN_YAML} and {RUN_JSON} of a training run there (train --out writes them)"
         )
+    try:  # an unparsable record is said to be so, never to be missing
+        record = run_record(run)
+    except OutputError as e:
+        raise ValueError(f"{name}: {e}") from None
+    cfg = recorded_config(run)  # an unparsable run.yaml: its own one-line ConfigError
+    if cfg is None:
+        raise ValueError(f"{name}: no {RUN_YAML} there (the config the run records)")
     if record.get("resumes"):
         raise ValueError(
             f"{name}: that run was resumed ({len(record['resumes'])} time(s)), so its log is not "
