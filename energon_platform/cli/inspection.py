@@ -116,9 +116,9 @@ def cmd_trace(args) -> int:
         raise UsageError("say what to trace: --step N, --steps A:B or --key KEY")
     cfg = run_config(args, args.run)
     folder = args.checkpoint
-    # a run's checkpoints, where it has saved any (one killed before its first is traced from
-    # its recorded config alone, as --config without --checkpoint)
-    if folder is None and args.run is not None and (Path(args.run) / "checkpoints").is_dir():
+    # a run's checkpoints, where it has saved any (one with none yet, killed or still before its
+    # first, never resumed: its recorded config alone answers, as --config without --checkpoint)
+    if folder is None and args.run is not None and checkpoint.newest_in(args.run) is not None:
         folder = args.run
 
     try:

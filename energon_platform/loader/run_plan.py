@@ -215,12 +215,13 @@ class RunPlan:
 
     # --- resume -----------------------------------------------------------------------------
 
-    def resume(self, state: LoaderState) -> None:
+    def resume(self, state: LoaderState, announce: bool = True) -> None:
         """Continue from ``state``: its orders, exclusion and blend history and (planned) its plan
         state (``measured``: its cost history). `StateMismatchError` for other data or
         config, `LayoutError` for a state saved in the middle of a global batch that this
-        layout cannot continue. Changes (blend, exclusions, cost model) are logged by rank 0 and
-        kept in `blend_changes`."""
+        layout cannot continue. Changes (blend, exclusions, cost model) are kept in
+        `blend_changes`, and logged by rank 0 as changes at resume unless ``announce`` is False
+        (a trace reads a checkpoint without resuming the run)."""
         self._check_datasets(state)
         self._continue_orders(state)
         self._check_fingerprint(state)
@@ -249,11 +250,12 @@ class RunPlan:
                 self.units_per_batch,
                 resume_unit=self.batching.resume_unit(plan_state),
             )
-        for change in changes if self.rank == 0 else ():  # once per job, not once per rank
+        speak = self.rank == 0 and announce  # once per job, not once per rank
+        for change in changes if speak else ():
             log.warning("blend changed at resume: %s", change)
-        for change in excluded if self.rank == 0 else ():
+        for change in excluded if speak else ():
             log.warning("loader.exclude changed at resume: %s", change)
-        for change in self.batching.changes if self.rank == 0 else ():
+        for change in self.batching.changes if speak else ():
             log.warning("cost model changed at resume: %s", change)
         self.blend_changes = changes + excluded + list(self.batching.changes)
         self._set_blend(segments, plan_state)

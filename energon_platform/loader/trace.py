@@ -33,6 +33,7 @@ orders the keys inside each pack group.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -50,6 +51,8 @@ from energon_platform.loader.run_plan import RunPlan, build_encoder
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.stand_in import MAX_REPLACEMENTS, candidates, row_fits, stand_in
 from energon_platform.loader.state import LoaderState
+
+log = logging.getLogger(__name__)
 
 #: Plans between two progress reports of a planner replay.
 PROGRESS_EVERY = 500
@@ -462,12 +465,20 @@ def open_tracer(
     """A `Tracer` for run config ``cfg``; ``state``: a checkpoint's loader state (rank 0's,
     `energon_platform.training.checkpoint.loader_state`) that gives the blend and exclusion
     history (and, unless ``world_size`` is given, the world size; for a balanced run, the planner's
-    state there). Builds the run's plan and its encoder, no loader."""
+    state there). Builds the run's plan and its encoder, no loader. Where ``cfg`` differs from
+    the state (blend weights, ``loader.exclude``, the cost model), a note says so and that the
+    steps after the checkpoint are traced with ``cfg``'s: reading a checkpoint resumes no run."""
     if world_size is None:
         world_size = (state or {}).get("layout", {}).get("world_size", 1)
     plan = RunPlan(cfg, build_encoder(cfg), world_size=world_size)
     if state is not None:
-        plan.resume(LoaderState.from_dict(state))
+        plan.resume(LoaderState.from_dict(state), announce=False)
+        for change in plan.blend_changes:
+            log.warning(
+                "note: the config differs from the checkpoint's state: %s (steps from there on "
+                "are traced with the config's)",
+                change,
+            )
     return Tracer(plan, progress)
 
 

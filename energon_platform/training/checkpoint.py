@@ -500,17 +500,35 @@ def load(path: Path, rank: int) -> dict:
         raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {first})") from None
 
 
-def loader_state(path: str | Path) -> dict:
-    """Rank 0's loader state of a checkpoint folder (``step_000020``), or of the newest complete
-    checkpoint under a run's output folder or its ``checkpoints`` folder (``trace --checkpoint``)."""
+#: Files of a run's output folder besides its checkpoints: a folder holding one is a run's
+RUN_FILES = ("run.json", "run.yaml", "log.jsonl")
+
+
+def newest_in(path: str | Path) -> Path | None:
+    """The checkpoint ``path`` names: itself when it is one (``step_000020``), else the newest
+    complete one under a run's output folder or its ``checkpoints`` folder; None when there is
+    none there (yet). `CheckpointError` when the only ones there are damaged (`find`)."""
     path = Path(path)
-    if not (path / "meta.json").is_file():
-        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        found = latest(root) if root.is_dir() else None
-        if found is None:
+    if (path / "meta.json").is_file():
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    return latest(root) if root.is_dir() else None
+
+
+def loader_state(path: str | Path) -> dict:
+    """Rank 0's loader state of the checkpoint `newest_in` ``path`` finds (``trace
+    --checkpoint``); `CheckpointError` when there is none: a run's output folder (it holds
+    `RUN_FILES` or ``checkpoints``) is said to have no checkpoint yet."""
+    path = Path(path)
+    found = newest_in(path)
+    if found is None:
+        if (path / "checkpoints").is_dir() or any((path / f).is_file() for f in RUN_FILES):
             raise CheckpointError(
-                f"{path}: no checkpoint there (a step_NNNNNN folder, or a run's output folder)"
+                f"{path}: the run has no checkpoint yet (none complete under "
+                f"{path / 'checkpoints'})"
             )
-        path = found
-    verify(path)
-    return json.loads((path / "loader_rank0.json").read_text())
+        raise CheckpointError(
+            f"{path}: no checkpoint there (a step_NNNNNN folder, or a run's output folder)"
+        )
+    verify(found)
+    return json.loads((found / "loader_rank0.json").read_text())

@@ -211,7 +211,7 @@ def test_spikes_warns_when_the_logs_keys_are_not_traces(run, capsys, tmp_path):
             "no config",
             "records no config (no run.yaml: a run of an earlier version); pass --config",
         ),
-        ("no checkpoints", "no checkpoint there"),
+        ("no checkpoints", "the run has no checkpoint yet"),
         ("step beyond the log", "--exclude-from 99: "),
         ("unreadable @file", "--set loader.seed=@"),
     ],
