@@ -10,6 +10,7 @@ import pytest
 
 from scripts.browser import chromium_or_reason, run_chromium
 from tests.helpers import REPO
+from tests.project.test_docs_widths import WIDTHS, wide_elements
 
 DOCS = REPO / "docs"
 SCRIPT = "javascripts/mermaid.min.js"
@@ -120,3 +121,49 @@ def test_code_lines_fit_the_page_at_1400_pixels(chromium, site, page):
     assert found, "the probe did not run"
     wide = json.loads(html.unescape(found.group(1)))
     assert not wide, f"{page}: code blocks wider than the page at 1400 px: {wide}"
+
+
+#: first in <head> of a copy of a page: Material's closed shadow root of each diagram made open,
+#: so that a probe sees the diagram as the page lays it out (the page's own styles kept out)
+OPEN_SHADOW = (
+    "<script>const attach = Element.prototype.attachShadow; Element.prototype.attachShadow = "
+    "function (o) { return attach.call(this, {...o, mode: 'open'}); };</script>"
+)
+#: in the frame's window ``w``: the page's viewport and scroll width, and per diagram the size
+#: in pixels its text is drawn at (the label's font size times the drawing's scale; null when
+#: not drawn)
+TEXT_PROBE = """function probe(w) {
+  const doc = w.document;
+  const sizes = [...doc.querySelectorAll("div.mermaid")].map((d) => {
+    const svg = d.shadowRoot && d.shadowRoot.querySelector("svg");
+    const label = svg && svg.querySelector(".nodeLabel, text");
+    if (!label) return null;
+    const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    return Math.round(parseFloat(w.getComputedStyle(label).fontSize) * scale * 10) / 10;
+  });
+  return {edge: doc.documentElement.clientWidth, page: doc.documentElement.scrollWidth, sizes};
+}"""
+#: the smallest text a diagram may draw (pixels): scaled to a phone's width, they drew 4.7 to 6.4
+LEAST_TEXT_PX = 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", sorted(WIDTHS))
+def test_diagram_text_stays_readable_on_a_phone_and_a_desktop(chromium, site, width):
+    """Each diagram is drawn at its own size (``docs/javascripts/mermaid-config.js``), never
+    shrunk to the page's width: one wider than a phone scrolls sideways in its own box, and the
+    page itself does not."""
+    pages = {}
+    for page in PAGES:
+        built = built_page(site, page)
+        copy = built.with_name("open-shadow.html")
+        copy.write_text(built.read_text().replace("<head>", "<head>" + OPEN_SHADOW, 1))
+        pages[str(copy.relative_to(site))] = mermaid_blocks(page)
+    found = wide_elements(site, sorted(pages), WIDTHS[width], probe=TEXT_PROBE, delay=1500)
+    for name, blocks in pages.items():
+        result = found[name]
+        assert result["edge"] == WIDTHS[width][0], result
+        assert len(result["sizes"]) == blocks and None not in result["sizes"], (name, result)
+        small = [px for px in result["sizes"] if px < LEAST_TEXT_PX]
+        assert not small, f"{name} at {width}: diagram text of {small} px ({result})"
+        assert result["page"] <= result["edge"] + 1, f"{name}: the page scrolls sideways"

@@ -83,7 +83,7 @@ frame.onload = () => setTimeout(() => {{
   i += 1;
   if (i < pages.length) frame.src = pages[i];
   else document.body.setAttribute("data-wide", JSON.stringify(found));
-}}, 20);
+}}, {delay});
 frame.src = pages[0];
 </script></body></html>"""
 
@@ -95,14 +95,18 @@ def built_pages(site: Path) -> list[str]:
     )
 
 
-def wide_elements(site: Path, pages: list[str], size: tuple[int, int]) -> dict[str, dict]:
+def wide_elements(
+    site: Path, pages: list[str], size: tuple[int, int], probe: str = PROBE, delay: int = 20
+) -> dict[str, dict]:
     """Per page: ``{"edge", "page", "wide", "broken", "midword"}`` (see :data:`PROBE`) laid out
-    ``size[0]`` wide."""
+    ``size[0]`` wide; or what another ``probe(w)`` returns, ``delay`` ms after the page loaded."""
     runner = site / f"widths-{size[0]}.html"
     runner.write_text(
-        RUNNER.format(width=size[0], height=size[1], probe=PROBE, pages=json.dumps(pages))
+        RUNNER.format(
+            width=size[0], height=size[1], probe=probe, pages=json.dumps(pages), delay=delay
+        )
     )
-    budget = 2000 + 1500 * len(pages)
+    budget = 2000 + (1500 + delay) * len(pages)
     r = run_chromium(
         runner,
         "--allow-file-access-from-files",
