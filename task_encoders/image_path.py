@@ -100,8 +100,9 @@ def decode_rgb8(image: Image.Image) -> torch.Tensor:
 
 
 def to_float(image: torch.Tensor) -> torch.Tensor:
-    """float32 in [0, 1], contiguous: ``uint8 / 255`` (``torchrgb``'s values, bit for bit)."""
-    return (image.float() / 255.0).contiguous()
+    """float32 in [0, 1], contiguous: ``uint8 / 255`` (``torchrgb``'s values, bit for bit); the
+    bytes are laid out (C, H, W) first, a quarter of the copying of doing it on floats."""
+    return image.contiguous().float().div_(255.0)
 
 
 def draft_scale(

@@ -12,12 +12,16 @@ import torch
 from PIL import Image
 from webdataset.autodecode import imagehandler
 
+from energon_platform.config import load_config
+from energon_platform.loader.state import StateMismatchError
+from energon_platform.loader.train_loader import TrainLoader
+from energon_platform.training.train import batch_digest
 from task_encoders.config_parser import At, ConfigError, to_plain
 from task_encoders.image_path import ImageBytesDecoder, ImagePath, draft_scale, open_image
 from task_encoders.image_text import ImageConfig, ImageTextConfig
 from task_encoders.image_transforms import TransformSpec, build_pipeline
 from task_encoders.registry import get_encoder
-from tests.encoders.image_path_record import FIXTURE, REPO, case_digests
+from tests.encoders.image_path_record import FIXTURE, REPO, case_digests, coco
 
 TORCHRGB = imagehandler("torchrgb")
 
@@ -104,14 +108,58 @@ def test_default_path_is_bit_identical_to_the_float_path(name):
         assert torch.equal(path(TORCHRGB("x.png", data)), want), label
 
 
-def test_the_recorded_digests_of_the_embedded_photos_hold(tmp_path):
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """A folder where `coco` converts ``data/coco_mini`` (as PNG, or its JPEGs kept) once."""
+    return tmp_path_factory.mktemp("photos")
+
+
+def test_the_recorded_digests_of_the_embedded_photos_hold(photos):
     """The image encoders' output on ``data/coco_mini`` (PNG and kept JPEG, crops, eval resizes,
     tiles) is byte for byte what it was before images were decoded to uint8: the digests were
     recorded then (``python -m tests.encoders.image_path_record``)."""
-    found = case_digests(
-        tmp_path, lambda source, index, encoder: source.load(index, encoder.decoder)
-    )
+    found = case_digests(photos, lambda source, index, encoder: source.load(index, encoder.decoder))
     assert found == json.loads(FIXTURE.read_text())
+
+
+def draft_config(data, draft: bool, workers: int = 0):
+    return load_config(
+        {
+            "data": {"path": str(data)},
+            "encoder": {
+                "encoder": "image_text",
+                "text": {"seq_len": 48},
+                "image": {
+                    "transforms": [{"name": "RandomResizedCrop", "size": 16, "scale": [0.5, 1.0]}],
+                    "draft_decode": draft,
+                },
+            },
+            "loader": {"global_batch_size": 8, "num_workers": workers},
+        }
+    )
+
+
+def batches(config, steps: int, state: dict | None = None) -> list[list[str]]:
+    loader = TrainLoader(config)
+    if state is not None:
+        loader.load_state_dict(state)
+    out = [batch_digest(next(loader)) for _ in range(steps)]
+    loader.close()
+    return out
+
+
+def test_draft_decoding_resumes_exactly_on_other_workers_and_a_flip_is_refused(photos):
+    data = coco(photos, "keep")  # JPEG: draft decoding applies
+    reference = batches(draft_config(data, True), 5)
+    assert reference != batches(draft_config(data, False), 5)  # it did decode smaller
+    loader = TrainLoader(draft_config(data, True))
+    for _ in range(2):
+        next(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    assert batches(draft_config(data, True, workers=2), 3, state) == reference[2:]
+    with pytest.raises(StateMismatchError, match="encoder.config_sha"):
+        TrainLoader(draft_config(data, False)).load_state_dict(state)
 
 
 def test_the_encoders_take_images_as_bytes():
