@@ -63,7 +63,8 @@ def straight_run_spec(run: Path, num_workers: int | None = None) -> RunSpec:
     """The `RunSpec` of a finished training run's folder (``train --out RUN``), from what it
     records: its config (``RUN/run.yaml``: every ``--set`` applied), its world size and its steps
     (``RUN/run.json``). ValueError (one line naming the folder) unless it records a run that was
-    never resumed (its log then holds one uninterrupted run) and logged every step."""
+    never resumed (its log then holds one uninterrupted run), on the world size its log's rows
+    were written at, and logged every step."""
     name = f"--straight-from {run}"
     if not (run / RUN_JSON).exists() and not (run / RUN_YAML).exists():
         raise ValueError(
@@ -81,13 +82,22 @@ def straight_run_spec(run: Path, num_workers: int | None = None) -> RunSpec:
             f"{name}: that run was resumed ({len(record['resumes'])} time(s)), so its log is not "
             f"one uninterrupted run; check it with --config {run / RUN_YAML} instead"
         )
+    rows = read_log(run / "log.jsonl")
+    world_size = int(record.get("world_size") or 1)
+    logged_sizes = sorted({r["world_size"] for r in rows.values() if "world_size" in r})
+    if logged_sizes and logged_sizes != [world_size]:  # the record first: else a false FAIL
+        raise ValueError(
+            f"{name}: {RUN_JSON} records world_size {world_size}, but its log.jsonl was written "
+            f"at world_size {', '.join(map(str, logged_sizes))}; the record is not this log's "
+            f"(check the run with --config {run / RUN_YAML} --nproc N instead)"
+        )
     steps = cfg.train.steps
-    logged = max(read_log(run / "log.jsonl"), default=0)
+    logged = max(rows, default=0)
     if logged < steps:
         raise ValueError(
             f"{name}: its log reaches step {logged} of its {steps}; let the run finish first"
         )
-    return RunSpec(str(run / RUN_YAML), steps, int(record.get("world_size") or 1), num_workers)
+    return RunSpec(str(run / RUN_YAML), steps, world_size, num_workers)
 
 
 def run_killed(
