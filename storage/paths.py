@@ -3,6 +3,7 @@ profile from ``MSC_CONFIG``), read and listed through Energon's ``EPath`` either
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,16 +36,36 @@ def dataset_root(path: str) -> EPath:
 
 def check_there(path: str) -> None:
     """Raise the one line that says nothing can be at ``path``: a local path that does not exist
-    (`DatasetError`), a bucket that does not exist (`StorageError`); else return. Ask it before
-    saying "not an Energon dataset" of a path, which would send the user to convert it."""
+    (`DatasetError`), a bucket that does not exist (`StorageError`), a conversion that wrote no
+    sample there (its ``report.json`` says so: `DatasetError` with the report's reasons); else
+    return. Ask it before saying "not an Energon dataset" of a path, which would send the user to
+    convert it."""
     if not is_remote(path):
         if not Path(path).exists():
             raise DatasetError(f"{path}: no such file or folder")
-        return
-    root = dataset_root(path)
+    else:
+        root = dataset_root(path)
+        try:
+            next(iter(root.fs.list(str(root.internal_path).rstrip("/") + "/")), None)
+        except Exception as e:
+            if no_bucket(e):
+                raise bucket_error(path) from e
+            # anything else is for the caller's own read to meet and name
+    _check_wrote_samples(path)
+
+
+def _check_wrote_samples(path: str) -> None:
+    """`DatasetError` when ``path`` holds the ``report.json`` of a conversion that wrote no sample,
+    naming the report's skip reasons; nothing when there is no such report or it cannot be read."""
     try:
-        next(iter(root.fs.list(str(root.internal_path).rstrip("/") + "/")), None)
-    except Exception as e:
-        if no_bucket(e):
-            raise bucket_error(path) from e
-        # anything else is for the caller's own read to meet and name
+        report = json.loads((dataset_root(path) / "report.json").read_text())
+        written, seen = report["totals"]["written"], report["totals"]["seen"]
+        skipped = report.get("skipped_by_reason") or {}
+        reasons = ", ".join(f"{reason} {entry['count']}" for reason, entry in skipped.items())
+    except Exception:  # no report there, or not a conversion's: not this check's to name
+        return
+    if written == 0:
+        raise DatasetError(
+            f"{path}: its conversion wrote no sample ({seen} read, skipped: {reasons or 'none'}; "
+            f"see its report.json); fix the input and convert again"
+        )

@@ -62,12 +62,21 @@ def index_dataset(
 
 
 def summary(stats: dict) -> str:
-    """One line of what `index_run` did for a dataset."""
+    """One line of what `index_run` did for a dataset, a line per damaged file it replaced, and
+    where the index is."""
     rate = stats["samples"] / stats["seconds"] if stats["indexed"] and stats["seconds"] else None
     done = (
         f"{stats['indexed']} of {stats['shards']} shards indexed now, {stats['reused']} reused"
         + (f", {rate:,.0f} samples/s" if rate else "")
     )
     unreadable = f", {stats['unreadable']} unreadable" if stats["unreadable"] else ""
+    damaged = stats.get("damaged") or []
+    healed = f"; {len(damaged)} damaged file(s) rebuilt" if damaged else ""
     where = stats.get("published") or Path(stats["folder"])
-    return f"{stats['dataset']}: {stats['samples']:,} samples; {done}{unreadable}\n  index: {where}"
+    return "\n".join(
+        [
+            f"{stats['dataset']}: {stats['samples']:,} samples; {done}{unreadable}{healed}",
+            *(f"  damaged, rebuilt: {line}" for line in damaged),
+            f"  index: {where}",
+        ]
+    )

@@ -11,6 +11,10 @@ started them) or as Ray tasks (`converters.executor.run_ray`), each opening the 
 building the encoder from its config once per process. `assemble` streams the parts, in the
 dataset's shard order, into the index files (``facts.i32``, ``keys.bin``, ``keys.off``): its
 memory is one part's, whatever the number of samples.
+
+Parts are a cache: `part_damage` checks a part's zip directory and array headers against its
+shard (cheap: no array is read), and `assemble` raises `DamagedPart` for a part that does not
+read whole, so the builder indexes that shard again instead of reusing it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import json
 import multiprocessing
 import os
 import re
+import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +91,48 @@ def shard_jobs(source: Any) -> list[ShardJob]:
         jobs.append(ShardJob(k, shard.name, start, shard.count, shard_stamp(meta)))
         start += shard.count
     return jobs
+
+
+# --- checking parts -----------------------------------------------------------------------------
+
+#: what reading a damaged part raises (a truncated zip, a bad CRC, a member or header missing)
+PART_ERRORS = (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error)
+
+
+class DamagedPart(ValueError):
+    """A part that `assemble` could not read whole: ``job`` is its shard's, ``str()`` the cause."""
+
+    def __init__(self, job: ShardJob, why: str):
+        super().__init__(why)
+        self.job = job
+
+
+def part_damage(path: Path, job: ShardJob, width: int) -> str | None:
+    """What is wrong with the part ``path`` of ``job`` (a line naming it), or None when its zip
+    directory reads and its arrays' headers say ``(count, width)`` int32 facts and a byte string of
+    keys. Reads the zip's directory and two array headers, never the arrays."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            headers = {}
+            for name in ("facts", "keys"):
+                with z.open(f"{name}.npy") as f:
+                    version = np.lib.format.read_magic(f)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    headers[name] = read(f)
+    except PART_ERRORS as e:
+        return f"{path}: unreadable ({type(e).__name__}: {e})"
+    (facts_shape, _, facts_type), (keys_shape, _, keys_type) = headers["facts"], headers["keys"]
+    if facts_shape != (job.count, width) or facts_type != np.int32:
+        return (
+            f"{path}: facts of shape {facts_shape} ({facts_type}), not ({job.count}, {width}) int32"
+        )
+    if len(keys_shape) != 1 or keys_type != np.uint8:
+        return f"{path}: keys of shape {keys_shape} ({keys_type}), not bytes"
+    return None
 
 
 # --- the worker -----------------------------------------------------------------------------------
@@ -174,35 +222,52 @@ NEWLINE = ord("\n")
 
 def assemble(folder: Path, parts: Path, jobs: Sequence[ShardJob], width: int, meta: dict) -> None:
     """Write the index files of ``jobs``' parts (in their order) into ``folder``, streaming one
-    part at a time, then ``meta.json`` (``meta`` plus the format, samples and width) last: a
-    folder with ``meta.json`` is complete. Ranks that assemble at once write the same bytes."""
+    part at a time, then ``meta.json`` (``meta`` plus the format, samples, width and key bytes)
+    last: a folder with ``meta.json`` is complete. Ranks that assemble at once write the same
+    bytes. A part that does not read whole, or holds other than its shard's count of facts, is
+    `DamagedPart` (nothing is replaced in ``folder`` then)."""
     folder.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
     names = ("facts.i32", "keys.bin", "keys.off")
     tmp = {name: folder / f".{name}.{pid}.tmp" for name in names}
     total, samples = 0, 0
-    with (
-        open(tmp["facts.i32"], "wb") as facts_out,
-        open(tmp["keys.bin"], "wb") as keys_out,
-        open(tmp["keys.off"], "wb") as offsets_out,
-    ):
-        offsets_out.write(np.zeros(1, np.int64).tobytes())
-        for job in jobs:
-            with np.load(parts / job.part) as z:
-                facts, blob = z["facts"], z["keys"]
-            if facts.shape != (job.count, width):
-                raise ValueError(f"{parts / job.part}: facts of shape {facts.shape}, not {width}")
-            facts_out.write(np.ascontiguousarray(facts, np.int32).tobytes())
-            if job.count:  # keys joined by newlines: each key's end, less the newlines before it
-                newlines = np.flatnonzero(blob == NEWLINE)
-                ends = np.append(newlines, len(blob)) - np.arange(job.count)
-                keys_out.write(blob[blob != NEWLINE].tobytes())
-                offsets_out.write((total + ends).astype(np.int64).tobytes())
-                total += int(ends[-1])
-            samples += job.count
+    try:
+        with (
+            open(tmp["facts.i32"], "wb") as facts_out,
+            open(tmp["keys.bin"], "wb") as keys_out,
+            open(tmp["keys.off"], "wb") as offsets_out,
+        ):
+            offsets_out.write(np.zeros(1, np.int64).tobytes())
+            for job in jobs:
+                path = parts / job.part
+                try:
+                    with open(path, "rb") as f, np.load(f) as z:
+                        facts, blob = z["facts"], z["keys"]
+                except PART_ERRORS as e:
+                    raise DamagedPart(job, f"{path}: {type(e).__name__}: {e}") from None
+                newlines = np.flatnonzero(blob == NEWLINE) if blob.ndim == 1 else None
+                if (
+                    facts.shape != (job.count, width)
+                    or newlines is None
+                    or (job.count and len(newlines) != job.count - 1)
+                ):
+                    raise DamagedPart(job, f"{path}: not the facts and keys of {job.count} samples")
+                facts_out.write(np.ascontiguousarray(facts, np.int32).tobytes())
+                if (
+                    job.count
+                ):  # keys joined by newlines: each key's end, less the newlines before it
+                    ends = np.append(newlines, len(blob)) - np.arange(job.count)
+                    keys_out.write(blob[blob != NEWLINE].tobytes())
+                    offsets_out.write((total + ends).astype(np.int64).tobytes())
+                    total += int(ends[-1])
+                samples += job.count
+    except BaseException:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        raise
     for name in names:
         os.replace(tmp[name], folder / name)
-    record = {**meta, "format": FORMAT, "samples": samples, "width": width}
+    record = {**meta, "format": FORMAT, "samples": samples, "width": width, "key_bytes": total}
     meta_tmp = folder / f".meta.json.{pid}.tmp"
     meta_tmp.write_text(json.dumps(record))
     os.replace(meta_tmp, folder / "meta.json")

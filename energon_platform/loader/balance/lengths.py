@@ -12,6 +12,10 @@ of facts plus the key and 8 bytes of offset per sample. `LengthIndex` memory-map
 reader's memory is the pages it touches; a copy of an index on object storage is filled by ranged
 reads where it is read (`ranged_copy`). Building them shard by shard is `length_parts`'s job, and
 where they live and when they are built `length_store`'s.
+
+An index is a cache: `index_damage` checks its ``meta.json`` and each file's size against what the
+meta says (``4·N·K`` bytes of facts, ``8·(N+1)`` of offsets, the key bytes it records), so a
+truncated or overwritten file is found when the index is opened, never read as if whole.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from energon_platform.loader.balance.ranged_copy import copies
+from energon_platform.loader.balance.ranged_copy import SOURCE_FILE, copies
 from energon_platform.loader.node_cache import cache_root
+from storage import DatasetError
 from task_encoders.sequences import padded_length
 
 if TYPE_CHECKING:
@@ -40,16 +45,111 @@ def default_cache_dir() -> Path:
     return cache_root() / "lengths"
 
 
+class LengthIndexDamaged(DatasetError):
+    """An index whose ``meta.json`` cannot be read or whose files do not have the sizes it says:
+    one line naming the file (`index_damage`)."""
+
+
+def parse_meta(raw: bytes, where: str) -> dict:
+    """The meta of an index, read from ``raw`` (the bytes of ``where``, its ``meta.json``), with its
+    format and counts checked; `LengthIndexDamaged` naming ``where`` when it is not one."""
+    try:
+        meta = json.loads(raw)
+    except ValueError as e:
+        raise LengthIndexDamaged(f"{where}: not JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise LengthIndexDamaged(f"{where}: not the meta of a {FORMAT} index")
+    for name in ("samples", "width", "key_bytes"):
+        if name in meta or name != "key_bytes":  # key_bytes: absent from earlier indexes
+            if not isinstance(meta.get(name), int) or meta[name] < 0:
+                raise LengthIndexDamaged(f"{where}: no count of {name}")
+    return meta
+
+
+def read_meta(folder: Path) -> dict:
+    """`parse_meta` of ``folder/meta.json``; `LengthIndexDamaged` when it cannot be read."""
+    path = Path(folder) / "meta.json"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise LengthIndexDamaged(f"{path}: unreadable ({e.strerror or e})") from None
+    return parse_meta(raw, str(path))
+
+
+def meta_sizes(meta: dict) -> dict[str, int | None]:
+    """The size in bytes of each index file that ``meta`` implies (the keys': None when the meta
+    predates ``key_bytes``)."""
+    samples, width = meta["samples"], meta["width"]
+    return {
+        "facts.i32": 4 * samples * width,
+        "keys.off": 8 * (samples + 1),
+        "keys.bin": meta.get("key_bytes"),
+    }
+
+
+def check_index(folder: Path) -> dict:
+    """The meta of the complete index ``folder`` (its ``meta.json`` is there) once it reads and
+    the files agree with it: ``4·N·K`` bytes of facts, ``8·(N+1)`` of offsets running from 0 to
+    the key bytes (``meta["key_bytes"]``; an index written before that was recorded: its last
+    offset), that many bytes of keys. A ranged copy (`ranged_copy`) is checked by the sizes it
+    records (its files are made of those sizes when opened; its offsets are not fetched to check
+    them). Else `LengthIndexDamaged`, naming the file."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    samples, key_bytes = meta["samples"], meta.get("key_bytes")
+    sizes = meta_sizes(meta)
+    ranged = recorded_sizes(folder)
+    for name, size in sizes.items():
+        path = folder / name
+        try:
+            actual = ranged[name] if ranged is not None else path.stat().st_size
+        except (OSError, KeyError):
+            raise LengthIndexDamaged(f"{path}: missing") from None
+        if name == "keys.off" and ranged is None and actual == size:
+            with open(path, "rb") as f:
+                first = int(np.frombuffer(f.read(8), np.int64)[0])
+                f.seek(8 * samples)
+                last = int(np.frombuffer(f.read(8), np.int64)[0])
+            if first != 0 or last < 0 or (key_bytes is not None and last != key_bytes):
+                said = "" if key_bytes is None else f", its meta.json says 0 to {key_bytes:,}"
+                raise LengthIndexDamaged(f"{path}: offsets from {first:,} to {last:,}{said}")
+            sizes["keys.bin"] = last
+        elif size is not None and actual != size:
+            raise LengthIndexDamaged(f"{path}: {actual:,} bytes, its meta.json says {size:,}")
+    return meta
+
+
+def recorded_sizes(folder: Path) -> dict[str, int] | None:
+    """The file sizes a ranged copy in ``folder`` records (`ranged_copy.write_source`), None for a
+    folder of whole local files; an unreadable record is ``{}`` (every file then missing)."""
+    try:
+        sizes = json.loads((Path(folder) / SOURCE_FILE).read_bytes())["sizes"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return sizes if isinstance(sizes, dict) else {}
+
+
+def index_damage(folder: Path) -> str | None:
+    """`check_index`'s line for ``folder``, or None when it is whole."""
+    try:
+        check_index(folder)
+    except LengthIndexDamaged as e:
+        return str(e)
+    return None
+
+
 class LengthIndex:
     """Read side: ``facts(i)`` (a tuple of ``width`` ints) and ``key(i)`` of sample ``i``.
 
     The files are memory-mapped and read through plain read-only array views of the maps (a
     ``np.memmap`` wraps every row it hands out in another memmap, which cost a lookup more than the
-    read itself)."""
+    read itself). An index whose files do not match its meta is `LengthIndexDamaged`, on open."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
-        meta = json.loads((self.folder / "meta.json").read_text())
+        meta = check_index(self.folder)
         self.num_samples, self.width = int(meta["samples"]), int(meta["width"])
         #: the files' ranged copies (an index on object storage), else None (local files)
         self.ranged = copies(self.folder)

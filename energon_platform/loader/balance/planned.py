@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.balance.cost_file import load_cost_model
@@ -26,6 +25,7 @@ from energon_platform.loader.balance.dealing import (
     plan_bound,
     rank_costs,
 )
+from energon_platform.loader.balance.index_command import index_command
 from energon_platform.loader.balance.length_store import LengthIndexMissing, open_index
 from energon_platform.loader.balance.lengths import SampleLengths
 from energon_platform.loader.balance.planner import (
@@ -319,10 +319,10 @@ def _length_indexes(
     cfg: RunConfig, encoder: SeededTaskEncoder, datasets: DatasetSet, workers: int
 ) -> list:
     """Each dataset's `LengthIndex`: found with the data or in a cache, else built now (after one
-    line naming ``energon-platform index``) or, with ``loader.length_index: require``, refused."""
+    line naming the ``energon-platform index`` command this run needs, its overrides included:
+    `index_command`) or, with ``loader.length_index: require``, refused with that line."""
     digest = encoder_digest(encoder)
-    written = bool(cfg.source) and Path(str(cfg.source)).is_file()  # not a config built in code
-    command = f"energon-platform index --config {cfg.source if written else 'RUN.yaml'}"
+    command = index_command(cfg)
     try:
         return [
             open_index(
