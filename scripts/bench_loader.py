@@ -14,8 +14,8 @@ process and its worker processes, and the minor page faults of the processes tha
 * ``energon``: Energon's loader with a minimal TaskEncoder doing the same (``image_decode="pil"``);
 * ``ours``: ``energon_platform.TrainLoader`` with the ``image_text`` encoder, its default path
   (bit-identical to the float pipeline); ``ours_draft`` with ``image.draft_decode: true``;
-* tiles: 448-pixel vision-language tiles (``ours_tiles``) against a user's uint8 tiling
-  (``floor_tiles``).
+* tiles: 448-pixel vision-language tiles (``ours_tiles``; ``ours_tiles_u8`` with
+  ``image.uint8_resize: true``) against a user's uint8 tiling (``floor_tiles``).
 
 Random resized crops to 64 and 224 pixels, a flip, a colour jitter, normalize. One thread
 (``workers 0``: CPU per sample) and two workers (samples per second). Rounds are interleaved; each
@@ -63,7 +63,7 @@ def cases(quick: bool) -> list[dict]:
                 tile=448,
                 workers=0,
                 batch=8,
-                kinds=["floor_tiles", "ours_tiles"],
+                kinds=["floor_tiles", "ours_tiles", "ours_tiles_u8"],
             )
         )
         big = loaders + (["ours_draft"] if fmt == "jpeg" else [])
@@ -201,6 +201,10 @@ def targets(results: dict) -> list[dict]:
                 "<=",
                 1.15,
             )
+            if "ours_tiles_u8" in r["kinds"]:
+                fast = r["kinds"]["ours_tiles_u8"]
+                text = f"{name}: ours with uint8_resize / floor, CPU per sample"
+                add(text, ratio(fast, floor, "cpu_ms_per_sample"), "<=", 1.15)
         else:
             k = r["kinds"]
             ours = k.get("ours", {})
@@ -307,6 +311,7 @@ KIND_NAMES = {
     "ours": "ours: TrainLoader (bit-identical)",
     "ours_draft": "ours: TrainLoader, draft_decode",
     "ours_tiles": "ours: TrainLoader, VLM tiles",
+    "ours_tiles_u8": "ours: TrainLoader, VLM tiles, uint8_resize",
 }
 
 

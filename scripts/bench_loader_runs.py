@@ -20,7 +20,8 @@ advise:
 * ``ours``: ``energon_platform.TrainLoader`` (the public entry point) with the ``image_text``
   encoder (bit-identical default path); ``ours_draft``: the same with ``image.draft_decode: true``.
 * ``tiles``: ``--tile`` (448) vision-language tiles instead of a crop: ``floor`` kind
-  ``floor_tiles`` (uint8 resize to the tile grid, float, colour, cut) and ``ours_tiles``.
+  ``floor_tiles`` (uint8 resize to the tile grid, float, colour, cut), ``ours_tiles`` (the
+  bit-identical default) and ``ours_tiles_u8`` (``image.uint8_resize: true``).
 """
 
 from __future__ import annotations
@@ -175,8 +176,9 @@ def ours_loader(dataset: Path, args: argparse.Namespace) -> Any:
         "draft_decode": args.kind == "ours_draft",
     }
     encoder: dict[str, Any] = {"encoder": "image_text", "text": {"seq_len": SEQ_LEN}}
-    if args.kind == "ours_tiles":
+    if args.kind.startswith("ours_tiles"):
         image = {
+            "uint8_resize": args.kind == "ours_tiles_u8",
             "tiling": TILING,
             "transforms": [
                 {"name": "ColorJitter", **JITTER},
@@ -306,6 +308,7 @@ LOADERS = {
     "ours": ours_loader,
     "ours_draft": ours_loader,
     "ours_tiles": ours_loader,
+    "ours_tiles_u8": ours_loader,
 }
 
 

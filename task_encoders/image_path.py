@@ -27,7 +27,9 @@ Two opt-in options change the bytes and are part of the encoder's config, so of 
   1/8) that still gives at least the output size across the crop box; the box is drawn on the full
   size and scaled (fractional, so the random crop is the same region), and PIL resizes it.
 * ``image.uint8_resize``: resizes run on uint8 before the float step (torchvision's advice for v2),
-  the ``RandomResizedCrop`` and ``Resize`` steps both.
+  the ``RandomResizedCrop`` and ``Resize`` steps both, and with tiles the resize to the tile grid
+  (`ImagePath.resized`), so the whole-image steps run at the grid's size and the thumbnail is
+  made from the grid.
 
 An image given as a float tensor (an encoder used with Energon's default decoder) runs the whole
 pipeline on float, exactly as before; a uint8 tensor starts at the uint8 stage.
@@ -159,6 +161,14 @@ class ImagePath:
         if not (isinstance(image, torch.Tensor) and image.is_floating_point()):
             image = to_float(self._uint8(image))
         return image.to(torch.float32)
+
+    def resized(self, image: Any, size: tuple[int, int], interpolation: str) -> torch.Tensor:
+        """``image`` (bytes, PIL or uint8) decoded and resized to ``size`` (height, width) on uint8,
+        antialiased: the first step of ``uint8_resize`` tiling, before the whole-image steps."""
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            image = open_image(image)
+        mode = F.InterpolationMode(interpolation)
+        return F.resize(self._uint8(image), list(size), interpolation=mode, antialias=True)
 
     @staticmethod
     def _uint8(image: Image.Image | torch.Tensor) -> torch.Tensor:

@@ -85,8 +85,9 @@ class ImageConfig:
     page). Only with a leading ``RandomResizedCrop``; other pipelines decode in full."""
     uint8_resize: bool = field(default=False, metadata={OMITTED_WHEN_DEFAULT: True})
     """Resize on uint8 before the float step (torchvision's advice for v2): cheaper where a
-    ``Resize`` comes before the crop and for large crops; not bit-identical to the default path,
-    which resizes float."""
+    ``Resize`` comes before the crop, for large crops, and for tiles (the image is resized to the
+    tile grid first, the whole-image steps run at the grid's size, the thumbnail is made from the
+    grid); not bit-identical to the default path, which resizes float."""
 
     def check(self, at: At) -> None:
         require(

@@ -173,13 +173,20 @@ def tile_count(width: int, height: int, tile: int, cfg: TilingConfig) -> int:
     return cols * rows + int(_thumbnail(cfg, cols * rows))
 
 
-def tile_image(image: torch.Tensor, tile: int, cfg: TilingConfig) -> torch.Tensor:
+def tile_image(
+    image: torch.Tensor, tile: int, cfg: TilingConfig, grid: tuple[int, int] | None = None
+) -> torch.Tensor:
     """float ``(C, H, W)`` → float32 ``(T, C, tile, tile)``: the grid's tiles row by row, then the
-    thumbnail (module doc). Deterministic."""
+    thumbnail (module doc). Deterministic. ``grid``: ``(cols, rows)`` when ``image`` is already
+    resized to it (``image.uint8_resize``: `grid_size` chose it on the original size)."""
     _, height, width = image.shape
-    cols, rows = choose_grid(width, height, tile, cfg)
+    cols, rows = grid or choose_grid(width, height, tile, cfg)
     mode = _INTERPOLATION[cfg.interpolation]
-    resized = F.resize(image, [rows * tile, cols * tile], interpolation=mode, antialias=True)
+    resized = (
+        image
+        if (height, width) == (rows * tile, cols * tile)
+        else F.resize(image, [rows * tile, cols * tile], interpolation=mode, antialias=True)
+    )
     tiles = [
         resized[:, r * tile : (r + 1) * tile, c * tile : (c + 1) * tile]
         for r in range(rows)

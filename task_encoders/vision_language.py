@@ -43,7 +43,7 @@ from task_encoders.image_text import ImageTextTaskEncoder, image_size
 from task_encoders.registry import register_variant
 from task_encoders.seeding import sample_key, seeded_global_torch
 from task_encoders.sequences import first_fit_decreasing
-from task_encoders.tiling import tile_count, tile_image
+from task_encoders.tiling import choose_grid, tile_count, tile_image
 
 
 @edataclass
@@ -124,10 +124,15 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
         tiles, counts = [], []
         tiling = self.config.image.tiling
         for i, raw in enumerate(images):
+            grid = None
+            if tiling.enabled and self.pipeline.uint8_resize:  # resized to the grid on uint8 first
+                grid = choose_grid(*image_size(raw), self.tile_size, tiling)
+                size = (grid[1] * self.tile_size, grid[0] * self.tile_size)
+                raw = self.pipeline.resized(raw, size, tiling.interpolation)
             with seeded_global_torch(self.sample_seed(sample, "image" if i == 0 else f"image{i}")):
                 image = self.pipeline(raw)
             image = (
-                tile_image(image, self.tile_size, tiling)
+                tile_image(image, self.tile_size, tiling, grid)
                 if tiling.enabled
                 else image[None].to(torch.float32)
             )

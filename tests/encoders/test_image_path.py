@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -270,3 +271,31 @@ def test_encoder_config_keys_are_read_and_checked():
     assert encoder.pipeline.draft_decode and not encoder.pipeline.uint8_resize
     with pytest.raises(ConfigError, match="uint8_resize"):
         get_encoder({"encoder": "image_text", "image": {"uint8_resize": "yes"}})
+
+
+def test_uint8_resize_tiles_match_the_default_tiles_closely():
+    config = {
+        "encoder": "image_text",
+        "prompt": {"enabled": True},
+        "vision": {"model_type": "clip", "image_size": 32, "patch_dim": 8},
+        "image": {
+            "tiling": {"enabled": True, "max_num_tiles": 4, "use_thumbnail": True},
+            "transforms": [
+                {"name": "RandomHorizontalFlip"},
+                {"name": "ColorJitter", "brightness": 0.2},
+            ],
+        },
+    }
+    default = get_encoder(config)
+    fast = get_encoder({**config, "image": {**config["image"], "uint8_resize": True}})
+    sample = SimpleNamespace(image=jpeg_photo(90, 150), __key__="k", __subflavors__={"epoch": 0})
+    want, got = (
+        default.encode_images(sample, [sample.image]),
+        fast.encode_images(sample, [sample.image]),
+    )
+    assert (
+        torch.equal(want["num_tiles"], got["num_tiles"])
+        and got["images"].shape == want["images"].shape
+    )
+    assert not torch.equal(got["images"], want["images"])
+    assert float((got["images"] - want["images"]).abs().mean()) < 3 / 255
