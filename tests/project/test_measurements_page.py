@@ -207,8 +207,10 @@ def figure_rows(page: str) -> list[list[str]]:
 
 
 def number(cell: str) -> float:
-    """A cell as a number (``1.461%`` → 1.461: ours and the alternative share the unit)."""
-    return float(cell.removesuffix("%").replace(",", ""))
+    """A cell as a number (``1.461%`` → 1.461: ours and the alternative share the unit;
+    ``5,436,000``; a small ratio ``1/10,810,000``)."""
+    cell = cell.removesuffix("%").replace(",", "")
+    return 1 / float(cell.removeprefix("1/")) if cell.startswith("1/") else float(cell)
 
 
 def sections(page: str) -> dict[str, str]:
@@ -348,12 +350,27 @@ def test_the_page_is_the_renderers_output_of_the_kept_runs(tmp_path, page):
     assert drawn == sorted(p.name for p in CHARTS.glob("*.svg")), "a chart is missing or left over"
 
 
-def test_the_page_says_once_how_to_read_it(page):
-    intro = " ".join(page.split("## At a glance")[0].split())  # its words, wrapped anyhow
-    assert "one run per benchmark, not a history" in intro
-    assert "its ratio is always **ours ÷ alternative**" in intro and "**better when**" in intro
-    assert "**today** is the same loader without balancing" in intro, "what today means"
-    assert "the order they come" in intro and "*(on ours)*" in intro
+def test_the_page_opens_with_the_glance_and_says_once_how_to_read_it_folded_below(page):
+    top, rest = page.split("## At a glance", 1)
+    assert "one run per benchmark, not a history" in " ".join(top.split())
+    assert len(top.split()) < 60, "the page opens with its at-a-glance table"
+    glance = rest.split("\n## ", 1)[0]
+    assert page.count('??? info "How to read the tables"') == 1
+    how = " ".join(glance.split('??? info "How to read the tables"', 1)[1].split())
+    assert "its ratio is always **ours ÷ alternative**" in how and "**better when**" in how
+    assert "**today** is the same loader without balancing" in how, "what today means"
+    assert "the order they come" in how and "*(on ours)*" in how
+
+
+def test_no_figure_is_written_in_exponent_form(page):
+    # as Python writes a float in exponent form: a sign and two digits (a key's "1e9" is a name)
+    assert not re.findall(r"\b\d(?:\.\d+)?e[+-]\d\d\b", page), "9.3e-08 is read past"
+    render = load_renderer()
+    assert render.fmt_float(9.254e-08) == "0.00000009254"
+    assert render.fmt_float(5.436e6) == "5,436,000" and render.fmt_float(0.6405) == "0.6405"
+    assert render.fmt_float(100.0) == "100" and render.fmt_float(12345.6) == "12,350"
+    assert render.fmt_ratio(9.254e-08) == "1/10,810,000" and render.fmt_ratio(0.5) == "0.5"
+    assert "1/10,810,000 (lower is better)" in page, "the trace headline, readable"
 
 
 def test_every_ratio_is_ours_divided_by_the_alternative(page):
