@@ -120,19 +120,10 @@ class BlendAdaptConfig:
     decide alike)."""
     options: dict[str, float] = field(default_factory=dict)
     """The method's own options (``odm``: ``smoothing``; ``loss_ratio``: ``step``, ``base``), each
-    in the range its method declares (`energon_platform.loader.mixing.method.Option`)."""
+    in the range its method declares (checked with the encoder, `config_checks.check_mixing`)."""
 
     def check(self, at: At) -> None:
-        # here, not at the top: the mixing package imports the loader state, which imports this
-        from energon_platform.loader.mixing.method import options_problem
-
         _at_least(self, at, every=1, lag=0)
-        problem = options_problem(self.method, self.options)
-        if problem is not None:
-            key, what, expected = problem
-            raise (at.child("options").child(key) if key else at.child("options")).error(
-                what, expected or None
-            )
         require(0 <= self.floor < 1, at.child("floor"), f"got {self.floor}", "a share in [0, 1)")
         require(
             0 < self.resolution <= 1,

@@ -5,8 +5,10 @@ the config builds, and the model against what that encoder makes.
 other). What needs the encoder (whether it packs, pads its segments, states lengths and costs) or
 an encoded sample is checked here, once that exists:
 
-- `check_with_encoder`, when the loader builds the encoder (`build_encoder`): context parallelism,
-  the pack group, the blend unit and the balance mode;
+- `check_with_encoder`, when the loader builds the encoder (`build_encoder`): the mixing
+  method's options against the ranges the method declares (`check_mixing`: the declarations live
+  beside each method, in the loader's mixing room, which this module may read and the config may
+  not), context parallelism, the pack group, the blend unit and the balance mode;
 - `check_model_fits`, when the trainer's preflight has encoded a sample: the model's patch.
 
 Every refusal is one `ConfigError` naming the file, the key to change and what it must be.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from energon_platform.loader.context_parallel import segment_multiple
+from energon_platform.loader.mixing.method import options_problem
 from task_encoders.config_parser import ConfigError
 
 if TYPE_CHECKING:
@@ -25,12 +28,26 @@ if TYPE_CHECKING:
 
 
 def check_with_encoder(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
-    """Refuse a loader config that ``encoder`` cannot serve (one-line `ConfigError`)."""
+    """Refuse a loader config that ``encoder`` cannot serve, or whose mixing options are out of
+    range (one-line `ConfigError`)."""
+    check_mixing(cfg)
     _check_context_parallel(cfg, encoder)
     _check_pack_group(cfg, encoder)
     _check_blend_unit(cfg)
     if cfg.loader.balance.planned:
         _check_balance(cfg, encoder)
+
+
+def check_mixing(cfg: RunConfig) -> None:
+    """``loader.blend_adapt.options``: options the method has, each in the range it declares
+    (`energon_platform.loader.mixing.method.Option`); `ConfigError` naming the file and the key."""
+    adapt = cfg.loader.blend_adapt
+    problem = options_problem(adapt.method, adapt.options) if adapt is not None else None
+    if problem is None:
+        return
+    option, what, expected = problem
+    key = "loader.blend_adapt.options" + (f".{option}" if option else "")
+    raise ConfigError(cfg.source, key, what + (f" (expected {expected})" if expected else ""))
 
 
 def pack_group(configured: int | None, encoder: SeededTaskEncoder) -> int:

@@ -1,5 +1,6 @@
-"""``loader.blend_adapt``'s settings are checked at start, in one line naming the file and the key:
-every option of every mixing method against the range its method declares, the floor against the
+"""``loader.blend_adapt``'s settings are checked at start, before any data is opened, in one line
+naming the file and the key: every option of every mixing method against the range its method
+declares (`config_checks.check_mixing`, when the loader builds the encoder), the floor against the
 number of datasets (a floor written as a rounded 1/K is taken for it), and a blend to mix at all.
 The adapter keeps every weight it decides at the floor or above."""
 
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from energon_platform.config import BlendAdaptConfig, load_config
+from energon_platform.config_checks import check_mixing
 from energon_platform.loader.mixing import METHODS, BlendAdapter, make_method
 from energon_platform.loader.mixing.adapter import GRID
 from scripts.bench_data import three_modality_blend
@@ -61,7 +63,9 @@ def test_every_option_of_every_method_is_checked_against_its_declared_range(meth
 
     def load(value):
         adapt = {"method": method, "options": {option: value}}
-        return load_config({**base, "loader": {"blend_adapt": adapt}})
+        cfg = load_config({**base, "loader": {"blend_adapt": adapt}})
+        check_mixing(cfg)  # as the loader checks it, before any data is opened
+        return cfg
 
     assert load(declared.default).loader.blend_adapt.options == {option: declared.default}
     for value in outside(declared):
