@@ -300,3 +300,39 @@ def test_a_conversion_that_wrote_no_sample_is_named_so_not_sent_to_convert(tmp_p
     assert "convert it" not in line
     argv = ["train", "--config", config, "--out", tmp_path / "run", "--steps", 1]
     assert "convert it" not in one_line_error_in_process(capsys, argv, *needles)
+
+
+def test_a_published_index_of_the_wrong_sizes_is_refused_naming_it_and_built_again(
+    s3, make_dataset, tmp_path, monkeypatch, capsys
+):
+    """A dataset on object storage: its published ``facts.i32`` replaced by a shorter one. Another
+    node under ``require`` refuses it naming that object; under ``build`` it builds the index in
+    its cache and publishes it again, whole."""
+    from megatron.energon.epathlib import EPath
+
+    from converters.remote import upload_dataset, upload_file
+    from task_encoders.config_parser import ConfigError
+
+    remote = s3.url("heals")
+    upload_dataset(make_dataset("image_text", n=16), remote)
+    image = str(Path(TEXT).parent / "image_text_small.yaml")
+    run = {"data": {"path": remote, "val_split": None}, "encoder": image}
+    run["loader"] = {"global_batch_size": 8, "num_workers": 0, "balance": "attention"}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(run))
+    monkeypatch.setenv("ENERGON_PLATFORM_CACHE", str(tmp_path / "builder"))
+    assert cli.main(["index", "--config", str(config), "--no-progress"]) == 0
+    published = capsys.readouterr().out.split("index: ")[1].split()[0]
+    built = tmp_path / "builder" / "lengths" / published.rsplit("/", 1)[1]
+    short = tmp_path / "short.i32"
+    short.write_bytes((built / "facts.i32").read_bytes()[:-4])
+    upload_file(str(short), f"{published}/facts.i32")
+    monkeypatch.setenv("ENERGON_PLATFORM_CACHE", str(tmp_path / "other-node"))
+    with pytest.raises(ConfigError) as refused:
+        TrainLoader(load_config(str(config), {"loader.length_index": "require"}), num_workers=0)
+    line = str(refused.value)
+    assert f"damaged: {published}/facts.i32" in line and "\n" not in line, line
+    assert f"`energon-platform index --config {config}` rebuilds it" in line
+    next(TrainLoader(load_config(str(config)), num_workers=0))
+    assert "(rebuilding it now)" in capsys.readouterr().err
+    assert EPath(f"{published}/facts.i32").size() == (built / "facts.i32").stat().st_size
