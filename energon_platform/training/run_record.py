@@ -162,12 +162,11 @@ def _captured_output() -> list[os.stat_result]:
 
 def _left_by_a_run(path: Path, captured: list[os.stat_result]) -> bool:
     """Whether ``path`` is what a run leaves before it records itself: its ``checkpoints/``
-    holding at most the run lock, or a file this process's output goes to."""
-    if path.is_symlink():
-        return False
+    holding at most the run lock (or a link to such a folder: checkpoints kept on another
+    disk), or a file this process's output goes to."""
     if path.name == "checkpoints" and path.is_dir():
         return {p.name for p in path.iterdir()} <= {".run.lock"}
-    if path.is_file():
+    if path.is_file() and not path.is_symlink():
         st = path.stat()
         return any(os.path.samestat(st, c) for c in captured)
     return False

@@ -315,6 +315,31 @@ def test_train_refuses_an_out_that_is_not_new_empty_or_its_own_run(
     assert (_names_at(folder) if folder in (Path("/"), REPO) else digest(folder)) == before
 
 
+def test_train_out_takes_a_new_or_empty_folder_a_runs_own_and_what_a_run_leaves(tmp_path):
+    """`check_out` alone: a new or an empty folder, a run's folder (with a page drawn into it),
+    a checkpoints/ holding only a run lock (a run killed before it recorded itself), or a link
+    to an empty folder (checkpoints kept on another disk); a link to a full one is a user's."""
+    from energon_platform.training.run_record import check_out
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(RECORD))
+    (run / "report.html").write_text("<p>drawn from the run</p>")
+    empty, locked, linked, full = (tmp_path / n for n in ("empty", "locked", "linked", "full"))
+    empty.mkdir()
+    (locked / "checkpoints").mkdir(parents=True)
+    (locked / "checkpoints" / ".run.lock").write_text("")
+    (tmp_path / "disk").mkdir()
+    linked.mkdir()
+    (linked / "checkpoints").symlink_to(tmp_path / "disk")
+    for out in (tmp_path / "new", empty, run, locked, linked):
+        assert check_out(out) == out
+    full.mkdir()
+    (full / "checkpoints").symlink_to(REPO / "configs")
+    with pytest.raises(OutputError, match="holds checkpoints, which no training run wrote"):
+        check_out(full)
+
+
 def test_train_writes_into_its_own_run_and_past_what_a_run_leaves_before_its_record(coco, tmp_path):
     """A folder holding only what a run leaves before it records itself (its checkpoints/ with
     the run lock, a launcher's capture of the run's own output, as check-resume writes it) is

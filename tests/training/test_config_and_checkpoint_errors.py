@@ -194,10 +194,10 @@ def test_encoder_of_another_modality_is_refused_before_training(coco, speech, tm
     path.write_text(yaml.safe_dump(run_config(speech)))
     one_line_error(train_cli(path, tmp_path / "out"), "AudioTextSample", "image_text")
     assert not (tmp_path / "out").exists()  # a refused run leaves no folder behind
-    mine = tmp_path / "mine"  # nor anything in a folder of the user's
+    mine = tmp_path / "mine"  # a folder of the user's is refused first, by the output rule
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
-    one_line_error(train_cli(path, mine), "AudioTextSample", "image_text")
+    one_line_error(train_cli(path, mine), "holds notes.txt, which no training run wrote")
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
@@ -357,6 +357,8 @@ def _unwritable(folder: Path) -> None:
 def test_read_only_checkpoints_fail_before_any_step(config_file, tmp_path):
     out = tmp_path / "run"
     _unwritable(out / "checkpoints")
+    record = {"command": ["energon-platform", "train"], "versions": {}, "started": "2026-01-01"}
+    (out / "run.json").write_text(json.dumps(record))  # a run's folder: train writes there
     one_line_error(train_cli(config_file, out, "--quiet"), "checkpoints", "cannot write")
     assert not read_log(out / "log.jsonl")
 
@@ -370,7 +372,7 @@ def test_out_that_is_a_file_is_one_line(config_file, tmp_path):
 def test_out_that_is_or_lies_in_the_dataset_it_reads_is_one_line(config_file, coco, capsys):
     """``train --out`` the dataset it reads was accepted (the run's files went into the dataset)."""
     before = sorted(p.name for p in coco.iterdir())
-    for out, said in [(coco, "which this command reads"), (coco / "run", "inside the dataset")]:
+    for out, said in [(coco, "which this command reads"), (coco / "run", "is inside or holds")]:
         err = one_line_error_in_process(
             capsys, ["train", "--config", str(config_file), "--out", str(out)]
         )
