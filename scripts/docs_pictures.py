@@ -22,7 +22,9 @@ around the picture. The pictures (``--only`` takes their names):
 * ``balance-rank-cost``: the run report's balance chart of a two-rank run with
   ``loader.balance: attention``;
 * ``report``: ``make demo``'s run report of its planted spike and the replay without the spike's
-  samples (``scripts/demo.py``'s ``spike_loop``), photographed by ``scripts/report_screenshot.py``.
+  samples (``scripts/demo.py``'s ``spike_loop``), photographed by ``scripts/report_screenshot.py``;
+* ``mixing-report``: the mixing chart of the report of ``make demo``'s online data mixing run
+  (``scripts/demo.py``'s ``mixing_run``: the three-modality blend, ``loader.blend_adapt`` on).
 """
 
 from __future__ import annotations
@@ -367,6 +369,39 @@ def report(work: Path, out: Path) -> dict:
     }
 
 
+def mixing_report(work: Path, out: Path) -> dict:
+    """``make demo``'s online data mixing (``scripts/demo.py``'s ``mixing_run``, in a process of
+    its own) on the three-modality blend into ``work/demo/mixing``, and its report's mixing chart
+    (weights over time beside each dataset's loss) photographed alone on a page, as
+    :func:`balance_rank_cost` photographs the balance chart. Its figures from what the run
+    printed: the steps its report counts."""
+    from energon_platform.tools.report import mixing_chart, read_run_log
+
+    base = work / "demo"
+    base.mkdir(parents=True, exist_ok=True)
+    data = work / "data"
+    blend = demo._blend_file(base, coco(work), librispeech_dataset(data), text_dataset(data))
+    code = "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+    code += "from scripts import demo; demo.mixing_run(Path(sys.argv[2]), Path(sys.argv[3]))"
+    done = run(sys.executable, "-c", code, REPO, base, blend)
+    trained = found(r"^\$ (energon-platform train .*)$", done.stdout, "train command")
+    made = found(r"mixing/report\.html: (\d+) steps", done.stdout, "report summary")
+    page = work / "mixing.html"
+    page.write_text(
+        "<html><body style='margin:0;background:#fff'>"
+        + mixing_chart(read_run_log(base / "mixing"))
+        + "</body></html>"
+    )
+    shot = run_chromium(page, f"--screenshot={out}", "--window-size=1000,600")
+    if shot.returncode != 0 or not out.is_file():
+        raise SystemExit(shot.stderr[-2000:])
+    report_screenshot.trim_bottom(out)
+    return {
+        "command": trained[1].replace(f"{REPO}/", ""),
+        "figures": {"steps": int(made[1])},
+    }
+
+
 #: every picture: its name (``--only``, and its file ``docs/assets/NAME.png``) and how it is drawn
 PICTURES: dict[str, Callable[[Path, Path], dict]] = {
     "check-resume-pass": check_resume_pass,
@@ -377,6 +412,7 @@ PICTURES: dict[str, Callable[[Path, Path], dict]] = {
     "preview-3d": preview(shapes, "pointcloud_text.yaml", 8),
     "balance-rank-cost": balance_rank_cost,
     "report": report,
+    "mixing-report": mixing_report,
 }
 
 

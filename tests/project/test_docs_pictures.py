@@ -74,6 +74,47 @@ def test_every_picture_in_docs_assets_is_shown_on_a_page():
     assert not orphans, "pictures no page shows (show them or delete them):\n" + "\n".join(orphans)
 
 
+#: an image that is a link to a file: ``[![alt](IMAGE)](TARGET)``
+LINKED_IMAGE = re.compile(
+    r"\[!\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)\]\(\s*<?([^)\s>]+)>?\s*\)"
+)
+
+
+def unlinked_pictures(pages: list[Path]) -> list[str]:
+    """``page: reference`` for each Markdown image a page shows that is not a link to its own
+    file: shrunk to a phone's width, a picture's text is a few pixels high, and a tap on it must
+    open it at full size."""
+    problems = []
+    for page in pages:
+        prose = INLINE_CODE.sub("", FENCE.sub("", page.read_text(encoding="utf-8")))
+        linked = {image for image, target in LINKED_IMAGE.findall(prose) if image == target}
+        problems += [
+            f"{page.relative_to(REPO)}: {ref}"
+            for ref in MARKDOWN_IMAGE.findall(prose)
+            if ref not in linked and not ref.startswith("data:")
+        ]
+    return problems
+
+
+def test_every_picture_links_to_its_full_size_file():
+    unlinked = unlinked_pictures(docs_pages())
+    assert not unlinked, "pictures to wrap in a link to themselves, [![alt](X.png)](X.png):\n" + (
+        "\n".join(unlinked)
+    )
+
+
+def test_the_check_finds_a_picture_without_a_link_to_itself(tmp_path, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[![linked](assets/a.png)](assets/a.png)\n"
+        "![bare](assets/b.png)\n"
+        "[![to another](assets/c.png)](assets/d.png)\n"
+        "`![in code](assets/e.png)`\n"
+    )
+    assert unlinked_pictures([page]) == ["page.md: assets/b.png", "page.md: assets/c.png"]
+
+
 def test_the_check_finds_a_missing_image_and_an_orphan_but_not_code(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     assets = tmp_path / "docs" / "assets"
