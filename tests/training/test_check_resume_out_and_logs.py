@@ -360,6 +360,8 @@ def test_an_out_inside_a_runs_checkpoints_or_a_dataset_is_refused_by_the_output_
     run = tmp_path / "run"
     (run / "checkpoints" / "step_000002").mkdir(parents=True)
     (run / "log.jsonl").write_text("{}\n")
+    record = {"command": ["energon-platform", "train"], "versions": {}, "started": "2026-01-01"}
+    (run / "run.json").write_text(json.dumps(record))  # what makes it a run's folder
     dataset = tmp_path / "dataset"
     (dataset / ".nv-meta").mkdir(parents=True)
     for out, why in (
