@@ -1,27 +1,47 @@
 # Two commands: `make demo` and `make test`. Both create .venv when it is missing.
-PY      ?= python3.11
-VENV    := .venv
-BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed
-OUT     ?= out/demo
+# `make demo` installs only the package (what the demo runs); `make test` (and `make test-fast`)
+# add the test toolchain on top of the same .venv: the `test` extras and a DeepSpeed build.
+PY         ?= python3.11
+VENV       := .venv
+BIN        := $(VENV)/bin
+STAMP      := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+OUT        ?= out/demo
+# pytest's exit 5 ("no tests collected": a tier with nothing in it) is not a failure of the run
+PYTEST     := $(BIN)/python -m pytest -q -ra
+ALLOW_EMPTY = || { s=$$?; [ $$s -eq 5 ] || exit $$s; echo "(no tests in this tier)"; }
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-fast venv venv-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or make PY=python3)"; exit 2; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install -q --no-cache-dir --no-build-isolation deepspeed==0.19.8  # an sdist: built with this torch, its CPU shared-memory op compiled now (else every new venv JIT-compiles it in its first DeepSpeed run); no cached wheel, which may lack the op
+	$(BIN)/pip install -q -e .
 	@touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test]'
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install -q --no-cache-dir --no-build-isolation deepspeed==0.19.8  # an sdist: built with this torch, its CPU shared-memory op compiled now (else every new venv JIT-compiles it in its first DeepSpeed run); no cached wheel, which may lack the op
+	@touch $(TEST_STAMP)
+
 venv: $(STAMP)
+
+venv-test: $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py --out $(OUT)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -n 3 --dist worksteal -q -ra tests  # three test processes (pytest-xdist) on two cores: many tests wait on child processes, sleeps or servers; an idle process takes over half of the longest queue
+# The fast tier (tests/helpers/tiers.py): pure and property tests, no process, no server. Only
+# its modules are collected (collecting the whole suite alone takes ~20 s of CPU).
+test-fast: $(TEST_STAMP)
+	$(PYTEST) -m fast $$($(BIN)/python -m tests.helpers.tiers) $(ALLOW_EMPTY)
+
+# The whole suite, each test once: the fast tier first, then the rest in three test processes
+# (pytest-xdist) on two cores: many tests wait on child processes, sleeps or servers; an idle
+# process takes over half of the longest queue.
+test: test-fast
+	$(PYTEST) -n 3 --dist worksteal -m "not fast" tests $(ALLOW_EMPTY)
 
 clean:
 	rm -rf out .pytest_cache

@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from converters.executor import environment_as_found  # noqa: E402
+from tests.helpers import tiers  # noqa: E402
 from tests.helpers.cli import PER_TEST  # noqa: E402
 
 #: fixtures any test may ask for by name, one instance per test process (`s3_server`, `s3`)
@@ -53,6 +54,25 @@ def _environment_as_found():
     interpreter (slower), and fail the runner's own tests. The variables `tests.helpers.cli.PER_TEST`
     names are left as they are: libraries set them once, at import."""
     with environment_as_found(keep=PER_TEST):
+        yield
+
+
+# --- the two tiers (tests/helpers/tiers.py) -------------------------------------------------------
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks ``fast`` the tests `tests.helpers.tiers.FAST` names (before ``-m`` selects)."""
+    if tiers.is_fast(item.nodeid):
+        item.add_marker(pytest.mark.fast)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request):
+    """A ``fast`` test fails if it starts a process (`tests.helpers.tiers.fast_test`)."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    with tiers.fast_test(request.node.nodeid):
         yield
 
 
