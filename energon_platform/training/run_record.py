@@ -111,17 +111,18 @@ def check_record(out: str | Path) -> None:
 TRAIN_NAMES = ("log.jsonl", "checkpoints", RUN_YAML, RUN_JSON)
 
 
-def check_out(out: str | Path, inputs: Iterable = ()) -> Path:
+def check_out(out: str | Path, inputs: Iterable = (), writes: Iterable = ()) -> Path:
     """Refuse (`OutputError`, one line naming what is foreign; nothing written) a ``train
     --out`` that is not a new or empty folder or a training run's own (it holds the run.json a
     run wrote, `storage.outputs.run_record`: the run resumed, or started afresh over it). First
     `storage.outputs.refuse_places` for a folder: the file system's root, the home folder, a
     repository's root, a place in a dataset or a run's checkpoints, or a folder that is, holds
     or lies in one of ``inputs``. A folder without a run's record may hold only what a run
-    leaves before it records itself: a ``checkpoints/`` with nothing but its run lock, and the
+    leaves before it records itself: a ``checkpoints/`` with nothing but its run lock, the
     files this process's own output goes to (a launcher such as check-resume captures the run's
-    output in its folder). Returns ``out`` (a path that is a file is left to the writability
-    check that follows). Call on rank 0 before the run lock is taken."""
+    output in its folder), and what the run's config has it write there (``writes``: the
+    ``loader.length_cache`` folder, say). Returns ``out`` (a path that is a file is left to the
+    writability check that follows). Call on rank 0 before the run lock is taken."""
     out = Path(out)
     refuse_places(out, "--out", inputs, folder=True)
     if not out.is_dir():
@@ -137,7 +138,13 @@ def check_out(out: str | Path, inputs: Iterable = ()) -> Path:
             ) from None
         return out
     captured = _captured_output()
-    foreign = sorted(p.name for p in out.iterdir() if not _left_by_a_run(p, captured))
+    written = [Path(w).resolve() for w in writes if w is not None]
+    foreign = sorted(
+        p.name
+        for p in out.iterdir()
+        if not _left_by_a_run(p, captured)
+        and not any(w == p.resolve() or p.resolve() in w.parents for w in written)
+    )
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputError(

@@ -283,7 +283,7 @@ def train(
         raise ValueError(f"the lock given is {lock.path}'s, not {ckpt_dir}'s")
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0 and lock is None:  # before the lock, which writes in the folder
-        check_out(out, (cfg.data.path,))
+        check_out(out, (cfg.data.path,), writes=(cfg.loader.length_cache,))
     else:  # the caller's folder, claimed under its own rule; or another rank's view of rank 0's
         refuse_places(Path(out), "--out", (cfg.data.path,))  # not in a dataset
     with (

@@ -318,7 +318,8 @@ def test_train_refuses_an_out_that_is_not_new_empty_or_its_own_run(
 def test_train_out_takes_a_new_or_empty_folder_a_runs_own_and_what_a_run_leaves(tmp_path):
     """`check_out` alone: a new or an empty folder, a run's folder (with a page drawn into it),
     a checkpoints/ holding only a run lock (a run killed before it recorded itself), or a link
-    to an empty folder (checkpoints kept on another disk); a link to a full one is a user's."""
+    to an empty folder (checkpoints kept on another disk), and what the config has the run
+    write there (its length cache); a link to a full folder, or another folder, is a user's."""
     from energon_platform.training.run_record import check_out
 
     run = tmp_path / "run"
@@ -334,6 +335,10 @@ def test_train_out_takes_a_new_or_empty_folder_a_runs_own_and_what_a_run_leaves(
     (linked / "checkpoints").symlink_to(tmp_path / "disk")
     for out in (tmp_path / "new", empty, run, locked, linked):
         assert check_out(out) == out
+    (locked / "lengths" / "coco").mkdir(parents=True)  # the run's loader.length_cache
+    assert check_out(locked, writes=[locked / "lengths"]) == locked
+    with pytest.raises(OutputError, match="holds lengths, which no training run wrote"):
+        check_out(locked, writes=[tmp_path / "elsewhere"])
     full.mkdir()
     (full / "checkpoints").symlink_to(REPO / "configs")
     with pytest.raises(OutputError, match="holds checkpoints, which no training run wrote"):
