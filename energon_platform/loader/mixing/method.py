@@ -9,8 +9,9 @@ a module with a class decorated `register` and importing it in ``mixing/__init__
 
 Each method declares its options (``loader.blend_adapt.options``) beside its code, in
 ``declared``: a default and the range the value must lie in (`Option`). `options_problem` reads
-that declaration: the config refuses an option out of range when it is loaded (naming the file and
-the key), and a method made in code (`make_method`) refuses it as a ValueError.
+that declaration: a run refuses an option out of range at its start, before any data is opened
+(``energon_platform.config_checks.check_mixing``, naming the file and the key), and a method made
+in code (`make_method`) refuses it as a ValueError.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Option:
         return above and below
 
     def expected(self) -> str:
-        """The range in words, e.g. ``a number in (0, 1]: how far ...``."""
+        """The range in words, e.g. ``a finite number in (0, 1]: the part of ...``."""
         high = "inf" if math.isinf(self.high) else f"{self.high:g}"
         span = f"{self.ends[0]}{self.low:g}, {high}{self.ends[1]}"
         return f"a finite number in {span}" + (f": {self.means}" if self.means else "")
@@ -62,7 +63,7 @@ class MixingMethod:
     declared: ClassVar[dict[str, Option]] = {}
 
     def __init__(self, datasets: Sequence[str], weights: Sequence[float], options: dict):
-        problem = options_problem(self.name, options)
+        problem = self.options_problem(options)
         if problem is not None:
             key, what, expected = problem
             raise ValueError(f"{key}: {what} (expected {expected})" if key else what)
@@ -72,6 +73,24 @@ class MixingMethod:
         }
         total = sum(weights)
         self.weights = [w / total for w in weights]
+
+    @classmethod
+    def options_problem(cls, options: dict) -> tuple[str, str, str] | None:
+        """What is wrong with ``options`` for this method, as ``(option, problem, expected)``: an
+        option it does not declare (``option`` empty: the problem names them), or a value out of
+        its declared range; None when they are fine."""
+        unknown = sorted(set(options) - set(cls.declared))
+        if unknown:
+            return (
+                "",
+                f"method {cls.name!r} has no option(s) {unknown} (its options: "
+                f"{sorted(cls.declared) or 'none'})",
+                "",
+            )
+        for name, value in options.items():
+            if not cls.declared[name].holds(value):
+                return name, f"got {value!r}", cls.declared[name].expected()
+        return None
 
     def update(self, losses: Sequence[float | None]) -> list[float]:
         """New weights from each dataset's mean loss since the last update."""
@@ -98,25 +117,9 @@ def register(cls: type[MixingMethod]) -> type[MixingMethod]:
 
 
 def options_problem(method: str, options: dict) -> tuple[str, str, str] | None:
-    """What is wrong with ``options`` for the method ``method``, as ``(option, problem,
-    expected)``: an option it does not have (``option`` empty: the problem names them), or a value
-    out of its declared range; None when they are fine (or the method is unknown: `make_method`
-    says so)."""
-    if method not in METHODS:
-        return None
-    declared = METHODS[method].declared
-    unknown = sorted(set(options) - set(declared))
-    if unknown:
-        return (
-            "",
-            f"method {method!r} has no option(s) {unknown} (its options: "
-            f"{sorted(declared) or 'none'})",
-            "",
-        )
-    for name, value in options.items():
-        if not declared[name].holds(value):
-            return name, f"got {value!r}", declared[name].expected()
-    return None
+    """`MixingMethod.options_problem` of the method named ``method``; None for an unknown name
+    (`make_method` says which there are)."""
+    return METHODS[method].options_problem(options) if method in METHODS else None
 
 
 def make_method(
