@@ -105,8 +105,9 @@ class BlendAdaptConfig:
     metadataset's weights are where it starts; each change is kept in the loader state, so a
     resume on any world size draws the same samples."""
 
-    method: Literal["odm", "loss_ratio"] = "odm"
-    """``odm`` (a bandit: weight to high loss) or ``loss_ratio`` (weight to falling loss)."""
+    method: Literal["odm", "loss_ratio", "ado"] = "odm"
+    """``odm`` (a bandit: weight to high loss), ``loss_ratio`` (weight to falling loss) or ``ado``
+    (weight to the fastest fall of a fitted loss curve)."""
     every: int = 4
     """Global steps between two updates of the weights."""
     lag: int = 2
@@ -119,7 +120,8 @@ class BlendAdaptConfig:
     """Losses are rounded to this before the method reads them (so ranks of any world size
     decide alike)."""
     options: dict[str, float] = field(default_factory=dict)
-    """The method's own options (``odm``: ``smoothing``; ``loss_ratio``: ``step``, ``base``), each
+    """The method's own options (``odm``: ``smoothing``; ``loss_ratio``: ``step``, ``base``,
+    ``window``; ``ado``: ``smoothing``, ``warmup``, ``points``), each
     in the range its method declares (checked with the encoder, `config_checks.check_mixing`)."""
 
     def check(self, at: At) -> None:

@@ -5,6 +5,7 @@ every dataset still walks its own epochs, and what cannot continue is refused in
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from fractions import Fraction
@@ -15,6 +16,7 @@ import pytest
 from energon_platform.loader.mixing import METHODS, make_method
 from energon_platform.loader.mixing.adapter import GRID, AdaptError, on_grid
 from scripts.bench_data import three_modality_blend
+from tests.helpers.layouts import loaders_at
 
 #: a loss per dataset that the methods can tell apart
 LOSS = {"coco_mini": 1.0, "librispeech_mini": 5.0, "text_mini": 2.5}
@@ -94,7 +96,7 @@ def test_a_method_says_which_options_it_has():
     ):
         make_method("odm", ["x", "y"], [1, 1], {"eta": 1})
     with pytest.raises(
-        ValueError, match=r"no mixing method 'doremi' \(methods: \['loss_ratio', 'odm'\]"
+        ValueError, match=r"no mixing method 'doremi' \(methods: \['ado', 'loss_ratio', 'odm'\]"
     ):
         make_method("doremi", ["x", "y"], [1, 1], {})
 
@@ -138,6 +140,38 @@ def test_weights_follow_the_losses_from_their_batch_on_with_or_without_workers(b
     assert weights[-1]["librispeech_mini"] > first["librispeech_mini"]
     drawn = {n: sum(k.startswith(n + ":") for k in keys[-1] + keys[-2]) for n in LOSS}
     assert drawn["text_mini"] <= 2  # what the weights say is what the batches hold
+
+
+def layout_steps(blend, method, ranks, workers, first, last, state=None):
+    """Global batches ``first`` to ``last - 1`` of a ``ranks``-rank run (keys, ranks in order) and
+    the weights they were drawn with, then rank 0's state. Each rank reports the whole global
+    batch's losses: the sums the all-reduce gives every rank of a real run."""
+    loaders = loaders_at(cfg(blend, workers, method=method), ranks, state, workers)
+    out, weights = [], []
+    for step in range(first, last):
+        keys = [k for lo in loaders for _ in range(lo.accumulation) for k in next(lo).__key__]
+        for lo in loaders:
+            lo.report_losses(step, keys, [loss_of(k, step) for k in keys])
+        out.append(keys)
+        weights.append(loaders[0].blend_weights(step))
+    saved = json.loads(json.dumps(loaders[0].state_dict()))
+    for lo in loaders:
+        lo.close()
+    return out, weights, saved
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_each_method_resumes_exactly_from_2_ranks_to_1_and_from_1_worker_to_3(blend, method):
+    """Killed at step 9 (after the update of step 7, before the batch its weights apply from)."""
+    straight, weights, _ = layout_steps(blend, method, 2, 0, 0, 16)
+    assert len({json.dumps(w) for w in weights}) >= 3  # the method moved the weights
+    head, _, state = layout_steps(blend, method, 2, 0, 0, 9)
+    tail, after, _ = layout_steps(blend, method, 1, 0, 9, 16, state)
+    assert head + tail == straight and after == weights[9:]
+    one, weights_one, _ = layout_steps(blend, method, 1, 1, 0, 16)
+    head, _, state = layout_steps(blend, method, 1, 1, 0, 9)
+    tail, after, _ = layout_steps(blend, method, 1, 3, 9, 16, state)
+    assert head + tail == one and after == weights_one[9:]
 
 
 @pytest.mark.parametrize("at", [3, 4, 5, 6, 9])
@@ -244,4 +278,4 @@ def test_a_sample_without_targets_nan_is_left_out_of_the_means():
     adapter = BlendAdapter(config, ["a", "b"], ["1/2", "1/2"], 0, 8)
     adapter.report(0, [0, 1, 1], [2.0, 4.0, float("nan")])
     segment = adapter.report(1, [0, 1, 1], [1.0, float("nan"), 3.0])
-    assert adapter.method.previous == [1.0, 3.0] and segment is not None
+    assert [r[-1] for r in adapter.method.recent] == [1.0, 3.0] and segment is not None

@@ -1,7 +1,8 @@
 """Online data mixing: blend weights that follow the model's per-dataset loss, resumed exactly.
 
 ``loader.blend_adapt`` (`BlendAdaptConfig`) names a `MixingMethod` (``odm``: a bandit over the
-datasets; ``loss_ratio``: weight to the datasets whose loss still falls); `BlendAdapter` collects
+datasets; ``loss_ratio``: weight to the datasets whose loss still falls beyond its noise; ``ado``: weight to
+the datasets whose fitted loss curve still falls fastest); `BlendAdapter` collects
 the per-dataset losses the trainer reports, has the method set new weights every ``every`` global
 batches, and appends them to the blend from ``lag`` batches later on. The loader's workers learn
 the weights through a `WeightsFeed`. Every change is a segment of the blend history in the loader
@@ -13,7 +14,7 @@ from energon_platform.loader.mixing.feed import WeightsFeed
 from energon_platform.loader.mixing.method import METHODS, MixingMethod, make_method, register
 
 # the methods register themselves when imported
-from energon_platform.loader.mixing import loss_ratio, odm  # noqa: E402,F401  isort: skip
+from energon_platform.loader.mixing import ado, loss_ratio, odm  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "METHODS",

@@ -160,8 +160,11 @@ class BlendAdapter:
             return None
         res = self.config.resolution
         means = [round(s / c / res) * res if c else None for s, c in zip(self.sums, self.counts)]
+        counts = list(self.counts)
         self.sums, self.counts = [0.0] * k, [0] * k
-        weights = on_grid(self.method.update(means), self.config.floor)
+        method = self.method
+        decided = method.update(means, counts) if method.counted else method.update(means)
+        weights = on_grid(decided, self.config.floor)
         return Segment((step + 1 + self.config.lag) * self.units_per_batch, weights)
 
     # --- state -------------------------------------------------------------------------------

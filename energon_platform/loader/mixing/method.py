@@ -29,19 +29,21 @@ METHODS: dict[str, type[MixingMethod]] = {}
 class Option:
     """One option of a mixing method: its default, and the finite range its value must lie in,
     ``low`` to ``high`` with the ends ``ends`` says are included (``"[]"``, ``"(]"``, ``"[)"`` or
-    ``"()"``; ``high`` infinite: no upper bound). ``means``: what it does, for the error."""
+    ``"()"``; ``high`` infinite: no upper bound); ``whole``: only whole numbers (a count).
+    ``means``: what it does, for the error."""
 
     default: float
     low: float
     high: float
     ends: str = "[]"
     means: str = ""
+    whole: bool = False
 
     def holds(self, value: Any) -> bool:
         """Whether ``value`` is a finite number in the range."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False
-        if not math.isfinite(value):
+        if not math.isfinite(value) or (self.whole and value != int(value)):
             return False
         above = value > self.low if self.ends[0] == "(" else value >= self.low
         below = value < self.high if self.ends[1] == ")" else value <= self.high
@@ -51,7 +53,8 @@ class Option:
         """The range in words, e.g. ``a finite number in (0, 1]: the part of ...``."""
         high = "inf" if math.isinf(self.high) else f"{self.high:g}"
         span = f"{self.ends[0]}{self.low:g}, {high}{self.ends[1]}"
-        return f"a finite number in {span}" + (f": {self.means}" if self.means else "")
+        kind = "a whole number" if self.whole else "a finite number"
+        return f"{kind} in {span}" + (f": {self.means}" if self.means else "")
 
 
 class MixingMethod:
@@ -61,6 +64,9 @@ class MixingMethod:
     name: ClassVar[str] = ""
     #: its options (``loader.blend_adapt.options``): name → default and range
     declared: ClassVar[dict[str, Option]] = {}
+    #: True: `update` takes the samples each dataset had in the stretch as well, ``update(losses,
+    #: counts)`` (all-reduced over the ranks, so the same on every rank)
+    counted: ClassVar[bool] = False
 
     def __init__(self, datasets: Sequence[str], weights: Sequence[float], options: dict):
         problem = self.options_problem(options)
