@@ -206,6 +206,11 @@ def test_layout_refused_before_training_and_checkpoints_protected(config_file, t
     (out / "checkpoints").mkdir(parents=True)
     checkpoint.save(out / "checkpoints", 5, 0, 1, model_state={}, loader_state={})
     r = run_cli("train", "--config", config_file, "--out", out, "--steps", "6", "--quiet")
+    # no run's record there: a folder of checkpoints alone is not this run's
+    assert r.returncode == 2 and "holds checkpoints, which no training run wrote" in r.stderr
+    record = {"command": ["energon-platform", "train"], "versions": {}, "started": "2026-01-01"}
+    (out / "run.json").write_text(json.dumps(record))  # a run's folder: a fresh start is refused
+    r = run_cli("train", "--config", config_file, "--out", out, "--steps", "6", "--quiet")
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
 
 
