@@ -82,6 +82,8 @@ def test_every_option_of_every_method_is_checked_against_its_declared_range(meth
     [
         ("loss_ratio", "step", 7, "(expected a finite number in (0, 1]"),
         ("odm", "smoothing", -3, "(expected a finite number in [0, 1)"),
+        ("ado", "warmup", 3.5, "(expected a whole number in [3, 1000]"),
+        ("ado", "smoothing", 1, "(expected a finite number in [0, 1)"),
     ],
 )
 def test_the_reported_options_stop_train_in_one_line_naming_file_and_key(
@@ -109,17 +111,17 @@ def adapter(method: str, floor: float, k: int = 3) -> BlendAdapter:
     return BlendAdapter(config, names, [f"1/{k}"] * k, 0, 8)
 
 
-@pytest.mark.parametrize("method", ["loss_ratio", "odm"])
+@pytest.mark.parametrize("method", ["ado", "loss_ratio", "odm"])
 def test_every_weight_the_adapter_decides_stays_at_the_floor_or_above(method):
-    """Losses that push the third dataset's weight down (loss_ratio: its loss never falls; odm:
-    its loss is the lowest): without a floor it goes well under 0.3; with ``floor: 0.3`` no
+    """Losses that push the third dataset's weight down (loss_ratio, ado: its loss never falls;
+    odm: its loss is the lowest): without a floor it goes well under 0.3; with ``floor: 0.3`` no
     decided weight is under 0.3."""
 
     def lowest(floor: float) -> Fraction:
         mixer = adapter(method, floor)
         least = Fraction(1)
         for step in range(40):
-            fall = 0.8**step if method == "loss_ratio" else 1.0
+            fall = 1.0 if method == "odm" else 0.8**step
             segment = mixer.report(step, [0, 1, 2], [9 * fall, 5 * fall, 0.01])
             weights = [Fraction(w) for w in segment.weights]
             assert sum(weights) == 1

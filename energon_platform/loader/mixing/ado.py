@@ -6,8 +6,10 @@ Each dataset keeps the points ``(n, L)`` of its recent updates: ``n`` the sample
 mean loss in the stretch. At every update each dataset with at least ``warmup`` points gets its
 curve fitted, ``L(n) = ε + β·n^(-α)`` (`fit`: least squares, ``ε ≥ 0``, ``β ≥ 0``,
 ``α`` in [`ALPHA_LOW`, `ALPHA_HIGH`]), and its *learning potential* is the rate at which that
-curve still falls where the dataset stands, ``-dL/dn = α·β·n^(-α-1)``. The target weights are
-the potentials times the prior (the metadataset's weights), normalised; a dataset not yet fitted
+curve still falls where the dataset stands, ``-dL/dn = α·β·n^(-α-1)``, times the fit's `trust`
+(0 when the fitted fall is within twice the points' scatter about the curve: a fit that leans on
+noise). The target weights are the trusted potentials times the prior (the metadataset's
+weights), normalised; a dataset not yet fitted
 keeps its current share of the blend. The weights move toward the target:
 ``w ← s·w + (1-s)·target`` (``s``: ``smoothing``); when no fitted dataset falls at all the target
 is the prior. A flat loss, noisy or not, fits ``β ≈ 0`` and earns almost nothing; a curve that
@@ -86,6 +88,18 @@ def fit(ns: Sequence[float], losses: Sequence[float]) -> tuple[float, float, flo
     return eps, beta, alpha
 
 
+def trust(params: Sequence[float], ns: Sequence[float], losses: Sequence[float]) -> float:
+    """How far the fitted fall stands above the scatter of the points about the curve, in [0, 1]:
+    ``max(0, 1 - 2σ/F)`` with ``F`` the fall of the curve from the first point to the last and
+    ``σ`` the points' root-mean-square distance from it (over ``m - 3`` degrees of freedom, at
+    least 1). A flat noisy loss whose fit leans on its noise gets 0; a clean fall gets nearly 1."""
+    eps, beta, alpha = params
+    fall = beta * (min(ns) ** -alpha - max(ns) ** -alpha)
+    error = sum((v - eps - beta * n**-alpha) ** 2 for n, v in zip(ns, losses))
+    spread = math.sqrt(error / max(1, len(ns) - 3))
+    return max(0.0, 1.0 - 2.0 * spread / fall) if fall > 0 else 0.0
+
+
 def potential(params: Sequence[float], n: float) -> float:
     """``-dL/dn`` of the fitted curve ``(ε, β, α)`` at ``n`` samples: ``α·β·n^(-α-1)``."""
     _, beta, alpha = params
@@ -111,6 +125,7 @@ class AdaptiveFit(MixingMethod):
         self.seen = [0.0] * k
         self.history: list[list[list[float]]] = [[] for _ in range(k)]
         self.params: list[list[float] | None] = [None] * k
+        self.trust = [0.0] * k
 
     def update(self, losses: Sequence[float | None], counts: Sequence[int] | None = None):
         """New weights from each dataset's mean loss since the last update; ``counts``: the
@@ -126,9 +141,13 @@ class AdaptiveFit(MixingMethod):
             if len(self.history[d]) >= warmup:
                 ns, ls = zip(*self.history[d])
                 self.params[d] = list(fit(ns, ls))
+                self.trust[d] = trust(self.params[d], ns, ls)
         fitted = [d for d, p in enumerate(self.params) if p is not None]
         if fitted:
-            score = {d: self.prior[d] * potential(self.params[d], self.seen[d]) for d in fitted}
+            score = {
+                d: self.prior[d] * self.trust[d] * potential(self.params[d], self.seen[d])
+                for d in fitted
+            }
             share = sum(self.weights[d] for d in fitted)  # what the fitted datasets hold now
             total = sum(score.values())
             if total <= 0:  # nothing fitted still falls: back to the prior among them
@@ -148,6 +167,7 @@ class AdaptiveFit(MixingMethod):
             "seen": self.seen,
             "history": self.history,
             "params": self.params,
+            "trust": self.trust,
         }
 
     def load_state_dict(self, state):
@@ -156,3 +176,4 @@ class AdaptiveFit(MixingMethod):
         self.seen = [float(n) for n in state["seen"]]
         self.history = [[[float(n), float(v)] for n, v in h] for h in state["history"]]
         self.params = [None if p is None else [float(x) for x in p] for p in state["params"]]
+        self.trust = [float(t) for t in state["trust"]]
