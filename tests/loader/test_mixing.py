@@ -75,7 +75,11 @@ def make(blend, workers=0, fixed=False, **adapt):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_a_method_is_deterministic_and_continues_from_its_state(method):
     rng = random.Random(7)
-    inputs = [[rng.choice([None, rng.uniform(0.5, 9)]) for _ in range(3)] for _ in range(20)]
+    # noisy losses that fall at a rate of their own per dataset (pure noise moves no ado weight)
+    inputs = [
+        [rng.choice([None, rng.uniform(0.5, 9) / (1 + i) ** d]) for d in range(3)]
+        for i in range(20)
+    ]
     a = make_method(method, ["x", "y", "z"], [2, 1, 1], {})
     b = make_method(method, ["x", "y", "z"], [2, 1, 1], {})
     out_a = [a.update(x) for x in inputs]
