@@ -308,9 +308,10 @@ def balance_rank_cost(work: Path, out: Path) -> dict:
         + balance_chart(read_run_log(run_dir))
         + "</body></html>"
     )
-    shot = run_chromium(page, f"--screenshot={out}", "--window-size=1000,330")
+    shot = run_chromium(page, f"--screenshot={out}", "--window-size=1000,600")
     if shot.returncode != 0 or not out.is_file():
         raise SystemExit(shot.stderr[-2000:])
+    report_screenshot.trim_bottom(out)  # the legend below the chart kept, the blank cut
     rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     ranks = {row["world_size"] for row in rows if "step" in row}
     balance = yaml.safe_load((run_dir / "run.yaml").read_text())["loader"]["balance"]
