@@ -66,8 +66,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
 import io
 import json
 import os
@@ -279,22 +277,12 @@ def batch_keys(batch) -> list[str]:
 
 
 def batch_digest(batch) -> str:
-    """sha256 over every tensor field of the batch (name, dtype, shape, bytes), in field order."""
-    import torch
+    """sha256 over every tensor field of the batch (its name, dtype, shape and bytes; by name) with
+    `energon_platform.training.digests`, cut to 24 hex digits."""
+    from energon_platform.training.digests import batch_digest as digest
+    from energon_platform.training.digests import tensors_of
 
-    h = hashlib.sha256()
-    fields = (
-        [f.name for f in dataclasses.fields(batch)]
-        if dataclasses.is_dataclass(batch)
-        else sorted(vars(batch))
-    )
-    for name in fields:
-        value = getattr(batch, name)
-        if isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous()
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:24]
+    return digest(tensors_of(batch))[:24]
 
 
 def child_main(spec: dict) -> dict:

@@ -22,6 +22,7 @@ from task_encoders.audio_features import (
     spec_augment,
     to_float_mono,
 )
+from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
@@ -45,6 +46,8 @@ class AudioTextBatch(TextBatch):
     """`task_encoders.documents.TextBatch` plus ``features``: float32 ``(D, n_mels, T)``
     log-mel, zero-padded along time to the longest utterance, and ``feature_lengths``: int64 ``(D,)``
     valid frames per utterance (``D == N`` without packing)."""
+
+    media = (Medium("features", lengths="feature_lengths", axis=-1),)
 
     features: torch.Tensor
     feature_lengths: torch.Tensor

@@ -26,6 +26,7 @@ import torch
 from megatron.energon import Batch, Sample, edataclass, stateless
 
 from task_encoders.base import ConfigLike, SeededTaskEncoder
+from task_encoders.batch_tensors import Medium
 from task_encoders.features import FEATURES, features, summed, text_features, with_lengths
 from task_encoders.seeding import sample_key
 from task_encoders.sequences import collate_rows, first_fit_decreasing, layout_row, padded_length
@@ -65,7 +66,18 @@ class TextBatch(Batch):
     * ``num_docs``: int32 ``(N,)``, documents per row; ``doc_lengths``: int32 ``(D,)``, unpadded.
 
     Without packing ``D == N``, ``num_docs`` is all ones and row ``i`` is ``keys[i]``.
+
+    The class says which tensors it holds (`task_encoders.batch_tensors`): ``row_tensors``,
+    ``media`` and ``undigested``; a subclass with tensors of its own extends ``media`` (and
+    ``undigested``).
     """
+
+    #: the ``(N, S)`` fields, one row each, that a row's digest covers
+    row_tensors: ClassVar[tuple[str, ...]] = ("tokens", "labels", "loss_mask", "position_ids")
+    #: the media of the documents, in the order a row's digest takes them (none for text)
+    media: ClassVar[tuple[Medium, ...]] = ()
+    #: tensors a row's digest leaves out: where the documents lie (they follow from the rows)
+    undigested: ClassVar[tuple[str, ...]] = ("cu_seqlens", "num_docs", "doc_lengths")
 
     keys: list
     tokens: torch.Tensor
@@ -76,6 +88,20 @@ class TextBatch(Batch):
     max_seqlen: int
     num_docs: torch.Tensor
     doc_lengths: torch.Tensor
+
+    @classmethod
+    def tensor_fields(cls) -> tuple[str, ...]:
+        """Every tensor field the class declares: ``row_tensors``, its media's fields (with their
+        counts and lengths), ``undigested``; each once."""
+        names = [*cls.row_tensors, *(n for m in cls.media for n in m.names()), *cls.undigested]
+        return tuple(dict.fromkeys(names))
+
+    @classmethod
+    def device_fields(cls) -> tuple[str, ...]:
+        """The fields a trainer moves to its device: ``row_tensors``, ``cu_seqlens`` and each
+        medium's tensor and valid lengths (the counts that place them stay on the host)."""
+        media = (n for m in cls.media for n in (m.field, m.lengths) if n)
+        return tuple(dict.fromkeys([*cls.row_tensors, "cu_seqlens", *media]))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TextBatch:
         """A copy of this batch (the same type) with every tensor on ``device``; the batch itself is

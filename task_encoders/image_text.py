@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 from megatron.energon import edataclass
 
+from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import OMITTED_WHEN_DEFAULT, At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
@@ -247,6 +248,8 @@ class ImageTextConfig(EncoderConfig):
 class ImageTextBatch(TextBatch):
     """`task_encoders.documents.TextBatch` plus ``images``: float32 ``(D, C, h, w)``, one per
     document in ``keys`` order (``D == N`` without packing; ``num_docs`` splits them per row)."""
+
+    media = (Medium("images"),)
 
     images: torch.Tensor
 

@@ -54,6 +54,7 @@ from megatron.energon import CaptioningSample, TextSample, edataclass
 from megatron.energon.errors import FatalSampleError
 
 from task_encoders.audio_text import AudioTextBatch
+from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig, TextConfig
 from task_encoders.config_parser import At, parse, read_yaml, to_plain
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
@@ -272,6 +273,15 @@ class MultimodalBatch(TextBatch):
     Absent media are empty tensors: ``(0, 3, h, w)``, ``(0, n_mels, 0)``, ``(0, T, 3, h, w)``,
     ``(0, P, C)`` (sizes 0 when no modality of that kind is configured).
     """
+
+    media = (
+        Medium("images", per_doc="num_images"),
+        Medium("features", per_doc="num_audio", lengths="feature_lengths", axis=-1),
+        Medium("videos", per_doc="num_videos", lengths="num_frames", axis=0),
+        Medium("points", per_doc="num_clouds"),
+    )
+    #: a flag beside ``points``, whose rgb channels (zero without colours) are digested
+    undigested = TextBatch.undigested + ("has_colors",)
 
     modalities: list
     images: torch.Tensor

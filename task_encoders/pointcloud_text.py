@@ -31,6 +31,7 @@ import torch
 from megatron.energon import edataclass
 
 from converters.mesh3d import Geometry, load, sample_surface, sniff
+from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
@@ -112,6 +113,10 @@ class PointCloudTextBatch(TextBatch):
       rgb in [0, 1]) with ``pointcloud.colors``; xyz normalised to the unit sphere, then augmented.
     * ``has_colors``: bool ``(D,)``, whether the file had colours (False: rgb channels are zero).
     """
+
+    media = (Medium("points"),)
+    #: a flag beside ``points``, whose rgb channels (zero without colours) are digested
+    undigested = TextBatch.undigested + ("has_colors",)
 
     points: torch.Tensor
     has_colors: torch.Tensor

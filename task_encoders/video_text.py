@@ -37,6 +37,7 @@ from megatron.energon import edataclass
 from torchvision import tv_tensors
 
 from task_encoders.audio_features import AudioConfig, LogMel, spec_augment, to_float_mono
+from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
@@ -137,6 +138,11 @@ class VideoTextBatch(TextBatch):
       time; ``audio_lengths``: int64 ``(D,)`` valid frames (0 for a video without audio). Without
       ``video.audio``: ``(D, 0, 0)`` and zeros.
     """
+
+    media = (
+        Medium("videos", lengths="num_frames", axis=0),
+        Medium("audio_features", lengths="audio_lengths", axis=-1),
+    )
 
     videos: torch.Tensor
     num_frames: torch.Tensor

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import torch
 from megatron.energon import edataclass
 
+from task_encoders.batch_tensors import Medium
 from task_encoders.documents import EncodedDoc, Pack, TextBatch, length_probe
 from task_encoders.features import features
 from task_encoders.image_text import ImageTextTaskEncoder, image_size
@@ -60,6 +61,11 @@ class VisionLanguageBatch(TextBatch):
     * ``image_token_index``: int, the placeholder's id; ``tokens_per_tile``: int, image embeddings
       per tile.
     """
+
+    #: each image's tiles count for the document that holds the image
+    media = (Medium("images", per_doc="num_images", per_item="num_tiles"),)
+    #: follows from the tokens, ``num_tiles`` and ``num_images``
+    undigested = TextBatch.undigested + ("spliced_lengths",)
 
     images: torch.Tensor
     num_tiles: torch.Tensor

@@ -35,7 +35,6 @@ torch): the helper drops into any loop.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -43,45 +42,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from energon_platform.training.digests import batch_digest
+
 __all__ = ["StepLog", "batch_digest", "checked_sample_losses", "open_for_append"]
-
-
-def _update(h: hashlib._Hash, obj: Any) -> None:
-    torch = sys.modules.get("torch")  # no tensor exists unless torch was imported
-    if torch is not None and isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous()
-        h.update(f"T{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    elif isinstance(obj, str):
-        h.update(f"S{len(obj)};".encode() + obj.encode())
-    elif isinstance(obj, (bytes, bytearray)):
-        h.update(f"B{len(obj)};".encode() + bytes(obj))
-    elif isinstance(obj, dict):
-        h.update(f"D{len(obj)};".encode())
-        for key in sorted(obj, key=str):
-            _update(h, str(key))
-            _update(h, obj[key])
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"L{len(obj)};".encode())
-        for item in obj:
-            _update(h, item)
-    elif obj is None or isinstance(obj, (bool, int, float)):
-        h.update(f"V{obj!r};".encode())
-    else:
-        raise TypeError(
-            f"batch_digest: cannot digest a {type(obj).__name__}; pass tensors, or a dict, list or "
-            f"tuple of them"
-        )
-
-
-def batch_digest(batch: Any) -> str:
-    """sha256 (hex) of ``batch``: a tensor (shape, dtype and bytes, on any device), or a dict
-    (by sorted key), list or tuple of tensors, nested; strings count as their text, so the
-    digests every rank computed of its own part, gathered in rank order, digest to one value
-    for the global batch."""
-    h = hashlib.sha256()
-    _update(h, batch)
-    return h.hexdigest()
 
 
 def checked_sample_losses(values: Any, keys: list[str] | None) -> list[float]:

@@ -53,81 +53,13 @@ import torch.distributed as dist
 from energon_platform.config import RunConfig
 from energon_platform.loader.train_loader import TrainLoader, build_val_loader
 from energon_platform.training import checkpoint, collector
+from energon_platform.training.digests import device_fields
+from energon_platform.training.digests import row_digests as batch_digest
 from energon_platform.training.preflight import preflight
 from energon_platform.training.run_record import check_out, check_record, record_run, run_folder
 from energon_platform.training.step_log_writer import open_for_append
 from energon_platform.training.two_tower import build_model
 from storage.outputs import refuse_places
-
-#: the media a row's digest covers: (batch field, its document-index property, the field of valid
-#: lengths, the axis they cut: -1 for time in audio features, 0 for a clip's frames; the field
-#: that counts the tensors of each of the documents' items: a vision-language batch's ``images``
-#: are tiles, ``num_tiles`` of each image of ``image_docs``)
-DIGESTED_MEDIA = (
-    ("images", "image_docs", None, 0, "num_tiles"),
-    ("features", "audio_docs", "feature_lengths", -1, None),
-    ("videos", "video_docs", "num_frames", 0, None),
-    ("audio_features", None, "audio_lengths", -1, None),
-    ("points", "cloud_docs", None, 0, None),
-)
-
-
-def _media_by_doc(batch: Any) -> dict[int, list[torch.Tensor]]:
-    """Document index → its media tensors (`DIGESTED_MEDIA`: images, audio features, video clips
-    and their audio, each cut to its valid length; point clouds). Single-modality batches hold one
-    medium per document; mixed batches say where each one goes (``image_docs``, ``audio_docs``,
-    ``video_docs``, ``cloud_docs``), and a vision-language batch's tiles go with their image."""
-    out: dict[int, list[torch.Tensor]] = {}
-    for field, docs_name, lengths_name, axis, counts_name in DIGESTED_MEDIA:
-        media = getattr(batch, field, None)
-        if not isinstance(media, torch.Tensor):
-            continue
-        docs = getattr(batch, docs_name, None) if docs_name else None
-        counts = getattr(batch, counts_name, None) if counts_name else None
-        if docs is not None and counts is not None:  # each item's tensors (an image's tiles)
-            docs = torch.repeat_interleave(docs, counts.long())
-        lengths = getattr(batch, lengths_name).tolist() if lengths_name else None
-        for i, j in enumerate(docs.tolist() if docs is not None else range(len(media))):
-            item = media[i]
-            if lengths is not None:
-                item = item.narrow(axis, 0, int(lengths[i]))
-            out.setdefault(j, []).append(item)
-    return out
-
-
-def batch_digest(batch: Any) -> list[str]:
-    """One sha256 per row: its tokens, labels, loss_mask and position_ids plus the media of the
-    row's documents (`_media_by_doc`). Independent of how a
-    global batch is split into micro-batches: the lists of the parts concatenate to the list of
-    the whole."""
-    media = _media_by_doc(batch)
-    doc = 0
-    rows = []
-    for i, n_docs in enumerate(batch.num_docs.tolist()):
-        d = hashlib.sha256()
-        tensors = [batch.tokens[i], batch.labels[i], batch.loss_mask[i], batch.position_ids[i]]
-        for j in range(doc, doc + n_docs):
-            tensors += media.get(j, [])
-        doc += n_docs
-        for t in tensors:
-            t = t.detach().cpu().contiguous()
-            d.update(f"{tuple(t.shape)}:{t.dtype}".encode())
-            d.update(t.numpy().tobytes())
-        rows.append(d.hexdigest())
-    return rows
-
-
-TENSOR_FIELDS = (
-    "tokens",
-    "labels",
-    "loss_mask",
-    "position_ids",
-    "images",
-    "features",
-    "feature_lengths",
-    "cu_seqlens",
-    "points",
-)
 
 
 def _init_distributed() -> tuple[int, int, torch.device]:
@@ -154,7 +86,7 @@ def _seed_everything(seed: int) -> None:
 def _to(batch: Any, device: torch.device) -> Any:
     if device.type == "cpu":
         return batch
-    for f in TENSOR_FIELDS:
+    for f in device_fields(batch):  # the batch's own list (task_encoders.batch_tensors)
         t = getattr(batch, f, None)
         if isinstance(t, torch.Tensor):
             setattr(batch, f, t.to(device, non_blocking=True))

@@ -17,6 +17,7 @@ import torchaudio
 from megatron.energon import edataclass
 
 from task_encoders.audio_features import audio_header, decode_audio, resampled_length, to_float_mono
+from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
@@ -66,6 +67,8 @@ class WaveformTextBatch(TextBatch):
     """`task_encoders.documents.TextBatch` plus ``waveforms``: float32 ``(D, T)`` zero-padded
     to the longest utterance, and ``waveform_lengths``: int64 ``(D,)`` valid samples per
     utterance."""
+
+    media = (Medium("waveforms", lengths="waveform_lengths", axis=-1),)
 
     waveforms: torch.Tensor
     waveform_lengths: torch.Tensor

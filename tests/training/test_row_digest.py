@@ -1,5 +1,7 @@
-"""The reference trainer's per-row digest (``training.train.batch_digest``) covers every medium a row's
-documents carry, so check-resume sees a resumed run that feeds other pixels, frames or audio."""
+"""The reference trainer's per-row digest (``training.train.batch_digest``: ``digests.row_digests``)
+covers every medium a row's documents carry, so check-resume sees a resumed run that feeds other
+pixels, frames or audio. The batches here carry the declarations of the batch types they stand for
+(``row_tensors``, ``media``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ import pytest
 import torch
 
 from energon_platform.training.train import batch_digest
+from task_encoders.documents import TextBatch
+from task_encoders.multimodal import MultimodalBatch
+from task_encoders.video_text import VideoTextBatch
+from task_encoders.vision_language import VisionLanguageBatch
 
 
 def text_rows(n_rows: int, docs_per_row: int) -> dict:
@@ -20,6 +26,7 @@ def text_rows(n_rows: int, docs_per_row: int) -> dict:
         loss_mask=torch.ones_like(tokens),
         position_ids=tokens % 6,
         num_docs=torch.full((n_rows,), docs_per_row),
+        row_tensors=TextBatch.row_tensors,
     )
 
 
@@ -31,6 +38,7 @@ def video_batch() -> SimpleNamespace:
         num_frames=torch.tensor([4, 2], dtype=torch.int32),
         audio_features=torch.rand(2, 3, 5),
         audio_lengths=torch.tensor([5, 3]),
+        media=VideoTextBatch.media,
     )
 
 
@@ -62,7 +70,8 @@ def test_a_mixed_batchs_clip_counts_for_the_document_that_holds_it():
         **text_rows(2, 1),
         videos=torch.rand(1, 3, 3, 2, 2),
         num_frames=torch.tensor([3], dtype=torch.int32),
-        video_docs=torch.tensor([1]),  # the only clip belongs to row 1's document
+        num_videos=torch.tensor([0, 1]),  # the only clip belongs to row 1's document
+        media=MultimodalBatch.media,
     )
     before = batch_digest(batch)
     batch.videos[0, 0].add_(1.0)
@@ -77,10 +86,17 @@ def test_a_vision_language_rows_digest_sees_every_tile_of_its_images():
         **text_rows(2, 1),
         images=torch.rand(5, 3, 2, 2),
         num_tiles=torch.tensor([2, 3], dtype=torch.int32),
-        image_docs=torch.tensor([0, 1]),
+        num_images=torch.tensor([1, 1]),  # one image in each row's document
+        media=VisionLanguageBatch.media,
     )
     for tile, row in [(1, 0), (2, 1), (4, 1)]:
         before = batch_digest(batch)
         batch.images[tile].add_(1.0)
         after = batch_digest(batch)
         assert after[row] != before[row] and after[1 - row] == before[1 - row], (tile, row)
+
+
+def test_a_batch_that_declares_no_tensors_is_refused_in_one_line():
+    batch = SimpleNamespace(**{k: v for k, v in text_rows(2, 1).items() if k != "row_tensors"})
+    with pytest.raises(TypeError, match="does not say which tensors it holds"):
+        batch_digest(batch)
