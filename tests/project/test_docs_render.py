@@ -87,7 +87,7 @@ def private_names(html: str) -> list[str]:
 
 def test_markdown_sources_pass_the_linter():
     rumdl = shutil.which("rumdl", path=str(Path(sys.executable).parent))
-    assert rumdl, "rumdl is a test dependency (pyproject [test]): `make venv` installs it"
+    assert rumdl, "rumdl is a test dependency (pyproject [test]): `make venv-test` installs it"
     r = subprocess.run(
         [rumdl, "check", "--no-cache", "README.md", "CHANGELOG.md", "docs"],
         cwd=REPO,
