@@ -277,7 +277,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", default="out/demo", help="where shards and runs go (default out/demo)")
+    ap.add_argument(
+        "--out",
+        default="out/demo",
+        help="where shards and runs go (default out/demo): a new or empty folder, or one an "
+        "earlier demo made (its demo.json); any other is refused before stage 1",
+    )
     ap.add_argument(
         "--steps", type=int, default=30, help="training steps of the resume check (default 30)"
     )

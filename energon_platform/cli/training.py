@@ -31,7 +31,13 @@ def add_train(sub) -> None:
     p.add_argument(
         "--resume", action="store_true", help="continue from the latest complete checkpoint in OUT"
     )
-    p.add_argument("--out", help="output folder (default: train.out of the config)")
+    p.add_argument(
+        "--out",
+        help="output folder: a new or empty one, or a run's own (its run.json), which --resume "
+        "continues; any other folder, the file system's root, the home folder and a "
+        "repository's root are refused (default: train.out of the config; with a run's own "
+        "run.yaml as --config, the folder that holds it)",
+    )
     p.add_argument(
         "--steps", type=positive, help="total steps (default: train.steps of the config)"
     )
