@@ -183,15 +183,12 @@ def check_folder(
     flag: str = "--out",
     inputs: Iterable = (),
     foreign: Callable[[Path], list[str]] | None = None,
-    probe: bool = True,
 ) -> Path:
     """Refuse (`OutputError`) to fill the folder ``path`` unless it is new or empty, or
     ``own(path)`` says it holds this command's earlier output (``what``, e.g. "replay") and
     ``overwrite`` is set; also `refuse_places` for a folder. ``foreign(path)``: the names in a
     folder ``own`` refuses that the command did not write, the ones the refusal lists (default:
-    every name). ``probe``: create the folder and prove it writable (`probe_writable`); a caller
-    that does so itself, later, passes False and nothing is created here. Call before any long
-    work."""
+    every name). Call before any long work."""
     p = Path(path)
     refuse_places(p, flag, inputs, folder=True)
     if p.exists() and not p.is_dir():
@@ -209,8 +206,7 @@ def check_folder(
             f"{flag} {path}: holds an earlier {what}; pass --overwrite to replace it, or choose "
             f"another {flag}"
         )
-    if probe:
-        probe_writable(p, flag, path)
+    probe_writable(p, flag, path)
     return p
 
 
