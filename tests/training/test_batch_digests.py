@@ -201,3 +201,20 @@ def test_the_trainer_moves_every_medium_and_its_lengths(cls):
     (``videos`` and ``waveforms`` included)."""
     media = {n for m in cls.media for n in (m.field, m.lengths) if n}
     assert set(device_fields(make_batch(cls))) == set(cls.row_tensors) | {"cu_seqlens"} | media
+
+
+def test_every_batch_class_of_task_encoders_is_checked_here():
+    """A new batch class (a new modality) joins ``FIELDS``, and so the tests above."""
+    import importlib
+    import pkgutil
+
+    import task_encoders
+
+    for info in pkgutil.walk_packages(task_encoders.__path__, "task_encoders."):
+        importlib.import_module(info.name)
+    found, stack = set(), [TextBatch]
+    while stack:
+        cls = stack.pop()
+        found.add(cls)
+        stack += cls.__subclasses__()
+    assert {c for c in found if c.__module__.startswith("task_encoders.")} == set(FIELDS)
