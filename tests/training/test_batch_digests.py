@@ -218,3 +218,15 @@ def test_every_batch_class_of_task_encoders_is_checked_here():
         found.add(cls)
         stack += cls.__subclasses__()
     assert {c for c in found if c.__module__.startswith("task_encoders.")} == set(FIELDS)
+
+
+@pytest.mark.parametrize("cls", [VideoTextBatch, MultimodalBatch, WaveformTextBatch], ids=str)
+def test_the_reference_trainer_moves_the_batchs_device_fields(cls):
+    """``train._to`` moves what the batch declares (``videos`` and ``waveforms`` included, which
+    its own list missed); the counts that place media stay on the host. The ``meta`` device
+    stands in for a GPU."""
+    from energon_platform.training.train import _to
+
+    batch = _to(make_batch(cls), torch.device("meta"))
+    on_meta = {n for n in tensor_fields(cls) if getattr(batch, n).device.type == "meta"}
+    assert on_meta == set(cls.device_fields())
