@@ -45,6 +45,7 @@ FAST: tuple[str, ...] = (
     "tests/project/test_suite_threads.py",
     "tests/project/test_test_order.py",
     "tests/project/test_tiers.py",
+    "tests/training/test_batch_digests.py",
     "tests/training/test_row_digest.py",
 )
 
