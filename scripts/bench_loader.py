@@ -355,7 +355,7 @@ def report(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (best of)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best of)")
     parser.add_argument("--warmup", type=int, default=3, help="batches before the timing")
     parser.add_argument("--batches", type=int, default=10, help="timed batches (x2 at batch 8)")
     parser.add_argument("--images", type=int, default=256, help="images per 640x480 corpus")

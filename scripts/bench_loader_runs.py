@@ -231,7 +231,9 @@ def floor(dataset: Path, args: argparse.Namespace) -> dict:
     data = (data * (n // len(data) + 1))[:n]
 
     def one(raw: bytes) -> torch.Tensor:
-        image = Image.open(io.BytesIO(raw)).convert("RGB")
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+        image = image if image.mode == "RGB" else image.convert("RGB")  # no copy when already RGB
         return user_tiles(image, args.tile) if args.kind == "floor_tiles" else pipeline(image)
 
     warm = args.warmup * args.batch_size
@@ -264,14 +266,15 @@ def _proc(pid: int) -> tuple[float, int]:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
-def snapshot() -> dict:
-    """Wall time, CPU of this process and its children, minor faults of the decoding processes."""
+def snapshot(workers: int = 0) -> dict:
+    """Wall time, CPU of this process and its children, minor faults of the processes that decode:
+    the worker processes, or this one with ``workers`` 0."""
     cpu, faults = _proc(os.getpid())
     children = [(pid, _proc(pid)) for pid in _children()]
     return {
         "wall": time.perf_counter(),
         "cpu": time.process_time() + sum(c for _, (c, _) in children),
-        "faults": {pid: f for pid, (_, f) in children} or {os.getpid(): faults},
+        "faults": {pid: f for pid, (_, f) in children} if workers else {os.getpid(): faults},
     }
 
 
@@ -293,10 +296,10 @@ def timed(loader: Any, args: argparse.Namespace) -> dict:
     it = iter(loader)
     for _ in range(args.warmup):
         next(it)
-    before = snapshot()
+    before = snapshot(args.workers)
     for _ in range(args.batches):
         next(it)
-    result = measured(before, snapshot(), args.batches * args.batch_size)
+    result = measured(before, snapshot(args.workers), args.batches * args.batch_size)
     if hasattr(loader, "close"):
         loader.close()
     return result

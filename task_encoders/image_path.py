@@ -38,7 +38,6 @@ pipeline on float, exactly as before; a uint8 tensor starts at the uint8 stage.
 from __future__ import annotations
 
 import io
-import math
 import warnings
 from typing import Any
 
@@ -117,12 +116,13 @@ def draft_scale(
     box smaller than twice ``out``."""
     top, left, height, width = box
     factor = next((f for f in DRAFT_FACTORS if height >= out[0] * f and width >= out[1] * f), 1)
-    if image.format != "JPEG" or factor == 1:
+    if image.format not in ("JPEG", "MPO") or factor == 1:
         return None
     full_w, full_h = image.size
-    image.draft(image.mode, (math.ceil(full_w / factor), math.ceil(full_h / factor)))
-    sx, sy = image.size[0] / full_w, image.size[1] / full_h
-    return (left * sx, top * sy, (left + width) * sx, (top + height) * sy)
+    # PIL takes the largest scale whose size is at least the one asked: ask for the floor
+    image.draft(image.mode, (max(1, full_w // factor), max(1, full_h // factor)))
+    scale = image.decoderconfig[0] if image.decoderconfig else 1  # exactly 1/scale per side
+    return (left / scale, top / scale, (left + width) / scale, (top + height) / scale)
 
 
 class ImagePath:
@@ -167,8 +167,10 @@ class ImagePath:
         antialiased: the first step of ``uint8_resize`` tiling, before the whole-image steps."""
         if isinstance(image, (bytes, bytearray, memoryview)):
             image = open_image(image)
+        if not (isinstance(image, torch.Tensor) and image.is_floating_point()):
+            image = self._uint8(image)  # a float image (Energon's float decode) resizes as float
         mode = F.InterpolationMode(interpolation)
-        return F.resize(self._uint8(image), list(size), interpolation=mode, antialias=True)
+        return F.resize(image, list(size), interpolation=mode, antialias=True)
 
     @staticmethod
     def _uint8(image: Image.Image | torch.Tensor) -> torch.Tensor:

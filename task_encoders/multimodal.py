@@ -346,8 +346,30 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         if all(images_as_bytes(enc.decoder) for enc in self.encoders.values()):
             #: images stay bytes for the modalities' `task_encoders.image_path` (else Energon's float)
             self.decoder = ImageBytesDecoder()
+        else:
+            self._refuse_image_options()
         self._by_type: dict[type, str | None] = {}
         self.facts_width = 1 + max(enc.facts_width for enc in self.encoders.values())
+
+    def _refuse_image_options(self) -> None:
+        """``ConfigError`` when a modality sets ``image.draft_decode`` or ``image.uint8_resize``
+        while another modality's encoder needs Energon's float decode: the options act on file
+        bytes, and its images would arrive decoded."""
+        needs_float = [n for n, e in self.encoders.items() if not images_as_bytes(e.decoder)]
+        for name, encoder in self.encoders.items():
+            image = getattr(encoder.config, "image", None)
+            for option in ("draft_decode", "uint8_resize"):
+                if getattr(image, option, False):
+                    raise (
+                        self.config_at.child("modalities")
+                        .child(name)
+                        .child("image")
+                        .child(option)
+                        .error(
+                            f"true, but modality {needs_float[0]!r} decodes images to float first",
+                            "false, or modalities whose encoders all take image bytes",
+                        )
+                    )
 
     def modality_of(self, sample: Any) -> str:
         """The configured modality of ``sample`` (module doc); `UnknownModality` if none."""

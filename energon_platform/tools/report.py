@@ -394,7 +394,8 @@ class SampleReader:
         index = self._indexes[dataset].index(key)
         if index is None:
             return None
-        doc = self.encoder.encode_sample(self.datasets.entries[dataset].source[index])
+        source = self.datasets.entries[dataset].source
+        doc = self.encoder.encode_sample(source.load(index, self.encoder.decoder))
         out = self.encoder.encode_batch(self.encoder.batch([doc]))
         return next(out) if inspect.isgenerator(out) else out
 

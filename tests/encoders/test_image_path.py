@@ -102,7 +102,7 @@ def test_default_path_is_bit_identical_to_the_float_path(name):
         want = reference(data, steps, seed)
         torch.manual_seed(seed)
         got = path(data)
-        assert got.dtype == torch.float32 and got.is_contiguous() or got.ndim == 3
+        assert got.dtype == torch.float32 and got.is_contiguous()
         assert torch.equal(got, want), f"{name}: {label} differs"
         # the same from a decoded float or uint8 tensor
         torch.manual_seed(seed)
@@ -210,9 +210,12 @@ def test_draft_scale_picks_the_smallest_dct_scale_that_covers_the_crop():
     assert draft_scale(png, (40, 80, 400, 480), (64, 64)) is None
 
 
-def test_draft_decode_is_close_deterministic_and_cheaper():
+@pytest.mark.parametrize("size", [(480, 640), (427, 640), (481, 641)])
+def test_draft_decode_is_close_deterministic_and_cheaper(size):
+    """Also at sizes the DCT scale does not divide (COCO's 640x427): the box maps by the scale
+    itself, not by the rounded-up decoded size."""
     steps = specs({"name": "RandomResizedCrop", "size": 64, "scale": [0.5, 1.0]})
-    data = jpeg_photo()
+    data = jpeg_photo(*size)
     full, draft = ImagePath(steps), ImagePath(steps, draft_decode=True)
     errors = []
     for seed in range(20):
@@ -224,7 +227,7 @@ def test_draft_decode_is_close_deterministic_and_cheaper():
         assert torch.equal(draft(data), got)  # a pure function of the seed
         assert got.shape == want.shape
         errors.append(float((got - want).abs().mean()))
-    assert max(errors) < 1.5 / 255, errors  # the same region, decoded smaller
+    assert max(errors) < 1.2 / 255, errors  # the same region, decoded smaller
     assert sum(errors) > 0  # it did decode smaller
 
 
@@ -299,3 +302,31 @@ def test_uint8_resize_tiles_match_the_default_tiles_closely():
     )
     assert not torch.equal(got["images"], want["images"])
     assert float((got["images"] - want["images"]).abs().mean()) < 3 / 255
+
+
+def test_multimodal_takes_bytes_or_refuses_the_byte_options(monkeypatch):
+    """A modality whose encoder needs Energon's float decode makes the multimodal encoder decode
+    images to float; an image option that acts on bytes is then refused, not silently ignored."""
+    from megatron.energon import SampleDecoder
+
+    from task_encoders.audio_text import AudioTextTaskEncoder
+
+    config = {
+        "encoder": "multimodal",
+        "modalities": {
+            "image_text": {"image": {"transforms": [{"name": "RandomResizedCrop", "size": 16}]}},
+            "audio_text": {},
+        },
+    }
+    assert isinstance(get_encoder(config).decoder, ImageBytesDecoder)
+    monkeypatch.setattr(AudioTextTaskEncoder, "decoder", SampleDecoder())
+    assert not isinstance(get_encoder(config).decoder, ImageBytesDecoder)
+    config["modalities"]["image_text"]["image"]["draft_decode"] = True
+    with pytest.raises(ConfigError, match=r"draft_decode.*'audio_text' decodes images to float"):
+        get_encoder(config)
+
+
+def test_uint8_resize_tiles_accept_a_float_image():
+    path = ImagePath(specs({"name": "RandomHorizontalFlip"}), uint8_resize=True)
+    image = TORCHRGB("x.jpg", jpeg_photo(50, 70))
+    assert path.resized(image, (32, 64), "bicubic").shape == (3, 32, 64)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from energon_platform.loader import train_loader
+from tests.helpers import REPO
 
 PROGRAM = """
 import json, resource, sys, torch
@@ -57,3 +58,19 @@ def test_every_worker_and_the_in_process_maker_set_it(monkeypatch):
     monkeypatch.setattr(train_loader, "die_with_parent", lambda parent: calls.append("parent"))
     train_loader._worker_init()(0)
     assert calls == ["parent", "kept"]
+
+
+def test_a_loader_without_workers_sets_it_in_its_own_process(monkeypatch, coco):
+    from energon_platform.config import load_config
+
+    calls = []
+    monkeypatch.setattr(train_loader, "keep_freed_memory", lambda: calls.append("kept"))
+    config = {
+        "data": {"path": str(coco)},
+        "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),
+        "loader": {"global_batch_size": 4, "num_workers": 0},
+    }
+    loader = train_loader.TrainLoader(load_config(config))
+    next(loader)
+    loader.close()
+    assert calls == ["kept"]
