@@ -28,14 +28,27 @@ RUNS = {
     "loader": (
         {
             "dataset": "/work/somewhere/generated",
-            "settings": {"workers": 2, "encoder_config": "/home/u/repo/configs/encoders/a.yaml"},
-            "throughput": {
-                "samples_per_s": {"ours": 90.0, "webdataset": 100.0, "restore_seeds": 80.0},
-                "ratio_a_b": 0.9,
-                "ratio_a_c": 1.125,
+            "settings": {"rounds": 3, "encoder_config": "/home/u/repo/configs/encoders/a.yaml"},
+            "decode": {
+                "jpeg 640x480 crop 64, 0 workers": {
+                    "workers": 0,
+                    "kinds": {
+                        "floor": {"samples_per_s": 300.0, "cpu_ms_per_sample": 3.0},
+                        "ours": {"samples_per_s": 290.0, "cpu_ms_per_sample": 3.3},
+                    },
+                },
+                "jpeg 640x480 crop 64, 2 workers": {
+                    "workers": 2,
+                    "kinds": {
+                        "webdataset": {"samples_per_s": 100.0, "faults_per_sample": 20.0},
+                        "energon": {"samples_per_s": 80.0, "faults_per_sample": 20.0},
+                        "ours": {"samples_per_s": 90.0, "faults_per_sample": 18.0},
+                    },
+                },
             },
+            "draft_error": {"samples": 64, "mean_abs_error_255": 0.75},
         },
-        "ours / plain webdataset >= 0.95",
+        "jpeg 640x480 crop 64: ours / plain webdataset >= 0.95",
         "loader.svg",
     ),
     "restore": (
