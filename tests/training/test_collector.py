@@ -91,6 +91,8 @@ def test_a_train_command_refused_at_its_checkpoints_freezes_nothing_of_its_calle
     config = write_config(tmp_path / "run.yaml", run_config(coco, train={"steps": 2}))
     (tmp_path / "out" / "checkpoints").mkdir(parents=True)
     (tmp_path / "out" / "checkpoints" / "latest").write_text("step_000002")
+    record = {"command": ["energon-platform", "train"], "versions": {}, "started": "2026-01-01"}
+    (tmp_path / "out" / "run.json").write_text(json.dumps(record))  # a run's folder, not foreign
     frozen = gc.get_freeze_count()
     argv = ["train", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet"]
     assert cli.main(argv) == 2
