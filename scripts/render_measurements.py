@@ -474,42 +474,33 @@ def loader_rows(r: dict) -> list[Row]:
                     )
             continue
         ours = k.get("ours") or {}
-        rows.append(
-            Row(
-                f"samples/s, {name}: ours vs plain webdataset",
-                ours.get("samples_per_s"),
-                get(k, "webdataset", "samples_per_s"),
+
+        def rate(text: str, mine: str, theirs: str, target: str, limit: float) -> Row:
+            """samples/s of kind ``mine`` against kind ``theirs``, judged by ``target >= limit``."""
+            return Row(
+                f"samples/s, {name}: {text}",
+                get(k, mine, "samples_per_s"),
+                get(k, theirs, "samples_per_s"),
                 "samples/s",
-                (f"{short}: ours / plain webdataset >= 0.95", ">=", 0.95),
+                (f"{short}: {target} >= {limit:g}", ">=", limit),
             )
-        )
+
         rows.append(
-            Row(
-                f"samples/s, {name}: ours vs Energon's loader",
-                ours.get("samples_per_s"),
-                get(k, "energon", "samples_per_s"),
-                "samples/s",
-                (f"{short}: ours / Energon >= 1.1", ">=", 1.1),
-            )
+            rate("ours vs plain webdataset", "ours", "webdataset", "ours / plain webdataset", 0.95)
         )
+        rows.append(rate("ours vs Energon's loader", "ours", "energon", "ours / Energon", 1.1))
         if "ours_draft" in k:
             rows.append(
-                Row(
-                    f"samples/s, {name}: draft decoding vs plain webdataset",
-                    get(k, "ours_draft", "samples_per_s"),
-                    get(k, "webdataset", "samples_per_s"),
-                    "samples/s",
-                    (f"{short}: draft / plain webdataset >= 1.5", ">=", 1.5),
+                rate(
+                    "draft decoding vs plain webdataset",
+                    "ours_draft",
+                    "webdataset",
+                    "draft / plain webdataset",
+                    1.5,
                 )
             )
             rows.append(
-                Row(
-                    f"samples/s, {name}: draft decoding vs full decoding",
-                    get(k, "ours_draft", "samples_per_s"),
-                    ours.get("samples_per_s"),
-                    "samples/s",
-                    (f"{short}: draft / full >= 2", ">=", 2.0),
-                )
+                rate("draft decoding vs full decoding", "ours_draft", "ours", "draft / full", 2.0)
             )
         rows.append(
             Row(
