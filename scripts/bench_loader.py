@@ -13,7 +13,8 @@ process and its worker processes, and the minor page faults of the processes tha
 * ``webdataset``: a plain webdataset pipeline (``decode("pil")``, the same pipeline and tokenizer);
 * ``energon``: Energon's loader with a minimal TaskEncoder doing the same (``image_decode="pil"``);
 * ``ours``: ``energon_platform.TrainLoader`` with the ``image_text`` encoder, its default path
-  (bit-identical to the float pipeline); ``ours_draft`` with ``image.draft_decode: true``;
+  (bit-identical to the float pipeline); ``ours_draft`` with ``image.draft_decode: true``,
+  ``ours_u8`` with ``image.uint8_resize: true``;
 * tiles: 448-pixel vision-language tiles (``ours_tiles``; ``ours_tiles_u8`` with
   ``image.uint8_resize: true``) against a user's uint8 tiling (``floor_tiles``).
 
@@ -54,7 +55,7 @@ def cases(quick: bool) -> list[dict]:
     out = []
     for fmt in ("jpeg", "png"):
         for crop in (64, 224):
-            kinds = loaders + (["ours_draft"] if fmt == "jpeg" and crop == 64 else [])
+            kinds = loaders + ["ours_u8"] + (["ours_draft"] if fmt == "jpeg" and crop == 64 else [])
             out.append(dict(fmt=fmt, size="640x480", crop=crop, workers=0, batch=32, kinds=kinds))
         out.append(
             dict(
@@ -69,7 +70,8 @@ def cases(quick: bool) -> list[dict]:
         big = loaders + (["ours_draft"] if fmt == "jpeg" else [])
         out.append(dict(fmt=fmt, size="1600x1200", crop=224, workers=0, batch=8, kinds=big))
         for crop in (64, 224):
-            kinds = ["webdataset", "energon", "ours"] + (["ours_draft"] if fmt == "jpeg" else [])
+            kinds = ["webdataset", "energon", "ours", "ours_u8"]
+            kinds += ["ours_draft"] if fmt == "jpeg" else []
             out.append(dict(fmt=fmt, size="640x480", crop=crop, workers=2, batch=32, kinds=kinds))
     if quick:
         out = [c for c in out if c["size"] == "640x480" and c.get("crop") == 64]
@@ -204,6 +206,10 @@ def targets(results: dict) -> list[dict]:
                 "<=",
                 1.15,
             )
+            if "ours_u8" in r["kinds"]:
+                fast = r["kinds"]["ours_u8"]
+                text = f"{name}: ours with uint8_resize / floor, CPU per sample"
+                add(text, ratio(fast, floor, "cpu_ms_per_sample"), "<=", 1.15)
             if "ours_tiles_u8" in r["kinds"]:
                 fast = r["kinds"]["ours_tiles_u8"]
                 text = f"{name}: ours with uint8_resize / floor, CPU per sample"
@@ -223,6 +229,10 @@ def targets(results: dict) -> list[dict]:
                 ">=",
                 1.1,
             )
+            if "ours_u8" in k:
+                fast, plain = k["ours_u8"], k.get("webdataset", {})
+                text = f"{name}: ours with uint8_resize / plain webdataset, samples/s"
+                add(text, ratio(fast, plain, "samples_per_s"), ">=", 0.95)
             if "ours_draft" in k:
                 add(
                     f"{name}: draft decoding / plain webdataset, samples/s",
@@ -313,6 +323,7 @@ KIND_NAMES = {
     "energon": "Energon's loader, minimal TaskEncoder",
     "ours": "ours: TrainLoader (bit-identical)",
     "ours_draft": "ours: TrainLoader, draft_decode",
+    "ours_u8": "ours: TrainLoader, uint8_resize",
     "ours_tiles": "ours: TrainLoader, VLM tiles",
     "ours_tiles_u8": "ours: TrainLoader, VLM tiles, uint8_resize",
 }

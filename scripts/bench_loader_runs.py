@@ -18,7 +18,8 @@ advise:
 * ``energon``: Energon's own loader (``get_train_dataset``, ``get_savable_loader``) with a minimal
   ``DefaultTaskEncoder`` doing the same: its ``decoder`` is ``SampleDecoder(image_decode="pil")``.
 * ``ours``: ``energon_platform.TrainLoader`` (the public entry point) with the ``image_text``
-  encoder (bit-identical default path); ``ours_draft``: the same with ``image.draft_decode: true``.
+  encoder (bit-identical default path); ``ours_draft``: the same with ``image.draft_decode: true``;
+  ``ours_u8``: with ``image.uint8_resize: true``.
 * ``tiles``: ``--tile`` (448) vision-language tiles instead of a crop: ``floor`` kind
   ``floor_tiles`` (uint8 resize to the tile grid, float, colour, cut), ``ours_tiles`` (the
   bit-identical default) and ``ours_tiles_u8`` (``image.uint8_resize: true``).
@@ -174,6 +175,7 @@ def ours_loader(dataset: Path, args: argparse.Namespace) -> Any:
             {"name": "Normalize", "mean": MEAN, "std": STD},
         ],
         "draft_decode": args.kind == "ours_draft",
+        "uint8_resize": args.kind == "ours_u8",
     }
     encoder: dict[str, Any] = {"encoder": "image_text", "text": {"seq_len": SEQ_LEN}}
     if args.kind.startswith("ours_tiles"):
@@ -310,6 +312,7 @@ LOADERS = {
     "energon": energon_loader,
     "ours": ours_loader,
     "ours_draft": ours_loader,
+    "ours_u8": ours_loader,
     "ours_tiles": ours_loader,
     "ours_tiles_u8": ours_loader,
 }

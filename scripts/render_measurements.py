@@ -443,10 +443,11 @@ LOADERS = {
     "energon": "Energon's loader",
     "ours": "ours (TrainLoader)",
     "ours_draft": "ours, draft_decode",
+    "ours_u8": "ours, uint8_resize",
     "ours_tiles": "ours, tiles",
     "ours_tiles_u8": "ours, tiles, uint8_resize",
 }
-OURS_LOADERS = ("ours", "ours_draft", "ours_tiles", "ours_tiles_u8")
+OURS_LOADERS = ("ours", "ours_draft", "ours_u8", "ours_tiles", "ours_tiles_u8")
 
 
 def loader_rows(r: dict) -> list[Row]:
@@ -456,7 +457,7 @@ def loader_rows(r: dict) -> list[Row]:
         short = name.split(",")[0]  # the corpus and crop, for the list of missed targets
         if case.get("workers") == 0:
             floor = k.get("floor") or k.get("floor_tiles") or {}
-            for kind in ("ours", "ours_tiles", "ours_tiles_u8", "ours_draft"):
+            for kind in ("ours", "ours_u8", "ours_tiles", "ours_tiles_u8", "ours_draft"):
                 if kind in k:
                     target = (
                         (f"{short}: ours / floor <= 1.15", "<=", 1.15)
