@@ -164,7 +164,8 @@ class ImagePath:
 
     def resized(self, image: Any, size: tuple[int, int], interpolation: str) -> torch.Tensor:
         """``image`` (bytes, PIL or uint8) decoded and resized to ``size`` (height, width) on uint8,
-        antialiased: the first step of ``uint8_resize`` tiling, before the whole-image steps."""
+        antialiased: the first step of ``uint8_resize`` tiling, before the whole-image steps. A
+        float image (decoded by Energon's default decoder) is resized as it is, in float."""
         if isinstance(image, (bytes, bytearray, memoryview)):
             image = open_image(image)
         if not (isinstance(image, torch.Tensor) and image.is_floating_point()):
