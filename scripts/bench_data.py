@@ -8,19 +8,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from converters.convert import ConvertOptions, run_conversion
+from converters.media import ImageOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def coco_dataset(base: Path) -> Path:
-    out = base / "coco_mini"
+def coco_dataset(base: Path, image_format: str = "png") -> Path:
+    """``data/coco_mini`` under ``base``: re-encoded as PNG (the default, ``coco_mini``), or with
+    ``image_format="keep"`` its JPEGs as they are (``coco_mini_keep``)."""
+    out = base / ("coco_mini" if image_format == "png" else f"coco_mini_{image_format}")
     run_conversion(
         "coco",
         {
             "annotations": str(REPO / "data/coco_mini/captions.json"),
             "images": str(REPO / "data/coco_mini/images"),
         },
-        ConvertOptions(out=str(out), samples_per_shard=64, val_fraction=0.1, progress=False),
+        ConvertOptions(
+            out=str(out),
+            samples_per_shard=64,
+            val_fraction=0.1,
+            progress=False,
+            image=ImageOptions(image_format=image_format),
+        ),
     )
     return out
 

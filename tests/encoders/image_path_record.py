@@ -30,29 +30,6 @@ CASES = {
 }
 
 
-def coco(base: Path, image_format: str) -> Path:
-    """``data/coco_mini`` converted under ``base`` with ``--image-format image_format``."""
-    from converters.convert import ConvertOptions, run_conversion
-    from converters.media import ImageOptions
-
-    out = base / f"coco_mini_{image_format}"
-    run_conversion(
-        "coco",
-        {
-            "annotations": str(REPO / "data/coco_mini/captions.json"),
-            "images": str(REPO / "data/coco_mini/images"),
-        },
-        ConvertOptions(
-            out=str(out),
-            samples_per_shard=64,
-            val_fraction=0.1,
-            progress=False,
-            image=ImageOptions(image_format=image_format),
-        ),
-    )
-    return out
-
-
 def media_digest(doc) -> str:
     """sha256 of a document's media tensors, by sorted name."""
     h = hashlib.sha256()
@@ -67,12 +44,13 @@ def media_digest(doc) -> str:
 def case_digests(base: Path, load) -> dict[str, dict[str, str]]:
     """case → key → `media_digest`; ``load(source, index, encoder)`` is the decoded sample."""
     from energon_platform.loader.source import SampleSource
+    from scripts.bench_data import coco_dataset
     from task_encoders.registry import get_encoder
 
     out = {}
     for name, (config, training, image_format) in CASES.items():
         encoder = get_encoder(REPO / "configs/encoders" / config, training=training)
-        source = SampleSource(str(coco(base, image_format)), "train")
+        source = SampleSource(str(coco_dataset(base, image_format)), "train")
         digests = {}
         for index in range(SAMPLES):
             sample = load(source, index, encoder)

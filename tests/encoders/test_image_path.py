@@ -17,12 +17,13 @@ from energon_platform.config import load_config
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
+from scripts.bench_data import coco_dataset
 from task_encoders.config_parser import At, ConfigError, to_plain
 from task_encoders.image_path import ImageBytesDecoder, ImagePath, draft_scale, open_image
 from task_encoders.image_text import ImageConfig, ImageTextConfig
 from task_encoders.image_transforms import TransformSpec, build_pipeline
 from task_encoders.registry import get_encoder
-from tests.encoders.image_path_record import FIXTURE, REPO, case_digests, coco
+from tests.encoders.image_path_record import FIXTURE, REPO, case_digests
 
 TORCHRGB = imagehandler("torchrgb")
 
@@ -111,7 +112,7 @@ def test_default_path_is_bit_identical_to_the_float_path(name):
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    """A folder where `coco` converts ``data/coco_mini`` (as PNG, or its JPEGs kept) once."""
+    """A folder where ``coco_dataset`` converts ``data/coco_mini`` (as PNG, or JPEGs kept) once."""
     return tmp_path_factory.mktemp("photos")
 
 
@@ -150,7 +151,7 @@ def batches(config, steps: int, state: dict | None = None) -> list[list[str]]:
 
 
 def test_draft_decoding_resumes_exactly_on_other_workers_and_a_flip_is_refused(photos):
-    data = coco(photos, "keep")  # JPEG: draft decoding applies
+    data = coco_dataset(photos, "keep")  # JPEG: draft decoding applies
     reference = batches(draft_config(data, True), 5)
     assert reference != batches(draft_config(data, False), 5)  # it did decode smaller
     loader = TrainLoader(draft_config(data, True))

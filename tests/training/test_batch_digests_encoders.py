@@ -67,32 +67,6 @@ RECORDED = {
             "0862f4708b4b83c491a1061fa4d58f3b49e593d68007fac2247dc3bee254f519",
         ],
     ),
-    "multimodal_audio": (
-        "MultimodalBatch",
-        [
-            "c483e251a2829b7cb236ec1568f2732f92c14d2899dcc1bb598c67e9af4d15e1",
-            "2064e891fcf4f59867a4fd40c6e2b91675d751cd4e9ba54976f7e4bba3b73b28",
-            "9a619b70dc6f87bd6d116fd34a7032489c084da4732e6993fffb0a91c23c203a",
-            "d83476019540ca8d0c853210d190823e38989bf6b9190d12e3e737cd225c07d4",
-            "d958dd28d708d885c3fa1c69e29d45933d66d9e3fc7675f334d0c58dab50e261",
-            "86d5ca15533649fecbd3256d00a8b9f3a879c5a4bd0714725e0222065e119e30",
-            "b139d91d03e2183833687fcf56e0ca88e320ea71fa4a49685e89e5ca0840f5f3",
-            "ac44e8762f5f5c8563db1fb8f0e53040dab33117905d7fa2f3710741def76aef",
-        ],
-    ),
-    "multimodal_image": (
-        "MultimodalBatch",
-        [
-            "24c66f497fd0be703e058b4cff20d09510f0fd167da5b2de7dae66e312efc0bb",
-            "d8cd2b92ef9306c425a6e12322c9c6560f18f8648febd15778b0de505c1004e9",
-            "fb95fc4cbc349a95cc055aa96685dc61c601017cc415a9ad67dd5612edc51393",
-            "9746eb921172486c96ef9e4a527b15eeb7d1c6cd10c98004771ea687033599ad",
-            "db8edbae6548947d008a5c60a1e1dd03527bcb8acda8b30337e147135bd5e077",
-            "b386812ccb5e6aced280ba6c93df762ae86ffe917306d853105a27d1b1401560",
-            "1c737a87581c80b66c60f7dd48f610efcdec7e47be830214a8805149deba6762",
-            "0862f4708b4b83c491a1061fa4d58f3b49e593d68007fac2247dc3bee254f519",
-        ],
-    ),
     "text": (
         "TextBatch",
         [
@@ -115,6 +89,9 @@ RECORDED = {
         ],
     ),
 }
+#: a multimodal batch of one modality digests as that modality's own batch does
+RECORDED["multimodal_audio"] = ("MultimodalBatch", RECORDED["audio_text"][1])
+RECORDED["multimodal_image"] = ("MultimodalBatch", RECORDED["image_text"][1])
 
 
 def first_batches(make_encoder, make_dataset, one_pass, name: str) -> list:
