@@ -16,20 +16,20 @@ tiles, spliced lengths) `task_encoders.registry.get_encoder` builds
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from string import Formatter
 from typing import Any, ClassVar
 
 import torch
 from megatron.energon import edataclass
+from PIL import Image
 
 from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import OMITTED_WHEN_DEFAULT, At, require
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
 from task_encoders.features import features
-from task_encoders.image_path import ImageBytesDecoder, build_image_path
+from task_encoders.image_path import ImageBytesDecoder, build_image_path, open_image
 from task_encoders.image_transforms import TransformSpec, default_eval_specs, output_size
 from task_encoders.registry import register
 from task_encoders.seeding import seeded_global_torch
@@ -41,13 +41,13 @@ WHOLE_IMAGE_TRANSFORMS = ("RandomHorizontalFlip", "ColorJitter", "Normalize")
 
 
 def image_size(image: Any) -> tuple[int, int]:
-    """``(width, height)`` of an image part: file bytes (read from the header, no pixels decoded) or a
-    decoded ``(C, H, W)`` tensor."""
+    """``(width, height)`` of an image part: file bytes (read from the header, no pixels decoded),
+    an opened PIL image, or a decoded ``(C, H, W)`` tensor."""
     if isinstance(image, (bytes, bytearray, memoryview)):
-        from PIL import Image
-
-        with Image.open(io.BytesIO(bytes(image))) as img:
+        with open_image(image) as img:
             return img.size
+    if isinstance(image, Image.Image):
+        return image.size
     if isinstance(image, torch.Tensor) and image.ndim == 3:
         return int(image.shape[-1]), int(image.shape[-2])
     raise TypeError(f"expected image bytes or a (C, H, W) tensor, got {type(image).__name__}")

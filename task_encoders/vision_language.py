@@ -40,6 +40,7 @@ from megatron.energon import edataclass
 from task_encoders.batch_tensors import Medium
 from task_encoders.documents import EncodedDoc, Pack, TextBatch, length_probe
 from task_encoders.features import features
+from task_encoders.image_path import open_image
 from task_encoders.image_text import ImageTextTaskEncoder, image_size
 from task_encoders.registry import register_variant
 from task_encoders.seeding import sample_key, seeded_global_torch
@@ -132,6 +133,8 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
         for i, raw in enumerate(images):
             grid = None
             if tiling.enabled and self.pipeline.uint8_resize:  # resized to the grid on uint8 first
+                if isinstance(raw, (bytes, bytearray, memoryview)):
+                    raw = open_image(raw)  # its header read once: for the grid, then decoded
                 grid = choose_grid(*image_size(raw), self.tile_size, tiling)
                 size = (grid[1] * self.tile_size, grid[0] * self.tile_size)
                 raw = self.pipeline.resized(raw, size, tiling.interpolation)
