@@ -14,7 +14,10 @@ from energon_platform.loader import train_loader
 from tests.helpers import REPO
 
 PROGRAM = """
-import json, resource, sys, torch
+import ctypes, json, resource, sys
+# pages of 4 KiB whatever the machine's transparent huge pages: a 2 MiB page is one fault
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE
+import torch
 from energon_platform.loader.allocator import keep_freed_memory
 took = keep_freed_memory() if sys.argv[1] == "keep" else None
 
