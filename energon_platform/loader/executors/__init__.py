@@ -1,0 +1,45 @@
+"""Executors: who makes a rank's micro-batches (`base.Executor`), built by `build`.
+
+* ``loader.num_workers: 0`` (and no ``loader.sample_timeout``): `InProcessExecutor`, the training
+  process makes each micro-batch when it is asked for.
+* ``loader.executor: local`` (the default): `LocalExecutor`, forked worker processes.
+* ``loader.executor: ray``: ``RayExecutor``, a pool of Ray actors (Ray is imported only then).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from energon_platform.loader.executors.base import Executor, WorkerLost
+
+
+def build(loader_config: Any, maker_source: Any, num_workers: int | None = None) -> Executor:
+    """The executor of ``loader_config`` (a `LoaderConfig`) for ``maker_source``: the
+    `TrainLoader` whose micro-batches it makes. It reads from it ``maker`` (the
+    `MicroBatchMaker`, forked or called as is), ``plan`` (the `RunPlan`), ``rank``,
+    ``world_size``, ``state_at(c)`` (the loader state at a position) and ``run_config`` (the
+    `RunConfig`), from which a remote worker builds its own maker. ``num_workers``: overrides
+    ``loader_config.num_workers``."""
+    workers = loader_config.num_workers if num_workers is None else num_workers
+    if getattr(loader_config, "executor", "local") == "ray":
+        from energon_platform.loader.executors.ray_pool import RayExecutor
+
+        return RayExecutor(loader_config, maker_source, workers)
+    # a sample stuck in the training process itself could not be stopped: one worker at least
+    processes = max(workers, 1 if loader_config.sample_timeout else 0)
+    if processes == 0:
+        from energon_platform.loader.executors.in_process import InProcessExecutor
+
+        return InProcessExecutor(maker_source.maker)
+    from energon_platform.loader.executors.local import LocalExecutor
+
+    return LocalExecutor(
+        maker_source.maker,
+        processes,
+        loader_config.prefetch_factor,
+        loader_config.sample_timeout,
+        rank=maker_source.rank,
+    )
+
+
+__all__ = ["Executor", "WorkerLost", "build"]
