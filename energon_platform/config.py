@@ -280,6 +280,11 @@ class BalanceConfig:
 #: longer than a fraction of a second on a loaded machine.
 MIN_SAMPLE_TIMEOUT = 1.0
 
+#: The keys of ``loader.ray_actor_options`` (Ray's actor options that place and size an actor).
+RAY_ACTOR_OPTIONS = frozenset(
+    {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env"}
+)
+
 #: The flat ``loader`` keys of earlier configs → their key in the ``loader.balance`` group (refused,
 #: naming it).
 FLAT_BALANCE_KEYS = {
@@ -368,6 +373,17 @@ class LoaderConfig:
     """Seconds a loader worker may spend reading and encoding one sample; null: no limit."""
     context_parallel: int = 1
     """The model's context-parallel ranks (Megatron's ``--context-parallel-size``; 1: off)."""
+    executor: Literal["local", "ray"] = "local"
+    """Who makes the micro-batches: ``local`` worker processes (``num_workers``; 0: the training
+    process), or ``ray``: a pool of ``num_workers`` Ray actors (at least 1), on any node of a Ray
+    cluster; every node must read the run's data, encoder config and tokenizer files."""
+    ray_address: str | None = None
+    """``executor: ray``: the cluster to join, ``auto`` (the one ``ray start`` made on this node)
+    or ``HOST:PORT``; null: start a Ray of this node, shut down when the loader closes."""
+    ray_actor_options: dict[str, Any] = field(default_factory=dict)
+    """``executor: ray``: Ray's options of each actor (``num_cpus``, ``memory``, ``resources``:
+    e.g. ``{resources: {data_node: 1}}`` places the actors on nodes that offer ``data_node``);
+    default ``{num_cpus: 1}``."""
 
     def check(self, at: At) -> None:
         _at_least(
@@ -456,6 +472,24 @@ class LoaderConfig:
             at.child("sample_timeout"),
             f"got {self.sample_timeout}",
             "seconds > 0, or null for no limit",
+        )
+        require(
+            self.executor != "ray" or self.num_workers >= 1,
+            at.child("num_workers"),
+            "0 with executor 'ray'",
+            "the number of Ray actors, at least 1 (or executor: local)",
+        )
+        require(
+            self.ray_address in (None, "auto") or _host_port(self.ray_address),
+            at.child("ray_address"),
+            f"got {self.ray_address!r}",
+            "null (a Ray of this node), auto, or HOST:PORT of the cluster's head",
+        )
+        require(
+            set(self.ray_actor_options) <= RAY_ACTOR_OPTIONS,
+            at.child("ray_actor_options"),
+            f"keys {sorted(set(self.ray_actor_options) - RAY_ACTOR_OPTIONS)}",
+            f"some of {sorted(RAY_ACTOR_OPTIONS)}",
         )
         require(
             self.sample_timeout is None or self.sample_timeout >= MIN_SAMPLE_TIMEOUT,
@@ -568,6 +602,12 @@ class TrainConfig:
             f"got {self.lr}",
             "a finite number > 0",
         )
+
+
+def _host_port(address: str) -> bool:
+    """Whether ``address`` reads ``HOST:PORT`` (a port number after the last colon)."""
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
 
 
 def _finite(value: Any) -> bool:

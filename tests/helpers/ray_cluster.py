@@ -1,0 +1,87 @@
+"""One real two-node Ray cluster on this machine, shared by the tests that need Ray.
+
+`ray_cluster` (a session fixture; ``tests/conftest.py`` names this module in ``pytest_plugins``)
+starts a head node with no CPU to offer (nothing is placed there but the driver) and a second
+node with 4 CPUs and the custom resource ``data_node``: actors asked with
+``ray_actor_options: {resources: {data_node: 1}}`` (`ON_DATA_NODE`) run on that node, in their own
+processes, apart from the head's GCS and raylet. No dashboard, 100 MB object stores. The test
+process connects to it as the driver (``ray.init``); at the end of the session it disconnects and
+stops both nodes, and checks that no process of the cluster's session is left (`left_over`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+#: the custom resource of the second node, and the actor options that place an actor there
+DATA_RESOURCE = "data_node"
+ON_DATA_NODE = {"num_cpus": 0.5, "resources": {DATA_RESOURCE: 1}}
+OBJECT_STORE = 100 * 1024 * 1024
+
+
+@dataclass
+class RayCluster:
+    """The running cluster: its address (``loader.ray_address``), the session folder its
+    processes name on their command lines, and the Ray ``Cluster`` object."""
+
+    address: str
+    session_dir: str
+    cluster: object
+    data_node: object
+
+
+def left_over(session_dir: str) -> list[str]:
+    """The processes of this machine that belong to the cluster's session (its GCS, raylets,
+    workers): their command line names its session folder."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(p.info["cmdline"] or ())
+        if session_dir in cmdline and p.info["pid"] != os.getpid():
+            found.append(f"{p.info['pid']}: {cmdline[:120]}")
+    return found
+
+
+def start() -> RayCluster:
+    """Start the two nodes and connect this process to them."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": OBJECT_STORE,
+        },
+    )
+    data_node = cluster.add_node(
+        num_cpus=4, resources={DATA_RESOURCE: 4}, object_store_memory=OBJECT_STORE
+    )
+    ray.init(address=cluster.address, log_to_driver=False)
+    return RayCluster(cluster.address, cluster.head_node.get_session_dir_path(), cluster, data_node)
+
+
+def stop(rc: RayCluster) -> None:
+    """Disconnect, stop both nodes."""
+    import ray
+
+    ray.shutdown()
+    rc.cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """The shared cluster (module doc); torn down at the end of the session, leaving no process
+    of its session behind."""
+    rc = start()
+    try:
+        yield rc
+    finally:
+        stop(rc)
+        left = left_over(rc.session_dir)
+        assert not left, f"Ray processes left after the cluster stopped: {left}"
