@@ -19,8 +19,11 @@ What Lightning needs from us, and what the mixin does:
   that state after fetching one batch ahead (its prefetch): resumed so, a run would skip a batch.
   ``on_save_checkpoint`` replaces that record with the state at the micro-batches actually
   trained: `TrainLoader.state_at` of the loader's position less the batches Lightning's
-  fetcher holds (Lightning 2.6). Without the mixin, the loader refuses Lightning's request for
-  its state (``RuntimeError`` naming ``EnergonHooks``) at the first checkpoint.
+  fetcher holds (Lightning 2.6). Without the mixin, Lightning's request for the loader's state
+  is refused (``RuntimeError`` naming ``EnergonHooks``) at the first checkpoint: importing this
+  module wraps the method of Lightning's ``CombinedLoader`` that collects its loaders' states
+  (``lightning``'s; ``pytorch_lightning``'s when imported first or alone), which then checks that a
+  `TrainLoader` among them has the mixin's mark (``lightning_hooks``).
 * **The random state.** Lightning's checkpoint holds no RNG state, so dropout (or any draw from
   the global generators) after a resume would differ from the uninterrupted run. The mixin saves
   the torch (CPU and CUDA), NumPy and Python generators of every rank under
@@ -48,7 +51,11 @@ global position; Lightning writes rank 0's). A user's own ``on_save_checkpoint``
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -62,6 +69,47 @@ __all__ = ["EnergonHooks", "RNG_KEY"]
 
 #: The key of every rank's random state in Lightning's checkpoint.
 RNG_KEY = "energon_platform_rng"
+
+#: the modules of Lightning's ``CombinedLoader`` (the package and its older name)
+COMBINED_LOADERS = (
+    "lightning.pytorch.utilities.combined_loader",
+    "pytorch_lightning.utilities.combined_loader",
+)
+
+
+def _refusing_without_hooks(state_dicts: Any) -> Any:
+    """``CombinedLoader._state_dicts`` that refuses a `TrainLoader` without `EnergonHooks`: Lightning
+    saves its state after fetching one batch ahead, so resumed from it a run skips a batch."""
+
+    @functools.wraps(state_dicts)
+    def checked(self: Any) -> list:
+        for loader in self.flattened:
+            if isinstance(loader, TrainLoader) and not loader.lightning_hooks:
+                raise RuntimeError(
+                    "Lightning is checkpointing a TrainLoader one prefetched batch ahead (a resume "
+                    "would skip a batch): mix energon_platform.integrations.lightning.EnergonHooks "
+                    "into the LightningModule, before it (class Model(EnergonHooks, L.LightningModule))"
+                )
+        return state_dicts(self)
+
+    checked.energon_checked = True
+    return checked
+
+
+def _guard_combined_loaders() -> None:
+    """Wrap ``_state_dicts`` of Lightning's ``CombinedLoader`` (once): ``lightning``'s, and
+    ``pytorch_lightning``'s when it is imported already or the only one installed."""
+    installed = [n for n in COMBINED_LOADERS if importlib.util.find_spec(n.split(".")[0])]
+    for name in installed:
+        if name != installed[0] and name.split(".")[0] not in sys.modules:
+            continue
+        combined = getattr(importlib.import_module(name), "CombinedLoader", None)
+        method = getattr(combined, "_state_dicts", None)
+        if method is not None and not getattr(method, "energon_checked", False):
+            combined._state_dicts = _refusing_without_hooks(method)
+
+
+_guard_combined_loaders()
 
 
 def _rng_state() -> dict:

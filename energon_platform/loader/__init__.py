@@ -13,10 +13,10 @@ from storage.lazy_exports import lazy_exports
 #: exported name -> module that defines it (imported on first use)
 _NAMES = {
     "TrainLoader": "energon_platform.loader.train_loader",
-    "build_val_loader": "energon_platform.loader.train_loader",
-    "build_encoder": "energon_platform.loader.train_loader",
-    "gradient_accumulation_steps": "energon_platform.loader.train_loader",
-    "check_layout": "energon_platform.loader.train_loader",
+    "build_val_loader": "energon_platform.loader.val_loader",
+    "build_encoder": "energon_platform.loader.run_plan",
+    "gradient_accumulation_steps": "energon_platform.loader.layout",
+    "check_layout": "energon_platform.loader.layout",
     "LoaderWorkerError": "energon_platform.loader.train_loader",
     "StateMismatchError": "energon_platform.loader.state",
     "LayoutError": "energon_platform.loader.schedule",

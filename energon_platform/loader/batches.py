@@ -20,7 +20,6 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from megatron.energon import DefaultTaskEncoder
 from megatron.energon.errors import FatalSampleError
 
@@ -38,7 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Micro-batches a worker reads ahead on object storage (their bytes only; encoding stays in order).
+#: Micro-batches a worker reads ahead on object storage (their bytes only; encoding stays in order;
+#: `energon_platform.loader.executors`).
 LOOKAHEAD = 2
 
 
@@ -112,14 +112,11 @@ class MicroBatchMaker:
         self.decoder = encoder.decoder
         self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
         #: ``loader.sample_timeout``: the watch this process marks its samples in (None: unwatched),
-        #: and its row there (the DataLoader worker id, set by `MicroBatchStream`)
+        #: and its row there (the worker's number, set by the executor that runs it)
         self.watch, self.watch_row = None, 0
         #: ``(dataset, index)`` → ``(key, limit)`` of samples that took longer than the limit, for
         #: which a worker was replaced: failed samples (their stand-ins are used), without a wait
         self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
-        #: ``loader.blend_adapt`` in a worker process: ``follow(batch, wait)`` makes the weights of
-        #: global ``batch`` known before the schedule is read (`mixing.FeedReader`); None: fixed
-        self.follow = None
 
     def _skip(self, exc: Exception, what: Any) -> None:
         if self._handler is not None:
@@ -292,10 +289,7 @@ class MicroBatchMaker:
         return packs
 
     def prefetch(self, c: int) -> None:
-        """Start the storage reads of micro-batch ``c`` (object storage; a no-op on local disk, and
-        for a batch whose weights are not decided yet)."""
-        if self.follow is not None and not self.follow(c // self.accumulation, False):
-            return
+        """Start the storage reads of micro-batch ``c`` (object storage; a no-op on local disk)."""
         self._prefetch(self.schedule.items(*self.item_ids(c)))
 
     def _prefetch(self, items: list) -> None:
@@ -309,11 +303,9 @@ class MicroBatchMaker:
         return batch, range(first, first + self.micro_items)
 
     def __call__(self, c: int) -> Any:
-        """Encoding runs with one intra-op thread, as in DataLoader workers (PyTorch sets 1 there):
+        """Encoding runs with one intra-op thread, as in worker processes (the executors set 1 there):
         float kernels split work by thread count, so this keeps tensors bit-identical with 0 or N
         workers."""
-        if self.follow is not None:
-            self.follow(c // self.accumulation)
         with single_intra_op_thread():
             return self._make(c)
 
@@ -398,31 +390,3 @@ class MicroBatchMaker:
 def _named(rule: Any) -> str:
     """``loader.exclude``'s ``rule`` for a message: its step and what it lists."""
     return f"the loader.exclude rule from step {rule.start} ({rule.describe()})"
-
-
-class MicroBatchStream(torch.utils.data.IterableDataset):
-    """Micro-batches ``start, start+1, ...`` of one rank, split over DataLoader workers.
-
-    Worker ``w`` of ``W`` yields ``start + w``, ``start + w + W``, ...; the DataLoader reads its
-    workers round-robin, so the main process sees them in order. Infinite: training streams
-    cross epochs (see `energon_platform.loader.schedule`).
-    """
-
-    def __init__(self, maker: MicroBatchMaker, start: int):
-        super().__init__()
-        self.maker, self.start = maker, start
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        w, n = (info.id, info.num_workers) if info is not None else (0, 1)
-        self.maker.watch_row = w  # this process's copy of the maker
-        c = self.start + w
-        remote = any(s.remote for s in self.maker.sources)
-        # reads of the next micro-batches overlap this one's work
-        for k in range(LOOKAHEAD if remote else 0):
-            self.maker.prefetch(c + k * n)
-        while True:
-            if remote:
-                self.maker.prefetch(c + LOOKAHEAD * n)
-            yield c, self.maker(c)
-            c += n

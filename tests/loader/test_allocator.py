@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from energon_platform.loader import train_loader
+from energon_platform.loader.executors import in_process, local
 from tests.helpers import REPO
 
 PROGRAM = """
@@ -66,9 +67,9 @@ def test_freed_memory_is_kept_for_the_next_sample():
 
 def test_every_worker_and_the_in_process_maker_set_it(monkeypatch):
     calls = []
-    monkeypatch.setattr(train_loader, "keep_freed_memory", lambda: calls.append("kept"))
-    monkeypatch.setattr(train_loader, "die_with_parent", lambda parent: calls.append("parent"))
-    train_loader._worker_init()(0)
+    monkeypatch.setattr(local, "keep_freed_memory", lambda: calls.append("kept"))
+    monkeypatch.setattr(local, "die_with_parent", lambda parent: calls.append("parent"))
+    local.worker_start(os.getpid(), pdeathsig=True)
     assert calls == ["parent", "kept"]
 
 
@@ -76,7 +77,7 @@ def test_a_loader_without_workers_sets_it_in_its_own_process(monkeypatch, coco):
     from energon_platform.config import load_config
 
     calls = []
-    monkeypatch.setattr(train_loader, "keep_freed_memory", lambda: calls.append("kept"))
+    monkeypatch.setattr(in_process, "keep_freed_memory", lambda: calls.append("kept"))
     config = {
         "data": {"path": str(coco)},
         "encoder": str(REPO / "configs/encoders/image_text_small.yaml"),

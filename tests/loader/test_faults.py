@@ -169,7 +169,7 @@ def test_a_killed_loader_worker_is_named_and_the_run_resumes_exactly(clean_datas
     loader = TrainLoader(config, num_workers=2)
     assert list(next(loader).keys) == reference[0]
     state = loader.state_dict()
-    workers = [w.pid for w in loader._iter._workers]  # the DataLoader's worker processes
+    workers = loader.executor.pids()  # the local worker processes
     assert len(workers) == 2 and all(psutil.pid_exists(p) for p in workers)
     os.kill(workers[1], signal.SIGKILL)  # what the kernel's OOM killer does
     with pytest.raises(

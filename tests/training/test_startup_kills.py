@@ -225,7 +225,7 @@ def test_loader_workers_die_with_a_killed_parent(balanced_config, reference, tmp
         f"cfg = load_config({str(balanced_config)!r}, overrides={{'loader.length_cache': {str(cache)!r}}})\n"
         "loader = TrainLoader(cfg, num_workers=2)\n"
         "next(loader)\n"
-        "print(' '.join(str(w.pid) for w in loader._iter._workers), flush=True)\n"
+        "print(' '.join(str(p) for p in loader.executor.pids()), flush=True)\n"
         "time.sleep(120)\n"
     )
     with subprocess.Popen(

@@ -35,6 +35,7 @@ def build(loader_config: Any, maker_source: Any, num_workers: int | None = None)
 
     return LocalExecutor(
         maker_source.maker,
+        maker_source.plan,
         processes,
         loader_config.prefetch_factor,
         loader_config.sample_timeout,
