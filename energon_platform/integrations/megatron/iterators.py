@@ -165,7 +165,7 @@ class MegatronValidIterator:
             )
         self._loader = get_loader(dataset)
         self.batch_format, self.packed, self.restart_every = batch_format, packed, restart_every
-        self._iter = None
+        self._pass = None
         self.last_keys: list[str] = []
 
     def __iter__(self) -> MegatronValidIterator:
@@ -173,13 +173,13 @@ class MegatronValidIterator:
 
     def __next__(self) -> dict:
         for _attempt in range(2):
-            if self._iter is None:
-                self._iter = iter(self._loader)
+            if self._pass is None:
+                self._pass = iter(self._loader)
             try:
-                batch = next(self._iter)
+                batch = next(self._pass)
                 break
             except StopIteration:  # the end of a pass: start the next one (Megatron's cyclic_iter)
-                self._iter = None
+                self._pass = None
         else:
             raise RuntimeError("the validation split gives this rank no batch")
         self.last_keys = list(batch.keys)
@@ -189,4 +189,4 @@ class MegatronValidIterator:
         return None
 
     def close(self) -> None:
-        self._iter = None
+        self._pass = None
