@@ -443,12 +443,6 @@ class LoaderConfig:
             )
         if self.blend_adapt is not None:
             require(
-                mode == "none",
-                at.child("blend_adapt"),
-                f"set with balance {mode!r}",
-                "no blend_adapt with balance (the planner's pool spans many global batches)",
-            )
-            require(
                 not self.blend_schedule,
                 at.child("blend_adapt"),
                 "set with blend_schedule",

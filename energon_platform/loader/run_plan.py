@@ -168,10 +168,30 @@ class RunPlan:
         self._schedule_over(Blend(segments, len(self.datasets.entries)), plan_state)
         self.excluder = Excluder(self.exclusions, self.datasets) if self.exclusions else None
 
+    def unit_at(self, batch: int) -> int:
+        """The blend unit where global batch ``batch`` starts reading the stream:
+        ``batch x units_per_batch``, or in a planned run the stream position its planning starts
+        at (the planner's pool reads ahead of its batches by a varying amount, so plans up to
+        ``batch - 1`` are made; ``batch`` at or after the planner's start). A segment starting
+        here changes no global batch before ``batch`` (`mixing`: a weight decided at step ``s``
+        applies from batch ``s + 1 + lag``)."""
+        if self.planner is None:
+            return batch * self.units_per_batch
+        return self.planner.state_at(batch).position
+
+    def weights_from(self, batch: int) -> int:
+        """The unit where weights that apply from global batch ``batch`` start (the mixer's new
+        segments): `unit_at`, or one unit after the blend's last segment starts when a planned
+        run read nothing since (its pool can plan batches from the samples it holds), so
+        segments start at increasing units."""
+        return max(self.unit_at(batch), self.blend.segments[-1].start + 1)
+
     def extend_blend(self, segments: list) -> None:
-        """Append ``segments`` (starting after the blend's last) to the blend of an unplanned run
+        """Append ``segments`` (starting after the blend's last, at increasing units) to the blend
         (`mixing`: weights decided during training) and rebuild the schedule over it: every
-        global batch before the first new segment stays as it was."""
+        global batch that reads only units before the first new segment stays as it was. A
+        planned run's planner (the same object) keeps its plans of those batches
+        (`Planner.extend`) and plans the later ones again."""
         self._schedule_over(self.blend.extended(segments), new=segments)
 
     def _schedule_over(self, blend: Blend, plan_state: Any = None, new: list | None = None) -> None:
@@ -194,11 +214,17 @@ class RunPlan:
             self.blend,
             self.unit,
         )
-        self.batching.start(self.schedule, plan_state)
+        if new and self.batching.planned:
+            self.batching.extend(self.schedule, new[0].start)
+        else:
+            self.batching.start(self.schedule, plan_state)
 
     def blend_weights(self, batch: int) -> dict[str, float]:
-        """The blend's weights in force at global batch ``batch``: dataset name → share."""
-        unit = batch * self.units_per_batch
+        """The blend's weights in force at global batch ``batch``: dataset name → share (of
+        the samples it reads: `unit_at`; a planned run's batches before its planner's start, as
+        read at ``batch x units_per_batch``)."""
+        planned = self.planner is not None and batch >= self.planner.start.batch
+        unit = self.unit_at(batch) if planned else batch * self.units_per_batch
         weights = [s for s in self.blend.segments if s.start <= unit][-1].weights
         total = sum(Fraction(w) for w in weights)
         return {n: float(Fraction(w) / total) for n, w in zip(self.datasets.names, weights)}

@@ -79,6 +79,9 @@ class PlannedBatching:
     prefixes: list[str]  #: per dataset, the prefix of its keys
     #: ``measured``: the cost models by global batch (the config's from the start, or the resume)
     history: CostHistory | None = None
+    #: ``loader.blend_adapt.lag`` (0 without): the mixer has batches planned this far ahead of
+    #: training (`RunPlan.unit_at`), and the planner keeps that many plans more
+    ahead: int = 0
     planner: Planner | None = field(default=None)
     #: what `resume_from` changed (another cost model), with its global batch
     changes: list[str] = field(default_factory=list)
@@ -119,6 +122,7 @@ class PlannedBatching:
             length_indexes=_length_indexes(cfg, encoder, datasets, workers),
             prefixes=[datasets.key_prefix(d) for d in range(len(datasets.entries))],
             history=CostHistory([CostEntry(0, cost_model, cost)]) if cost_model else None,
+            ahead=lc.blend_adapt.lag if lc.blend_adapt is not None else 0,
         )
 
     @property
@@ -141,9 +145,8 @@ class PlannedBatching:
         current planner starts, or the start of the run)."""
         if plan_state is None:
             plan_state = self.planner.start if self.planner is not None else PlanState()
-        work = feature_work(self.encoder) if WORK.get(self.mode) == "features" else (None, 0)
         self.planner = Planner(
-            SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes, *work),
+            self._lengths(schedule),
             self.history or self.cost,
             self.global_batch_size,
             capacity=self.encoder.seq_len if self.packed_rows else 0,
@@ -152,7 +155,17 @@ class PlannedBatching:
             fill=self.lookahead,
             like_lengths=self.like_lengths,
             start=plan_state,
+            keep=16 + self.ahead,
         )
+
+    def extend(self, schedule: Schedule, before: int) -> None:
+        """Go on over ``schedule``, the same stream before position ``before`` (a blend extended
+        there): the planner keeps what it planned from earlier positions (`Planner.extend`)."""
+        self.planner.extend(self._lengths(schedule), before)
+
+    def _lengths(self, schedule: Schedule) -> SampleLengths:
+        work = feature_work(self.encoder) if WORK.get(self.mode) == "features" else (None, 0)
+        return SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes, *work)
 
     def fingerprint(self) -> dict:
         """``{"balance": ...}``: what changes the rows and batches of a planned run (with

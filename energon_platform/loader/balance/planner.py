@@ -94,6 +94,9 @@ class Planner:
     #: batch never holds one sample twice, and a dataset's epochs are placed in order (`Pool`)
     samples: Any = None
     start: PlanState = field(default_factory=PlanState)
+    #: plans kept (`plan`): more than the batches planned ahead at once (``blend_adapt.lag``),
+    #: or planning the batch after the current one starts again from `start`
+    keep: int = 16
     _cache: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _known: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
@@ -174,10 +177,26 @@ class Planner:
                 state, b = plan.next_state, b + 1
             plan = self._plan(state)
             self._cache[b] = (state, plan)
-            while len(self._cache) > 16:  # keep the start (always reachable) and the newest plans
+            # keep the start (always reachable) and the newest plans
+            while len(self._cache) > self.keep:
                 oldest = next(k for k in self._cache if k != self.start.batch)
                 del self._cache[oldest]
         return plan
+
+    def extend(self, lengths: Any, before: int) -> None:
+        """Plan over a stream that is the same before stream position ``before`` (a blend
+        extended from there on) with ``lengths`` over it: the plans whose pool read only earlier
+        positions are kept, and the lookups of earlier positions; later batches are planned
+        again. The same object goes on (whoever holds it plans over the new stream)."""
+        self.lengths = lengths
+        for batch, (state, plan) in list(self._cache.items()):
+            read_to = state.position if plan is None else plan.next_state.position
+            if read_to > before and batch != self.start.batch:
+                del self._cache[batch]
+            elif read_to > before:  # the start: its state stays, its plan goes
+                self._cache[batch] = (state, None)
+        for p in [p for p in self._known if p >= before]:
+            del self._known[p]
 
     def cost_at(self, batch: int) -> Any:
         """``cost(work_length)`` of global batch ``batch`` (see `cost`)."""

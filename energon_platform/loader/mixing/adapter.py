@@ -5,9 +5,11 @@ The adapter sums them per dataset, all-reduced over the ranks (one small ``all_r
 every rank holds the same sums whatever the world size. After step ``s`` of an update (every
 ``every`` steps from the step it started at), the mean loss of each dataset since the last update,
 rounded to ``resolution``, goes to the method; its weights, each at least ``floor`` and rounded to
-multiples of 1/`GRID`, become the blend from global batch ``s + 1 + lag`` on. Before that batch the
-weights in force stay, so the loader's workers, ``lag`` batches ahead at most, never need weights
-that are not decided yet (`decided_before`).
+multiples of 1/`GRID`, become the blend from global batch ``s + 1 + lag`` on: from the unit that
+batch starts reading (``unit_at``; with ``loader.balance``, where the planner's pool starts
+reading for it, so the batches planned before keep their samples: `RunPlan.weights_from`).
+Before that batch the weights in force stay, so the loader's workers, ``lag`` batches ahead at
+most, never need weights that are not decided yet (`decided_before`).
 
 Why rounded: ranks of another world size compute per-sample losses in other batch shapes, which
 differ in the last bits; rounded inputs and weights on a grid make the decisions the same, so a
@@ -18,7 +20,7 @@ the method's state, the sums since the last update, the next step expected.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -83,7 +85,8 @@ class BlendAdapter:
         datasets: the blend's dataset names, in schedule order.
         weights: the weights in force at ``start`` (fractions as strings).
         start: the first global step the adapter sees (0, or the batch it was turned on at).
-        units_per_batch: blend units per global batch (segments start at units).
+        unit_at: where weights that apply from global batch ``b`` start, ``unit_at(b)``
+            (`RunPlan.weights_from`), or blend units per global batch (``b x unit_at``).
     """
 
     def __init__(
@@ -92,7 +95,7 @@ class BlendAdapter:
         datasets: Sequence[str],
         weights: Sequence[str],
         start: int,
-        units_per_batch: int,
+        unit_at: int | Callable[[int], int],
     ):
         self.config, self.datasets = config, list(datasets)
         problem = floor_problem(config.floor, len(self.datasets))
@@ -103,7 +106,8 @@ class BlendAdapter:
             self.method = make_method(config.method, self.datasets, start_weights, config.options)
         except ValueError as e:
             raise AdaptError(f"loader.blend_adapt: {e}") from None
-        self.start, self.next_step, self.units_per_batch = start, start, units_per_batch
+        self.start, self.next_step = start, start
+        self.unit_at = (lambda b, n=unit_at: b * n) if isinstance(unit_at, int) else unit_at
         self.sums, self.counts = [0.0] * len(self.datasets), [0] * len(self.datasets)
 
     # --- the cadence -------------------------------------------------------------------------
@@ -165,7 +169,7 @@ class BlendAdapter:
         method = self.method
         decided = method.update(means, counts) if method.counted else method.update(means)
         weights = on_grid(decided, self.config.floor)
-        return Segment((step + 1 + self.config.lag) * self.units_per_batch, weights)
+        return Segment(self.unit_at(step + 1 + self.config.lag), weights)
 
     # --- state -------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ def run_adapter(plan: Any, adapt: Any, data_path: Any, start: int) -> BlendAdapt
         raise ConfigError(source, "loader.blend_adapt.floor", problem)
     unit = start * plan.units_per_batch
     weights = [s for s in plan.blend.segments if s.start <= unit][-1].weights
-    return BlendAdapter(adapt, names, weights, start, plan.units_per_batch)
+    return BlendAdapter(adapt, names, weights, start, plan.weights_from)
 
 
 def dataset_of(datasets: Any, key: str) -> int:
