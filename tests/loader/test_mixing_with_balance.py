@@ -193,9 +193,11 @@ def test_a_weight_change_with_nothing_read_since_the_last_starts_one_unit_later(
     plan = loader.plan
     batch = next(b for b in range(1, 60) if plan.unit_at(b) == plan.unit_at(b + 1))
     kept = plan.planner.plan(batch - 1)
+    plan.planner.plan(batch + 3)  # planned past the new segment (state_at of a later position)
     plan.extend_blend([Segment(plan.weights_from(batch), ("1/4", "1/2", "1/4"))])
+    assert not plan.planner.kept(batch + 3)  # its pool read the new segment's units: planned again
     assert plan.blend.segments[-1].start == plan.unit_at(batch + 1)
     assert plan.weights_from(batch + 1) == plan.unit_at(batch + 1) + 1
     plan.extend_blend([Segment(plan.weights_from(batch + 1), ("1/4", "1/4", "1/2"))])
-    assert plan.planner.plan(batch - 1) is kept  # planned before the first new unit: kept
+    assert plan.planner.plan(batch - 1) is kept  # read only units before the first new one
     loader.close()
