@@ -33,5 +33,5 @@ _NAMES = {
     "sample_epoch": "task_encoders.seeding",
 }
 
-__all__ = sorted(_NAMES)
+__all__ = sorted(_NAMES)  # pyright: ignore[reportUnsupportedDunderAll]  (lazy exports)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

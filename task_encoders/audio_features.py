@@ -21,9 +21,10 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import av
+import av.error
 import numpy as np
 import torch
 import torchaudio
@@ -143,9 +144,9 @@ def decode_audio(decoder: Any) -> tuple[torch.Tensor, int]:
     return clips[0], rate
 
 
-def _decode_front_to_back(stream: Any) -> torch.Tensor:
+def _decode_front_to_back(stream: BinaryIO) -> torch.Tensor:
     stream.seek(0)
-    with av.open(stream) as container:
+    with av.open(stream, mode="r") as container:
         arrays = []
         for frame in container.decode(audio=0):
             array = frame.to_ndarray()

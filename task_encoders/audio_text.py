@@ -22,6 +22,7 @@ from task_encoders.audio_features import (
     spec_augment,
     to_float_mono,
 )
+from task_encoders.batch_fields import AudioFields
 from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.documents import DocumentTaskEncoder, EncodedDoc, TextBatch
@@ -59,6 +60,7 @@ class AudioTextTaskEncoder(DocumentTaskEncoder):
     SpecAugment."""
 
     config_class = AudioTextConfig
+    config: AudioTextConfig
     #: images, which this encoder never reads, stay undecoded bytes
     decoder = ImageBytesDecoder()
     batch_type = AudioTextBatch
@@ -87,7 +89,7 @@ class AudioTextTaskEncoder(DocumentTaskEncoder):
 
     work_feature = "audio_frames"
 
-    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+    def batch_media_features(self, batch: AudioFields) -> dict[str, float]:
         return features(audio_frames=int(batch.feature_lengths.sum()))
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:

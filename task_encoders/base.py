@@ -78,6 +78,10 @@ class SeededTaskEncoder(DefaultTaskEncoder):
     def _coerce_config(cls, config: ConfigLike) -> tuple[EncoderConfig, At]:
         if isinstance(config, cls.config_class):
             return config, At(source=f"<{cls.config_class.__name__}>")
+        if isinstance(config, EncoderConfig):  # another encoder's config
+            raise TypeError(
+                f"{cls.__name__} reads a {cls.config_class.__name__}, got a {type(config).__name__}"
+            )
         if config is None or isinstance(config, Mapping):
             data, at = dict(config or {}), At()
         else:

@@ -88,7 +88,7 @@ def parse(tp: Any, value: Any, at: At, default: Any = None) -> Any:
     For a dataclass, keys the value leaves out keep their values in ``default`` (the enclosing
     config's default for that section), else the dataclass's own defaults.
     """
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _parse_dataclass(tp, value, at, default)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
@@ -172,7 +172,7 @@ def _parse_dataclass(cls: type[T], value: Any, at: At, default: Any = None) -> T
         if not isinstance(value, dict):
             raise at.error(f"got {_kind(value)}", "a mapping")
         hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, cls)) if f.init}
         unknown = sorted(set(value) - set(fields))
         if unknown:
             raise at.child(str(unknown[0])).error("unknown key", "one of " + ", ".join(fields))

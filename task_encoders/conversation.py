@@ -164,6 +164,7 @@ class ConversationTaskEncoder(VisionLanguageTaskEncoder):
     `task_encoders.vision_language.VisionLanguageBatch`; see the module doc."""
 
     config_class = ConversationConfig
+    config: ConversationConfig
     facts_width = 5  # (id layout of 3, images, tiles): see sample_facts
 
     def sample_images(self, sample: Any) -> list:
@@ -235,6 +236,7 @@ class ConversationTaskEncoder(VisionLanguageTaskEncoder):
         drawn per epoch, so one whose answers differ in layout raises ``NotImplementedError``."""
         if (
             isinstance(sample, VQASample)
+            and sample.answers is not None
             and not isinstance(sample.answers, str)
             and len(sample.answers) > 1
         ):
@@ -256,4 +258,4 @@ class ConversationTaskEncoder(VisionLanguageTaskEncoder):
     def document_layout(
         self, facts: tuple[int, ...], key: str, epoch: int
     ) -> tuple[tuple[int, int, int], int, int]:
-        return tuple(facts[:3]), facts[3], facts[4]
+        return (facts[0], facts[1], facts[2]), facts[3], facts[4]

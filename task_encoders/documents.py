@@ -310,12 +310,15 @@ class DocumentTaskEncoder(SeededTaskEncoder):
         row, work = lengths
         return features(**({self.work_feature: work - row} if self.work_feature else {}))
 
-    def batch_row_lengths(self, batch: TextBatch) -> torch.Tensor:
-        """``(D,)`` row lengths of the batch's documents (what ``encoded_length`` gives as row)."""
+    def batch_row_lengths(self, batch: Any) -> torch.Tensor:
+        """``(D,)`` row lengths of the batch's documents (what ``encoded_length`` gives as row).
+        ``batch``: of ``batch_type``, or a multimodal batch with the same fields (overrides name
+        the fields they read: `task_encoders.batch_fields`)."""
         return batch.doc_lengths
 
-    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
-        """The media's features summed over the batch's documents (none for plain text)."""
+    def batch_media_features(self, batch: Any) -> dict[str, float]:
+        """The media's features summed over the batch's documents (none for plain text); ``batch``
+        as for `batch_row_lengths`."""
         return features()
 
     # --- packing and batching ------------------------------------------------------------------

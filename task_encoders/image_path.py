@@ -121,7 +121,8 @@ def draft_scale(
     full_w, full_h = image.size
     # PIL takes the largest scale whose size is at least the one asked: ask for the floor
     image.draft(image.mode, (max(1, full_w // factor), max(1, full_h // factor)))
-    scale = image.decoderconfig[0] if image.decoderconfig else 1  # exactly 1/scale per side
+    config = getattr(image, "decoderconfig", None)  # set by draft(): (scale, ...)
+    scale = config[0] if config else 1  # exactly 1/scale per side
     return (left / scale, top / scale, (left + width) / scale, (top + height) / scale)
 
 

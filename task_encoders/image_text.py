@@ -24,6 +24,7 @@ import torch
 from megatron.energon import edataclass
 from PIL import Image
 
+from task_encoders.batch_fields import ImageFields
 from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import OMITTED_WHEN_DEFAULT, At, require
@@ -93,7 +94,7 @@ class ImageConfig:
     def check(self, at: At) -> None:
         require(
             not self.draft_decode
-            or (self.transforms[:1] and self.transforms[0].name == "RandomResizedCrop"),
+            or (bool(self.transforms) and self.transforms[0].name == "RandomResizedCrop"),
             at.child("draft_decode"),
             "true, but image.transforms do not start with RandomResizedCrop",
             "false, or a pipeline whose first step is RandomResizedCrop (the crop decides the scale)",
@@ -261,6 +262,7 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
     ``prompt.enabled: true`` raises `task_encoders.config_parser.ConfigError` (module doc)."""
 
     config_class = ImageTextConfig
+    config: ImageTextConfig
     batch_type = ImageTextBatch
     #: The ``prompt.enabled`` this class encodes (True for the vision-language encoders).
     vision_language: ClassVar[bool] = False
@@ -304,7 +306,7 @@ class ImageTextTaskEncoder(DocumentTaskEncoder):
     def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
         return features(vision_tiles=1)  # doc.media["image"]: its one image
 
-    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+    def batch_media_features(self, batch: ImageFields) -> dict[str, float]:
         return features(vision_tiles=batch.images.shape[0])
 
     # --- batching ------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def _triple(positive: bool) -> Callable[[Any, At], tuple[float, float, float]]:
             f"got {value!r}",
             "3 numbers, one per RGB channel" + (", all > 0" if positive else ""),
         )
-        return tuple(float(v) for v in value)
+        return float(value[0]), float(value[1]), float(value[2])
 
     return check
 
@@ -174,20 +174,19 @@ def output_size(specs: tuple[TransformSpec, ...], at: At) -> tuple[int, int]:
     size: tuple[int, int] | None = None  # exact output size so far
     short: int | None = None  # shorter side after Resize(int)
     for i, spec in enumerate(specs):
-        raw = spec.params.get("size")
-        hw = (raw, raw) if isinstance(raw, int) else raw
+        raw = spec.params.get("size")  # `_size`: a side or (height, width)
+        hw: tuple[int, int] | None = (raw, raw) if isinstance(raw, int) else raw
         if spec.name == "RandomResizedCrop" or (spec.name == "Resize" and not isinstance(raw, int)):
             size, short = hw, None
         elif spec.name == "Resize":
             size, short = None, raw
-        elif spec.name in _CROPS:
+        elif spec.name in _CROPS and hw is not None:
             bound = size or ((short, short) if short else None)
-            require(
-                bound is not None,
-                at.item(i),
-                f"{spec.name} on images of unknown size",
-                "a Resize or RandomResizedCrop before it",
-            )
+            if bound is None:
+                raise at.item(i).error(
+                    f"{spec.name} on images of unknown size",
+                    "a Resize or RandomResizedCrop before it",
+                )
             require(
                 hw[0] <= bound[0] and hw[1] <= bound[1],
                 at.item(i).child("size"),
@@ -195,12 +194,11 @@ def output_size(specs: tuple[TransformSpec, ...], at: At) -> tuple[int, int]:
                 "a crop within the resized image",
             )
             size, short = hw, None
-    require(
-        size is not None,
-        at,
-        "the output size is not fixed",
-        "RandomResizedCrop, Resize to [height, width], or a crop after Resize",
-    )
+    if size is None:
+        raise at.error(
+            "the output size is not fixed",
+            "RandomResizedCrop, Resize to [height, width], or a crop after Resize",
+        )
     return size
 
 

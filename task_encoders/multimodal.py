@@ -324,6 +324,13 @@ class MultimodalDoc(EncodedDoc):
     modality: str
 
 
+def _modality_of(doc: EncodedDoc) -> str:
+    """The modality a document of a multimodal encoder was encoded by."""
+    if not isinstance(doc, MultimodalDoc):
+        raise TypeError(f"a multimodal encoder got a {type(doc).__name__}, not a MultimodalDoc")
+    return doc.modality
+
+
 @register("multimodal")
 class MultimodalTaskEncoder(DocumentTaskEncoder):
     """``MultimodalTaskEncoder(config=None, *, seed=None, training=True)``: one encoder per modality
@@ -334,6 +341,7 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
     which decodes them to float."""
 
     config_class = MultimodalConfig
+    config: MultimodalConfig
     batch_type = MultimodalBatch
 
     def __init__(self, config: Any = None, *, seed: int | None = None, training: bool = True):
@@ -433,8 +441,8 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         encoder = list(self.encoders.values())[facts[0]]
         return encoder.sample_length(tuple(facts[1 : 1 + encoder.facts_width]), key, epoch)
 
-    def encoded_length(self, doc: MultimodalDoc) -> tuple[int, int]:
-        return self.encoders[doc.modality].encoded_length(doc)
+    def encoded_length(self, doc: EncodedDoc) -> tuple[int, int]:
+        return self.encoders[_modality_of(doc)].encoded_length(doc)
 
     # --- cost features, dispatched like the lengths -------------------------------------------
 
@@ -445,8 +453,8 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
         own = tuple(facts[1 : 1 + encoder.facts_width])
         return with_lengths(encoder.sample_features, own, key, epoch, lengths)
 
-    def encoded_features(self, doc: MultimodalDoc) -> dict[str, float]:
-        return self.encoders[doc.modality].encoded_features(doc)
+    def encoded_features(self, doc: EncodedDoc) -> dict[str, float]:
+        return self.encoders[_modality_of(doc)].encoded_features(doc)
 
     def batch_media_features(self, batch: MultimodalBatch) -> dict[str, float]:
         """Each configured media kind's features, read by its first modality encoder from the
@@ -456,11 +464,12 @@ class MultimodalTaskEncoder(DocumentTaskEncoder):
             for kind in sorted(set(self.kinds.values()) - {"text"})
         )
 
-    def collate_media(self, docs: list[MultimodalDoc]) -> dict[str, Any]:
+    def collate_media(self, docs: list[EncodedDoc]) -> dict[str, Any]:
         """Each kind's documents (in document order) through the ``collate_media`` of the first
         modality encoder of that kind; counts per document; empty tensors for absent kinds."""
-        kinds = [self.kinds[d.modality] for d in docs]
-        out: dict[str, Any] = {"modalities": [d.modality for d in docs]}
+        modalities = [_modality_of(d) for d in docs]
+        kinds = [self.kinds[m] for m in modalities]
+        out: dict[str, Any] = {"modalities": modalities}
         for kind, count in (
             ("image", "num_images"),
             ("audio", "num_audio"),

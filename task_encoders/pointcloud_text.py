@@ -31,6 +31,7 @@ import torch
 from megatron.energon import edataclass
 
 from converters.mesh3d import Geometry, load, sample_surface, sniff
+from task_encoders.batch_fields import PointFields
 from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import At, require
@@ -185,6 +186,7 @@ class PointCloudTextTaskEncoder(DocumentTaskEncoder):
     `PointCloudTextBatch`. ``training=False``: the same seeded points, no augmentation."""
 
     config_class = PointCloudTextConfig
+    config: PointCloudTextConfig
     #: images, which this encoder never reads, stay undecoded bytes
     decoder = ImageBytesDecoder()
     batch_type = PointCloudTextBatch
@@ -245,6 +247,6 @@ class PointCloudTextTaskEncoder(DocumentTaskEncoder):
 
     work_feature = "points"
 
-    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+    def batch_media_features(self, batch: PointFields) -> dict[str, float]:
         """Every cloud has ``points.shape[1]`` points (a dropped point is replaced, not removed)."""
         return features(points=batch.points.shape[0] * batch.points.shape[1])

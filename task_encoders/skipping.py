@@ -64,8 +64,11 @@ def _where(sample: Any, sources: Any) -> str:
 def _reason(exception: BaseException) -> str:
     """``Type: message``, following the cause chain past messageless wrappers (webdataset's
     ``DecodingError`` has no text of its own)."""
-    while not str(exception) and (exception.__cause__ or exception.__context__) is not None:
-        exception = exception.__cause__ or exception.__context__
+    while not str(exception):
+        inner = exception.__cause__ or exception.__context__
+        if inner is None:
+            break
+        exception = inner
     return f"{type(exception).__name__}: {exception}"
 
 

@@ -49,4 +49,5 @@ class TextTaskEncoder(DocumentTaskEncoder):
     """``TextTaskEncoder(config=None, *, seed=None, training=True)``: tokenization + packing."""
 
     config_class = TextEncoderConfig
+    config: TextEncoderConfig
     decoder = TextOnlyDecoder()

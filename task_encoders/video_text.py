@@ -37,6 +37,7 @@ from megatron.energon import edataclass
 from torchvision import tv_tensors
 
 from task_encoders.audio_features import AudioConfig, LogMel, spec_augment, to_float_mono
+from task_encoders.batch_fields import VideoFields
 from task_encoders.batch_tensors import Medium
 from task_encoders.config import EncoderConfig
 from task_encoders.config_parser import At, require
@@ -265,6 +266,8 @@ def read_frames(decoder: Any, indices: list[int], fps: float, kind: str) -> list
                 container.seek(container.duration)  # loads the Cues into the stream's index
                 container.seek(0)
             reader = AVReaderByPts(container, 0, stream.index_entries)
+            if stream.time_base is None:
+                raise ValueError("the video stream has no time base: its frames cannot be timed")
             ranges = [int((i + 0.5) / fps / stream.time_base) for i in indices]
         else:
             reader = AVReaderByFrames(container, 0, stream.index_entries)
@@ -304,6 +307,7 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
     Resize + CenterCrop + the training Normalize) and no SpecAugment."""
 
     config_class = VideoTextConfig
+    config: VideoTextConfig
     #: images, which this encoder never reads, stay undecoded bytes
     decoder = ImageBytesDecoder()
     batch_type = VideoTextBatch
@@ -362,7 +366,7 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
             audio_frames=audio.shape[-1] if audio is not None else 0,
         )
 
-    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+    def batch_media_features(self, batch: VideoFields) -> dict[str, float]:
         """Real frames (``num_frames``, not the padding) and, with ``video.audio``, audio frames
         (a multimodal batch carries no clip audio: the config refuses ``video.audio`` there)."""
         audio = int(batch.audio_lengths.sum()) if self.log_mel is not None else 0
@@ -384,7 +388,9 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
     def _audio_features(
         self, sample: Any, indices: list[int], fps: float, has_audio: bool | None
     ) -> torch.Tensor:
-        cfg = self.config.video.audio
+        cfg, log_mel = self.config.video.audio, self.log_mel
+        if cfg is None or log_mel is None:
+            raise RuntimeError("clip audio asked for without video.audio configured")
         if has_audio is None:
             has_audio = sample.video.has_audio_stream()
         if not has_audio:
@@ -392,9 +398,7 @@ class VideoTextTaskEncoder(DocumentTaskEncoder):
         clips, _ = sample.video.get_audio_clips([(indices[0] / fps, (indices[-1] + 1) / fps)])
         if not clips or clips[0].numel() == 0:
             return torch.zeros((cfg.n_mels, 0), dtype=torch.float32)
-        features = self.log_mel(
-            to_float_mono(clips[0]), sample.video.get_audio_samples_per_second()
-        )
+        features = log_mel(to_float_mono(clips[0]), sample.video.get_audio_samples_per_second())
         if self.training and cfg.spec_augment.enabled:
             features = spec_augment(
                 features, cfg.spec_augment, self.sample_generator(sample, "spec_augment")

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import torch
 from megatron.energon import edataclass
 
+from task_encoders.batch_fields import ImageFields, SplicedFields
 from task_encoders.batch_tensors import Medium
 from task_encoders.documents import EncodedDoc, Pack, TextBatch, length_probe
 from task_encoders.features import features
@@ -322,10 +323,10 @@ class VisionLanguageTaskEncoder(ImageTextTaskEncoder):
     def doc_media_features(self, doc: EncodedDoc) -> dict[str, float]:
         return features(vision_tiles=int(doc.media["num_tiles"].sum()))
 
-    def batch_row_lengths(self, batch: TextBatch) -> torch.Tensor:
+    def batch_row_lengths(self, batch: SplicedFields) -> torch.Tensor:
         return batch.spliced_lengths
 
-    def batch_media_features(self, batch: TextBatch) -> dict[str, float]:
+    def batch_media_features(self, batch: ImageFields) -> dict[str, float]:
         return features(vision_tiles=batch.images.shape[0])
 
     # --- packing and batching ------------------------------------------------------------------

@@ -80,6 +80,7 @@ class WaveformTextTaskEncoder(DocumentTaskEncoder):
     training."""
 
     config_class = WaveformTextConfig
+    config: WaveformTextConfig
     batch_type = WaveformTextBatch
 
     def encode_media(self, sample: Any) -> dict[str, torch.Tensor]:
