@@ -39,8 +39,9 @@ from converters.executor import environment_as_found  # noqa: E402
 from tests.helpers import tiers  # noqa: E402
 from tests.helpers.cli import PER_TEST  # noqa: E402
 
-#: fixtures any test may ask for by name, one instance per test process (`s3_server`, `s3`)
-pytest_plugins = ("tests.helpers.s3_server",)
+#: fixtures any test may ask for by name, one instance per test process (`s3_server`, `s3`,
+#: `ray_cluster`)
+pytest_plugins = ("tests.helpers.s3_server", "tests.helpers.ray_cluster")
 
 # --- the environment of the test process ------------------------------------------------------------
 

@@ -118,3 +118,38 @@ def test_a_patch_larger_than_the_encoded_images_is_refused():
     ):
         check_model_fits(ModelConfig(patch=16), encoded, "run.yaml")
     check_model_fits(ModelConfig(patch=64), SimpleNamespace(media={}), "run.yaml")  # no image
+
+
+@pytest.mark.parametrize(
+    "loader, key, says",
+    [
+        ({"executor": "ray", "num_workers": 0}, "loader.num_workers", "0 with executor 'ray'"),
+        (
+            {"executor": "ray", "num_workers": 1, "ray_address": "head"},
+            "loader.ray_address",
+            "got 'head'",
+        ),
+        ({"ray_actor_options": {"cpus": 1}}, "loader.ray_actor_options", "keys ['cpus']"),
+    ],
+)
+def test_the_ray_keys_are_refused_in_one_line_naming_the_key(tmp_path, loader, key, says):
+    with pytest.raises(ConfigError) as e:
+        config(tmp_path, **loader)
+    line = str(e.value)
+    assert "\n" not in line and f"{key}: {says}" in line
+
+
+def test_the_ray_keys_take_an_address_and_the_actor_options(tmp_path):
+    lc = config(
+        tmp_path,
+        executor="ray",
+        num_workers=3,
+        ray_address="10.0.0.1:6379",
+        ray_actor_options={"num_cpus": 2, "resources": {"data_node": 1}},
+    ).loader
+    assert (lc.executor, lc.ray_address, lc.ray_actor_options["num_cpus"]) == (
+        "ray",
+        "10.0.0.1:6379",
+        2,
+    )
+    assert config(tmp_path).loader.executor == "local"

@@ -51,7 +51,7 @@ def connect(address: str | None, c: int) -> bool:
         return False
     try:
         ray.init(
-            address=address,
+            address=address or "local",  # None would join a cluster this node runs already
             include_dashboard=False,
             configure_logging=False,
             log_to_driver=True,
