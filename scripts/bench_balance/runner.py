@@ -17,6 +17,7 @@ from scripts.bench_balance.demo import demo_section, report_demo
 from scripts.bench_balance.llava import llava_section, report_llava
 from scripts.bench_balance.long import long_section, report_long
 from scripts.bench_balance.measured import TIMINGS, measured_section, report_measured
+from scripts.bench_balance.mixing import mixing_section, report_mixing
 from scripts.bench_balance.sizes import report_sizes, sizes_section
 from scripts.bench_balance.train import TRAIN_WARMUP, TrainFailed, report_train, train_section
 from scripts.bench_balance.train_measured import report_train_measured, train_measured_section
@@ -28,6 +29,7 @@ SECTIONS = {
     "balance": (balance_section, report_balance),
     "long": (long_section, report_long),
     "demo": (demo_section, report_demo),
+    "mixing": (mixing_section, report_mixing),
     "train": (train_section, report_train),
     "measured": (measured_section, report_measured),
     "train-measured": (train_measured_section, report_train_measured),
@@ -143,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=["balance"],
         help="what to measure (default: balance, the simulation; long: carried samples over "
         "--long-steps batches; demo: the embedded demo blend through the loader's planner; train: "
-        "the reference model's tokens/s on 2 gloo ranks; measured: the two-tower model's timed "
+        "the reference model's tokens/s on 2 gloo ranks; mixing: the demo blend with balance while "
+        "blend_adapt moves its weights, against fixed weights; measured: the two-tower model's timed "
         "micro-batches per method; train-measured: the two-tower model's steps/s on 2 gloo "
         "ranks, balance none against measured, after calibrating it; sizes: the planner on every "
         "dataset size, g to 10 x window, single and blended with a large one, packed and "
@@ -160,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--demo-seeds", type=int, nargs="+", default=[1, 5, 7, 8], help="section demo: loader seeds"
+    )
+    p.add_argument(
+        "--mixing-steps",
+        type=int,
+        default=None,
+        help="section mixing: global batches per run (default 30; --quick 12)",
     )
     p.add_argument(
         "--train",
@@ -257,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.measured and "measured" not in args.sections:
         args.sections.append("measured")
     args.measured_steps = args.measured_steps or (3 if args.quick else 12)
+    args.mixing_steps = args.mixing_steps or (12 if args.quick else 30)
     args.measured_ranks = args.measured_ranks or ([8] if args.quick else [8, 64])
     args.calibrate_batches = args.calibrate_batches or (24 if args.quick else 96)
     if (
