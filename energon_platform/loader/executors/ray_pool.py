@@ -28,7 +28,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from energon_platform.loader.executors import ray_connect
+import energon_platform.loader.executors.ray_connect as ray_connect
 from energon_platform.loader.executors.base import Executor
 from energon_platform.loader.executors.maker_spec import NodeMismatch, spec_of
 from energon_platform.loader.executors.ray_actor import MakerActor
