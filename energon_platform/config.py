@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from task_encoders.config_parser import At, ConfigError, parse, read_yaml, require
+from task_encoders.config_parser import (
+    At,
+    ConfigError,
+    at_least,
+    at_most,
+    finite,
+    parse,
+    read_yaml,
+    require,
+)
 
 __all__ = ["ConfigError", "RunConfig", "load_config"]
 
@@ -125,7 +134,7 @@ class BlendAdaptConfig:
     in the range its method declares (checked with the encoder, `config_checks.check_mixing`)."""
 
     def check(self, at: At) -> None:
-        _at_least(self, at, every=1, lag=0)
+        at_least(self, at, every=1, lag=0)
         require(0 <= self.floor < 1, at.child("floor"), f"got {self.floor}", "a share in [0, 1)")
         require(
             0 < self.resolution <= 1,
@@ -223,7 +232,7 @@ class BalanceConfig:
         return self.mode != "none"
 
     def check(self, at: At) -> None:
-        _at_least(self, at, window=16, lookahead=1.0)
+        at_least(self, at, window=16, lookahead=1.0)
         require(
             self.lookahead <= self.window,
             at.child("lookahead"),
@@ -242,12 +251,12 @@ class BalanceConfig:
             f"got {self.lookahead}",
             f"at most {MAX_BALANCE_LOOKAHEAD} global batches",
         )
-        _at_least(self, at, null_ok=True, linear=0)
+        at_least(self, at, null_ok=True, linear=0)
         budget = self.global_batch_tokens
         if budget is not None:
             measured = self.mode == "measured"
             require(
-                _finite(budget) and budget > 0 and (measured or float(budget).is_integer()),
+                finite(budget) and budget > 0 and (measured or float(budget).is_integer()),
                 at.child("global_batch_tokens"),
                 f"got {budget:g}",
                 "seconds > 0 (the cost model's predicted time)"
@@ -386,7 +395,7 @@ class LoaderConfig:
     default ``{num_cpus: 1}``."""
 
     def check(self, at: At) -> None:
-        _at_least(
+        at_least(
             self,
             at,
             global_batch_size=1,
@@ -410,8 +419,8 @@ class LoaderConfig:
             "increasing steps >= 0",
         )
         require(self.seed < 2**63, at.child("seed"), f"got {self.seed}", "< 2**63")
-        _at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
-        _at_most(
+        at_least(self, at, null_ok=True, micro_batch_size=1, shuffle_buffer=1, pack_group=1)
+        at_most(
             self,
             at,
             global_batch_size=MAX_BATCH,
@@ -526,7 +535,7 @@ class ModelConfig:
     """``two_tower``: the audio tower's attention heads."""
 
     def check(self, at: At) -> None:
-        _at_least(
+        at_least(
             self,
             at,
             dim=1,
@@ -579,10 +588,10 @@ class TrainConfig:
     """The run's folder: checkpoints and the JSON-lines log ``log.jsonl``."""
 
     def check(self, at: At) -> None:
-        _at_least(
+        at_least(
             self, at, steps=1, warmup=0, checkpoint_every=1, keep_checkpoints=1, weight_decay=0.0
         )
-        _at_most(
+        at_most(
             self,
             at,
             steps=MAX_STEP,
@@ -602,35 +611,6 @@ def _host_port(address: str) -> bool:
     """Whether ``address`` reads ``HOST:PORT`` (a port number after the last colon)."""
     host, _, port = address.rpartition(":")
     return bool(host) and port.isdigit()
-
-
-def _finite(value: Any) -> bool:
-    """Whether a number is finite (an int always is: Python's are exact at any size)."""
-    return isinstance(value, int) or math.isfinite(value)
-
-
-def _at_least(section: Any, at: At, null_ok: bool = False, **lowest: float) -> None:
-    """ConfigError naming the key unless every ``section.<key>`` is a finite number ``>= lowest[key]``
-    (or null if ``null_ok``): NaN and infinity are refused like a value below the bound."""
-    for name, low in lowest.items():
-        value = getattr(section, name)
-        if value is None and null_ok:
-            continue
-        finite = "a finite number " if isinstance(value, float) else ""
-        require(
-            value is not None and _finite(value) and value >= low,
-            at.child(name),
-            f"got {value}",
-            f"{finite}>= {low}" + (" or null" if null_ok else ""),
-        )
-
-
-def _at_most(section: Any, at: At, **highest: float) -> None:
-    """ConfigError naming the key unless every ``section.<key>`` is null or ``<= highest[key]``
-    (run after `_at_least`, which refuses what is not a finite number)."""
-    for name, high in highest.items():
-        value = getattr(section, name)
-        require(value is None or value <= high, at.child(name), f"got {value}", f"at most {high}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ Every problem raises `ConfigError`, whose message names the source (the YAML fil
 How a section is read: `parse` walks the dataclass's type hints (``int``, ``float``,
 ``bool``, ``str``, ``Path``, ``X | None``, ``tuple[X, ...]``, ``list[X]``, ``dict[str, X]``,
 ``Literal[...]``, nested dataclasses), rejects unknown and missing keys, then calls the
-dataclass's ``check(at)`` for rules between values. A section's keys that a file leaves out keep
+dataclass's ``check(at)`` for rules between values. A field whose names come from a registry marks
+them with `CHOICES` in its metadata (the registry stays their one list). A section's keys that a file leaves out keep
 the defaults of that section. A dataclass may take over its own parsing with a classmethod
 ``from_config_value(value, at)``. Relative paths are resolved against the YAML file's folder (the
 working directory for dicts); a ``Path`` key given a URL (``msc://...``) keeps it as a string.
@@ -19,9 +20,11 @@ working directory for dicts); a ``Path`` key given a URL (``msc://...``) keeps i
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
@@ -99,8 +102,7 @@ def parse(tp: Any, value: Any, at: At, default: Any = None) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return parse(inner, value, at)
     if origin is Literal:
-        if value not in args:
-            raise at.error(f"got {value!r}", "one of " + ", ".join(map(repr, args)))
+        _check_choice(value, args, at)
         return value
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
@@ -116,6 +118,19 @@ def parse(tp: Any, value: Any, at: At, default: Any = None) -> Any:
             raise at.error(f"got {_kind(value)}", "a mapping with string keys")
         return {k: parse(args[1], v, at.child(k)) for k, v in value.items()}
     return _parse_scalar(tp, value, at)
+
+
+#: a field's ``metadata`` key: a callable giving the names the field may take (a registry's keys,
+#: read when a value is parsed, so a name registered is a name allowed); any other value is refused
+#: as a ``Literal``'s is, the error listing the names
+CHOICES = "choices"
+
+
+def _check_choice(value: Any, names: Iterable[Any], at: At) -> None:
+    """ConfigError at ``at`` listing ``names`` unless ``value`` is one of them."""
+    names = tuple(names)
+    if value not in names:
+        raise at.error(f"got {value!r}", "one of " + ", ".join(map(repr, names)))
 
 
 def _parse_scalar(tp: Any, value: Any, at: At) -> Any:
@@ -181,6 +196,9 @@ def _parse_dataclass(cls: type[T], value: Any, at: At, default: Any = None) -> T
         kwargs = {}
         for name in fields:
             if name in value:
+                names = fields[name].metadata.get(CHOICES)
+                if names is not None:
+                    _check_choice(value[name], tuple(names()), at.child(name))
                 kwargs[name] = parse(
                     hints[name], value[name], at.child(name), getattr(default, name, None)
                 )
@@ -218,6 +236,35 @@ def require(condition: bool, at: At, problem: str, expected: str) -> None:
     """Raise ``at.error(problem, expected)`` unless ``condition``."""
     if not condition:
         raise at.error(problem, expected)
+
+
+def finite(value: Any) -> bool:
+    """Whether a number is finite (an int always is: Python's are exact at any size)."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def at_least(section: Any, at: At, null_ok: bool = False, **lowest: float) -> None:
+    """ConfigError naming the key unless every ``section.<key>`` is a finite number ``>= lowest[key]``
+    (or null if ``null_ok``): NaN and infinity are refused like a value below the bound."""
+    for name, low in lowest.items():
+        value = getattr(section, name)
+        if value is None and null_ok:
+            continue
+        kind = "a finite number " if isinstance(value, float) else ""
+        require(
+            value is not None and finite(value) and value >= low,
+            at.child(name),
+            f"got {value}",
+            f"{kind}>= {low}" + (" or null" if null_ok else ""),
+        )
+
+
+def at_most(section: Any, at: At, **highest: float) -> None:
+    """ConfigError naming the key unless every ``section.<key>`` is null or ``<= highest[key]``
+    (run after `at_least`, which refuses what is not a finite number)."""
+    for name, high in highest.items():
+        value = getattr(section, name)
+        require(value is None or value <= high, at.child(name), f"got {value}", f"at most {high}")
 
 
 #: a field's ``metadata`` key: the field is left out of `to_plain` while it holds its default, so a

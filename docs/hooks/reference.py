@@ -229,8 +229,14 @@ def _default(f: dataclasses.Field) -> str:
 
 
 def _type(cls: type, f: dataclasses.Field) -> str:
-    """The annotation as written, or ``one of `a`, `b``` for a ``Literal``."""
+    """The annotation as written, or ``one of `a`, `b``` for a ``Literal`` and for a field whose
+    names come from a registry (``task_encoders.config_parser.CHOICES``)."""
+    from task_encoders.config_parser import CHOICES
+
     hint = typing.get_type_hints(cls)[f.name]
+    names = f.metadata.get(CHOICES)
+    if names is not None:
+        return "one of " + ", ".join(f"`{_yaml(v)}`" for v in names())
     if typing.get_origin(hint) is typing.Literal:
         return "one of " + ", ".join(f"`{_yaml(v)}`" for v in typing.get_args(hint))
     return f"`{f.type}`"

@@ -207,3 +207,24 @@ def test_encoder_class_refuses_a_config_for_another_encoder(tokenizer_dir):
 
     with pytest.raises(ConfigError, match="encoder: 'text' given to ImageTextTaskEncoder"):
         ImageTextTaskEncoder({"encoder": "text", "text": {"tokenizer": str(tokenizer_dir)}})
+
+
+def test_a_field_marked_with_choices_takes_the_names_its_registry_holds_when_parsed():
+    import dataclasses
+
+    from task_encoders.config_parser import CHOICES, At, parse
+
+    registry = {"a": 1}
+
+    @dataclasses.dataclass(frozen=True)
+    class Section:
+        method: str = dataclasses.field(default="a", metadata={CHOICES: lambda: registry})
+
+    assert parse(Section, {"method": "a"}, At()).method == "a"
+    with pytest.raises(ConfigError) as e:
+        parse(Section, {"method": "b"}, At(source="run.yaml"))
+    assert str(e.value) == "run.yaml: method: got 'b' (expected one of 'a')"
+    registry["b"] = 2  # registered later: allowed from then on, listed in the error
+    assert parse(Section, {"method": "b"}, At()).method == "b"
+    with pytest.raises(ConfigError, match=r"got 5 \(expected one of 'a', 'b'\)$"):
+        parse(Section, {"method": 5}, At())
