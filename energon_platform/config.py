@@ -19,18 +19,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from energon_platform.loader.balance.settings import (
+    BALANCE_MODES,
+    FLAT_BALANCE_KEYS,
+    LOADER_BALANCE_KEYS,
+    MAX_BALANCE_LOOKAHEAD,
+    MAX_BALANCE_WINDOW,
+    BalanceConfig,
+    balance_override,
+    group_balance,
+)
 from task_encoders.config_parser import (
     At,
     ConfigError,
     at_least,
     at_most,
-    finite,
     parse,
     read_yaml,
     require,
 )
 
-__all__ = ["ConfigError", "RunConfig", "load_config"]
+#: the run config's own names, then those of the sections' modules, importable from here as before
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "load_config",
+    "BALANCE_MODES",
+    "FLAT_BALANCE_KEYS",
+    "LOADER_BALANCE_KEYS",
+    "MAX_BALANCE_LOOKAHEAD",
+    "MAX_BALANCE_WINDOW",
+    "BalanceConfig",
+]
 
 
 @dataclass(frozen=True)
@@ -178,113 +198,6 @@ class ExcludeRule:
         )
 
 
-#: Bounds of the planner's pool: samples (``balance.window``) and global batches (``balance.lookahead``).
-MAX_BALANCE_WINDOW, MAX_BALANCE_LOOKAHEAD = 65536, 16.0
-
-
-#: ``loader.balance`` modes, the one list: ``none`` (`StreamBatching`) and the cost models of
-#: planned batching (`COST_MODELS`); the loader's registries are checked against it
-BALANCE_MODES = ("none", "tokens", "attention", "encoder", "measured")
-
-
-@dataclass(frozen=True)
-class BalanceConfig:
-    """``loader.balance``: how global batches are made (`planner`).
-
-    Written as a mode alone (``balance: attention``) or as a group:
-
-        balance:
-          mode: attention      # none | tokens | attention | encoder | measured
-          lookahead: 3.0       # the pool holds this many global batches of positions
-          window: 4096         # and at most this many samples
-          linear: null         # attention's linear term (null: the encoder's seq_len)
-          global_batch_tokens: null   # unpacked: a global batch is this cost budget
-          cost_model: null     # measured: the cost file of energon-platform calibrate
-
-    The keys other than ``mode`` only matter when ``mode`` is not ``none``. ``loader.cost_model`` is read as
-    ``cost_model`` (so ``balance: measured`` stays a mode alone). The flat keys of earlier configs
-    (``loader.balance_window``, ``balance_lookahead``, ``balance_linear``,
-    ``global_batch_tokens``) are refused in one line naming the key to write instead.
-    """
-
-    mode: Literal[BALANCE_MODES] = "none"
-    """How global batches are made: ``none`` (consecutive stream positions), ``tokens`` (equal
-    Σ L per rank), ``attention`` (equal Σ L² + ``linear``·L), ``encoder`` (the encoder's own
-    ``balance_cost(length)``) or ``measured`` (the calibrated model's predicted time of each
-    sample, from ``cost_model``)."""
-    window: int = 4096
-    """The planner's pool holds at most this many samples (at least ``global_batch_size``)."""
-    lookahead: float = 3.0
-    """The pool holds this many global batches of positions."""
-    linear: float | None = None
-    """The linear term of ``attention``'s cost; null: the encoder's ``seq_len``."""
-    global_batch_tokens: float | None = None
-    """Unpacked: a global batch is this cost budget (``global_batch_size`` samples at least);
-    null: a fixed number of samples. A whole number of cost units (tokens, attention) in every
-    mode but ``measured``, whose costs are predicted seconds (0.5 is a budget there)."""
-    cost_model: Path | None = None
-    """``measured`` only: the cost file written by ``energon-platform calibrate`` (also read
-    from ``loader.cost_model``)."""
-
-    @property
-    def planned(self) -> bool:
-        """Whether global batches are planned (any mode but ``none``)."""
-        return self.mode != "none"
-
-    def check(self, at: At) -> None:
-        at_least(self, at, window=16, lookahead=1.0)
-        require(
-            self.lookahead <= self.window,
-            at.child("lookahead"),
-            f"got {self.lookahead}",
-            f"at most window ({self.window}): the pool never holds more samples than that",
-        )
-        require(
-            self.window <= MAX_BALANCE_WINDOW,
-            at.child("window"),
-            f"got {self.window}",
-            f"at most {MAX_BALANCE_WINDOW} (the pool is planned every global batch and saved in the state)",
-        )
-        require(
-            self.lookahead <= MAX_BALANCE_LOOKAHEAD,
-            at.child("lookahead"),
-            f"got {self.lookahead}",
-            f"at most {MAX_BALANCE_LOOKAHEAD} global batches",
-        )
-        at_least(self, at, null_ok=True, linear=0)
-        budget = self.global_batch_tokens
-        if budget is not None:
-            measured = self.mode == "measured"
-            require(
-                finite(budget) and budget > 0 and (measured or float(budget).is_integer()),
-                at.child("global_batch_tokens"),
-                f"got {budget:g}",
-                "seconds > 0 (the cost model's predicted time)"
-                if measured
-                else f"a whole number >= 1 of {self.mode} cost units, or null",
-            )
-            if float(budget).is_integer():  # the fingerprint holds 4096, as before, not 4096.0
-                object.__setattr__(self, "global_batch_tokens", int(budget))
-        require(
-            self.global_batch_tokens is None or self.planned,
-            at.child("global_batch_tokens"),
-            f"{self.global_batch_tokens} with mode 'none'",
-            "null unless a balance mode is set",
-        )
-        require(
-            self.mode != "measured" or self.cost_model is not None,
-            at.child("cost_model"),
-            "null with mode 'measured'",
-            "the cost file written by energon-platform calibrate",
-        )
-        require(
-            self.mode == "measured" or self.cost_model is None,
-            at.child("cost_model"),
-            f"{self.cost_model} with mode {self.mode!r}",
-            "null unless mode is 'measured'",
-        )
-
-
 #: The least ``loader.sample_timeout`` (seconds): a worker's start and its first sample take
 #: longer than a fraction of a second on a loaded machine.
 MIN_SAMPLE_TIMEOUT = 1.0
@@ -293,18 +206,6 @@ MIN_SAMPLE_TIMEOUT = 1.0
 RAY_ACTOR_OPTIONS = frozenset(
     {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env"}
 )
-
-#: The flat ``loader`` keys of earlier configs → their key in the ``loader.balance`` group (refused,
-#: naming it).
-FLAT_BALANCE_KEYS = {
-    "balance_window": "window",
-    "balance_lookahead": "lookahead",
-    "balance_linear": "linear",
-    "global_batch_tokens": "global_batch_tokens",
-}
-#: ``loader`` keys read into the ``loader.balance`` group as they are (not deprecated: they let a
-#: mode alone, ``balance: measured``, name its file).
-LOADER_BALANCE_KEYS = {"cost_model": "cost_model"}
 
 
 @dataclass(frozen=True)
@@ -669,77 +570,16 @@ def load_config(path_or_dict: str | Path | dict, overrides: dict | None = None) 
         data, at = copy.deepcopy(path_or_dict), At()  # overrides never touch the caller's sections
     else:
         data, at = read_yaml(path_or_dict)
-    _group_balance(data, at)
+    group_balance(data, at)
     shell = set()
     for dotted, value in (overrides or {}).items():
-        dotted = _balance_override(data, dotted, value, at)
+        dotted = balance_override(data, dotted, value, at)
         if dotted is not None:
             _set_dotted(data, dotted, value, at)
             shell.add(dotted)
-    _group_balance(data, at)
+    group_balance(data, at)
     data["source"] = at.source
     return parse(RunConfig, data, dataclasses.replace(at, shell_keys=frozenset(shell)))
-
-
-def _group_balance(data: dict, at: At) -> None:
-    """Bring ``loader.balance`` to its group form in place: a mode alone (``balance: tokens``)
-    becomes ``{"mode": "tokens"}``, and ``loader.cost_model`` (`LOADER_BALANCE_KEYS`) moves into
-    the group. A key set both ways, and a flat key of earlier configs (`FLAT_BALANCE_KEYS`), are
-    refused in one line naming the key to write."""
-    loader = data.get("loader")
-    if not isinstance(loader, dict):
-        return
-    for old, new in FLAT_BALANCE_KEYS.items():
-        if old in loader:
-            raise _flat_key(at, old, new)
-    group = loader.get("balance")
-    if isinstance(group, str):
-        group = loader["balance"] = {"mode": group}
-    flat = [k for k in LOADER_BALANCE_KEYS if k in loader]
-    if not flat:
-        return
-    if group is None:
-        group = loader["balance"] = {}
-    if not isinstance(group, dict):
-        return  # parsing names what is wrong with it
-    for old in flat:
-        new = LOADER_BALANCE_KEYS[old]
-        if new in group:
-            raise ConfigError(
-                at.source,
-                f"loader.{old}",
-                f"set twice: as loader.{old} and as loader.balance.{new} (keep the second)",
-            )
-        group[new] = loader.pop(old)
-
-
-def _flat_key(at: At, old: str, new: str) -> ConfigError:
-    return ConfigError(
-        at.source, f"loader.{old}", f"not a key any more; write loader.balance.{new}"
-    )
-
-
-def _balance_override(data: dict, dotted: str, value: Any, at: At) -> str | None:
-    """Where an override of the balance settings goes: ``loader.balance=MODE`` on a group changes
-    its mode (the group's other keys stay; None: done here), ``loader.cost_model`` goes to the
-    group's; a flat key of earlier configs is refused; others as written."""
-    if dotted == "loader.balance" and isinstance(value, str):
-        if data.get("loader") is None:
-            data["loader"] = {}
-        loader = data["loader"]
-        if isinstance(loader, dict):  # a mode: the group's other keys, given before or after, stay
-            group = loader.get("balance")
-            if isinstance(group, dict):
-                group["mode"] = value
-            else:
-                loader["balance"] = {"mode": value}
-            return None
-    old = dotted.removeprefix("loader.")
-    if old != dotted and old in LOADER_BALANCE_KEYS:
-        return f"loader.balance.{LOADER_BALANCE_KEYS[old]}"
-    if old != dotted and old in FLAT_BALANCE_KEYS:
-        raise _flat_key(at, old, FLAT_BALANCE_KEYS[old])
-    return dotted
 
 
 def _set_dotted(data: dict, dotted: str, value: Any, at: At) -> None:

@@ -108,7 +108,7 @@ def test_measured_reads_its_cost_file_relative_to_the_yaml_file(tmp_path, caplog
         "data: {path: /data}\nencoder: {name: image_text, seq_len: 64}\n"
         "loader: {balance: measured, cost_model: model.json}\n"
     )
-    with caplog.at_level(logging.WARNING, logger="energon_platform.config"):
+    with caplog.at_level(logging.WARNING, logger="energon_platform"):
         short = load_config(run).loader.balance
     assert short == BalanceConfig(mode="measured", cost_model=tmp_path / "model.json")
     assert "deprecated" not in caplog.text

@@ -52,3 +52,16 @@ def test_opening_every_door_imports_nothing_heavy():
     r = run_python(code, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
+
+
+def test_reading_a_run_config_imports_nothing_heavy():
+    """The sections' modules sit beside their components: reading a config opens none of them."""
+    code = (
+        "import sys\nfrom energon_platform.config import load_config\n"
+        "load_config({'data': {'path': '/d'}, 'encoder': {'name': 'image_text'},"
+        " 'loader': {'balance': 'tokens', 'blend_adapt': {'method': 'odm'}, 'executor': 'ray'}})\n"
+        f"print(sorted(m for m in {(*HEAVY, 'ray')!r} if m in sys.modules))"
+    )
+    r = run_python(code, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
