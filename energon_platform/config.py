@@ -29,6 +29,7 @@ from energon_platform.loader.balance.settings import (
     balance_override,
     group_balance,
 )
+from energon_platform.loader.executors.settings import RAY_ACTOR_OPTIONS, ExecutorConfig
 from task_encoders.config_parser import (
     At,
     ConfigError,
@@ -50,6 +51,8 @@ __all__ = [
     "MAX_BALANCE_LOOKAHEAD",
     "MAX_BALANCE_WINDOW",
     "BalanceConfig",
+    "RAY_ACTOR_OPTIONS",
+    "ExecutorConfig",
 ]
 
 
@@ -202,43 +205,10 @@ class ExcludeRule:
 #: longer than a fraction of a second on a loaded machine.
 MIN_SAMPLE_TIMEOUT = 1.0
 
-#: The keys of ``loader.ray_actor_options`` (Ray's actor options that place and size an actor).
-RAY_ACTOR_OPTIONS = frozenset(
-    {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env"}
-)
-
 
 @dataclass(frozen=True)
-class LoaderConfig:
-    """``loader:``: the order and batching of the training data, one rank's loader.
-
-    ``num_workers`` may change between save and restore; the others may not.
-
-    Blends (``data.path`` an Energon metadataset): weights may change at resume and datasets may
-    be added; the history is kept in the loader state.
-
-    Balance: ``balance`` (`BalanceConfig`, a mode or a group). With a mode set and a
-    packing encoder every micro-batch is exactly ``micro_batch_size`` rows of ``seq_len``
-    (``global_batch_size`` counts rows), packed globally from a pool of ``balance.lookahead``
-    global batches of positions (at most ``balance.window`` samples); samples that do not fit
-    wait for a later global batch. Unpacked, ``balance.global_batch_tokens`` makes a global batch
-    a cost budget (``global_batch_size`` samples at least). Lengths come from a cached length
-    index (``length_cache``).
-
-    ``sample_timeout``: a worker stuck longer is killed, the sample counts as failed (its
-    stand-in is used, as for a corrupt sample, and it is not waited for again in this process)
-    and the workers restart where the loader is: the order and every other batch stay the same, and so does the
-    state. With ``num_workers: 0`` it runs one worker process (a sample stuck in the training
-    process could not be stopped). The trainer's start-up check, which encodes a few samples in
-    its own process, counts a sample past it as failed too (it tries the next). At
-    least 1 second; set it well above the slowest normal sample: a sample that only sometimes
-    finishes within it makes runs differ.
-
-    ``context_parallel``: with ``N > 1`` ranks the encoder must pack (``packing.enabled``,
-    with or without a balance mode), ``text.seq_len`` must be a multiple of ``2N``, and every
-    document's attention segment is padded (loss-masked) to a multiple of ``2N``
-    (`energon_platform.loader.context_parallel`); vision-language encoders are refused.
-    """
+class LoaderOptions:
+    """The loader's own keys of ``loader:`` (`LoaderConfig`: these, then the executor's)."""
 
     global_batch_size: int = 8
     """Items per training step over all data-parallel ranks (samples, or pack groups with
@@ -283,17 +253,41 @@ class LoaderConfig:
     """Seconds a loader worker may spend reading and encoding one sample; null: no limit."""
     context_parallel: int = 1
     """The model's context-parallel ranks (Megatron's ``--context-parallel-size``; 1: off)."""
-    executor: Literal["local", "ray"] = "local"
-    """Who makes the micro-batches: ``local`` worker processes (``num_workers``; 0: the training
-    process), or ``ray``: a pool of ``num_workers`` Ray actors (at least 1), on any node of a Ray
-    cluster; every node must read the run's data, encoder config and tokenizer files."""
-    ray_address: str | None = None
-    """``executor: ray``: the cluster to join, ``auto`` (the one ``ray start`` made on this node)
-    or ``HOST:PORT``; null: start a Ray of this node, shut down when the loader closes."""
-    ray_actor_options: dict[str, Any] = field(default_factory=dict)
-    """``executor: ray``: Ray's options of each actor (``num_cpus``, ``memory``, ``resources``:
-    e.g. ``{resources: {data_node: 1}}`` places the actors on nodes that offer ``data_node``);
-    default ``{num_cpus: 1}``."""
+
+
+@dataclass(frozen=True)
+class LoaderConfig(ExecutorConfig, LoaderOptions):
+    """``loader:``: the order and batching of the training data, one rank's loader.
+
+    ``num_workers`` may change between save and restore; the others may not. Its keys are
+    `LoaderOptions`'s, then the executor's (`ExecutorConfig`: ``executor``, ``ray_address``,
+    ``ray_actor_options``).
+
+    Blends (``data.path`` an Energon metadataset): weights may change at resume and datasets may
+    be added; the history is kept in the loader state.
+
+    Balance: ``balance`` (`BalanceConfig`, a mode or a group). With a mode set and a
+    packing encoder every micro-batch is exactly ``micro_batch_size`` rows of ``seq_len``
+    (``global_batch_size`` counts rows), packed globally from a pool of ``balance.lookahead``
+    global batches of positions (at most ``balance.window`` samples); samples that do not fit
+    wait for a later global batch. Unpacked, ``balance.global_batch_tokens`` makes a global batch
+    a cost budget (``global_batch_size`` samples at least). Lengths come from a cached length
+    index (``length_cache``).
+
+    ``sample_timeout``: a worker stuck longer is killed, the sample counts as failed (its
+    stand-in is used, as for a corrupt sample, and it is not waited for again in this process)
+    and the workers restart where the loader is: the order and every other batch stay the same, and so does the
+    state. With ``num_workers: 0`` it runs one worker process (a sample stuck in the training
+    process could not be stopped). The trainer's start-up check, which encodes a few samples in
+    its own process, counts a sample past it as failed too (it tries the next). At
+    least 1 second; set it well above the slowest normal sample: a sample that only sometimes
+    finishes within it makes runs differ.
+
+    ``context_parallel``: with ``N > 1`` ranks the encoder must pack (``packing.enabled``,
+    with or without a balance mode), ``text.seq_len`` must be a multiple of ``2N``, and every
+    document's attention segment is padded (loss-masked) to a multiple of ``2N``
+    (`energon_platform.loader.context_parallel`); vision-language encoders are refused.
+    """
 
     def check(self, at: At) -> None:
         at_least(
@@ -377,24 +371,7 @@ class LoaderConfig:
             f"got {self.sample_timeout}",
             "seconds > 0, or null for no limit",
         )
-        require(
-            self.executor != "ray" or self.num_workers >= 1,
-            at.child("num_workers"),
-            "0 with executor 'ray'",
-            "the number of Ray actors, at least 1 (or executor: local)",
-        )
-        require(
-            self.ray_address in (None, "auto") or _host_port(self.ray_address),
-            at.child("ray_address"),
-            f"got {self.ray_address!r}",
-            "null (a Ray of this node), auto, or HOST:PORT of the cluster's head",
-        )
-        require(
-            set(self.ray_actor_options) <= RAY_ACTOR_OPTIONS,
-            at.child("ray_actor_options"),
-            f"keys {sorted(set(self.ray_actor_options) - RAY_ACTOR_OPTIONS)}",
-            f"some of {sorted(RAY_ACTOR_OPTIONS)}",
-        )
+        self.check_executor(at, self.num_workers)
         require(
             self.sample_timeout is None or self.sample_timeout >= MIN_SAMPLE_TIMEOUT,
             at.child("sample_timeout"),
@@ -506,12 +483,6 @@ class TrainConfig:
             f"got {self.lr}",
             "a finite number > 0",
         )
-
-
-def _host_port(address: str) -> bool:
-    """Whether ``address`` reads ``HOST:PORT`` (a port number after the last colon)."""
-    host, _, port = address.rpartition(":")
-    return bool(host) and port.isdigit()
 
 
 @dataclass(frozen=True)

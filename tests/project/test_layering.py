@@ -201,6 +201,7 @@ CONFIG_REGISTRIES = {
     "energon_platform.loader.balance.costs",  # the cost models: loader.balance.mode
     "energon_platform.loader.balance.packer",  # the formulas of two of them
     "energon_platform.loader.mixing.method",  # the mixing methods: loader.blend_adapt.method
+    "energon_platform.loader.executors.registry",  # the executors: loader.executor
 }
 
 
