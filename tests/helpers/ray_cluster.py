@@ -46,6 +46,27 @@ def left_over(session_dir: str) -> list[str]:
     return found
 
 
+def actors_alive(rc: RayCluster, wait: float = 15.0) -> list[int]:
+    """The pids of the pool's actors still alive on the data node after up to ``wait`` seconds
+    (a killed actor's process takes a moment to end): processes under its raylet whose title
+    Ray set to ``ray::MakerActor...``."""
+    import time
+
+    raylet = psutil.Process(rc.data_node.all_processes["raylet"][0].process.pid)
+    deadline = time.monotonic() + wait
+    while True:
+        alive = []
+        for p in raylet.children(recursive=True):
+            try:
+                if " ".join(p.cmdline()).startswith("ray::MakerActor"):
+                    alive.append(p.pid)
+            except psutil.Error:
+                continue
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
 def start() -> RayCluster:
     """Start the two nodes and connect this process to them."""
     import ray

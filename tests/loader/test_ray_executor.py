@@ -23,13 +23,13 @@ import pytest
 from energon_platform.training.digests import batch_digest, tensors_of
 from scripts.bench_data import three_modality_blend
 from tests.helpers import REPO, hang_encoder
-from tests.helpers.ray_cluster import ON_DATA_NODE
+from tests.helpers.ray_cluster import ON_DATA_NODE, actors_alive
 from tests.helpers.run_configs import SMALL_IMAGE_TEXT, loader_config
 
 pytestmark = pytest.mark.slow
 
-#: micro-batches each run makes (the chain: 2 by local workers, 2 by actors, 2 in-process)
-STEPS = 6
+#: micro-batches each run makes (the chain: 2 by local workers, 6 by actors, 2 in-process)
+STEPS = 10
 PACKED = str(REPO / "configs/encoders/multimodal_packed.yaml")
 MIXED = str(REPO / "configs/encoders/multimodal.yaml")
 
@@ -103,16 +103,17 @@ def test_local_then_ray_then_in_process_makes_the_same_bytes(
     ray_cluster, coco, blend, tmp_path_factory, case, actors
 ):
     """In-process from 0 against: local 2 workers [0, 2), resumed on ``actors`` Ray actors on
-    the data node [2, 4), resumed in-process [4, 6)."""
+    the data node [2, 8) (with ``blend_adapt``, weights decided while the actors run), resumed
+    in-process [8, 10)."""
     cache = tmp_path_factory.getbasetemp() / "ray_lengths"
     ray = {"executor": "ray", "ray_address": ray_cluster.address}
     ray["ray_actor_options"] = ON_DATA_NODE
     straight, _ = run(config(case, coco, blend, cache), 0, STEPS)
     local, state = run(config(case, coco, blend, cache, num_workers=2), 0, 2, workers=2)
     actors_part, state = run(
-        config(case, coco, blend, cache, num_workers=actors, **ray), 2, 4, state, actors
+        config(case, coco, blend, cache, num_workers=actors, **ray), 2, STEPS - 2, state, actors
     )
-    rest, _ = run(config(case, coco, blend, cache), 4, STEPS, state)
+    rest, _ = run(config(case, coco, blend, cache), STEPS - 2, STEPS, state)
     assert local + actors_part + rest == straight
 
 
@@ -141,7 +142,7 @@ def test_an_actor_sigkilled_mid_run_is_replaced_and_the_bytes_stay(ray_cluster, 
         after = loader.executor.workers()
     finally:
         loader.close()
-    assert got == straight
+    assert got == straight and actors_alive(ray_cluster) == [], "close() leaves no actor"
     assert before[0] == after[0] and before[1] != after[1], (before, after)
     assert f"pid {victim}" in before[1]
     assert any("replaced, its micro-batches made again" in r.getMessage() for r in caplog.records)
@@ -225,7 +226,7 @@ def test_a_node_that_reads_other_data_or_cannot_read_it_stops_in_one_line(
         next(loader)
     line = str(e.value)
     assert "\n" not in line and "cannot make the run's micro-batches" in line and str(data) in line
-    assert loader.executor.workers() == []
+    assert loader.executor.workers() == [] and actors_alive(ray_cluster) == []
 
 
 def test_a_cluster_that_loses_every_actor_stops_in_one_line_saying_how_to_resume(
@@ -235,13 +236,13 @@ def test_a_cluster_that_loses_every_actor_stops_in_one_line_saying_how_to_resume
     from energon_platform.loader.executors import ray_pool
     from energon_platform.loader.train_loader import LoaderWorkerError, TrainLoader
 
-    monkeypatch.setattr(ray_pool, "PLACE_TIMEOUT", 5.0)
     node = ray_cluster.cluster.add_node(num_cpus=1, resources={"doomed": 1}, num_gpus=0)
     options = {"num_cpus": 0.5, "resources": {"doomed": 1}}
     ray = {"executor": "ray", "ray_address": ray_cluster.address, "ray_actor_options": options}
     loader = TrainLoader(config("stream", coco, None, None, num_workers=1, **ray))
     try:
         next(loader)
+        monkeypatch.setattr(ray_pool, "PLACE_TIMEOUT", 5.0)  # a new actor: placed within 5 s
         ray_cluster.cluster.remove_node(node)
         with pytest.raises(LoaderWorkerError) as e:
             for _ in range(STEPS):

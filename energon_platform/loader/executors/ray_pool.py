@@ -96,7 +96,12 @@ class RayExecutor(Executor):
         self._spec_ref = ray.put(spec_of(self.source, first, timed_out))
         self._first = self._next = self._submitted = first
         handles = [self._new_actor(i) for i in range(self.n)]
-        self._slots = [self._placed(i, h, first) for i, h in enumerate(handles)]
+        try:
+            self._slots = [self._placed(i, h, first) for i, h in enumerate(handles)]
+        except BaseException:
+            _kill(*handles)
+            self.close()
+            raise
         self._fill()
 
     def _new_actor(self, index: int) -> Any:
@@ -106,31 +111,37 @@ class RayExecutor(Executor):
 
     def _placed(self, index: int, handle: Any, c: int) -> _Slot:
         """The slot of a new actor once it is up; `RayUnavailable` when it cannot be placed in
-        time, `NodeMismatch` when its node does not read the trainer's data."""
+        time, `NodeMismatch` when its node does not read the trainer's data (the actor killed)."""
         try:
             info = ray.get(handle.ready.remote(), timeout=PLACE_TIMEOUT)
         except GetTimeoutError:
-            ray.kill(handle)
-            self.close()
+            _kill(handle)
             raise RayUnavailable(
                 f"ray actor {index} was not placed within {PLACE_TIMEOUT:g} s (the cluster has "
                 f"no node with loader.ray_actor_options {self.options} free)",
                 c,
             ) from None
         except RayActorError as e:
-            self.close()
             raise RayUnavailable(f"ray actor {index} died at start ({_first_line(e)})", c) from None
         if info["problem"] is not None:
-            ray.kill(handle)
-            self.close()
+            _kill(handle)
             raise NodeMismatch(info["problem"])
-        return _Slot(
-            handle, f"ray actor {index} (pid {info['pid']}) on node {info['node']}", info["pid"]
-        )
+        name = f"ray actor {index} (pid {info['pid']}) on node {info['node']}"
+        return _Slot(handle, name, info["pid"])
+
+    def _replaced(self, indexes: list[int], c: int) -> None:
+        """New actors in the slots ``indexes`` (their old ones killed); the pool stops when one
+        cannot be placed."""
+        for index in indexes:
+            _kill(self._slots[index].handle)
+            try:
+                self._slots[index] = self._placed(index, self._new_actor(index), c)
+            except BaseException:
+                self.close()
+                raise
 
     def close(self) -> None:
-        for slot in self._slots:
-            ray.kill(slot.handle, no_restart=True)
+        _kill(*(slot.handle for slot in self._slots))
         self._slots, self._pending, self._spec_ref = [], {}, None
         ray_connect.disconnect(self._started_ray)
         self._started_ray = False
@@ -223,8 +234,7 @@ class RayExecutor(Executor):
             c,
             reason,
         )
-        ray.kill(old.handle, no_restart=True)
-        self._slots[index] = self._placed(index, self._new_actor(index), c)
+        self._replaced([index], c)
         for k in sorted(k for k, (i, _) in self._pending.items() if i == index):
             self._submit(k)
 
@@ -248,18 +258,24 @@ class RayExecutor(Executor):
         for s in stuck:
             slot = self._slots[s.worker]
             log.warning("%s stuck on a sample for %.1f s: killed", slot.name, s.seconds)
-            ray.kill(slot.handle, no_restart=True)
+            _kill(slot.handle)
         if self.on_timeout is not None:
             self.on_timeout(stuck)
         for s in stuck:
             self._timed_out.setdefault((s.dataset, s.index), (f"#{s.index}", limit))
-        for s in sorted({s.worker for s in stuck}):
-            self._slots[s] = self._placed(s, self._new_actor(s), self._next)
+        self._replaced(sorted({s.worker for s in stuck}), self._next)
         for _, ref in self._pending.values():
             with contextlib.suppress(Exception):  # a request already running is just dropped
                 ray.cancel(ref)
         self._pending, self._submitted = {}, self._next
         self._fill()
+
+
+def _kill(*handles: Any) -> None:
+    """Kill these actors (no restart); one already dead, or Ray already shut down, is no error."""
+    for handle in handles:
+        with contextlib.suppress(Exception):
+            ray.kill(handle, no_restart=True)
 
 
 def _first_line(e: BaseException) -> str:
