@@ -30,8 +30,8 @@ from fractions import Fraction
 from itertools import accumulate
 from typing import Any
 
-from energon_platform.config import BlendStep
 from energon_platform.loader.key_index import KeyIndex
+from energon_platform.loader.settings import BlendStep
 from storage import DatasetError
 
 _PATTERN = set("*?[")
