@@ -30,6 +30,7 @@ from energon_platform.loader.balance.settings import (
     group_balance,
 )
 from energon_platform.loader.executors.settings import RAY_ACTOR_OPTIONS, ExecutorConfig
+from energon_platform.loader.mixing.settings import BlendAdaptConfig
 from energon_platform.loader.settings import (
     HIGHEST_WEIGHT,
     LOWEST_WEIGHT,
@@ -73,6 +74,7 @@ __all__ = [
     "BlendStep",
     "ExcludeRule",
     "weight_problem",
+    "BlendAdaptConfig",
 ]
 
 
@@ -87,45 +89,6 @@ class DataConfig:
     """The split the run trains on."""
     val_split: str | None = "val"
     """The split ``build_val_loader`` reads; null for none."""
-
-
-@dataclass(frozen=True)
-class BlendAdaptConfig:
-    """``loader.blend_adapt``: blend weights that follow the model's per-dataset loss (online data
-    mixing, `energon_platform.loader.mixing`). Every ``every`` global steps the method reads each
-    dataset's mean loss since its last update (reported by the trainer through
-    ``TrainLoader.report_losses``) and sets the weights used from ``lag`` steps later on. The
-    metadataset's weights are where it starts; each change is kept in the loader state, so a
-    resume on any world size draws the same samples."""
-
-    method: Literal["odm", "loss_ratio", "ado"] = "odm"
-    """``odm`` (a bandit: weight to high loss), ``loss_ratio`` (weight to falling loss) or ``ado``
-    (weight to the fastest fall of a fitted loss curve)."""
-    every: int = 4
-    """Global steps between two updates of the weights."""
-    lag: int = 2
-    """Global steps between an update and the batch its weights apply from; at least the loader's
-    prefetch depth in global batches, or its workers wait for the weights."""
-    floor: float = 0.02
-    """The least weight of every dataset: at most 1 / the number of datasets (a rounded 1/K,
-    ``0.3333`` for three, is taken for it); checked when the loader opens the blend."""
-    resolution: float = 0.01
-    """Losses are rounded to this before the method reads them (so ranks of any world size
-    decide alike)."""
-    options: dict[str, float] = field(default_factory=dict)
-    """The method's own options (``odm``: ``smoothing``; ``loss_ratio``: ``step``, ``base``,
-    ``window``; ``ado``: ``smoothing``, ``warmup``, ``points``), each
-    in the range its method declares (checked with the encoder, `config_checks.check_mixing`)."""
-
-    def check(self, at: At) -> None:
-        at_least(self, at, every=1, lag=0)
-        require(0 <= self.floor < 1, at.child("floor"), f"got {self.floor}", "a share in [0, 1)")
-        require(
-            0 < self.resolution <= 1,
-            at.child("resolution"),
-            f"got {self.resolution}",
-            "a loss step in (0, 1]",
-        )
 
 
 #: The least ``loader.sample_timeout`` (seconds): a worker's start and its first sample take

@@ -13,8 +13,8 @@ state, with the method's own state: a resume on any world size replays the same 
 from energon_platform.loader.mixing.adapter import AdaptError, BlendAdapter
 from energon_platform.loader.mixing.method import METHODS, MixingMethod, make_method, register
 
-# the methods register themselves when imported
-from energon_platform.loader.mixing import ado, loss_ratio, odm  # noqa: E402,F401  isort: skip
+# the methods register themselves when imported (in the order loader.blend_adapt.method lists them)
+from energon_platform.loader.mixing import odm, loss_ratio, ado  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "METHODS",
