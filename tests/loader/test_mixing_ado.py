@@ -139,3 +139,58 @@ def test_a_loss_ratio_state_without_its_rule_resumes_with_rule_1():
     new = make_method("loss_ratio", ["a", "b"], [1, 1], {})
     new.load_state_dict({**new.state_dict(), "weights": [0.6, 0.4]})
     assert [new.update(x) for x in inputs] != got  # rule 2 decides otherwise
+
+
+def test_ado_rule_2_fits_as_rule_1_did_and_a_state_without_its_rule_resumes_with_rule_1():
+    rng = random.Random(5)
+    ns = [PER_STRETCH * (i + 0.5) for i in range(32)]
+    losses = [round((2 + 3 * n**-0.3 + rng.gauss(0, 0.01)) / 0.001) * 0.001 for n in ns]
+    assert fit(ns, losses, 2) == pytest.approx(fit(ns, losses, 1), rel=1e-4)
+    inputs = [curves(u, rng) for u in range(12)]
+
+    def weights(state_at: int | None, drop_rule: bool) -> list[list[float]]:
+        method = make_method("ado", ["learn", "noise", "slow"], [1, 1, 1], {})
+        method.rule = 1  # as the method fitted before its rule was versioned
+        out = []
+        for u, losses in enumerate(inputs):
+            if u == state_at:
+                state = json.loads(json.dumps(method.state_dict()))
+                if drop_rule:  # a state saved before the rule was versioned
+                    del state["rule"]
+                method = make_method("ado", ["learn", "noise", "slow"], [1, 1, 1], {})
+                assert method.state_dict()["rule"] == 2
+                method.load_state_dict(state)
+            out.append(method.update(losses, [PER_STRETCH] * 3))
+        return out
+
+    rule_one = weights(None, False)
+    assert weights(6, True) == rule_one
+    fresh = make_method("ado", ["learn", "noise", "slow"], [1, 1, 1], {})
+    assert [fresh.update(x, [PER_STRETCH] * 3) for x in inputs] != rule_one  # rule 2 differs
+
+
+def test_rule_2_credits_a_fall_by_the_share_of_samples_that_made_it():
+    """Two datasets whose losses fall alike per update, one drawn 9 times as often: per own sample
+    the rare one seems to fall 9 times as fast (its fall came from the others' samples), which rule
+    1 rewards; rule 2 weighs each by its share of the samples, and keeps them near even."""
+
+    def weights(rule: int) -> list[float]:
+        method = make_method("ado", ["often", "rare"], [1, 1], {})
+        method.rule = rule
+        for u in range(8):
+            loss = round((1 + 3 * (u + 1) ** -0.5) / 0.001) * 0.001
+            out = method.update([loss, loss], [58, 6])
+        return out
+
+    one, two = weights(1), weights(2)
+    assert one[1] > 0.8  # rule 1: the rare dataset takes the weight
+    assert abs(two[0] - two[1]) < 0.1
+
+
+def test_rule_2_history_reaches_back_to_the_first_point_within_its_size():
+    method = make_method("ado", ["a"], [1], {"points": 8})
+    for u in range(40):
+        method.update([1 + 3 * (u + 1) ** -0.5], [16])
+        assert len(method.history[0]) <= 8
+    assert method.history[0][0][0] == 8.0  # the first stretch's middle
+    assert method.history[0][-1][0] == 16 * 39.5
