@@ -1,45 +1,39 @@
 #!/usr/bin/env python3
-"""Online data mixing (``loader.blend_adapt``) on a synthetic multi-domain text task with known
-structure: does an adaptive blend reach the uniform mixture's held-out loss in fewer steps, what
-does the mixer cost per step, and do its weights move the way the structure says?
+"""Online data mixing (``loader.blend_adapt``) on real text domains: does an adaptive blend reach
+the best fixed mixture's held-out loss in fewer steps, where do its weights go (noise, a domain
+that saturates), and what does the mixer cost per step?
 
-The task (generated into a temporary folder, ``--docs`` documents per domain, each document
-``--words`` words, every word one token of the shipped tokenizer; the four domains use disjoint
-word sets so the model can tell them apart):
+The data (`scripts.bench_mixing_corpus`): five domains of text that ships with Python 3.11 or
+torch 2.14.1, every file pinned by its SHA-256: ``code`` (standard-library source), ``prose`` (the
+language reference's topics), ``data`` (a JSON registry of torch), ``license`` (windows of the
+Python license: near-duplicates, a domain that saturates) and ``noise`` (random words of one token
+from the others' vocabulary). Every domain holds the same number of documents of exactly
+``--length`` tokens. Each is converted with the project's converter (``energon-platform convert
+text``: a train split and a held-out ``val`` split); a metadataset blends the train splits.
 
-* ``pattern``: a learnable deterministic pattern: 16 words in a ring, a random start and a random
-  stride of 1, 2 or 3 (the stride is read off the first two words, then every word is determined);
-* ``saturating``: one of two fixed strings (learned very early, then nothing is left to learn);
-* ``noise``: words drawn uniformly from 64 (unlearnable: every word costs ln 64 ≈ 4.16 nats at
-  best; only the end-of-document token is predictable);
-* ``slow``: a larger-vocabulary pattern: 256 words in one fixed random cycle, a random start, each
-  word followed by its successor in the cycle (256 transitions to learn against ``pattern``'s 48,
-  each seen about 5 times less often: learnable, but slower).
+The model: the reference LM (``energon_platform/training/model.py``, text encoder of the shipped
+2048-token tokenizer, one document per row of ``--length + 2`` tokens), trained from scratch in
+this process on the project's `TrainLoader` (no workers), AdamW with warmup and cosine decay,
+``--steps`` steps of ``--batch`` documents, for each mixture and each of ``--seeds`` seeds (the
+seed sets the model's initialisation and the loader's order):
 
-Each domain is converted by the converter of ``energon-platform convert text`` (a train split
-and a held-out ``val`` split, ``--val-fraction``), and a metadataset blends the four train splits
-with equal weights. Then the reference trainer (``energon-platform train``, the tiny LM of
-``energon_platform/training/model.py`` under ``configs/encoders/text_small.yaml``), one process
-each, same seed and steps, runs three times: uniform weights (no ``blend_adapt``: the baseline),
-``blend_adapt: {method: odm}`` and ``blend_adapt: {method: loss_ratio}`` (``--every``, ``--lag``).
-It checkpoints every ``--eval-every`` steps; each checkpoint's model is then evaluated on each
-domain's val split (the trainer's own ``evaluate``: token-weighted mean loss), which gives the
-held-out loss per domain over time.
+* baselines: ``uniform`` (equal weights, fixed) and ``proportional`` (fixed, by each source's
+  size in tokens before the cut to equal counts; the noise source counted at the tokens drawn);
+* every method registered in ``energon_platform.loader.mixing`` (``loader.blend_adapt``, starting
+  from equal weights, ``--every``, ``--lag``, the method's default options), reporting each
+  document's loss after every step (``TrainLoader.report_losses``).
 
-Reported per method against uniform:
+Every ``--eval-every`` steps the model is evaluated on each domain's val split (token-weighted
+mean loss). Reported, over the seeds' mean curves: steps to reach the best baseline's final mean
+held-out loss over the learnable domains (all but noise), interpolated between evaluations; the
+per-domain final losses; the weight paths (a picture, ``--picture``); the overhead per step: the
+method's update time (timed where the adapter calls it, in the runs) ÷ the mean step time of the
+same run, and ``report_losses`` as a whole (the per-dataset sums and the blend's extension too).
+Targets, each method's row met or not: the best method <= 0.85x the best baseline's steps; the
+noise weight below half its start within the first fifth of the run (every seed); the learnable
+domains' final loss <= 0.97x that of fixed equal weights; the update <= 1% of a step.
 
-* steps to reach the uniform mixture's final held-out loss (the mean over the four domains),
-  interpolated linearly between checkpoints, and its ratio to uniform's own (target <= 0.85, i.e.
-  at least 15% fewer steps);
-* final held-out loss per domain and averaged;
-* whether the weights moved as the structure says (``blend_weights`` of the log rows: the noise
-  weight at the end below its start, the slow domain's above);
-* the mixer's overhead per step: ``TrainLoader.report_losses`` (the per-dataset sums and, every
-  ``every`` steps, the method's update and the blend's extension) timed in this process on a
-  ``TrainLoader`` over the same blend with synthetic losses, divided by the median training step
-  time of the uniform run (target <= 1%).
-
-    .venv/bin/python scripts/bench_mixing.py [--steps 300] [--json bench-mixing.json]
+    .venv/bin/python scripts/bench_mixing.py [--quick] [--json bench-mixing.json]
 """
 
 from __future__ import annotations
@@ -47,11 +41,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,60 +51,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from scripts.bench_mixing_corpus import DOMAINS, LEARNABLE, documents  # noqa: E402
 from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
 
-ENCODER = "configs/encoders/text_small.yaml"
-DOMAINS = ("pattern", "saturating", "noise", "slow")
-METHODS = ("uniform", "odm", "loss_ratio")
+BASELINES = ("uniform", "proportional")
+
+# --- the datasets --------------------------------------------------------------------------------
 
 
-# --- the task ------------------------------------------------------------------------------------
-
-
-def single_token_words() -> list[str]:
-    """Lower-case words the shipped tokenizer encodes, after a space, as one token (sorted)."""
-    from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR, load_hf_tokenizer
-
-    tok = load_hf_tokenizer(DEFAULT_TOKENIZER_DIR)
-    words = sorted(w[1:] for w in tok.get_vocab() if w.startswith("Ġ") and w[1:].isalpha())
-    words = [w for w in words if w.islower() and len(w) >= 3]
-    return [w for w in words if len(tok(" " + w, add_special_tokens=False)["input_ids"]) == 1]
-
-
-def domain_documents(n: int, length: int, seed: int) -> dict[str, list[str]]:
-    """``n`` documents of ``length`` words for each domain (see the module doc)."""
-    rng = random.Random(seed)
-    words = single_token_words()
-    rng.shuffle(words)
-    sizes = {"saturating": 2 * length, "pattern": 16, "noise": 64, "slow": 256}
-    if sum(sizes.values()) > len(words):
-        raise SystemExit(f"--words {length}: the tokenizer has too few single-token words")
-    vocab, at = {}, 0
-    for name in DOMAINS:
-        vocab[name], at = words[at : at + sizes[name]], at + sizes[name]
-    fixed = [vocab["saturating"][:length], vocab["saturating"][length:]]
-    ring, cycle = vocab["pattern"], vocab["slow"]  # the cycle's order: the shuffled order
-    out: dict[str, list[str]] = {name: [] for name in DOMAINS}
-    for _ in range(n):
-        out["saturating"].append(" ".join(rng.choice(fixed)))
-        start, stride = rng.randrange(len(ring)), rng.choice((1, 2, 3))
-        out["pattern"].append(
-            " ".join(ring[(start + i * stride) % len(ring)] for i in range(length))
-        )
-        out["noise"].append(" ".join(rng.choices(vocab["noise"], k=length)))
-        start = rng.randrange(len(cycle))
-        out["slow"].append(" ".join(cycle[(start + i) % len(cycle)] for i in range(length)))
-    return out
-
-
-def make_task(base: Path, docs: int, length: int, val_fraction: float, seed: int) -> Path:
-    """The four domains converted under ``base`` and the uniform metadataset over their train
-    splits; returns the metadataset's path."""
-    import yaml
-
+def make_datasets(base: Path, docs: dict[str, list[str]], val_fraction: float) -> None:
+    """Each domain's documents converted under ``base/DOMAIN`` (train and val splits)."""
     from converters.convert import ConvertOptions, run_conversion
 
-    for name, texts in domain_documents(docs, length, seed).items():
+    for name, texts in docs.items():
         manifest = base / f"{name}.jsonl"
         with open(manifest, "w") as f:
             for i, text in enumerate(texts):
@@ -123,14 +73,19 @@ def make_task(base: Path, docs: int, length: int, val_fraction: float, seed: int
             {"manifest": str(manifest), "text_column": "text", "id_column": "id", "fmt": None},
             ConvertOptions(
                 out=str(base / name),
-                samples_per_shard=256,
+                samples_per_shard=512,
                 val_fraction=val_fraction,
                 progress=False,
             ),
         )
-    mds = base / "blend.yaml"
-    blend = [{"weight": 1, "path": str(base / name)} for name in DOMAINS]
-    mds.write_text(
+
+
+def metadataset(base: Path, name: str, weights: dict[str, float]) -> Path:
+    import yaml
+
+    path = base / f"blend-{name}.yaml"
+    blend = [{"weight": weights[d], "path": str(base / d)} for d in DOMAINS]
+    path.write_text(
         yaml.safe_dump(
             {
                 "__module__": "megatron.energon",
@@ -140,95 +95,139 @@ def make_task(base: Path, docs: int, length: int, val_fraction: float, seed: int
             sort_keys=False,
         )
     )
-    return mds
-
-
-# --- the runs ------------------------------------------------------------------------------------
-
-
-def run_config(base: Path, mds: Path, method: str, args) -> Path:
-    import yaml
-
-    loader = {"global_batch_size": args.batch, "num_workers": args.workers, "seed": args.seed}
-    if method != "uniform":
-        loader["blend_adapt"] = {"method": method, "every": args.every, "lag": args.lag}
-    config = {
-        "data": {"path": str(mds), "train_split": "train", "val_split": None},
-        "encoder": str(REPO / ENCODER),
-        "loader": loader,
-        "model": {"dim": args.dim, "layers": args.layers, "heads": 4},
-        "train": {
-            "steps": args.steps,
-            "lr": args.lr,
-            "warmup": 10,
-            "checkpoint_every": args.eval_every,
-            "keep_checkpoints": args.steps // args.eval_every + 1,
-            "out": str(base / f"run-{method}"),
-        },
-    }
-    path = base / f"run-{method}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
-def train(config: Path, failures: list[dict]) -> float:
-    """The reference trainer on ``config`` in a fresh process; its wall seconds. A failed run is
-    recorded in ``failures`` (its error's last lines) and run once more from scratch."""
-    import shutil
-
-    exe = Path(sys.executable).parent / "energon-platform"
-    argv = [str(exe), "train", "--config", str(config), "--quiet"]
-    for attempt in (1, 2):
-        began = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=3600)
-        if done.returncode == 0:
-            return time.perf_counter() - began
-        out = config.parent / config.stem
-        rows = len(read_log(out)) if (out / "log.jsonl").is_file() else 0
-        error = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-        failures.append({"run": config.stem, "attempt": attempt, "rows": rows, "error": error[0]})
-        print(f"   {config.stem} failed after {rows} steps: {error[0]}", flush=True)
-        shutil.rmtree(out, ignore_errors=True)
-    raise SystemExit(f"training {config.name} failed twice:\n{done.stderr[-3000:]}")
-
-
-def read_log(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line]
-
-
-def held_out_losses(config: Path, out: Path, batch: int) -> dict[int, dict[str, float]]:
-    """Step → domain → mean held-out loss of that step's checkpoint on the domain's val split."""
-    import torch
+def run_config(base: Path, mixture: str, weights: dict[str, float], seed: int, args):
+    """The run config of one mixture and seed (loaded, checked)."""
+    import yaml
 
     from energon_platform.config import load_config
-    from energon_platform.loader.run_plan import build_encoder
+
+    encoder = base / "encoder.yaml"
+    if not encoder.exists():
+        encoder.write_text(
+            yaml.safe_dump(
+                {
+                    "encoder": "text",
+                    "seed": 1234,
+                    "text": {"seq_len": args.length + 2},
+                    "packing": {"enabled": False},
+                }
+            )
+        )
+    loader = {"global_batch_size": args.batch, "num_workers": 0, "seed": seed}
+    if mixture not in BASELINES:
+        loader["blend_adapt"] = {"method": mixture, "every": args.every, "lag": args.lag}
+    config = {
+        "data": {"path": str(metadataset(base, mixture, weights)), "val_split": None},
+        "encoder": str(encoder),
+        "loader": loader,
+        "model": {"dim": args.dim, "layers": args.layers, "heads": 4},
+        "train": {"steps": args.steps, "lr": args.lr, "warmup": args.warmup, "out": str(base)},
+    }
+    path = base / f"run-{mixture}-{seed}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return load_config(path)
+
+
+def val_loaders(base: Path, cfg, batch: int) -> dict:
     from energon_platform.loader.train_loader import build_val_loader
-    from energon_platform.training import checkpoint
-    from energon_platform.training.train import evaluate
+
+    out = {}
+    for name in DOMAINS:
+        data = dataclasses.replace(cfg.data, path=base / name, val_split="val")
+        out[name] = build_val_loader(dataclasses.replace(cfg, data=data), batch)
+        if out[name] is None:
+            raise SystemExit(f"error: {name}: no val split (raise --val-fraction)")
+    return out
+
+
+# --- one run -------------------------------------------------------------------------------------
+
+
+def train(cfg, vals: dict, steps: int, eval_every: int) -> dict:
+    """One run in this process: the held-out loss per domain every ``eval_every`` steps, the
+    weights in force at every step, and the time of each step and of its ``report_losses``."""
+    import torch
+
+    from energon_platform.loader.train_loader import TrainLoader
+    from energon_platform.training.train import _lr_lambda, evaluate
     from energon_platform.training.two_tower import build_model
 
-    cfg = load_config(config)
-    model = build_model(cfg.model, build_encoder(cfg, training=False))
-    vals = {}
-    for name in DOMAINS:
-        data = dataclasses.replace(
-            cfg.data, path=Path(cfg.data.path).parent / name, val_split="val"
-        )
-        vals[name] = build_val_loader(dataclasses.replace(cfg, data=data), batch)
-        if vals[name] is None:
-            raise SystemExit(f"{name}: no val split (raise --val-fraction)")
-    curve = {}
-    for folder in sorted((out / "checkpoints").glob("step_*")):
-        state = checkpoint.load(folder, 0)
-        model.load_state_dict(state["model_state"]["model"])
-        device = torch.device("cpu")
-        curve[state["step"]] = {name: evaluate(model, vals[name], 1, device) for name in DOMAINS}
-    return curve
+    torch.manual_seed(cfg.loader.seed)
+    loader = TrainLoader(cfg, num_workers=0)
+    model = build_model(cfg.model, loader.encoder)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.train.warmup, steps))
+    update_s: list[float] = []
+    method = loader.adapter.method if loader.adapter is not None else None
+    if method is not None:  # the method's own update, timed where the adapter calls it
+        inner = method.update
+
+        def timed(*a, **k):
+            began = time.perf_counter()
+            out = inner(*a, **k)
+            update_s.append(time.perf_counter() - began)
+            return out
+
+        method.update = timed
+    held_out, weights, step_s, report_s = {}, [], [], []
+    device = torch.device("cpu")
+    try:
+        for step in range(steps):
+            began = time.perf_counter()
+            batch_no = loader.global_batch
+            weights.append(loader.blend_weights(batch_no))
+            micro = [next(loader) for _ in range(loader.accumulation)]
+            targets = sum(float(b.loss_mask.sum()) for b in micro)
+            keys, losses = [], []
+            for b in micro:
+                total, per_doc = model(b, per_document=True)
+                (total / max(1.0, targets)).backward()
+                keys += b.keys
+                losses += per_doc.tolist()
+            reported = time.perf_counter()
+            loader.report_losses(batch_no, keys, losses)
+            report_s.append(time.perf_counter() - reported)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step_s.append(time.perf_counter() - began)
+            if (step + 1) % eval_every == 0:
+                held_out[step + 1] = {d: evaluate(model, vals[d], 1, device) for d in DOMAINS}
+    finally:
+        loader.close()
+    return {
+        "held_out": held_out,
+        "weights": weights,
+        "step_s": statistics.fmean(step_s),
+        "report_s": statistics.fmean(report_s),
+        "update_s": sum(update_s) / len(step_s),
+        "updates": len(update_s),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+# --- the figures ---------------------------------------------------------------------------------
+
+
+def learnable_mean(losses: dict[str, float]) -> float:
+    return statistics.fmean(losses[d] for d in LEARNABLE)
+
+
+def mean_curve(runs: list[dict]) -> dict[int, dict[str, float]]:
+    """Step → domain → held-out loss, averaged over the seeds."""
+    steps = sorted(runs[0]["held_out"])
+    return {
+        s: {d: statistics.fmean(r["held_out"][s][d] for r in runs) for d in DOMAINS} for s in steps
+    }
 
 
 def steps_to_reach(curve: dict[int, float], level: float) -> float | None:
     """The first step the curve (step → loss) is at or below ``level``, interpolated linearly
-    between the checkpoints around the crossing; None when it never is."""
+    between the evaluations around the crossing (from step 0 at the first); None if never."""
     previous = None
     for step in sorted(curve):
         loss = curve[step]
@@ -241,283 +240,339 @@ def steps_to_reach(curve: dict[int, float], level: float) -> float | None:
     return None
 
 
-def weights_over_time(rows: list[dict], every: int) -> dict:
-    """The blend weights of the log rows: at the start, the end, each ``every`` steps, and the
-    least and most each dataset had."""
-    series = [r["blend_weights"] for r in rows if "blend_weights" in r]
-    names = list(series[0])
+def noise_halved_at(weights: list[dict[str, float]]) -> int | None:
+    """The first step whose noise weight is below half its start; None if never."""
+    start = weights[0]["noise"]
+    return next((s for s, w in enumerate(weights) if w["noise"] < start / 2), None)
+
+
+def weight_path(runs: list[dict], every: int) -> dict[str, list[float]]:
+    """Domain → its weight every ``every`` steps, averaged over the seeds."""
+    n = len(runs[0]["weights"])
     return {
-        "start": series[0],
-        "end": series[-1],
-        "min": {n: min(w[n] for w in series) for n in names},
-        "max": {n: max(w[n] for w in series) for n in names},
-        "by_step": {str(r["step"]): r["blend_weights"] for r in rows if r["step"] % every == 0},
+        d: [statistics.fmean(r["weights"][s][d] for r in runs) for s in range(0, n, every)]
+        for d in DOMAINS
     }
 
 
-def samples_seen(rows: list[dict]) -> dict[str, int]:
-    counts = dict.fromkeys(DOMAINS, 0)
-    for r in rows:
-        for key in r["keys"]:
-            name = key.split(":", 1)[0]
-            if name in counts:
-                counts[name] += 1
-    return counts
-
-
-# --- the mixer's cost --------------------------------------------------------------------------
-
-
-def mixer_cost(base: Path, mds: Path, method: str, args, steps: int) -> dict:
-    """Seconds of ``TrainLoader.report_losses`` per step, with synthetic losses (each dataset a
-    falling loss plus noise) on a loader over the task's blend (no workers)."""
-    from energon_platform.config import load_config
-    from energon_platform.loader.train_loader import TrainLoader
-
-    cfg = load_config(run_config(base, mds, method, args))
-    loader = TrainLoader(cfg, num_workers=0)
-    rng = random.Random(args.seed)
-    level = dict(zip(DOMAINS, (3.0, 1.0, 4.2, 5.0)))
-    times, changes = [], 0
-    try:
-        for step in range(steps):
-            batch = loader.global_batch
-            keys = [k for _ in range(loader.accumulation) for k in next(loader).keys]
-            losses = []
-            for key in keys:
-                name = key.split(":", 1)[0]
-                fall = 1.0 if name == "noise" else math.exp(-step / (50 if name == "slow" else 10))
-                losses.append(level.get(name, 3.0) * (0.2 + 0.8 * fall) + rng.gauss(0, 0.05))
-            segments = len(loader.plan.blend.segments)
-            began = time.perf_counter()
-            loader.report_losses(batch, keys, losses)
-            times.append(time.perf_counter() - began)
-            changes += len(loader.plan.blend.segments) > segments
-    finally:
-        loader.close()
-    updates = [t for i, t in enumerate(times) if (i + 1) % args.every == 0]
-    return {
-        "steps": steps,
-        "mean_s": statistics.fmean(times),
-        "median_s": statistics.median(times),
-        "update_step_mean_s": statistics.fmean(updates) if updates else None,
-        "max_s": max(times),
-        "weight_changes": changes,
-    }
-
-
-# --- the report ----------------------------------------------------------------------------------
-
-
-def target(text: str, value, met: bool, why: str | None = None) -> dict:
-    """A target of the run: its text, the value measured and whether it is met (and, when it is
-    not, why: from the figures of this run)."""
+def target(text: str, value, met: bool, why: str | None = None, better: str = "") -> dict:
     entry = {"target": text, "value": value, "met": bool(met)}
+    if better:
+        entry["better"] = better
     if not met and why:
         entry["why"] = why
     return entry
 
 
+def summarise(runs: dict[str, list[dict]], args) -> dict:
+    """The comparison of every mixture against the best baseline, and the targets."""
+    curves = {m: mean_curve(r) for m, r in runs.items()}
+    final = {m: c[args.steps] for m, c in curves.items()}
+    best = min(BASELINES, key=lambda m: learnable_mean(final[m]))
+    level = learnable_mean(final[best])
+    learn = {m: {s: learnable_mean(v) for s, v in c.items()} for m, c in curves.items()}
+    best_steps = steps_to_reach(learn[best], level)
+    fifth = args.steps / 5
+    rows, targets = {}, []
+    for m, seeds in runs.items():
+        reached = steps_to_reach(learn[m], level)
+        ratio = None if reached is None else reached / best_steps
+        halved = [noise_halved_at(r["weights"]) for r in seeds]
+        report_s = statistics.fmean(r["report_s"] for r in seeds)
+        step_s = statistics.fmean(r["step_s"] for r in seeds)
+        rows[m] = {
+            "steps_to_best_baseline": reached,
+            "steps_ratio": ratio,
+            "final_held_out": final[m],
+            "final_learnable_mean": learnable_mean(final[m]),
+            "learnable_vs_uniform": learnable_mean(final[m]) / learnable_mean(final["uniform"]),
+            "noise_halved_at_step": halved,
+            "weights_start": runs[m][0]["weights"][0],
+            "weights_end": {
+                d: statistics.fmean(r["weights"][-1][d] for r in seeds) for d in DOMAINS
+            },
+            "step_s": step_s,
+            "report_s": report_s,
+            "update_s": statistics.fmean(r["update_s"] for r in seeds),
+            "overhead_fraction": statistics.fmean(r["update_s"] for r in seeds) / step_s,
+            "report_fraction": report_s / step_s,
+        }
+        if m in BASELINES:
+            continue
+        row = rows[m]
+        late = [h for h in halved if h is None or h > fifth]
+        targets += [
+            target(
+                f"{m}: steps to the best baseline's final learnable loss, ÷ {best}'s <= 0.85",
+                ratio,
+                ratio is not None and ratio <= 0.85,
+                f"{m} reached {best}'s final mean learnable held-out loss {level:.4f} only at "
+                f"step {reached:.0f} of {best_steps:.0f}"
+                if reached is not None
+                else f"{m} did not reach {best}'s final mean learnable held-out loss {level:.4f} "
+                f"in {args.steps} steps (its final: {row['final_learnable_mean']:.4f})",
+            ),
+            target(
+                f"{m}: noise weight below half its start by step {fifth:.0f}, seeds late: 0",
+                len(late),
+                not late,
+                f"the noise weight fell below half its start at steps {halved} (None: never); "
+                f"it ended at {row['weights_end']['noise']:.3f}",
+            ),
+            target(
+                f"{m}: final learnable held-out loss ÷ fixed equal weights' <= 0.97",
+                row["learnable_vs_uniform"],
+                row["learnable_vs_uniform"] <= 0.97,
+                f"{row['final_learnable_mean']:.4f} against uniform's "
+                f"{learnable_mean(final['uniform']):.4f}",
+            ),
+            target(
+                f"{m}: the method's update time per step, share of a training step <= 1%",
+                row["overhead_fraction"],
+                row["overhead_fraction"] <= 0.01,
+                f"its updates took {row['update_s'] * 1e3:.3f} ms a step against a "
+                f"{row['step_s'] * 1e3:.1f} ms step (report_losses as a whole: "
+                f"{row['report_s'] * 1e3:.3f} ms)",
+            ),
+        ]
+    methods = [m for m in runs if m not in BASELINES]
+    ratios = {m: rows[m]["steps_ratio"] for m in methods if rows[m]["steps_ratio"] is not None}
+    best_method = min(ratios, key=ratios.get) if ratios else None
+    targets.insert(
+        0,
+        target(
+            "best method: steps to the best baseline's final learnable loss ÷ its own <= 0.85",
+            ratios.get(best_method),
+            best_method is not None and ratios[best_method] <= 0.85,
+            "no method reached the best baseline's final loss"
+            if best_method is None
+            else f"the best, {best_method}, took {ratios[best_method]:.2f}x {best}'s steps",
+        ),
+    )
+    every_target = {
+        m: all(t["met"] for t in targets if t["target"].startswith(f"{m}: ")) for m in methods
+    }
+    return {
+        "best_baseline": best,
+        "best_baseline_final_learnable": level,
+        "best_baseline_steps": best_steps,
+        "best_method": best_method,
+        "meets_every_target": every_target,
+        "compared": rows,
+        "weight_paths": {m: weight_path(r, args.every) for m, r in runs.items()},
+        "targets": targets,
+    }
+
+
+# --- the picture and the table -------------------------------------------------------------------
+
+
+def draw(result: dict, path: Path) -> str:
+    """The weight paths (one panel per method) and the learnable held-out loss of every mixture,
+    as a PNG (matplotlib) at ``path``; its file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths, settings = result["weight_paths"], result["settings"]
+    methods = [m for m in paths if m not in BASELINES]
+    fig, axes = plt.subplots(1, len(methods) + 1, figsize=(4 * (len(methods) + 1), 3.4))
+    colours = dict(zip(DOMAINS, ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red")))
+    for ax, m in zip(axes, methods):
+        for d in DOMAINS:
+            xs = [i * settings["every"] for i in range(len(paths[m][d]))]
+            ax.plot(xs, paths[m][d], label=d, color=colours[d], lw=2 if d == "noise" else 1.2)
+        ax.axvline(settings["steps"] / 5, color="grey", ls=":", lw=1)
+        ax.set(title=f"{m}: weights", xlabel="step", ylabel="weight", ylim=(0, 1))
+    axes[0].legend(loc="upper right", fontsize=8)
+    ax = axes[-1]
+    for m, curve in result["curves"].items():
+        xs = [int(s) for s in curve]
+        ax.plot(xs, [learnable_mean(v) for v in curve.values()], label=m,
+                ls="--" if m in BASELINES else "-")  # fmt: skip
+    ax.set(title="held-out loss, learnable domains", xlabel="step", ylabel="mean loss (nats)")
+    ax.legend(fontsize=8)
+    fig.suptitle(
+        f"{settings['seeds']} seeds, {settings['steps']} steps; dotted: the first fifth", fontsize=9
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return path.name
+
+
 def print_table(result: dict) -> None:
     """The run's table and targets (from its JSON result alone)."""
-    runs, steps = result["runs"], result["settings"]["steps"]
-    level, uniform_steps = result["uniform_final_held_out_mean"], None
-    compared = result["compared"]
-    if compared:
-        uniform_steps = next(iter(compared.values()))["uniform_steps"]
-    print(f"\nuniform: final mean held-out loss {level:.4f} (reached at step {uniform_steps:.0f})")
-
-    def moved(method: str, name: str) -> str:
-        w = runs[method]["weights"]
-        return f"{w['start'][name]:.2f} → {w['end'][name]:.2f}"
-
-    head = f"{'method':<11} {'steps to it':>11} {'÷ uniform':>9} "
-    head += " ".join(f"{n:>10}" for n in DOMAINS)
-    head += f" {'mean':>7} {'overhead':>9} {'noise w':>13} {'slow w':>13}"
-    print(head)
-    final = runs["uniform"]["held_out"][str(steps)]
+    steps, best = result["settings"]["steps"], result["best_baseline"]
     print(
-        f"{'uniform':<11} {uniform_steps:>11.0f} {1:>9.2f} "
-        + " ".join(f"{final[n]:>10.4f}" for n in DOMAINS)
-        + f" {level:>7.4f} {'–':>9} {moved('uniform', 'noise'):>13} {moved('uniform', 'slow'):>13}"
+        f"\nbest baseline: {best}, final learnable held-out loss "
+        f"{result['best_baseline_final_learnable']:.4f} (at step "
+        f"{result['best_baseline_steps']:.0f} of {steps})"
     )
-    for method, c in compared.items():
-        reached = c["steps_to_uniform_final"]
-        reached = "never" if reached is None else f"{reached:.0f}"
-        ratio = "–" if c["steps_ratio"] is None else f"{c['steps_ratio']:.2f}"
-        print(
-            f"{method:<11} {reached:>11} {ratio:>9} "
-            + " ".join(f"{c['final_held_out'][n]:>10.4f}" for n in DOMAINS)
-            + f" {c['final_held_out_mean']:>7.4f} {c['overhead_fraction']:>9.3%}"
-            + f" {moved(method, 'noise'):>13} {moved(method, 'slow'):>13}"
+    head = f"{'mixture':<13} {'steps':>6} {'ratio':>6} " + " ".join(f"{d:>8}" for d in DOMAINS)
+    head += (
+        f" {'learn':>7} {'÷unif':>6} {'noise w':>13} {'halved at':>16} {'update':>7} {'report':>7}"
+    )
+    print(head)
+    for m, r in result["compared"].items():
+        reached = (
+            "never" if r["steps_to_best_baseline"] is None else f"{r['steps_to_best_baseline']:.0f}"
         )
-    for f in result.get("failed_runs") or []:
-        print(f"{f['run']} failed (attempt {f['attempt']}, after {f['rows']} steps): {f['error']}")
+        ratio = "–" if r["steps_ratio"] is None else f"{r['steps_ratio']:.2f}"
+        noise = f"{r['weights_start']['noise']:.2f} → {r['weights_end']['noise']:.2f}"
+        print(
+            f"{m:<13} {reached:>6} {ratio:>6} "
+            + " ".join(f"{r['final_held_out'][d]:>8.4f}" for d in DOMAINS)
+            + f" {r['final_learnable_mean']:>7.4f} {r['learnable_vs_uniform']:>6.3f} {noise:>13}"
+            + f" {str(r['noise_halved_at_step']):>16} {r['overhead_fraction']:>7.2%}"
+            + f" {r['report_fraction']:>7.2%}"
+        )
     print("\ntargets:")
     for t in result["targets"]:
         value = "–" if t["value"] is None else f"{t['value']:.4g}"
         print(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']}: {value}")
 
 
+# --- main ----------------------------------------------------------------------------------------
+
+
+QUICK = {"docs": 300, "steps": 40, "seeds": 1, "eval_every": 10, "dim": 32, "layers": 1}
+
+
 def main(argv=None) -> int:
+    from energon_platform.loader.mixing import METHODS
+
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--docs", type=int, default=3000, help="documents per domain")
-    p.add_argument("--words", type=int, default=20, help="words (tokens) per document")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share per domain")
-    p.add_argument("--steps", type=int, default=300, help="training steps of every run")
-    p.add_argument("--batch", type=int, default=4, help="global batch (packs of up to 8 documents)")
+    p.add_argument("--docs", type=int, default=2200, help="documents per domain (train + val)")
+    p.add_argument("--length", type=int, default=60, help="tokens per document")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="held-out share per domain")
+    p.add_argument("--steps", type=int, default=240, help="training steps of every run")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per mixture (1234, 1235, ...)")
+    p.add_argument("--batch", type=int, default=16, help="documents per step")
     p.add_argument("--dim", type=int, default=64, help="the model's width")
     p.add_argument("--layers", type=int, default=2, help="the model's transformer blocks")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    p.add_argument("--seed", type=int, default=1234, help="data and loader seed")
+    p.add_argument("--warmup", type=int, default=10, help="warmup steps")
     p.add_argument("--every", type=int, default=4, help="blend_adapt.every")
-    p.add_argument("--lag", type=int, default=2, help="blend_adapt.lag")
-    p.add_argument("--workers", type=int, default=1, help="loader workers of the training runs")
-    p.add_argument("--eval-every", type=int, default=30, help="checkpoint (and evaluate) cadence")
-    p.add_argument("--cost-steps", type=int, default=400, help="steps of the mixer-cost loop")
+    p.add_argument("--lag", type=int, default=1, help="blend_adapt.lag")
+    p.add_argument("--eval-every", type=int, default=20, help="held-out evaluation cadence")
+    p.add_argument(
+        "--methods", nargs="+", default=sorted(METHODS), help="the methods to run (all registered)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run in about a minute ({', '.join(f'{k} {v}' for k, v in QUICK.items())})",
+    )
+    p.add_argument(
+        "--unpinned", action="store_true", help="record the files' digests, not check them"
+    )
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument(
+        "--picture",
+        type=Path,
+        default=None,
+        help="the weight paths' PNG (default with --json: beside it, NAME.png)",
+    )
     p.add_argument(
         "--table", type=Path, metavar="JSON", help="only print the table of a saved run's JSON"
     )
     args = p.parse_args(argv)
-    check_json_out(args.json)  # before any work: new, or a benchmark JSON
+    check_json_out(args.json)
     if args.table:
         print_table(json.loads(args.table.read_text()))
         return 0
+    if args.quick:
+        for k, v in QUICK.items():
+            setattr(args, k, v)
     if args.steps % args.eval_every:
         p.error("--steps must be a multiple of --eval-every")
-    os.environ["TQDM_DISABLE"] = "1"  # the val loaders' progress bars, here and in the runs
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        p.error(f"--methods: no method {unknown} (registered: {sorted(METHODS)})")
+    os.environ["TQDM_DISABLE"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR, load_hf_tokenizer
+
     record = run_record()
     began = time.perf_counter()
-    runs: dict[str, dict] = {}
-    failures: list[dict] = []
+    tokenizer = load_hf_tokenizer(DEFAULT_TOKENIZER_DIR)
+    docs, corpus = documents(tokenizer, args.docs, args.length, 1234, pinned=not args.unpinned)
+    sizes = {**corpus["source_tokens"], "noise": corpus["tokens_per_domain"]}
+    mixtures = {
+        "uniform": dict.fromkeys(DOMAINS, 1.0),
+        "proportional": {d: sizes[d] / sum(sizes.values()) for d in DOMAINS},
+        **{m: dict.fromkeys(DOMAINS, 1.0) for m in args.methods},
+    }
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-mixing-") as tmp:
         base = Path(tmp)
-        print(f"== the task: {len(DOMAINS)} domains x {args.docs} documents", flush=True)
-        mds = make_task(base, args.docs, args.words, args.val_fraction, args.seed)
-        for method in METHODS:
-            config = run_config(base, mds, method, args)
-            print(f"== training: {method}, {args.steps} steps", flush=True)
-            wall = train(config, failures)
-            out = base / f"run-{method}"
-            rows = read_log(out)
-            curve = held_out_losses(config, out, args.batch)
-            deltas = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
-            runs[method] = {
-                "wall_s": wall,
-                "step_median_s": statistics.median(deltas),
-                "held_out": {str(s): v for s, v in curve.items()},
-                "held_out_mean": {str(s): statistics.fmean(v.values()) for s, v in curve.items()},
-                "weights": weights_over_time(rows, args.eval_every),
-                "samples": samples_seen(rows),
-            }
-            last = curve[max(curve)]
-            print(
-                f"   {wall:.0f} s; final held-out loss "
-                + ", ".join(f"{n} {last[n]:.3f}" for n in DOMAINS)
-                + f"; mean {statistics.fmean(last.values()):.3f}",
-                flush=True,
-            )
-        print("== the mixer's cost per step (report_losses, synthetic losses)", flush=True)
-        cost = {m: mixer_cost(base, mds, m, args, args.cost_steps) for m in METHODS[1:]}
-
-    def mean_curve(method: str) -> dict[int, float]:
-        return {int(s): v for s, v in runs[method]["held_out_mean"].items()}
-
-    level = mean_curve("uniform")[args.steps]
-    uniform_steps = steps_to_reach(mean_curve("uniform"), level)
-    step_s = runs["uniform"]["step_median_s"]
-    compared, targets = {}, []
-    for method in METHODS[1:]:
-        reached = steps_to_reach(mean_curve(method), level)
-        final = runs[method]["held_out"][str(args.steps)]
-        start, end = runs[method]["weights"]["start"], runs[method]["weights"]["end"]
-        ratio = None if reached is None else reached / uniform_steps
-        overhead = cost[method]["mean_s"] / step_s
-        compared[method] = {
-            "steps_to_uniform_final": reached,
-            "uniform_steps": uniform_steps,
-            "steps_ratio": ratio,
-            "final_held_out": final,
-            "final_held_out_mean": statistics.fmean(final.values()),
-            "final_held_out_mean_learnable": statistics.fmean(
-                final[n] for n in DOMAINS if n != "noise"
-            ),
-            "overhead_fraction": overhead,
-            "noise_weight": {"start": start["noise"], "end": end["noise"]},
-            "slow_weight": {"start": start["slow"], "end": end["slow"]},
-        }
-        seen = runs[method]["samples"]
-        targets += [
-            target(
-                f"{method}: steps to the uniform mixture's final held-out loss, ÷ uniform's <= 0.85",
-                ratio,
-                ratio is not None and ratio <= 0.85,
-                f"{method} reached uniform's final mean held-out loss {level:.4f} only at step "
-                f"{reached:.0f} of {uniform_steps:.0f}"
-                if reached is not None
-                else f"{method} did not reach uniform's final mean held-out loss {level:.4f} "
-                f"within {args.steps} steps (its final: {compared[method]['final_held_out_mean']:.4f})",
-            ),
-            target(
-                f"{method}: mixer overhead per step, share of a training step <= 1%",
-                overhead,
-                overhead <= 0.01,
-                f"report_losses took {cost[method]['mean_s'] * 1e3:.3f} ms a step against a "
-                f"{step_s * 1e3:.1f} ms step",
-            ),
-            target(
-                f"{method}: noise weight at the end - at the start < 0",
-                end["noise"] - start["noise"],
-                end["noise"] < start["noise"],
-                f"the noise domain ended at weight {end['noise']:.3f} (from {start['noise']:.3f}; "
-                f"{seen['noise']} of {sum(seen.values())} samples drawn): its loss stays high "
-                + (
-                    "and odm rewards high loss (the method's documented caveat)"
-                    if method == "odm"
-                    else "and its loss did not fall less than the others'"
-                ),
-            ),
-            target(
-                f"{method}: slow weight at the end - at the start > 0",
-                end["slow"] - start["slow"],
-                end["slow"] > start["slow"],
-                f"the slow domain ended at weight {end['slow']:.3f} (from {start['slow']:.3f})",
-            ),
-        ]
+        print(
+            f"== {len(DOMAINS)} domains x {corpus['documents']} documents of {args.length} tokens",
+            flush=True,
+        )
+        make_datasets(base, docs, args.val_fraction)
+        vals = None
+        for mixture, weights in mixtures.items():
+            runs[mixture] = []
+            for seed in range(1234, 1234 + args.seeds):
+                cfg = run_config(base, mixture, weights, seed, args)
+                vals = vals or val_loaders(base, cfg, 64)
+                t0 = time.perf_counter()
+                run = train(cfg, vals, args.steps, args.eval_every)
+                runs[mixture].append(run)
+                last = run["held_out"][args.steps]
+                print(
+                    f"   {mixture:<13} seed {seed}: {time.perf_counter() - t0:5.1f} s, final "
+                    + " ".join(f"{d} {last[d]:.3f}" for d in DOMAINS)
+                    + f", noise w {run['weights'][0]['noise']:.2f} → {run['weights'][-1]['noise']:.2f}",
+                    flush=True,
+                )
+    summary = summarise(runs, args)
+    params = runs["uniform"][0]["params"]
     result = {
         "benchmark": "mixing",
         **finish_record(record),
         "settings": {
             "domains": list(DOMAINS),
-            "docs_per_domain": args.docs,
-            "words_per_doc": args.words,
+            "learnable": list(LEARNABLE),
+            "documents_per_domain": corpus["documents"],
+            "tokens_per_document": args.length,
+            "tokens_per_domain": corpus["tokens_per_domain"],
             "val_fraction": args.val_fraction,
             "steps": args.steps,
-            "global_batch": args.batch,
-            "model": f"dim {args.dim}, {args.layers} layers",
+            "seeds": args.seeds,
+            "batch_documents": args.batch,
+            "model": f"reference LM: dim {args.dim}, {args.layers} layers, 4 heads, "
+            f"{params:,} parameters, vocab 2048",
             "lr": args.lr,
-            "seed": args.seed,
             "every": args.every,
             "lag": args.lag,
-            "workers": args.workers,
             "eval_every": args.eval_every,
-            "encoder": ENCODER,
+            "threads": 1,
+            "pinned": not args.unpinned,
         },
-        "uniform_final_held_out_mean": level,
-        "uniform_final_held_out": runs["uniform"]["held_out"][str(args.steps)],
-        "uniform_step_median_s": step_s,
-        "compared": compared,
-        "mixer_cost": cost,
-        "runs": runs,
-        "failed_runs": failures,
-        "targets": targets,
+        "corpus": {
+            "files": corpus["files"],
+            "source_tokens": corpus["source_tokens"],
+            "noise_words": corpus["noise_words"],
+            "proportional_weights": mixtures["proportional"],
+        },
+        **summary,
+        "curves": {m: {str(s): v for s, v in mean_curve(r).items()} for m, r in runs.items()},
         "seconds": time.perf_counter() - began,
     }
+    picture = args.picture or (args.json.with_suffix(".png") if args.json else None)
+    if picture:
+        result["picture"] = draw(result, picture)
     print_table(result)
-    write_json(args.json, result, indent=2)
+    write_json(args.json, result, indent=1)
     return 0
 
 
