@@ -31,7 +31,7 @@ from itertools import accumulate
 from typing import Any
 
 from energon_platform.loader.key_index import KeyIndex
-from energon_platform.loader.settings import BlendStep
+from energon_platform.loader.step_settings import BlendStep
 from storage import DatasetError
 
 _PATTERN = set("*?[")

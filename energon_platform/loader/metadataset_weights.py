@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from megatron.energon.eyaml import load_yaml
 
-from energon_platform.loader.settings import weight_problem
+from energon_platform.loader.step_settings import weight_problem
 from storage import DatasetError
 
 

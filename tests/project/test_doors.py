@@ -65,3 +65,27 @@ def test_reading_a_run_config_imports_nothing_heavy():
     r = run_python(code, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
+
+
+def test_each_sections_module_and_each_reader_of_one_imports_first():
+    """A section's module sits in its component's package, whose door may import that component's
+    machinery, and that machinery may read the section: each ``settings`` module, and each module
+    importing one, must import in a fresh interpreter before anything else (no cycle through a
+    package's door, which the import graph of `test_layering` does not count)."""
+    from tests.project.test_layering import import_graph
+
+    graph = import_graph()
+    sections = {m for m in graph if m.rpartition(".")[2].endswith("settings")}
+    readers = {m for m, edges in graph.items() if edges & sections}
+    assert len(sections) >= 5 and "energon_platform.config" in readers
+    code = (
+        "import subprocess, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    r = subprocess.run([sys.executable, '-c', f'import {name}'], capture_output=True,"
+        " text=True)\n"
+        "    print(name, r.returncode, r.stderr.strip().splitlines()[-1:] if r.returncode else '')\n"
+    )
+    r = run_python(code, *sorted(sections | readers), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    failed = [line for line in r.stdout.splitlines() if " 0 " not in line]
+    assert failed == []
