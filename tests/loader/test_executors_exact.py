@@ -86,3 +86,34 @@ def test_every_executor_and_resume_across_them_makes_the_same_bytes(
     assert resumed == reference[MID * per_step :]
     resumed, _ = run(cfg, workers=0, first=MID, state=local_state)
     assert resumed == reference[MID * per_step :]
+
+
+def test_workers_forked_by_another_thread_make_the_same_batches_and_close_leaves_none(coco):
+    """A trainer that reads its loader from a thread of its own: the workers that thread forks
+    (no kernel parent-death rule for them: they watch their parent themselves) make the same
+    micro-batches, and ``close`` leaves no process behind."""
+    import threading
+
+    import psutil
+
+    cfg = config("stream", coco, None, None)
+    reference, _ = run(cfg, workers=0)
+    loader = TrainLoader(cfg, num_workers=2)
+    got, pids = [], []
+
+    def read():
+        for _ in range(4):
+            batch = next(loader)
+            got.append((list(batch.__key__), batch_digest(tensors_of(batch))))
+        pids.extend(loader.executor.pids())
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join()
+    assert len(pids) == 2
+    batch = next(loader)  # the workers outlive the thread that forked them
+    got.append((list(batch.__key__), batch_digest(tensors_of(batch))))
+    assert got == reference[:5] and loader.executor.pids() == pids
+    loader.close()
+    assert not [p for p in pids if psutil.pid_exists(p)], "a worker outlived close()"
+    assert loader.executor.workers() == []
