@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from energon_platform.config import ModelConfig
+from energon_platform.training.settings import ModelConfig
 
 
 def document_index(position_ids: torch.Tensor, num_docs: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from energon_platform.config import ModelConfig
 from energon_platform.training.model import (
     CaptionModel,
     document_index,
@@ -38,6 +37,7 @@ from energon_platform.training.model import (
     media_of,
     n_mels_of,
 )
+from energon_platform.training.settings import ModelConfig
 
 
 def build_model(cfg: ModelConfig, encoder: Any) -> nn.Module:
