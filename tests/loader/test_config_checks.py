@@ -153,3 +153,45 @@ def test_the_ray_keys_take_an_address_and_the_actor_options(tmp_path):
         2,
     )
     assert config(tmp_path).loader.executor == "local"
+
+
+# --- the names a key takes are its registry's -------------------------------------------------
+
+#: key → (a name no registry holds, the one-line error it gives with the registries as shipped)
+REFUSED = {
+    "balance": "loader.balance.mode: got 'nope' (expected one of 'none', 'tokens', 'attention', "
+    "'encoder', 'measured')",
+    "blend_adapt": "loader.blend_adapt.method: got 'nope' (expected one of 'odm', 'loss_ratio', "
+    "'ado')",
+    "executor": "loader.executor: got 'nope' (expected one of 'local', 'ray')",
+}
+
+
+def named(key: str, name: str) -> dict:
+    return {key: {"method": name}} if key == "blend_adapt" else {key: name}
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED))
+def test_a_name_no_registry_holds_is_refused_in_one_line_listing_the_registrys(tmp_path, key):
+    with pytest.raises(ConfigError) as e:
+        config(tmp_path, **named(key, "nope"))
+    assert str(e.value).split(": ", 1)[1] == REFUSED[key]
+
+
+def test_a_name_registered_is_one_a_config_takes_and_its_refusals_list(tmp_path, monkeypatch):
+    from energon_platform.loader.balance.costs import COST_MODELS
+    from energon_platform.loader.executors import EXECUTORS
+    from energon_platform.loader.mixing import METHODS
+
+    monkeypatch.setitem(COST_MODELS, "flops", COST_MODELS["tokens"])
+    monkeypatch.setitem(METHODS, "greedy", METHODS["odm"])
+    monkeypatch.setitem(EXECUTORS, "threads", EXECUTORS["local"])
+    cfg = config(tmp_path, balance="flops", blend_adapt={"method": "greedy"}, executor="threads")
+    assert (cfg.loader.balance.mode, cfg.loader.blend_adapt.method, cfg.loader.executor) == (
+        "flops",
+        "greedy",
+        "threads",
+    )
+    for key, name in (("balance", "flops"), ("blend_adapt", "greedy"), ("executor", "threads")):
+        with pytest.raises(ConfigError, match=rf", '{name}'\)$"):
+            config(tmp_path, **named(key, "nope"))
