@@ -1031,6 +1031,32 @@ class Kind(NamedTuple):
     alt: Callable[[dict], str] | None = None
 
 
+def executors_rows(r: dict) -> list[Row | Figure]:
+    ray, local = get(r, "results", "ray") or {}, get(r, "results", "local") or {}
+    paper = r.get("on_paper") or {}
+    return [
+        Row("samples/s on the same 2 cores, a pool of 2 Ray actors vs 2 local worker processes",
+            ray.get("samples_per_s"), local.get("samples_per_s"), "samples/s",
+            ("ray / local samples/s >= 0.9", ">=", 0.9)),
+        Row("CPU ms per sample on the trainer's node (trainer process, its children, the head "
+            "node's Ray processes), actors on the other node vs local workers",
+            ray.get("trainer_node_cpu_ms_per_sample"), local.get("trainer_node_cpu_ms_per_sample"),
+            "ms", ("trainer node CPU per sample, ray / local <= 0.1", "<=", 0.1)),
+        Row("first batch after start, Ray actors vs local workers", ray.get("first_batch_s"),
+            local.get("first_batch_s"), "s"),
+        Row("first batch after resume, Ray actors vs local workers",
+            ray.get("first_batch_after_resume_s"), local.get("first_batch_after_resume_s"), "s"),
+        Row("bytes per sample through Ray's object store vs the batch's own tensors",
+            ray.get("object_store_bytes_per_sample"), ray.get("batch_bytes_per_sample"), "bytes"),
+        Figure("CPU ms per sample on the actors' node (counted apart)",
+               ray.get("other_node_cpu_ms_per_sample"), "ms"),
+        Figure(f"on paper: CPU cores per GPU ({paper.get('assumed', '?')})",
+               paper.get("cpu_cores_per_gpu"), "time"),
+        Figure("on paper: 64-core CPU nodes per 8-GPU node", paper.get("cpu_nodes_per_8_gpu_node"),
+               "time"),
+    ]  # fmt: skip
+
+
 KINDS = {
     "loader": Kind(loader_sentence, loader_rows, loader_chart, loader_alt),
     "restore": Kind(restore_sentence, restore_rows, restore_chart, restore_alt),
@@ -1103,6 +1129,17 @@ KINDS = {
         mixing_rows,
     ),
     "balance": Kind(balance_sentence, balance_rows, balance_chart, balance_alt),
+    "executors": Kind(
+        lambda r: (
+            "Who makes the batches: 2 local worker processes against a pool of 2 Ray actors "
+            "placed on a second Ray node of the same machine (`loader.executor: ray`), on "
+            f"{fmt(get(r, 'settings', 'images') or '?')} photo-like 640×480 JPEGs cropped to "
+            f"{fmt(get(r, 'settings', 'crop') or '?')}: throughput, the CPU left on the trainer's "
+            "node, the first batch after a start and a resume, and the bytes each sample moves "
+            "through Ray's object store."
+        ),
+        executors_rows,
+    ),
     "cli": Kind(
         lambda r: (
             "What the energon-platform command costs before it does anything, in fresh processes: "
