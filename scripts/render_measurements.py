@@ -205,11 +205,13 @@ BETTER = (
     ("higher", re.compile(r"/s\b|\bper (?:cpu )?s(?:econd)?\b|r²|\bspeedup\b")),
     (
         "lower",
-        re.compile(r"\b(?:ms|µs|s|seconds?|mib|gib|bytes|time|max/mean|padding|error|latency)\b"),
+        re.compile(
+            r"\b(?:ms|µs|s|seconds?|mib|gib|bytes|time|max/mean|padding|error|latency|loss)\b"
+        ),
     ),
 )
 KNOWN_UNITS = (
-    "(samples/s, per s, R²: higher; ms, s, MiB, bytes, time, max/mean, padding, error: lower)"
+    "(samples/s, per s, R²: higher; ms, s, MiB, bytes, time, max/mean, padding, error, loss: lower)"
 )
 #: a target's comparison operator, its last one in the text (``N >= 10g: p90 max/mean <= 1.05``)
 OPERATOR = re.compile(r"<=|>=|≤|≥|<|>")
@@ -814,20 +816,68 @@ def trace_rows(r: dict) -> list[Row | Figure]:
 
 
 def mixing_rows(r: dict) -> list[Row | Figure]:
-    rows = []
-    for method, c in (r.get("compared") or {}).items():
-        text = f"{method}: steps to the uniform mixture's final held-out loss, ÷ uniform's"
-        rows.append(
-            Row(
-                f"{method}: steps to the uniform mixture's final held-out loss, {method} "
-                "vs uniform weights",
-                c.get("steps_to_uniform_final"),
-                c.get("uniform_steps"),
-                "steps",
-                (f"{text} <= 0.85", "<=", 0.85),
-            )
-        )
+    """Per method: steps to the best fixed mixture's final learnable loss against that mixture's
+    own, and its final learnable loss against fixed equal weights (the run's targets say which
+    are met); the noise and overhead targets come in as the run's own figures."""
+    rows: list[Row | Figure] = []
+    best, compared = r.get("best_baseline"), r.get("compared") or {}
+    uniform = get(compared, "uniform", "final_learnable_mean")
+    for method, c in compared.items():
+        if method in ("uniform", "proportional"):
+            if method != "uniform":
+                rows.append(
+                    Row(f"{method} (fixed): final held-out loss over the learnable domains vs "
+                        "fixed equal weights", c.get("final_learnable_mean"), uniform, "loss")
+                )  # fmt: skip
+            continue
+        rows += [
+            Row(f"{method}: steps to the best fixed mixture's final learnable held-out loss, "
+                f"{method} vs {best}", c.get("steps_to_best_baseline"),
+                r.get("best_baseline_steps"), "steps",
+                (f"{method}: steps to the best baseline's final learnable loss", "<=", 0.85)),
+            Row(f"{method}: final held-out loss over the learnable domains vs fixed equal weights",
+                c.get("final_learnable_mean"), uniform, "loss",
+                (f"{method}: final learnable held-out loss", "<=", 0.97)),
+        ]  # fmt: skip
     return rows
+
+
+#: the domains' colours in the mixing chart (noise drawn thick)
+MIXING_COLOURS = ("#2a7ab0", "#e08a1e", "#3a9a3a", "#8a5ab0", "#c83232")
+
+
+def mixing_chart(r: dict, plt) -> object | None:
+    """The weight paths of each method (mean over the seeds), one panel per method."""
+    paths = {m: p for m, p in (r.get("weight_paths") or {}).items()
+             if m not in ("uniform", "proportional")}  # fmt: skip
+    every, steps = get(r, "settings", "every"), get(r, "settings", "steps")
+    if not paths or not every:
+        return None
+    fig, axes = plt.subplots(1, len(paths), figsize=(3.2 * len(paths), 2.8), squeeze=False)
+    for ax, (method, weights) in zip(axes[0], paths.items()):
+        for (domain, ws), colour in zip(weights.items(), MIXING_COLOURS):
+            ax.plot([i * every for i in range(len(ws))], ws, color=colour, label=domain,
+                    lw=2.2 if domain == "noise" else 1.2)  # fmt: skip
+        if steps:
+            ax.axvline(steps / 5, color="grey", ls=":", lw=1)
+        ax.set_title(method, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("blend weight", fontsize=8)
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def mixing_alt(r: dict) -> str:
+    methods = [m for m in (r.get("weight_paths") or {}) if m not in ("uniform", "proportional")]
+    domains = get(r, "settings", "domains") or []
+    return (
+        f"Line charts, one panel per method ({', '.join(methods)}): each domain's blend weight "
+        f"(y axis, 0 to 1, mean over the seeds) against the training step (x axis), one line per "
+        f"domain ({', '.join(domains)}; noise drawn thick); the dotted line marks the first fifth "
+        "of the run, by which the noise weight should be below half its start."
+    )
 
 
 def cli_rows(r: dict) -> list[Row]:
@@ -1120,13 +1170,20 @@ KINDS = {
     ),
     "mixing": Kind(
         lambda r: (
-            "Online data mixing (blend_adapt in the loader config) on a synthetic four-domain text task "
-            f"({', '.join(get(r, 'settings', 'domains') or [])}: a pattern, one that saturates, "
-            "noise and a slow-to-learn pattern): the reference trainer with uniform weights against "
-            "the adaptive methods, same seed and steps; held-out loss per domain from checkpoints, "
-            "the mixer's cost per step and where the weights went."
+            "Online data mixing (blend_adapt in the loader config) on real text that ships with "
+            f"Python and torch ({', '.join(get(r, 'settings', 'domains') or [])}: standard-library "
+            "source, the language reference's prose, a JSON registry, near-duplicate windows of "
+            "one license that saturate, and noise words), "
+            f"{fmt(get(r, 'settings', 'tokens_per_domain') or '?')} tokens per domain; the "
+            f"reference LM ({get(r, 'settings', 'model') or '?'}) trained from scratch on each "
+            f"mixture for {fmt(get(r, 'settings', 'steps') or '?')} steps, "
+            f"{fmt(get(r, 'settings', 'seeds') or '?')} seeds: fixed equal and proportional "
+            "weights against each method; held-out loss per domain, where the weights went, "
+            "and the mixer's cost per step."
         ),
         mixing_rows,
+        mixing_chart,
+        mixing_alt,
     ),
     "balance": Kind(balance_sentence, balance_rows, balance_chart, balance_alt),
     "executors": Kind(

@@ -157,6 +157,40 @@ RUNS = {
         None,
         None,
     ),
+    "mixing": (
+        {
+            "settings": {"domains": ["code", "noise"], "steps": 40, "every": 4, "seeds": 3},
+            "best_baseline": "uniform",
+            "best_baseline_steps": 40.0,
+            "compared": {
+                "uniform": {"final_learnable_mean": 3.0},
+                "proportional": {"final_learnable_mean": 3.2},
+                "ado": {"steps_to_best_baseline": 30.0, "final_learnable_mean": 2.9},
+            },
+            "weight_paths": {"ado": {"code": [0.5, 0.7, 0.9], "noise": [0.5, 0.3, 0.1]}},
+            "targets": [
+                {
+                    "target": "ado: steps to the best baseline's final learnable loss, ÷ "
+                    "uniform's <= 0.85",
+                    "value": 0.75,
+                    "met": True,
+                },
+                {
+                    "target": "ado: final learnable held-out loss ÷ fixed equal weights' <= 0.97",
+                    "value": 0.967,
+                    "met": True,
+                },
+                {
+                    "target": "ado: noise weight below half its start by step 8, seeds late: 0",
+                    "value": 1,
+                    "met": False,
+                    "why": "one seed halved it at step 12",
+                },
+            ],
+        },
+        "ado: noise weight below half its start by step 8, seeds late: 0",
+        "mixing.svg",
+    ),
     "trace": (
         {
             "settings": {"epochs": 10},
