@@ -26,7 +26,7 @@ import math
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
 import energon_platform.loader.executors.ray_connect as ray_connect
 from energon_platform.loader.executors.base import Executor
@@ -208,7 +208,7 @@ class RayExecutor(Executor):
                 self.close()
                 cause = e.cause if isinstance(e.cause, BaseException) else RuntimeError(str(e))
                 raise cause from None
-            except RayActorError as e:
+            except (RayActorError, ObjectLostError) as e:  # the actor, or its node, died
                 self._replace(index, c, _first_line(e))
                 continue
             del self._pending[c]
