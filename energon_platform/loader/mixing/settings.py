@@ -25,9 +25,10 @@ class BlendAdaptConfig:
     metadataset's weights are where it starts; each change is kept in the loader state, so a
     resume on any world size draws the same samples."""
 
-    method: str = field(default="odm", metadata={CHOICES: method_names})
-    """``odm`` (a bandit: weight to high loss), ``loss_ratio`` (weight to falling loss) or ``ado``
-    (weight to the fastest fall of a fitted loss curve)."""
+    method: str = field(default="ado", metadata={CHOICES: method_names})
+    """``ado`` (weight to the fastest fall of a fitted loss curve; the default: the only method
+    that met every target of ``scripts/bench_mixing.py``), ``loss_ratio`` (weight to falling
+    loss) or ``odm`` (a bandit: weight to high loss)."""
     every: int = 4
     """Global steps between two updates of the weights."""
     lag: int = 2
