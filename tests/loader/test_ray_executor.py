@@ -176,7 +176,7 @@ def test_a_stuck_sample_on_ray_costs_its_actor_and_takes_its_stand_in(
             executor="ray",
             ray_address=ray_cluster.address,
             ray_actor_options=options,
-            sample_timeout=3,
+            sample_timeout=6,  # far above a normal sample on a busy machine (2.1 s seen)
         )
     )
     hung, _ = run(hung_cfg, 0, 4, workers=1)
