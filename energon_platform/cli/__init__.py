@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from energon_platform.loader.mixing import AdaptError
     from energon_platform.loader.schedule import LayoutError
     from energon_platform.loader.state import StateMismatchError
+    from energon_platform.loader.train_loader import LoaderWorkerError
     from energon_platform.training.checkpoint import CheckpointError
     from energon_platform.training.resume_check.options import OptionError
     from storage import DatasetError
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     ) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except LoaderWorkerError as e:  # not a mistake of the command: its line says how to resume
+        print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130

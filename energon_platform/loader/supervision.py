@@ -56,7 +56,10 @@ def record_timeouts(loader: Any, stuck: list[Stuck]) -> None:
 
 
 def worker_died(loader: Any, lost: WorkerLost) -> str:
-    """The message of a worker lost while ``loader``'s next micro-batch was due."""
+    """The message of a worker lost while ``loader``'s next micro-batch was due (a loss that
+    says how to resume, such as a Ray cluster that does not answer, keeps its own line)."""
+    if lost.says_how_to_resume:
+        return str(lost)
     return (
         f"{lost.worker} of rank {loader.rank} died while making micro-batch "
         f"{loader.next_microbatch} (global batch {loader.global_batch}): {lost.reason}. "

@@ -40,6 +40,7 @@ FAST: tuple[str, ...] = (
     "tests/loader/test_shard_reader.py",
     "tests/loader/test_stand_in.py",
     "tests/loader/test_val_split.py",
+    "tests/project/test_cli_worker_errors.py",
     "tests/project/test_layering.py",
     "tests/project/test_suite_environment.py",
     "tests/project/test_suite_threads.py",

@@ -20,7 +20,11 @@ if TYPE_CHECKING:
 
 class WorkerLost(RuntimeError):
     """A worker (process or actor) died or became unreachable while micro-batch `c` was due.
-    Attributes: worker (str, e.g. "local worker 1 (pid 1234)" / "ray actor 2 on node 10.0.0.3"), c (int)."""
+    Attributes: worker (str, e.g. "local worker 1 (pid 1234)" / "ray actor 2 on node 10.0.0.3"), c (int).
+    ``says_how_to_resume``: the message is the whole line for the user (a cluster lost: its own
+    advice); else the loader adds the out-of-memory advice of a dead worker."""
+
+    says_how_to_resume = False
 
     def __init__(self, worker: str, c: int, reason: str):
         super().__init__(f"{worker} died while micro-batch {c} was due: {reason}")

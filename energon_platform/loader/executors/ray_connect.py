@@ -29,6 +29,8 @@ class RayUnavailable(WorkerLost):
     """The Ray cluster does not answer, or has lost every actor of the pool (one line that says
     how to resume)."""
 
+    says_how_to_resume = True
+
     def __init__(self, message: str, c: int):
         RuntimeError.__init__(self, f"{message}; {RESUME}")
         self.worker, self.c, self.reason = "the Ray cluster", c, message
