@@ -2,8 +2,8 @@
 the config builds, and the model against what that encoder makes.
 
 `load_config` checks each section by itself (types, ranges, keys of one table that exclude each
-other). What needs the encoder (whether it packs, pads its segments, states lengths and costs) or
-an encoded sample is checked here, once that exists:
+other). What needs the encoder (whether it packs, pads its segments, states lengths and costs: its
+abilities, `task_encoders.abilities`) or an encoded sample is checked here, once that exists:
 
 - `check_with_encoder`, when the loader builds the encoder (`build_encoder`): the mixing
   method's options against the ranges the method declares (`check_mixing`: the declarations live
@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from energon_platform.loader.balance.costs import COST_MODELS
 from energon_platform.loader.context_parallel import segment_multiple
 from energon_platform.loader.mixing.method import options_problem
+from task_encoders.abilities import StatesLengths, missing, packing_buffer, packs, pads_segments
 from task_encoders.config_parser import ConfigError
 
 if TYPE_CHECKING:
@@ -50,29 +52,25 @@ def check_mixing(cfg: RunConfig) -> None:
     raise ConfigError(cfg.source, key, what + (f" (expected {expected})" if expected else ""))
 
 
-def pack_group(configured: int | None, encoder: SeededTaskEncoder) -> int:
+def pack_group(configured: int | None, encoder: object) -> int:
     """Samples per pack group: ``loader.pack_group``, or the encoder's packing buffer (1 without
     packing) when null. `check_with_encoder` has refused a group the encoder disagrees with."""
-    return configured if configured is not None else (_packs(encoder) or 1)
+    return configured if configured is not None else (packing_buffer(encoder) or 1)
 
 
-def _packs(encoder: SeededTaskEncoder) -> int | None:
-    return getattr(encoder, "packing_buffer_size", None)
-
-
-def _check_context_parallel(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
-    """``loader.context_parallel: N > 1`` needs an encoder that packs, pads its segments exactly
-    (``pads_segments``) and has a ``seq_len`` that is a multiple of ``2N``."""
+def _check_context_parallel(cfg: RunConfig, encoder: object) -> None:
+    """``loader.context_parallel: N > 1`` needs an encoder that packs (`Packs`), pads its segments
+    exactly (`PadsSegments`) and has a ``seq_len`` that is a multiple of ``2N``."""
     n = cfg.loader.context_parallel
     if n == 1:
         return
     name = type(encoder).__name__
-    if not _packs(encoder):
+    if not packs(encoder):
         problem = (
             f"{name} does not pack; context parallelism splits packed rows "
             "(set packing.enabled: true in the encoder config, or context_parallel: 1)"
         )
-    elif not getattr(encoder, "pads_segments", False):
+    elif not pads_segments(encoder):
         problem = (
             f"{name} cannot pad its documents' segments for context parallelism "
             "(its row lengths are not token positions); use context_parallel: 1"
@@ -87,17 +85,17 @@ def _check_context_parallel(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
     raise ConfigError(cfg.source, "loader.context_parallel", f"{n}: {problem}")
 
 
-def _check_pack_group(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
+def _check_pack_group(cfg: RunConfig, encoder: object) -> None:
     """``loader.pack_group`` and the encoder's ``packing.enabled`` agree on whether to pack."""
-    configured, packs = cfg.loader.pack_group, _packs(encoder)
-    if configured is not None and configured > 1 and not packs:
+    configured, buffer = cfg.loader.pack_group, packing_buffer(encoder)
+    if configured is not None and configured > 1 and not buffer:
         raise ConfigError(
             cfg.source,
             "loader.pack_group",
             f"{configured} asks for packing, but the encoder's "
             "packing.enabled is false (set it, or pack_group: 1)",
         )
-    if configured == 1 and packs:
+    if configured == 1 and buffer:
         raise ConfigError(
             cfg.source,
             "loader.pack_group",
@@ -118,39 +116,36 @@ def _check_blend_unit(cfg: RunConfig) -> None:
         )
 
 
-def _check_balance(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
-    """``loader.balance`` needs an encoder that states its lengths (and, for ``measured`` and
-    ``encoder``, its cost features or cost); ``global_batch_tokens`` is a budget of unpacked
+def _check_balance(cfg: RunConfig, encoder: object) -> None:
+    """``loader.balance`` needs an encoder that states its lengths (`StatesLengths`) and what its
+    cost function reads of it (`CostFunction.needs`: cost features for ``measured``, its own cost
+    for ``encoder``), each missing method named; ``global_batch_tokens`` is a budget of unpacked
     samples (packed rows are a fixed size already)."""
     balance, name = cfg.loader.balance, type(encoder).__name__
-    packed = pack_group(cfg.loader.pack_group, encoder) > 1
+    packed = packs(encoder) and pack_group(cfg.loader.pack_group, encoder) > 1
     if packed and balance.global_batch_tokens is not None:
         raise ConfigError(
             cfg.source,
             "loader.balance.global_batch_tokens",
-            f"{balance.global_batch_tokens} with a packing "
-            f"encoder, whose global batches are global_batch_size rows of seq_len={encoder.seq_len} "
-            "already (null, or an encoder without packing)",
+            f"{balance.global_batch_tokens} with a packing encoder, whose global batches are "
+            f"global_batch_size rows of seq_len={encoder.seq_len} already (null, or an encoder "
+            "without packing)",
         )
-    if not callable(getattr(encoder, "sample_facts", None)):
+    gone = missing(encoder, StatesLengths)
+    if gone:
         raise ConfigError(
             cfg.source,
             "loader.balance",
             f"{balance.mode!r} needs lengths before decoding, but "
-            f"{name} has no sample_facts/sample_length (see docs: balance)",
+            f"{name} has no {', '.join(gone)} (see docs: balance)",
         )
-    if balance.mode == "measured" and not callable(getattr(encoder, "sample_features", None)):
+    function = COST_MODELS[balance.mode]
+    gone = missing(encoder, function.needs) if function.needs is not None else ()
+    if gone:
         raise ConfigError(
             cfg.source,
             "loader.balance",
-            f"'measured' reads each sample's cost features, but {name} "
-            "has no sample_features(facts, key, epoch)",
-        )
-    if balance.mode == "encoder" and not callable(getattr(encoder, "balance_cost", None)):
-        raise ConfigError(
-            cfg.source,
-            "loader.balance",
-            f"'encoder' calls the encoder's balance_cost(length), which {name} does not define",
+            f"{balance.mode!r} {function.reads}, but {name} has no {', '.join(gone)}",
         )
 
 

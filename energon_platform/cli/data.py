@@ -337,6 +337,7 @@ def _index_encoder(args) -> object:
     `UsageError` (one line) for an object-storage ``--out``, a config that cannot be read, or an
     encoder that states no length facts."""
     from storage.paths import is_remote
+    from task_encoders.abilities import StatesFacts, missing
     from task_encoders.config_parser import ConfigError
     from task_encoders.registry import get_encoder
 
@@ -349,8 +350,12 @@ def _index_encoder(args) -> object:
         encoder = get_encoder(args.index_encoder)
     except (ConfigError, OSError, ValueError) as e:
         raise UsageError(f"--index-encoder {args.index_encoder}: {e}") from None
-    if not callable(getattr(encoder, "sample_facts", None)):
-        raise UsageError(f"--index-encoder: {type(encoder).__name__} states no length facts")
+    gone = missing(encoder, StatesFacts)
+    if gone:
+        raise UsageError(
+            f"--index-encoder: {type(encoder).__name__} states no length facts "
+            f"(it has no {', '.join(gone)})"
+        )
     return encoder
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from megatron.energon import DefaultTaskEncoder
 from megatron.energon.errors import FatalSampleError
@@ -28,6 +28,7 @@ from energon_platform.loader.sample_watch import SampleTimeoutError
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.source import StorageError
 from energon_platform.loader.stand_in import MAX_REPLACEMENTS, row_fits, stand_in
+from task_encoders.abilities import StatesLengths
 from task_encoders.seeding import single_intra_op_thread
 
 if TYPE_CHECKING:
@@ -100,14 +101,16 @@ class MicroBatchMaker:
         self.micro_items = micro_items
         self.accumulation = len(self.items) // micro_items
         self.packing = schedule.group_size > 1 or bool(planner is not None and planner.capacity)
-        encode_name = (
-            "preencode_sample" if _overridden(encoder, "preencode_sample") else "encode_sample"
+        self._encode = (
+            encoder.preencode_sample
+            if _overridden(encoder, "preencode_sample")
+            else encoder.encode_sample
         )
-        self._encode = getattr(encoder, encode_name)
         self._postencode = (
             encoder.postencode_sample if _overridden(encoder, "postencode_sample") else None
         )
-        self._handler = getattr(encoder, "skip_policy", None)
+        #: the encoder's error handler (its `SkipPolicy`: counts by key, stops a flood)
+        self._handler = encoder.skip_policy
         #: the encoder's Energon decoder (images as bytes for the image encoders), as Energon uses it
         self.decoder = encoder.decoder
         self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
@@ -119,12 +122,7 @@ class MicroBatchMaker:
         self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
 
     def _skip(self, exc: Exception, what: Any) -> None:
-        if self._handler is not None:
-            self._handler(exc, what)
-        else:
-            log.warning(
-                "skipped %s: %s: %s", getattr(what, "__key__", what), type(exc).__name__, exc
-            )
+        self._handler(exc, what)
 
     def _load_encoded(self, c: int, dataset: int, epoch: int, index: int) -> list | None:
         """The encoded sample(s) (for micro-batch ``c``); ``[]`` when it failed or timed out before
@@ -317,6 +315,8 @@ class MicroBatchMaker:
         return [plan.items[i] for i in dealt[self.rank][part]]
 
     def _make_planned(self, c: int) -> Any:
+        # a planned run's encoder states its lengths (config_checks refused one that does not)
+        encoder = cast(StatesLengths, self.encoder)
         items = [self.schedule.copies(positions) for positions in self.planned_items(c)]
         self._prefetch(items)
         samples, self._padded_by = [], []
@@ -328,11 +328,11 @@ class MicroBatchMaker:
                     c, d, epoch, idx, room=planned.row if self.packing else None
                 )
                 for doc in got:
-                    if self.packing and self.encoder.encoded_length(doc)[0] > planned.row:
+                    if self.packing and encoder.encoded_length(doc)[0] > planned.row:
                         raise RuntimeError(
                             f"micro-batch {c}: sample {getattr(doc, '__key__', idx)} encodes to "
-                            f"{self.encoder.encoded_length(doc)[0]} positions, its length index says {planned.row}: "
-                            f"{type(self.encoder).__name__}.sample_length is not exact"
+                            f"{encoder.encoded_length(doc)[0]} positions, its length index says {planned.row}: "
+                            f"{type(encoder).__name__}.sample_length is not exact"
                         )
                 docs += got
             samples += self._pack(docs, one_row=True) if self.packing and docs else docs

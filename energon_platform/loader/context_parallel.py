@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from task_encoders.abilities import pads_segments
+
 if TYPE_CHECKING:
     from energon_platform.config import RunConfig
-    from task_encoders.base import SeededTaskEncoder
 
 
 def segment_multiple(context_parallel: int) -> int:
@@ -56,10 +57,13 @@ def rank_attention_work(segments: Sequence[int], context_parallel: int) -> list[
     ]
 
 
-def apply_context_parallel(cfg: RunConfig, encoder: SeededTaskEncoder) -> None:
+def apply_context_parallel(cfg: RunConfig, encoder: object) -> None:
     """Give ``encoder`` the segment multiple of ``cfg.loader.context_parallel`` (nothing for 1);
     `energon_platform.config_checks.check_with_encoder` has refused an encoder that cannot pad
-    for it."""
+    for it (`task_encoders.abilities.PadsSegments`; a `TypeError` for one it has not seen)."""
     n = cfg.loader.context_parallel
-    if n > 1:
-        encoder.segment_multiple = segment_multiple(n)
+    if n == 1:
+        return
+    if not pads_segments(encoder):
+        raise TypeError(f"{type(encoder).__name__} cannot pad its segments for context parallelism")
+    encoder.segment_multiple = segment_multiple(n)

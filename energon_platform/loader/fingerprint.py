@@ -27,7 +27,7 @@ def digest(obj: Any) -> str:
 def encoder_config(encoder: SeededTaskEncoder) -> Any:
     """The encoder's config as plain data, less what does not change the data: the seed (the
     loader's seed is fingerprinted on its own) and the skip limits."""
-    config = to_plain(getattr(encoder, "config", {}))
+    config = to_plain(encoder.config)
     if isinstance(config, dict):
         config.pop("seed", None)
         config.pop("errors", None)
@@ -41,7 +41,6 @@ def encoder_digest(encoder: SeededTaskEncoder) -> str:
 
 def encoder_part(encoder: SeededTaskEncoder) -> dict:
     """``{"name", "config_sha"}``: the fingerprint's ``encoder`` entry. The name is the class's
-    ``fingerprint_name`` where it has one: a mode split into a subclass records its old name, so
-    checkpoints saved before the split still resume."""
-    name = getattr(type(encoder), "fingerprint_name", type(encoder).__name__)
-    return {"name": name, "config_sha": encoder_digest(encoder)}
+    ``fingerprint_name`` (its own name unless it sets one): a mode split into a subclass records
+    its old name, so checkpoints saved before the split still resume."""
+    return {"name": type(encoder).fingerprint_name, "config_sha": encoder_digest(encoder)}

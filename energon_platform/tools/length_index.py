@@ -10,6 +10,8 @@ from energon_platform.loader.balance.length_store import build, publish, writabl
 from energon_platform.loader.datasets import open_datasets
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.run_plan import build_encoder
+from task_encoders.abilities import StatesFacts, missing
+from task_encoders.base import SeededTaskEncoder
 
 
 def index_run(
@@ -32,7 +34,7 @@ def index_run(
 
 def index_dataset(
     source: Any,
-    encoder: Any,
+    encoder: SeededTaskEncoder,
     cache: str | None = None,
     workers: int = 1,
     use_ray: bool = False,
@@ -43,10 +45,9 @@ def index_dataset(
     place (with the data first, else ``cache``, else the local cache), reusing the shards indexed
     before (a killed run, another version of the dataset); what `build` returns plus ``dataset``.
     `NotImplementedError` for an encoder that states no length facts."""
-    if not callable(getattr(encoder, "sample_facts", None)):
-        raise NotImplementedError(
-            f"{type(encoder).__name__} states no sample_facts: it has no length index"
-        )
+    if not isinstance(encoder, StatesFacts):
+        gone = ", ".join(missing(encoder, StatesFacts))
+        raise NotImplementedError(f"{type(encoder).__name__} has no {gone}: it has no length index")
     stats = build(
         source,
         encoder,

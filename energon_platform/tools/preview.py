@@ -26,6 +26,9 @@ from storage import DatasetError
 from storage.outputs import OutputError, check_file, write_atomic
 from storage.paths import check_there, dataset_root, is_remote
 from task_encoders.config_parser import ConfigError
+from task_encoders.image_text import ImageTextTaskEncoder
+from task_encoders.multimodal import MultimodalTaskEncoder
+from task_encoders.video_text import VideoTextTaskEncoder
 
 
 def preview_batch(encoder: Any, batch: Any, max_docs: int = 2, max_chars: int = 80) -> str:
@@ -206,10 +209,11 @@ def doc_texts(encoder: Any, batch: Any) -> list[str]:
 
 def _normalize_of(encoder: Any, modality: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The (mean, std) of the last ``Normalize`` of the encoder's image/frame pipeline, if any."""
-    if modality is not None and hasattr(encoder, "encoders"):
+    if modality is not None and isinstance(encoder, MultimodalTaskEncoder):
         encoder = encoder.encoders.get(modality, encoder)
-    pipeline = getattr(encoder, "pipeline", None)
-    steps = [t for t in getattr(pipeline, "transforms", []) if isinstance(t, v2.Normalize)]
+    if not isinstance(encoder, ImageTextTaskEncoder | VideoTextTaskEncoder):
+        return None
+    steps = [t for t in getattr(encoder.pipeline, "transforms", []) if isinstance(t, v2.Normalize)]
     if not steps:
         return None
     return torch.tensor(steps[-1].mean).view(-1, 1, 1), torch.tensor(steps[-1].std).view(-1, 1, 1)

@@ -55,6 +55,7 @@ from energon_platform.training.calibration_pool import composed, row_width
 from energon_platform.training.two_tower import build_model
 from energon_platform.training.user_model import build_user_model, check_loss
 from storage.outputs import write_atomic
+from task_encoders.abilities import MeasuresBatches, missing
 from task_encoders.features import MICRO_BATCH_FEATURES as FITTED
 
 __all__ = [
@@ -323,15 +324,14 @@ def is_cost_file(path: Path) -> bool:
 
 
 def batch_features_of(encoder: Any) -> Features:
-    """The encoder's ``batch_features`` (the features contract); `CalibrationError` when it
-    states none."""
-    found = getattr(encoder, "batch_features", None)
-    if not callable(found):
+    """The encoder's ``batch_features`` (the features contract, `MeasuresBatches`);
+    `CalibrationError` naming what it lacks when it states none."""
+    if not isinstance(encoder, MeasuresBatches):
         raise CalibrationError(
-            f"encoder {type(encoder).__name__} has no batch_features(batch) to read a "
-            "micro-batch's cost features from"
+            f"encoder {type(encoder).__name__} has no {', '.join(missing(encoder, MeasuresBatches))} "
+            "to read a micro-batch's cost features from"
         )
-    return found
+    return encoder.batch_features
 
 
 def calibrate_run(

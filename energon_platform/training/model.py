@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from energon_platform.training.settings import ModelConfig
+from task_encoders.multimodal import MultimodalConfig
 
 
 def document_index(position_ids: torch.Tensor, num_docs: torch.Tensor) -> torch.Tensor:
@@ -39,10 +40,17 @@ def attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return ~(same_doc & causal)
 
 
+def modality_configs(encoder: Any) -> list:
+    """The configs of the encoder's modalities: a ``multimodal`` encoder's, each, else its own."""
+    config = encoder.config
+    modalities = config.modalities if isinstance(config, MultimodalConfig) else {}
+    return list(modalities.values()) or [config]
+
+
 def media_of(encoder: Any) -> tuple[str, ...]:
     """The media kinds an encoder's batches carry: ``("image",)``, ``("audio",)``, both (a
     ``multimodal`` encoder with image and audio modalities) or ``()`` (text only)."""
-    configs = list(getattr(encoder.config, "modalities", {}).values()) or [encoder.config]
+    configs = modality_configs(encoder)
     kinds = {"image" for c in configs if getattr(c, "image", None) is not None}
     kinds |= {"audio" for c in configs if getattr(c, "audio", None) is not None}
     kinds |= {"points" for c in configs if getattr(c, "pointcloud", None) is not None}
@@ -51,7 +59,7 @@ def media_of(encoder: Any) -> tuple[str, ...]:
 
 def n_mels_of(encoder: Any) -> int:
     """Mel bins of the encoder's audio features (its audio modality's; 80 without audio)."""
-    configs = list(getattr(encoder.config, "modalities", {}).values()) or [encoder.config]
+    configs = modality_configs(encoder)
     return next((c.audio.n_mels for c in configs if getattr(c, "audio", None) is not None), 80)
 
 

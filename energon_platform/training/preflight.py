@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energon_platform.config import RunConfig
 from energon_platform.config_checks import check_model_fits
@@ -34,6 +34,9 @@ from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training import checkpoint
 from storage import DatasetError, StorageError, dataset_root
 from task_encoders.skipping import _reason
+
+if TYPE_CHECKING:
+    from task_encoders.base import SeededTaskEncoder
 
 
 @contextmanager
@@ -74,14 +77,15 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), interval)
 
 
-def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None = None) -> Any:
+def check_encoder_fits(
+    source: SampleSource, encoder: SeededTaskEncoder, timeout: float | None = None
+) -> Any:
     """The first sample of ``source`` that ``encoder`` encodes (an ``EncodedDoc``), trying up to
     ``errors.max_consecutive_failures`` samples; `DatasetError` naming the dataset, its
     sample type and the encoder's error when every one fails. Counts nothing in the encoder's
     skip policy. ``timeout`` (``loader.sample_timeout``): a sample that takes longer counts as
     failed here, as the loader counts it (a hung first sample hung the start-up before)."""
-    limit = getattr(getattr(encoder, "config", None), "errors", None)
-    tries = min(len(source), getattr(limit, "max_consecutive_failures", 8))
+    tries = min(len(source), encoder.config.errors.max_consecutive_failures)
     kind, error = "samples", None
     with _rng_untouched():
         for index in range(tries):
@@ -99,7 +103,7 @@ def check_encoder_fits(source: SampleSource, encoder: Any, timeout: float | None
             except Exception as e:  # noqa: BLE001 - the sample's failure; reported below
                 error = e
     raise DatasetError(
-        f"{source.path}: the {getattr(encoder, 'name', type(encoder).__name__)!s} encoder cannot "
+        f"{source.path}: the {encoder.name or type(encoder).__name__} encoder cannot "
         f"encode the {kind} of split {source.split!r} ({tries} of {tries} tried failed; first: "
         f"{_reason(error).splitlines()[0]}); use an encoder for this dataset's modality"
     )

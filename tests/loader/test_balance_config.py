@@ -138,3 +138,33 @@ def test_measured_without_a_cost_file_or_a_cost_file_without_measured_is_named()
         _balance({"balance": "attention", "cost_model": "/c.json"})
     with pytest.raises(ConfigError, match="loader.balance.cost_model: /c.json with mode 'none'"):
         _balance({"cost_model": "/c.json"})
+
+
+def test_measured_is_one_cost_function_among_the_others(monkeypatch):
+    """``measured`` is a `CostFunction` like ``tokens``: what sets it apart (a cost file, a budget
+    in seconds, cost features, like-length plans) is what its entry declares, so another
+    calibrated function registered beside it is treated the same way by the config, the checks
+    and the planner."""
+    import dataclasses
+
+    from energon_platform.loader.balance.costs import COST_MODELS, CostFunction, SampleCost
+    from energon_platform.loader.balance.planned import plans_like_lengths
+    from task_encoders.abilities import StatesFeatures
+
+    assert all(isinstance(f, CostFunction) for f in COST_MODELS.values())
+    measured = COST_MODELS["measured"]
+    assert (measured.work, measured.needs, measured.calibrated) == (
+        "features",
+        StatesFeatures,
+        True,
+    )
+    assert not any(f.calibrated for name, f in COST_MODELS.items() if name != "measured")
+    monkeypatch.setitem(COST_MODELS, "timed", dataclasses.replace(measured))
+    with pytest.raises(ConfigError, match="loader.balance.cost_model: null with mode 'timed'"):
+        _balance({"balance": "timed"})
+    with pytest.raises(ConfigError, match="null unless mode is 'measured' or 'timed'"):
+        _balance({"balance": "tokens", "cost_model": "/c.json"})
+    timed = _balance({"balance": {"mode": "timed", "global_batch_tokens": 0.5}, "cost_model": "/c"})
+    assert timed.calibrated and timed.global_batch_tokens == 0.5
+    assert plans_like_lengths("timed", True) and not plans_like_lengths("tokens", True)
+    assert SampleCost("timed", None, 0.0, "run.yaml").function is COST_MODELS["timed"]

@@ -12,18 +12,49 @@ import torch
 from energon_platform.config import ModelConfig, load_config
 from energon_platform.config_checks import check_model_fits, check_with_encoder, pack_group
 from energon_platform.loader.run_plan import build_encoder
+from task_encoders.abilities import (
+    CostsItself,
+    MeasuresBatches,
+    Packs,
+    PadsSegments,
+    StatesFacts,
+    StatesFeatures,
+    StatesLengths,
+    members,
+    missing,
+    packing_buffer,
+    packs,
+    pads_segments,
+)
 from task_encoders.config_parser import ConfigError
+from task_encoders.registry import get_encoder
 from tests.helpers import REPO
 from tests.helpers.run_configs import SMALL_IMAGE_TEXT, loader_config
+
+#: the methods a stand-in defines unless told not to (`task_encoders.abilities`: packing, lengths,
+#: cost features)
+METHODS = (
+    "select_samples_to_pack",
+    "pack_selected_samples",
+    "sample_facts",
+    "sample_length",
+    "encoded_length",
+    "sample_features",
+)
 
 
 def encoder(packs: int | None = None, pads: bool = True, seq_len: int = 64, **methods):
     """A stand-in encoder: what the checks read of one (packing buffer, segment padding, seq_len,
     the balance methods it defines)."""
-    defined = {"sample_facts": True, "sample_features": True, **methods}
+    defined = {**dict.fromkeys(METHODS, True), **methods}
     methods = {name: (lambda *a: 1) for name, on in defined.items() if on}
     return SimpleNamespace(
-        packing_buffer_size=packs, pads_segments=pads, seq_len=seq_len, **methods
+        packing_buffer_size=packs,
+        pads_segments=pads,
+        segment_multiple=1,
+        seq_len=seq_len,
+        facts_width=1,
+        **methods,
     )
 
 
@@ -94,6 +125,71 @@ def test_every_shipped_encoder_passes_with_the_default_loader_and_with_balance(t
     path = str(REPO / "configs/encoders" / name)
     for loader in ({}, {"balance": "attention"}):
         build_encoder(load_config(loader_config(tmp_path / "data", path, **loader)))
+
+
+@pytest.mark.parametrize(
+    "loader, stand_in, says",
+    [
+        (
+            {"balance": "tokens"},
+            encoder(sample_length=False),
+            "has no sample_length(facts, key, epoch)",
+        ),
+        (
+            {"balance": "attention"},
+            encoder(sample_facts=False, encoded_length=False),
+            "has no sample_facts(sample), encoded_length(doc) (see docs: balance)",
+        ),
+        (
+            {"balance": "measured", "cost_model": "cost.json"},
+            encoder(sample_features=False),
+            "reads each sample's cost features, but SimpleNamespace has no "
+            "sample_features(facts, key, epoch)",
+        ),
+        ({"balance": "encoder"}, encoder(), "SimpleNamespace has no balance_cost(length)"),
+    ],
+)
+def test_a_refusal_names_each_missing_method(tmp_path, loader, stand_in, says):
+    with pytest.raises(ConfigError) as refused:
+        check_with_encoder(config(tmp_path, **loader), stand_in)
+    line = str(refused.value)
+    assert f"loader.balance: {loader['balance']!r} " in line and says in line, line
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs/encoders").glob("*.yaml")))
+def test_every_shipped_encoder_has_the_abilities_its_docs_say(name):
+    """Every ``DocumentTaskEncoder`` states facts, lengths, features, packs and pads; none costs
+    itself (``balance: encoder`` is for a user's subclass)."""
+    built = get_encoder(str(REPO / "configs/encoders" / name))
+    for ability in (
+        StatesFacts,
+        StatesLengths,
+        StatesFeatures,
+        MeasuresBatches,
+        Packs,
+        PadsSegments,
+    ):
+        assert isinstance(built, ability) and missing(built, ability) == (), (name, ability)
+    assert not isinstance(built, CostsItself)
+    assert missing(built, CostsItself) == ("balance_cost(length)",)
+
+
+def test_missing_names_absent_and_uncallable_members():
+    assert missing(object(), PadsSegments) == ("pads_segments", "segment_multiple")
+    lengths = SimpleNamespace(facts_width=1, sample_facts=None, seq_len=8)
+    assert missing(lengths, StatesLengths) == (
+        "sample_facts(sample)",
+        "sample_length(facts, key, epoch)",
+        "encoded_length(doc)",
+    )
+    assert members(StatesLengths)[:2] == members(StatesFacts)
+
+
+def test_whether_an_encoder_packs_or_pads_is_its_value():
+    packing = encoder(packs=8)
+    assert packs(packing) and packing_buffer(packing) == 8 and pads_segments(packing)
+    assert not packs(encoder()) and packing_buffer(encoder()) is None
+    assert not pads_segments(encoder(pads=False)) and not packs(object())
 
 
 def test_the_pack_group_follows_the_encoder_when_null():

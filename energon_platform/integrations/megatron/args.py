@@ -14,6 +14,8 @@ from energon_platform.config import RunConfig
 from energon_platform.integrations.megatron.batches import BatchFormat
 from energon_platform.integrations.megatron.run_config import resolve_run_config
 from energon_platform.loader.train_loader import build_encoder
+from task_encoders.abilities import packs
+from task_encoders.image_text import ImageTextTaskEncoder
 
 
 class MegatronArgsError(ValueError):
@@ -39,7 +41,7 @@ def megatron_requirements(config: str | os.PathLike | dict | RunConfig | Any) ->
         if hasattr(config, "seq_len") and hasattr(config, "tokenizer")
         else build_encoder(resolve_run_config(config, None, None))
     )
-    packing = getattr(encoder, "packing_buffer_size", None) is not None
+    packing = packs(encoder)
     req: dict[str, Any] = {
         "dataloader_type": "external",
         "decoder_seq_length": int(encoder.seq_len),
@@ -47,7 +49,7 @@ def megatron_requirements(config: str | os.PathLike | dict | RunConfig | Any) ->
     }
     if packing:
         req["micro_batch_size"] = 1
-    if getattr(encoder, "image_token_index", None) is None:
+    if not isinstance(encoder, ImageTextTaskEncoder) or encoder.image_token_index is None:
         return req
     cfg = encoder.config
     tiling, vision = cfg.image.tiling, cfg.vision

@@ -48,6 +48,8 @@ import torch.distributed as dist
 from energon_platform.integrations.megatron.args import megatron_requirements
 from energon_platform.integrations.megatron.batches import IGNORE_INDEX, to_megatron_batch
 from energon_platform.training.calibrate import CalibrationError
+from task_encoders.abilities import packing_buffer
+from task_encoders.documents import DocumentTaskEncoder
 
 #: The pad id `megatron_batch` masks by default (the shipped tokenizer's).
 PAD_ID = 0
@@ -324,9 +326,10 @@ def calibration_model(encoder: Any, **vision: int) -> LLaVACalibrationModel:
             f"encoder {type(encoder).__name__} has no <image> placeholder: LLaVAModel needs a "
             "vision-language encoder (image_text with a vision section, or conversation)"
         )
-    packed = getattr(encoder, "packing_buffer_size", None) is not None
+    buffer = packing_buffer(encoder)
+    packed = buffer is not None
     # Packed: a micro-batch is the pack group's rows flattened into one sequence.
-    length = req["decoder_seq_length"] * (int(encoder.packing_buffer_size) if packed else 1)
+    length = req["decoder_seq_length"] * (buffer or 1)
     setup = contextlib.ExitStack()
     setup.enter_context(cpu_megatron())
     try:
@@ -339,7 +342,6 @@ def calibration_model(encoder: Any, **vision: int) -> LLaVACalibrationModel:
     return LLaVACalibrationModel(model, packed, _pad_id(encoder), setup)
 
 
-def _pad_id(encoder: Any) -> int:
-    """The encoder tokenizer's pad id (`PAD_ID` when it names none)."""
-    special = getattr(encoder.tokenizer, "special", None)
-    return int(special.pad) if special is not None else PAD_ID
+def _pad_id(encoder: DocumentTaskEncoder) -> int:
+    """The pad id of the encoder's tokenizer (a vision-language encoder's `TextTokenizer`)."""
+    return int(encoder.tokenizer.special.pad)

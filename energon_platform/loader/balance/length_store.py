@@ -43,7 +43,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import multistorageclient as msc
 from tqdm import tqdm
@@ -72,10 +72,7 @@ from energon_platform.loader.balance.ranged_copy import SOURCE_FILE, write_sourc
 from energon_platform.loader.light_sample import light_sample
 from storage import storage_errors
 from storage.paths import DERIVED_FOLDER, dataset_root, is_remote
-
-if TYPE_CHECKING:
-    from task_encoders.base import SeededTaskEncoder
-
+from task_encoders.abilities import StatesFacts
 
 #: the folder beside a local dataset's shards that holds its indexes
 WITH_DATA = Path(DERIVED_FOLDER) / "lengths"
@@ -89,6 +86,14 @@ STALE = "stale: shards changed since it was built"
 INDEX_FILES = ("facts.i32", "keys.bin", "keys.off", "meta.json")
 
 
+class IndexedEncoder(StatesFacts, Protocol):
+    """An encoder whose length index `build` makes: its facts, and the config each worker process
+    builds the same encoder from (`length_parts.IndexSpec`)."""
+
+    @property
+    def config(self) -> object: ...
+
+
 class LengthIndexMissing(RuntimeError):
     """No usable index of a dataset under ``loader.length_index: require`` (none, stale, or
     damaged: naming the file): one line, naming the command that builds it and how long it will
@@ -99,17 +104,17 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def encoder_key(encoder: SeededTaskEncoder, encoder_digest: str) -> dict:
+def encoder_key(encoder: StatesFacts, encoder_digest: str) -> dict:
     """What an index's facts depend on, on the encoder's side."""
     return {
         "format": FORMAT,
         "encoder": type(encoder).__name__,
         "config": encoder_digest,
-        "width": int(getattr(encoder, "facts_width", 1)),
+        "width": int(encoder.facts_width),
     }
 
 
-def index_digest(source: Any, encoder: SeededTaskEncoder, encoder_digest: str) -> str:
+def index_digest(source: Any, encoder: StatesFacts, encoder_digest: str) -> str:
     """The name of ``source``'s index under ``encoder`` in any place (module doc)."""
     return _digest({**encoder_key(encoder, encoder_digest), "dataset": source.identity()})
 
@@ -152,7 +157,7 @@ class Located:
         return self.why is None
 
 
-def locate(source: Any, encoder: SeededTaskEncoder, encoder_digest: str, cache_dir=None, jobs=None):
+def locate(source: Any, encoder: StatesFacts, encoder_digest: str, cache_dir=None, jobs=None):
     """The first fresh whole index of ``source`` under ``encoder`` among `places`, else the first
     one found, with why it cannot be used (``jobs``: the shards' stamps, `shard_jobs` when not
     given); None when there is none."""
@@ -180,7 +185,7 @@ def why_not_fresh(folder: Path, jobs: list[ShardJob]) -> str | None:
 
 def open_index(
     source: Any,
-    encoder: SeededTaskEncoder,
+    encoder: IndexedEncoder,
     encoder_digest: str,
     cache_dir: str | Path | None = None,
     workers: int = 1,
@@ -289,7 +294,7 @@ def fetch_published(source: Any, digest: str, jobs: list[ShardJob], cache_dir=No
     return folder
 
 
-def estimate(source: Any, encoder: SeededTaskEncoder, workers: int = 1) -> str:
+def estimate(source: Any, encoder: StatesFacts, workers: int = 1) -> str:
     """How long building ``source``'s index takes on ``workers`` processes, as words (``"3 min on
     8 processes"``), from a measured rate: the first sample is read untimed (what a process pays
     once: a tokenizer's loading, the first shard's opening), then `PROBE_RUN` consecutive samples
@@ -334,7 +339,7 @@ def estimate(source: Any, encoder: SeededTaskEncoder, workers: int = 1) -> str:
 
 def build(
     source: Any,
-    encoder: SeededTaskEncoder,
+    encoder: IndexedEncoder,
     encoder_digest: str,
     place: Path,
     workers: int = 1,
@@ -378,7 +383,7 @@ def build(
             source.split,
             json.dumps(source.subflavors, sort_keys=True),
             encoder_digest,
-            getattr(encoder, "config", None),
+            encoder.config,
         )
 
         opened(spec, source, encoder)  # forked workers inherit them: nothing is built again

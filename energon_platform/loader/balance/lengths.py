@@ -30,11 +30,12 @@ import numpy as np
 from energon_platform.loader.balance.ranged_copy import SOURCE_FILE, copies
 from energon_platform.loader.node_cache import cache_root
 from storage import DatasetError
+from task_encoders.abilities import segment_multiple
 from task_encoders.sequences import padded_length
 
 if TYPE_CHECKING:
     from energon_platform.loader.schedule import Schedule
-    from task_encoders.base import SeededTaskEncoder
+    from task_encoders.abilities import StatesLengths
 
 
 FORMAT = "energon-platform-lengths-v2"
@@ -215,7 +216,7 @@ class SampleLengths:
         self,
         schedule: Schedule,
         indexes: list[LengthIndex],
-        encoder: SeededTaskEncoder,
+        encoder: StatesLengths,
         prefixes: list[str],
         work: Any = None,
         no_work: Any = 0,
@@ -228,7 +229,7 @@ class SampleLengths:
         )
         self.work, self.no_work = work, no_work
         #: the encoder's segment multiple: rows are planned as the padded segments they take
-        self.multiple = getattr(encoder, "segment_multiple", 1)
+        self.multiple = segment_multiple(encoder)
         # the planner rebuilds its pool from its state for every global batch, so it asks again
         # for the samples still in its window: a sample's length at an epoch is a pure function of
         # its facts, key and epoch, so it is remembered (least recently used forgotten first)

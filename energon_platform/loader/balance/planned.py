@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from energon_platform.loader.balance.cost_file import load_cost_model
+from energon_platform.loader.balance.cost_file import CostModel, load_cost_model
 from energon_platform.loader.balance.cost_history import CostEntry, CostHistory
-from energon_platform.loader.balance.costs import WORK, SampleCost, feature_work
+from energon_platform.loader.balance.costs import COST_MODELS, SampleCost, feature_work
 from energon_platform.loader.balance.dealing import (
     deal_plan,
     outlier_anchored,
@@ -26,7 +26,11 @@ from energon_platform.loader.balance.dealing import (
     rank_costs,
 )
 from energon_platform.loader.balance.index_command import index_command
-from energon_platform.loader.balance.length_store import LengthIndexMissing, open_index
+from energon_platform.loader.balance.length_store import (
+    IndexedEncoder,
+    LengthIndexMissing,
+    open_index,
+)
 from energon_platform.loader.balance.lengths import SampleLengths
 from energon_platform.loader.balance.planner import (
     PLANNER_VERSION,
@@ -35,6 +39,7 @@ from energon_platform.loader.balance.planner import (
 from energon_platform.loader.balance.plans import PlanState
 from energon_platform.loader.fingerprint import encoder_digest
 from energon_platform.loader.state import StateMismatchError
+from task_encoders.abilities import StatesFeatures, StatesLengths, missing
 from task_encoders.config_parser import ConfigError
 from task_encoders.features import FEATURES
 
@@ -55,10 +60,10 @@ LIKE_LENGTHS = "like-length-same-towers"
 
 def plans_like_lengths(mode: str, fixed_samples: bool) -> bool:
     """Whether a plan takes samples of like row length into a global batch rather than samples of
-    like cost (`Planner.like_lengths`): ``measured`` with a fixed number of samples per global
-    batch, since a micro-batch is padded to its longest sample, which no per-sample predicted
-    time sees."""
-    return mode == "measured" and fixed_samples
+    like cost (`Planner.like_lengths`): a cost function that asks for it (`CostFunction.like_lengths`:
+    ``measured``) with a fixed number of samples per global batch, since a micro-batch is padded to
+    its longest sample, which no per-sample predicted time sees."""
+    return COST_MODELS[mode].like_lengths and fixed_samples
 
 
 @dataclass
@@ -73,7 +78,7 @@ class PlannedBatching:
     linear: float  #: the attention cost's linear weight
     global_batch_size: int  #: rows (packed) or samples per global batch
     packed_rows: bool  #: fixed rows of ``seq_len``, packed across the global batch
-    encoder: SeededTaskEncoder
+    encoder: StatesLengths
     cost: SampleCost
     length_indexes: list  #: per dataset, its length index
     prefixes: list[str]  #: per dataset, the prefix of its keys
@@ -106,7 +111,11 @@ class PlannedBatching:
         builds, with ``workers`` processes) each dataset's length index. The one place the
         ``loader.balance`` group is read."""
         lc, balance = cfg.loader, cfg.loader.balance
-        linear = float(balance.linear if balance.linear is not None else _seq_len(encoder))
+        if not isinstance(encoder, StatesLengths):  # check_with_encoder refuses it, naming the key
+            raise TypeError(
+                f"{type(encoder).__name__} has no {', '.join(missing(encoder, StatesLengths))}"
+            )
+        linear = float(balance.linear if balance.linear is not None else encoder.seq_len)
         cost_model = _cost_model(cfg, encoder)
         cost = SampleCost(balance.mode, encoder, linear, cfg.source, cost_model)
         return cls(
@@ -119,7 +128,9 @@ class PlannedBatching:
             packed_rows=pack_group > 1,
             encoder=encoder,
             cost=cost,
-            length_indexes=_length_indexes(cfg, encoder, datasets, workers),
+            length_indexes=_length_indexes(
+                cfg, encoder, encoder_digest(encoder), datasets, workers
+            ),
             prefixes=[datasets.key_prefix(d) for d in range(len(datasets.entries))],
             history=CostHistory([CostEntry(0, cost_model, cost)]) if cost_model else None,
             ahead=lc.blend_adapt.lag if lc.blend_adapt is not None else 0,
@@ -164,8 +175,12 @@ class PlannedBatching:
         self.planner.extend(self._lengths(schedule), before)
 
     def _lengths(self, schedule: Schedule) -> SampleLengths:
-        work = feature_work(self.encoder) if WORK.get(self.mode) == "features" else (None, 0)
-        return SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes, *work)
+        if self.cost.function.work == "features":
+            work, none = feature_work(cast(StatesFeatures, self.encoder))
+            return SampleLengths(
+                schedule, self.length_indexes, self.encoder, self.prefixes, work, none
+            )
+        return SampleLengths(schedule, self.length_indexes, self.encoder, self.prefixes)
 
     def fingerprint(self) -> dict:
         """``{"balance": ...}``: what changes the rows and batches of a planned run (with
@@ -314,27 +329,23 @@ def _summed(parts: Any) -> dict[str, float]:
     return total
 
 
-def _cost_model(cfg: RunConfig, encoder: SeededTaskEncoder) -> Any:
-    """The cost model of ``loader.balance.cost_model`` (``measured``), else None; a bad file is a
-    one-line `CostFileError`."""
+def _cost_model(cfg: RunConfig, encoder: SeededTaskEncoder) -> CostModel | None:
+    """The cost model of ``loader.balance.cost_model`` for a calibrated cost function
+    (`CostFunction.calibrated`: ``measured``), else None; a bad file is a one-line
+    `CostFileError`."""
     path = cfg.loader.balance.cost_model
-    if cfg.loader.balance.mode != "measured" or path is None:
+    if not COST_MODELS[cfg.loader.balance.mode].calibrated or path is None:
         return None
-
     return load_cost_model(path, encoder)
 
 
-def _seq_len(encoder: SeededTaskEncoder) -> int:
-    return getattr(encoder, "seq_len", 0)
-
-
 def _length_indexes(
-    cfg: RunConfig, encoder: SeededTaskEncoder, datasets: DatasetSet, workers: int
+    cfg: RunConfig, encoder: IndexedEncoder, digest: str, datasets: DatasetSet, workers: int
 ) -> list:
-    """Each dataset's `LengthIndex`: found with the data or in a cache, else built now (after one
-    line naming the ``energon-platform index`` command this run needs, its overrides included:
-    `index_command`) or, with ``loader.length_index: require``, refused with that line."""
-    digest = encoder_digest(encoder)
+    """Each dataset's `LengthIndex` under ``encoder`` (whose config digests to ``digest``): found
+    with the data or in a cache, else built now (after one line naming the ``energon-platform
+    index`` command this run needs, its overrides included: `index_command`) or, with
+    ``loader.length_index: require``, refused with that line."""
     command = index_command(cfg)
     try:
         return [

@@ -71,6 +71,13 @@ class BalanceConfig:
         """Whether global batches are planned (any mode but ``none``)."""
         return self.mode != "none"
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the mode's costs are a cost file's predicted seconds (`CostFunction.calibrated`:
+        ``measured``), read from ``cost_model``."""
+        function = COST_MODELS.get(self.mode)  # None: mode none
+        return function is not None and function.calibrated
+
     def check(self, at: At) -> None:
         at_least(self, at, window=16, lookahead=1.0)
         require(
@@ -92,15 +99,14 @@ class BalanceConfig:
             f"at most {MAX_BALANCE_LOOKAHEAD} global batches",
         )
         at_least(self, at, null_ok=True, linear=0)
-        budget = self.global_batch_tokens
+        budget, calibrated = self.global_batch_tokens, self.calibrated
         if budget is not None:
-            measured = self.mode == "measured"
             require(
-                finite(budget) and budget > 0 and (measured or float(budget).is_integer()),
+                finite(budget) and budget > 0 and (calibrated or float(budget).is_integer()),
                 at.child("global_batch_tokens"),
                 f"got {budget:g}",
                 "seconds > 0 (the cost model's predicted time)"
-                if measured
+                if calibrated
                 else f"a whole number >= 1 of {self.mode} cost units, or null",
             )
             if float(budget).is_integer():  # the fingerprint holds 4096, as before, not 4096.0
@@ -112,16 +118,17 @@ class BalanceConfig:
             "null unless a balance mode is set",
         )
         require(
-            self.mode != "measured" or self.cost_model is not None,
+            not calibrated or self.cost_model is not None,
             at.child("cost_model"),
-            "null with mode 'measured'",
+            f"null with mode {self.mode!r}",
             "the cost file written by energon-platform calibrate",
         )
+        calibrated_modes = " or ".join(repr(m) for m, f in COST_MODELS.items() if f.calibrated)
         require(
-            self.mode == "measured" or self.cost_model is None,
+            calibrated or self.cost_model is None,
             at.child("cost_model"),
             f"{self.cost_model} with mode {self.mode!r}",
-            "null unless mode is 'measured'",
+            f"null unless mode is {calibrated_modes}",
         )
 
 
