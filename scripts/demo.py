@@ -157,7 +157,7 @@ def show_balance(blend: Path, out: Path, steps: int = 4) -> None:
     """``loader.balance: attention`` on the packed blend, as 2 data-parallel ranks would see it:
     every micro-batch the same shape, no sample twice in a global batch, little padding. A blend
     this small (a few hundred short documents) leaves the ranks' costs further apart than a large
-    one does: ``scripts/bench_balance.py --sections demo balance`` measures both."""
+    one does: ``python -m scripts.bench.balance --sections demo balance`` measures both."""
     from energon_platform.config import load_config
     from energon_platform.loader.train_loader import TrainLoader
 
@@ -192,7 +192,7 @@ def show_balance(blend: Path, out: Path, steps: int = 4) -> None:
             f"carried {stats['carried']}"
         )
     print(
-        "  (a blend this small balances less evenly than a large one: scripts/bench_balance.py measures both)"
+        "  (a blend this small balances less evenly than a large one: scripts/bench/balance/ measures both)"
     )
     for ld in ranks:
         ld.close()

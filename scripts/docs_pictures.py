@@ -46,7 +46,7 @@ import yaml  # noqa: E402
 
 from energon_platform.training.resume_check.processes import torchrun_argv  # noqa: E402
 from scripts import demo, report_screenshot  # noqa: E402
-from scripts.bench_data import (  # noqa: E402
+from scripts.bench.data import (  # noqa: E402
     coco_dataset,
     librispeech_dataset,
     text_dataset,

@@ -60,7 +60,7 @@ def plant(step: int | None, keys: set[str]) -> None:
 def write_config(path: Path, data: Path) -> Path:
     """A 16-step run config of the COCO-style dataset ``data`` at ``path`` (one micro-batch of 8
     per step, a tiny model, checkpoints at steps 8 and 16)."""
-    from scripts.bench_data import REPO
+    from scripts.bench.data import REPO
 
     path.write_text(
         yaml.safe_dump(
@@ -91,7 +91,7 @@ def planted_keys(config: Path) -> list[str]:
 def planted_run(base: Path, data: Path) -> dict:
     """A run of :func:`write_config`'s config into ``base/out`` whose step :data:`PLANTED_STEP`
     has two junk documents: ``{"config", "out", "planted"}`` (``planted``: their keys)."""
-    from scripts.bench_data import REPO
+    from scripts.bench.data import REPO
 
     config = write_config(base / "run.yaml", data)
     planted, out = planted_keys(config), base / "out"

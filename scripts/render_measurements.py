@@ -4,8 +4,8 @@
 
 Inputs: the files named, or else every ``bench-*.json`` in the repository root, in ``out/`` and in
 ``docs/measurements/`` (the runs the page shows, kept with the docs so that it can be rendered again;
-``scripts/bench_NAME.py --json bench-NAME.json`` writes one). The benchmark's name is the file's
-(``bench-NAME.json`` or ``bench_NAME.json``; ``balance-large-model`` is a ``balance`` run); when
+``python -m scripts.bench.NAME --json bench-NAME.json`` writes one). The benchmark's name is the
+file's (``bench-NAME.json`` or ``bench_NAME.json``; ``balance-large-model`` is a ``balance`` run); when
 several files name one benchmark, the newest run (its ``date``, else the file's modification time)
 is shown: the page holds one run per benchmark, not a history.
 
@@ -437,7 +437,7 @@ def settings(result: dict) -> str | None:
 # --- per benchmark: the sentence, the headline rows, the chart -----------------------------
 
 
-#: ``bench_loader``'s loader kinds, as the page names them; ours are drawn blue
+#: ``scripts.bench.loader``'s loader kinds, as the page names them; ours are drawn blue
 LOADERS = {
     "floor": "floor (PIL decode + advised pipeline)",
     "floor_tiles": "floor (PIL decode + uint8 tiling)",
@@ -937,7 +937,8 @@ def balance_rows(r: dict) -> list[Row | Figure]:
                 get(r, "train-measured", "variants", "measured", "steps_per_s"), beside,
                 "steps/s", ratio=get(r, "train-measured", "attention_ratio"))
         )  # fmt: skip
-    # paired timing (`bench_balance.measured.timed`) is not what the targets are stated on: no target
+    # paired timing (`scripts.bench.balance.measured.timed`) is not what the targets are stated
+    # on: no target
     paired = get(r, "measured", "timing") == "paired"
     timing = " (paired timing)" if paired else ""
     for x in get(r, "measured", "results") or []:
@@ -1484,13 +1485,19 @@ def draw(kind: str, result: dict, assets: Path, name: str) -> str | None:
     return f"{name}.svg"
 
 
+def module_of(kind: str) -> str:
+    """The module of the benchmark that writes ``kind``'s runs (a module's name cannot start with a
+    digit: ``3d`` is ``mesh3d``)."""
+    return f"scripts.bench.{'mesh3d' if kind == '3d' else kind}"
+
+
 def section(name: str, path: Path, result: dict, assets: Path) -> list[str]:
     kind = kind_of(name)
     lines = [f"## {name}", ""]
     if kind in KINDS:
         lines += [KINDS[kind].sentence(result), ""]
     lines += [
-        f"`scripts/bench_{kind}.py`, run of {run_date(result, path)} (`{path.name}`).",
+        f"`python -m {module_of(kind)}`, run of {run_date(result, path)} (`{path.name}`).",
         "",
         f"- machine: {machine(result)}",
         f"- load average (1, 5, 15 min): {load(result)}",
@@ -1522,21 +1529,21 @@ CONVENTION = (
     "its first comparison with a target.",
 )
 
-HOW = """Each `scripts/bench_*.py` measures ours and the alternative side by side in one run and writes
-its figures as JSON with `--json`. To fill this page:
+HOW = """Each benchmark (`python -m scripts.bench.NAME`) measures ours and the alternative side by side in
+one run and writes its figures as JSON with `--json`. To fill this page:
 
 ```bash
-# illustrative: each benchmark takes minutes (bench_balance --quick: seconds)
-.venv/bin/python scripts/bench_balance.py --train --json bench-balance.json
-.venv/bin/python scripts/bench_loader.py --json bench-loader.json
-.venv/bin/python scripts/bench_restore.py --json bench-restore.json
-.venv/bin/python scripts/bench_scale.py --json bench-scale.json
-.venv/bin/python scripts/bench_convert.py --json bench-convert.json
-.venv/bin/python scripts/bench_video.py --json bench-video.json
-.venv/bin/python scripts/bench_trace.py --json bench-trace.json
-.venv/bin/python scripts/bench_3d.py --json bench-3d.json
-.venv/bin/python scripts/bench_lengths.py --json bench-lengths.json
-.venv/bin/python scripts/bench_mixing.py --json bench-mixing.json
+# illustrative: each benchmark takes minutes (balance --quick: seconds)
+.venv/bin/python -m scripts.bench.balance --train --json bench-balance.json
+.venv/bin/python -m scripts.bench.loader --json bench-loader.json
+.venv/bin/python -m scripts.bench.restore --json bench-restore.json
+.venv/bin/python -m scripts.bench.scale --json bench-scale.json
+.venv/bin/python -m scripts.bench.convert --json bench-convert.json
+.venv/bin/python -m scripts.bench.video --json bench-video.json
+.venv/bin/python -m scripts.bench.trace --json bench-trace.json
+.venv/bin/python -m scripts.bench.mesh3d --json bench-3d.json
+.venv/bin/python -m scripts.bench.lengths --json bench-lengths.json
+.venv/bin/python -m scripts.bench.mixing --json bench-mixing.json
 .venv/bin/python scripts/render_measurements.py
 ```
 """

@@ -15,7 +15,7 @@ Two ways to draw:
   state back. It saves, seeds and restores the CPU generator only: less work per sample than
   ``torch.random.fork_rng`` + ``torch.manual_seed`` (``manual_seed`` reseeds every device backend)
   or Energon's ``@stateless(restore_seeds=True)`` (saves, seeds and restores the torch, numpy and
-  ``random`` states). Its cost per sample is part of the encode time ``scripts/bench_video.py``
+  ``random`` states). Its cost per sample is part of the encode time ``scripts/bench/video.py``
   measures (its hand-written baseline runs the same transforms under it).
 
 Neither touches numpy's or Python's global RNGs, and the global torch state after encoding is the

@@ -406,9 +406,9 @@ def raw_samples(image_text_shards, audio_text_shards):
 @pytest.fixture(scope="session")
 def coco(tmp_path_factory) -> Path:
     """``data/coco_mini`` converted (64 per shard, 10% val) under the base temporary folder: the
-    same folder ``scripts.bench_data.coco_dataset(tmp_path_factory.getbasetemp())`` gives. Read
+    same folder ``scripts.bench.data.coco_dataset(tmp_path_factory.getbasetemp())`` gives. Read
     it only; a test that changes a dataset copies it first."""
-    from scripts.bench_data import coco_dataset
+    from scripts.bench.data import coco_dataset
 
     return coco_dataset(tmp_path_factory.getbasetemp())
 
@@ -416,7 +416,7 @@ def coco(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def speech(tmp_path_factory) -> Path:
     """``data/librispeech_mini`` converted under the base temporary folder (read it only)."""
-    from scripts.bench_data import librispeech_dataset
+    from scripts.bench.data import librispeech_dataset
 
     return librispeech_dataset(tmp_path_factory.getbasetemp())
 
@@ -424,7 +424,7 @@ def speech(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def text_mini(tmp_path_factory) -> Path:
     """``data/text_mini`` converted under the base temporary folder (read it only)."""
-    from scripts.bench_data import text_dataset
+    from scripts.bench.data import text_dataset
 
     return text_dataset(tmp_path_factory.getbasetemp())
 
@@ -436,7 +436,7 @@ def text_mini(tmp_path_factory) -> Path:
 def spike_run(tmp_path_factory) -> dict:
     """:func:`scripts.planted_spike.planted_run`, once per test run, whichever test process asks
     first (its folder is only read by the tests): ``{"config", "out", "planted"}``."""
-    from scripts.bench_data import coco_dataset
+    from scripts.bench.data import coco_dataset
     from scripts.planted_spike import planted_run
     from tests.helpers.once import once_per_run
 

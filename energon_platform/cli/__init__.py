@@ -11,7 +11,7 @@ One module per group of commands (`data`,
 `common` holds what they share.
 
 A command imports the rooms it runs inside its ``cmd_*`` function, not at module top: measured
-with ``scripts/bench_cli_startup.py``, importing every room up front makes ``--help`` and each
+with ``scripts/bench/cli.py``, importing every room up front makes ``--help`` and each
 one-line error wait seconds instead of tens of milliseconds.
 """
 

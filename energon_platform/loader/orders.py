@@ -27,7 +27,7 @@ is never moved, so no epoch depends on another's swaps): still a bijection, comp
 epoch from ``O(g)`` positions. Any ``g`` last positions of an epoch and ``g`` first of the next then
 hold each sample at most once; the loader sets ``G`` to the samples of a global batch.
 
-The trade-off, measured by ``scripts/bench_scale.py``: ``locality`` touches few shards per window
+The trade-off, measured by ``scripts/bench/scale.py``: ``locality`` touches few shards per window
 (good for sequential reads and caches) at the price of correlation between neighbouring positions
 (samples of a window come from the same few blocks); ``permutation`` has no such correlation and
 touches ``min(window, shards)`` shards per window. A state saved with one mode never restores into

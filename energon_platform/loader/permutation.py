@@ -8,7 +8,7 @@ and every process (rank, worker) computes the same value without sharing anythin
 * The domain is padded to ``2^(2h) >= n``; a balanced Feistel network of ``ROUNDS`` rounds on
   ``h``-bit halves is a bijection of ``[0, 2^(2h))`` for *any* round function (Luby–Rackoff),
   and with 4 rounds of a good mixer it is indistinguishable from a random permutation for our
-  purposes (``scripts/bench_scale.py`` measures neighbour correlation against NumPy's
+  purposes (``scripts/bench/scale.py`` measures neighbour correlation against NumPy's
   ``permutation``).
 * Cycle walking (apply again while the image is ``>= n``) restricts it to a bijection of
   ``[0, n)``. The padded domain is below ``4n``, so a walk takes under 4 applications on average.

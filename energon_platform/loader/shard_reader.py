@@ -5,7 +5,7 @@ mostly-sequential order: per random sample it re-reads the shard's ``.tar.idx`` 
 helps consecutive samples only) and keeps a FIFO of 5 open tars. On object storage, where MSC
 fetches an object under 512 MiB whole on ``open``, a random order therefore fetches many bytes
 per byte delivered and several requests per sample; on local disk it re-reads an index and
-re-parses tar headers for every sample. ``scripts/bench_scale.py --s3`` measures requests per
+re-parses tar headers for every sample. ``python -m scripts.bench.scale --s3`` measures requests per
 sample and bytes fetched per byte delivered for our loader and Energon's against a SeaweedFS
 (the measurements page, section scale).
 
@@ -54,7 +54,7 @@ def _members(data: bytes):
     Fast path for what tar writers produce for samples (ustar/v7 headers, regular files: a header
     is parsed by slicing its fixed fields, without building `tarfile`'s objects for each member);
     a range with any other header (GNU long names, pax) is handed to `tarfile` whole. The
-    loader's samples/s in ``scripts/bench_loader.py`` include this parsing."""
+    loader's samples/s in ``scripts/bench/loader.py`` include this parsing."""
     out, pos, end = [], 0, len(data)
     while pos + 512 <= end:
         header = data[pos : pos + 512]

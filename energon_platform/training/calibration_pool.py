@@ -22,7 +22,7 @@ Each micro-batch comes with its features as it runs (`micro_batch_features`): ev
 A run that packs is timed on its own micro-batches: its rows are full whatever documents they hold,
 while documents regrouped by an order pack into rows of another padding, which the features do not
 count, so a fit on them would misprice the run's own micro-batches (calibrate's held-back error,
-in its report and in ``scripts/bench_balance.py``'s measured sections, is where that would show).
+in its report and in ``scripts/bench/balance/``'s measured sections, is where that would show).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ import numpy as np
 from storage.outputs import write_probe
 
 # torch is imported inside the functions that use it: every command imports this module for
-# CheckpointError, and torch at the top would multiply the command's start-up (scripts/bench_cli.py)
+# CheckpointError, and torch at the top would multiply the command's start-up (scripts/bench/cli.py)
 
 
 class CheckpointError(RuntimeError):

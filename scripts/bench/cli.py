@@ -8,7 +8,7 @@ Each figure is the best of ``--repeat`` fresh processes:
 - the alternative: a process importing ``energon_platform.cli`` and every module its ``cmd_*``
   functions import (read from the CLI's own source, so the list follows the code).
 
-    .venv/bin/python scripts/bench_cli.py [--json bench-cli.json]   # illustrative
+    .venv/bin/python -m scripts.bench.cli [--json bench-cli.json]   # illustrative
 """
 
 from __future__ import annotations
@@ -17,13 +17,17 @@ import argparse
 import ast
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
-from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
+from scripts.bench.common import (
+    REPO,
+    best_of,
+    check_json_out,
+    finish_record,
+    run_record,
+    write_json,
+)
 
-REPO = Path(__file__).resolve().parents[1]
 CLI = REPO / "energon_platform" / "cli"
 #: ``--help`` within this many seconds (what a user waits for before reading the options)
 HELP_LIMIT_S = 1.0
@@ -43,12 +47,7 @@ def command_rooms() -> list[str]:
 
 def best_seconds(argv: list[str], repeat: int) -> float:
     """The shortest wall time of ``repeat`` runs of ``argv`` (its exit status ignored)."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        subprocess.run(argv, cwd=REPO, capture_output=True, check=False)
-        times.append(time.perf_counter() - t0)
-    return round(min(times), 4)
+    return round(best_of(lambda: subprocess.run(argv, cwd=REPO, capture_output=True), repeat), 4)
 
 
 def measure(repeat: int) -> dict:
@@ -74,7 +73,9 @@ def measure(repeat: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.bench.cli", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--repeat", type=int, default=5, help="fresh processes per figure (default 5)")
     ap.add_argument("--json", type=Path, metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()

@@ -1,7 +1,8 @@
-"""What every benchmark records about its run: date, machine and load average, before and after.
+"""What the benchmarks share: the repository's path, timing, and what every benchmark records
+about its run (date, machine and load average, before and after).
 
-The measurements page (``scripts/render_measurements.py``) shows these next to each benchmark's
-figures: on a shared machine the load average tells a quiet run from a disturbed one.
+The measurements page (``scripts/render_measurements.py``) shows the record next to each
+benchmark's figures: on a shared machine the load average tells a quiet run from a disturbed one.
 
 ``--json PATH`` follows the output rule of every command that writes (`check_json_out` before the
 run, `write_json` at its end): a new file, or a benchmark's JSON it replaces whole; any other
@@ -13,10 +14,31 @@ import json
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 from storage.outputs import OutputError, check_file, write_atomic
+
+#: the repository's root: the benchmarks run from here (``python -m scripts.bench.NAME``), and so
+#: do the child processes they start (``cwd=REPO``)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def timings(fn: Callable[[], object], repeat: int) -> list[float]:
+    """Wall seconds of each of ``repeat`` calls of ``fn`` (``time.perf_counter``), in order."""
+    seconds = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
+def best_of(fn: Callable[[], object], repeat: int) -> float:
+    """The shortest wall time, in seconds, of ``repeat`` calls of ``fn``."""
+    return min(timings(fn, repeat))
 
 
 def load_average() -> list[float]:
@@ -24,17 +46,22 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def machine() -> dict:
+    """``platform``, ``python``, ``processor`` and ``cpus``: the machine a benchmark ran on."""
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+
+
 def run_record() -> dict:
-    """``date`` (UTC, ISO), ``machine`` (platform, python, processor, cpus) and ``load_before``:
-    the start of a benchmark's JSON; call :func:`finish_record` when the measuring is done."""
+    """``date`` (UTC, ISO), ``machine`` (:func:`machine`) and ``load_before``: the start of a
+    benchmark's JSON; call :func:`finish_record` when the measuring is done."""
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": machine(),
         "load_before": load_average(),
     }
 
@@ -43,6 +70,15 @@ def finish_record(result: dict) -> dict:
     """``result`` with ``load_after`` set to the load average now; returns it."""
     result["load_after"] = load_average()
     return result
+
+
+def command() -> str:
+    """How the running benchmark was started, for its error lines: ``python -m scripts.bench.NAME``
+    when run as a module (a package's ``__main__`` named by its package), else the script's name."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is None:
+        return Path(sys.argv[0]).name
+    return f"python -m {spec.name.removesuffix('.__main__')}"
 
 
 def _is_bench_json(path: Path) -> bool:
@@ -65,7 +101,7 @@ def check_json_out(path: str | Path | None) -> Path | None:
             path, _is_bench_json, "benchmark JSON", flag="--json", example="bench.json"
         )
     except OutputError as e:
-        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        print(f"{command()}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

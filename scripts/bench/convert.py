@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
-from scripts.bench_run import check_json_out, load_average, run_record, write_json  # noqa: E402
-from scripts.folder_sampler import FolderSampler  # noqa: E402
+from scripts.bench.common import check_json_out, load_average, run_record, write_json
+from scripts.folder_sampler import FolderSampler
 
 
 def make_corpus(root: Path, n: int, side: int = 256) -> tuple[Path, Path]:
@@ -123,7 +122,9 @@ def timed(fn, *args) -> tuple[float, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.bench.convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--images", type=int, default=4000, help="corpus size (default 4000)")
     ap.add_argument("--samples-per-shard", type=int, default=512)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from converters.convert import ConvertOptions, run_conversion
 from converters.media import ImageOptions
-
-REPO = Path(__file__).resolve().parents[1]
+from scripts.bench.common import REPO
 
 
 def coco_dataset(base: Path, image_format: str = "png") -> Path:

@@ -1,8 +1,8 @@
 """Local worker processes against a pool of Ray actors on another node (``loader.executor: ray``).
 
-    python scripts/bench_executors.py [--json PATH] [--images 256] [--batches 8] [--rounds 2]
+    python -m scripts.bench.executors [--json PATH] [--images 256] [--batches 8] [--rounds 2]
 
-The photo-like JPEG corpus of `scripts/bench_loader.py` (640×480, ``--image-format keep``), the
+The photo-like JPEG corpus of `scripts.bench.loader` (640×480, ``--image-format keep``), the
 ``image_text`` encoder cropping to 224, 2 workers, batches of 32. One process drives everything:
 it starts a two-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head with no CPU
 to offer, and a "data" node with 2 CPUs and the resource ``data_node``, no dashboard), then per
@@ -27,15 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
+from scripts.bench.common import check_json_out, finish_record, run_record, write_json
 
 BATCH, CROP, WORKERS = 32, 224, 2
 DATA_RESOURCE = "data_node"
@@ -240,7 +237,9 @@ def on_paper(results: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench.executors", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--json", help="write the results here (a new file, or a benchmark's JSON)")
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
@@ -248,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
     out_path = check_json_out(args.json)
-    from scripts.bench_loader import photo_corpus
+    from scripts.bench.loader import photo_corpus
 
     result = run_record()
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ each in a fresh process:
 It ends with what the figures mean at 10^9 samples: hours per process, nodes of ``--node-cores``
 processes for a build of one hour, and bytes stored.
 
-    .venv/bin/python scripts/bench_index.py [--sizes 100000 1000000] [--msc] [--json bench-index.json]
+    .venv/bin/python -m scripts.bench.index [--sizes 100000 1000000] [--msc] [--json bench-index.json]
 """
 
 from __future__ import annotations
@@ -42,10 +42,7 @@ import time
 from io import BytesIO
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
+from scripts.bench.common import REPO, check_json_out, finish_record, run_record, write_json
 
 ENCODER = "configs/encoders/text_small.yaml"
 WORDS = ("the", "model", "reads", "a", "long", "document", "about", "cats", "and", "data")
@@ -103,7 +100,15 @@ def run_config(folder: Path, data, balance: str, require: bool, name: str = "") 
 
 def child(kind: str, **args) -> dict:
     """Run ``--child KIND`` of this script in a fresh process; its JSON result."""
-    argv = [sys.executable, __file__, "--child", kind, "--args", json.dumps(args)]
+    argv = [
+        sys.executable,
+        "-m",
+        "scripts.bench.index",
+        "--child",
+        kind,
+        "--args",
+        json.dumps(args),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=7200)
     if done.returncode != 0:
         raise SystemExit(f"{kind} failed: {done.stderr[-2000:]}")
@@ -340,7 +345,9 @@ def target(text: str, value: float, limit: float, higher: bool = True) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.bench.index",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--per-shard", type=int, default=10_000, help="documents per shard")

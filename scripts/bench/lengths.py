@@ -13,22 +13,18 @@ and cost features at an epoch from its facts in the index (`SampleLengths.length
 ``sample_length`` and ``sample_features``; its cache bypassed), in µs per sample over
 `LOOKUP_EPOCHS` epochs (least of `LOOKUP_REPEATS` passes after one warm-up), against decoding and encoding the sample.
 
-    .venv/bin/python scripts/bench_lengths.py [--json bench-lengths.json]
+    .venv/bin/python -m scripts.bench.lengths [--json bench-lengths.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from scripts.bench_run import check_json_out, write_json  # noqa: E402
+from scripts.bench.common import REPO, check_json_out, load_average, machine, write_json
 
 CORPORA = (  # (dataset folder, convert kind, convert args, encoder config)
     (
@@ -138,12 +134,14 @@ def measure(path: Path, encoder_config: str, tmp: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.bench.lengths",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     check_json_out(args.json)  # before any work: new, or a benchmark JSON
-    load = os.getloadavg()
+    load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         rows = [
             measure(path, enc, Path(tmp))
@@ -166,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         {
             "benchmark": "lengths",
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-            "load_average": {"before": list(load), "after": list(os.getloadavg())},
+            "machine": machine(),
+            "load_average": {"before": load, "after": load_average()},
             "settings": {"lookup_epochs": LOOKUP_EPOCHS, "lookup_repeats": LOOKUP_REPEATS},
             "results": rows,
         },

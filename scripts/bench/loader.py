@@ -1,11 +1,11 @@
 """Loader throughput against what users would write, and padding with and without packing.
 
-    python scripts/bench_loader.py [--json PATH] [--rounds 2] [--quick]
+    python -m scripts.bench.loader [--json PATH] [--rounds 2] [--quick]
 
 **Decode and augment.** Photo-like JPEG and PNG corpora (640×480 and 1600×1200: scikit-image's
 bundled photos, cropped at random, resized, with mild sensor noise) converted with the project's
 converter (``--image-format keep``). Each measurement is a fresh process
-(`scripts/bench_loader_runs.py`) timing batches after a warm-up, with CPU time counted over the
+(`scripts.bench.loader_runs`) timing batches after a warm-up, with CPU time counted over the
 process and its worker processes, and the minor page faults of the processes that decode:
 
 * ``floor``: PIL decode of bytes already in memory + torchvision's advised v2 pipeline (geometry on
@@ -41,11 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
+from scripts.bench.common import REPO, check_json_out, finish_record, run_record, write_json
 
-RUNS = REPO / "scripts" / "bench_loader_runs.py"
 SIZES = {"640x480": (640, 480), "1600x1200": (1600, 1200)}
 
 
@@ -143,10 +140,11 @@ def photo_corpus(tmp: Path, fmt: str, size: tuple[int, int], count: int) -> Path
 
 
 def run_one(kind: str, dataset: Path, case: dict, args: argparse.Namespace) -> dict:
-    """One fresh process of `scripts/bench_loader_runs.py`; its JSON line."""
+    """One fresh process of `scripts.bench.loader_runs`; its JSON line."""
     command = [
         sys.executable,
-        str(RUNS),
+        "-m",
+        "scripts.bench.loader_runs",
         kind,
         str(dataset),
         "--workers",
@@ -160,7 +158,7 @@ def run_one(kind: str, dataset: Path, case: dict, args: argparse.Namespace) -> d
     ]
     command += ["--tile", str(case["tile"])] if "tile" in case else ["--crop", str(case["crop"])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"} if case["workers"] == 0 else dict(os.environ)
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -259,7 +257,7 @@ def draft_error(dataset: Path, samples: int = 64) -> dict:
     """Mean absolute difference (1/255) between draft and full decoding of the same 64-pixel crops."""
     import torch
 
-    from scripts.bench_loader_runs import JITTER, MEAN, SCALE, STD, image_bytes
+    from scripts.bench.loader_runs import JITTER, MEAN, SCALE, STD, image_bytes
     from task_encoders.config_parser import At
     from task_encoders.image_path import ImagePath
     from task_encoders.image_transforms import TransformSpec
@@ -287,7 +285,7 @@ def padding(rows_wanted: int, tmp: Path) -> dict:
     """Padding share of all token slots, packed vs one caption per row, on the same documents."""
     from megatron.energon import get_savable_loader, get_train_dataset
 
-    from scripts.bench_data import coco_dataset
+    from scripts.bench.data import coco_dataset
     from task_encoders.registry import get_encoder
 
     encoder = get_encoder(REPO / "configs" / "encoders" / "text.yaml")
@@ -367,7 +365,9 @@ def report(result: dict, targets_met: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench.loader", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best of)")
     parser.add_argument("--warmup", type=int, default=3, help="batches before the timing")

@@ -1,6 +1,6 @@
-"""One timed loader run of ``scripts/bench_loader.py``, in a process of its own.
+"""One timed loader run of ``scripts.bench.loader``, in a process of its own.
 
-    python scripts/bench_loader_runs.py KIND DATASET --crop 64 --workers 2 --batch-size 32 ...
+    python -m scripts.bench.loader_runs KIND DATASET --crop 64 --workers 2 --batch-size 32 ...
 
 prints one JSON line: samples, wall seconds, CPU seconds of this process and its worker processes,
 minor page faults of the processes that decode (the workers; this process with no workers), each
@@ -31,20 +31,17 @@ import argparse
 import io
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-from torchvision.transforms import v2  # noqa: E402
-from torchvision.transforms.v2 import functional as F  # noqa: E402
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
-from task_encoders.tiling import TilingConfig, choose_grid  # noqa: E402
-from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR, load_hf_tokenizer  # noqa: E402
+from task_encoders.tiling import TilingConfig, choose_grid
+from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR, load_hf_tokenizer
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 JITTER = {"brightness": 0.2, "contrast": 0.2, "saturation": 0.2}
@@ -319,7 +316,9 @@ LOADERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench.loader_runs", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("kind", choices=[*LOADERS, "floor", "floor_tiles"])
     parser.add_argument("dataset", type=Path)
     parser.add_argument("--blend", type=Path, help="read this metadataset instead (ours only)")

@@ -29,9 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
+from scripts.bench.common import check_json_out, finish_record, run_record, write_json
 
 
 def make_corpus(root: Path, n: int, faces: int) -> list[Path]:
@@ -89,7 +87,9 @@ def plain_epoch(paths: list[Path], points: int, seed: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.bench.mesh3d", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--n", type=int, default=60, help="shapes (default 60)")
     ap.add_argument(
         "--faces", type=int, default=5000, help="about this many faces per mesh (default 5000)"

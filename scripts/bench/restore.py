@@ -59,8 +59,8 @@ this file; all are measured at run time. The machine is shared, so load average 
 
 Examples::
 
-    python scripts/bench_restore.py --json out/bench_restore.json
-    python scripts/bench_restore.py --samples 600 --positions 3,20 --repeats 1 --throughput-batches 0
+    python -m scripts.bench.restore --json out/bench_restore.json
+    python -m scripts.bench.restore --samples 600 --positions 3,20 --repeats 1 --throughput-batches 0
 """
 
 from __future__ import annotations
@@ -78,9 +78,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository: scripts.* below
-from scripts.bench_run import check_json_out, write_json  # noqa: E402
+from scripts.bench.common import REPO as ROOT
+from scripts.bench.common import check_json_out, load_average, write_json
 
 DEFAULT_ENCODER = ROOT / "configs" / "encoders" / "image_text_small.yaml"
 SETTINGS = ("ours", "energon_default", "energon_frequent")
@@ -385,7 +384,7 @@ def run_child(spec: dict, log_dir: Path, name: str, timeout: float) -> dict:
     try:
         with open(log, "w") as f:
             proc = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+                [sys.executable, "-m", "scripts.bench.restore", "--child", json.dumps(spec)],
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 cwd=str(ROOT),
@@ -554,7 +553,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         pass
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.bench.restore", description=__doc__, formatter_class=Formatter
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
     p.add_argument(
         "--dataset",
@@ -680,7 +681,7 @@ def main(argv=None) -> int:
 
 
 def _run(args, work: Path, t_start: float) -> int:
-    load_before = os.getloadavg()
+    load_before = load_average()
     build = None
     if args.dataset:
         dataset = Path(args.dataset).resolve()
@@ -886,8 +887,8 @@ def _run(args, work: Path, t_start: float) -> int:
         "target": target,
         "machine": {
             "cpus": os.cpu_count(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "loadavg_before": load_before,
+            "loadavg_after": load_average(),
             **_versions(),
         },
         "total_s": round(time.perf_counter() - t_start, 1),

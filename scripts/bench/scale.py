@@ -1,6 +1,6 @@
 """Schedule scale and shuffle quality: ours (O(1) per position) against an epoch-array schedule.
 
-    python scripts/bench_scale.py [--json PATH] [--sizes 1e6 1e7 1e8 1e9] [--memory-limit-gib 8]
+    python -m scripts.bench.scale [--json PATH] [--sizes 1e6 1e7 1e8 1e9] [--memory-limit-gib 8]
 
 (1) For each corpus size N: the time a *fresh process* takes to compute the samples of one global
 batch (256 positions) in the middle of epoch 3 (a restore's work) and at position 0 (a fresh
@@ -33,11 +33,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from scripts.bench.common import REPO
 
 CHILD = r"""
 import json, resource, sys, time
-sys.path.insert(0, {repo!r})
 import numpy as np
 kind, n, buf, fresh = {kind!r}, {n}, {buf}, {fresh}
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -61,15 +60,14 @@ print(json.dumps({{"seconds": elapsed, "peak_rss_mib": peak / 1024, "rss_above_b
 
 def run_child(kind: str, n: int, buf: int | None, fresh: bool = False) -> dict:
     """One measurement in a new process: the first global batch (``fresh``) or one in epoch 3 (a restore)."""
-    code = CHILD.format(repo=str(REPO), kind=kind, n=n, buf=buf, fresh=fresh)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    code = CHILD.format(kind=kind, n=n, buf=buf, fresh=fresh)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} at N={n} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def quality(n: int = 10**6, shard: int = 512, windows=(64, 1024, 10000)) -> list[dict]:
-    sys.path.insert(0, str(REPO))
     import numpy as np
 
     from energon_platform.loader.orders import DatasetOrder
@@ -222,7 +220,6 @@ def storage(args) -> list[dict]:
     import tempfile
     import time
 
-    sys.path.insert(0, str(REPO))
     from converters.remote import upload_dataset
     from scripts.s3_server import S3Server
 
@@ -265,7 +262,9 @@ def storage(args) -> list[dict]:
 
 def main() -> int:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.bench.scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", help="write the results here")
     p.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 1e8, 1e9])
@@ -285,8 +284,7 @@ def main() -> int:
     )
     p.add_argument("--workers", type=int, default=2, help="(3): DataLoader workers of every loader")
     args = p.parse_args()
-    sys.path.insert(0, str(REPO))
-    from scripts.bench_run import check_json_out, finish_record, run_record, write_json
+    from scripts.bench.common import check_json_out, finish_record, run_record, write_json
 
     check_json_out(args.json)  # before any work: new, or a benchmark JSON
 

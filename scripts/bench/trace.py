@@ -12,14 +12,12 @@ batches before it give: tracing step N replays N plans. ``balanced`` times that 
 :class:`~energon_platform.loader.balance.planner.Planner` on synthetic log-normal lengths (packed rows of
 ``--seq-len``, ``--rows`` rows per global batch, the default window), per plan and per 10,000 steps.
 
-    .venv/bin/python scripts/bench_trace.py [--json bench-trace.json]   # illustrative
+    .venv/bin/python -m scripts.bench.trace [--json bench-trace.json]   # illustrative
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -31,20 +29,9 @@ from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.orders import DatasetOrder
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.trace import step_layout, uses
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: scripts.* below
-from scripts.bench_run import check_json_out, run_record, write_json  # noqa: E402
+from scripts.bench.common import best_of, check_json_out, finish_record, run_record, write_json
 
 N = 10**9
-
-
-def _best(fn, repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def measure(batch: int, epochs: int, scan: int) -> list[dict]:
@@ -63,14 +50,12 @@ def measure(batch: int, epochs: int, scan: int) -> list[dict]:
         # batches that hold `epochs` epochs of a dataset of N samples
         horizon = epochs * N // spb + 1
         deep = horizon - 2
-        step_s = _best(lambda: step_layout(s, deep, 8, 1))
+        step_s = best_of(lambda: step_layout(s, deep, 8, 1), 5)
         lay = step_layout(s, deep, 8, 1)
         dataset, target = int(lay["dataset"][0]), int(lay["index"][0])  # a sample of that step
         found = uses(s, dataset, target, horizon)
-        key_s = _best(lambda: uses(s, dataset, target, horizon))
-        scan_s = (
-            _best(lambda: [step_layout(s, b, 8, 1) for b in range(scan)], repeat=1) / scan * horizon
-        )
+        key_s = best_of(lambda: uses(s, dataset, target, horizon), 5)
+        scan_s = best_of(lambda: [step_layout(s, b, 8, 1) for b in range(scan)], 1) / scan * horizon
         rows.append(
             {
                 "schedule": name,
@@ -114,7 +99,9 @@ def measure_balanced(rows: int, seq_len: int, plans: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.bench.trace", description=__doc__.splitlines()[0]
+    )
     ap.add_argument(
         "--batch", type=int, default=1024, help="global batch size in samples (default 1024)"
     )
@@ -136,7 +123,7 @@ def main() -> None:
     }
     result["unbalanced"] = measure(args.batch, args.epochs, args.scan)
     result["balanced"] = measure_balanced(args.rows, args.seq_len, args.plans)
-    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    finish_record(result)
     print(
         f"{'schedule':24} {'steps':>12} {'step ms':>9} {'key ms':>9} {'uses':>5} {'scan s (est.)':>14} "
         f"{'scan/key':>12}"

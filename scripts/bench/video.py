@@ -36,9 +36,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
+from scripts.bench.common import (
+    check_json_out,
+    finish_record,
+    run_record,
+    timings,
+    write_json,
+)
 
 FPS = 30
 
@@ -301,11 +305,7 @@ def seek_table(files: dict[str, Path], frames: int, repeats: int) -> dict:
             ):
                 if method == "energon_get_video_clips_ms" and not name.endswith("webm"):
                     continue
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
+                times = timings(fn, repeats)
                 row.setdefault(method, {})[where] = 1000 * statistics.median(times)
         out[name] = row
     return out
@@ -315,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", category=RuntimeWarning)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.bench.video", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument(
         "--size",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +43,7 @@ def media_digest(doc) -> str:
 def case_digests(base: Path, load) -> dict[str, dict[str, str]]:
     """case → key → `media_digest`; ``load(source, index, encoder)`` is the decoded sample."""
     from energon_platform.loader.source import SampleSource
-    from scripts.bench_data import coco_dataset
+    from scripts.bench.data import coco_dataset
     from task_encoders.registry import get_encoder
 
     out = {}
@@ -63,7 +62,6 @@ def case_digests(base: Path, load) -> dict[str, dict[str, str]]:
 if __name__ == "__main__":
     import tempfile
 
-    sys.path.insert(0, str(REPO))
     with tempfile.TemporaryDirectory() as tmp:
         found = case_digests(Path(tmp), lambda source, index, encoder: source[index])
     FIXTURE.parent.mkdir(exist_ok=True)

@@ -17,7 +17,7 @@ from energon_platform.config import load_config
 from energon_platform.loader.state import StateMismatchError
 from energon_platform.loader.train_loader import TrainLoader
 from energon_platform.training.train import batch_digest
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from task_encoders.config_parser import At, ConfigError, to_plain
 from task_encoders.image_path import ImageBytesDecoder, ImagePath, draft_scale, open_image
 from task_encoders.image_text import ImageConfig, ImageTextConfig

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.bench_data import coco_dataset, librispeech_dataset
+from scripts.bench.data import coco_dataset, librispeech_dataset
 from tests.helpers import REPO
 
 ENCODERS = REPO / "configs" / "encoders"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from energon_platform.training.resume_check.processes import torchrun_argv
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from tests.helpers import REPO
 from tests.helpers.cli import run_cli
 from tests.helpers.run_configs import loader_config, write_config

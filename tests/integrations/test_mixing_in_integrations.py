@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from tests.helpers import REPO
 from tests.helpers.run_configs import loader_config, write_config
 from tests.helpers.trainer_examples import assert_exact_pass, check_resume, example

@@ -194,7 +194,7 @@ def test_budgeted_unpacked_plan_stays_within_budget():
 @pytest.fixture(scope="module")
 def three_packed(tmp_path_factory):
     """The embedded image-text, audio-text and text corpora as a 2:1:1 metadataset, and a length cache."""
-    from scripts.bench_data import three_modality_blend
+    from scripts.bench.data import three_modality_blend
 
     base = tmp_path_factory.mktemp("balance")
     mds = three_modality_blend(base)

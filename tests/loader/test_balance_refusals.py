@@ -17,7 +17,7 @@ import torch
 
 from energon_platform.loader.balance.planner import Planner
 from energon_platform.loader.balance.plans import PlanError
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from storage import DatasetError
 from task_encoders.config_parser import ConfigError
 from tests.helpers import REPO

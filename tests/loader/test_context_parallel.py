@@ -36,7 +36,7 @@ PACKED_TEXT = {
 
 @pytest.fixture(scope="module")
 def text_data(tmp_path_factory):
-    from scripts.bench_data import text_dataset
+    from scripts.bench.data import text_dataset
 
     base = tmp_path_factory.mktemp("context_parallel")
     return base, text_dataset(base)

@@ -9,7 +9,7 @@ import logging
 import pytest
 import yaml
 
-from scripts.bench_data import coco_dataset, three_modality_blend
+from scripts.bench.data import coco_dataset, three_modality_blend
 from tests.helpers import REPO
 from tests.helpers.cli import one_line_error_in_process
 

@@ -18,7 +18,7 @@ STEPS, MID = 4, 2
 
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory):
-    from scripts.bench_data import three_modality_blend
+    from scripts.bench.data import three_modality_blend
 
     return three_modality_blend(tmp_path_factory.getbasetemp())
 

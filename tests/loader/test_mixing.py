@@ -15,7 +15,7 @@ import pytest
 
 from energon_platform.loader.mixing import METHODS, make_method
 from energon_platform.loader.mixing.adapter import GRID, AdaptError, on_grid
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from tests.helpers.layouts import loaders_at
 
 #: a loss per dataset that the methods can tell apart

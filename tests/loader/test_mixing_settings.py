@@ -17,7 +17,7 @@ from energon_platform.config import BlendAdaptConfig, load_config
 from energon_platform.config_checks import check_mixing
 from energon_platform.loader.mixing import METHODS, BlendAdapter, make_method
 from energon_platform.loader.mixing.adapter import GRID
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from task_encoders.config_parser import ConfigError
 from tests.helpers import REPO
 from tests.helpers.cli import one_line_error_in_process

@@ -27,7 +27,7 @@ LOSS = {"coco_mini": 1.0, "librispeech_mini": 5.0, "text_mini": 2.5}
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory):
     """The embedded image-text, audio-text and text corpora as a 2:1:1 metadataset, and a length cache."""
-    from scripts.bench_data import three_modality_blend
+    from scripts.bench.data import three_modality_blend
 
     base = tmp_path_factory.mktemp("mixing_balance")
     return three_modality_blend(base), base / "lengths"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from tests.helpers import REPO
 
 VLM = REPO / "configs/encoders/image_text_vlm_small_packed.yaml"

@@ -21,7 +21,7 @@ import sys
 import pytest
 
 from energon_platform.training.digests import batch_digest, tensors_of
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from tests.helpers import REPO, hang_encoder
 from tests.helpers.ray_cluster import ON_DATA_NODE, actors_alive
 from tests.helpers.run_configs import SMALL_IMAGE_TEXT, loader_config

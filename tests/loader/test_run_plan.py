@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from tests.helpers import REPO
 
 SMALL = str(REPO / "configs/encoders/image_text_small.yaml")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from scripts.bench_data import coco_dataset, three_modality_blend
+from scripts.bench.data import coco_dataset, three_modality_blend
 from tests.helpers import REPO, layouts
 from tests.helpers.cli import one_line_error_in_process, run_cli
 

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from scripts.bench_data import coco_dataset, three_modality_blend
+from scripts.bench.data import coco_dataset, three_modality_blend
 from tests.helpers import REPO, layouts
 from tests.helpers.cli import run_cli
 

@@ -1,4 +1,4 @@
-"""``scripts/bench_balance.py --quick`` runs, prints the side-by-side table and writes its JSON."""
+"""``python -m scripts.bench.balance --quick`` runs, prints the side-by-side table and writes its JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from tests.helpers import REPO
 
-SCRIPT = REPO / "scripts" / "bench_balance.py"
+#: run as a module from the repository root (``cwd=REPO``)
+SCRIPT = ["-m", "scripts.bench.balance"]
 
 
 def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
@@ -18,7 +19,7 @@ def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            *SCRIPT,
             "--quick",
             "--steps",
             "12",
@@ -31,6 +32,7 @@ def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
             "12",
         ],  # fmt: skip
         capture_output=True,
+        cwd=REPO,
         text=True,
         timeout=120,
     )
@@ -62,8 +64,9 @@ def test_quick_run_prints_every_variant_and_writes_json(tmp_path):
 
 def test_bad_flag_value_is_a_one_line_user_error():
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--seq-len", "0"],
+        [sys.executable, *SCRIPT, "--quick", "--seq-len", "0"],
         capture_output=True,
+        cwd=REPO,
         text=True,
         timeout=60,
     )
@@ -76,8 +79,9 @@ def test_bad_flag_value_is_a_one_line_user_error():
 
 def test_bad_train_value_is_a_one_line_user_error():
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--train", "--train-steps", "2"],
+        [sys.executable, *SCRIPT, "--train", "--train-steps", "2"],
         capture_output=True,
+        cwd=REPO,
         text=True,
         timeout=60,
     )
@@ -94,7 +98,7 @@ def test_train_section_trains_both_variants_on_two_ranks_and_reports_tokens_per_
     proc = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            *SCRIPT,
             "--sections",
             "train",
             "--train-steps",
@@ -105,6 +109,7 @@ def test_train_section_trains_both_variants_on_two_ranks_and_reports_tokens_per_
             str(out),
         ],
         capture_output=True,
+        cwd=REPO,
         text=True,
         timeout=300,
     )
@@ -133,7 +138,7 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            *SCRIPT,
             "--sections",
             "measured",
             "llava",
@@ -150,6 +155,7 @@ def test_measured_section_calibrates_and_times_every_method(tmp_path):
             str(out),
         ],
         capture_output=True,
+        cwd=REPO,
         text=True,
         timeout=120,
     )
@@ -183,9 +189,9 @@ def test_the_calibration_pool_varies_the_documents_per_micro_batch_in_full_rows(
     """``measured``'s calibration pool: one-sample micro-batches alternate with packed rows of
     several documents, filled as the planner fills its rows. With one-sample micro-batches only,
     ``samples`` is 1 in every one and the fit puts the micro-batch's own cost on each document."""
-    from scripts.bench_balance.common import SyntheticLengths
-    from scripts.bench_balance.measured import CALIBRATION_ROW_FILL, Synthetic, calibration_pool
-    from scripts.bench_balance.runner import build_parser
+    from scripts.bench.balance.common import SyntheticLengths
+    from scripts.bench.balance.measured import CALIBRATION_ROW_FILL, Synthetic, calibration_pool
+    from scripts.bench.balance.runner import build_parser
 
     args = build_parser().parse_args(["--seed", "3", "--scale", "8"])
     synth = Synthetic(SyntheticLengths(args), args)
@@ -204,8 +210,8 @@ def test_the_calibration_pool_varies_the_documents_per_micro_batch_in_full_rows(
 def test_the_skewed_captions_are_cut_into_the_grids_they_were_drawn_for(tmp_path):
     """``train-measured``'s data: each image an exact grid of 1-12 tiles that the tiling encoder
     (``skewed_encoder``) cuts as drawn, every count present; captions of lognormal length."""
-    from scripts.bench_balance.train_measured import SKEW_TILE, skewed_encoder
-    from scripts.bench_data import SKEW_WORDS_MAX, skewed_captions_dataset
+    from scripts.bench.balance.train_measured import SKEW_TILE, skewed_encoder
+    from scripts.bench.data import SKEW_WORDS_MAX, skewed_captions_dataset
     from task_encoders.tiling import TilingConfig, choose_grid
 
     data = skewed_captions_dataset(tmp_path, SKEW_TILE)
@@ -237,7 +243,7 @@ def test_paired_timing_divides_out_a_slow_drift_that_the_least_of_three_keeps(mo
     import torch
 
     import energon_platform.training.calibrate as calibrate
-    from scripts.bench_balance.measured import timed
+    from scripts.bench.balance.measured import timed
 
     class Drifting(torch.nn.Module):
         """Each forward moves the clock on by its batch's cost times a factor that drifts over

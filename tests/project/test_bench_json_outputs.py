@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from scripts.bench_run import check_json_out, write_json
+from scripts.bench.common import check_json_out, write_json
 from tests.helpers import REPO
 
-#: every benchmark that takes ``--json`` (the bench_balance package's runner holds its options)
+#: every benchmark that takes ``--json`` (the balance package's runner holds its options)
 BENCHMARKS = sorted(
     p
-    for p in [*REPO.glob("scripts/bench_*.py"), REPO / "scripts/bench_balance/runner.py"]
-    if '"--json"' in p.read_text() and p.name != "bench_run.py"
+    for p in [*REPO.glob("scripts/bench/*.py"), REPO / "scripts/bench/balance/runner.py"]
+    if '"--json"' in p.read_text() and p.name != "common.py"
 )
 
 
@@ -50,8 +50,9 @@ def test_a_users_file_is_refused_in_one_line_and_left_as_it_was(tmp_path):
     mine = tmp_path / "results.json"
     mine.write_text('{"my": "notes"}')
     r = subprocess.run(
-        [sys.executable, str(REPO / "scripts/bench_cli.py"), "--repeat", "1", "--json", str(mine)],
+        [sys.executable, "-m", "scripts.bench.cli", "--repeat", "1", "--json", str(mine)],
         capture_output=True,
+        cwd=REPO,
         text=True,
         timeout=120,
     )

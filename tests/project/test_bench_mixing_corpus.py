@@ -1,4 +1,4 @@
-"""The real-text domains of scripts/bench_mixing.py: the files are the pinned ones, every domain
+"""The real-text domains of scripts/bench/mixing.py: the files are the pinned ones, every domain
 holds the same number of documents of exactly the same number of tokens, and a file whose digest
 differs from its pin stops the benchmark in one line."""
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from scripts import bench_mixing_corpus as corpus
+from scripts.bench import mixing_corpus as corpus
 from task_encoders.tokenization import DEFAULT_TOKENIZER_DIR, load_hf_tokenizer
 
 

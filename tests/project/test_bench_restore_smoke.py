@@ -1,4 +1,4 @@
-"""scripts/bench_restore.py end to end at a toy size (ours only, to stay well under 30 s; the
+"""``python -m scripts.bench.restore`` end to end at a toy size (ours only, to stay well under 30 s; the
 Energon settings run in the full benchmark): it runs, writes the JSON the issue asks for, and the
 restored batch is the batch the saving run produced next."""
 
@@ -12,7 +12,8 @@ import pytest
 
 from tests.helpers import REPO
 
-SCRIPT = REPO / "scripts" / "bench_restore.py"
+#: run as a module from the repository root (``cwd=REPO``)
+SCRIPT = ["-m", "scripts.bench.restore"]
 
 
 @pytest.mark.slow
@@ -21,7 +22,7 @@ def test_bench_restore_toy(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            *SCRIPT,
             "--samples",
             "600",
             "--positions",
@@ -38,6 +39,7 @@ def test_bench_restore_toy(tmp_path):
             str(out),
         ],
         capture_output=True,
+        cwd=REPO,
         text=True,
         timeout=300,
     )

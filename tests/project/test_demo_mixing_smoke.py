@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from tests.helpers.cli import run_python
 
 LOOP = "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; import demo; "

@@ -388,7 +388,7 @@ def test_restore_target_judges_ours_not_the_ratio_to_energon(tmp_path):
 def test_a_paired_timing_run_says_so_and_is_not_judged_on_the_max_over_mean_targets(
     tmp_path, timing
 ):
-    """``bench_balance.py --timing paired`` divides each timing by a reference's: its max/mean rows
+    """``python -m scripts.bench.balance --timing paired`` divides each timing by a reference's: its max/mean rows
     are labelled and carry no target, which is stated on plain timing."""
     run = json.loads(json.dumps(RUNS["balance"][0]))
     run["measured"]["timing"] = timing

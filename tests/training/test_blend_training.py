@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from energon_platform.training.resume_check import RunSpec, check_resume, read_log
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from tests.helpers import REPO
 from tests.helpers import run_configs as configs
 

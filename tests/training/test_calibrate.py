@@ -26,7 +26,7 @@ from energon_platform.training.calibrate import (
     time_step,
     write_report,
 )
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from task_encoders.features import FEATURES, features
 from tests.helpers import REPO
 from tests.helpers.cli import one_line_error_in_process

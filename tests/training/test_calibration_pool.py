@@ -20,7 +20,7 @@ from energon_platform.training.calibration_pool import (
     row_width,
     run_size,
 )
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from task_encoders.features import features, micro_batch_features, summed
 from tests.helpers import REPO
 from tests.helpers import run_configs as configs

@@ -23,7 +23,7 @@ from energon_platform.training.step_log_readers import (
     sample_line,
 )
 from energon_platform.training.step_log_writer import StepLog, batch_digest
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from tests.helpers import REPO
 from tests.helpers import run_configs as configs
 from tests.helpers.cli import run_cli, run_python

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from energon_platform import cli
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from tests.helpers import REPO
 
 #: as a user writes it in a run config

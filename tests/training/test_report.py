@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from energon_platform.tools.report import BUCKETS, build_report, reduce_curve
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from scripts.browser import chromium_or_reason, console_messages, run_chromium
 from tests.helpers import REPO
 from tests.helpers.cli import run_cli

@@ -18,7 +18,7 @@ from energon_platform.training.resume_check import (
     run_killed,
     trainer_command,
 )
-from scripts.bench_data import coco_dataset
+from scripts.bench.data import coco_dataset
 from tests.helpers import REPO
 from tests.helpers.cli import run_cli, start_python
 from tests.helpers.run_configs import run_config, write_config
@@ -216,7 +216,7 @@ def test_layout_refused_before_training_and_checkpoints_protected(config_file, t
 
 @pytest.mark.slow
 def test_audio_text_training_resumes_bit_exact(tmp_path, tmp_path_factory):
-    from scripts.bench_data import librispeech_dataset
+    from scripts.bench.data import librispeech_dataset
 
     config = yaml.safe_load((REPO / "configs/train_audio_text.yaml").read_text())
     config["data"]["path"] = str(librispeech_dataset(tmp_path_factory.getbasetemp()))

@@ -54,7 +54,7 @@ def test_short_soak_of_a_balanced_blend_survives_start_up_kills(tmp_path):
     the first two processes during start-up (the first one while it builds the length index)."""
     import yaml
 
-    from scripts.bench_data import three_modality_blend
+    from scripts.bench.data import three_modality_blend
 
     config = tmp_path / "run.yaml"
     config.write_text(

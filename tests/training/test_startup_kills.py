@@ -29,7 +29,7 @@ from energon_platform.training.resume_check import (
     run_command,
     trainer_command,
 )
-from scripts.bench_data import coco_dataset, librispeech_dataset
+from scripts.bench.data import coco_dataset, librispeech_dataset
 from storage.paths import DERIVED_FOLDER
 from tests.helpers import REPO
 

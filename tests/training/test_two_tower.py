@@ -11,7 +11,7 @@ from energon_platform import TrainLoader
 from energon_platform.config import ConfigError, load_config
 from energon_platform.training.model import CaptionModel
 from energon_platform.training.two_tower import TwoTowerModel, build_model
-from scripts.bench_data import three_modality_blend
+from scripts.bench.data import three_modality_blend
 from tests.helpers import REPO
 
 #: batch kind → (dataset under the blend's folder, or the blend itself; encoder config; towers)

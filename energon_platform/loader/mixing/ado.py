@@ -23,7 +23,7 @@ the fitted parameters, the weights and the fit's rule, as plain JSON.
 The rule is versioned in the state (``rule``). Rule 1 is what a state saved without ``rule``
 decided with, and such a state resumes with rule 1: the ``points`` most recent points, a fit of 48
 values of ``α`` and 40 golden-section steps with the residuals summed per ``α``, and the score
-above. A method made anew uses rule 2, for what rule 1 did on real text (``scripts/bench_mixing.py``):
+above. A method made anew uses rule 2, for what rule 1 did on real text (``scripts/bench/mixing.py``):
 
 * *credit*: the score is also multiplied by the share of the stretch's samples the dataset had.
   A loss also falls from what the model learns on the other datasets; per own sample, that fall

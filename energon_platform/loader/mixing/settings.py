@@ -27,7 +27,7 @@ class BlendAdaptConfig:
 
     method: str = field(default="ado", metadata={CHOICES: method_names})
     """``ado`` (weight to the fastest fall of a fitted loss curve; the default: the only method
-    that met every target of ``scripts/bench_mixing.py``), ``loss_ratio`` (weight to falling
+    that met every target of ``scripts/bench/mixing.py``), ``loss_ratio`` (weight to falling
     loss) or ``odm`` (a bandit: weight to high loss)."""
     every: int = 4
     """Global steps between two updates of the weights."""

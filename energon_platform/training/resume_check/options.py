@@ -14,7 +14,7 @@ from typing import Any
 from energon_platform.training.resume_check.command import CommandSpec
 
 # the loader and preflight are imported inside check_trainer_run: every command imports this module
-# for OptionError, and they would multiply the command's start-up (scripts/bench_cli.py)
+# for OptionError, and they would multiply the command's start-up (scripts/bench/cli.py)
 
 #: the loss tolerance of a resume on another number of ranks: the gradient all-reduce then sums in
 #: another order, so the loss may differ in its last bits

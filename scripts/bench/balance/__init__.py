@@ -1,8 +1,8 @@
 """Compute balance across data-parallel ranks: today, a naive sort-and-deal, Energon's packing, ours.
 
-    python scripts/bench_balance.py [--json PATH] [--quick] [--steps 500] [--ranks 8 64] [--rows-per-rank 2]
+    python -m scripts.bench.balance [--json PATH] [--quick] [--steps 500] [--ranks 8 64] [--rows-per-rank 2]
         [--train | --sections balance train] [--train-steps 40] [--train-rounds 3]
-    python -m scripts.bench_balance ...   # the same (also: python scripts/bench_balance ...)
+    (from the repository root)
 
 A skewed synthetic blend of per-sample lengths (seeded NumPy, drawn lazily per position, so every
 variant reads the *same* stream): ``image_text`` = tiles (uniform 1..12) x ``--tokens-per-tile``

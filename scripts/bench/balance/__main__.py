@@ -1,11 +1,8 @@
-"""``python -m scripts.bench_balance`` (from the repository) or ``python scripts/bench_balance``."""
+"""``python -m scripts.bench.balance`` (from the repository root)."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from scripts.bench_balance.runner import main  # noqa: E402
+from scripts.bench.balance.runner import main
 
 if __name__ == "__main__":
     sys.exit(main())

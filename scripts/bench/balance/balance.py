@@ -13,7 +13,7 @@ import numpy as np
 from energon_platform.loader.balance.dealing import deal_bound, deal_plan, rank_costs
 from energon_platform.loader.balance.packer import sample_cost
 from energon_platform.loader.balance.planner import Planner
-from scripts.bench_balance.common import (
+from scripts.bench.balance.common import (
     TARGET_PADDING,
     TARGET_RANKS,
     TARGET_RATIO,

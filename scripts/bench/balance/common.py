@@ -4,12 +4,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-
+from scripts.bench.common import REPO  # noqa: F401 (the sections import it from here)
 
 KINDS = ("image_text", "audio", "text")
 

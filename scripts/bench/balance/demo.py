@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from energon_platform.loader.balance.dealing import deal_plan, rank_costs
-from scripts.bench_balance.common import REPO, spread
+from scripts.bench.balance.common import REPO, spread
 
 
 def demo_section(args) -> dict:
@@ -18,9 +17,8 @@ def demo_section(args) -> dict:
     samples, and samples placed twice in one global batch (must be 0)."""
     import tempfile
 
-    sys.path.insert(0, str(REPO))
     from energon_platform import TrainLoader, load_config
-    from scripts.bench_data import three_modality_blend
+    from scripts.bench.data import three_modality_blend
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:

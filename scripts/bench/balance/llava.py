@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.bench_balance.common import CALIBRATION_KEYS, REPO, target_line
-from scripts.bench_balance.measured import calibration_targets, fit_summary
+from scripts.bench.balance.common import CALIBRATION_KEYS, REPO, target_line
+from scripts.bench.balance.measured import calibration_targets, fit_summary
 
 #: ``calibrate --model`` of megatron-core's LLaVAModel (section ``llava``)
 LLAVA_FACTORY = "energon_platform.integrations.megatron.llava:calibration_model"
@@ -44,7 +44,7 @@ def llava_section(args) -> dict:
     from energon_platform.config import load_config
     from energon_platform.integrations.megatron.llava import calibration_model
     from energon_platform.training.calibrate import calibrate_run
-    from scripts.bench_data import coco_dataset
+    from scripts.bench.data import coco_dataset
 
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="bench-balance-llava-") as tmp:

@@ -9,7 +9,7 @@ import numpy as np
 
 from energon_platform.loader.balance.packer import sample_cost
 from energon_platform.loader.balance.planner import Planner
-from scripts.bench_balance.common import TARGET_RANKS, SyntheticLengths
+from scripts.bench.balance.common import TARGET_RANKS, SyntheticLengths
 
 
 def long_section(args) -> dict:

@@ -11,7 +11,7 @@ from energon_platform.loader.balance.dealing import deal_plan
 from energon_platform.loader.balance.packer import sample_cost
 from energon_platform.loader.balance.planned import plans_like_lengths
 from energon_platform.loader.balance.planner import Planner
-from scripts.bench_balance.common import (
+from scripts.bench.balance.common import (
     CALIBRATION_KEYS,
     KINDS,
     SyntheticLengths,

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
 from energon_platform.loader.balance.dealing import deal_plan, rank_costs
-from scripts.bench_balance.common import REPO, ratio, spread
+from scripts.bench.balance.common import REPO, ratio, spread
 
 #: the demo blend's mean sample loss per dataset: image-text and audio fall, text stays flat
 LOSS = {"coco_mini": 1.0, "librispeech_mini": 5.0, "text_mini": 2.5}
@@ -88,8 +87,7 @@ def mixing_section(args) -> dict:
     (`ADAPT`, on losses that fall for image-text and audio and stay flat for text) against fixed
     weights, at the start's weights and at the mixer's final ones. Targets: the mixed run's p90
     rank cost max/mean within 0.05 of the worse fixed run's, on 2 and 8 ranks."""
-    sys.path.insert(0, str(REPO))
-    from scripts.bench_data import three_modality_blend
+    from scripts.bench.data import three_modality_blend
 
     rows, targets = [], []
     with tempfile.TemporaryDirectory() as tmp:

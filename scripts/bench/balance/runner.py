@@ -5,23 +5,22 @@ printed and the whole result written as JSON.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-import scripts.bench_balance as package
-from scripts.bench_balance.balance import balance_section, report_balance
-from scripts.bench_balance.common import KINDS, SyntheticLengths
-from scripts.bench_balance.demo import demo_section, report_demo
-from scripts.bench_balance.llava import llava_section, report_llava
-from scripts.bench_balance.long import long_section, report_long
-from scripts.bench_balance.measured import TIMINGS, measured_section, report_measured
-from scripts.bench_balance.mixing import mixing_section, report_mixing
-from scripts.bench_balance.sizes import report_sizes, sizes_section
-from scripts.bench_balance.train import TRAIN_WARMUP, TrainFailed, report_train, train_section
-from scripts.bench_balance.train_measured import report_train_measured, train_measured_section
-from scripts.bench_run import check_json_out, run_record, write_json
+import scripts.bench.balance as package
+from scripts.bench.balance.balance import balance_section, report_balance
+from scripts.bench.balance.common import KINDS, SyntheticLengths
+from scripts.bench.balance.demo import demo_section, report_demo
+from scripts.bench.balance.llava import llava_section, report_llava
+from scripts.bench.balance.long import long_section, report_long
+from scripts.bench.balance.measured import TIMINGS, measured_section, report_measured
+from scripts.bench.balance.mixing import mixing_section, report_mixing
+from scripts.bench.balance.sizes import report_sizes, sizes_section
+from scripts.bench.balance.train import TRAIN_WARMUP, TrainFailed, report_train, train_section
+from scripts.bench.balance.train_measured import report_train_measured, train_measured_section
+from scripts.bench.common import check_json_out, finish_record, run_record, write_json
 
 #: name → (run(args) → dict, report(section, args) → lines), run in this order when selected
 #: (``--sections``; ``train`` takes minutes, so only when asked: ``--train``).
@@ -55,7 +54,9 @@ def weights(text: str) -> dict[str, float]:
 def build_parser() -> argparse.ArgumentParser:
     """The command line: its options and their defaults (`main` completes those left None)."""
     p = argparse.ArgumentParser(
-        description=package.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.bench.balance",
+        description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--json", type=Path, help="also write the results (with machine, date, load average) here"
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         lines += report(result[name], args) + [""]
     result["seconds"] = time.perf_counter() - t
-    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    finish_record(result)
     result["settings"] = {k: v for k, v in vars(args).items() if k not in ("json", "check")}
     print(
         f"{result['date']}, {result['machine']['cpus']} CPUs, load average before/after: "

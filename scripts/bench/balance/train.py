@@ -13,7 +13,8 @@ import numpy as np
 
 from energon_platform.loader.balance.packer import sample_cost
 from energon_platform.training.resume_check.processes import torchrun_argv
-from scripts.bench_balance.common import REPO, ratio, target_line
+from scripts.bench.balance.common import REPO, ratio, target_line
+from scripts.bench.common import load_average
 
 # --- the reference model's tokens/s on 2 gloo ranks (--train) -----------------------------------
 #: the embedded corpora as a skewed blend: short captions and utterances (about 14 and 9 tokens)
@@ -29,10 +30,10 @@ class TrainFailed(Exception):
 
 
 def _train_data(base: Path) -> Path:
-    """Convert the embedded corpora (``bench_data.py``) under ``base``; the blend's metadataset."""
+    """Convert the embedded corpora (``scripts.bench.data``) under ``base``; the blend's metadataset."""
     import yaml
 
-    from scripts.bench_data import coco_dataset, librispeech_dataset, text_dataset
+    from scripts.bench.data import coco_dataset, librispeech_dataset, text_dataset
 
     paths = {p.name: p for p in (coco_dataset(base), librispeech_dataset(base), text_dataset(base))}
     mds = base / "blend.yaml"
@@ -191,12 +192,12 @@ def interleaved_runs(configs: dict[str, Path], base: Path, args) -> tuple[dict, 
     """``--train-rounds`` rounds of one `_train_once` per config, interleaved A, B, A, B against
     load drift: ``(runs per name, 1-minute load average before the first run and after each)``;
     a load above ~2 means other processes competed for the 2 cores."""
-    load = [os.getloadavg()[0]]
+    load = [load_average()[0]]
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for rnd in range(args.train_rounds):
         for name, config in configs.items():
             runs[name].append(_train_once(config, base / f"out-{name}-{rnd}", args))
-            load.append(os.getloadavg()[0])
+            load.append(load_average()[0])
             r = runs[name][-1]
             print(
                 f"  [train {name} round {rnd}: {r['tokens_per_s']:.0f} tokens/s, "

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.bench_balance.common import CALIBRATION_KEYS, REPO, target_line
-from scripts.bench_balance.train import TRAIN_WARMUP, interleaved_runs, train_config, train_variants
+from scripts.bench.balance.common import CALIBRATION_KEYS, REPO, target_line
+from scripts.bench.balance.train import TRAIN_WARMUP, interleaved_runs, train_config, train_variants
 
 # --- the two-tower model's optimizer steps/s on 2 gloo ranks, planned by measured cost ----------
 #: the two-tower reference model the ``train-measured`` section calibrates and trains: its vision
@@ -71,7 +71,7 @@ def train_measured_section(args) -> dict:
 
     from energon_platform.config import load_config
     from energon_platform.training.calibrate import calibrate_run, write_report
-    from scripts.bench_data import skewed_captions_dataset
+    from scripts.bench.data import skewed_captions_dataset
 
     with tempfile.TemporaryDirectory(prefix="bench-balance-train-measured-") as tmp:
         base = Path(tmp)

@@ -3,7 +3,7 @@
 the best fixed mixture's held-out loss in fewer steps, where do its weights go (noise, a domain
 that saturates), and what does the mixer cost per step?
 
-The data (`scripts.bench_mixing_corpus`): five domains of text that ships with Python 3.11 or
+The data (`scripts.bench.mixing_corpus`): five domains of text that ships with Python 3.11 or
 torch 2.14.1, every file pinned by its SHA-256: ``code`` (standard-library source), ``prose`` (the
 language reference's topics), ``data`` (a JSON registry of torch), ``license`` (windows of the
 Python license: near-duplicates, a domain that saturates) and ``noise`` (random words of one token
@@ -33,7 +33,7 @@ Targets, each method's row met or not: the best method <= 0.85x the best baselin
 noise weight below half its start within the first fifth of the run (every seed); the learnable
 domains' final loss <= 0.97x that of fixed equal weights; the update <= 1% of a step.
 
-    .venv/bin/python scripts/bench_mixing.py [--quick] [--json bench-mixing.json]
+    .venv/bin/python -m scripts.bench.mixing [--quick] [--json bench-mixing.json]
 """
 
 from __future__ import annotations
@@ -48,11 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from scripts.bench_mixing_corpus import DOMAINS, LEARNABLE, documents  # noqa: E402
-from scripts.bench_run import check_json_out, finish_record, run_record, write_json  # noqa: E402
+from scripts.bench.common import check_json_out, finish_record, run_record, write_json
+from scripts.bench.mixing_corpus import DOMAINS, LEARNABLE, documents
 
 BASELINES = ("uniform", "proportional")
 
@@ -445,7 +442,9 @@ def main(argv=None) -> int:
     from energon_platform.loader.mixing import METHODS
 
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.bench.mixing",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--docs", type=int, default=2200, help="documents per domain (train + val)")
     p.add_argument("--length", type=int, default=60, help="tokens per document")

@@ -1,4 +1,4 @@
-"""The real-text domains of ``scripts/bench_mixing.py``: files that ship with Python 3.11 or a
+"""The real-text domains of ``scripts.bench.mixing``: files that ship with Python 3.11 or a
 pinned package, each pinned by its SHA-256, cut into documents of the same number of tokens.
 
 Domains (`SOURCES`; every document is ``length`` tokens of the shipped tokenizer, and every domain
