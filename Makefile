@@ -30,7 +30,7 @@ venv: $(STAMP)
 venv-test: $(TEST_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python scripts/demo.py --out $(OUT)
+	$(BIN)/python -m scripts.demo --out $(OUT)
 
 # The fast tier (tests/helpers/tiers.py): pure and property tests, no process, no server. Only
 # its modules are collected (collecting the whole suite alone takes ~20 s of CPU).

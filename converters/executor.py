@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
+from typing import TypeVar
 
 from converters.output import ConvertError
 from converters.units import WorkUnit
@@ -20,6 +21,9 @@ from converters.writer import WriteOptions, write_unit
 Writer = Callable[..., dict]
 
 OnDone = Callable[[WorkUnit, dict], None]
+#: a unit and its options of `run_ray`, which runs any ``writer`` (the length index's shards too)
+Unit = TypeVar("Unit")
+Options = TypeVar("Options")
 
 
 def run_inline(
@@ -86,10 +90,10 @@ def check_ray_address(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_
 
 
 def run_ray(
-    units: Sequence[WorkUnit],
+    units: Sequence[Unit],
     out_dir: str,
-    opts: WriteOptions,
-    on_done: OnDone,
+    opts: Options,
+    on_done: Callable[[Unit, dict], None],
     workers: int,
     address: str | None,
     writer: Writer = write_unit,

@@ -183,7 +183,7 @@ def _plan_without(cfg, out: Path):
     import dataclasses
 
     balance = cfg.loader.balance
-    if balance.mode != "measured" or Path(balance.cost_model).resolve() != out.resolve():
+    if not balance.calibrated or Path(balance.cost_model).resolve() != out.resolve():
         return cfg
     if out.is_file():
         return cfg  # a calibration again: the run's plan, with its earlier cost file

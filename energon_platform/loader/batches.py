@@ -24,7 +24,7 @@ from megatron.energon import DefaultTaskEncoder
 from megatron.energon.errors import FatalSampleError
 
 from energon_platform.loader.balance.dealing import deal_plan
-from energon_platform.loader.sample_watch import SampleTimeoutError
+from energon_platform.loader.sample_watch import SampleTimeoutError, SampleWatch
 from energon_platform.loader.schedule import Schedule
 from energon_platform.loader.source import StorageError
 from energon_platform.loader.stand_in import MAX_REPLACEMENTS, row_fits, stand_in
@@ -33,6 +33,7 @@ from task_encoders.seeding import single_intra_op_thread
 
 if TYPE_CHECKING:
     from energon_platform.loader.datasets import DatasetSet
+    from energon_platform.loader.exclusions import Excluder
     from task_encoders.base import SeededTaskEncoder
 
 
@@ -73,7 +74,7 @@ class MicroBatchMaker:
         world_size: int,
         micro_items: int,
         planner: Any = None,
-        exclusions: Any = None,
+        exclusions: Excluder | None = None,
     ):
         self.datasets, self.encoder, self.schedule = datasets, encoder, schedule
         #: ``loader.exclude``: an `Excluder`, or None
@@ -116,7 +117,8 @@ class MicroBatchMaker:
         self.replaced: list[dict] = []  #: failed samples and their stand-ins, in this process
         #: ``loader.sample_timeout``: the watch this process marks its samples in (None: unwatched),
         #: and its row there (the worker's number, set by the executor that runs it)
-        self.watch, self.watch_row = None, 0
+        self.watch: SampleWatch | None = None
+        self.watch_row = 0
         #: ``(dataset, index)`` → ``(key, limit)`` of samples that took longer than the limit, for
         #: which a worker was replaced: failed samples (their stand-ins are used), without a wait
         self.timed_out: dict[tuple[int, int], tuple[str, float]] = {}
@@ -152,7 +154,8 @@ class MicroBatchMaker:
             self._skip(e, {"__key__": prefix + (getattr(e, "sample_key", None) or f"#{index}")})
             return []
         sample.__key__ = prefix + sample.__key__
-        if self.exclusions is not None and self._exclude(batch, dataset, index, sample.__key__):
+        excluder = self.exclusions
+        if excluder is not None and self._exclude(excluder, batch, dataset, index, sample.__key__):
             return None  # replaced by its stand-in like a failed sample, but no failure
         name = self.datasets.entries[dataset].name
         sample.__subflavors__ = {**(sample.__subflavors__ or {}), "epoch": epoch, "dataset": name}
@@ -164,11 +167,11 @@ class MicroBatchMaker:
             self._skip(e, sample)
             return []
 
-    def _exclude(self, batch: int, dataset: int, index: int, key: str) -> bool:
-        """Whether ``loader.exclude`` skips the sample at global batch ``batch``; logged at info
-        level once per dataset and global batch in this process (the trainer's log row counts
-        them all: `TrainLoader.exclusion_stats`)."""
-        rule = self._rule = self.exclusions.rule(batch, dataset, index, key)
+    def _exclude(self, excluder: Excluder, batch: int, dataset: int, index: int, key: str) -> bool:
+        """Whether ``loader.exclude`` (``excluder``) skips the sample at global batch ``batch``;
+        logged at info level once per dataset and global batch in this process (the trainer's log
+        row counts them all: `TrainLoader.exclusion_stats`)."""
+        rule = self._rule = excluder.rule(batch, dataset, index, key)
         if rule is not None:
             self._note_once(
                 batch,

@@ -31,7 +31,6 @@ from itertools import accumulate
 from typing import Any
 
 from energon_platform.loader.key_index import KeyIndex
-from energon_platform.loader.step_settings import BlendStep
 from storage import DatasetError
 
 _PATTERN = set("*?[")
@@ -202,7 +201,7 @@ def _check_rule(rule: Any, datasets: Any, indexes: Sequence[Any]) -> list[set]:
             continue
         d = next((d for d, p in enumerate(prefixes) if value.startswith(p)), None)
         index = None if d is None else indexes[d].index(value[len(prefixes[d]) :])
-        if index is None:
+        if d is None or index is None:
             raise DatasetError(
                 f"{where}: no sample has key {value!r} (keys as logged"
                 + (": DATASET:KEY)" if datasets.metadataset else ")")
@@ -264,12 +263,21 @@ def resumed(
     return out, changes
 
 
+@dataclass(frozen=True)
+class PlannedStep:
+    """A ``BlendStep``-like entry of `blend_steps`: from global step ``step`` on, ``weights``
+    (dataset name → an exact fraction as text, ``"1/3"``; `plan_segments` reads either)."""
+
+    step: int
+    weights: dict[str, str]
+
+
 def blend_steps(
     datasets: Any, blend_schedule: Sequence[Any], history: Sequence[Exclusion]
 ) -> tuple:
     """``blend_schedule`` with the dataset exclusions of ``history`` folded in: at every step where
     the planned weights or an exclusion change, the planned weights with excluded datasets at 0
-    (``BlendStep``-like entries for `plan_segments`)."""
+    (`PlannedStep`s, for `plan_segments`; ``blend_schedule`` as it is without such exclusions)."""
     dropping = [ex for ex in history if ex.datasets]
     if not dropping:
         return tuple(blend_schedule)
@@ -307,7 +315,7 @@ def blend_steps(
             raise DatasetError(
                 f"loader.exclude leaves no dataset with a weight above 0 from global batch {step}"
             )
-        steps.append(BlendStep(step, {n: str(w) for n, w in weights.items()}))
+        steps.append(PlannedStep(step, {n: str(w) for n, w in weights.items()}))
     return tuple(steps)
 
 

@@ -11,14 +11,17 @@ converter's ``text.json`` provenance) is all there, at the cost of one ranged re
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from megatron.energon.flavors.webdataset.default_generic_webdataset import (
     DefaultGenericWebdatasetFactory,
 )
+from megatron.energon.flavors.webdataset.structs import FilteredSample
+
+from energon_platform.loader.source import tag_sample_key
 
 
-def decode_light_parts(raw: dict) -> dict:
+def decode_light_parts(raw: dict) -> FilteredSample:
     """``raw`` (part name → bytes, plus ``__key__`` etc.) with ``.json`` parts parsed and ``.txt``
     parts decoded; other parts unchanged."""
     out = {}
@@ -29,7 +32,7 @@ def decode_light_parts(raw: dict) -> dict:
             elif name.endswith(".txt"):
                 value = bytes(value).decode("utf-8")
         out[name] = value
-    return out
+    return cast(FilteredSample, out)  # Energon's record: its ``__`` keys and the sample's parts
 
 
 def light_sample(source: Any, index: int) -> Any:
@@ -45,5 +48,5 @@ def light_sample(source: Any, index: int) -> Any:
     try:
         return DefaultGenericWebdatasetFactory.load_sample(source._factory, decode_light_parts(raw))
     except Exception as e:
-        e.sample_key = raw.get("__key__")
+        tag_sample_key(e, raw.get("__key__"))
         raise

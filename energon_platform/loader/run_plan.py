@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from energon_platform.config_checks import check_with_encoder, pack_group
 from energon_platform.loader.balance.planner import check_distinct
-from energon_platform.loader.batching import Batching, batching_for
+from energon_platform.loader.batching import Batching, PlannedBatching, batching_for
 from energon_platform.loader.blend import Blend, Segment
 from energon_platform.loader.blend_history import plan_segments, resume_segments
 from energon_platform.loader.context_parallel import apply_context_parallel
@@ -214,7 +214,7 @@ class RunPlan:
             self.blend,
             self.unit,
         )
-        if new and self.batching.planned:
+        if new and isinstance(self.batching, PlannedBatching):
             self.batching.extend(self.schedule, new[0].start)
         else:
             self.batching.start(self.schedule, plan_state)

@@ -135,6 +135,12 @@ def _no_split_file(path: str, error: Exception) -> DatasetError:
     )
 
 
+def tag_sample_key(error: BaseException, key: str | None) -> None:
+    """Name the sample ``error`` was raised for (its ``__key__``): whoever skips it reads
+    ``getattr(error, "sample_key", None)``. Any exception type, so an attribute set on it."""
+    setattr(error, "sample_key", key)  # noqa: B010 - the attribute is not the exception type's
+
+
 class SampleSource:
     """``source[i]`` is the decoded Energon sample with dataset index ``i`` of one split.
 
@@ -202,7 +208,8 @@ class SampleSource:
     def remote(self) -> bool:
         return is_remote(self.path)
 
-    def _ensure_reader(self) -> None:
+    def _ensure_reader(self) -> ShardReader:
+        """This process's shard reader (opened on first use; a forked process opens its own)."""
         if self._pid != os.getpid() and self.remote:  # a forked DataLoader worker must not share
             # the parent's S3 client and its connections
             self._open(self.path, self.split, self.subflavors)
@@ -211,6 +218,7 @@ class SampleSource:
             self._reader = ShardReader(
                 f.path, f.shards, part_filter=f.part_filter, sample_filter=f.sample_filter
             )
+        return self._reader
 
     def prefetch(self, indices) -> None:
         """Start reading the raw bytes of ``indices`` in the background (object storage only; a
@@ -218,12 +226,12 @@ class SampleSource:
         ahead of the micro-batch being encoded hides the store's latency behind the decoding."""
         if not self.remote:
             return
-        self._ensure_reader()
+        reader = self._ensure_reader()
         todo = sorted({int(i) for i in indices} - set(self._prefetched))
         if todo:
             if self._lookahead is None:
                 self._lookahead = ThreadPoolExecutor(2, thread_name_prefix="prefetch")
-            future = self._lookahead.submit(self._reader.fetch_many, todo)
+            future = self._lookahead.submit(reader.fetch_many, todo)
             self._prefetched.update({i: future for i in todo})
 
     def __getitem__(self, index: int) -> Any:
@@ -233,16 +241,17 @@ class SampleSource:
         """The sample with dataset index ``index``, its parts decoded by ``decoder`` (an Energon
         ``SampleDecoder``: the encoder's own, as Energon's loader does; None: the dataset's
         default, which decodes images to float). Errors as `__getitem__`."""
-        self._ensure_reader()
+        reader = self._ensure_reader()
         try:
             with storage_errors(self.path, f"sample {index}"):
                 future = self._prefetched.pop(index, None)
-                raw = future.result()[index] if future is not None else self._reader[index]
+                raw = future.result()[index] if future is not None else reader[index]
                 if isinstance(raw, Exception):
                     raise raw
         # bad data, skipped by the caller; remembered for samples_failed
         except CorruptShardError as e:
-            self._corrupt.setdefault(e.shard, e.detail)
+            if e.shard is not None:
+                self._corrupt.setdefault(e.shard, e.detail)
             raise
         if raw is None:
             raise KeyError(f"sample {index} is excluded from the dataset")
@@ -252,7 +261,7 @@ class SampleSource:
             return DefaultGenericWebdatasetFactory.load_sample(self._factory, decoder(raw))
         # a bad sample (undecodable media): the caller skips it, logged by its key
         except Exception as e:
-            e.sample_key = raw.get("__key__")
+            tag_sample_key(e, raw.get("__key__"))
             raise
 
     def samples_failed(self, what: str) -> SamplesFailedError:

@@ -76,6 +76,8 @@ def parse_steps(text: str | None, step: int | None, key: str | None, default: in
             )
         return int(text)
     if text is None:
+        if step is None:
+            raise TraceError("say which steps to trace: --step N or --steps A:B")
         return range(step, step + 1)
     first, sep, last = text.partition(":")
     if not sep:
@@ -469,7 +471,7 @@ def open_tracer(
     the state (blend weights, ``loader.exclude``, the cost model), a note says so and that the
     steps after the checkpoint are traced with ``cfg``'s: reading a checkpoint resumes no run."""
     if world_size is None:
-        world_size = (state or {}).get("layout", {}).get("world_size", 1)
+        world_size = int((state or {}).get("layout", {}).get("world_size", 1))
     plan = RunPlan(cfg, build_encoder(cfg), world_size=world_size)
     if state is not None:
         plan.resume(LoaderState.from_dict(state), announce=False)

@@ -116,17 +116,13 @@ def load_cost_model(path: str | Path, encoder: SeededTaskEncoder) -> CostModel:
     data = _read_json(Path(path))
     source = str(path)
     version = data.get("format_version")
-    _field(
-        isinstance(version, int) and not isinstance(version, bool) and version in READ_VERSIONS,
-        source,
-        "format_version",
-        data,
-        " or ".join(map(str, READ_VERSIONS)),
-    )
+    if not isinstance(version, int) or isinstance(version, bool) or version not in READ_VERSIONS:
+        raise _field_error(source, "format_version", data, " or ".join(map(str, READ_VERSIONS)))
     names = READ_VERSIONS[version]
     _field(data.get("features") == list(names), source, "features", data, list(names))
     coefficients = data.get("coefficients")
-    _field(isinstance(coefficients, dict), source, "coefficients", data, "a mapping")
+    if not isinstance(coefficients, dict):
+        raise _field_error(source, "coefficients", data, "a mapping")
     unknown = sorted(set(coefficients) - set(names))
     if unknown:
         raise CostFileError(
@@ -210,4 +206,9 @@ def _read_json(path: Path) -> dict:
 
 def _field(ok: bool, source: str, key: str, data: dict, expected: Any) -> None:
     if not ok:
-        raise CostFileError(source, key, f"got {data.get(key)!r} (expected {expected})")
+        raise _field_error(source, key, data, expected)
+
+
+def _field_error(source: str, key: str, data: dict, expected: Any) -> CostFileError:
+    """The refusal of field ``key`` of the cost file ``source``: what it holds, what it must."""
+    return CostFileError(source, key, f"got {data.get(key)!r} (expected {expected})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from energon_platform.loader.balance.packer import deal, deal_shapes
-from energon_platform.loader.balance.plans import BatchPlan
+from energon_platform.loader.balance.plans import BatchPlan, MicroBatchCost
 
 
 def deal_plan(
@@ -20,7 +20,7 @@ def deal_plan(
     n = len(plan.items)
     order = [item[0] for item in plan.items]
     if plan.grouped is not None and fixed:
-        return _deal_grouped(plan, order, world_size, accumulation)
+        return _deal_grouped(plan.grouped, n, order, world_size, accumulation)
     ranks = deal(plan.costs, order, world_size, n // world_size if fixed else None)
     out = []
     for share in ranks:
@@ -35,12 +35,12 @@ def deal_plan(
 
 
 def _deal_grouped(
-    plan: BatchPlan, order: list[int], world_size: int, accumulation: int
+    g: MicroBatchCost, n: int, order: list[int], world_size: int, accumulation: int
 ) -> list[list[list[int]]]:
-    """`deal_plan` of a grouped plan: micro-batches by `deal_shapes`, ranks by `deal` of them."""
-    g = plan.grouped
+    """`deal_plan` of a grouped plan of ``n`` items (``g``: how its micro-batches cost):
+    micro-batches by `deal_shapes`, ranks by `deal` of them."""
     slots = world_size * accumulation
-    micro = deal_shapes(g.works, order, slots, len(plan.items) // slots, g.empty, g.cost)
+    micro = deal_shapes(g.works, order, slots, n // slots, g.empty, g.cost)
     first = [order[m[0]] for m in micro]
     ranks = deal([g.of(m) for m in micro], first, world_size, accumulation)
     return [[micro[k] for k in share] for share in ranks]

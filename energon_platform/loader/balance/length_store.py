@@ -203,7 +203,7 @@ def open_index(
     found = locate(source, encoder, encoder_digest, cache_dir, jobs)
     if found is not None and found.fresh:
         return LengthIndex(found.folder)
-    why = found.why if found is not None else "none found"
+    why = (found.why if found is not None else None) or "none found"  # a found one is stale
     try:
         fetched = fetch_published(
             source, index_digest(source, encoder, encoder_digest), jobs, cache_dir

@@ -184,30 +184,29 @@ def pack_led_rows(
     length = np.fromiter(lengths, dtype=np.int64, count=n)
     age = np.fromiter(order, dtype=np.int64, count=n)
     ranked = np.lexsort((age, length))  # by length, then age
-    forced = leads
     if leads >= num_rows:  # the longest of them lead: the others are no longer than any lead
         chosen = np.lexsort((age[:leads], -length[:leads]))[:num_rows]
-        leads = chosen[np.lexsort((age[chosen], length[chosen]))].tolist()  # shortest first
+        led = chosen[np.lexsort((age[chosen], length[chosen]))].tolist()  # shortest first
     elif leads:
         centre = int(np.sort(length[:leads])[leads // 2])
         rest = leads + np.lexsort((age[leads:], np.abs(length[leads:] - centre)))
         chosen = np.concatenate([np.arange(leads), rest[: num_rows - leads]])
-        leads = chosen[np.lexsort((age[chosen], length[chosen]))].tolist()  # shortest first
+        led = chosen[np.lexsort((age[chosen], length[chosen]))].tolist()  # shortest first
     else:
         anchor = int(np.flatnonzero(ranked == int(age.argmin()))[0])
         lo, hi = max(0, anchor - num_rows + 1), min(anchor, n - num_rows)
         spans = length[ranked[lo + num_rows - 1 : hi + num_rows]] - length[ranked[lo : hi + 1]]
-        leads = ranked[lo + int(spans.argmin()) :][:num_rows].tolist()  # the narrowest, first
-    limit = max(int(length[leads[0]]), capacity // 4)
-    rows = [[i] for i in leads]
-    room = capacity - length[leads]
-    cost = np.array([float(costs[i]) for i in leads], dtype=np.float64)
+        led = ranked[lo + int(spans.argmin()) :][:num_rows].tolist()  # the narrowest, first
+    limit = max(int(length[led[0]]), capacity // 4)
+    rows = [[i] for i in led]
+    room = capacity - length[led]
+    cost = np.array([float(costs[i]) for i in led], dtype=np.float64)
     placed = np.zeros(n, dtype=bool)
-    placed[leads] = True
+    placed[led] = True
     carried: list[int] = []
     most_room = int(room.max())  # an item longer than this fits no row: carried without a search
     fits = min(limit, most_room)
-    tier = (np.arange(n) >= forced).astype(np.int64) + (np.arange(n) >= first)
+    tier = (np.arange(n) >= leads).astype(np.int64) + (np.arange(n) >= first)
     later = np.lexsort((age, -length, tier))  # forced, then carried, first; longest first
     for i, size in zip(later.tolist(), length[later].tolist()):
         if placed[i]:

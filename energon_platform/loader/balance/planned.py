@@ -74,7 +74,7 @@ class PlannedBatching:
     mode: str  #: the cost model (``loader.balance``)
     window: int  #: ``loader.balance.window``
     lookahead: float  #: ``loader.balance.lookahead``
-    budget: int | None  #: ``loader.balance.global_batch_tokens``
+    budget: float | None  #: ``loader.balance.global_batch_tokens``
     linear: float  #: the attention cost's linear weight
     global_batch_size: int  #: rows (packed) or samples per global batch
     packed_rows: bool  #: fixed rows of ``seq_len``, packed across the global batch
@@ -169,10 +169,17 @@ class PlannedBatching:
             keep=16 + self.ahead,
         )
 
+    @property
+    def built(self) -> Planner:
+        """The planner `start` built (a `RuntimeError` before it)."""
+        if self.planner is None:
+            raise RuntimeError("the planned batching has no planner yet: start() builds it")
+        return self.planner
+
     def extend(self, schedule: Schedule, before: int) -> None:
         """Go on over ``schedule``, the same stream before position ``before`` (a blend extended
         there): the planner keeps what it planned from earlier positions (`Planner.extend`)."""
-        self.planner.extend(self._lengths(schedule), before)
+        self.built.extend(self._lengths(schedule), before)
 
     def _lengths(self, schedule: Schedule) -> SampleLengths:
         if self.cost.function.work == "features":
@@ -203,7 +210,7 @@ class PlannedBatching:
     def state_at(self, batch: int) -> dict:
         """The planner's state at global batch ``batch`` (``LoaderState.plan``); ``measured``
         adds the cost history (``costs``)."""
-        plan = self.planner.state_at(batch).to_json()
+        plan = self.built.state_at(batch).to_json()
         return plan if self.history is None else {**plan, "costs": self.history.to_json()}
 
     def resume_from(self, state: Any) -> PlanState:
@@ -242,7 +249,7 @@ class PlannedBatching:
     def consumed(self, batch: int, schedule: Schedule, names: list[str]) -> dict:
         """Per dataset name: ``{"samples", "epochs"}`` before global batch ``batch``: positions
         read before it, less those still waiting (carried)."""
-        state = self.planner.state_at(batch)
+        state = self.built.state_at(batch)
         taken = schedule.blend.consumed(state.position).astype(int)
         for d in schedule.samples(list(state.carried))[0] if state.carried else ():
             taken[int(d)] -= 1
@@ -254,8 +261,8 @@ class PlannedBatching:
     def stats(self, batch: int, world_size: int, accumulation: int) -> dict:
         """Global batch ``batch``: per-rank cost max/mean beside its lower bound (`bound_stats`),
         padding, samples and carried samples (for logs and the resume check)."""
-        plan = self.planner.plan(batch)
-        dealt = deal_plan(plan, world_size, accumulation, fixed=self.planner.fixed_counts)
+        plan = self.built.plan(batch)
+        dealt = deal_plan(plan, world_size, accumulation, fixed=self.built.fixed_counts)
         stats = {
             "rank_cost": _spread(rank_costs(plan, dealt)),
             **self.bound_stats(plan, world_size),
@@ -264,24 +271,24 @@ class PlannedBatching:
             "carried": len(plan.next_state.carried),
         }
         if self.history is not None:
-            stats["rank_cost_by_module"] = self.module_spreads(plan, dealt, batch)
+            model = self.history.at(batch).cost_model
+            stats["rank_cost_by_module"] = self.module_spreads(plan, dealt, model)
         return stats
 
     def bound_stats(self, plan: Any, world_size: int) -> dict:
         """``rank_cost_bound``: the least max/mean any dealing of the batch's items reaches
         (`plan_bound`; absent for a grouped plan), and ``outlier_anchored`` where one item
         costs more than a rank's fair share (no dealing reaches 1.0: the batch, not the dealing)."""
-        bound = plan_bound(plan, world_size, fixed=self.planner.fixed_counts)
+        bound = plan_bound(plan, world_size, fixed=self.built.fixed_counts)
         out = {} if bound is None else {"rank_cost_bound": round(bound, 4)}
         if outlier_anchored(plan, world_size):
             out["outlier_anchored"] = True
         return out
 
-    def module_spreads(self, plan: Any, dealt: list, batch: int) -> dict[str, float]:
+    def module_spreads(self, plan: Any, dealt: list, model: CostModel) -> dict[str, float]:
         """Per model module (``llm``, ``vision``, ...), the max/mean over ranks of the predicted
-        cost of that module's features by the cost model of global batch ``batch`` (1.0 for a
-        module nothing costs in)."""
-        model = self.history.at(batch).cost_model
+        cost of that module's features by ``model`` (the cost model that planned the batch; 1.0
+        for a module nothing costs in)."""
         if plan.grouped is not None:  # each micro-batch as it runs
             per_rank = [
                 _summed(
@@ -291,7 +298,7 @@ class PlannedBatching:
                 for rank in dealt
             ]
         else:
-            works = [self.planner.lengths(item) for item in plan.items]
+            works = [self.built.lengths(item) for item in plan.items]
             per_item = [
                 _summed(model.predict_modules(_named(w)) for _, w in work) for work in works
             ]
@@ -300,7 +307,7 @@ class PlannedBatching:
 
     def step_done(self, batch: int) -> None:
         """Keep this process's plans current at the end of a global batch (state, stats): O(1)."""
-        self.planner.plan(batch)
+        self.built.plan(batch)
 
 
 def _cost_features() -> dict:

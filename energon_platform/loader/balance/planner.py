@@ -208,7 +208,7 @@ class Planner:
             return self._packed(state, Pool(self, state, self.window // FENCED_PART))
         if self.budget is None:
             return self._bucketed(state, Pool(self, state, self.pool_size))
-        return self._budgeted(state, Pool(self, state, self.window // FENCED_PART))
+        return self._budgeted(state, Pool(self, state, self.window // FENCED_PART), self.budget)
 
     @property
     def pool_size(self) -> int:
@@ -347,18 +347,18 @@ class Planner:
         placed = {live[k] for row in rows_ for k in row}
         return plan, all(i in placed for i in pool.forced)
 
-    def _budgeted(self, state: PlanState, pool: Pool) -> BatchPlan:
-        """Unpacked with ``global_batch_tokens``: the pool's samples (forced and carried first)
-        that fit the budget (`fill_budget`). When the open epochs cannot reach it, the batch
-        straddles into the next epoch (`Pool.open`) if everything forced fits the budget."""
+    def _budgeted(self, state: PlanState, pool: Pool, budget: float) -> BatchPlan:
+        """Unpacked with ``global_batch_tokens`` (``budget``): the pool's samples (forced and
+        carried first) that fit the budget (`fill_budget`). When the open epochs cannot reach it,
+        the batch straddles into the next epoch (`Pool.open`) if everything forced fits it."""
         cost = self.cost_at(state.batch)
         cost_of = lambda i: cost(pool.lengths[i].work)  # noqa: E731
-        target = self.fill * self.budget
+        target = self.fill * budget
         pool.read(target, cost_of, minimum=self.items_per_batch)
         if (
             pool.blocked
-            and sum(cost_of(i) for i in pool.live) < self.budget
-            and sum(cost_of(i) for i in pool.closing()) <= self.budget
+            and sum(cost_of(i) for i in pool.live) < budget
+            and sum(cost_of(i) for i in pool.closing()) <= budget
             and pool.open()
         ):
             pool.read(target, cost_of, minimum=self.items_per_batch)
@@ -366,13 +366,13 @@ class Planner:
         live = pool.prioritised(state)
         costs = {i: cost_of(i) for i in live}
         # repeats, not the window, limit it
-        if pool.blocked and pool.waiting and sum(costs.values()) < self.budget:
+        if pool.blocked and pool.waiting and sum(costs.values()) < budget:
             raise PlanError(
-                f"global batch {state.batch}: loader.balance.global_batch_tokens={self.budget:g} cannot be "
+                f"global batch {state.batch}: loader.balance.global_batch_tokens={budget:g} cannot be "
                 f"reached without repeating a sample (every distinct sample in reach costs "
                 f"{sum(costs.values()):g}); lower balance.global_batch_tokens"
             )
-        taken, _ = fill_budget([costs[i] for i in live], self.budget, minimum=self.items_per_batch)
+        taken, _ = fill_budget([costs[i] for i in live], budget, minimum=self.items_per_batch)
         return self._batch(
             state, pool, [[live[k]] for k in sorted(taken, key=lambda k: live[k])], costs
         )

@@ -89,7 +89,8 @@ class Pool:
         their count, and no more positions are read than the count still needs) sums to
         ``target`` and at least ``minimum`` are live, or the pool holds ``limit`` (default: the
         window) positions, or ``fence_cap`` fenced ones; returns the number of live samples."""
-        limit = self.planner.window if limit is None else min(limit, self.planner.window)
+        window: int = self.planner.window
+        limit = window if limit is None else min(limit, window)
         count = measure is None
         measure = measure or (lambda i: 1)
         total = sum(measure(i) for i in self.live)

@@ -40,8 +40,9 @@ class RangedCopy:
                 if f.tell() < length:
                     f.truncate(length)
         with open(filled, "r+b") as f:  # the map keeps the file open
-            self._filled = mmap.mmap(f.fileno(), blocks) if blocks else b""
-        self._client, self._pid = None, None
+            self._filled = mmap.mmap(f.fileno(), blocks) if blocks else bytearray()
+        self._client: msc.StorageClient | None = None
+        self._pid: int | None = None
         #: bytes this process fetched
         self.fetched = 0
 
@@ -62,9 +63,9 @@ class RangedCopy:
         self._filled[b] = 1  # after the bytes: a reader that sees the mark sees them
         self.fetched += len(data)
 
-    def _storage(self):
+    def _storage(self) -> msc.StorageClient:
         """This process's client (a forked worker makes its own: connections are not shared)."""
-        if self._pid != os.getpid():
+        if self._client is None or self._pid != os.getpid():
             self._client, self._key = msc.resolve_storage_client(self.url)
             self._pid = os.getpid()
         return self._client
