@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The main job end to end on the embedded default data (what `make demo` runs).
+"""The main job end to end on the embedded default data (what `make demo` runs:
+``python -m scripts.demo --out out/demo``, from the repository root).
 
 1. convert the embedded COCO-style, LibriSpeech-style, video and 3D corpora into Energon-ready shards;
 2. show one decoded, augmented batch per modality (image-text, packed text, audio-text, video-text,
@@ -33,7 +34,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # scripts.planted_spike plants the demo's spike
 
 #: the demo's mark, written first into the folder it fills: a rerun there goes ahead
 MARK = "demo.json"
@@ -275,7 +275,9 @@ def mixing_run(out: Path, blend: Path, steps: int = 16) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
         "--out",

@@ -2,7 +2,7 @@
 """The pictures on the docs pages (``docs/assets/*.png``), each drawn by our own tools from the run
 the page describes, on the embedded data, then shrunk with Pillow to stay small::
 
-    python scripts/docs_pictures.py [--work out/docs-pictures] [--only NAME ...]
+    python -m scripts.docs_pictures [--work out/docs-pictures] [--only NAME ...]
 
 Datasets and runs go under ``--work`` (kept, so a second call reuses the converted data); every
 command run is printed as typed. Nothing is downloaded. Beside each picture ``NAME.png`` goes
@@ -39,20 +39,19 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import yaml
 
-import yaml  # noqa: E402
-
-from energon_platform.training.resume_check.processes import torchrun_argv  # noqa: E402
-from scripts import demo, report_screenshot  # noqa: E402
-from scripts.bench.data import (  # noqa: E402
+from energon_platform.training.resume_check.processes import torchrun_argv
+from scripts import demo, report_screenshot
+from scripts.bench.data import (
     coco_dataset,
     librispeech_dataset,
     text_dataset,
     three_modality_blend,
 )
-from scripts.browser import chromium_or_reason, run_chromium  # noqa: E402
+from scripts.browser import chromium_or_reason, run_chromium
+
+REPO = Path(__file__).resolve().parents[1]
 
 ASSETS = REPO / "docs/assets"
 ENCODERS = REPO / "configs/encoders"
@@ -337,9 +336,9 @@ def report(work: Path, out: Path) -> dict:
     # an earlier call's replay: `replay --overwrite` refuses the run.yaml and run.json the
     # trainer records there beside what it counts as a replay's own
     shutil.rmtree(base / "spike" / "replay", ignore_errors=True)
-    code = "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-    code += "from scripts import demo; demo.spike_loop(Path(sys.argv[2]), Path(sys.argv[3]))"
-    done = run(sys.executable, "-c", code, REPO, base, coco(work))
+    code = "import sys; from pathlib import Path; from scripts import demo; "
+    code += "demo.spike_loop(Path(sys.argv[1]), Path(sys.argv[2]))"
+    done = run(sys.executable, "-c", code, base, coco(work))  # run in REPO: scripts.* found
     listing = found(
         r"^\$ energon-platform spikes .* --top 3\n((?:.*\n)*?)(\d+) spike\(s\) "
         r"\(z >= ([\d.]+) over",
@@ -382,9 +381,9 @@ def mixing_report(work: Path, out: Path) -> dict:
     base.mkdir(parents=True, exist_ok=True)
     data = work / "data"
     blend = demo._blend_file(base, coco(work), librispeech_dataset(data), text_dataset(data))
-    code = "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-    code += "from scripts import demo; demo.mixing_run(Path(sys.argv[2]), Path(sys.argv[3]))"
-    done = run(sys.executable, "-c", code, REPO, base, blend)
+    code = "import sys; from pathlib import Path; from scripts import demo; "
+    code += "demo.mixing_run(Path(sys.argv[1]), Path(sys.argv[2]))"
+    done = run(sys.executable, "-c", code, base, blend)  # run in REPO: scripts.* found
     trained = found(r"^\$ (energon-platform train .*)$", done.stdout, "train command")
     made = found(r"mixing/report\.html: (\d+) steps", done.stdout, "report summary")
     page = work / "mixing.html"
@@ -419,7 +418,9 @@ PICTURES: dict[str, Callable[[Path, Path], dict]] = {
 
 def main() -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m scripts.docs_pictures",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--work", default="out/docs-pictures", help="datasets and runs go here")
     ap.add_argument(

@@ -2,9 +2,9 @@
 """A run report (the HTML page ``energon-platform report`` writes) photographed in headless
 Chromium (``scripts/browser.py``) into a PNG, the blank space below the page cut off::
 
-    python scripts/report_screenshot.py --page out/demo/report.html --out report.png
+    python -m scripts.report_screenshot --page out/demo/report.html --out report.png
 
-``scripts/docs_pictures.py --only report`` draws ``docs/assets/report.png`` with it: the report
+``python -m scripts.docs_pictures --only report`` draws ``docs/assets/report.png`` with it: the report
 ``make demo`` writes of its planted loss spike and the replay without the spike's samples.
 """
 
@@ -14,10 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from scripts.browser import chromium_or_reason, run_chromium
 
-from scripts.browser import chromium_or_reason, run_chromium  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 #: the browser window: the report's width, and a height above any short run's page
 WIDTH, HEIGHT = 1100, 4000
@@ -58,7 +57,9 @@ def screenshot(page: Path, out: Path, width: int = WIDTH, height: int = HEIGHT) 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m scripts.report_screenshot", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument(
         "--page", default="out/demo/report.html", help="the report to photograph (make demo's)"
     )

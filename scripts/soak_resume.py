@@ -42,12 +42,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from energon_platform.config import load_config  # noqa: E402
-from energon_platform.training import checkpoint  # noqa: E402
-from energon_platform.training.resume_check import (  # noqa: E402
+from energon_platform.config import load_config
+from energon_platform.training import checkpoint
+from energon_platform.training.resume_check import (
     LogTail,
     RunSpec,
     kill_when,
@@ -55,6 +52,8 @@ from energon_platform.training.resume_check import (  # noqa: E402
     run_command,
     trainer_command,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_config(out: Path, seed: int) -> Path:

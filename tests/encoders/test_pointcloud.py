@@ -232,10 +232,9 @@ def test_same_tensors_per_key_for_0_1_2_workers(shards, tokenizer_dir):
 
 PROCESS_SCRIPT = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 from tests.encoders.test_pointcloud import digests, one_pass, pc_encoder
 out = {}
-for batch in one_pass(pc_encoder(sys.argv[3]), sys.argv[2], num_workers=2, batch_size=7):
+for batch in one_pass(pc_encoder(sys.argv[2]), sys.argv[1], num_workers=2, batch_size=7):
     out.update(digests(batch))
 print("DIGESTS " + json.dumps(out))
 """
@@ -243,7 +242,7 @@ print("DIGESTS " + json.dumps(out))
 
 @pytest.mark.slow
 def test_another_process_with_other_workers_gives_the_same_tensors(shards, tokenizer_dir):
-    r = run_python(PROCESS_SCRIPT, REPO, shards, tokenizer_dir, timeout=300)
+    r = run_python(PROCESS_SCRIPT, shards, tokenizer_dir, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("DIGESTS "))[8:])
     ours = {

@@ -4,19 +4,17 @@ import json
 
 import pytest
 
-from tests.helpers import REPO
 from tests.helpers.cli import run_python
 
 SCRIPT = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 from tests.conftest import per_doc_digests, SMALL_IMAGE
 from megatron.energon import get_savable_loader, get_val_dataset
 from task_encoders.registry import get_encoder
 
 encoder = get_encoder({"encoder": "image_text", "seed": 1234, "image": SMALL_IMAGE,
-                       "text": {"tokenizer": sys.argv[3], "seq_len": 32}})
-dataset = get_val_dataset(sys.argv[2], split_part="train", batch_size=3, task_encoder=encoder,
+                       "text": {"tokenizer": sys.argv[2], "seq_len": 32}})
+dataset = get_val_dataset(sys.argv[1], split_part="train", batch_size=3, task_encoder=encoder,
                           worker_config=encoder.worker_config(num_workers=2))
 digests = {}
 for batch in get_savable_loader(dataset):
@@ -29,7 +27,7 @@ print("DIGESTS " + json.dumps(digests))
 def test_two_processes_produce_identical_tensors_per_key(
     image_text_encoder, image_text_shards, tokenizer_dir, one_pass, doc_digests
 ):
-    result = run_python(SCRIPT, REPO, image_text_shards, tokenizer_dir, timeout=120)
+    result = run_python(SCRIPT, image_text_shards, tokenizer_dir, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("DIGESTS "))
     theirs = json.loads(line[len("DIGESTS ") :])

@@ -18,7 +18,7 @@ import torch
 from task_encoders.config_parser import ConfigError
 from task_encoders.registry import get_encoder
 from task_encoders.video_text import VideoConfig, VideoTextBatch, clip_indices, decode_frames
-from tests.helpers import REPO, layouts
+from tests.helpers import layouts
 from tests.helpers.cli import run_python
 from tests.helpers.run_configs import loader_config
 from tests.helpers.video_corpus import make_video, read_index, video_dataset
@@ -311,11 +311,10 @@ def test_same_tensors_per_key_for_0_1_2_workers_and_they_depend_on_key_and_epoch
 
 PROCESS_SCRIPT = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 from tests.encoders.test_video import digests, one_pass, video_encoder
-encoder = video_encoder(sys.argv[3])
+encoder = video_encoder(sys.argv[2])
 out = {}
-for batch in one_pass(encoder, sys.argv[2], num_workers=2, batch_size=5):
+for batch in one_pass(encoder, sys.argv[1], num_workers=2, batch_size=5):
     out.update(digests(batch))
 print("DIGESTS " + json.dumps(out))
 """
@@ -323,7 +322,7 @@ print("DIGESTS " + json.dumps(out))
 
 @pytest.mark.slow
 def test_another_process_with_other_workers_gives_the_same_tensors(shards, tokenizer_dir):
-    r = run_python(PROCESS_SCRIPT, REPO, shards, tokenizer_dir, timeout=300)
+    r = run_python(PROCESS_SCRIPT, shards, tokenizer_dir, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("DIGESTS "))[8:])
     ours = {

@@ -9,7 +9,7 @@ import pytest
 from scripts.bench.data import three_modality_blend
 from tests.helpers.cli import run_python
 
-LOOP = "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; import demo; "
+LOOP = "from pathlib import Path; from scripts import demo; "
 
 
 @pytest.mark.slow

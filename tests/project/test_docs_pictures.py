@@ -64,8 +64,9 @@ def docs_pages() -> list[Path]:
 
 def test_every_image_a_page_shows_is_a_file():
     missing = missing_images(docs_pages())
-    assert not missing, "images shown but not on disk (draw them: scripts/docs_pictures.py):\n" + (
-        "\n".join(missing)
+    assert not missing, (
+        "images shown but not on disk (draw them: python -m scripts.docs_pictures):\n"
+        + ("\n".join(missing))
     )
 
 

@@ -369,7 +369,7 @@ def test_train_writes_into_its_own_run_and_past_what_a_run_leaves_before_its_rec
 
 
 def _demo(out, **kwargs) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(REPO / "scripts/demo.py"), "--out", str(out)]
+    argv = [sys.executable, "-m", "scripts.demo", "--out", str(out)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO, **kwargs)
 
 
