@@ -240,3 +240,20 @@ def test_scripts_put_no_tests_folder_on_the_import_path():
         if "sys.path" in line and "tests" in line
     ]
     assert bad == []
+
+
+def test_scripts_and_tests_leave_the_import_path_alone():
+    """The benchmarks and tools run as modules from the repository root (``python -m
+    scripts.bench.loader``), and so do the processes they and the tests start (``cwd`` the
+    repository): none adds a folder to ``sys.path``."""
+    edits = ("sys.path.insert(", "sys.path.append(")
+    this = Path(__file__).resolve()
+    bad = [
+        f"{path.relative_to(REPO)}:{number}"
+        for folder in ("scripts", "tests")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if path.resolve() != this
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if any(edit in line for edit in edits)
+    ]
+    assert bad == [], bad
