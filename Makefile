@@ -11,7 +11,7 @@ OUT        ?= out/demo
 PYTEST     := $(BIN)/python -m pytest -q -ra
 ALLOW_EMPTY = || { s=$$?; [ $$s -eq 5 ] || exit $$s; echo "(no tests in this tier)"; }
 
-.PHONY: demo test test-fast venv venv-test clean
+.PHONY: demo test test-fast lint venv venv-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or make PY=python3)"; exit 2; }
@@ -42,6 +42,13 @@ test-fast: $(TEST_STAMP)
 # process takes over half of the longest queue.
 test: test-fast
 	$(PYTEST) -n 3 --dist worksteal -m "not fast" tests $(ALLOW_EMPTY)
+
+# Lint and types: ruff over the repository, pyright (basic mode; [tool.pyright] in pyproject.toml:
+# the loader and task_encoders). tests/project/test_lint.py runs the same three in `make test`.
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pyright
 
 clean:
 	rm -rf out .pytest_cache

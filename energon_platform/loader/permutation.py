@@ -21,6 +21,9 @@ machines and NumPy versions (pure unsigned 64-bit integer arithmetic, no floats)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import overload
+
 import numpy as np
 
 ROUNDS = 4
@@ -75,12 +78,20 @@ class KeyedPermutation:
             left, right = right ^ (mix64(left ^ k) & self._mask), left
         return (left << self._half) | right
 
-    def inverse(self, j):
+    @overload
+    def inverse(self, j: int | np.integer) -> int: ...
+    @overload
+    def inverse(self, j: np.ndarray | Sequence[int]) -> np.ndarray: ...
+    def inverse(self, j: int | np.integer | np.ndarray | Sequence[int]) -> int | np.ndarray:
         """The position ``i`` with ``perm(i) == j`` (same shapes and cost as ``perm``): the Feistel
         rounds backwards, cycle walking backwards (a walk from ``j`` meets no other image in ``[0, n)``)."""
         return self._walk(j, self._feistel_inverse)
 
-    def __call__(self, i):
+    @overload
+    def __call__(self, i: int | np.integer) -> int: ...
+    @overload
+    def __call__(self, i: np.ndarray | Sequence[int]) -> np.ndarray: ...
+    def __call__(self, i: int | np.integer | np.ndarray | Sequence[int]) -> int | np.ndarray:
         return self._walk(i, self._feistel)
 
     def _walk(self, i, rounds):

@@ -82,8 +82,16 @@ def _members(data: bytes):
 def _members_tarfile(data: bytes):
     tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
     return [
-        (info.name, lambda info=info: tar.extractfile(info).read()) for info in tar if info.isfile()
+        (info.name, lambda info=info: _member_bytes(tar, info)) for info in tar if info.isfile()
     ]
+
+
+def _member_bytes(tar: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    """A regular member's bytes (``extractfile`` gives None only for other kinds of member)."""
+    member = tar.extractfile(info)
+    if member is None:
+        raise ValueError(f"{info.name}: not a regular file")
+    return member.read()
 
 
 class CorruptShardError(ValueError):

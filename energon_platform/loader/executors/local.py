@@ -193,7 +193,7 @@ class LocalExecutor(Executor):
         """A worker that died: `WorkerLost`. Workers stuck on a sample: killed, reported to
         ``on_timeout``, and every worker restarted at ``c`` (the first not yet returned)."""
         self._lost(c, wait=0.0)
-        if self._watch is None:
+        if self._watch is None or not self.sample_timeout:  # watched only with a timeout
             return
         stuck = self._watch.stuck(self.sample_timeout)
         if not stuck:

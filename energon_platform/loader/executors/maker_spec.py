@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_platform.loader.state import StateMismatchError
+from task_encoders.documents import DocumentTaskEncoder
 
 #: files of the encoder larger than this (in all) are compared by size and mtime, not read
 HASHED_BYTES = 64 * 1024 * 1024
@@ -69,10 +70,13 @@ def node_name() -> str:
     return f"{host} ({ip})"
 
 
-def encoder_files(encoder: Any) -> dict[str, str]:
-    """Path → digest of the files the encoder reads at start (its tokenizer folder's files)."""
-    folder = getattr(getattr(encoder, "tokenizer", None), "path", None)
-    if folder is None or not Path(folder).is_dir():
+def encoder_files(encoder: object) -> dict[str, str]:
+    """Path → digest of the files the encoder reads at start (a document encoder's tokenizer
+    folder's files; none for another encoder)."""
+    if not isinstance(encoder, DocumentTaskEncoder):
+        return {}
+    folder = encoder.tokenizer.path
+    if not folder.is_dir():
         return {}
     files = sorted(p for p in Path(folder).iterdir() if p.is_file())
     total = sum(p.stat().st_size for p in files)

@@ -46,13 +46,16 @@ class MakerActor:
     def make(self, c: int, segments: list[dict], timed_out: dict) -> Any:
         """Micro-batch ``c``, after taking the blend segments decided since the last request
         (``loader.blend_adapt``) and the samples that timed out since (failed from now on)."""
-        last = self.plan.blend.segments[-1].start
+        maker, plan = self.maker, self.plan
+        if maker is None or plan is None:  # `ready` reported why: the pool sends it no request
+            raise RuntimeError(f"ray actor {self.index} cannot make micro-batches: {self.problem}")
+        last = plan.blend.segments[-1].start
         new = [Segment(s["start"], tuple(s["weights"])) for s in segments if s["start"] > last]
         if new:
-            self.plan.extend_blend(new)
-            self.maker.schedule = self.plan.schedule
-        self.maker.timed_out.update(timed_out)
-        return self.maker(c)
+            plan.extend_blend(new)
+            maker.schedule = plan.schedule
+        maker.timed_out.update(timed_out)
+        return maker(c)
 
     def stuck(self, limit: float) -> list[Stuck]:
         """The sample this actor has been on for longer than ``limit`` seconds (at most one)."""

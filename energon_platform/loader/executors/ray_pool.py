@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
@@ -45,7 +45,8 @@ MAX_DEATHS = 3
 DEFAULT_OPTIONS = {"num_cpus": 1}
 
 #: the actor class: `make` one request at a time, `stuck` answered beside it (its own thread)
-_RemoteMaker = ray.remote(concurrency_groups={"watch": 1})(MakerActor)
+# Ray's typed overloads of ray.remote omit concurrency_groups, which it takes for an actor class
+_RemoteMaker = ray.remote(concurrency_groups={"watch": 1})(MakerActor)  # pyright: ignore[reportCallIssue]
 
 
 @dataclasses.dataclass
@@ -113,7 +114,8 @@ class RayExecutor(Executor):
         """The slot of a new actor once it is up; `RayUnavailable` when it cannot be placed in
         time, `NodeMismatch` when its node does not read the trainer's data (the actor killed)."""
         try:
-            info = ray.get(handle.ready.remote(), timeout=PLACE_TIMEOUT)
+            # an actor method's ref is untyped in Ray's stubs, so ray.get's list overload wins
+            info = cast(dict, ray.get(handle.ready.remote(), timeout=PLACE_TIMEOUT))
         except GetTimeoutError:
             _kill(handle)
             raise RayUnavailable(

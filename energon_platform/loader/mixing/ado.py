@@ -202,30 +202,27 @@ class AdaptiveFit(MixingMethod):
     def update(self, losses: Sequence[float | None], counts: Sequence[int] | None = None):
         """New weights from each dataset's mean loss since the last update; ``counts``: the
         samples each had in the stretch (None: its weight, in units of a stretch)."""
-        counts = self.weights if counts is None else counts
+        had: Sequence[float] = self.weights if counts is None else counts
         warmup = int(self.options["warmup"])
         keep = max(int(self.options["points"]), warmup)
-        drawn = sum(float(c) for c in counts)
+        drawn = sum(float(c) for c in had)
         for d, loss in enumerate(losses):
             before = self.seen[d]
-            self.seen[d] += float(counts[d])
+            self.seen[d] += float(had[d])
             if loss is not None and self.seen[d] > 0:
                 self.history[d] = [*self.history[d], [(before + self.seen[d]) / 2, loss]]
                 self.history[d] = (thinned if self.rule >= 2 else latest)(self.history[d], keep)
             if len(self.history[d]) >= warmup:
                 ns, ls = zip(*self.history[d])
-                self.params[d] = list(fit(ns, ls, self.rule))
-                self.trust[d] = trust(self.params[d], ns, ls)
-        fitted = [d for d, p in enumerate(self.params) if p is not None]
+                params = self.params[d] = list(fit(ns, ls, self.rule))
+                self.trust[d] = trust(params, ns, ls)
+        fitted = {d: p for d, p in enumerate(self.params) if p is not None}
         if fitted:
             # rule 2: times the share of the stretch's samples the dataset had (its credit)
-            credit = [float(c) / drawn if drawn > 0 and self.rule >= 2 else 1.0 for c in counts]
+            credit = [float(c) / drawn if drawn > 0 and self.rule >= 2 else 1.0 for c in had]
             score = {
-                d: self.prior[d]
-                * self.trust[d]
-                * potential(self.params[d], self.seen[d])
-                * credit[d]
-                for d in fitted
+                d: self.prior[d] * self.trust[d] * potential(p, self.seen[d]) * credit[d]
+                for d, p in fitted.items()
             }
             share = sum(self.weights[d] for d in fitted)  # what the fitted datasets hold now
             total = sum(score.values())

@@ -98,8 +98,11 @@ class MixingMethod:
                 return name, f"got {value!r}", cls.declared[name].expected()
         return None
 
-    def update(self, losses: Sequence[float | None]) -> list[float]:
-        """New weights from each dataset's mean loss since the last update."""
+    def update(
+        self, losses: Sequence[float | None], counts: Sequence[int] | None = None
+    ) -> list[float]:
+        """New weights from each dataset's mean loss since the last update; ``counts``: the samples
+        each dataset had since, given to a ``counted`` method only."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
