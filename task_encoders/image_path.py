@@ -143,6 +143,12 @@ class ImagePath:
         self.steps = [spec.build() for spec in self.specs]
         self.draft_decode, self.uint8_resize = draft_decode, uint8_resize
 
+    @property
+    def transforms(self) -> list:
+        """The built steps, under the name torchvision's ``Compose`` gives them (what a reader of
+        a pipeline, such as ``preview``'s un-normalizing, looks for)."""
+        return self.steps
+
     def __call__(self, image: Any) -> torch.Tensor:
         if isinstance(image, (bytes, bytearray, memoryview)):
             image = open_image(image)

@@ -233,3 +233,14 @@ def test_each_document_of_a_vision_language_batch_gets_its_own_images_tiles():
     firsts = [[int(t[:, 0, 0, 0].min()) for _, t in m] for m in media]
     assert firsts == [[0], [2, 5], []]
     assert [[t.shape[0] for _, t in m] for m in media] == [[2], [3, 2], []]
+
+
+def test_an_image_encoders_pictures_undo_its_normalize(make_encoder):
+    """The sheet shows an image as the pipeline saw it before its Normalize: the mean and std are
+    found in the image path's steps (not stretched from each tile's own min..max)."""
+    from energon_platform.tools.preview import _normalize_of
+
+    found = _normalize_of(make_encoder("image_text"), None)
+    assert found is not None
+    mean, std = found
+    assert mean.shape == std.shape == (3, 1, 1) and bool((std > 0).all())
