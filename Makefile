@@ -48,7 +48,7 @@ test: test-fast
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pyright
+	$(BIN)/pyright --project pyproject.toml
 
 clean:
 	rm -rf out .pytest_cache

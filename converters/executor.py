@@ -111,7 +111,8 @@ def run_ray(
             kwargs = (
                 {"address": address}
                 if address
-                else {"num_cpus": max(1, workers), "include_dashboard": False}
+                # "local": a Ray of its own, never a cluster this node already runs
+                else {"address": "local", "num_cpus": max(1, workers), "include_dashboard": False}
             )
             try:
                 ray.init(log_to_driver=False, configure_logging=False, **kwargs)

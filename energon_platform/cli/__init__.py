@@ -115,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     from energon_platform.loader.mixing import AdaptError
     from energon_platform.loader.schedule import LayoutError
     from energon_platform.loader.state import StateMismatchError
-    from energon_platform.loader.train_loader import LoaderWorkerError
     from energon_platform.training.checkpoint import CheckpointError
     from energon_platform.training.resume_check.options import OptionError
     from storage import DatasetError
@@ -149,12 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     ) as e:
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except LoaderWorkerError as e:  # not a mistake of the command: its line says how to resume
+    except Exception as e:  # a lost loader worker: not a mistake, its line says how to resume
+        if not _lost_loader_worker(e):
+            raise
         print(f"energon-platform {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+
+
+def _lost_loader_worker(error: Exception) -> bool:
+    """Whether ``error`` is a `LoaderWorkerError`, without importing the loader (and torch) for a
+    command that never did: only a command that imported it can raise one."""
+    module = sys.modules.get("energon_platform.loader.train_loader")
+    return module is not None and isinstance(error, module.LoaderWorkerError)
 
 
 def run() -> NoReturn:

@@ -4,9 +4,12 @@
 starts a head node with no CPU to offer (nothing is placed there but the driver) and a second
 node with 4 CPUs and the custom resource ``data_node``: actors asked with
 ``ray_actor_options: {resources: {data_node: 1}}`` (`ON_DATA_NODE`) run on that node, in their own
-processes, apart from the head's GCS and raylet. No dashboard, 100 MB object stores. The test
-process connects to it as the driver (``ray.init``); at the end of the session it disconnects and
-stops both nodes, and checks that no process of the cluster's session is left (`left_over`).
+processes, apart from the head's GCS and raylet. No dashboard, 100 MB object stores. The cluster is
+not recorded as the machine's current one (a plain ``ray.init()`` elsewhere starts its own Ray);
+the loaders under test connect to it by address, and each test disconnects after itself
+(`disconnected_after`), so a later test of the same process finds no connection to reuse. At the
+end of the session both nodes stop, and no process of the cluster's session is left
+(`left_over`).
 """
 
 from __future__ import annotations
@@ -83,7 +86,11 @@ def start() -> RayCluster:
     data_node = cluster.add_node(
         num_cpus=4, resources={DATA_RESOURCE: 4}, object_store_memory=OBJECT_STORE
     )
-    ray.init(address=cluster.address, log_to_driver=False)
+    # Ray's test cluster records itself as this machine's current cluster, which a plain
+    # ``ray.init()`` of any other test (a conversion's own Ray) would then try to join
+    recorded = ray._private.utils.get_ray_address_file(None)
+    if ray._private.utils.read_ray_address() == cluster.address:
+        os.remove(recorded)
     return RayCluster(cluster.address, cluster.head_node.get_session_dir_path(), cluster, data_node)
 
 
@@ -106,3 +113,14 @@ def ray_cluster() -> Iterator[RayCluster]:
         stop(rc)
         left = left_over(rc.session_dir)
         assert not left, f"Ray processes left after the cluster stopped: {left}"
+
+
+@pytest.fixture
+def disconnected_after() -> Iterator[None]:
+    """This process disconnected from Ray after the test (a loader that joined a cluster by
+    address stays connected, as a trainer's process does)."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

@@ -39,6 +39,11 @@ def digest(batch) -> str:
     return batch_digest([tensors_of(batch), list(getattr(batch, "__key__", None) or [])])
 
 
+@pytest.fixture(autouse=True)
+def _disconnect(disconnected_after):
+    """Every test here leaves this process disconnected (`disconnected_after`)."""
+
+
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory):
     return three_modality_blend(tmp_path_factory.mktemp("ray_blend"))

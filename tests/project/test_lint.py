@@ -39,7 +39,12 @@ def test_pyright_finds_no_error_in_the_loader_and_the_task_encoders():
     """``pyright`` with the project's ``[tool.pyright]`` (``energon_platform/loader`` and
     ``task_encoders``, basic mode); it runs on the machine's Node.js, offline."""
     r = subprocess.run(
-        [_tool("pyright"), "--outputjson"], cwd=REPO, capture_output=True, text=True, timeout=900
+        # --project: the repository's config, not a pyrightconfig.json in a folder above it
+        [_tool("pyright"), "--project", str(REPO / "pyproject.toml"), "--outputjson"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     report = json.loads(r.stdout)
     errors = [
