@@ -551,7 +551,9 @@ def encode_video(data: bytes, opts: VideoOptions) -> tuple[str, bytes, dict]:
     DocType is ``webm``, else ``mkv``), unless ``max_side``/``max_seconds`` is exceeded; then, and
     for any other container (AVI, FLV, MPEG-TS, ...), the video is re-encoded as MP4 (H.264,
     `REENCODE_VIDEO`; audio as AAC) with fixed settings, one thread and no metadata: the same
-    input gives the same bytes. Provenance: ``container``, ``codec``, ``width``/``height``, ``fps``,
+    input gives the same bytes on the same kind of CPU (FFmpeg's AAC encoder follows the CPU's
+    float instructions, so a re-encoded video with audio may differ in bytes on another).
+    Provenance: ``container``, ``codec``, ``width``/``height``, ``fps``,
     ``frames`` and ``duration`` (decoded), ``audio`` (bool) with ``audio_codec``/
     ``audio_sample_rate``/``audio_channels`` when present, ``reencoded``; a video cut to
     ``max_seconds`` also has ``original_duration`` (seconds, decoded) and ``cut_to_seconds``.

@@ -50,7 +50,7 @@ Writes five small corpora under ``--out`` (default: ``<repo>/data``):
     captions, one per line), and ``manifest.csv`` with WebVid's ``videoid,name,path`` columns. A
     circle, square or triangle of a named colour crosses a plain background left to right, right
     to left, down, up or along a diagonal; in some a second shape travels the opposite way, some
-    carry a steady 440 Hz tone (AAC or Opus). The captions are computed from those choices, so they
+    carry a steady 440 Hz tone (ALAC or Opus). The captions are computed from those choices, so they
     say truthfully what moves, its colour and its direction. Encoded with one thread, fixed
     settings and bitexact muxing (no dates, no random ids).
 

@@ -118,7 +118,9 @@ def _draw_video_frame(v: dict, t: float) -> np.ndarray:
 def encode_video_file(v: dict) -> bytes:
     """One video: H.264 in MP4 (or VP9 in WebM), one thread, fixed settings, bitexact muxing
     (x264's macroblock tree is off: with it the bytes vary from run to run at these sizes);
-    a 440 Hz tone as AAC (MP4) or Opus (WebM) when ``v["tone"]``."""
+    a 440 Hz tone as ALAC (MP4) or Opus (WebM) when ``v["tone"]``. The MP4's tone is ALAC, an
+    integer codec, because FFmpeg's AAC encoder gives other bytes on another CPU (its float
+    transforms follow the CPU's instruction set) and these files must reproduce on any machine."""
 
     import av
 
@@ -138,8 +140,9 @@ def encode_video_file(v: dict) -> bytes:
         )
         if v["tone"]:
             rate = 48000 if v["webm"] else 16000
-            aus = out.add_stream("libopus" if v["webm"] else "aac", rate=rate, layout="mono")
-            aus.bit_rate = 24000
+            aus = out.add_stream("libopus" if v["webm"] else "alac", rate=rate, layout="mono")
+            if v["webm"]:
+                aus.bit_rate = 24000
         for i in range(v["frames"]):
             frame = av.VideoFrame.from_ndarray(
                 _draw_video_frame(v, i / (v["frames"] - 1)), format="rgb24"
@@ -151,8 +154,14 @@ def encode_video_file(v: dict) -> bytes:
             out.mux(packet)
         if v["tone"]:
             n = int(v["frames"] / VIDEO_FPS * rate)
-            wave = (0.3 * np.sin(2 * np.pi * 440.0 * np.arange(n) / rate)).astype(np.float32)[None]
-            frame = av.AudioFrame.from_ndarray(wave, format="flt", layout="mono")
+            wave = 0.3 * np.sin(2 * np.pi * 440.0 * np.arange(n) / rate)[None]
+            frame = (
+                av.AudioFrame.from_ndarray(wave.astype(np.float32), format="flt", layout="mono")
+                if v["webm"]
+                else av.AudioFrame.from_ndarray(
+                    np.round(wave * 32767).astype(np.int16), format="s16p", layout="mono"
+                )
+            )
             frame.sample_rate, frame.pts = rate, 0
             for packet in [*aus.encode(frame), *aus.encode(None)]:
                 out.mux(packet)
