@@ -21,9 +21,10 @@ What Lightning needs from us, and what the mixin does:
   trained: `TrainLoader.state_at` of the loader's position less the batches Lightning's
   fetcher holds (Lightning 2.6). Without the mixin, Lightning's request for the loader's state
   is refused (``RuntimeError`` naming ``EnergonHooks``) at the first checkpoint: importing this
-  module wraps the method of Lightning's ``CombinedLoader`` that collects its loaders' states
-  (``lightning``'s; ``pytorch_lightning``'s when imported first or alone), which then checks that a
-  `TrainLoader` among them has the mixin's mark (``lightning_hooks``).
+  module (which a `TrainLoader` does when it starts while Lightning is imported) wraps the
+  method of Lightning's ``CombinedLoader`` that collects its loaders' states (``lightning``'s;
+  ``pytorch_lightning``'s when imported first or alone), which then checks that a `TrainLoader`
+  among them has the mixin's mark (``lightning_hooks``).
 * **The random state.** Lightning's checkpoint holds no RNG state, so dropout (or any draw from
   the global generators) after a resume would differ from the uninterrupted run. The mixin saves
   the torch (CPU and CUDA), NumPy and Python generators of every rank under

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from energon_platform.config import RunConfig
-from energon_platform.loader import executors
+from energon_platform.loader import executors, on_start
 from energon_platform.loader.batches import MicroBatchMaker
 from energon_platform.loader.executors.base import Executor, WorkerLost
 from energon_platform.loader.layout import check_layout, gradient_accumulation_steps
@@ -185,6 +185,7 @@ class TrainLoader:
         if self.adapter is not None and self.next_microbatch % self.accumulation == 0:
             self.adapter.check_batch(self.global_batch)
         if not self._started:
+            on_start.run()
             self.executor.start(self.next_microbatch, self.timed_out)
             self._started = True
         try:

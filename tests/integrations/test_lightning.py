@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("lightning")
 
+from tests.helpers.cli import run_python
 from tests.helpers.trainer_examples import (
     assert_exact_pass,
     assert_fails,
@@ -114,6 +115,60 @@ def test_a_module_without_the_mixin_trains_and_its_first_checkpoint_names_the_mi
     ):
         fit(lightning_module(config_file, hooks=False), tmp_path / "saving", steps=3, every=1)
     assert not list((tmp_path / "saving").glob("*.ckpt"))
+
+
+#: a script on Lightning and the public names only: it never imports our Lightning integration
+NO_INTEGRATION_IMPORTED = """
+import sys
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from energon_platform import TrainLoader, load_config
+
+INTEGRATION = "energon_platform.integrations.lightning"
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(3, 1)
+
+    def train_dataloader(self):
+        return TrainLoader(load_config(sys.argv[1]))
+
+    def training_step(self, batch, batch_idx):
+        print("step", batch_idx, "integration imported:", INTEGRATION in sys.modules, flush=True)
+        return self.net(batch.images.mean(dim=(2, 3))).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+assert INTEGRATION not in sys.modules
+checkpoints = ModelCheckpoint(dirpath=sys.argv[2], every_n_train_steps=1, save_top_k=-1)
+trainer = L.Trainer(
+    accelerator="cpu", max_steps=3, logger=False, callbacks=[checkpoints],
+    enable_progress_bar=False, enable_model_summary=False, default_root_dir=sys.argv[2],
+)
+try:
+    trainer.fit(Model())
+except RuntimeError as e:
+    print("refused:", e)
+    sys.exit(3)
+"""
+
+
+def test_a_script_that_never_imports_the_integration_is_refused_too(config_file, tmp_path):
+    """The refusal does not depend on the user importing ``energon_platform.integrations.lightning``:
+    a TrainLoader that starts while Lightning is imported imports it (`loader.on_start`), so the
+    first checkpoint of a module without the mixin is refused and nothing is written."""
+    r = run_python(NO_INTEGRATION_IMPORTED, config_file, tmp_path / "ckpt")
+    assert r.returncode == 3, r.stdout + r.stderr[-3000:]
+    assert "step 0 integration imported: True" in r.stdout
+    assert "one prefetched batch ahead" in r.stdout and "EnergonHooks" in r.stdout, r.stdout
+    assert not list((tmp_path / "ckpt").glob("*.ckpt"))
 
 
 # resumed in place
