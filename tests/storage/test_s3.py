@@ -351,6 +351,30 @@ def test_server_killed_mid_run_is_a_named_error_not_a_skip(own_server, workers):
     assert "\n" not in message and message.startswith(f"{url}: cannot read "), message
 
 
+def test_a_failed_read_ahead_costs_no_worker_and_changes_no_batch(s3, remote, monkeypatch):
+    """A worker's read ahead (of the micro-batches after the one it makes) that fails is only a
+    head start lost: the worker lives, the batches are those of a run without read ahead, and a
+    real failure is reported by the micro-batch that needs the data (a store killed while the
+    read ahead was the first to reach it ended the worker before: "worker died ... Out of
+    memory?" instead of the store's error)."""
+    from energon_platform.loader.batches import MicroBatchMaker
+
+    def batches(n: int = 3) -> list[list[str]]:
+        loader = TrainLoader(cfg(remote), num_workers=2)
+        try:
+            return [list(next(loader).keys) for _ in range(n)]
+        finally:
+            loader.close()
+
+    expected = batches()
+
+    def failing(self, c):
+        raise StorageError(f"{remote}: cannot read (a read ahead failed on purpose)")
+
+    monkeypatch.setattr(MicroBatchMaker, "prefetch", failing)  # the workers fork with it
+    assert batches() == expected
+
+
 def test_server_gone_between_head_and_get_of_the_split_file_is_a_storage_error(
     own_server, s3, local, monkeypatch
 ):

@@ -286,11 +286,14 @@ def _work(maker, plan, w: int, n: int, requests, results, parent: int, pdeathsig
                 maker.schedule = plan.schedule
             if remote:  # the reads of the next micro-batches overlap this one's work
                 ahead = max(ahead, c)
-                while ahead <= c + LOOKAHEAD * n and (
-                    decided_before is None or ahead // maker.accumulation < decided_before
-                ):
-                    maker.prefetch(ahead)
-                    ahead += n
+                try:
+                    while ahead <= c + LOOKAHEAD * n and (
+                        decided_before is None or ahead // maker.accumulation < decided_before
+                    ):
+                        maker.prefetch(ahead)
+                        ahead += n
+                except Exception:  # a read ahead is a head start only: the micro-batch that
+                    pass  # needs the data meets the same failure and reports it as its own
             try:
                 results.put((c, True, maker(c)))
             except Exception as e:
