@@ -118,9 +118,9 @@ def _draw_video_frame(v: dict, t: float) -> np.ndarray:
 def encode_video_file(v: dict) -> bytes:
     """One video: H.264 in MP4 (or VP9 in WebM), one thread, fixed settings, bitexact muxing
     (x264's macroblock tree is off: with it the bytes vary from run to run at these sizes);
-    a 440 Hz tone as ALAC (MP4) or Opus (WebM) when ``v["tone"]``. The MP4's tone is ALAC, an
-    integer codec, because FFmpeg's AAC encoder gives other bytes on another CPU (its float
-    transforms follow the CPU's instruction set) and these files must reproduce on any machine."""
+    a 440 Hz tone as ALAC (MP4) or Opus (WebM) when ``v["tone"]``: ALAC is an integer codec,
+    while FFmpeg's AAC encoder gives other bytes on another CPU (its float transforms follow the
+    CPU's instruction set), and these files must reproduce on any machine."""
 
     import av
 
