@@ -33,11 +33,16 @@ def micro_batches(samples):  # a worker's pattern: per sample a decoded image an
             torch.stack(held)
             held = []
 
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
 micro_batches(64)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-micro_batches(320)
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(json.dumps({"took": took, "faults_per_sample": faults / 320}))
+windows = []  # per-sample faults of ten windows of 32 samples; the quietest one is reported: the
+for _ in range(10):  # kernel's own sporadic faults (NUMA balancing's hinting faults on a
+    before = minor_faults()  # many-socket machine, compaction) land in some windows, not all
+    micro_batches(32)
+    windows.append((minor_faults() - before) / 32)
+print(json.dumps({"took": took, "faults_per_sample": min(windows), "windows": windows}))
 """
 
 
@@ -61,8 +66,8 @@ def test_freed_memory_is_kept_for_the_next_sample():
     assert kept["took"] is True
     # glibc's starting thresholds: the megabytes mapped and faulted in again each time; the
     # setting overrides them (set by mallopt, it wins over the environment)
-    assert plain["faults_per_sample"] > 200
-    assert kept["faults_per_sample"] <= 50
+    assert plain["faults_per_sample"] > 200, plain
+    assert kept["faults_per_sample"] <= 50, kept
 
 
 def test_every_worker_and_the_in_process_maker_set_it(monkeypatch):
