@@ -65,9 +65,11 @@ def test_freed_memory_is_kept_for_the_next_sample():
     plain, kept = faults("plain"), faults("keep")
     assert kept["took"] is True
     # glibc's starting thresholds: the megabytes mapped and faulted in again each time; the
-    # setting overrides them (set by mallopt, it wins over the environment)
+    # setting overrides them (set by mallopt, it wins over the environment). Kept: at most 50
+    # faults per sample, or an eighth of plain's where the kernel adds faults of its own to both
+    # (here kept is 0 and plain about 913; the setting left out, kept is about 1,000)
     assert plain["faults_per_sample"] > 200, plain
-    assert kept["faults_per_sample"] <= 50, kept
+    assert kept["faults_per_sample"] <= max(50, plain["faults_per_sample"] / 8), (kept, plain)
 
 
 def test_every_worker_and_the_in_process_maker_set_it(monkeypatch):
