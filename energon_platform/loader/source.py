@@ -223,10 +223,13 @@ class SampleSource:
     def prefetch(self, indices) -> None:
         """Start reading the raw bytes of ``indices`` in the background (object storage only; a
         local read is a ``pread`` and gains nothing); ``source[i]`` waits for its read. Reading
-        ahead of the micro-batch being encoded hides the store's latency behind the decoding."""
+        ahead of the micro-batch being encoded hides the store's latency behind the decoding. A
+        store that fails here (a forked worker reopening the dataset) raises `StorageError`, as a
+        read does; a failed background read is raised by the ``source[i]`` that waits for it."""
         if not self.remote:
             return
-        reader = self._ensure_reader()
+        with storage_errors(self.path, "a read ahead"):
+            reader = self._ensure_reader()
         todo = sorted({int(i) for i in indices} - set(self._prefetched))
         if todo:
             if self._lookahead is None:

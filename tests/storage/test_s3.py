@@ -375,6 +375,24 @@ def test_a_failed_read_ahead_costs_no_worker_and_changes_no_batch(s3, remote, mo
     assert batches() == expected
 
 
+def test_a_bug_in_the_read_ahead_is_reported_not_swallowed(s3, remote, monkeypatch):
+    """Only the store's failures (`StorageError`) are a lost head start: any other error of a
+    read ahead is a bug, and fails the micro-batch, named with the worker's traceback."""
+    from energon_platform.loader.batches import MicroBatchMaker
+
+    def broken(self, c):
+        raise ZeroDivisionError("a bug in the read ahead, on purpose")
+
+    monkeypatch.setattr(MicroBatchMaker, "prefetch", broken)
+    loader = TrainLoader(cfg(remote), num_workers=2)
+    try:
+        with pytest.raises(ZeroDivisionError, match="on purpose") as e:
+            next(loader)
+    finally:
+        loader.close()
+    assert any("in loader worker" in note for note in getattr(e.value, "__notes__", ())), e.value
+
+
 def test_server_gone_between_head_and_get_of_the_split_file_is_a_storage_error(
     own_server, s3, local, monkeypatch
 ):

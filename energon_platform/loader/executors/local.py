@@ -262,6 +262,23 @@ def worker_start(parent: int, pdeathsig: bool) -> None:
     keep_freed_memory()
 
 
+def _read_ahead(maker, c: int, ahead: int, n: int, decided_before: int | None) -> int:
+    """Start the reads of this worker's micro-batches from ``ahead`` up to ``LOOKAHEAD`` turns
+    past ``c`` (not past the blend decided so far); the next one not started. A store that fails
+    a read ahead (`DatasetError`: `StorageError`) costs only the head start: the micro-batch that
+    needs the data meets the same failure and reports it as its own. Anything else is a bug, and
+    fails micro-batch ``c``."""
+    try:
+        while ahead <= c + LOOKAHEAD * n and (
+            decided_before is None or ahead // maker.accumulation < decided_before
+        ):
+            maker.prefetch(ahead)
+            ahead += n
+    except DatasetError:
+        pass
+    return ahead
+
+
 def _work(maker, plan, w: int, n: int, requests, results, parent: int, pdeathsig: bool) -> None:
     """A worker process: make the micro-batches asked for, in the order asked, until ``None``."""
     worker_start(parent, pdeathsig)
@@ -284,17 +301,9 @@ def _work(maker, plan, w: int, n: int, requests, results, parent: int, pdeathsig
             if segments:
                 plan.extend_blend(segments)
                 maker.schedule = plan.schedule
-            if remote:  # the reads of the next micro-batches overlap this one's work
-                ahead = max(ahead, c)
-                try:
-                    while ahead <= c + LOOKAHEAD * n and (
-                        decided_before is None or ahead // maker.accumulation < decided_before
-                    ):
-                        maker.prefetch(ahead)
-                        ahead += n
-                except Exception:  # a read ahead is a head start only: the micro-batch that
-                    pass  # needs the data meets the same failure and reports it as its own
             try:
+                if remote:  # the reads of the next micro-batches overlap this one's work
+                    ahead = _read_ahead(maker, c, max(ahead, c), n, decided_before)
                 results.put((c, True, maker(c)))
             except Exception as e:
                 results.put((c, False, _portable(e, w)))
