@@ -78,6 +78,18 @@ def _serve(path: str, parent: int) -> dict | None:
     return None
 
 
+def as_fresh() -> None:
+    """In a forked child: what differs from a fresh interpreter and can be put right. NumPy's
+    global random state was seeded once, from the OS's entropy, when the server imported it:
+    every child would draw the same numbers, and a run that (wrongly) used them would agree with
+    another run where fresh interpreters would not. It is seeded from the OS's entropy again, as
+    a fresh interpreter seeds it. (Python's `random` seeds itself again after a fork; torch's
+    default generator starts from the same fixed seed in every fresh interpreter. The string hash
+    seed stays the server's: a command's runs share it.)"""
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+
+
 def main() -> None:
     path, parent = sys.argv[1], os.getppid()
     if _preimport():
@@ -90,6 +102,7 @@ def main() -> None:
     request = _serve(path, parent)
     if request is None:
         return
+    as_fresh()
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

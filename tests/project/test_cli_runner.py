@@ -45,3 +45,34 @@ def test_a_warm_command_past_its_timeout_is_killed_and_the_next_one_runs():
         for out in (timed_out.value.output, timed_out.value.stderr)
     )
     assert cli.run_cli("--help", timeout=120).returncode == 0
+
+
+def test_forked_commands_draw_numpys_global_random_numbers_afresh():
+    """Two children forked from one process (as the server forks its commands) after
+    `cli_server.as_fresh` draw different NumPy numbers, as two fresh interpreters would; without
+    it they draw the same ones."""
+    import os
+
+    import numpy as np
+
+    from tests.helpers import cli_server
+
+    np.random.random()  # the global state exists before the fork, as in the server
+
+    def child_draws(fresh: bool) -> float:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover  (the child)
+            os.close(read)
+            if fresh:
+                cli_server.as_fresh()
+            os.write(write, repr(float(np.random.random())).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            value = float(f.read())
+        assert os.waitpid(pid, 0)[1] == 0
+        return value
+
+    assert child_draws(False) == child_draws(False)
+    assert child_draws(True) != child_draws(True)
