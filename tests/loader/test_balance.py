@@ -391,49 +391,14 @@ def test_state_without_a_plan_is_refused_by_a_balanced_run(three_packed):
 
 
 @pytest.mark.slow
-def test_check_resume_with_balance_attention_sigkill_and_elastic(three_packed, tmp_path):
+def test_check_resume_with_balance_attention_sigkill_and_elastic(balanced_check):
     """Our trainer on the packed blend with ``balance: attention``: 2 ranks x 2 workers, SIGKILL
-    during step 5, resumed on 1 rank x 1 worker: the same keys and tensors; the report carries the
-    per-step rank cost."""
-    import json
-
-    import yaml
-
-    from energon_platform.training.resume_check import RunSpec, check_resume
-    from tests.helpers import REPO
-
-    mds, cache = three_packed
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"path": str(mds), "val_split": None},
-                "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-                "loader": {
-                    "global_batch_size": 4,
-                    "micro_batch_size": 1,
-                    "num_workers": 2,
-                    "seed": 11,
-                    "balance": "attention",
-                    "length_cache": str(cache),
-                },
-                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-                "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
-            }
-        )
-    )
-    result = check_resume(
-        RunSpec(str(config), 6, nproc=2),
-        kill_at=5,
-        out=tmp_path / "check",
-        resume_nproc=1,
-        resume_workers=1,
-        tolerance=1e-5,
-        log=lambda *_: None,
-    )
+    during step 5, resumed on 1 rank x 1 worker (`tests/loader/conftest.py`): the same keys and
+    tensors; the report carries the per-step rank cost."""
+    _, _, report = balanced_check
     # another world size changes the gradient all-reduce order: the loss within 1e-5, data exact
-    assert result["passed"] and result["keys_identical"] and result["tensors_identical"], result
-    report = json.loads((tmp_path / "check" / "report.json").read_text())
+    assert report["passed"] and report["keys_identical"] and report["tensors_identical"], report
+    assert report["restored"] and report["resume_step"] == 3 and report["kill_landed_mid_step"]
     assert report["balance"]["steps"] == 6 and report["balance"]["rank_cost_max"] >= 1.0
 
 

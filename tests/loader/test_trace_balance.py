@@ -209,58 +209,24 @@ def test_trace_cli_of_a_balanced_run(data, tmp_path):
 
 @pytest.mark.slow
 def test_trace_equals_the_log_of_a_killed_balanced_run_resumed_on_another_world_size(
-    data, tmp_path
+    balanced_check,
 ):
-    """Our trainer, ``balance: attention``: 2 ranks, SIGKILL during step 5, resumed on 1 rank;
-    ``trace --checkpoint`` of each run's output equals the keys its log.jsonl holds for every step."""
+    """Our trainer, ``balance: attention``: 2 ranks, SIGKILL during step 5, resumed on 1 rank
+    (`tests/loader/conftest.py`); ``trace --checkpoint`` of each run's output equals the keys its
+    log.jsonl holds for every step."""
     import json
 
-    import yaml
+    from energon_platform.training.resume_check import read_log
 
-    from energon_platform.training.resume_check import RunSpec, check_resume, read_log
-
-    path = tmp_path / "run.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"path": str(data["blend"]), "val_split": None},
-                "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-                "loader": {
-                    "global_batch_size": 4,
-                    "micro_batch_size": 1,
-                    "num_workers": 1,
-                    "seed": 11,
-                    "balance": "attention",
-                    "length_cache": str(data["lengths"]),
-                },
-                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-                "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
-            }
-        )
-    )
-    result = check_resume(
-        RunSpec(str(path), 6, nproc=2),
-        kill_at=5,
-        out=tmp_path / "check",
-        resume_nproc=1,
-        tolerance=1e-5,
-        log=lambda *_: None,
-    )
-    assert result["passed"] and result["keys_identical"], result
+    path, check, report = balanced_check
+    assert report["passed"] and report["keys_identical"], report
     for run_dir in ("straight", "killed"):
-        rows = read_log(tmp_path / "check" / run_dir / "log.jsonl")
-        out = run_cli(
-            "trace",
-            "--config",
-            str(path),
-            "--steps",
-            "1:6",
-            "--json",
-            "--checkpoint",
-            str(tmp_path / "check" / run_dir),
-            check=True,
-        ).stdout
-        assert [json.loads(line)["keys"] for line in out.splitlines()] == [
+        rows = read_log(check / run_dir / "log.jsonl")
+        r = run_cli(
+            "trace", "--config", path, "--steps", "1:6", "--json", "--checkpoint", check / run_dir
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert [json.loads(line)["keys"] for line in r.stdout.splitlines()] == [
             rows[s]["keys"] for s in range(1, 7)
         ]
 
