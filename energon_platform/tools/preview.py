@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import yaml
 from matplotlib import colormaps
-from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
+from PIL import Image, ImageDraw, ImageFont, PngImagePlugin, TiffImagePlugin
 from torchvision.transforms import v2
 
 from energon_platform.config import load_config
@@ -490,7 +490,7 @@ def is_sheet(path: Path) -> bool:
     try:
         with Image.open(path) as image:
             found = [image.info.get(k) for k in ("Software", "comment", "xmp")]
-            if image.format == "TIFF":
+            if isinstance(image, TiffImagePlugin.TiffImageFile):  # its description tag
                 found.append(image.tag_v2.get(270))
     except Exception:  # not a picture Pillow reads: not ours
         return False
