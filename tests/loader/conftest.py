@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helpers.once import once_per_run
+from tests.helpers.run_configs import write_config
 
 
 def _balanced_check(folder: Path) -> dict:
@@ -19,24 +19,22 @@ def _balanced_check(folder: Path) -> dict:
     from scripts.bench.data import three_modality_blend
     from tests.helpers import REPO
 
-    config = folder / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"path": str(three_modality_blend(folder)), "val_split": None},
-                "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
-                "loader": {
-                    "global_batch_size": 4,
-                    "micro_batch_size": 1,
-                    "num_workers": 2,
-                    "seed": 11,
-                    "balance": "attention",
-                    "length_cache": str(folder / "lengths"),
-                },
-                "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
-                "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
-            }
-        )
+    config = write_config(
+        folder / "run.yaml",
+        {
+            "data": {"path": str(three_modality_blend(folder)), "val_split": None},
+            "encoder": str(REPO / "configs/encoders/multimodal_packed.yaml"),
+            "loader": {
+                "global_batch_size": 4,
+                "micro_batch_size": 1,
+                "num_workers": 2,
+                "seed": 11,
+                "balance": "attention",
+                "length_cache": str(folder / "lengths"),
+            },
+            "model": {"dim": 32, "layers": 1, "heads": 2, "patch": 16},
+            "train": {"steps": 6, "checkpoint_every": 3, "warmup": 2},
+        },
     )
     check_resume(
         RunSpec(str(config), 6, nproc=2),
